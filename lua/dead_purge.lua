@@ -1,0 +1,58 @@
+--[[ dead_purge: delete DEAD jobs for good.
+
+Either the given ids (ids not in DEAD are skipped) or, with no ids, the `limit` oldest.
+
+KEYS (4), all <prefix>:{<queue>}:<role>
+  1 jobs      hash  id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
+  2 dead      zset  id -> dead_ms
+  3 errors    hash  id -> last error text
+  4 counters  hash  counter name -> integer ('purged')
+
+ARGV (1 + k)
+  1  limit    integer 1..1000, most jobs purged by this call
+  2.. ids     0..limit job ids
+
+Returns  {purged, remaining}: jobs deleted, and jobs left in DEAD.
+Errors   PQ_BADARG, WRONGTYPE (nothing written on any error).
+Replay   a re-sent call with ids finds them gone and deletes nothing; without ids it
+         purges the next `limit` oldest, if any (as a second call would).
+]]
+
+local jobs_key, dead_key, errors_key, counters_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+
+local function expect_type(key, want)
+  local got = redis.call('TYPE', key).ok
+  if got ~= 'none' and got ~= want then
+    return 'WRONGTYPE ' .. key .. ' holds a ' .. got .. ', expected a ' .. want
+  end
+end
+
+-- 1. Validate.
+if not string.match(ARGV[1] or '', '^%d+$') or tonumber(ARGV[1]) < 1 or tonumber(ARGV[1]) > 1000 then
+  return redis.error_reply('PQ_BADARG limit must be an integer in [1, 1000]')
+end
+local limit = tonumber(ARGV[1])
+if #ARGV - 1 > limit then return redis.error_reply('PQ_BADARG more ids than limit') end
+
+-- 2. Read.
+local ids = {}
+if #ARGV > 1 then
+  local seen = {}
+  for i = 2, #ARGV do
+    if not seen[ARGV[i]] and redis.call('ZSCORE', dead_key, ARGV[i]) then ids[#ids + 1] = ARGV[i] end
+    seen[ARGV[i]] = true
+  end
+else
+  ids = redis.call('ZRANGE', dead_key, 0, limit - 1)
+end
+if #ids > 0 then
+  local err = expect_type(jobs_key, 'hash') or expect_type(errors_key, 'hash')
+  if err then return redis.error_reply(err) end
+
+  -- 3. Write. HINCRBY first: if `counters` holds another type it fails before anything.
+  redis.call('HINCRBY', counters_key, 'purged', #ids)
+  redis.call('ZREM', dead_key, unpack(ids))
+  redis.call('HDEL', errors_key, unpack(ids))
+  redis.call('HDEL', jobs_key, unpack(ids))
+end
+return { #ids, redis.call('ZCARD', dead_key) }

@@ -1,0 +1,90 @@
+--[[ dead_replay: move DEAD jobs back to the tail of READY with their attempts reset to 0.
+
+Either the given ids (ids not in DEAD are skipped) or, with no ids, the `limit` oldest.
+
+KEYS (6), all <prefix>:{<queue>}:<role>
+  1 jobs      hash  id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
+  2 ready     list  job ids
+  3 dead      zset  id -> dead_ms
+  4 errors    hash  id -> last error text
+  5 counters  hash  counter name -> integer ('replayed')
+  6 wake      zset  the single member "wake" while workers should wake up
+
+ARGV (2 + k)
+  1  now_ms   '' (use the server clock) or integer >= 0; tests only
+  2  limit    integer 1..1000, most jobs replayed by this call
+  3.. ids     0..limit job ids
+
+Returns  {replayed, remaining}: jobs moved, and jobs left in DEAD.
+Errors   PQ_BADARG, PQ_CORRUPT, WRONGTYPE (nothing written on any error).
+Replay   a re-sent call with ids finds them no longer dead and moves nothing; without
+         ids it replays the next `limit` oldest, if any (as a second call would).
+]]
+
+local jobs_key, ready_key, dead_key, errors_key, counters_key, wake_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+
+local function int_arg(value, name, lo, hi)
+  if type(value) ~= 'string' or not string.match(value, '^%-?%d+$') then
+    return nil, 'PQ_BADARG ' .. name .. ' must be an integer, got ' .. string.format('%q', tostring(value))
+  end
+  local n = tonumber(value)
+  if n < lo or n > hi then
+    return nil, string.format('PQ_BADARG %s must be in [%d, %d], got %s', name, lo, hi, value)
+  end
+  return n
+end
+
+local function expect_type(key, want)
+  local got = redis.call('TYPE', key).ok
+  if got ~= 'none' and got ~= want then
+    return 'WRONGTYPE ' .. key .. ' holds a ' .. got .. ', expected a ' .. want
+  end
+end
+
+-- 1. Validate.
+local now_ms, limit, err
+if ARGV[1] ~= '' then
+  now_ms, err = int_arg(ARGV[1], 'now_ms', 0, 2 ^ 53)
+  if err then return redis.error_reply(err) end
+end
+limit, err = int_arg(ARGV[2], 'limit', 1, 1000)
+if err then return redis.error_reply(err) end
+if #ARGV - 2 > limit then return redis.error_reply('PQ_BADARG more ids than limit') end
+if now_ms == nil then
+  local t = redis.call('TIME')
+  now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- 2. Read.
+local ids = {}
+if #ARGV > 2 then
+  local seen = {}
+  for i = 3, #ARGV do
+    if not seen[ARGV[i]] and redis.call('ZSCORE', dead_key, ARGV[i]) then ids[#ids + 1] = ARGV[i] end
+    seen[ARGV[i]] = true
+  end
+else
+  ids = redis.call('ZRANGE', dead_key, 0, limit - 1)
+end
+local rewritten = {}
+if #ids > 0 then
+  local records = redis.call('HMGET', jobs_key, unpack(ids))
+  for i, id in ipairs(ids) do
+    local max_attempts, payload_at = string.match(records[i] or '', '^%d+|(%d+)|%d+|()')
+    if not max_attempts then return redis.error_reply('PQ_CORRUPT no valid record for dead job in ' .. jobs_key) end
+    rewritten[#rewritten + 1] = id
+    rewritten[#rewritten + 1] = string.format('0|%d|%d|', max_attempts, now_ms) .. string.sub(records[i], payload_at)
+  end
+  err = expect_type(ready_key, 'list') or expect_type(errors_key, 'hash') or expect_type(wake_key, 'zset')
+  if err then return redis.error_reply(err) end
+
+  -- 3. Write. HINCRBY first: if `counters` holds another type it fails before anything.
+  redis.call('HINCRBY', counters_key, 'replayed', #ids)
+  redis.call('ZREM', dead_key, unpack(ids))
+  redis.call('HDEL', errors_key, unpack(ids))
+  redis.call('HSET', jobs_key, unpack(rewritten))
+  redis.call('RPUSH', ready_key, unpack(ids))
+  redis.call('ZADD', wake_key, 0, 'wake')
+end
+return { #ids, redis.call('ZCARD', dead_key) }

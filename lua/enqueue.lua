@@ -1,0 +1,135 @@
+--[[ enqueue: add one or many jobs to a queue.
+
+A job whose id already exists in any state (scheduled, ready, leased, dead) is a
+duplicate: it is skipped and reported, nothing about the existing job changes.
+Jobs with delay_ms = 0 go to the tail of READY; others to SCHEDULED at now + delay_ms.
+
+KEYS (5), all <prefix>:{<queue>}:<role>
+  1 jobs       hash  id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
+  2 ready      list  job ids, head = next to lease
+  3 scheduled  zset  id -> due_ms
+  4 counters   hash  counter name -> integer
+  5 wake       zset  the single member "wake" while workers should wake up
+
+ARGV (2 + 4n)
+  1  now_ms        '' (use the server clock) or integer >= 0; tests only
+  2  n             integer 1..1000, number of jobs
+  then per job, 4 values:
+     id            1..256 bytes, no control characters
+     payload       bytes, may be empty
+     delay_ms      integer 0..2^40
+     max_attempts  integer 1..10000
+
+Returns  {added, duplicates, flag_1 .. flag_n}; flag_i is 1 if job i was added,
+         0 if it was a duplicate (of an existing job or of an earlier job in this call).
+Errors   PQ_BADARG (nothing written), WRONGTYPE (a key holds another Redis type;
+         nothing written).
+Replay   re-sending the same call finds every job present and adds nothing.
+]]
+
+local jobs_key, ready_key, scheduled_key, counters_key, wake_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+
+local MAX_BATCH = 1000
+local CHUNK = 500 -- values per unpack(); keeps every redis.call well under Lua's C stack limit
+
+local function int_arg(value, name, lo, hi)
+  if type(value) ~= 'string' or not string.match(value, '^%-?%d+$') then
+    return nil, 'PQ_BADARG ' .. name .. ' must be an integer, got ' .. string.format('%q', tostring(value))
+  end
+  local n = tonumber(value)
+  if n < lo or n > hi then
+    return nil, string.format('PQ_BADARG %s must be in [%d, %d], got %s', name, lo, hi, value)
+  end
+  return n
+end
+
+local function expect_type(key, want)
+  local got = redis.call('TYPE', key).ok
+  if got ~= 'none' and got ~= want then
+    return 'WRONGTYPE ' .. key .. ' holds a ' .. got .. ', expected a ' .. want
+  end
+end
+
+local function call_chunked(cmd, key, values)
+  for i = 1, #values, CHUNK do
+    redis.call(cmd, key, unpack(values, i, math.min(i + CHUNK - 1, #values)))
+  end
+end
+
+-- 1. Validate every argument before touching a key.
+local n, err = int_arg(ARGV[2], 'n', 1, MAX_BATCH)
+if err then return redis.error_reply(err) end
+if #ARGV ~= 2 + 4 * n then
+  return redis.error_reply(string.format('PQ_BADARG expected %d arguments for %d jobs, got %d', 2 + 4 * n, n, #ARGV))
+end
+local now_ms
+if ARGV[1] ~= '' then
+  now_ms, err = int_arg(ARGV[1], 'now_ms', 0, 2 ^ 53)
+  if err then return redis.error_reply(err) end
+end
+local ids, payloads, delays, maxes = {}, {}, {}, {}
+for i = 1, n do
+  local base = 2 + 4 * (i - 1)
+  local id = ARGV[base + 1]
+  if #id < 1 or #id > 256 or string.find(id, '%c') then
+    return redis.error_reply('PQ_BADARG id must be 1..256 bytes without control characters, job ' .. i)
+  end
+  ids[i], payloads[i] = id, ARGV[base + 2]
+  delays[i], err = int_arg(ARGV[base + 3], 'delay_ms', 0, 2 ^ 40)
+  if err then return redis.error_reply(err) end
+  maxes[i], err = int_arg(ARGV[base + 4], 'max_attempts', 1, 10000)
+  if err then return redis.error_reply(err) end
+end
+
+-- 2. Read: which ids exist already. HMGET also proves `jobs` is a hash.
+local existing = redis.call('HMGET', jobs_key, unpack(ids))
+if now_ms == nil then
+  local t = redis.call('TIME')
+  now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local flags, records, ready_ids, scheduled_args = {}, {}, {}, {}
+local seen, added, duplicates = {}, 0, 0
+for i = 1, n do
+  local id = ids[i]
+  if existing[i] or seen[id] then
+    flags[i] = 0
+    duplicates = duplicates + 1
+  else
+    seen[id] = true
+    flags[i] = 1
+    added = added + 1
+    local due_ms = now_ms + delays[i]
+    records[#records + 1] = id
+    records[#records + 1] = string.format('0|%d|%d|', maxes[i], due_ms) .. payloads[i]
+    if delays[i] == 0 then
+      ready_ids[#ready_ids + 1] = id
+    else
+      scheduled_args[#scheduled_args + 1] = due_ms
+      scheduled_args[#scheduled_args + 1] = id
+    end
+  end
+end
+
+-- 3. Prove every key we are about to write holds the right type. `counters` needs no
+-- probe: HINCRBY is the first write, so if it fails nothing has been written.
+if #ready_ids > 0 then err = expect_type(ready_key, 'list') end
+if not err and #scheduled_args > 0 then err = expect_type(scheduled_key, 'zset') end
+if not err and added > 0 then err = expect_type(wake_key, 'zset') end
+if err then return redis.error_reply(err) end
+
+-- 4. Write.
+if duplicates > 0 then redis.call('HINCRBY', counters_key, 'duplicates', duplicates) end
+if added > 0 then
+  redis.call('HINCRBY', counters_key, 'enqueued', added)
+  call_chunked('HSET', jobs_key, records)
+  if #ready_ids > 0 then call_chunked('RPUSH', ready_key, ready_ids) end
+  if #scheduled_args > 0 then call_chunked('ZADD', scheduled_key, scheduled_args) end
+  -- A delayed job also wakes a worker: it may have to shorten its blocking wait.
+  redis.call('ZADD', wake_key, 0, 'wake')
+end
+
+local reply = { added, duplicates }
+for i = 1, n do reply[i + 2] = flags[i] end
+return reply

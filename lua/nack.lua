@@ -1,0 +1,124 @@
+--[[ nack: fail the current lease of a job. Fenced: a receipt no longer in `leased`
+changes nothing.
+
+The failed lease counts as an attempt. If attempts reach max_attempts the job goes to
+DEAD with the error text; otherwise to SCHEDULED at now + delay, where delay is
+delay_ms when given, else exponential backoff with jitter computed here:
+  d = min(cap_ms, base_ms * 2^(attempt - 1)); delay = d/2 + jitter * d/2
+with jitter in [0, 1) derived from the fence, so retries of different jobs spread out
+and a re-sent call computes the same jitter.
+
+KEYS (8), all <prefix>:{<queue>}:<role>
+  1 jobs       hash  id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
+  2 scheduled  zset  id -> due_ms
+  3 leased     zset  receipt -> deadline_ms
+  4 owners     zset  receipt -> 0
+  5 dead       zset  id -> dead_ms
+  6 errors     hash  id -> last error text of a dead job
+  7 counters   hash  counter name -> integer ('nacked', 'dead')
+  8 wake       zset  the single member "wake" while workers should wake up
+
+ARGV (6)
+  1  now_ms     '' (use the server clock) or integer >= 0; tests only
+  2  receipt    from lease
+  3  error      error text, 0..65536 bytes (kept only if the job goes to DEAD)
+  4  delay_ms   '' (backoff) or integer 0..2^40
+  5  base_ms    integer 1..2^40, backoff of the first retry (before jitter)
+  6  cap_ms     integer 1..2^40, longest backoff
+
+Returns  {status, state, at_ms}: status 'ok', 'stale' or 'gone' (as ack.lua); when 'ok',
+         state is 'scheduled' (at_ms = due time) or 'dead' (at_ms = now); else '' and 0.
+Errors   PQ_BADARG (nothing written), PQ_CORRUPT (the job record does not parse; nothing
+         written), WRONGTYPE (nothing written).
+Replay   a re-sent call finds its receipt gone and changes nothing.
+]]
+
+local jobs_key, scheduled_key, leased_key, owners_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local dead_key, errors_key, counters_key, wake_key = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+
+local function int_arg(value, name, lo, hi)
+  if type(value) ~= 'string' or not string.match(value, '^%-?%d+$') then
+    return nil, 'PQ_BADARG ' .. name .. ' must be an integer, got ' .. string.format('%q', tostring(value))
+  end
+  local n = tonumber(value)
+  if n < lo or n > hi then
+    return nil, string.format('PQ_BADARG %s must be in [%d, %d], got %s', name, lo, hi, value)
+  end
+  return n
+end
+
+local function expect_type(key, want)
+  local got = redis.call('TYPE', key).ok
+  if got ~= 'none' and got ~= want then
+    return 'WRONGTYPE ' .. key .. ' holds a ' .. got .. ', expected a ' .. want
+  end
+end
+
+-- 1. Validate.
+local err, now_ms, delay_ms, base_ms, cap_ms
+if ARGV[1] ~= '' then
+  now_ms, err = int_arg(ARGV[1], 'now_ms', 0, 2 ^ 53)
+  if err then return redis.error_reply(err) end
+end
+local receipt, error_text = ARGV[2], ARGV[3]
+local fence, attempt, id = string.match(receipt or '', '^[%w_.:%-]+|[%w_.:%-]+|(%d+)|(%d+)|(.+)$')
+if not fence or #ARGV ~= 6 then return redis.error_reply('PQ_BADARG expected 6 arguments with a well-formed receipt') end
+fence, attempt = tonumber(fence), tonumber(attempt)
+if #error_text > 65536 then return redis.error_reply('PQ_BADARG error text longer than 65536 bytes') end
+if ARGV[4] ~= '' then
+  delay_ms, err = int_arg(ARGV[4], 'delay_ms', 0, 2 ^ 40)
+  if err then return redis.error_reply(err) end
+end
+base_ms, err = int_arg(ARGV[5], 'base_ms', 1, 2 ^ 40)
+if err then return redis.error_reply(err) end
+cap_ms, err = int_arg(ARGV[6], 'cap_ms', 1, 2 ^ 40)
+if err then return redis.error_reply(err) end
+
+-- 2. Read.
+if not redis.call('ZSCORE', leased_key, receipt) then
+  return { redis.call('HEXISTS', jobs_key, id) == 1 and 'stale' or 'gone', '', 0 }
+end
+local record = redis.call('HGET', jobs_key, id)
+local max_attempts, payload_at
+if record then
+  max_attempts, payload_at = string.match(record, '^%d+|(%d+)|%d+|()')
+end
+if not max_attempts then return redis.error_reply('PQ_CORRUPT no valid record for job ' .. id .. ' in ' .. jobs_key) end
+max_attempts = tonumber(max_attempts)
+if now_ms == nil then
+  local t = redis.call('TIME')
+  now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local to_dead = attempt >= max_attempts
+if to_dead then
+  err = expect_type(owners_key, 'zset') or expect_type(dead_key, 'zset') or expect_type(errors_key, 'hash')
+else
+  err = expect_type(owners_key, 'zset') or expect_type(scheduled_key, 'zset') or expect_type(wake_key, 'zset')
+end
+if err then return redis.error_reply(err) end
+
+-- 3. Write. HINCRBY first: if `counters` holds another type it fails before anything else.
+redis.call('HINCRBY', counters_key, 'nacked', 1)
+redis.call('ZREM', leased_key, receipt)
+redis.call('ZREM', owners_key, receipt)
+local payload = string.sub(record, payload_at)
+if to_dead then
+  redis.call('HINCRBY', counters_key, 'dead', 1)
+  redis.call('HSET', jobs_key, id, string.format('%d|%d|%d|', attempt, max_attempts, now_ms) .. payload)
+  redis.call('ZADD', dead_key, now_ms, id)
+  redis.call('HSET', errors_key, id, error_text)
+  return { 'ok', 'dead', now_ms }
+end
+if delay_ms == nil then
+  local d = math.min(cap_ms, base_ms * 2 ^ math.min(attempt - 1, 60))
+  -- Knuth's multiplicative hash of the fence: deterministic jitter. The fence is reduced
+  -- first so the product stays below 2^53, exact in Lua's doubles.
+  local jitter = (((fence % 1048576) * 2654435761) % 4294967296) % 1000 / 1000
+  delay_ms = math.floor(d / 2 + jitter * d / 2)
+end
+local due_ms = now_ms + delay_ms
+redis.call('HSET', jobs_key, id, string.format('%d|%d|%d|', attempt, max_attempts, due_ms) .. payload)
+redis.call('ZADD', scheduled_key, due_ms, id)
+-- A blocked worker recomputes how long to wait.
+redis.call('ZADD', wake_key, 0, 'wake')
+return { 'ok', 'scheduled', due_ms }

@@ -1,0 +1,147 @@
+--[[ promote: the time-driven transitions, bounded, for callers that want them apart from
+lease (lease.lua runs the same maintenance itself):
+  - due SCHEDULED jobs (due_ms <= now) move to the tail of READY, earliest first;
+  - expired leases (deadline_ms <= now) end: the job goes to the head of READY with the
+    attempt counted, or to DEAD once attempts reach max_attempts (poison pill).
+
+KEYS (9), all <prefix>:{<queue>}:<role>
+  1 jobs       hash  id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
+  2 ready      list  job ids, head = next to lease
+  3 scheduled  zset  id -> due_ms
+  4 leased     zset  receipt -> deadline_ms
+  5 owners     zset  receipt -> 0
+  6 dead       zset  id -> dead_ms
+  7 errors     hash  id -> last error text of a dead job
+  8 counters   hash  counter name -> integer ('promoted', 'reclaimed', 'dead')
+  9 wake       zset  the single member "wake" while workers should wake up
+
+ARGV (2)
+  1  now_ms   '' (use the server clock) or integer >= 0; tests only
+  2  limit    integer 1..1000: most jobs promoted, and most leases reclaimed, by this call
+
+Returns  {promoted, reclaimed, dead, more, next_due_ms}: more is 1 when a limit was
+         reached (call again); next_due_ms is the earliest remaining due_ms or deadline,
+         -1 if none.
+Errors   PQ_BADARG (nothing written), PQ_CORRUPT (nothing written), WRONGTYPE (nothing
+         written).
+Replay   a re-sent call finds nothing more due (or promotes what became due since):
+         each job moves once.
+]]
+
+local jobs_key, ready_key, scheduled_key, leased_key, owners_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local dead_key, errors_key, counters_key, wake_key = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+
+local MAINTENANCE_INTERVAL_MS = 50 -- keep equal to lease.lua's
+local CHUNK = 500
+
+local function int_arg(value, name, lo, hi)
+  if type(value) ~= 'string' or not string.match(value, '^%-?%d+$') then
+    return nil, 'PQ_BADARG ' .. name .. ' must be an integer, got ' .. string.format('%q', tostring(value))
+  end
+  local n = tonumber(value)
+  if n < lo or n > hi then
+    return nil, string.format('PQ_BADARG %s must be in [%d, %d], got %s', name, lo, hi, value)
+  end
+  return n
+end
+
+local function expect_type(key, want)
+  local got = redis.call('TYPE', key).ok
+  if got ~= 'none' and got ~= want then
+    return 'WRONGTYPE ' .. key .. ' holds a ' .. got .. ', expected a ' .. want
+  end
+end
+
+local function call_chunked(cmd, key, values)
+  for i = 1, #values, CHUNK do
+    redis.call(cmd, key, unpack(values, i, math.min(i + CHUNK - 1, #values)))
+  end
+end
+
+-- 1. Validate.
+local now_ms, limit, err
+if ARGV[1] ~= '' then
+  now_ms, err = int_arg(ARGV[1], 'now_ms', 0, 2 ^ 53)
+  if err then return redis.error_reply(err) end
+end
+limit, err = int_arg(ARGV[2], 'limit', 1, 1000)
+if err then return redis.error_reply(err) end
+if now_ms == nil then
+  local t = redis.call('TIME')
+  now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- 2. Read.
+local promoted = redis.call('ZRANGEBYSCORE', scheduled_key, '-inf', now_ms, 'LIMIT', 0, limit)
+local expired = redis.call('ZRANGEBYSCORE', leased_key, '-inf', now_ms, 'LIMIT', 0, limit)
+local leases, ids = {}, {}
+for i, receipt in ipairs(expired) do
+  local attempt, id = string.match(receipt, '^[%w_.:%-]+|[%w_.:%-]+|%d+|(%d+)|(.+)$')
+  if not attempt then return redis.error_reply('PQ_CORRUPT malformed receipt in ' .. leased_key) end
+  leases[i] = { receipt = receipt, id = id, attempt = tonumber(attempt) }
+  ids[i] = id
+end
+local records = {}
+if #ids > 0 then records = redis.call('HMGET', jobs_key, unpack(ids)) end
+local to_ready, to_dead = {}, {}
+for i, lease in ipairs(leases) do
+  local record = records[i]
+  if record then
+    local max_attempts, payload_at = string.match(record, '^%d+|(%d+)|%d+|()')
+    if not max_attempts then return redis.error_reply('PQ_CORRUPT unparsable record in ' .. jobs_key) end
+    lease.max, lease.payload = tonumber(max_attempts), string.sub(record, payload_at)
+    if lease.attempt >= lease.max then to_dead[#to_dead + 1] = lease else to_ready[#to_ready + 1] = lease end
+  end
+  -- A lease without a record (removed by another program) is simply dropped.
+end
+err = expect_type(jobs_key, 'hash') or expect_type(ready_key, 'list') or expect_type(owners_key, 'zset')
+  or expect_type(wake_key, 'zset')
+if not err and #to_dead > 0 then err = expect_type(dead_key, 'zset') or expect_type(errors_key, 'hash') end
+if err then return redis.error_reply(err) end
+
+-- 3. Write. HSET counters first: if `counters` holds another type it fails before anything.
+redis.call('HSET', counters_key, 'next_maintenance_ms', now_ms + MAINTENANCE_INTERVAL_MS)
+if #promoted > 0 then
+  redis.call('HINCRBY', counters_key, 'promoted', #promoted)
+  call_chunked('ZREM', scheduled_key, promoted)
+  call_chunked('RPUSH', ready_key, promoted)
+end
+if #expired > 0 then
+  redis.call('HINCRBY', counters_key, 'reclaimed', #expired)
+  call_chunked('ZREM', leased_key, expired)
+  call_chunked('ZREM', owners_key, expired)
+  local rewritten = {}
+  for _, lease in ipairs(leases) do
+    if lease.max then
+      rewritten[#rewritten + 1] = lease.id
+      rewritten[#rewritten + 1] = string.format('%d|%d|%d|', lease.attempt, lease.max, now_ms) .. lease.payload
+    end
+  end
+  if #rewritten > 0 then call_chunked('HSET', jobs_key, rewritten) end
+  if #to_ready > 0 then
+    local reversed = {} -- earliest deadline ends up first at the head
+    for i = #to_ready, 1, -1 do reversed[#reversed + 1] = to_ready[i].id end
+    call_chunked('LPUSH', ready_key, reversed)
+  end
+  if #to_dead > 0 then
+    local dead_args, error_args = {}, {}
+    for _, lease in ipairs(to_dead) do
+      dead_args[#dead_args + 1] = now_ms
+      dead_args[#dead_args + 1] = lease.id
+      error_args[#error_args + 1] = lease.id
+      error_args[#error_args + 1] = string.format('lease expired on attempt %d of %d', lease.attempt, lease.max)
+    end
+    redis.call('HINCRBY', counters_key, 'dead', #to_dead)
+    call_chunked('ZADD', dead_key, dead_args)
+    call_chunked('HSET', errors_key, error_args)
+  end
+end
+if #promoted + #to_ready > 0 then redis.call('ZADD', wake_key, 0, 'wake') end
+
+local next_due_ms = -1
+local s = redis.call('ZRANGE', scheduled_key, 0, 0, 'WITHSCORES')
+local l = redis.call('ZRANGE', leased_key, 0, 0, 'WITHSCORES')
+if s[2] then next_due_ms = tonumber(s[2]) end
+if l[2] and (next_due_ms < 0 or tonumber(l[2]) < next_due_ms) then next_due_ms = tonumber(l[2]) end
+local more = (#promoted == limit or #expired == limit) and 1 or 0
+return { #promoted, #expired, #to_dead, more, next_due_ms }

@@ -1,0 +1,69 @@
+"""pyqueue: an atomic job queue on Redis. Every state transition is one Lua script in
+``lua/``; this package is a thin typed driver over them plus a blocking worker.
+
+Start with :class:`Queue`. Delivery semantics are stated in :mod:`pyqueue.queue`.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from pyqueue.errors import (
+    CorruptRecord,
+    InvalidArgument,
+    OutcomeUnknown,
+    OutOfMemory,
+    PyQueueError,
+    ScriptError,
+    ServiceError,
+    ServiceExists,
+    ServiceLost,
+    WrongTypeError,
+)
+from pyqueue.keys import QueueKeys
+from pyqueue.models import (
+    DeadJob,
+    DeadPage,
+    Enqueued,
+    Extended,
+    Job,
+    Leased,
+    Nacked,
+    NewJob,
+    Outcome,
+    Promoted,
+    Stats,
+)
+from pyqueue.queue import Queue, connect, embedded_redis
+
+try:
+    __version__ = version("pyqueue")
+except PackageNotFoundError:  # running from a checkout that was never installed
+    __version__ = "0+unknown"
+
+__all__ = [
+    "CorruptRecord",
+    "DeadJob",
+    "DeadPage",
+    "Enqueued",
+    "Extended",
+    "InvalidArgument",
+    "Job",
+    "Leased",
+    "Nacked",
+    "NewJob",
+    "OutOfMemory",
+    "Outcome",
+    "OutcomeUnknown",
+    "Promoted",
+    "PyQueueError",
+    "Queue",
+    "QueueKeys",
+    "ScriptError",
+    "ServiceError",
+    "ServiceExists",
+    "ServiceLost",
+    "Stats",
+    "WrongTypeError",
+    "__version__",
+    "connect",
+    "embedded_redis",
+]

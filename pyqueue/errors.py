@@ -1,0 +1,100 @@
+"""The one error hierarchy of pyqueue, and the one place that maps Redis errors into it.
+
+::
+
+    PyQueueError                     base of everything pyqueue raises
+    ├── InvalidArgument (ValueError) bad input, rejected before anything is written (PQ_BADARG)
+    ├── WrongTypeError               a queue key holds another Redis type (WRONGTYPE)
+    ├── CorruptRecord                a job record does not parse (PQ_CORRUPT)
+    ├── ServiceError                 service lifecycle (registration, renewal)
+    │   ├── ServiceExists            a new service id's key already exists (PQ_EXISTS)
+    │   └── ServiceLost              the service key is gone or was changed (PQ_LOST)
+    ├── OutOfMemory                  Redis refused a write at its memory limit (OOM)
+    ├── ScriptError                  any other error reply from a script
+    └── OutcomeUnknown               the connection failed during a call: the script may
+                                     or may not have run (every script is replay-safe,
+                                     so sending the same call again is safe)
+
+Scripts report errors as ``redis.error_reply("PQ_CODE detail")``; :data:`CODES` is the
+table of those codes, and :func:`map_redis_error` turns a redis-py exception into the
+matching class above.
+"""
+
+from __future__ import annotations
+
+import redis.exceptions
+
+
+class PyQueueError(Exception):
+    """Base class of every error pyqueue raises."""
+
+
+class InvalidArgument(PyQueueError, ValueError):
+    """An argument is malformed or out of range. Nothing was written."""
+
+
+class WrongTypeError(PyQueueError):
+    """A key of the queue holds another Redis type (planted by another program).
+
+    Scripts check types before their first write, so nothing was written.
+    """
+
+
+class CorruptRecord(PyQueueError):
+    """A job record or receipt in Redis does not parse. Nothing was written."""
+
+
+class ServiceError(PyQueueError):
+    """A service lifecycle call failed."""
+
+
+class ServiceExists(ServiceError):
+    """Registration found the new service id's key already present (misconfiguration)."""
+
+
+class ServiceLost(ServiceError):
+    """The service key expired, was deleted (remote shutdown) or was changed by another
+    process. The service must stop leasing and exit."""
+
+
+class OutOfMemory(PyQueueError):
+    """Redis is at its ``maxmemory`` limit and refused the write. Nothing was written."""
+
+
+class ScriptError(PyQueueError):
+    """An error reply from Redis that none of the other classes describes."""
+
+
+class OutcomeUnknown(PyQueueError):
+    """The connection failed while a call was in flight, after the driver's retries.
+
+    The script may have run or not. Every pyqueue script is replay-safe: sending the same
+    call again (same arguments, so the same job ids and call token) has the effect of one
+    call.
+    """
+
+
+#: Error codes a script may return, the class each maps to, and what it means.
+CODES: dict[str, tuple[type[PyQueueError], str]] = {
+    "PQ_BADARG": (InvalidArgument, "an argument is malformed or out of range"),
+    "PQ_CORRUPT": (CorruptRecord, "a stored record or receipt does not parse"),
+    "PQ_EXISTS": (ServiceExists, "the key of a newly allocated service id already exists"),
+    "PQ_LOST": (ServiceLost, "the service key is gone or its renewal stamp was changed"),
+    "WRONGTYPE": (WrongTypeError, "a key holds another Redis type"),
+}
+
+
+def map_redis_error(exc: redis.exceptions.RedisError) -> PyQueueError:
+    """Return the pyqueue error for a redis-py exception raised by a script call.
+
+    The caller raises it ``from exc`` so the original stays attached.
+    """
+    if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
+        return OutcomeUnknown(f"connection failed during the call, outcome unknown: {exc}")
+    message = str(exc)
+    if isinstance(exc, redis.exceptions.OutOfMemoryError) or message.startswith("OOM"):
+        return OutOfMemory(message)
+    code = message.split(" ", 1)[0]
+    if code in CODES:
+        return CODES[code][0](message)
+    return ScriptError(message)

@@ -1,0 +1,99 @@
+"""The key schema: every key a queue uses, named ``<prefix>:{<queue>}:<role>``.
+
+All keys of one queue share the hash tag ``{<queue>}``, so each script call touches one
+Redis Cluster slot. ``lua/README.md`` documents what each role holds.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from pyqueue.errors import InvalidArgument
+
+#: Queue names and prefixes: printable ASCII without spaces or braces (braces would
+#: break the hash tag), 1..128 characters.
+_NAME = re.compile(r"^[!-z|~]{1,128}$")
+
+
+def check_name(value: object, what: str) -> str:
+    """Return ``value`` if it is a valid queue name or prefix, else raise InvalidArgument."""
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise InvalidArgument(
+            f"{what} must be 1..128 printable ASCII characters without spaces or braces, got {value!r}"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class QueueKeys:
+    """The Redis keys of one queue."""
+
+    prefix: str
+    queue: str
+
+    def __post_init__(self) -> None:
+        check_name(self.prefix, "prefix")
+        check_name(self.queue, "queue name")
+
+    def _key(self, role: str) -> str:
+        return f"{self.prefix}:{{{self.queue}}}:{role}"
+
+    @property
+    def jobs(self) -> str:
+        """hash: id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"."""
+        return self._key("jobs")
+
+    @property
+    def ready(self) -> str:
+        """list: ids ready to lease, head first."""
+        return self._key("ready")
+
+    @property
+    def scheduled(self) -> str:
+        """zset: id -> due_ms."""
+        return self._key("scheduled")
+
+    @property
+    def leased(self) -> str:
+        """zset: receipt -> deadline_ms."""
+        return self._key("leased")
+
+    @property
+    def owners(self) -> str:
+        """zset: receipt -> 0, a lexicographic index of leases by owner and call."""
+        return self._key("owners")
+
+    @property
+    def dead(self) -> str:
+        """zset: id -> dead_ms."""
+        return self._key("dead")
+
+    @property
+    def errors(self) -> str:
+        """hash: id -> last error text of a dead job."""
+        return self._key("errors")
+
+    @property
+    def counters(self) -> str:
+        """hash: counter name -> integer."""
+        return self._key("counters")
+
+    @property
+    def wake(self) -> str:
+        """zset: the member "wake" while a blocked worker should wake up."""
+        return self._key("wake")
+
+    def role(self, name: str) -> str:
+        """The key for a role by name (as listed in a script header)."""
+        if name not in ROLES:
+            raise InvalidArgument(f"unknown key role {name!r}")
+        return self._key(name)
+
+    def all(self) -> list[str]:
+        """Every key of the queue."""
+        return [self._key(r) for r in ROLES]
+
+
+#: Every role of a queue key, in the order lua/README.md lists them.
+ROLES = ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake")

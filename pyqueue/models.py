@@ -1,0 +1,168 @@
+"""Results and records: frozen dataclasses, one per thing a call returns."""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass
+from typing import Any
+
+
+class Outcome(enum.Enum):
+    """The answer of a fenced call (ack, release, nack, extend) for one job.
+
+    ``bool(outcome)`` is true only for :attr:`OK`, so ``if queue.ack(job):`` reads as
+    "this call completed the job".
+    """
+
+    #: The receipt was the job's current lease and the call took effect.
+    OK = "ok"
+    #: The job exists, but under another lease or in another state: this lease lost it
+    #: (it expired and was reclaimed, or the worker was scrubbed). Nothing changed.
+    STALE = "stale"
+    #: No such job: acked before (possibly by this very call, if its reply was lost and
+    #: it was sent again), purged, or never enqueued. Nothing changed.
+    GONE = "gone"
+
+    def __bool__(self) -> bool:
+        return self is Outcome.OK
+
+
+@dataclass(frozen=True)
+class Job:
+    """One lease of one job, as returned by ``lease``.
+
+    ``fence`` increases with every lease in the queue: pass it to downstream stores so
+    they can reject writes from a worker whose lease was lost (a zombie). ``receipt``
+    names this lease; ``ack``/``nack``/``extend``/``release`` take it.
+    """
+
+    id: str
+    queue: str
+    payload: bytes
+    fence: int
+    attempt: int
+    max_attempts: int
+    deadline_ms: int
+    receipt: str
+
+    def text(self) -> str:
+        """The payload decoded as UTF-8."""
+        return self.payload.decode("utf-8")
+
+    def json(self) -> Any:
+        """The payload parsed as JSON (see ``Queue.enqueue_json``)."""
+        return json.loads(self.payload)
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """A job to enqueue with ``enqueue_many``. Defaults as ``Queue.enqueue``."""
+
+    payload: bytes | str
+    job_id: str | None = None
+    delay_ms: int = 0
+    max_attempts: int | None = None
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    """The answer of enqueue for one job: ``added`` is false for a duplicate id."""
+
+    job_id: str
+    added: bool
+
+
+@dataclass(frozen=True)
+class Leased:
+    """The full answer of one lease call."""
+
+    jobs: list[Job]
+    #: One outcome per receipt acked first (ack-and-lease), in order.
+    acks: list[Outcome]
+    #: The server clock when the call ran.
+    now_ms: int
+    #: When fewer jobs than asked were leased: the earliest time a scheduled job is due or
+    #: a lease expires (now_ms if maintenance stopped at its limit); -1 if neither.
+    next_due_ms: int
+
+
+@dataclass(frozen=True)
+class Nacked:
+    """The answer of nack: where the job went, if the receipt was current."""
+
+    outcome: Outcome
+    #: "scheduled" (retry at at_ms) or "dead"; None unless outcome is OK.
+    state: str | None
+    at_ms: int
+
+
+@dataclass(frozen=True)
+class Extended:
+    """The answer of extend for one lease."""
+
+    outcome: Outcome
+    #: The new deadline; 0 unless outcome is OK.
+    deadline_ms: int
+
+
+@dataclass(frozen=True)
+class Promoted:
+    """The answer of promote."""
+
+    promoted: int
+    reclaimed: int
+    dead: int
+    #: A limit was reached: call again.
+    more: bool
+    next_due_ms: int
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Counts per state, lag and counters of one queue, read in one atomic call."""
+
+    now_ms: int
+    ready: int
+    scheduled: int
+    #: Scheduled jobs already due, waiting for promotion.
+    due: int
+    leased: int
+    #: Leases past their deadline, not yet reclaimed.
+    expired: int
+    dead: int
+    #: How long the job at the head of READY (or the earliest due scheduled job, if
+    #: older) has been due.
+    lag_ms: int
+    enqueued: int
+    duplicates: int
+    leased_total: int
+    acked: int
+    nacked: int
+    promoted: int
+    reclaimed: int
+    scrubbed: int
+    released: int
+    dead_total: int
+    replayed: int
+    purged: int
+
+
+@dataclass(frozen=True)
+class DeadJob:
+    """A job in DEAD, as listed by ``dead_list``."""
+
+    id: str
+    dead_ms: int
+    attempts: int
+    max_attempts: int
+    error: str
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class DeadPage:
+    """One page of DEAD, oldest first, and how many dead jobs there are in all."""
+
+    total: int
+    jobs: list[DeadJob]

@@ -1,0 +1,499 @@
+"""``Queue``: the driver's API for one queue. Each method runs exactly one script call.
+
+Delivery semantics, in one place:
+
+* **At least once.** A leased job runs until it is acked. If its worker dies, or its
+  lease expires, or the worker is scrubbed, the job goes back to READY and runs again:
+  a job may run more than once, never zero times while it is neither acked nor dead.
+* **Exactly-once ack answer.** ``ack`` returns :attr:`Outcome.OK` at most once per job,
+  ever, and only to the holder of the job's current lease. Code that must not repeat a
+  side effect can act only after that answer, or pass ``job.fence`` downstream.
+* **Fencing.** Every lease gets a new fence, larger than every earlier fence of the
+  queue. A stale receipt (a lease that was reclaimed) changes nothing anywhere.
+* **One clock.** Deadlines, delays and backoff are computed inside the scripts from the
+  Redis server's ``TIME``. ``now_ms`` parameters exist for tests only.
+* **Replay safety.** Every call can be sent twice with the same arguments (redis-py does
+  so after a connection error) and has the effect of one call.
+
+Threads: a ``Queue`` holds no mutable state beyond its redis-py client, whose
+connection pool is thread-safe, so one ``Queue`` may be shared by threads.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+import fakeredis
+import redis as redis_lib
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.retry import Retry
+
+from pyqueue.errors import InvalidArgument, map_redis_error
+from pyqueue.keys import QueueKeys, check_name
+from pyqueue.models import (
+    DeadJob,
+    DeadPage,
+    Enqueued,
+    Extended,
+    Job,
+    Leased,
+    Nacked,
+    NewJob,
+    Outcome,
+    Promoted,
+    Stats,
+)
+from pyqueue.scripts import Scripts
+
+DEFAULT_PREFIX = "pq"
+DEFAULT_LEASE_MS = 30_000
+DEFAULT_MAX_ATTEMPTS = 5
+DEFAULT_BACKOFF_BASE_MS = 1_000
+DEFAULT_BACKOFF_CAP_MS = 3_600_000
+#: Most jobs promoted and most expired leases reclaimed by one call.
+DEFAULT_MAINTENANCE_LIMIT = 100
+#: Scripts accept at most this many jobs, receipts or ids per call.
+MAX_BATCH = 1000
+MAX_ID_BYTES = 256
+MAX_ERROR_BYTES = 65536
+
+T = TypeVar("T")
+
+_embedded_lock = threading.Lock()
+_embedded_server: fakeredis.FakeServer | None = None
+
+
+def embedded_redis() -> redis_lib.Redis:
+    """A client of the process-wide embedded fakeredis server (created on first use).
+
+    Every ``Queue(name)`` made without a client shares this server, so producers and
+    workers in one process see the same queues. Nothing is persisted.
+    """
+    global _embedded_server
+    with _embedded_lock:
+        if _embedded_server is None:
+            _embedded_server = fakeredis.FakeServer()
+        return fakeredis.FakeRedis(server=_embedded_server)
+
+
+def connect(
+    url: str,
+    *,
+    retries: int = 3,
+    socket_timeout_s: float = 10.0,
+    socket_connect_timeout_s: float = 5.0,
+) -> redis_lib.Redis:
+    """A redis-py client configured the way pyqueue expects.
+
+    ``retries``: redis-py re-sends a command up to this many times after a connection
+    error or timeout, with jittered exponential backoff (10 ms doubling, capped at 1 s).
+    Re-sending is safe because every script is replay-safe. After the last retry the
+    call raises :class:`~pyqueue.errors.OutcomeUnknown`. ``retries=0`` raises at once.
+
+    ``socket_timeout_s`` bounds how long one reply may take; blocking waits use their
+    own connection with a longer timeout (see the worker).
+    """
+    if url in ("embedded", "fakeredis://"):
+        return embedded_redis()
+    return redis_lib.Redis.from_url(
+        url,
+        socket_timeout=socket_timeout_s,
+        socket_connect_timeout=socket_connect_timeout_s,
+        socket_keepalive=True,
+        retry=Retry(ExponentialWithJitterBackoff(base=0.01, cap=1.0), retries),
+        retry_on_error=[redis_lib.ConnectionError, redis_lib.TimeoutError],
+        health_check_interval=30,
+        decode_responses=False,
+    )
+
+
+def bytes_client(client: redis_lib.Redis) -> redis_lib.Redis:
+    """``client`` itself, or a sibling on the same server that does not decode replies.
+
+    Payloads are bytes; a client made with ``decode_responses=True`` would decode them
+    (and fail on non-UTF-8 payloads), so pyqueue talks through an undecoded twin that
+    shares the original's connection settings.
+    """
+    pool = client.connection_pool
+    if not pool.connection_kwargs.get("decode_responses"):
+        return client
+    kwargs = dict(pool.connection_kwargs)
+    kwargs["decode_responses"] = False
+    twin_pool = pool.__class__(connection_class=pool.connection_class, **kwargs)
+    return redis_lib.Redis(connection_pool=twin_pool)
+
+
+def check_int(value: object, name: str, lo: int, hi: int) -> int:
+    """Return ``value`` if it is an ``int`` (not ``bool``) in [lo, hi]; else raise."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+            raise InvalidArgument(f"{name} must be an integer, got {value!r}")
+        raise InvalidArgument(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if not lo <= value <= hi:
+        raise InvalidArgument(f"{name} must be in [{lo}, {hi}], got {value}")
+    return value
+
+
+def check_job_id(value: object) -> str:
+    """Return ``value`` if it is a valid job id: 1..256 UTF-8 bytes, no control chars."""
+    if not isinstance(value, str):
+        raise InvalidArgument(f"job id must be a str, got {type(value).__name__}")
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if not 1 <= size <= MAX_ID_BYTES or any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise InvalidArgument(f"job id must be 1..{MAX_ID_BYTES} bytes without control characters, got {value!r}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgument(f"job id must be valid UTF-8, got {value!r}") from exc
+    return value
+
+
+def as_payload(value: object) -> bytes:
+    """Payload bytes: ``bytes`` as they are, ``str`` encoded as UTF-8. Never pickle."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    raise InvalidArgument(f"payload must be bytes or str (use enqueue_json for objects), got {type(value).__name__}")
+
+
+def _receipts(jobs: Iterable[Job]) -> list[str]:
+    out = []
+    for job in jobs:
+        if not isinstance(job, Job):
+            raise InvalidArgument(f"expected a Job from lease, got {type(job).__name__}")
+        out.append(job.receipt)
+    if not 1 <= len(out) <= MAX_BATCH:
+        raise InvalidArgument(f"1..{MAX_BATCH} jobs per call, got {len(out)}")
+    return out
+
+
+def _str(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+class Queue:
+    """One named queue on one Redis server.
+
+    Args:
+        name: the queue name (1..128 printable ASCII characters, no spaces or braces).
+        redis: a redis-py client; ``None`` uses the process-wide embedded fakeredis.
+            A client with ``decode_responses=True`` works too (see :func:`bytes_client`).
+        prefix: the first part of every key, ``<prefix>:{<name>}:<role>``.
+        owner: who holds this queue object's leases, 1..64 of ``[A-Za-z0-9_.:-]``.
+            Workers pass their service id so a dead worker's leases can be scrubbed;
+            the default is a random id for this object.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        redis: redis_lib.Redis | None = None,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        owner: str | None = None,
+    ) -> None:
+        self.name = check_name(name, "queue name")
+        self.keys = QueueKeys(check_name(prefix, "prefix"), name)
+        self.redis = bytes_client(redis if redis is not None else embedded_redis())
+        self.owner = owner if owner is not None else "c" + secrets.token_hex(6)
+        if not (1 <= len(self.owner) <= 64) or not all(c.isalnum() and c.isascii() or c in "_.:-" for c in self.owner):
+            raise InvalidArgument(f"owner must be 1..64 characters of [A-Za-z0-9_.:-], got {self.owner!r}")
+        self.scripts = Scripts(self.redis)
+
+    @classmethod
+    def from_url(cls, url: str, name: str, *, prefix: str = DEFAULT_PREFIX, retries: int = 3) -> Queue:
+        """A queue on the server at ``url`` (``redis://``, ``rediss://``, ``unix://``, or
+        ``embedded``), with the client settings of :func:`connect`."""
+        return cls(name, connect(url, retries=retries), prefix=prefix)
+
+    def __repr__(self) -> str:
+        return f"Queue({self.name!r}, prefix={self.keys.prefix!r})"
+
+    def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        try:
+            return fn(*args)
+        except redis_lib.RedisError as exc:
+            raise map_redis_error(exc) from exc
+
+    # -- enqueue ---------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        payload: bytes | str,
+        *,
+        job_id: str | None = None,
+        delay_ms: int = 0,
+        max_attempts: int | None = None,
+        now_ms: int | None = None,
+    ) -> Enqueued:
+        """Add one job (lua/enqueue.lua).
+
+        Args:
+            payload: bytes, or str (stored as UTF-8). Never pickled.
+            job_id: a caller-chosen id makes enqueue idempotent: if a job with this id
+                exists in any state, nothing changes and ``added`` is false. Default: a
+                random UUID.
+            delay_ms: run no earlier than this long after now (server clock).
+            max_attempts: leases that may fail (nack, expiry, scrub) before the job goes
+                to DEAD; default 5.
+            now_ms: tests only: override the server clock.
+
+        Returns:
+            The job id and whether it was added. A call re-sent after a lost reply
+            reports ``added=False`` for the job it added the first time.
+
+        Raises:
+            InvalidArgument, WrongTypeError, OutcomeUnknown.
+        """
+        return self.enqueue_many(
+            [NewJob(payload, job_id=job_id, delay_ms=delay_ms, max_attempts=max_attempts)], now_ms=now_ms
+        )[0]
+
+    def enqueue_json(self, obj: Any, **kwargs: Any) -> Enqueued:
+        """``enqueue`` the JSON encoding of ``obj`` (compact, UTF-8); read it with ``Job.json()``."""
+        from json import dumps
+
+        return self.enqueue(dumps(obj, separators=(",", ":"), ensure_ascii=False), **kwargs)
+
+    def enqueue_many(self, jobs: Iterable[NewJob | bytes | str], *, now_ms: int | None = None) -> list[Enqueued]:
+        """Add up to 1000 jobs in one atomic call (lua/enqueue.lua).
+
+        Duplicates (of existing jobs, or repeated ids within ``jobs``) are skipped and
+        reported with ``added=False``; everything else is added.
+
+        Raises:
+            InvalidArgument (nothing sent), WrongTypeError, OutcomeUnknown.
+        """
+        batch: list[tuple[str, bytes, int, int]] = []
+        for item in jobs:
+            new = item if isinstance(item, NewJob) else NewJob(item)
+            batch.append(
+                (
+                    check_job_id(new.job_id) if new.job_id is not None else uuid.uuid4().hex,
+                    as_payload(new.payload),
+                    check_int(new.delay_ms, "delay_ms", 0, 2**40),
+                    check_int(
+                        DEFAULT_MAX_ATTEMPTS if new.max_attempts is None else new.max_attempts,
+                        "max_attempts",
+                        1,
+                        10_000,
+                    ),
+                )
+            )
+        if not 1 <= len(batch) <= MAX_BATCH:
+            raise InvalidArgument(f"1..{MAX_BATCH} jobs per call, got {len(batch)}")
+        _check_now(now_ms)
+        reply = self._call(self.scripts.enqueue, self.keys, now_ms, batch)
+        return [Enqueued(job[0], flag == 1) for job, flag in zip(batch, reply[2:])]
+
+    # -- lease / ack -----------------------------------------------------------------
+
+    def lease(self, lease_ms: int = DEFAULT_LEASE_MS, count: int = 1, *, now_ms: int | None = None) -> list[Job]:
+        """Lease up to ``count`` ready jobs (lua/lease.lua). Returns [] if none is ready.
+
+        Before leasing, the same call promotes due scheduled jobs and reclaims expired
+        leases (bounded). Each job gets a new fence and the deadline now + ``lease_ms``
+        (server clock); ``extend`` pushes it back. A lease past its deadline stays
+        valid until it is reclaimed; then the job runs again (at least once).
+        """
+        return self.lease_call(count=count, lease_ms=lease_ms, now_ms=now_ms).jobs
+
+    def ack(self, job: Job) -> Outcome:
+        """Complete a leased job (lua/ack.lua).
+
+        Returns :attr:`Outcome.OK` if this lease was current: the job is deleted, and no
+        call will ever get OK for it again. :attr:`Outcome.STALE` if the job was
+        reclaimed from this lease (it will run, or ran, again elsewhere);
+        :attr:`Outcome.GONE` if it no longer exists. Only OK changes anything.
+        """
+        return self.ack_many([job])[0]
+
+    def ack_many(self, jobs: Iterable[Job]) -> list[Outcome]:
+        """``ack`` up to 1000 jobs in one atomic call (lua/ack.lua); one outcome each."""
+        reply = self._call(self.scripts.ack, self.keys, _receipts(jobs))
+        return [Outcome(_str(s)) for s in reply]
+
+    def ack_and_lease(
+        self, job: Job, *, lease_ms: int = DEFAULT_LEASE_MS, count: int = 1, now_ms: int | None = None
+    ) -> tuple[Outcome, list[Job]]:
+        """Ack ``job`` and lease up to ``count`` more in one round trip (lua/lease.lua).
+
+        The ack has exactly the semantics of ``ack``; the lease those of ``lease``.
+        """
+        leased = self.lease_call(ack=[job], count=count, lease_ms=lease_ms, now_ms=now_ms)
+        return leased.acks[0], leased.jobs
+
+    def lease_call(
+        self,
+        *,
+        ack: Sequence[Job] = (),
+        count: int = 1,
+        lease_ms: int = DEFAULT_LEASE_MS,
+        limit: int = DEFAULT_MAINTENANCE_LIMIT,
+        now_ms: int | None = None,
+    ) -> Leased:
+        """The whole lease call (lua/lease.lua): ack ``ack``, maintain, lease ``count``.
+
+        Returns the jobs, the ack outcomes and when to look again (``next_due_ms``).
+        A fresh random call token makes the call replay-safe: if redis-py re-sends it
+        after a lost reply, the script returns the jobs the first run leased.
+        """
+        check_int(count, "count", 0, MAX_BATCH)
+        check_int(lease_ms, "lease_ms", 1, 604_800_000)
+        check_int(limit, "limit", 1, MAX_BATCH)
+        _check_now(now_ms)
+        receipts = _receipts(ack) if ack else []
+        call = secrets.token_hex(8)
+        reply = self._call(
+            self.scripts.lease, self.keys, now_ms, self.owner, call, count, lease_ms, limit, receipts
+        )
+        return self.parse_lease(reply)
+
+    def parse_lease(self, reply: list[Any]) -> Leased:
+        """Turn lua/lease.lua's flat reply into a :class:`Leased`."""
+        now, next_due, n_acks = int(reply[0]), int(reply[1]), int(reply[2])
+        acks = [Outcome(_str(s)) for s in reply[3 : 3 + n_acks]]
+        at = 3 + n_acks
+        count = int(reply[at])
+        jobs = []
+        for i in range(count):
+            receipt, job_id, payload, fence, attempt, max_attempts, deadline = reply[at + 1 + 7 * i : at + 8 + 7 * i]
+            jobs.append(
+                Job(
+                    id=_str(job_id),
+                    queue=self.name,
+                    payload=bytes(payload),
+                    fence=int(fence),
+                    attempt=int(attempt),
+                    max_attempts=int(max_attempts),
+                    deadline_ms=int(deadline),
+                    receipt=_str(receipt),
+                )
+            )
+        return Leased(jobs=jobs, acks=acks, now_ms=now, next_due_ms=next_due)
+
+    # -- failure paths ---------------------------------------------------------------
+
+    def nack(
+        self,
+        job: Job,
+        error: str = "",
+        *,
+        delay_ms: int | None = None,
+        backoff_base_ms: int = DEFAULT_BACKOFF_BASE_MS,
+        backoff_cap_ms: int = DEFAULT_BACKOFF_CAP_MS,
+        now_ms: int | None = None,
+    ) -> Nacked:
+        """Fail this lease of ``job`` (lua/nack.lua); the attempt counts.
+
+        If attempts reached max_attempts the job goes to DEAD with ``error``; otherwise
+        it is scheduled again after ``delay_ms``, or after exponential backoff
+        ``min(cap, base * 2^(attempt-1))`` with jitter (half of it random) when
+        ``delay_ms`` is None. A stale receipt changes nothing.
+        """
+        (receipt,) = _receipts([job])
+        if not isinstance(error, str) or len(error.encode("utf-8", "replace")) > MAX_ERROR_BYTES:
+            raise InvalidArgument(f"error must be a str of at most {MAX_ERROR_BYTES} bytes")
+        if delay_ms is not None:
+            check_int(delay_ms, "delay_ms", 0, 2**40)
+        check_int(backoff_base_ms, "backoff_base_ms", 1, 2**40)
+        check_int(backoff_cap_ms, "backoff_cap_ms", 1, 2**40)
+        _check_now(now_ms)
+        status, state, at_ms = self._call(
+            self.scripts.nack,
+            self.keys,
+            now_ms,
+            receipt,
+            error.encode("utf-8", "replace"),
+            delay_ms,
+            backoff_base_ms,
+            backoff_cap_ms,
+        )
+        outcome = Outcome(_str(status))
+        return Nacked(outcome, _str(state) if outcome else None, int(at_ms))
+
+    def extend(self, jobs: Iterable[Job], lease_ms: int = DEFAULT_LEASE_MS, *, now_ms: int | None = None) -> list[Extended]:
+        """Move the deadlines of current leases to now + ``lease_ms`` (lua/extend.lua).
+
+        Never moves a deadline earlier. Stale receipts change nothing.
+        """
+        receipts = _receipts(jobs)
+        check_int(lease_ms, "lease_ms", 1, 604_800_000)
+        _check_now(now_ms)
+        reply = self._call(self.scripts.extend, self.keys, now_ms, lease_ms, receipts)
+        return [Extended(Outcome(_str(reply[i])), int(reply[i + 1])) for i in range(0, len(reply), 2)]
+
+    def release(self, jobs: Iterable[Job]) -> list[Outcome]:
+        """Give leases back to the head of READY without counting the attempt
+        (lua/release.lua), e.g. at shutdown. Stale receipts change nothing."""
+        reply = self._call(self.scripts.release, self.keys, _receipts(jobs))
+        return [Outcome(_str(s)) for s in reply]
+
+    def promote(self, limit: int = DEFAULT_MAINTENANCE_LIMIT, *, now_ms: int | None = None) -> Promoted:
+        """Promote due scheduled jobs and reclaim expired leases, at most ``limit`` of
+        each (lua/promote.lua). ``lease`` does this itself; call it to keep READY fresh
+        without leasing."""
+        check_int(limit, "limit", 1, MAX_BATCH)
+        _check_now(now_ms)
+        p, r, d, more, next_due = self._call(self.scripts.promote, self.keys, now_ms, limit)
+        return Promoted(int(p), int(r), int(d), bool(more), int(next_due))
+
+    # -- inspection and dead letters -------------------------------------------------
+
+    def stats(self, *, now_ms: int | None = None) -> Stats:
+        """Counts per state, lag and counters, read atomically (lua/stats.lua)."""
+        _check_now(now_ms)
+        reply = self._call(self.scripts.stats, self.keys, now_ms)
+        values = {_str(reply[i]): int(reply[i + 1]) for i in range(0, len(reply), 2)}
+        return Stats(**values)
+
+    def dead_list(self, offset: int = 0, limit: int = 100) -> DeadPage:
+        """One page of DEAD jobs, oldest first (lua/dead_list.lua)."""
+        check_int(offset, "offset", 0, 2**31)
+        check_int(limit, "limit", 1, MAX_BATCH)
+        reply = self._call(self.scripts.dead_list, self.keys, offset, limit)
+        jobs = [
+            DeadJob(
+                id=_str(reply[i]),
+                dead_ms=int(reply[i + 1]),
+                attempts=int(reply[i + 2]),
+                max_attempts=int(reply[i + 3]),
+                error=bytes(reply[i + 4]).decode("utf-8", "replace"),
+                payload=bytes(reply[i + 5]),
+            )
+            for i in range(1, len(reply), 6)
+        ]
+        return DeadPage(total=int(reply[0]), jobs=jobs)
+
+    def dead_replay(self, ids: Sequence[str] = (), *, limit: int = 100, now_ms: int | None = None) -> int:
+        """Move dead jobs back to READY with attempts reset (lua/dead_replay.lua): the
+        given ``ids`` (all of them; ``limit`` then does not apply), or the ``limit``
+        oldest. Returns how many moved."""
+        ids = [check_job_id(i) for i in ids]
+        check_int(limit, "limit", 1, MAX_BATCH)
+        if len(ids) > MAX_BATCH:
+            raise InvalidArgument(f"at most {MAX_BATCH} ids per call, got {len(ids)}")
+        _check_now(now_ms)
+        replayed, _remaining = self._call(self.scripts.dead_replay, self.keys, now_ms, len(ids) or limit, ids)
+        return int(replayed)
+
+    def dead_purge(self, ids: Sequence[str] = (), *, limit: int = 100) -> int:
+        """Delete dead jobs for good (lua/dead_purge.lua): the given ``ids``, or the
+        ``limit`` oldest. Returns how many were deleted."""
+        ids = [check_job_id(i) for i in ids]
+        check_int(limit, "limit", 1, MAX_BATCH)
+        if len(ids) > MAX_BATCH:
+            raise InvalidArgument(f"at most {MAX_BATCH} ids per call, got {len(ids)}")
+        purged, _remaining = self._call(self.scripts.dead_purge, self.keys, len(ids) or limit, ids)
+        return int(purged)
+
+
+def _check_now(now_ms: int | None) -> None:
+    if now_ms is not None:
+        check_int(now_ms, "now_ms", 0, 2**53)

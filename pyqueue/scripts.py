@@ -1,0 +1,152 @@
+"""The script ABI: one typed function per ``lua/*.lua`` file, keys and arguments in the
+order its header lists them, and nothing else.
+
+:class:`Scripts` registers every script on one redis-py client with
+``register_script``, whose ``Script`` objects run ``EVALSHA`` and reload the source on
+``NOSCRIPT`` (after a restart, failover or ``SCRIPT FLUSH``), also inside pipelines.
+Replies are returned raw (lists of bytes and ints); :mod:`pyqueue.queue` parses them.
+Errors are raised as redis-py exceptions; :mod:`pyqueue.queue` maps them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any, Union
+
+import redis
+from redis.commands.core import Script
+
+from pyqueue.keys import QueueKeys
+
+Arg = Union[bytes, str, int]
+
+#: The keys each script takes, by role, in header order (tests compare with the headers).
+SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
+    "enqueue": ("jobs", "ready", "scheduled", "counters", "wake"),
+    "lease": ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake"),
+    "ack": ("jobs", "leased", "owners"),
+    "nack": ("jobs", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake"),
+    "extend": ("jobs", "leased"),
+    "release": ("jobs", "ready", "leased", "owners", "counters", "wake"),
+    "promote": ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake"),
+    "stats": ("jobs", "ready", "scheduled", "leased", "dead", "counters"),
+    "dead_list": ("jobs", "dead", "errors"),
+    "dead_replay": ("jobs", "ready", "dead", "errors", "counters", "wake"),
+    "dead_purge": ("jobs", "dead", "errors", "counters"),
+}
+
+
+def lua_dir() -> Path:
+    """The directory holding the ``*.lua`` files.
+
+    In a wheel they are shipped inside the package (``pyqueue/lua``); in a source or
+    editable checkout they are the repository's top-level ``lua/``.
+    """
+    packaged = Path(str(resources.files("pyqueue"))) / "lua"
+    if packaged.is_dir():
+        return packaged
+    checkout = Path(__file__).resolve().parent.parent / "lua"
+    if checkout.is_dir():
+        return checkout
+    raise FileNotFoundError("pyqueue's lua/ scripts are missing from this installation")
+
+
+def lua_source(name: str) -> str:
+    """The source text of ``lua/<name>.lua``, byte for byte as other languages load it."""
+    return (lua_dir() / f"{name}.lua").read_text(encoding="utf-8")
+
+
+def _now(now_ms: int | None) -> Arg:
+    # '' tells a script to read the server clock; an explicit time is for tests only.
+    return "" if now_ms is None else now_ms
+
+
+class Scripts:
+    """Every script registered on one client. Thread-safe as the client is."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self._scripts: dict[str, Script] = {
+            name: client.register_script(lua_source(name)) for name in SCRIPT_KEYS
+        }
+
+    def _run(self, name: str, keys: QueueKeys, args: Sequence[Arg], client: Any = None) -> Any:
+        roles = SCRIPT_KEYS[name]
+        return self._scripts[name](keys=[keys.role(r) for r in roles], args=list(args), client=client)
+
+    def enqueue(
+        self, keys: QueueKeys, now_ms: int | None, jobs: Sequence[tuple[str, bytes, int, int]], client: Any = None
+    ) -> Any:
+        """lua/enqueue.lua. ``jobs``: (id, payload, delay_ms, max_attempts) tuples."""
+        args: list[Arg] = [_now(now_ms), len(jobs)]
+        for job_id, payload, delay_ms, max_attempts in jobs:
+            args += [job_id, payload, delay_ms, max_attempts]
+        return self._run("enqueue", keys, args, client)
+
+    def lease(
+        self,
+        keys: QueueKeys,
+        now_ms: int | None,
+        owner: str,
+        call: str,
+        count: int,
+        lease_ms: int,
+        limit: int,
+        ack_receipts: Sequence[str] = (),
+        client: Any = None,
+    ) -> Any:
+        """lua/lease.lua."""
+        return self._run("lease", keys, [_now(now_ms), owner, call, count, lease_ms, limit, *ack_receipts], client)
+
+    def ack(self, keys: QueueKeys, receipts: Sequence[str], client: Any = None) -> Any:
+        """lua/ack.lua."""
+        return self._run("ack", keys, list(receipts), client)
+
+    def nack(
+        self,
+        keys: QueueKeys,
+        now_ms: int | None,
+        receipt: str,
+        error: str,
+        delay_ms: int | None,
+        base_ms: int,
+        cap_ms: int,
+        client: Any = None,
+    ) -> Any:
+        """lua/nack.lua."""
+        delay: Arg = "" if delay_ms is None else delay_ms
+        return self._run("nack", keys, [_now(now_ms), receipt, error, delay, base_ms, cap_ms], client)
+
+    def extend(
+        self, keys: QueueKeys, now_ms: int | None, lease_ms: int, receipts: Sequence[str], client: Any = None
+    ) -> Any:
+        """lua/extend.lua."""
+        return self._run("extend", keys, [_now(now_ms), lease_ms, *receipts], client)
+
+    def release(self, keys: QueueKeys, receipts: Sequence[str], client: Any = None) -> Any:
+        """lua/release.lua."""
+        return self._run("release", keys, list(receipts), client)
+
+    def promote(self, keys: QueueKeys, now_ms: int | None, limit: int, client: Any = None) -> Any:
+        """lua/promote.lua."""
+        return self._run("promote", keys, [_now(now_ms), limit], client)
+
+    def stats(self, keys: QueueKeys, now_ms: int | None, client: Any = None) -> Any:
+        """lua/stats.lua."""
+        return self._run("stats", keys, [_now(now_ms)], client)
+
+    def dead_list(self, keys: QueueKeys, offset: int, limit: int, client: Any = None) -> Any:
+        """lua/dead_list.lua."""
+        return self._run("dead_list", keys, [offset, limit], client)
+
+    def dead_replay(
+        self, keys: QueueKeys, now_ms: int | None, limit: int, ids: Sequence[str], client: Any = None
+    ) -> Any:
+        """lua/dead_replay.lua."""
+        return self._run("dead_replay", keys, [_now(now_ms), limit, *ids], client)
+
+    def dead_purge(self, keys: QueueKeys, limit: int, ids: Sequence[str], client: Any = None) -> Any:
+        """lua/dead_purge.lua."""
+        return self._run("dead_purge", keys, [limit, *ids], client)
