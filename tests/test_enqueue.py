@@ -1,0 +1,86 @@
+"""enqueue: one or many jobs, duplicates are reported no-ops, delays go to SCHEDULED."""
+
+from __future__ import annotations
+
+import pytest
+
+from pyqueue import InvalidArgument, NewJob, Queue
+
+T0 = 1_000_000
+
+
+def test_enqueue_adds_a_ready_job_with_a_random_id(q: Queue) -> None:
+    added = q.enqueue(b"hello", now_ms=T0)
+    assert added.added and len(added.job_id) == 32
+    assert q.stats(now_ms=T0).ready == 1
+    (job,) = q.lease(now_ms=T0)
+    assert (job.id, job.payload, job.attempt, job.max_attempts) == (added.job_id, b"hello", 1, 5)
+
+
+def test_enqueue_of_an_existing_id_is_a_duplicate_and_changes_nothing(q: Queue) -> None:
+    assert q.enqueue(b"first", job_id="j", now_ms=T0).added
+    assert not q.enqueue(b"second", job_id="j", now_ms=T0).added
+    (job,) = q.lease(now_ms=T0)
+    assert job.payload == b"first"
+    assert not q.enqueue(b"third", job_id="j", now_ms=T0).added  # leased is a state too
+    stats = q.stats(now_ms=T0)
+    assert (stats.enqueued, stats.duplicates) == (1, 2)
+
+
+def test_enqueue_of_a_dead_id_is_a_duplicate(q: Queue) -> None:
+    q.enqueue(b"x", job_id="j", max_attempts=1, now_ms=T0)
+    (job,) = q.lease(now_ms=T0)
+    assert q.nack(job, "boom", now_ms=T0).state == "dead"
+    assert not q.enqueue(b"y", job_id="j", now_ms=T0).added
+
+
+def test_enqueue_after_ack_adds_the_id_again(q: Queue) -> None:
+    q.enqueue(b"x", job_id="j", now_ms=T0)
+    (job,) = q.lease(now_ms=T0)
+    assert q.ack(job)
+    assert q.enqueue(b"again", job_id="j", now_ms=T0).added
+
+
+def test_enqueue_with_delay_is_scheduled_until_due(q: Queue) -> None:
+    q.enqueue(b"later", delay_ms=5_000, now_ms=T0)
+    assert q.stats(now_ms=T0).scheduled == 1
+    assert q.lease(now_ms=T0 + 4_999) == []
+    (job,) = q.lease(now_ms=T0 + 5_000)
+    assert job.payload == b"later"
+
+
+def test_enqueue_many_reports_each_job_and_in_batch_duplicates(q: Queue) -> None:
+    q.enqueue(b"old", job_id="a", now_ms=T0)
+    result = q.enqueue_many(
+        [NewJob(b"1", job_id="a"), NewJob(b"2", job_id="b"), NewJob(b"3", job_id="b"), b"4"], now_ms=T0
+    )
+    assert [e.added for e in result] == [False, True, False, True]
+    assert q.stats(now_ms=T0).ready == 3
+
+
+def test_enqueue_many_keeps_fifo_order(q: Queue) -> None:
+    q.enqueue_many([NewJob(str(i), job_id=f"j{i}") for i in range(10)], now_ms=T0)
+    assert [j.id for j in q.lease(count=10, now_ms=T0)] == [f"j{i}" for i in range(10)]
+
+
+def test_enqueue_many_accepts_a_thousand_and_rejects_more(q: Queue) -> None:
+    assert all(e.added for e in q.enqueue_many([b"x"] * 1000, now_ms=T0))
+    with pytest.raises(InvalidArgument):
+        q.enqueue_many([b"x"] * 1001)
+    with pytest.raises(InvalidArgument):
+        q.enqueue_many([])
+
+
+@pytest.mark.parametrize("payload", [b"", b"\xff\xfe\x00\x80", "žluťoučký kůň".encode(), b"x" * (1 << 20)])
+def test_any_payload_bytes_round_trip(q: Queue, payload: bytes) -> None:
+    q.enqueue(payload, now_ms=T0)
+    (job,) = q.lease(now_ms=T0)
+    assert job.payload == payload
+
+
+def test_str_payloads_are_utf8_and_json_helpers_round_trip(q: Queue) -> None:
+    q.enqueue("čaj", now_ms=T0)
+    q.enqueue_json({"to": "a@b.c", "n": [1, 2]}, now_ms=T0)
+    first, second = q.lease(count=2, now_ms=T0)
+    assert first.text() == "čaj"
+    assert second.json() == {"to": "a@b.c", "n": [1, 2]}
