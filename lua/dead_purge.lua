@@ -1,6 +1,7 @@
 --[[ dead_purge: delete DEAD jobs for good.
 
-Either the given ids (ids not in DEAD are skipped) or, with no ids, the `limit` oldest.
+Only the given ids are deleted; ids not in DEAD are skipped. (To purge "the oldest N",
+list them with dead_list first: naming the ids is what makes a re-sent call harmless.)
 
 KEYS (4), all <prefix>:{<queue>}:<role>
   1 jobs      hash  id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
@@ -8,14 +9,12 @@ KEYS (4), all <prefix>:{<queue>}:<role>
   3 errors    hash  id -> last error text
   4 counters  hash  counter name -> integer ('purged')
 
-ARGV (1 + k)
-  1  limit    integer 1..1000, most jobs purged by this call
-  2.. ids     0..limit job ids
+ARGV (k)
+  1.. ids     1..1000 job ids
 
 Returns  {purged, remaining}: jobs deleted, and jobs left in DEAD.
 Errors   PQ_BADARG, WRONGTYPE (nothing written on any error).
-Replay   a re-sent call with ids finds them gone and deletes nothing; without ids it
-         purges the next `limit` oldest, if any (as a second call would).
+Replay   a re-sent call finds the ids gone and deletes nothing.
 ]]
 
 local jobs_key, dead_key, errors_key, counters_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -28,22 +27,13 @@ local function expect_type(key, want)
 end
 
 -- 1. Validate.
-if not string.match(ARGV[1] or '', '^%d+$') or tonumber(ARGV[1]) < 1 or tonumber(ARGV[1]) > 1000 then
-  return redis.error_reply('PQ_BADARG limit must be an integer in [1, 1000]')
-end
-local limit = tonumber(ARGV[1])
-if #ARGV - 1 > limit then return redis.error_reply('PQ_BADARG more ids than limit') end
+if #ARGV < 1 or #ARGV > 1000 then return redis.error_reply('PQ_BADARG 1..1000 ids per call') end
 
 -- 2. Read.
-local ids = {}
-if #ARGV > 1 then
-  local seen = {}
-  for i = 2, #ARGV do
-    if not seen[ARGV[i]] and redis.call('ZSCORE', dead_key, ARGV[i]) then ids[#ids + 1] = ARGV[i] end
-    seen[ARGV[i]] = true
-  end
-else
-  ids = redis.call('ZRANGE', dead_key, 0, limit - 1)
+local ids, seen = {}, {}
+for i = 1, #ARGV do
+  if not seen[ARGV[i]] and redis.call('ZSCORE', dead_key, ARGV[i]) then ids[#ids + 1] = ARGV[i] end
+  seen[ARGV[i]] = true
 end
 if #ids > 0 then
   local err = expect_type(jobs_key, 'hash') or expect_type(errors_key, 'hash')

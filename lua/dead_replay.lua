@@ -1,6 +1,7 @@
 --[[ dead_replay: move DEAD jobs back to the tail of READY with their attempts reset to 0.
 
-Either the given ids (ids not in DEAD are skipped) or, with no ids, the `limit` oldest.
+Only the given ids move; ids not in DEAD are skipped. (To replay "the oldest N", list
+them with dead_list first: naming the ids is what makes a re-sent call harmless.)
 
 KEYS (6), all <prefix>:{<queue>}:<role>
   1 jobs      hash  id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
@@ -10,15 +11,13 @@ KEYS (6), all <prefix>:{<queue>}:<role>
   5 counters  hash  counter name -> integer ('replayed')
   6 wake      zset  the single member "wake" while workers should wake up
 
-ARGV (2 + k)
+ARGV (1 + k)
   1  now_ms   '' (use the server clock) or integer >= 0; tests only
-  2  limit    integer 1..1000, most jobs replayed by this call
-  3.. ids     0..limit job ids
+  2.. ids     1..1000 job ids
 
 Returns  {replayed, remaining}: jobs moved, and jobs left in DEAD.
 Errors   PQ_BADARG, PQ_CORRUPT, WRONGTYPE (nothing written on any error).
-Replay   a re-sent call with ids finds them no longer dead and moves nothing; without
-         ids it replays the next `limit` oldest, if any (as a second call would).
+Replay   a re-sent call finds the ids no longer dead and moves nothing.
 ]]
 
 local jobs_key, ready_key, dead_key, errors_key, counters_key, wake_key =
@@ -43,29 +42,22 @@ local function expect_type(key, want)
 end
 
 -- 1. Validate.
-local now_ms, limit, err
+local now_ms, err
 if ARGV[1] ~= '' then
   now_ms, err = int_arg(ARGV[1], 'now_ms', 0, 2 ^ 53)
   if err then return redis.error_reply(err) end
 end
-limit, err = int_arg(ARGV[2], 'limit', 1, 1000)
-if err then return redis.error_reply(err) end
-if #ARGV - 2 > limit then return redis.error_reply('PQ_BADARG more ids than limit') end
+if #ARGV < 2 or #ARGV > 1001 then return redis.error_reply('PQ_BADARG 1..1000 ids per call') end
 if now_ms == nil then
   local t = redis.call('TIME')
   now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
 -- 2. Read.
-local ids = {}
-if #ARGV > 2 then
-  local seen = {}
-  for i = 3, #ARGV do
-    if not seen[ARGV[i]] and redis.call('ZSCORE', dead_key, ARGV[i]) then ids[#ids + 1] = ARGV[i] end
-    seen[ARGV[i]] = true
-  end
-else
-  ids = redis.call('ZRANGE', dead_key, 0, limit - 1)
+local ids, seen = {}, {}
+for i = 2, #ARGV do
+  if not seen[ARGV[i]] and redis.call('ZSCORE', dead_key, ARGV[i]) then ids[#ids + 1] = ARGV[i] end
+  seen[ARGV[i]] = true
 end
 local rewritten = {}
 if #ids > 0 then

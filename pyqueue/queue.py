@@ -471,27 +471,38 @@ class Queue:
         ]
         return DeadPage(total=int(reply[0]), jobs=jobs)
 
-    def dead_replay(self, ids: Sequence[str] = (), *, limit: int = 100, now_ms: int | None = None) -> int:
-        """Move dead jobs back to READY with attempts reset (lua/dead_replay.lua): the
-        given ``ids`` (all of them; ``limit`` then does not apply), or the ``limit``
-        oldest. Returns how many moved."""
-        ids = [check_job_id(i) for i in ids]
-        check_int(limit, "limit", 1, MAX_BATCH)
-        if len(ids) > MAX_BATCH:
-            raise InvalidArgument(f"at most {MAX_BATCH} ids per call, got {len(ids)}")
+    def dead_replay(self, ids: Sequence[str] | None = None, *, limit: int = 100, now_ms: int | None = None) -> int:
+        """Move dead jobs back to the tail of READY with attempts reset
+        (lua/dead_replay.lua). Returns how many moved.
+
+        Args:
+            ids: the jobs to replay (ids not in DEAD are skipped). ``None``: the
+                ``limit`` oldest dead jobs, listed first with ``dead_list`` (the script
+                always takes explicit ids, so a re-sent call moves nothing twice).
+        """
+        ids = self._dead_ids(ids, limit)
         _check_now(now_ms)
-        replayed, _remaining = self._call(self.scripts.dead_replay, self.keys, now_ms, len(ids) or limit, ids)
+        if not ids:
+            return 0
+        replayed, _remaining = self._call(self.scripts.dead_replay, self.keys, now_ms, ids)
         return int(replayed)
 
-    def dead_purge(self, ids: Sequence[str] = (), *, limit: int = 100) -> int:
-        """Delete dead jobs for good (lua/dead_purge.lua): the given ``ids``, or the
-        ``limit`` oldest. Returns how many were deleted."""
-        ids = [check_job_id(i) for i in ids]
-        check_int(limit, "limit", 1, MAX_BATCH)
-        if len(ids) > MAX_BATCH:
-            raise InvalidArgument(f"at most {MAX_BATCH} ids per call, got {len(ids)}")
-        purged, _remaining = self._call(self.scripts.dead_purge, self.keys, len(ids) or limit, ids)
+    def dead_purge(self, ids: Sequence[str] | None = None, *, limit: int = 100) -> int:
+        """Delete dead jobs for good (lua/dead_purge.lua): the given ``ids`` (ids not in
+        DEAD are skipped), or the ``limit`` oldest. Returns how many were deleted."""
+        ids = self._dead_ids(ids, limit)
+        if not ids:
+            return 0
+        purged, _remaining = self._call(self.scripts.dead_purge, self.keys, ids)
         return int(purged)
+
+    def _dead_ids(self, ids: Sequence[str] | None, limit: int) -> list[str]:
+        if ids is None:
+            return [job.id for job in self.dead_list(0, limit).jobs]
+        checked = [check_job_id(i) for i in ids]
+        if len(checked) > MAX_BATCH:
+            raise InvalidArgument(f"at most {MAX_BATCH} ids per call, got {len(checked)}")
+        return checked
 
 
 def _check_now(now_ms: int | None) -> None:

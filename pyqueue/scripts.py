@@ -72,7 +72,8 @@ class Scripts:
             name: client.register_script(lua_source(name)) for name in SCRIPT_KEYS
         }
 
-    def _run(self, name: str, keys: QueueKeys, args: Sequence[Arg], client: Any = None) -> Any:
+    def run(self, name: str, keys: QueueKeys, args: Sequence[Arg], client: Any = None) -> Any:
+        """Run script `name` with the keys its header lists and raw ARGV (tests, tools)."""
         roles = SCRIPT_KEYS[name]
         return self._scripts[name](keys=[keys.role(r) for r in roles], args=list(args), client=client)
 
@@ -83,7 +84,7 @@ class Scripts:
         args: list[Arg] = [_now(now_ms), len(jobs)]
         for job_id, payload, delay_ms, max_attempts in jobs:
             args += [job_id, payload, delay_ms, max_attempts]
-        return self._run("enqueue", keys, args, client)
+        return self.run("enqueue", keys, args, client)
 
     def lease(
         self,
@@ -98,11 +99,11 @@ class Scripts:
         client: Any = None,
     ) -> Any:
         """lua/lease.lua."""
-        return self._run("lease", keys, [_now(now_ms), owner, call, count, lease_ms, limit, *ack_receipts], client)
+        return self.run("lease", keys, [_now(now_ms), owner, call, count, lease_ms, limit, *ack_receipts], client)
 
     def ack(self, keys: QueueKeys, receipts: Sequence[str], client: Any = None) -> Any:
         """lua/ack.lua."""
-        return self._run("ack", keys, list(receipts), client)
+        return self.run("ack", keys, list(receipts), client)
 
     def nack(
         self,
@@ -117,36 +118,34 @@ class Scripts:
     ) -> Any:
         """lua/nack.lua."""
         delay: Arg = "" if delay_ms is None else delay_ms
-        return self._run("nack", keys, [_now(now_ms), receipt, error, delay, base_ms, cap_ms], client)
+        return self.run("nack", keys, [_now(now_ms), receipt, error, delay, base_ms, cap_ms], client)
 
     def extend(
         self, keys: QueueKeys, now_ms: int | None, lease_ms: int, receipts: Sequence[str], client: Any = None
     ) -> Any:
         """lua/extend.lua."""
-        return self._run("extend", keys, [_now(now_ms), lease_ms, *receipts], client)
+        return self.run("extend", keys, [_now(now_ms), lease_ms, *receipts], client)
 
     def release(self, keys: QueueKeys, receipts: Sequence[str], client: Any = None) -> Any:
         """lua/release.lua."""
-        return self._run("release", keys, list(receipts), client)
+        return self.run("release", keys, list(receipts), client)
 
     def promote(self, keys: QueueKeys, now_ms: int | None, limit: int, client: Any = None) -> Any:
         """lua/promote.lua."""
-        return self._run("promote", keys, [_now(now_ms), limit], client)
+        return self.run("promote", keys, [_now(now_ms), limit], client)
 
     def stats(self, keys: QueueKeys, now_ms: int | None, client: Any = None) -> Any:
         """lua/stats.lua."""
-        return self._run("stats", keys, [_now(now_ms)], client)
+        return self.run("stats", keys, [_now(now_ms)], client)
 
     def dead_list(self, keys: QueueKeys, offset: int, limit: int, client: Any = None) -> Any:
         """lua/dead_list.lua."""
-        return self._run("dead_list", keys, [offset, limit], client)
+        return self.run("dead_list", keys, [offset, limit], client)
 
-    def dead_replay(
-        self, keys: QueueKeys, now_ms: int | None, limit: int, ids: Sequence[str], client: Any = None
-    ) -> Any:
+    def dead_replay(self, keys: QueueKeys, now_ms: int | None, ids: Sequence[str], client: Any = None) -> Any:
         """lua/dead_replay.lua."""
-        return self._run("dead_replay", keys, [_now(now_ms), limit, *ids], client)
+        return self.run("dead_replay", keys, [_now(now_ms), *ids], client)
 
-    def dead_purge(self, keys: QueueKeys, limit: int, ids: Sequence[str], client: Any = None) -> Any:
+    def dead_purge(self, keys: QueueKeys, ids: Sequence[str], client: Any = None) -> Any:
         """lua/dead_purge.lua."""
-        return self._run("dead_purge", keys, [limit, *ids], client)
+        return self.run("dead_purge", keys, list(ids), client)
