@@ -59,3 +59,60 @@ def calls_touching_every_key(q: Queue, h: dict[str, Any]) -> dict[str, tuple[str
         "dead_replay": ("dead_replay", [now, "corpse"]),
         "dead_purge": ("dead_purge", ["corpse"]),
     }
+
+
+def restore_all(client: redis.Redis, snapshot: dict[bytes, bytes | None]) -> None:
+    """Make the keyspace exactly ``snapshot`` (from :func:`dump_all`) again."""
+    client.flushall()
+    for key, value in snapshot.items():
+        assert value is not None
+        client.restore(key, 0, value)
+
+
+def job_states(client: redis.Redis, q: Queue) -> dict[str, list[str]]:
+    """Every job id found anywhere in the queue -> the states it is found in.
+
+    Also checks the structural rules each state relies on: READY holds no id twice, the
+    owners index holds exactly the receipts of LEASED, every receipt parses.
+    """
+    k = q.keys
+    states: dict[str, list[str]] = {}
+    for raw in client.hkeys(k.jobs):
+        states.setdefault(raw.decode(), [])
+    ready = [i.decode() for i in client.lrange(k.ready, 0, -1)]
+    assert len(ready) == len(set(ready)), f"an id twice in READY: {ready}"
+    for i in ready:
+        states.setdefault(i, []).append("ready")
+    for raw in client.zrange(k.scheduled, 0, -1):
+        states.setdefault(raw.decode(), []).append("scheduled")
+    receipts = client.zrange(k.leased, 0, -1)
+    assert set(receipts) == set(client.zrange(k.owners, 0, -1)), "owners index out of step with LEASED"
+    for raw in receipts:
+        parts = raw.decode().split("|", 4)
+        assert len(parts) == 5 and parts[2].isdigit() and parts[3].isdigit(), raw
+        states.setdefault(parts[4], []).append("leased")
+    for raw in client.zrange(k.dead, 0, -1):
+        states.setdefault(raw.decode(), []).append("dead")
+    assert set(client.hkeys(k.errors)) <= set(client.zrange(k.dead, 0, -1)), "an error kept for a job not dead"
+    return states
+
+
+def contents(client: redis.Redis) -> dict[bytes, object]:
+    """Every key with its logical value (fakeredis's DUMP is a pickle whose bytes can
+    differ for equal values, so "same state" compares this instead)."""
+    out: dict[bytes, object] = {}
+    for key in client.keys("*"):
+        kind = client.type(key)
+        if kind == b"string":
+            out[key] = client.get(key)
+        elif kind == b"list":
+            out[key] = client.lrange(key, 0, -1)
+        elif kind == b"hash":
+            out[key] = client.hgetall(key)
+        elif kind == b"set":
+            out[key] = client.smembers(key)
+        elif kind == b"zset":
+            out[key] = client.zrange(key, 0, -1, withscores=True)
+        else:
+            out[key] = (kind, client.dump(key))
+    return out

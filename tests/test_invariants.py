@@ -1,0 +1,332 @@
+"""One test (or a few) per invariant of DESIGN §3, named after it.
+
+The random walks drive the real scripts with an explicit clock (no sleeps) through a
+seeded mix of every transition, checking the invariant after each step. The
+Hypothesis model test of the whole lifecycle is a separate, deeper check.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from helpers import T0, busy_queue, calls_touching_every_key, contents, dump_all, job_states, restore_all
+from redis.cluster import key_slot
+
+from pyqueue import Job, NewJob, Outcome, Queue
+from pyqueue.keys import ROLES
+from pyqueue.scripts import SCRIPT_KEYS, lua_dir
+
+
+class Walk:
+    """A seeded random walk over every transition, recording what the answers promise."""
+
+    def __init__(self, q: Queue, seed: int) -> None:
+        self.q, self.rng, self.now = q, random.Random(seed), T0
+        self.held: list[Job] = []
+        self.enqueued: set[str] = set()
+        self.acked_ok: Counter[str] = Counter()
+        self.max_attempt_seen: dict[str, int] = {}
+
+    def step(self) -> None:
+        q, rng = self.q, self.rng
+        op = rng.choice(["enqueue", "enqueue", "lease", "lease", "ack", "ack_and_lease", "nack", "extend",
+                         "release", "clock", "promote", "replay"])
+        if op == "enqueue":
+            batch = [NewJob(rng.choice([b"", b"\xff", b"p" * rng.randint(0, 50)]), job_id=f"j{rng.randint(0, 40)}",
+                            delay_ms=rng.choice([0, 0, 5, 50]), max_attempts=rng.randint(1, 4))
+                     for _ in range(rng.randint(1, 3))]
+            for item, e in zip(batch, q.enqueue_many(batch, now_ms=self.now)):
+                if e.added:
+                    self.enqueued.add(e.job_id)
+        elif op == "lease":
+            self.took(q.lease(lease_ms=rng.choice([1, 20, 100]), count=rng.randint(1, 3), now_ms=self.now))
+        elif op in ("ack", "ack_and_lease", "nack", "release", "extend") and self.held:
+            job = self.held.pop(rng.randrange(len(self.held)))
+            if op == "ack":
+                self.answered(job, q.ack(job))
+            elif op == "ack_and_lease":
+                outcome, jobs = q.ack_and_lease(job, lease_ms=rng.choice([1, 50]), now_ms=self.now)
+                self.answered(job, outcome)
+                self.took(jobs)
+            elif op == "nack":
+                q.nack(job, "err", delay_ms=rng.choice([None, 0, 10]), backoff_base_ms=5, now_ms=self.now)
+            elif op == "release":
+                q.release([job])
+            else:
+                q.extend([job], rng.choice([1, 100]), now_ms=self.now)
+                self.held.append(job)
+        elif op == "clock":
+            self.now += rng.choice([0, 1, 10, 60, 200])
+        elif op == "promote":
+            q.promote(limit=rng.randint(1, 5), now_ms=self.now)
+        elif op == "replay":
+            ids = [d.id for d in q.dead_list(limit=rng.randint(1, 3)).jobs]
+            q.dead_replay(ids, now_ms=self.now)
+            for job_id in ids:  # a replayed job starts counting attempts again
+                self.max_attempt_seen.pop(job_id, None)
+
+    def took(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            assert job.attempt >= self.max_attempt_seen.get(job.id, 0), "attempts went down"
+            self.max_attempt_seen[job.id] = job.attempt
+        self.held += jobs
+
+    def answered(self, job: Job, outcome: Outcome) -> None:
+        if outcome:
+            self.acked_ok[job.id] += 1
+            self.max_attempt_seen.pop(job.id, None)  # the id may be enqueued again: a new job
+
+    def drain(self) -> None:
+        """Run every remaining job to an end: lease, ack; let clocks pass for the rest."""
+        for _ in range(10_000):
+            self.now += 1_000_000  # past every delay and deadline
+            jobs = self.q.lease(count=100, now_ms=self.now)
+            if not jobs and self.q.stats(now_ms=self.now).scheduled == 0:
+                return
+            for job in jobs:
+                self.answered(job, self.q.ack(job))
+        pytest.fail("drain did not finish")
+
+
+SEEDS = range(6)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_single_state_every_job_is_in_exactly_one_state(q: Queue, r: redis.Redis, seed: int) -> None:
+    walk = Walk(q, seed)
+    for _ in range(150):
+        walk.step()
+        for job_id, states in job_states(r, q).items():
+            assert len(states) == 1, f"{job_id} is in {states}"
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_no_loss_every_enqueued_job_is_eventually_acked_or_dead(q: Queue, r: redis.Redis, seed: int) -> None:
+    walk = Walk(q, seed)
+    for _ in range(150):
+        walk.step()
+    walk.drain()
+    dead = {d.id for d in q.dead_list(limit=1000).jobs}
+    # An id may be enqueued again after its ack: each ack answer ends one life of the id.
+    assert walk.enqueued <= set(walk.acked_ok) | dead
+    assert r.llen(q.keys.ready) == 0 and r.zcard(q.keys.leased) == 0 and r.zcard(q.keys.scheduled) == 0
+    assert set(k.decode() for k in r.hkeys(q.keys.jobs)) == dead
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_fencing_no_job_ever_has_two_valid_leases(q: Queue, r: redis.Redis, seed: int) -> None:
+    walk = Walk(q, seed)
+    for _ in range(150):
+        walk.step()
+        leased_ids = [m.decode().split("|", 4)[4] for m in r.zrange(q.keys.leased, 0, -1)]
+        assert len(leased_ids) == len(set(leased_ids))
+
+
+def test_fencing_a_stale_fence_changes_nothing_in_any_fenced_call(q: Queue, r: redis.Redis) -> None:
+    q.enqueue(b"x", max_attempts=5, now_ms=T0)
+    (old,) = q.lease(lease_ms=1, now_ms=T0)
+    (new,) = q.lease(now_ms=T0 + 100)
+    assert new.fence > old.fence
+    before = dump_all(r)
+    assert q.ack(old) is Outcome.STALE
+    assert q.nack(old, now_ms=T0 + 100).outcome is Outcome.STALE
+    assert q.extend([old], 10_000, now_ms=T0 + 100)[0].outcome is Outcome.STALE
+    assert q.release([old]) == [Outcome.STALE]
+    assert q.ack_and_lease(old, count=0, now_ms=T0 + 100)[0] is Outcome.STALE
+    assert dump_all(r) == before
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_exactly_once_ack_answer_ok_at_most_once_per_life_of_a_job(q: Queue, seed: int) -> None:
+    walk = Walk(q, seed)
+    for _ in range(150):
+        walk.step()
+    walk.drain()
+    stats = q.stats(now_ms=walk.now)
+    assert sum(walk.acked_ok.values()) == stats.acked  # every OK is one ack, counted once
+
+
+def test_exactly_once_ack_answer_under_concurrent_acks_of_one_receipt(q: Queue) -> None:
+    q.enqueue_many([b"x"] * 20)
+    jobs = q.lease(count=20)
+    outcomes: list[Outcome] = []
+    lock = threading.Lock()
+
+    def hammer() -> None:
+        for job in jobs:
+            outcome = q.ack(job)
+            with lock:
+                outcomes.append(outcome)
+
+    threads = [threading.Thread(target=hammer) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert outcomes.count(Outcome.OK) == 20 and outcomes.count(Outcome.GONE) == 100
+
+
+def test_exactly_once_ack_answer_when_two_workers_hold_the_same_job_in_turn(q: Queue) -> None:
+    q.enqueue(b"x", now_ms=T0)
+    (a,) = q.lease(lease_ms=10, now_ms=T0)
+    (b,) = q.lease(lease_ms=10, now_ms=T0 + 100)
+    assert [q.ack(b), q.ack(a), q.ack(b)] == [Outcome.OK, Outcome.GONE, Outcome.GONE]
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_check_before_write_a_failing_call_wrote_nothing(q: Queue, r: redis.Redis, role: str) -> None:
+    # The exhaustive table is in test_bad_input.py; this runs lease, the widest script,
+    # with each of its keys broken.
+    handles = busy_queue(q)
+    script, args = calls_touching_every_key(q, handles)["lease"]
+    r.delete(q.keys.role(role))
+    r.set(q.keys.role(role), "planted")
+    before = dump_all(r)
+    with pytest.raises(redis.ResponseError):
+        q.scripts.run(script, q.keys, args)
+    assert dump_all(r) == before
+
+
+VARIANTS = ["enqueue", "lease", "ack_and_lease", "ack", "nack_to_scheduled", "nack_to_dead", "extend", "release",
+            "promote", "stats", "dead_list", "dead_replay", "dead_purge"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_replay_safety_sending_a_call_twice_has_the_effect_of_one(q: Queue, r: redis.Redis, variant: str) -> None:
+    script, args = calls_touching_every_key(q, busy_queue(q))[variant]
+    start = dump_all(r)
+    first_reply = q.scripts.run(script, q.keys, args)
+    once, once_counters = contents(r), r.hgetall(q.keys.counters)
+    restore_all(r, start)
+    q.scripts.run(script, q.keys, args)
+    replay_reply = q.scripts.run(script, q.keys, args)
+    twice, twice_counters = contents(r), r.hgetall(q.keys.counters)
+    if variant == "enqueue":
+        # The one difference: `duplicates` counts the re-sent jobs as duplicate attempts.
+        counters = q.keys.counters.encode()
+        once.pop(counters), twice.pop(counters)
+        assert int(twice_counters.pop(b"duplicates", 0)) == int(once_counters.pop(b"duplicates", 0)) + 2
+        assert twice_counters == once_counters
+    assert twice == once
+    if variant == "lease":
+        assert replay_reply == first_reply  # the same jobs, the same receipts
+
+
+def test_one_clock_deadlines_come_from_the_server_time(q: Queue, r: redis.Redis) -> None:
+    q.enqueue(b"x")
+    seconds, micros = r.time()
+    before_ms = seconds * 1000 + micros // 1000
+    (job,) = q.lease(lease_ms=60_000)
+    seconds, micros = r.time()
+    after_ms = seconds * 1000 + micros // 1000
+    assert before_ms + 60_000 <= job.deadline_ms <= after_ms + 60_000
+
+
+def test_one_clock_no_python_module_reads_the_wall_clock_for_queue_decisions() -> None:
+    package = Path(__file__).resolve().parent.parent / "pyqueue"
+    for path in package.glob("*.py"):
+        text = path.read_text()
+        assert "time.time()" not in text and "datetime.now" not in text, path
+
+
+def test_bounded_work_one_call_reclaims_and_promotes_at_most_limit(q: Queue) -> None:
+    for i in range(3):
+        q.enqueue_many([b"x"] * 1000, now_ms=T0)
+        q.lease(lease_ms=1, count=1000, now_ms=T0)
+    q.enqueue_many([NewJob(b"s", delay_ms=1) for _ in range(500)], now_ms=T0)
+    result = q.promote(limit=100, now_ms=T0 + 10)
+    assert (result.promoted, result.reclaimed, result.more) == (100, 100, True)
+    leased = q.lease_call(count=1, limit=50, now_ms=T0 + 100)
+    assert len(leased.jobs) == 1
+    stats = q.stats(now_ms=T0 + 100)
+    assert stats.reclaimed == 150 and stats.promoted == 150
+
+
+def test_bounded_work_no_script_scans_the_keyspace() -> None:
+    for path in lua_dir().glob("*.lua"):
+        body = path.read_text()
+        assert not re.search(r"""redis\.call\(\s*['"](KEYS|SCAN|HSCAN|ZSCAN|SSCAN|HGETALL|HKEYS|HVALS|SMEMBERS)['"]""",
+                             body, re.I), path
+        assert not re.search(r"ZRANGE[A-Z]*['\"],[^)]*,\s*0,\s*-1", body), f"{path}: unbounded range"
+
+
+def test_cluster_safe_every_key_of_a_queue_has_one_hash_slot(q: Queue) -> None:
+    slots = {key_slot(key.encode()) for key in q.keys.all()}
+    assert len(slots) == 1
+    assert all(key.startswith("pq:{q}:") for key in q.keys.all())
+
+
+def test_cluster_safe_scripts_only_touch_keys_passed_in_keys() -> None:
+    for path in lua_dir().glob("*.lua"):
+        body = path.read_text()
+        key_names = set()
+        for names, values in re.findall(r"^local ([\w, ]+) =\s*((?:KEYS\[\d\],?\s*)+)$", body, re.M):
+            key_names |= {n.strip() for n in names.split(",")}
+        assert key_names, f"{path.name} names no KEYS"
+        for match in re.finditer(r"redis\.call\(\s*'(\w+)',\s*([^,)]+)", body):
+            command, first = match.groups()
+            if command in ("TIME",):
+                continue
+            assert first.strip() in key_names or first.strip() == "key", f"{path.name}: {match.group(0)}"
+
+
+def undeclared_assignments(code: str) -> list[str]:
+    """Plain-name assignment targets never declared local, a parameter or a loop variable.
+
+    Scope-insensitive (a name declared anywhere earlier counts), which is enough to catch
+    the mistake that matters: a forgotten `local`.
+    """
+    declared: set[str] = set()
+    bad = []
+    for line in code.splitlines():
+        line = line.split("--", 1)[0]
+        for names in re.findall(r"\blocal\s+function\s+(\w+)\s*\(([^)]*)\)", line):
+            declared |= {names[0], *(n.strip() for n in names[1].split(",") if n.strip())}
+        for params in re.findall(r"\bfunction\s*\(([^)]*)\)", line):
+            declared |= {n.strip() for n in params.split(",") if n.strip()}
+        for names in re.findall(r"\blocal\s+(?!function)([\w\s,]+?)(?:=|$)", line):
+            declared |= {n.strip() for n in names.split(",") if n.strip()}
+        for names in re.findall(r"\bfor\s+([\w\s,]+?)\s+(?:=|in)\b", line):
+            declared |= {n.strip() for n in names.split(",")}
+        m = re.match(r"^\s*(?!local\b)([A-Za-z_]\w*(?:\s*,\s*[A-Za-z_]\w*)*)\s*=(?!=)", line)
+        if m:
+            bad += [n.strip() for n in m.group(1).split(",") if n.strip() not in declared]
+    return bad
+
+
+def test_the_global_checker_catches_a_missing_local() -> None:
+    assert undeclared_assignments("local a = 1\na = 2\nfor i = 1, 2 do end\nb, a = 1, 2\n") == ["b"]
+
+
+@pytest.mark.parametrize("path", sorted(lua_dir().glob("*.lua")), ids=lambda p: p.name)
+def test_portable_scripts_use_lua51_base_only_and_no_globals(path: Path) -> None:
+    body = path.read_text()
+    assert not body.startswith("#!"), "no shebang: fakeredis and older servers reject it"
+    for forbidden in ("cmsgpack", "bit.", "struct.", "redis.setresp", "redis.set_repl", "math.random", "require",
+                      "loadstring", "dofile", "os.", "io."):
+        assert forbidden not in body, forbidden
+    code = body.split("\n]]\n", 1)[1]  # after the header comment
+    assert undeclared_assignments(code) == [], "assignments to globals (Redis forbids creating globals)"
+    assert set(SCRIPT_KEYS) >= {path.stem}
+
+
+def test_every_lua_file_has_a_driver_wrapper() -> None:
+    assert {p.stem for p in lua_dir().glob("*.lua")} == set(SCRIPT_KEYS)
+
+
+def test_the_acked_counter_is_derived_consistently(q: Queue, r: redis.Redis) -> None:
+    walk = Walk(q, 99)
+    for _ in range(200):
+        walk.step()
+    s = q.stats(now_ms=walk.now)
+    assert s.acked == s.leased_total - s.nacked - s.reclaimed - s.scrubbed - s.released - s.leased
+    assert s.acked == sum(walk.acked_ok.values())
+
+
