@@ -100,11 +100,12 @@ def connect(
     """
     if url in ("embedded", "fakeredis://"):
         return embedded_redis()
+    tcp = {"socket_keepalive": True} if not url.startswith("unix:") else {}
     return redis_lib.Redis.from_url(
         url,
         socket_timeout=socket_timeout_s,
         socket_connect_timeout=socket_connect_timeout_s,
-        socket_keepalive=True,
+        **tcp,
         retry=Retry(ExponentialWithJitterBackoff(base=0.01, cap=1.0), retries),
         retry_on_error=[redis_lib.ConnectionError, redis_lib.TimeoutError],
         health_check_interval=30,

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The test command (README.md, .ci/run): installs what the tests need, then runs the
+# type check and the whole suite on both backends (fakeredis and a real redis-server).
+# Exits non-zero on any failure, and under CI=true also if any real-server test skipped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v redis-server >/dev/null 2>&1; then
+  echo "== installing redis-server from Debian's packages"
+  apt-get update -qq
+  # policy-rc.d answer 101: install the binary without starting a system service.
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+fi
+redis-server --version
+
+echo "== installing pyqueue with its test extras"
+python3 -m pip install --quiet --disable-pip-version-check -e ".[test]"
+
+echo "== mypy --strict pyqueue"
+python3 -m mypy pyqueue
+
+echo "== pytest"
+log=$(mktemp)
+set +e
+python3 -m pytest -q -rs "$@" 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+if [ "$status" -ne 0 ]; then exit "$status"; fi
+if [ "${CI:-}" = "true" ] && grep -qE "^SKIPPED" "$log"; then
+  echo "CI=true: tests were skipped, and every test must run in CI" >&2
+  exit 1
+fi

@@ -1,0 +1,81 @@
+"""The scripts' headers, the Python wrappers and lua/README.md say the same thing."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import pyqueue
+from pyqueue.errors import CODES
+from pyqueue.scripts import SCRIPT_KEYS, lua_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def header(name: str) -> str:
+    return (lua_dir() / f"{name}.lua").read_text().split("\n]]\n", 1)[0]
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPT_KEYS))
+def test_header_keys_agree_with_the_python_wrapper(name: str) -> None:
+    text = header(name)
+    m = re.search(r"^KEYS \((\d+)\)", text, re.M)
+    assert m, f"{name}.lua: no 'KEYS (n)' line"
+    block = text[m.end():].split("\n\n", 1)[0]
+    roles = re.findall(r"^\s+(\d+)\s+(\w+)\s+(hash|list|zset|string|set)\b", block, re.M)
+    assert [int(i) for i, _, _ in roles] == list(range(1, len(roles) + 1))
+    assert int(m.group(1)) == len(roles) == len(SCRIPT_KEYS[name])
+    assert tuple(role for _, role, _ in roles) == SCRIPT_KEYS[name]
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPT_KEYS))
+def test_header_has_argv_returns_and_errors_sections(name: str) -> None:
+    text = header(name)
+    for section in ("ARGV (", "Returns", "Errors"):
+        assert section in text, f"{name}.lua header lacks {section!r}"
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPT_KEYS))
+def test_key_locals_are_bound_in_header_order(name: str) -> None:
+    body = (lua_dir() / f"{name}.lua").read_text()
+    bound: dict[int, str] = {}
+    for names, values in re.findall(r"^local ([\w, ]+) =\s*((?:KEYS\[\d\],?\s*)+)$", body, re.M):
+        for local, index in zip([n.strip() for n in names.split(",")], re.findall(r"KEYS\[(\d)\]", values)):
+            bound[int(index)] = local
+    assert [bound[i] for i in sorted(bound)] == [f"{role}_key" for role in SCRIPT_KEYS[name]]
+
+
+def test_every_error_code_in_the_scripts_is_mapped_in_python() -> None:
+    used = set()
+    for path in lua_dir().glob("*.lua"):
+        used |= set(re.findall(r"\b(PQ_[A-Z_]+)\b", path.read_text()))
+    assert used <= set(CODES), used - set(CODES)
+
+
+def test_every_error_code_is_documented_in_lua_readme() -> None:
+    readme = (ROOT / "lua" / "README.md").read_text()
+    for code in CODES:
+        assert code in readme, code
+
+
+def test_every_script_has_a_row_in_lua_readme() -> None:
+    readme = (ROOT / "lua" / "README.md").read_text()
+    for name in SCRIPT_KEYS:
+        assert f"`{name}`" in readme, name
+
+
+def test_every_key_role_is_documented_in_lua_readme() -> None:
+    readme = (ROOT / "lua" / "README.md").read_text()
+    for role in ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake"):
+        assert f":{role}" in readme or f"`{role}`" in readme, role
+
+
+def test_public_api_all_is_sorted_and_complete() -> None:
+    public = {name for name in dir(pyqueue) if not name.startswith("_")} - {
+        "errors", "keys", "models", "queue", "scripts", "version", "PackageNotFoundError",
+    }
+    public = {name for name in public if not isinstance(getattr(pyqueue, name), type(pyqueue))}
+    assert pyqueue.__all__ == sorted(pyqueue.__all__, key=str.casefold) or pyqueue.__all__ == sorted(pyqueue.__all__)
+    assert public == set(pyqueue.__all__) - {"__version__"}
