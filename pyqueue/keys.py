@@ -97,3 +97,35 @@ class QueueKeys:
 
 #: Every role of a queue key, in the order lua/README.md lists them.
 ROLES = ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake")
+
+
+@dataclass(frozen=True)
+class ServiceKeys:
+    """The Redis keys of a service namespace, ``<prefix>:{<namespace>}:service:<role>``.
+
+    ``id`` selects one service's own keys (``service``, ``wake``); the namespace keys
+    (``seq``, ``ids``, ``expiry``, ``queues``) do not depend on it.
+    """
+
+    prefix: str
+    namespace: str
+    id: int | None = None
+
+    def __post_init__(self) -> None:
+        check_name(self.prefix, "prefix")
+        check_name(self.namespace, "namespace")
+
+    def role(self, name: str) -> str:
+        """The key for a role by name (as listed in a script header)."""
+        base = f"{self.prefix}:{{{self.namespace}}}:service:"
+        if name in ("seq", "ids", "expiry", "queues"):
+            return base + name
+        if name not in ("service", "wake"):
+            raise InvalidArgument(f"unknown service key role {name!r}")
+        if self.id is None:
+            raise InvalidArgument("this key needs a service id")
+        return f"{base}{self.id}" if name == "service" else f"{base}{self.id}:wake"
+
+    def of(self, service_id: int) -> ServiceKeys:
+        """The keys of service ``service_id`` in this namespace."""
+        return ServiceKeys(self.prefix, self.namespace, service_id)

@@ -119,6 +119,16 @@ class Promoted:
 
 
 @dataclass(frozen=True)
+class Scrubbed:
+    """The answer of scrub: leases ended, of which jobs sent to DEAD, and whether a limit
+    was reached (call again)."""
+
+    scrubbed: int
+    dead: int
+    more: bool
+
+
+@dataclass(frozen=True)
 class Stats:
     """Counts per state, lag and counters of one queue, read in one atomic call."""
 

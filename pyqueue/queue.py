@@ -46,6 +46,7 @@ from pyqueue.models import (
     NewJob,
     Outcome,
     Promoted,
+    Scrubbed,
     Stats,
 )
 from pyqueue.scripts import Scripts
@@ -321,13 +322,20 @@ class Queue:
         return [Outcome(_str(s)) for s in reply]
 
     def ack_and_lease(
-        self, job: Job, *, lease_ms: int = DEFAULT_LEASE_MS, count: int = 1, now_ms: int | None = None
+        self,
+        job: Job,
+        *,
+        lease_ms: int = DEFAULT_LEASE_MS,
+        count: int = 1,
+        call: str | None = None,
+        now_ms: int | None = None,
     ) -> tuple[Outcome, list[Job]]:
         """Ack ``job`` and lease up to ``count`` more in one round trip (lua/lease.lua).
 
         The ack has exactly the semantics of ``ack``; the lease those of ``lease``.
+        ``call``: see :meth:`lease_call`.
         """
-        leased = self.lease_call(ack=[job], count=count, lease_ms=lease_ms, now_ms=now_ms)
+        leased = self.lease_call(ack=[job], count=count, lease_ms=lease_ms, call=call, now_ms=now_ms)
         return leased.acks[0], leased.jobs
 
     def lease_call(
@@ -337,20 +345,23 @@ class Queue:
         count: int = 1,
         lease_ms: int = DEFAULT_LEASE_MS,
         limit: int = DEFAULT_MAINTENANCE_LIMIT,
+        call: str | None = None,
         now_ms: int | None = None,
     ) -> Leased:
         """The whole lease call (lua/lease.lua): ack ``ack``, maintain, lease ``count``.
 
         Returns the jobs, the ack outcomes and when to look again (``next_due_ms``).
-        A fresh random call token makes the call replay-safe: if redis-py re-sends it
-        after a lost reply, the script returns the jobs the first run leased.
+        The call token makes the call replay-safe: if the same call (same token) is sent
+        again after a lost reply, by redis-py or by the caller, the script returns the
+        jobs the first run leased. Default: a fresh random token; pass your own to
+        retry a call yourself.
         """
         check_int(count, "count", 0, MAX_BATCH)
         check_int(lease_ms, "lease_ms", 1, 604_800_000)
         check_int(limit, "limit", 1, MAX_BATCH)
         _check_now(now_ms)
         receipts = _receipts(ack) if ack else []
-        call = secrets.token_hex(8)
+        call = secrets.token_hex(8) if call is None else call
         reply = self._call(
             self.scripts.lease, self.keys, now_ms, self.owner, call, count, lease_ms, limit, receipts
         )
@@ -444,6 +455,16 @@ class Queue:
         _check_now(now_ms)
         p, r, d, more, next_due = self._call(self.scripts.promote, self.keys, now_ms, limit)
         return Promoted(int(p), int(r), int(d), bool(more), int(next_due))
+
+    def scrub(self, owner: str, *, limit: int = DEFAULT_MAINTENANCE_LIMIT, now_ms: int | None = None) -> Scrubbed:
+        """End every lease ``owner`` (a dead service) holds in this queue (lua/scrub.lua):
+        jobs go to the head of READY with the attempt counted, or to DEAD at their
+        maximum. At most ``limit`` per call; ``more`` says to call again. Safe to run
+        concurrently and twice. Never scrub a live owner: its jobs would run twice."""
+        check_int(limit, "limit", 1, MAX_BATCH)
+        _check_now(now_ms)
+        scrubbed, dead, more = self._call(self.scripts.scrub, self.keys, now_ms, owner, limit)
+        return Scrubbed(int(scrubbed), int(dead), bool(more))
 
     # -- inspection and dead letters -------------------------------------------------
 

@@ -13,14 +13,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Protocol, Union
 
 import redis
 from redis.commands.core import Script
 
-from pyqueue.keys import QueueKeys
+from pyqueue.keys import QueueKeys, ServiceKeys
 
 Arg = Union[bytes, str, int]
+
+
+class Keys(Protocol):
+    """Anything that names a key by role: QueueKeys, ServiceKeys."""
+
+    def role(self, name: str) -> str: ...
 
 #: The keys each script takes, by role, in header order (tests compare with the headers).
 SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
@@ -35,6 +41,10 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "dead_list": ("jobs", "dead", "errors"),
     "dead_replay": ("jobs", "ready", "dead", "errors", "counters", "wake"),
     "dead_purge": ("jobs", "dead", "errors", "counters"),
+    "scrub": ("jobs", "ready", "leased", "owners", "dead", "errors", "counters", "wake"),
+    "service_register": ("seq", "ids", "expiry", "queues", "service"),
+    "service_renew": ("service", "expiry", "queues"),
+    "service_deregister": ("service", "ids", "expiry", "queues"),
 }
 
 
@@ -72,7 +82,7 @@ class Scripts:
             name: client.register_script(lua_source(name)) for name in SCRIPT_KEYS
         }
 
-    def run(self, name: str, keys: QueueKeys, args: Sequence[Arg], client: Any = None) -> Any:
+    def run(self, name: str, keys: Keys, args: Sequence[Arg], client: Any = None) -> Any:
         """Run script `name` with the keys its header lists and raw ARGV (tests, tools)."""
         roles = SCRIPT_KEYS[name]
         return self._scripts[name](keys=[keys.role(r) for r in roles], args=list(args), client=client)
@@ -149,3 +159,44 @@ class Scripts:
     def dead_purge(self, keys: QueueKeys, ids: Sequence[str], client: Any = None) -> Any:
         """lua/dead_purge.lua."""
         return self.run("dead_purge", keys, list(ids), client)
+
+    def scrub(self, keys: QueueKeys, now_ms: int | None, owner: str, limit: int, client: Any = None) -> Any:
+        """lua/scrub.lua."""
+        return self.run("scrub", keys, [_now(now_ms), owner, limit], client)
+
+    def service_register(
+        self,
+        keys: ServiceKeys,
+        now_ms: int | None,
+        host: str,
+        pid: int,
+        queues: str,
+        expire_ms: int,
+        capacity: int,
+        gc_limit: int,
+        renewal: str,
+        client: Any = None,
+    ) -> Any:
+        """lua/service_register.lua; ``keys.id`` is the id the caller expects."""
+        args: list[Arg] = [_now(now_ms), keys.id or 0, host, pid, queues, expire_ms, capacity, gc_limit, renewal]
+        return self.run("service_register", keys, args, client)
+
+    def service_renew(
+        self,
+        keys: ServiceKeys,
+        now_ms: int | None,
+        renewal: str,
+        next_renewal: str,
+        expire_ms: int,
+        limit: int,
+        client: Any = None,
+    ) -> Any:
+        """lua/service_renew.lua."""
+        args: list[Arg] = [_now(now_ms), keys.id or 0, renewal, next_renewal, expire_ms, limit]
+        return self.run("service_renew", keys, args, client)
+
+    def service_deregister(
+        self, keys: ServiceKeys, now_ms: int | None, require_expired: bool, client: Any = None
+    ) -> Any:
+        """lua/service_deregister.lua."""
+        return self.run("service_deregister", keys, [_now(now_ms), keys.id or 0, int(require_expired)], client)

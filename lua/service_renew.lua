@@ -1,0 +1,90 @@
+--[[ service_renew: a live service's heartbeat. Distrusts shared data: renews only if
+the service key exists and holds the renewal token this service wrote last.
+
+On success: renewed = now, renewal = the new token, the key's expiry and the expiry
+zset pushed to now + expire_ms. Any mismatch is the answer 'lost' (the key expired, was
+deleted for a remote shutdown, or was overwritten): the service must stop leasing and
+exit. The answer also lists up to `limit` services of the namespace that expired (dead:
+their leases are to be scrubbed), so live services find dead ones at no extra cost.
+
+KEYS (3), all <prefix>:{<namespace>}:service:<role>
+  1 service   hash  <prefix>:{<namespace>}:service:<id>
+  2 expiry    zset  id -> expires_ms
+  3 queues    hash  id -> the queues the service serves, comma-separated
+
+ARGV (6)
+  1  now_ms       '' (use the server clock) or integer >= 0; tests only
+  2  id           the service id
+  3  renewal      the token this service wrote last (register or the previous renew)
+  4  next         the new token, 1..64 bytes of [A-Za-z0-9_.:-], fresh per renewal
+  5  expire_ms    integer 1000..86400000
+  6  limit        integer 0..100, most dead services listed
+
+Returns  {status, renewed_ms, d, dead_id_1, dead_queues_1, .., dead_id_d, dead_queues_d}
+         status 'ok', or 'lost' (renewed_ms 0; nothing written).
+Errors   PQ_BADARG, WRONGTYPE (nothing written).
+Replay   a re-sent call finds its own new token already in place and answers 'ok'
+         again, pushing the expiry to the same or a later time.
+]]
+
+local service_key, expiry_key, queues_key = KEYS[1], KEYS[2], KEYS[3]
+
+local function int_arg(value, name, lo, hi)
+  if type(value) ~= 'string' or not string.match(value, '^%-?%d+$') then
+    return nil, 'PQ_BADARG ' .. name .. ' must be an integer, got ' .. string.format('%q', tostring(value))
+  end
+  local n = tonumber(value)
+  if n < lo or n > hi then
+    return nil, string.format('PQ_BADARG %s must be in [%d, %d], got %s', name, lo, hi, value)
+  end
+  return n
+end
+
+-- 1. Validate.
+local err, now_ms, expire_ms, limit
+if ARGV[1] ~= '' then
+  now_ms, err = int_arg(ARGV[1], 'now_ms', 0, 2 ^ 53)
+  if err then return redis.error_reply(err) end
+end
+local id, renewal, next_token = ARGV[2], ARGV[3], ARGV[4]
+if not id or not string.match(id, '^%d+$') then return redis.error_reply('PQ_BADARG id must be an integer') end
+if not next_token or #next_token > 64 or not string.match(next_token, '^[%w_.:%-]+$') then
+  return redis.error_reply('PQ_BADARG next must be 1..64 bytes of [A-Za-z0-9_.:-]')
+end
+expire_ms, err = int_arg(ARGV[5], 'expire_ms', 1000, 86400000)
+if err then return redis.error_reply(err) end
+limit, err = int_arg(ARGV[6], 'limit', 0, 100)
+if err then return redis.error_reply(err) end
+if now_ms == nil then
+  local t = redis.call('TIME')
+  now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- 2. Read.
+local current = redis.call('HGET', service_key, 'renewal')
+local reply = { 'lost', 0, 0 }
+if current == renewal or current == next_token then
+  local owner = redis.call('ZSCORE', expiry_key, id)
+  local t = redis.call('TYPE', queues_key).ok
+  if t ~= 'none' and t ~= 'hash' then return redis.error_reply('WRONGTYPE ' .. queues_key .. ' holds a ' .. t) end
+  -- 3. Write.
+  redis.call('HSET', service_key, 'renewed', now_ms, 'renewal', next_token)
+  redis.call('PEXPIRE', service_key, expire_ms)
+  redis.call('ZADD', expiry_key, now_ms + expire_ms, id)
+  if not owner then
+    -- Forgotten by a reaper while we were slow (should not happen: it checks expiry):
+    -- restore the record of what we serve so our leases stay scrubbable.
+    local queues = redis.call('HGET', service_key, 'queues')
+    if queues then redis.call('HSET', queues_key, id, queues) end
+  end
+  reply = { 'ok', now_ms, 0 }
+end
+if limit > 0 then
+  local dead = redis.call('ZRANGEBYSCORE', expiry_key, '-inf', string.format('(%d', now_ms), 'LIMIT', 0, limit)
+  reply[3] = #dead
+  for _, dead_id in ipairs(dead) do
+    reply[#reply + 1] = dead_id
+    reply[#reply + 1] = redis.call('HGET', queues_key, dead_id) or ''
+  end
+end
+return reply

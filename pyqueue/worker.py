@@ -1,0 +1,453 @@
+"""The worker: a registered service that leases jobs from an ordered list of queues and
+runs a handler on each, in a thread pool.
+
+Threads and connections:
+
+* the **fetch loop** (the thread that calls :meth:`Worker.run`) leases jobs for free
+  handler slots, always from the first queue with ready jobs, and when nothing is ready
+  blocks with ``BZPOPMIN`` on the queues' wake markers (raised by enqueue, nack,
+  release, promote, scrub) and on the service's private wake key, for at most the time
+  to the next due job or lease deadline. It owns the *blocking* connection, whose
+  socket timeout exceeds the longest block.
+* **handler threads** (``concurrency`` of them) run the handler. On success a job from
+  the first queue is acked and the next one leased in the same call, so a busy worker
+  needs one round trip per job; otherwise the job is acked, or nacked on an exception.
+* the **heartbeat thread** extends the leases of running jobs (one batched call per
+  queue, every third of ``lease_ms``), renews the service every ``renew_ms``, scrubs
+  the leases of dead services that renewal reports, and wakes the fetch loop when a
+  stop is requested.
+
+All share one redis-py connection pool for script calls (thread-safe).
+
+Delivery: at least once. A job whose handler returned is acked; if the ack answer is
+not OK the job's lease was lost (expired and reclaimed, or scrubbed) and the job may
+run, or have run, again elsewhere: handlers must be idempotent, or fence their side
+effects with ``job.fence``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from types import FrameType
+from typing import Any, TypeVar
+
+import redis as redis_lib
+
+from pyqueue.errors import InvalidArgument, PyQueueError, ServiceLost
+from pyqueue.models import Job, Outcome
+from pyqueue.queue import (
+    DEFAULT_BACKOFF_BASE_MS,
+    DEFAULT_BACKOFF_CAP_MS,
+    DEFAULT_LEASE_MS,
+    DEFAULT_PREFIX,
+    Queue,
+    bytes_client,
+    check_int,
+    embedded_redis,
+)
+from pyqueue.service import DEFAULT_EXPIRE_MS, DEFAULT_NAMESPACE, Service, Services
+
+log = logging.getLogger("pyqueue.worker")
+
+Handler = Callable[[Job], object]
+T = TypeVar("T")
+
+#: The heartbeat thread's tick: how quickly a stop request reaches the fetch loop.
+TICK_S = 0.05
+#: Cap of the backoff after connection errors.
+MAX_BACKOFF_S = 5.0
+
+
+class Retry(Exception):
+    """Raise from a handler to run the job again after ``delay_ms`` (the attempt counts;
+    at max attempts the job goes to DEAD)."""
+
+    def __init__(self, delay_ms: int, reason: str = "retry requested by the handler") -> None:
+        super().__init__(reason)
+        self.delay_ms = check_int(delay_ms, "delay_ms", 0, 2**40)
+
+
+def _blocking_twin(client: redis_lib.Redis, socket_timeout_s: float) -> redis_lib.Redis:
+    """A client of the same server whose socket timeout outlasts every blocking wait.
+
+    With redis-py's usual 5 s timeout, a 6 s BZPOPMIN would time out on the socket
+    before the server answers.
+    """
+    pool = client.connection_pool
+    kwargs = dict(pool.connection_kwargs)
+    kwargs["socket_timeout"] = socket_timeout_s
+    return redis_lib.Redis(connection_pool=pool.__class__(connection_class=pool.connection_class, **kwargs))
+
+
+class Worker:
+    """Runs ``handler`` on jobs from ``queues``, in priority order.
+
+    Args:
+        queues: queue names, highest priority first.
+        handler: called with each :class:`Job`. Returning acks the job; raising
+            :class:`Retry` schedules it again after the given delay; any other exception
+            nacks it with the error text (retry with backoff, DEAD at max attempts).
+        redis: the queues' server; ``None`` is the embedded fakeredis.
+        service_redis: the server of the service namespace (default: ``redis``).
+        concurrency: handler threads.
+        lease_ms: lease length; running jobs are extended every third of it.
+        block_ms: longest blocking wait when idle (the idle command rate's period).
+        renew_ms / expire_ms: service heartbeat period and expiry (seed: 15 s / 60 s).
+            Dead services are found at each renewal, so ``renew_ms`` is also the scrub
+            interval.
+        grace_ms: on stop, how long running handlers may take before their jobs are
+            released to other workers.
+    """
+
+    def __init__(
+        self,
+        queues: Sequence[str],
+        handler: Handler,
+        *,
+        redis: redis_lib.Redis | None = None,
+        service_redis: redis_lib.Redis | None = None,
+        prefix: str = DEFAULT_PREFIX,
+        namespace: str = DEFAULT_NAMESPACE,
+        concurrency: int = 1,
+        lease_ms: int = DEFAULT_LEASE_MS,
+        block_ms: int = 10_000,
+        renew_ms: int = 15_000,
+        expire_ms: int = DEFAULT_EXPIRE_MS,
+        grace_ms: int = 30_000,
+        backoff_base_ms: int = DEFAULT_BACKOFF_BASE_MS,
+        backoff_cap_ms: int = DEFAULT_BACKOFF_CAP_MS,
+    ) -> None:
+        if not queues or len(set(queues)) != len(queues):
+            raise InvalidArgument("a worker serves one or more distinct queues")
+        self.concurrency = check_int(concurrency, "concurrency", 1, 1000)
+        self.lease_ms = check_int(lease_ms, "lease_ms", 100, 604_800_000)
+        self.block_ms = check_int(block_ms, "block_ms", 10, 600_000)
+        self.renew_ms = check_int(renew_ms, "renew_ms", 100, 86_400_000)
+        self.expire_ms = check_int(expire_ms, "expire_ms", 1_000, 86_400_000)
+        if self.renew_ms * 2 > self.expire_ms:
+            raise InvalidArgument("renew_ms must be at most half of expire_ms")
+        self.grace_ms = check_int(grace_ms, "grace_ms", 0, 86_400_000)
+        self.backoff_base_ms, self.backoff_cap_ms = backoff_base_ms, backoff_cap_ms
+        self.handler = handler
+        self.prefix = prefix
+        self.redis = bytes_client(redis if redis is not None else embedded_redis())
+        self.services = Services(service_redis if service_redis is not None else self.redis, namespace=namespace, prefix=prefix)
+        self.queue_names = list(queues)
+        # Validates the names now; owners are set once the service id is known.
+        self.queues = [Queue(name, self.redis, prefix=prefix) for name in queues]
+        self.service: Service | None = None
+        self.exit_reason = ""
+
+        self._stop = threading.Event()
+        self._hard_stop = threading.Event()
+        self._slots = threading.Condition()
+        self._free = self.concurrency
+        self._running: dict[str, Job] = {}  # receipt -> job, for the heartbeat's extend
+        self._running_lock = threading.Lock()
+        self._woken_for_stop = False
+        self._confirmed_at = 0.0  # monotonic time the service key was last seen alive
+
+    # -- control ---------------------------------------------------------------------
+
+    def stop(self, reason: str = "stop requested") -> None:
+        """Ask the worker to stop gracefully (thread-safe, idempotent): stop leasing,
+        let running jobs finish within ``grace_ms``, release the rest, deregister."""
+        if not self._stop.is_set():
+            self.exit_reason = reason
+            log.info("stopping: %s", reason)
+        self._stop.set()
+        with self._slots:
+            self._slots.notify_all()
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if self._stop.is_set():
+            # Second signal: leave now. Leases expire and other workers reclaim them.
+            log.warning("second %s: exiting at once", signal.Signals(signum).name)
+            os._exit(1)
+        self.stop(f"received {signal.Signals(signum).name}")
+
+    # -- main loop -------------------------------------------------------------------
+
+    def run(self, *, burst: bool = False, install_signal_handlers: bool = True) -> int:
+        """Register, serve until stopped (or, with ``burst``, until every queue has no
+        ready job and no handler runs), then shut down cleanly. Returns 0."""
+        self.service = self._register()
+        for q in self.queues:
+            q.owner = self.service.owner
+        log.info(
+            "service %s started: queues %s, concurrency %d, host %s pid %d",
+            self.service.owner, ",".join(self.queue_names), self.concurrency, os.uname().nodename, os.getpid(),
+        )
+        previous: dict[int, Any] = {}
+        if install_signal_handlers and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, self._on_signal)
+        heartbeat = threading.Thread(target=self._heartbeat_loop, name="pyqueue-heartbeat", daemon=True)
+        heartbeat.start()
+        pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="pyqueue-handler")
+        try:
+            self._fetch_loop(pool, burst)
+        finally:
+            self._shutdown(pool)
+            self._hard_stop.set()
+            heartbeat.join(5)
+            for signum, old_handler in previous.items():
+                signal.signal(signum, old_handler)
+        return 0
+
+    def _register(self) -> Service:
+        delay = 0.1
+        while True:
+            try:
+                return self.services.register(self.queue_names, expire_ms=self.expire_ms)
+            except (redis_lib.ConnectionError, PyQueueError) as exc:
+                if self._stop.is_set() or not _retryable(exc):
+                    raise
+                log.warning("registration failed (%s); retrying in %.1fs", exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, MAX_BACKOFF_S)
+
+    def _fetch_loop(self, pool: ThreadPoolExecutor, burst: bool) -> None:
+        assert self.service is not None
+        blocker = _blocking_twin(self.redis, self.block_ms / 1000 + 10)
+        wake_keys = [q.keys.wake for q in self.queues]
+        private_wake = self.service.keys.role("wake")
+        if self.services.redis is self.redis:
+            wake_keys.append(private_wake)  # remote stop wakes us (one server only)
+        must_lease, delay = True, 0.1
+        next_due_ms, now_ms = -1, 0
+        while not self._stop.is_set():
+            with self._slots:
+                while self._free == 0 and not self._stop.is_set():
+                    self._slots.wait(1.0)
+                free = self._free
+            if self._stop.is_set():
+                break
+            try:
+                if must_lease:
+                    leased_any, next_due_ms, now_ms = self._lease_round(pool, free)
+                    if leased_any:
+                        continue
+                if burst:
+                    with self._slots:
+                        if self._free == self.concurrency:
+                            self.stop("burst: every queue is drained")
+                            break
+                        self._slots.wait(0.1)
+                    must_lease = True
+                    continue
+                timeout_ms = self.block_ms
+                if next_due_ms >= 0:
+                    timeout_ms = max(1, min(self.block_ms, next_due_ms - now_ms))
+                if time.monotonic() - self._confirmed_at > self.block_ms / 1000:
+                    if not self.services.alive(self.service):
+                        self.stop(f"service {self.service.owner} key deleted (remote shutdown)")
+                        break
+                    self._confirmed_at = time.monotonic()
+                popped = blocker.bzpopmin(wake_keys, timeout_ms / 1000)
+                # Lease after a wake-up or when the wait ran to the next due time; a wait
+                # that ran the full block period with nothing due needs no lease call.
+                must_lease = popped is not None or timeout_ms < self.block_ms
+                if not must_lease:
+                    next_due_ms = -1
+                if popped is not None and popped[0] == private_wake.encode():
+                    self._confirmed_at = 0.0  # check the key before blocking again
+                delay = 0.1
+            except (redis_lib.ConnectionError, redis_lib.TimeoutError, PyQueueError) as exc:
+                if not _retryable(exc):
+                    raise
+                log.warning("fetch loop: %s; retrying in %.1fs", exc, delay)
+                self._stop.wait(delay)
+                delay = min(delay * 2, MAX_BACKOFF_S)
+                must_lease = True
+        blocker.close()
+
+    def _lease_round(self, pool: ThreadPoolExecutor, free: int) -> tuple[bool, int, int]:
+        """Lease up to ``free`` jobs from the first queue that has any. Returns whether
+        any was leased, and (when none was) the earliest next_due_ms with the clock."""
+        next_due_ms, now_ms = -1, 0
+        for q in self.queues:
+            leased = q.lease_call(count=free, lease_ms=self.lease_ms)
+            if leased.jobs:
+                with self._slots:
+                    self._free -= len(leased.jobs)
+                for job in leased.jobs:
+                    self._track(job)
+                    pool.submit(self._serve, job)
+                return True, -1, leased.now_ms
+            now_ms = leased.now_ms
+            if leased.next_due_ms >= 0 and (next_due_ms < 0 or leased.next_due_ms < next_due_ms):
+                next_due_ms = leased.next_due_ms
+        return False, next_due_ms, now_ms
+
+    # -- handler threads -------------------------------------------------------------
+
+    def _track(self, job: Job) -> None:
+        with self._running_lock:
+            self._running[job.receipt] = job
+
+    def _untrack(self, job: Job) -> bool:
+        with self._running_lock:
+            return self._running.pop(job.receipt, None) is not None
+
+    def _serve(self, first: Job) -> None:
+        """Run jobs in this slot: ``first``, then whatever ack-and-lease hands back."""
+        job: Job | None = first
+        try:
+            while job is not None:
+                job = self._run_one(job)
+        finally:
+            with self._slots:
+                self._free += 1
+                self._slots.notify_all()
+
+    def _run_one(self, job: Job) -> Job | None:
+        queue = self.queues[self.queue_names.index(job.queue)]
+        error: BaseException | None = None
+        try:
+            self.handler(job)
+        except Exception as exc:  # the handler's failure is the job's outcome
+            error = exc
+        if not self._untrack(job):
+            # The shutdown released this job after the grace period: its receipt is
+            # stale, and another worker may be running it.
+            log.warning("job %s finished after its lease was released at shutdown", job.id)
+            return None
+        if error is None:
+            if queue is self.queues[0] and not self._stop.is_set():
+                call = secrets.token_hex(8)  # the same token on every retry: one effect
+                outcome, jobs = self._with_retries(
+                    lambda: queue.ack_and_lease(job, lease_ms=self.lease_ms, call=call)
+                )
+                self._log_ack(job, outcome)
+                if jobs:
+                    self._track(jobs[0])
+                    return jobs[0]
+                return None
+            self._log_ack(job, self._with_retries(lambda: queue.ack(job)))
+            return None
+        if isinstance(error, Retry):
+            retry = error
+            nacked = self._with_retries(lambda: queue.nack(job, str(retry), delay_ms=retry.delay_ms))
+        else:
+            text = "".join(traceback.format_exception_only(type(error), error)).strip()[:4000]
+            log.info("job %s attempt %d/%d failed: %s", job.id, job.attempt, job.max_attempts, text)
+            nacked = self._with_retries(
+                lambda: queue.nack(job, text, backoff_base_ms=self.backoff_base_ms, backoff_cap_ms=self.backoff_cap_ms)
+            )
+        if nacked.state == "dead":
+            log.warning("job %s is dead after %d attempts", job.id, job.attempt)
+        elif not nacked.outcome:
+            log.warning("job %s: nack found the lease %s", job.id, nacked.outcome.value)
+        return None
+
+    def _log_ack(self, job: Job, outcome: Outcome) -> None:
+        if not outcome:
+            log.warning("job %s finished but its lease was lost (%s): it may run again", job.id, outcome.value)
+
+    def _with_retries(self, call: Callable[[], T]) -> T:
+        """Run a replay-safe call until it answers, backing off on connection errors
+        (the call is sent again with the same arguments: one effect)."""
+        delay = 0.05
+        while True:
+            try:
+                return call()
+            except (redis_lib.ConnectionError, redis_lib.TimeoutError, PyQueueError) as exc:
+                if not _retryable(exc) or self._hard_stop.is_set():
+                    raise
+                log.warning("call failed (%s); retrying in %.2fs", exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, MAX_BACKOFF_S)
+
+    # -- heartbeat -------------------------------------------------------------------
+
+    def _heartbeat_loop(self) -> None:
+        assert self.service is not None
+        extend_every = self.lease_ms / 3000
+        next_extend = time.monotonic() + extend_every
+        next_renew = time.monotonic()  # renew at once: finds dead services at start-up
+        while not self._hard_stop.wait(TICK_S):
+            now = time.monotonic()
+            try:
+                if self._stop.is_set() and not self._woken_for_stop:
+                    self._wake_fetch_loop()
+                if now >= next_extend:
+                    self._extend_running()
+                    next_extend = now + extend_every
+                if now >= next_renew and not self._stop.is_set():
+                    self._renew_and_scrub()
+                    next_renew = now + self.renew_ms / 1000
+            except ServiceLost as exc:
+                self.stop(str(exc))
+                self._wake_fetch_loop()
+            except (redis_lib.RedisError, PyQueueError) as exc:
+                log.warning("heartbeat: %s", exc)
+
+    def _wake_fetch_loop(self) -> None:
+        assert self.service is not None
+        self._woken_for_stop = True
+        if self.services.redis is self.redis:
+            self.redis.zadd(self.service.keys.role("wake"), {"stop": 0})
+
+    def _extend_running(self) -> None:
+        with self._running_lock:
+            running = list(self._running.values())
+        for q in self.queues:
+            jobs = [j for j in running if j.queue == q.name]
+            for i in range(0, len(jobs), 1000):
+                for job, extended in zip(jobs[i : i + 1000], q.extend(jobs[i : i + 1000], self.lease_ms)):
+                    if not extended.outcome:
+                        log.warning("job %s lost its lease (%s) while running", job.id, extended.outcome.value)
+
+    def _renew_and_scrub(self) -> None:
+        assert self.service is not None
+        dead = self.services.renew(self.service, expire_ms=self.expire_ms)
+        self._confirmed_at = time.monotonic()
+        for service in dead:
+            total = 0
+            for name in service.queues:
+                q = Queue(name, self.redis, prefix=self.prefix)
+                while True:
+                    scrubbed = q.scrub(service.owner)
+                    total += scrubbed.scrubbed
+                    if not scrubbed.more:
+                        break
+            if self.services.forget_dead(service.id):
+                log.info("scrubbed dead service %s: %d leases back to ready", service.owner, total)
+
+    # -- shutdown --------------------------------------------------------------------
+
+    def _shutdown(self, pool: ThreadPoolExecutor) -> None:
+        assert self.service is not None
+        self._stop.set()
+        deadline = time.monotonic() + self.grace_ms / 1000
+        with self._slots:
+            while self._free < self.concurrency and time.monotonic() < deadline:
+                self._slots.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+        with self._running_lock:
+            leftover = list(self._running.values())
+            self._running.clear()
+        for q in self.queues:
+            jobs = [j for j in leftover if j.queue == q.name]
+            if jobs:
+                outcomes = q.release(jobs)
+                log.warning("grace period over: released %d running jobs of %s (%s)", len(jobs), q.name,
+                            ",".join(o.value for o in outcomes))
+        pool.shutdown(wait=False)
+        deleted, removed = self.services.deregister(self.service)
+        log.info("service %s ended: %s {del: %d, lrem: %d}", self.service.owner, self.exit_reason or "stopped",
+                 deleted, removed)
+
+
+def _retryable(exc: BaseException) -> bool:
+    from pyqueue.errors import OutcomeUnknown
+
+    return isinstance(exc, (redis_lib.ConnectionError, redis_lib.TimeoutError, OutcomeUnknown))
