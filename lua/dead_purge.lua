@@ -19,6 +19,14 @@ Replay   a re-sent call finds the ids gone and deletes nothing.
 
 local jobs_key, dead_key, errors_key, counters_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 
+local CHUNK = 500 -- values per unpack(); keeps every redis.call well under Lua's C stack limit
+
+local function call_chunked(cmd, key, values)
+  for i = 1, #values, CHUNK do
+    redis.call(cmd, key, unpack(values, i, math.min(i + CHUNK - 1, #values)))
+  end
+end
+
 local function expect_type(key, want)
   local got = redis.call('TYPE', key).ok
   if got ~= 'none' and got ~= want then
@@ -41,8 +49,8 @@ if #ids > 0 then
 
   -- 3. Write. HINCRBY first: if `counters` holds another type it fails before anything.
   redis.call('HINCRBY', counters_key, 'purged', #ids)
-  redis.call('ZREM', dead_key, unpack(ids))
-  redis.call('HDEL', errors_key, unpack(ids))
-  redis.call('HDEL', jobs_key, unpack(ids))
+  call_chunked('ZREM', dead_key, ids)
+  call_chunked('HDEL', errors_key, ids)
+  call_chunked('HDEL', jobs_key, ids)
 end
 return { #ids, redis.call('ZCARD', dead_key) }

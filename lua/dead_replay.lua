@@ -34,6 +34,14 @@ local function int_arg(value, name, lo, hi)
   return n
 end
 
+local CHUNK = 500 -- values per unpack(); keeps every redis.call well under Lua's C stack limit
+
+local function call_chunked(cmd, key, values)
+  for i = 1, #values, CHUNK do
+    redis.call(cmd, key, unpack(values, i, math.min(i + CHUNK - 1, #values)))
+  end
+end
+
 local function expect_type(key, want)
   local got = redis.call('TYPE', key).ok
   if got ~= 'none' and got ~= want then
@@ -61,7 +69,11 @@ for i = 2, #ARGV do
 end
 local rewritten = {}
 if #ids > 0 then
-  local records = redis.call('HMGET', jobs_key, unpack(ids))
+  local records = {}
+  for i = 1, #ids, CHUNK do
+    local part = redis.call('HMGET', jobs_key, unpack(ids, i, math.min(i + CHUNK - 1, #ids)))
+    for j = 1, #part do records[i + j - 1] = part[j] end
+  end
   for i, id in ipairs(ids) do
     local max_attempts, payload_at = string.match(records[i] or '', '^%d+|(%d+)|%d+|()')
     if not max_attempts then return redis.error_reply('PQ_CORRUPT no valid record for dead job in ' .. jobs_key) end
@@ -73,10 +85,10 @@ if #ids > 0 then
 
   -- 3. Write. HINCRBY first: if `counters` holds another type it fails before anything.
   redis.call('HINCRBY', counters_key, 'replayed', #ids)
-  redis.call('ZREM', dead_key, unpack(ids))
-  redis.call('HDEL', errors_key, unpack(ids))
-  redis.call('HSET', jobs_key, unpack(rewritten))
-  redis.call('RPUSH', ready_key, unpack(ids))
+  call_chunked('ZREM', dead_key, ids)
+  call_chunked('HDEL', errors_key, ids)
+  call_chunked('HSET', jobs_key, rewritten)
+  call_chunked('RPUSH', ready_key, ids)
   redis.call('ZADD', wake_key, 0, 'wake')
 end
 return { #ids, redis.call('ZCARD', dead_key) }

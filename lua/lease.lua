@@ -43,6 +43,7 @@ Returns  {now_ms, next_due_ms, r, ack_status_1 .. ack_status_r, m, job_1 .. job_
          another state), 'gone' (no such job: acked before, purged, or never enqueued).
          next_due_ms: when m < count, the earliest due_ms in SCHEDULED or deadline in
          LEASED (now_ms if maintenance stopped at its limit), -1 if neither; else -1.
+         A replayed call answers -1 (wait at most one block period).
          job: 7 values: receipt, id, payload, fence, attempt, max_attempts, deadline_ms.
 Errors   PQ_BADARG (nothing written), PQ_CORRUPT (a record does not parse; nothing
          written), WRONGTYPE (a key holds another Redis type; nothing written).
@@ -180,7 +181,9 @@ if #prior > 0 then
   local records = hmget(jobs_key, ids)
   for i, lease in ipairs(prior) do
     local attempts, max_attempts, _, at = parse_record(records[i] or '')
-    if not attempts then return redis.error_reply('PQ_CORRUPT no valid record for leased job in ' .. jobs_key) end
+    if not attempts or not deadlines[i] then
+      return redis.error_reply('PQ_CORRUPT ' .. owners_key .. ' lists a lease without a valid job or deadline')
+    end
     leased[#leased + 1] = { lease.receipt, lease.id, string.sub(records[i], at), lease.fence, lease.attempt,
       max_attempts, tonumber(deadlines[i]) }
   end
@@ -276,11 +279,14 @@ else
   -- Wake another worker when work is left over after a plain lease: the wake marker woke
   -- one worker only. A worker that acks and leases is busy and comes back by itself.
   local wake = #acks == 0 and #order > take
+  -- next_due_ms is read from SCHEDULED after the writes when fewer than count are leased.
+  local read_scheduled_after = take < count and not stopped_at_limit
 
   -- 6. Prove the types of keys we will write but have not read.
   local writes = { [jobs_key] = 'hash', [ready_key] = 'list', [leased_key] = 'zset', [owners_key] = 'zset' }
   if #to_dead > 0 then writes[dead_key] = 'zset'; writes[errors_key] = 'hash' end
   if wake then writes[wake_key] = 'zset' end
+  if read_scheduled_after then writes[scheduled_key] = 'zset' end
   for key, want in pairs(writes) do
     if not verified[key] then
       err = expect_type(key, want)

@@ -15,8 +15,9 @@ Returns  a flat list of name, integer pairs, in this order:
   now_ms, ready, scheduled, due (scheduled jobs already due), leased, expired (leases
   past their deadline, not yet reclaimed), dead, lag_ms (how long the job at the head of
   READY, or the earliest due scheduled job, whichever is older, has been due; 0 if
-  none), then the counters: enqueued, duplicates, leased, acked, nacked, promoted,
-  reclaimed, scrubbed, released, dead, replayed, purged. `acked` is derived:
+  none), then the counters: enqueued, duplicates, leased_total (the `leased` counter),
+  acked, nacked, promoted, reclaimed, scrubbed, released, dead_total (the `dead`
+  counter), replayed, purged. `acked` is derived:
   leased - nacked - reclaimed - scrubbed - released - (leases outstanding), because every
   lease ends in exactly one of those ways.
 Errors   PQ_BADARG, WRONGTYPE. Writes nothing.
@@ -27,7 +28,9 @@ local jobs_key, ready_key, scheduled_key, leased_key, dead_key, counters_key =
 
 local now_ms
 if ARGV[1] ~= '' then
-  if not string.match(ARGV[1] or '', '^%d+$') then return redis.error_reply('PQ_BADARG now_ms must be an integer >= 0') end
+  if not string.match(ARGV[1] or '', '^%d+$') or tonumber(ARGV[1]) > 2 ^ 53 then
+    return redis.error_reply('PQ_BADARG now_ms must be in [0, 2^53], got ' .. string.format('%q', tostring(ARGV[1])))
+  end
   now_ms = tonumber(ARGV[1])
 else
   local t = redis.call('TIME')

@@ -8,7 +8,8 @@
     ├── CorruptRecord                a job record does not parse (PQ_CORRUPT)
     ├── ServiceError                 service lifecycle (registration, renewal)
     │   ├── ServiceExists            a new service id's key already exists (PQ_EXISTS)
-    │   └── ServiceLost              the service key is gone or was changed (PQ_LOST)
+    │   └── ServiceLost              the service key is gone or was changed (the
+    │                                service_renew answer 'lost')
     ├── OutOfMemory                  Redis refused a write at its memory limit (OOM)
     ├── ScriptError                  any other error reply from a script
     └── OutcomeUnknown               the connection failed during a call: the script may
@@ -79,7 +80,6 @@ CODES: dict[str, tuple[type[PyQueueError], str]] = {
     "PQ_BADARG": (InvalidArgument, "an argument is malformed or out of range"),
     "PQ_CORRUPT": (CorruptRecord, "a stored record or receipt does not parse"),
     "PQ_EXISTS": (ServiceExists, "the key of a newly allocated service id already exists"),
-    "PQ_LOST": (ServiceLost, "the service key is gone or its renewal stamp was changed"),
     "WRONGTYPE": (WrongTypeError, "a key holds another Redis type"),
 }
 

@@ -19,6 +19,8 @@ class Outcome(enum.Enum):
     OK = "ok"
     #: The job exists, but under another lease or in another state: this lease lost it
     #: (it expired and was reclaimed, or the worker was scrubbed). Nothing changed.
+    #: After a call sent twice (redis-py retries on connection errors), a nack or
+    #: release whose first send took effect also answers STALE.
     STALE = "stale"
     #: No such job: acked before (possibly by this very call, if its reply was lost and
     #: it was sent again), purged, or never enqueued. Nothing changed.

@@ -148,6 +148,7 @@ class Worker:
 
         self._stop = threading.Event()
         self._hard_stop = threading.Event()
+        self._killed = threading.Event()
         self._slots = threading.Condition()
         self._free = self.concurrency
         self._running: dict[str, Job] = {}  # receipt -> job, for the heartbeat's extend
@@ -166,6 +167,14 @@ class Worker:
         self._stop.set()
         with self._slots:
             self._slots.notify_all()
+
+    def kill(self) -> None:
+        """Simulate SIGKILL, for tests and the in-process demo: stop at once. Nothing is
+        acked, released or deregistered; running handlers' results are dropped. The
+        service key expires and live workers scrub the abandoned leases."""
+        self._killed.set()
+        self._hard_stop.set()
+        self.stop("killed")
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         if self._stop.is_set():
@@ -196,7 +205,10 @@ class Worker:
         try:
             self._fetch_loop(pool, burst)
         finally:
-            self._shutdown(pool)
+            if not self._killed.is_set():
+                self._shutdown(pool)
+            else:
+                pool.shutdown(wait=False)
             self._hard_stop.set()
             heartbeat.join(5)
             for signum, old_handler in previous.items():
@@ -316,6 +328,8 @@ class Worker:
             self.handler(job)
         except Exception as exc:  # the handler's failure is the job's outcome
             error = exc
+        if self._killed.is_set():
+            return None  # a killed process acks nothing
         if not self._untrack(job):
             # The shutdown released this job after the grace period: its receipt is
             # stale, and another worker may be running it.

@@ -17,6 +17,7 @@ from helpers import T0, busy_queue, calls_touching_every_key, dump_all
 from pyqueue import InvalidArgument, Job, NewJob, Queue, WrongTypeError
 from pyqueue.errors import map_redis_error
 from pyqueue.scripts import SCRIPT_KEYS
+from pyqueue.service import Services
 
 RECEIPT = "w|c|1|1|job"
 
@@ -78,6 +79,28 @@ MALFORMED: list[tuple[str, list[Any]]] = [
     ("dead_replay", ["", *["id"] * 1001]),
     ("dead_purge", []),
     ("dead_purge", ["id"] * 1001),
+    ("scrub", ["", "", 10]),
+    ("scrub", ["", "a|b", 10]),
+    ("scrub", ["", "w", 0]),
+    ("scrub", ["", "w", 1001]),
+    ("scrub", ["x", "w", 10]),
+    ("service_register", ["", 0, "host", 1, "q", 60000, 100, 10, "tok"]),
+    ("service_register", ["", 1, "", 1, "q", 60000, 100, 10, "tok"]),
+    ("service_register", ["", 1, "host", -1, "q", 60000, 100, 10, "tok"]),
+    ("service_register", ["", 1, "host", 1, "", 60000, 100, 10, "tok"]),
+    ("service_register", ["", 1, "host", 1, "q", 999, 100, 10, "tok"]),
+    ("service_register", ["", 1, "host", 1, "q", 60000, 0, 10, "tok"]),
+    ("service_register", ["", 1, "host", 1, "q", 60000, 100, 1001, "tok"]),
+    ("service_register", ["", 1, "host", 1, "q", 60000, 100, 10, "bad token"]),
+    ("service_register", ["", 2, "host", 1, "q", 60000, 100, 10, "tok"]),  # key is :1, id 2
+    ("service_renew", ["", "x", "tok", "next", 60000, 10]),
+    ("service_renew", ["", "1", "tok", "", 60000, 10]),
+    ("service_renew", ["", "1", "tok", "next", 0, 10]),
+    ("service_renew", ["", "1", "tok", "next", 60000, 101]),
+    ("service_deregister", ["", "x", "0"]),
+    ("service_deregister", ["", "1", "2"]),
+    ("service_deregister", ["", "2", "0"]),  # key is :1, id 2
+    ("service_deregister", ["-1", "1", "0"]),
 ]
 
 
@@ -86,9 +109,12 @@ def test_malformed_arguments_are_rejected_with_pq_badarg_and_nothing_written(
     q: Queue, r: redis.Redis, script: str, args: list[Any]
 ) -> None:
     busy_queue(q)
+    services = Services(r, namespace="ns")
+    services.register(["q"])
+    keys = services.keys.of(1) if script.startswith("service_") else q.keys
     before = dump_all(r)
     with pytest.raises(redis.ResponseError, match=r"^PQ_BADARG ") as info:
-        q.scripts.run(script, q.keys, args)
+        q.scripts.run(script, keys, args)
     assert isinstance(map_redis_error(info.value), InvalidArgument)
     assert dump_all(r) == before
 

@@ -1,0 +1,190 @@
+"""Service lifecycle (register, renew, deregister, id GC, remote shutdown) and scrub."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+from helpers import T0, dump_all
+
+from pyqueue import NewJob, Outcome, Queue, ServiceExists, ServiceLost
+from pyqueue.service import Services
+
+
+@pytest.fixture
+def services(r: redis.Redis) -> Services:
+    return Services(r, namespace="ns")
+
+
+def test_register_allocates_increasing_ids_and_writes_the_service_key(services: Services, r: redis.Redis) -> None:
+    a = services.register(["q1", "q2"], host="h", pid=42, now_ms=T0)
+    b = services.register(["q1"], now_ms=T0)
+    assert (a.id, b.id, a.owner) == (1, 2, "ns.1")
+    fields = r.hgetall("pq:{ns}:service:1")
+    assert (fields[b"host"], fields[b"pid"], fields[b"started"], fields[b"queues"]) == (b"h", b"42", str(T0).encode(), b"q1,q2")
+    assert 59_000 < r.pttl("pq:{ns}:service:1") <= 60_000
+    assert r.lrange("pq:{ns}:service:ids", 0, -1) == [b"2", b"1"]
+    assert r.zscore("pq:{ns}:service:expiry", "1") == T0 + 60_000
+
+
+def test_register_refuses_when_the_new_ids_key_exists(services: Services, r: redis.Redis) -> None:
+    r.hset("pq:{ns}:service:1", "planted", "1")
+    before = dump_all(r)
+    with pytest.raises(ServiceExists):
+        services.register(["q"])
+    assert dump_all(r) == before
+
+
+def test_register_retries_when_another_service_took_the_expected_id(services: Services, r: redis.Redis) -> None:
+    stale = services.keys.of(1)
+    services.register(["q"], now_ms=T0)
+    reply = services.scripts.service_register(stale, T0, "h", 1, "q", 60_000, 100, 10, "tok")
+    assert reply == [b"retry", 2]
+
+
+def test_ids_list_is_trimmed_to_capacity(services: Services, r: redis.Redis) -> None:
+    for _ in range(5):
+        services.register(["q"], capacity=3, now_ms=T0)
+    assert r.lrange("pq:{ns}:service:ids", 0, -1) == [b"5", b"4", b"3"]
+
+
+def test_register_garbage_collects_listed_ids_whose_service_expired(services: Services, r: redis.Redis) -> None:
+    services.register(["q"], expire_ms=1_000, now_ms=T0)
+    services.register(["q"], expire_ms=60_000, now_ms=T0)
+    services.register(["q"], now_ms=T0 + 5_000)
+    assert r.lrange("pq:{ns}:service:ids", 0, -1) == [b"3", b"2"]
+    assert r.zscore("pq:{ns}:service:expiry", "1") is not None  # kept until scrubbed
+
+
+def test_renew_extends_the_key_and_rotates_the_token(services: Services, r: redis.Redis) -> None:
+    s = services.register(["q"], expire_ms=10_000, now_ms=T0)
+    first = s.renewal
+    assert services.renew(s, expire_ms=10_000, now_ms=T0 + 5_000) == []
+    assert s.renewal != first
+    assert r.hget("pq:{ns}:service:1", "renewed") == str(T0 + 5_000).encode()
+    assert r.zscore("pq:{ns}:service:expiry", "1") == T0 + 15_000
+
+
+def test_renew_after_the_token_changed_is_lost(services: Services, r: redis.Redis) -> None:
+    s = services.register(["q"], now_ms=T0)
+    r.hset("pq:{ns}:service:1", "renewal", "someone-else")
+    with pytest.raises(ServiceLost):
+        services.renew(s, now_ms=T0 + 1)
+
+
+def test_remote_shutdown_deleting_the_key_makes_renewal_lost(services: Services, r: redis.Redis) -> None:
+    s = services.register(["q"], now_ms=T0)
+    assert services.stop(s.id)
+    assert not services.alive(s)
+    with pytest.raises(ServiceLost):
+        services.renew(s, now_ms=T0 + 1)
+
+
+def test_renew_replayed_with_the_same_token_is_still_ok(services: Services) -> None:
+    s = services.register(["q"], now_ms=T0)
+    args = (s.keys, T0 + 1, s.renewal, "next-token", 60_000, 10)
+    assert services.scripts.service_renew(*args)[0] == b"ok"
+    assert services.scripts.service_renew(*args)[0] == b"ok"
+
+
+def test_renew_reports_expired_services_with_their_queues(services: Services) -> None:
+    dead = services.register(["a", "b"], expire_ms=1_000, now_ms=T0)
+    live = services.register(["a"], expire_ms=60_000, now_ms=T0)
+    found = services.renew(live, now_ms=T0 + 2_000)
+    assert [(d.id, d.owner, d.queues) for d in found] == [(dead.id, "ns.1", ["a", "b"])]
+
+
+def test_deregister_deletes_the_key_and_the_listed_id(services: Services, r: redis.Redis) -> None:
+    s = services.register(["q"], now_ms=T0)
+    assert services.deregister(s) == (1, 1)
+    assert r.keys("pq:{ns}:service:1*") == [] and r.llen("pq:{ns}:service:ids") == 0
+    assert r.zcard("pq:{ns}:service:expiry") == 0 and r.hlen("pq:{ns}:service:queues") == 0
+    assert services.deregister(s) == (0, 0)
+
+
+def test_forget_dead_does_nothing_to_a_live_service(services: Services, r: redis.Redis) -> None:
+    s = services.register(["q"], now_ms=T0)
+    before = dump_all(r)
+    assert not services.forget_dead(s.id, now_ms=T0 + 1)
+    assert dump_all(r) == before
+    r.delete("pq:{ns}:service:1")
+    assert services.forget_dead(s.id, now_ms=T0 + 60_000)
+    assert r.zcard("pq:{ns}:service:expiry") == 0
+
+
+def test_list_shows_live_and_dead_services(services: Services) -> None:
+    services.register(["q"], host="h1", pid=7)
+    infos = services.list()
+    assert [(i.id, i.alive, i.host, i.pid, i.queues) for i in infos] == [(1, True, "h1", 7, ["q"])]
+
+
+def test_scrub_returns_a_dead_owners_leases_to_the_head_at_once(r: redis.Redis) -> None:
+    dead = Queue("q", r, owner="ns.1")
+    alive = Queue("q", r, owner="ns.2")
+    dead.enqueue_many([NewJob(b"", job_id=f"j{i}") for i in range(4)], now_ms=T0)
+    lost = dead.lease(lease_ms=600_000, count=2, now_ms=T0)
+    (kept,) = alive.lease(lease_ms=600_000, now_ms=T0)
+    result = alive.scrub("ns.1", now_ms=T0 + 1)
+    assert (result.scrubbed, result.dead, result.more) == (2, 0, False)
+    again = alive.lease(count=3, now_ms=T0 + 1)
+    assert [(j.id, j.attempt) for j in again] == [("j0", 2), ("j1", 2), ("j3", 1)]
+    assert [dead.ack(j) for j in lost] == [Outcome.STALE, Outcome.STALE]
+    assert alive.ack(kept) is Outcome.OK
+    assert alive.stats(now_ms=T0 + 1).scrubbed == 2
+
+
+def test_scrub_twice_and_of_an_owner_with_no_leases_changes_nothing(r: redis.Redis) -> None:
+    q = Queue("q", r, owner="ns.1")
+    q.enqueue(b"", now_ms=T0)
+    q.lease(now_ms=T0)
+    assert q.scrub("ns.1", now_ms=T0).scrubbed == 1
+    before = dump_all(r)
+    assert q.scrub("ns.1", now_ms=T0).scrubbed == 0
+    assert q.scrub("ns.10", now_ms=T0).scrubbed == 0
+    assert dump_all(r) == before
+
+
+def test_scrub_does_not_touch_an_owner_whose_name_extends_the_dead_one(r: redis.Redis) -> None:
+    q1, q10 = Queue("q", r, owner="ns.1"), Queue("q", r, owner="ns.10")
+    q1.enqueue_many([b"", b""], now_ms=T0)
+    q1.lease(now_ms=T0)
+    q10.lease(now_ms=T0)
+    assert q1.scrub("ns.1", now_ms=T0).scrubbed == 1
+    assert q1.stats(now_ms=T0).leased == 1
+
+
+def test_scrub_sends_a_job_at_max_attempts_to_dead_poison_pill(r: redis.Redis) -> None:
+    q = Queue("q", r, owner="ns.1")
+    q.enqueue(b"", job_id="poison", max_attempts=1, now_ms=T0)
+    q.lease(now_ms=T0)
+    assert q.scrub("ns.1", now_ms=T0).dead == 1
+    (dead,) = q.dead_list().jobs
+    assert dead.error == "worker ns.1 died on attempt 1 of 1"
+
+
+def test_scrub_is_bounded_by_limit(r: redis.Redis) -> None:
+    q = Queue("q", r, owner="ns.1")
+    q.enqueue_many([b""] * 5, now_ms=T0)
+    q.lease(count=5, now_ms=T0)
+    assert (q.scrub("ns.1", limit=3, now_ms=T0).more, q.scrub("ns.1", limit=3, now_ms=T0).scrubbed) == (True, 2)
+
+
+SERVICE_KEY_TYPES = {"seq": "string", "ids": "list", "expiry": "zset", "queues": "hash"}
+
+
+@pytest.mark.parametrize(
+    ("role", "planted"),
+    [(role, t) for role, kind in SERVICE_KEY_TYPES.items() for t in ("string", "list", "set", "zset") if t != kind],
+)
+def test_service_register_with_a_wrong_key_type_writes_nothing(
+    services: Services, r: redis.Redis, role: str, planted: str
+) -> None:
+    services.register(["q"], expire_ms=1_000, now_ms=T0)
+    key = services.keys.role(role)
+    r.delete(key)
+    {"string": lambda: r.set(key, "x"), "list": lambda: r.rpush(key, "x"), "set": lambda: r.sadd(key, "x"),
+     "zset": lambda: r.zadd(key, {"x": 1})}[planted]()
+    before = dump_all(r)
+    with pytest.raises(Exception, match="WRONGTYPE"):
+        services.scripts.service_register(services.keys.of(2 if role != "seq" else 1), T0 + 5_000, "h", 1, "q",
+                                          60_000, 100, 10, "tok")
+    assert dump_all(r) == before
