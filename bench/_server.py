@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from urllib.parse import urlparse
 
 import redis
 
@@ -164,6 +165,8 @@ def client_for(url: str) -> redis.Redis:
 def require_loopback(url: str) -> None:
     """Refuse anything but a loopback server: the benchmarks flush stats and slowlogs
     and write hundreds of thousands of keys."""
-    host = redis.connection.parse_url(url).get("host", "127.0.0.1")
-    if host not in ("127.0.0.1", "localhost", "::1"):
+    parsed = urlparse(url)
+    if parsed.scheme == "unix":
+        return
+    if parsed.hostname not in ("127.0.0.1", "localhost", "::1"):
         raise SystemExit(f"refusing to benchmark a non-loopback server: {url}")

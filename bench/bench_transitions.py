@@ -27,7 +27,7 @@ import _server
 
 _server.use_checkout()
 
-import pyperf  # noqa: E402
+import pyperf  # type: ignore[import-untyped]  # noqa: E402  (pyperf ships no type hints)
 import redis  # noqa: E402
 
 from pyqueue import Job, NewJob, Queue, connect  # noqa: E402
@@ -127,7 +127,7 @@ def bench_raw_lmove_lrem(loops: int, url: str) -> float:
     t0 = time.perf_counter()
     for _ in range(loops):
         item = lmove(src, processing, "LEFT", "RIGHT")
-        lrem(processing, 1, item)
+        lrem(processing, 1, item)  # type: ignore[arg-type]  # redis-py types values as str; bytes work
     elapsed = time.perf_counter() - t0
     client.unlink(src, processing)
     return elapsed

@@ -34,13 +34,10 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
 
 import _server
 
 _server.use_checkout()
-
-import redis  # noqa: E402
 
 from pyqueue import Job, NewJob, Queue, connect  # noqa: E402
 from pyqueue.scripts import SCRIPT_KEYS, lua_source  # noqa: E402
@@ -122,7 +119,7 @@ class WorstCase:
     def configure_slowlog(self) -> None:
         """Log every command; remember the previous settings to restore them."""
         for key in ("slowlog-log-slower-than", "slowlog-max-len"):
-            self._saved_config.update(self.admin.config_get(key))
+            self._saved_config.update({str(k): str(v) for k, v in self.admin.config_get(key).items()})
         self.admin.config_set("slowlog-max-len", SLOWLOG_MAX_LEN)
         self.admin.config_set("slowlog-log-slower-than", 0)
 

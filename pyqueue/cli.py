@@ -1,0 +1,211 @@
+"""The ``pyqueue`` command: run workers, enqueue, inspect, stop services, manage dead
+letters, and run the demo. ``python -m pyqueue`` is the same command.
+
+``--url`` (or ``PYQUEUE_URL``) names the server; the default ``embedded`` is a
+fakeredis inside this process, which only makes sense for ``demo`` (other processes
+cannot see it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pyqueue.errors import PyQueueError
+from pyqueue.keys import check_name
+from pyqueue.models import Job
+from pyqueue.queue import DEFAULT_LEASE_MS, Queue, connect
+from pyqueue.service import DEFAULT_EXPIRE_MS, DEFAULT_NAMESPACE, Services
+from pyqueue.worker import Worker
+
+log = logging.getLogger("pyqueue.cli")
+
+
+def load_handler(target: str) -> Callable[[Job], object]:
+    """Import ``module:function``."""
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise SystemExit(f"handler must be module:function, got {target!r}")
+    handler = getattr(importlib.import_module(module_name), attr)
+    if not callable(handler):
+        raise SystemExit(f"{target} is not callable")
+    return handler  # type: ignore[no-any-return]
+
+
+def table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
+    """Rows as an aligned text table."""
+    cells = [list(map(str, header))] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.rjust(w) if c.lstrip("-").isdigit() else c.ljust(w) for c, w in zip(r, widths)) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def discover_queues(client: Any, prefix: str) -> list[str]:
+    """Queue names that have a counters hash under ``prefix`` (a client-side SCAN)."""
+    names = set()
+    for key in client.scan_iter(match=f"{prefix}:{{*}}:counters", count=1000):
+        text = key.decode()
+        names.add(text[len(prefix) + 2 : text.rindex("}:counters")])
+    return sorted(names)
+
+
+def _ms(value: int) -> str:
+    return f"{value} ms" if value < 10_000 else f"{value / 1000:.0f} s"
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    client = connect(args.url)
+    worker = Worker(
+        args.queue,
+        load_handler(args.handler),
+        redis=client,
+        prefix=args.prefix,
+        namespace=args.namespace,
+        concurrency=args.concurrency,
+        lease_ms=args.lease_ms,
+        block_ms=args.block_ms,
+        renew_ms=args.renew_ms,
+        expire_ms=args.expire_ms,
+        grace_ms=args.grace_ms,
+    )
+    return worker.run(burst=args.burst)
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    q = Queue(args.queue, connect(args.url), prefix=args.prefix)
+    result = q.enqueue(args.payload.encode(), job_id=args.id, delay_ms=args.delay_ms, max_attempts=args.max_attempts)
+    print(f"{'added' if result.added else 'duplicate'} {result.job_id}")
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    client = connect(args.url)
+    names = args.queue or discover_queues(client, args.prefix)
+    rows = []
+    for name in names:
+        s = Queue(name, client, prefix=args.prefix).stats()
+        rows.append([name, s.ready, s.scheduled, s.leased, s.dead, _ms(s.lag_ms), s.enqueued, s.acked, s.nacked,
+                     s.reclaimed, s.scrubbed, s.dead_total])
+    header = ["queue", "ready", "scheduled", "leased", "dead", "lag", "enqueued", "acked", "nacked", "reclaimed",
+              "scrubbed", "dead_total"]
+    print(table(rows, header) if rows else "no queues")
+    return 0
+
+
+def cmd_services(args: argparse.Namespace) -> int:
+    services = Services(connect(args.url), namespace=args.namespace, prefix=args.prefix)
+    rows = [[i.id, "alive" if i.alive else "dead", i.host, i.pid, i.started_ms, i.renewed_ms, ",".join(i.queues)]
+            for i in services.list()]
+    print(table(rows, ["id", "state", "host", "pid", "started_ms", "renewed_ms", "queues"]) if rows else "no services")
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    services = Services(connect(args.url), namespace=args.namespace, prefix=args.prefix)
+    if services.stop(args.service_id):
+        print(f"service {args.service_id}: key deleted; it stops before its next wait or renewal")
+        return 0
+    print(f"service {args.service_id}: no such live service", file=sys.stderr)
+    return 1
+
+
+def cmd_dead(args: argparse.Namespace) -> int:
+    q = Queue(args.queue, connect(args.url), prefix=args.prefix)
+    ids = args.id or None
+    if args.action == "list":
+        page = q.dead_list(args.offset, args.limit)
+        rows = [[d.id, d.dead_ms, f"{d.attempts}/{d.max_attempts}", d.error[:60], len(d.payload)] for d in page.jobs]
+        print(table(rows, ["id", "dead_ms", "attempts", "error", "bytes"]) if rows else "no dead jobs")
+        print(f"{page.total} dead in all")
+    elif args.action == "replay":
+        print(f"replayed {q.dead_replay(ids, limit=args.limit)}")
+    else:
+        print(f"purged {q.dead_purge(ids, limit=args.limit)}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from pyqueue.demo import run_demo
+
+    return run_demo(url=args.url, prefix=args.prefix, jobs=args.jobs, workers=args.workers)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pyqueue", description="An atomic job queue on Redis.")
+    parser.add_argument("--url", default=os.environ.get("PYQUEUE_URL", "embedded"),
+                        help="redis://, rediss:// or unix:// URL, or 'embedded' (default; env PYQUEUE_URL)")
+    parser.add_argument("--prefix", default="pq", help="key prefix (default pq)")
+    parser.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="service namespace (default workers)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("worker", help="run a worker: module:function receives each Job")
+    p.add_argument("handler", help="module:function")
+    p.add_argument("-q", "--queue", action="append", required=True, help="queue to serve; repeat, highest priority first")
+    p.add_argument("--concurrency", type=int, default=1)
+    p.add_argument("--lease-ms", type=int, default=DEFAULT_LEASE_MS)
+    p.add_argument("--block-ms", type=int, default=10_000)
+    p.add_argument("--renew-ms", type=int, default=15_000)
+    p.add_argument("--expire-ms", type=int, default=DEFAULT_EXPIRE_MS)
+    p.add_argument("--grace-ms", type=int, default=30_000)
+    p.add_argument("--burst", action="store_true", help="drain the queues, then exit")
+    p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("enqueue", help="enqueue one job")
+    p.add_argument("queue")
+    p.add_argument("payload")
+    p.add_argument("--id")
+    p.add_argument("--delay-ms", type=int, default=0)
+    p.add_argument("--max-attempts", type=int)
+    p.set_defaults(func=cmd_enqueue)
+
+    p = sub.add_parser("stats", help="per-state counts, lag and counters")
+    p.add_argument("queue", nargs="*", help="default: every queue under the prefix")
+    p.set_defaults(func=cmd_stats)
+
+    p = sub.add_parser("services", help="registered workers")
+    p.set_defaults(func=cmd_services)
+
+    p = sub.add_parser("stop", help="remote shutdown of a service")
+    p.add_argument("service_id", type=int)
+    p.set_defaults(func=cmd_stop)
+
+    p = sub.add_parser("dead", help="dead letters: list, replay, purge")
+    p.add_argument("action", choices=["list", "replay", "purge"])
+    p.add_argument("queue")
+    p.add_argument("--id", action="append", help="only these ids (repeat)")
+    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--offset", type=int, default=0)
+    p.set_defaults(func=cmd_dead)
+
+    p = sub.add_parser("demo", help="the main job: workers drain two queues while one is killed")
+    p.add_argument("--jobs", type=int, default=3000)
+    p.add_argument("--workers", type=int, default=3)
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        check_name(args.prefix, "prefix")
+        if args.url == "embedded" and args.command not in ("demo",):
+            log.warning("--url is the embedded fakeredis: no other process sees these queues")
+        return int(args.func(args))
+    except PyQueueError as exc:
+        print(f"pyqueue: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
