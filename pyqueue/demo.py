@@ -42,11 +42,11 @@ def executions_key(prefix: str) -> str:
 
 
 def handle(job: Job) -> None:
-    """The demo's handler: a millisecond of "work", then a durable record of the run."""
+    """The demo's handler: 10 ms of "work", then a durable record of the run."""
     global _client
     if _client is None:
         _client = connect(os.environ["PYQUEUE_URL"])
-    time.sleep(0.001)
+    time.sleep(0.01)
     _client.rpush(executions_key(os.environ.get("PYQUEUE_PREFIX", "pq")), job.id)
 
 
@@ -140,7 +140,8 @@ def run_demo(*, url: str = "embedded", prefix: str = "pq", jobs: int = 3000, wor
     for q, s in zip(queues, stats):
         say.line(f"  {q.name:<14} {s.enqueued:>8} {s.acked:>6} {s.ready:>6} {s.scheduled:>10} {s.leased:>7} "
                  f"{s.dead:>5} {s.reclaimed:>10} {s.scrubbed:>9}")
-    runs = [raw.decode() for raw in client.lrange(executions_key(prefix), 0, -1)]
+    raw_runs: Any = client.lrange(executions_key(prefix), 0, -1)
+    runs = [raw.decode() for raw in raw_runs]
     redeliveries = len(runs) - len(set(runs))
     expected = {f"{name}-{i}" for name, n in split.items() for i in range(n)}
     checks = [
