@@ -5,11 +5,13 @@ live service that has scrubbed every queue of a dead service forgets it. With
 require_expired set, nothing happens unless the service's expiry has passed, so a
 reaper can never forget a service that renewed in the meantime.
 
-KEYS (4), all <prefix>:{<namespace>}:service:<role>
+KEYS (5), all <prefix>:{<namespace>}:service:<role>
   1 service   hash  <prefix>:{<namespace>}:service:<id>
   2 ids       list  listed ids
   3 expiry    zset  id -> expires_ms
   4 queues    hash  id -> the queues the service serves
+  5 wake      zset  <prefix>:{<namespace>}:service:<id>:wake, the service's private wake
+                    marker (raised to interrupt its blocking wait on a stop)
 
 ARGV (3)
   1  now_ms            '' (use the server clock) or integer >= 0; tests only
@@ -23,7 +25,7 @@ Errors   PQ_BADARG, WRONGTYPE (nothing written).
 Replay   a re-sent call finds nothing left to remove.
 ]]
 
-local service_key, ids_key, expiry_key, queues_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local service_key, ids_key, expiry_key, queues_key, wake_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 
 -- 1. Validate.
 local now_ms
@@ -49,7 +51,7 @@ local expires_ms = redis.call('ZSCORE', expiry_key, id)
 if require_expired == '1' and (redis.call('EXISTS', service_key) == 1 or (expires_ms and tonumber(expires_ms) > now_ms)) then
   return { -1, 0 }
 end
-for key, want in pairs({ [service_key] = 'hash', [ids_key] = 'list', [queues_key] = 'hash' }) do
+for key, want in pairs({ [service_key] = 'hash', [ids_key] = 'list', [queues_key] = 'hash', [wake_key] = 'zset' }) do
   local got = redis.call('TYPE', key).ok
   if got ~= 'none' and got ~= want then return redis.error_reply('WRONGTYPE ' .. key .. ' holds a ' .. got) end
 end
@@ -59,4 +61,5 @@ local deleted = redis.call('DEL', service_key)
 local removed = redis.call('LREM', ids_key, -1, id)
 redis.call('ZREM', expiry_key, id)
 redis.call('HDEL', queues_key, id)
+redis.call('DEL', wake_key)
 return { deleted, removed }

@@ -44,7 +44,7 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "scrub": ("jobs", "ready", "leased", "owners", "dead", "errors", "counters", "wake"),
     "service_register": ("seq", "ids", "expiry", "queues", "service"),
     "service_renew": ("service", "expiry", "queues"),
-    "service_deregister": ("service", "ids", "expiry", "queues"),
+    "service_deregister": ("service", "ids", "expiry", "queues", "wake"),
 }
 
 

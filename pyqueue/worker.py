@@ -186,8 +186,10 @@ class Worker:
     # -- main loop -------------------------------------------------------------------
 
     def run(self, *, burst: bool = False, install_signal_handlers: bool = True) -> int:
-        """Register, serve until stopped (or, with ``burst``, until every queue has no
-        ready job and no handler runs), then shut down cleanly. Returns 0."""
+        """Register, serve until stopped, then shut down cleanly. Returns 0.
+
+        With ``burst``, return once no job is ready, no handler runs and nothing is due
+        within ``block_ms`` (for tests and batch jobs)."""
         self.service = self._register()
         for q in self.queues:
             q.owner = self.service.owner
@@ -250,12 +252,18 @@ class Worker:
                         continue
                 if burst:
                     with self._slots:
-                        if self._free == self.concurrency:
-                            self.stop("burst: every queue is drained")
-                            break
-                        self._slots.wait(0.1)
-                    must_lease = True
-                    continue
+                        idle = self._free == self.concurrency
+                        if not idle:
+                            self._slots.wait(0.1)
+                    # Drained: nothing ready, nothing running, nothing due within a block
+                    # period (a retry with a short backoff is waited for).
+                    due_soon = 0 <= next_due_ms - now_ms <= self.block_ms if next_due_ms >= 0 else False
+                    if idle and not due_soon:
+                        self.stop("burst: every queue is drained")
+                        break
+                    if not idle:
+                        must_lease = True
+                        continue
                 timeout_ms = self.block_ms
                 if next_due_ms >= 0:
                     timeout_ms = max(1, min(self.block_ms, next_due_ms - now_ms))

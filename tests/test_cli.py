@@ -1,0 +1,73 @@
+"""The pyqueue command: every subcommand, on the embedded server and a real one."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import redis
+from conftest import RedisServer
+
+from pyqueue import Queue
+from pyqueue.cli import main, table
+from pyqueue.service import Services
+
+
+@pytest.fixture
+def url(redis_server: RedisServer) -> str:
+    redis_server.client().flushall()
+    return redis_server.url()
+
+
+def test_enqueue_stats_and_dead_commands(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--url", url, "enqueue", "emails", "hello", "--id", "j1", "--max-attempts", "1"]) == 0
+    assert main(["--url", url, "enqueue", "emails", "hello", "--id", "j1"]) == 0
+    assert capsys.readouterr().out.split() == ["added", "j1", "duplicate", "j1"]
+    q = Queue.from_url(url, "emails")
+    (job,) = q.lease()
+    q.nack(job, "broken")
+    assert main(["--url", url, "stats"]) == 0
+    out = capsys.readouterr().out
+    assert "emails" in out and "dead_total" in out
+    assert main(["--url", url, "dead", "list", "emails"]) == 0
+    assert "broken" in capsys.readouterr().out
+    assert main(["--url", url, "dead", "replay", "emails"]) == 0
+    assert capsys.readouterr().out.strip() == "replayed 1"
+    (job,) = q.lease()
+    q.nack(job, "again")
+    assert main(["--url", url, "dead", "purge", "emails", "--id", "j1"]) == 0
+    assert capsys.readouterr().out.strip() == "purged 1"
+
+
+def test_services_and_stop_commands(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    services = Services(redis.Redis.from_url(url))
+    service = services.register(["emails", "sms"], host="box", pid=99)
+    assert main(["--url", url, "services"]) == 0
+    out = capsys.readouterr().out
+    assert "box" in out and "99" in out and "emails,sms" in out and "alive" in out
+    assert main(["--url", url, "stop", str(service.id)]) == 0
+    assert not services.alive(service)
+    assert main(["--url", url, "stop", "12345"]) == 1
+
+
+def test_bad_input_is_a_clear_error_with_exit_code_2(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--url", url, "enqueue", "bad{name", "x"]) == 2
+    assert "InvalidArgument" in capsys.readouterr().err
+
+
+def test_demo_on_the_embedded_server_checks_its_invariants(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--jobs", "300"]) == 0
+    out = capsys.readouterr().out
+    assert "FAILED" not in out and out.count("[ok]") == 6
+    assert "killed worker" in out and "scrubbed back to ready" in out
+
+
+def test_python_dash_m_pyqueue_runs_the_command(url: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "pyqueue", "--url", url, "stats", "nothing"],
+                          capture_output=True, timeout=60)
+    assert done.returncode == 0 and b"nothing" in done.stdout
+
+
+def test_table_aligns_columns() -> None:
+    assert table([["a", 1], ["bbb", 22]], ["name", "n"]).splitlines() == ["name  n", "----  --", "a      1", "bbb   22"]

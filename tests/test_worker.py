@@ -1,0 +1,342 @@
+"""The worker: priority, outcomes, wake-ups without polling, heartbeats, remote and
+signal shutdown, and recovery of a dead worker's jobs (in-process on both backends;
+real processes and signals on a real redis-server).
+
+Timing bounds here are generous on purpose: each proves a mechanism (a wake-up that
+beats the block period by seconds), not a speed; speeds are measured in bench/.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from conftest import RedisServer
+
+from pyqueue import Job, NewJob, Outcome, Queue
+from pyqueue.service import Services
+from pyqueue.worker import Retry, Worker
+
+TESTS = Path(__file__).resolve().parent
+
+
+def server_ms(r: redis.Redis) -> int:
+    seconds, micros = r.time()
+    return int(seconds * 1000 + micros // 1000)
+
+
+class Running:
+    """A worker running in a thread, stopped at the end of the test."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while worker.service is None:
+            assert time.monotonic() < deadline, "worker did not register"
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.worker.stop("test finished")
+        self.thread.join(15)
+        assert not self.thread.is_alive()
+
+
+@pytest.fixture
+def running(r: redis.Redis) -> Iterator[Callable[..., Running]]:
+    started: list[Running] = []
+
+    def start(queues: list[str], handler: Callable[[Job], object], **kwargs: Any) -> Running:
+        kwargs.setdefault("block_ms", 5_000)
+        run = Running(Worker(queues, handler, redis=r, **kwargs))
+        started.append(run)
+        return run
+
+    yield start
+    for run in started:
+        if run.thread.is_alive():
+            run.stop()
+
+
+def test_burst_drains_every_queue_always_leasing_from_the_first_non_empty(r: redis.Redis) -> None:
+    high, low = Queue("high", r), Queue("low", r)
+    low.enqueue_many([NewJob(b"", job_id=f"low{i}") for i in range(5)])
+    high.enqueue_many([NewJob(b"", job_id=f"high{i}") for i in range(5)])
+    seen: list[str] = []
+
+    def handler(job: Job) -> None:
+        if job.id == "high2":
+            low.enqueue(b"", job_id="late-low")
+            high.enqueue(b"", job_id="late-high")
+        seen.append(job.id)
+
+    Worker(["high", "low"], handler, redis=r).run(burst=True, install_signal_handlers=False)
+    assert seen[:6] == [f"high{i}" for i in range(5)] + ["late-high"]
+    assert sorted(seen[6:]) == sorted([f"low{i}" for i in range(5)] + ["late-low"])
+    assert high.stats().acked == 6 and low.stats().acked == 6
+
+
+def test_handler_exceptions_nack_with_backoff_until_dead(r: redis.Redis) -> None:
+    q = Queue("q", r)
+    q.enqueue(b"", job_id="bad", max_attempts=3)
+    attempts: list[int] = []
+
+    def handler(job: Job) -> None:
+        attempts.append(job.attempt)
+        raise ValueError("no good")
+
+    Worker(["q"], handler, redis=r, backoff_base_ms=1, backoff_cap_ms=5).run(burst=True, install_signal_handlers=False)
+    assert attempts == [1, 2, 3]
+    (dead,) = q.dead_list().jobs
+    assert dead.id == "bad" and "ValueError: no good" in dead.error
+
+
+def test_a_handler_can_ask_for_a_retry_after_a_delay_and_read_its_fence(r: redis.Redis) -> None:
+    q = Queue("q", r)
+    q.enqueue(b"", job_id="j")
+    starts: list[tuple[int, int, int]] = []
+
+    def handler(job: Job) -> None:
+        starts.append((job.attempt, job.fence, server_ms(r)))
+        if job.attempt == 1:
+            raise Retry(delay_ms=300)
+
+    Worker(["q"], handler, redis=r).run(burst=True, install_signal_handlers=False)
+    (a1, f1, t1), (a2, f2, t2) = starts
+    assert (a1, a2) == (1, 2) and f2 > f1 > 0
+    assert t2 - t1 >= 300
+    assert q.stats().acked == 1 and q.stats().nacked == 1
+
+
+def test_a_job_enqueued_while_the_worker_blocks_is_picked_up_at_once(
+    r: redis.Redis, running: Callable[..., Running]
+) -> None:
+    got = threading.Event()
+    running(["q"], lambda job: got.set(), block_ms=10_000)
+    time.sleep(0.3)  # the worker is blocked by now
+    Queue("q", r).enqueue(b"")
+    assert got.wait(5), "not woken: it would have waited for the 10 s block period"
+
+
+def test_a_delayed_job_starts_on_time_without_polling(r: redis.Redis, running: Callable[..., Running]) -> None:
+    started: list[int] = []
+    got = threading.Event()
+
+    def handler(job: Job) -> None:
+        started.append(server_ms(r))
+        got.set()
+
+    running(["q"], handler, block_ms=10_000)
+    time.sleep(0.2)
+    enqueued_at = server_ms(r)
+    Queue("q", r).enqueue(b"", delay_ms=500)
+    assert got.wait(5), "the delayed job did not start before the 10 s block period"
+    assert started[0] >= enqueued_at + 500  # never early, on the server's clock
+
+
+def test_running_jobs_leases_are_extended_by_the_heartbeat(r: redis.Redis, running: Callable[..., Running]) -> None:
+    q = Queue("q", r)
+    q.enqueue(b"")
+    done = threading.Event()
+
+    def handler(job: Job) -> None:
+        time.sleep(1.0)  # more than three lease lengths
+        done.set()
+
+    running(["q"], handler, lease_ms=300)
+    assert done.wait(10)
+    time.sleep(0.2)
+    stats = q.stats()
+    assert (stats.acked, stats.reclaimed) == (1, 0)
+
+
+def test_remote_shutdown_by_deleting_the_service_key_stops_the_worker(
+    r: redis.Redis, running: Callable[..., Running]
+) -> None:
+    run = running(["q"], lambda job: None, block_ms=10_000)
+    assert run.worker.service is not None
+    assert Services(r).stop(run.worker.service.id)
+    run.thread.join(5)
+    assert not run.thread.is_alive(), "the worker did not notice the deleted key"
+    assert "remote shutdown" in run.worker.exit_reason
+    assert r.llen("pq:{workers}:service:ids") == 0
+
+
+def test_a_lost_renewal_stops_the_worker(r: redis.Redis, running: Callable[..., Running]) -> None:
+    run = running(["q"], lambda job: None, renew_ms=100, expire_ms=1_000, block_ms=10_000)
+    assert run.worker.service is not None
+    r.hset(run.worker.service.keys.role("service"), "renewal", "overwritten")
+    run.thread.join(5)
+    assert not run.thread.is_alive()
+    assert "lost its registration" in run.worker.exit_reason
+
+
+def test_a_killed_workers_jobs_are_scrubbed_and_finished_by_another_long_before_lease_expiry(
+    r: redis.Redis, running: Callable[..., Running]
+) -> None:
+    q = Queue("q", r)
+    q.enqueue_many([NewJob(b"", job_id=f"j{i}") for i in range(3)])
+    hold = threading.Event()
+    victim = running(["q"], lambda job: hold.wait(10), concurrency=3, lease_ms=60_000, renew_ms=200, expire_ms=1_000)
+    deadline = time.monotonic() + 5
+    while q.stats().leased < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    victim.worker.kill()
+    killed_at = time.monotonic()
+    finished: list[str] = []
+    running(["q"], lambda job: finished.append(job.id), renew_ms=200, expire_ms=1_000)
+    while len(finished) < 3:
+        assert time.monotonic() - killed_at < 10, "not recovered well before the 60 s leases expire"
+        time.sleep(0.01)
+    hold.set()  # the victim's handlers return: a killed process acks nothing
+    time.sleep(0.3)
+    stats = q.stats()
+    assert sorted(finished) == ["j0", "j1", "j2"]
+    assert (stats.acked, stats.scrubbed, stats.leased) == (3, 3, 0)
+    assert victim.worker.service is not None
+    assert r.zscore("pq:{workers}:service:expiry", str(victim.worker.service.id)) is None  # forgotten
+
+
+def test_stop_finishes_running_jobs_and_releases_those_past_the_grace_period(
+    r: redis.Redis, running: Callable[..., Running]
+) -> None:
+    q = Queue("q", r)
+    q.enqueue_many([NewJob(b"", job_id=f"j{i}") for i in range(2)])
+    release = threading.Event()
+    run = running(["q"], lambda job: release.wait(5), concurrency=2, grace_ms=200)
+    while q.stats().leased < 2:
+        time.sleep(0.01)
+    run.stop()
+    stats = q.stats()
+    assert (stats.released, stats.ready, stats.leased) == (2, 2, 0)
+    release.set()
+    time.sleep(0.1)
+    assert q.stats().acked == 0  # a released job's late result is dropped, not acked
+
+
+# -- real processes, real signals ------------------------------------------------------
+
+
+def spawn_worker(server: RedisServer, *args: str, sleep_s: float = 0.0, runs: str = "runs") -> subprocess.Popen[bytes]:
+    """A ``pyqueue worker`` process running tests/handlers.py:slow; its log goes to
+    ``proc.log_path`` (a file, so no pipe is left open)."""
+    env = dict(os.environ, PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+               PQ_TEST_URL=server.url(), PQ_TEST_SLEEP_S=str(sleep_s), PQ_TEST_RUNS=runs)
+    log_path = server.directory / f"worker-{time.monotonic_ns()}.log"
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pyqueue", "--url", server.url(), "worker", "handlers:slow", *args],
+            env=env, stdout=log_file, stderr=subprocess.STDOUT,
+        )
+    proc.log_path = log_path  # type: ignore[attr-defined]
+    return proc
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def real(redis_server: RedisServer) -> redis.Redis:
+    client = redis_server.client()
+    client.flushall()
+    return client
+
+
+def test_sigterm_lets_running_jobs_finish_leaves_the_rest_and_deregisters(
+    redis_server: RedisServer, real: redis.Redis
+) -> None:
+    q = Queue("q", real)
+    q.enqueue_many([NewJob(b"", job_id=f"j{i}") for i in range(6)])
+    proc = spawn_worker(redis_server, "-q", "q", "--concurrency", "2", "--grace-ms", "10000", sleep_s=1.0)
+    wait_until(lambda: q.stats().leased == 2, 10, "worker did not start two jobs")
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(20)
+    out = proc.log_path.read_bytes()  # type: ignore[attr-defined]
+    assert proc.returncode == 0, out.decode()
+    stats = q.stats()
+    assert (stats.acked, stats.ready, stats.leased, stats.released) == (2, 4, 0, 0)
+    assert real.keys("pq:{workers}:service:1*") == [] and real.llen("pq:{workers}:service:ids") == 0
+    assert b"received SIGTERM" in out
+
+
+def test_sigterm_past_the_grace_period_releases_running_jobs(redis_server: RedisServer, real: redis.Redis) -> None:
+    q = Queue("q", real)
+    q.enqueue_many([NewJob(b"", job_id=f"j{i}") for i in range(2)])
+    proc = spawn_worker(redis_server, "-q", "q", "--concurrency", "2", "--grace-ms", "200", sleep_s=5.0)
+    wait_until(lambda: q.stats().leased == 2, 10, "worker did not start two jobs")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 0
+    stats = q.stats()
+    assert (stats.released, stats.ready, stats.leased) == (2, 2, 0)
+
+
+def test_a_second_signal_exits_at_once(redis_server: RedisServer, real: redis.Redis) -> None:
+    q = Queue("q", real)
+    q.enqueue(b"")
+    proc = spawn_worker(redis_server, "-q", "q", "--grace-ms", "60000", sleep_s=30.0)
+    wait_until(lambda: q.stats().leased == 1, 10, "worker did not start the job")
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(5) != 0
+    assert q.stats().leased == 1  # left to expire or to be scrubbed
+
+
+def test_sigkill_of_a_worker_process_its_jobs_finish_elsewhere_exactly_once(
+    redis_server: RedisServer, real: redis.Redis
+) -> None:
+    q = Queue("q", real)
+    q.enqueue_many([NewJob(b"", job_id=f"j{i}") for i in range(20)])
+    victim = spawn_worker(redis_server, "-q", "q", "--concurrency", "4", "--lease-ms", "60000", "--renew-ms", "200",
+                          "--expire-ms", "1000", sleep_s=30.0)
+    wait_until(lambda: q.stats().leased == 4, 10, "victim did not lease four jobs")
+    victim.kill()
+    victim.wait()
+    killed_at = time.monotonic()
+    rescuer = spawn_worker(redis_server, "-q", "q", "--concurrency", "4", "--renew-ms", "200", "--expire-ms", "1000")
+    try:
+        wait_until(lambda: q.stats().acked == 20, 15, "jobs not finished well before the 60 s leases expire")
+        recovered_s = time.monotonic() - killed_at
+    finally:
+        rescuer.send_signal(signal.SIGTERM)
+        assert rescuer.wait(10) == 0
+    stats = q.stats()
+    assert (stats.acked, stats.scrubbed, stats.leased, stats.ready, stats.dead) == (20, 4, 0, 0, 0)
+    runs = [x.decode() for x in real.lrange("test:{runs}:runs", 0, -1)]
+    assert sorted(set(runs)) == sorted(f"j{i}" for i in range(20))
+    assert len(runs) == 24  # the four the victim held ran twice: at least once, acked once
+    assert recovered_s < 15
+
+
+def test_an_idle_worker_sends_about_one_command_per_block_period(
+    redis_server: RedisServer, real: redis.Redis
+) -> None:
+    proc = spawn_worker(redis_server, "-q", "q", "--block-ms", "500", "--renew-ms", "15000")
+    try:
+        wait_until(lambda: real.llen("pq:{workers}:service:ids") == 1, 10, "worker did not register")
+        time.sleep(1.0)  # past start-up
+        real.config_resetstat()
+        time.sleep(3.0)
+        stats = real.info("commandstats")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
+    calls = {name: v["calls"] for name, v in stats.items() if name not in ("cmdstat_config", "cmdstat_info")}
+    # 3 s / 0.5 s = 6 block periods: a BZPOPMIN each, and an EXISTS at most every period.
+    assert calls.get("cmdstat_bzpopmin", 0) <= 7
+    assert sum(calls.values()) <= 2 * 7, calls
