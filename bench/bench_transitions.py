@@ -331,7 +331,7 @@ def main() -> None:
     _server.require_loopback(args.redis_url)
     try:
         for name, func in BENCHMARKS:
-            description = (func.__doc__ or name).split("\n\n")[0].replace("\n", " ")
+            description = " ".join((func.__doc__ or name).split("\n\n")[0].split())
             runner.bench_time_func(name, func, args.redis_url, metadata={"description": description})
     finally:
         if server is not None:

@@ -304,7 +304,7 @@ def test_sigkill_of_a_worker_process_its_jobs_finish_elsewhere_exactly_once(
     q.enqueue_many([NewJob(b"", job_id=f"j{i}") for i in range(20)])
     victim = spawn_worker(redis_server, "-q", "q", "--concurrency", "4", "--lease-ms", "60000", "--renew-ms", "200",
                           "--expire-ms", "1000", sleep_s=30.0)
-    wait_until(lambda: q.stats().leased == 4, 10, "victim did not lease four jobs")
+    wait_until(lambda: real.llen("test:{runs}:runs") == 4, 10, "victim did not start four jobs")
     victim.kill()
     victim.wait()
     killed_at = time.monotonic()
