@@ -21,6 +21,7 @@ import argparse
 import itertools
 import os
 import time
+import uuid
 from collections.abc import Callable
 
 import _server
@@ -157,6 +158,26 @@ def bench_raw_evalsha_return1_pipelined_x100(loops: int, url: str) -> float:
             pipe.evalsha(sha, 0)
         pipe.execute()
     return time.perf_counter() - t0
+
+
+def bench_bare_enqueue_script(loops: int, url: str) -> float:
+    """Decomposition (no target): EVALSHA of lua/enqueue.lua for one job through bare
+    redis-py, ids and arguments built before the clock starts. ``enqueue`` minus this is
+    pyqueue's Python layer; this minus raw_evalsha_return1 is script work plus the
+    encoding of 5 keys and 6 arguments."""
+    client = raw_client(url)
+    queue = fresh_queue(url, "bare-enqueue")
+    sha = client.script_load(lua_source("enqueue"))
+    keys = [queue.keys.role(role) for role in SCRIPT_KEYS["enqueue"]]
+    ids = [uuid.uuid4().hex for _ in range(loops)]
+    evalsha = client.evalsha
+    t0 = time.perf_counter()
+    for job_id in ids:
+        # ARGV as Scripts.enqueue sends it: now_ms '' (server clock), n, id, payload, delay, max
+        evalsha(sha, len(keys), *keys, "", 1, job_id, PAYLOAD, 0, 5)
+    elapsed = time.perf_counter() - t0
+    drop(queue)
+    return elapsed
 
 
 # -- pyqueue transitions ----------------------------------------------------------------------
@@ -299,6 +320,7 @@ BENCHMARKS: list[tuple[str, TimeFunc]] = [
     ("raw_lmove_lrem", bench_raw_lmove_lrem),
     ("raw_evalsha_return1", bench_raw_evalsha_return1),
     ("raw_evalsha_return1_pipelined_x100", bench_raw_evalsha_return1_pipelined_x100),
+    ("bare_enqueue_script", bench_bare_enqueue_script),
     ("enqueue", bench_enqueue),
     ("enqueue_many_x100", bench_enqueue_many_x100),
     ("lease_ack", bench_lease_ack),
