@@ -21,11 +21,13 @@ connection pool is thread-safe, so one ``Queue`` may be shared by threads.
 
 from __future__ import annotations
 
+import logging
 import math
 import secrets
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import fakeredis
@@ -64,6 +66,7 @@ MAX_ID_BYTES = 256
 MAX_ERROR_BYTES = 65536
 
 T = TypeVar("T")
+log = logging.getLogger("pyqueue")
 
 _embedded_lock = threading.Lock()
 _embedded_server: fakeredis.FakeServer | None = None
@@ -130,6 +133,30 @@ def bytes_client(client: redis_lib.Redis) -> redis_lib.Redis:
     return redis_lib.Redis(connection_pool=twin_pool)
 
 
+def check_server(client: redis_lib.Redis) -> list[str]:
+    """Warn (log) about server settings that break pyqueue's promises; return them.
+
+    Any ``maxmemory-policy`` but ``noeviction`` lets Redis evict keys at its memory
+    limit, silently dropping jobs. A client not allowed to run CONFIG (a least-privilege
+    ACL user) skips the check.
+    """
+    problems: list[str] = []
+    try:
+        policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
+    except redis_lib.RedisError:
+        return problems
+    if isinstance(policy, bytes):
+        policy = policy.decode()
+    if policy not in (None, "noeviction"):
+        problems.append(
+            f"maxmemory-policy is {policy!r}: at the memory limit Redis may evict queue keys, silently "
+            "dropping jobs; set it to 'noeviction'"
+        )
+    for problem in problems:
+        log.warning(problem)
+    return problems
+
+
 def check_int(value: object, name: str, lo: int, hi: int) -> int:
     """Return ``value`` if it is an ``int`` (not ``bool``) in [lo, hi]; else raise."""
     if isinstance(value, bool) or not isinstance(value, int):
@@ -190,6 +217,8 @@ class Queue:
         owner: who holds this queue object's leases, 1..64 of ``[A-Za-z0-9_.:-]``.
             Workers pass their service id so a dead worker's leases can be scrubbed;
             the default is a random id for this object.
+        lua_directory: tests only: load the scripts from another directory (the
+            mutation tests load deliberately broken copies).
     """
 
     def __init__(
@@ -199,6 +228,7 @@ class Queue:
         *,
         prefix: str = DEFAULT_PREFIX,
         owner: str | None = None,
+        lua_directory: Path | None = None,
     ) -> None:
         self.name = check_name(name, "queue name")
         self.keys = QueueKeys(check_name(prefix, "prefix"), name)
@@ -206,13 +236,16 @@ class Queue:
         self.owner = owner if owner is not None else "c" + secrets.token_hex(6)
         if not (1 <= len(self.owner) <= 64) or not all(c.isalnum() and c.isascii() or c in "_.:-" for c in self.owner):
             raise InvalidArgument(f"owner must be 1..64 characters of [A-Za-z0-9_.:-], got {self.owner!r}")
-        self.scripts = Scripts(self.redis)
+        self.scripts = Scripts(self.redis, lua_directory)
 
     @classmethod
     def from_url(cls, url: str, name: str, *, prefix: str = DEFAULT_PREFIX, retries: int = 3) -> Queue:
         """A queue on the server at ``url`` (``redis://``, ``rediss://``, ``unix://``, or
-        ``embedded``), with the client settings of :func:`connect`."""
-        return cls(name, connect(url, retries=retries), prefix=prefix)
+        ``embedded``), with the client settings of :func:`connect`. Logs a warning if
+        the server may evict keys (see :func:`check_server`)."""
+        client = connect(url, retries=retries)
+        check_server(client)
+        return cls(name, client, prefix=prefix)
 
     def __repr__(self) -> str:
         return f"Queue({self.name!r}, prefix={self.keys.prefix!r})"

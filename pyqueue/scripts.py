@@ -63,9 +63,10 @@ def lua_dir() -> Path:
     raise FileNotFoundError("pyqueue's lua/ scripts are missing from this installation")
 
 
-def lua_source(name: str) -> str:
-    """The source text of ``lua/<name>.lua``, byte for byte as other languages load it."""
-    return (lua_dir() / f"{name}.lua").read_text(encoding="utf-8")
+def lua_source(name: str, directory: Path | None = None) -> str:
+    """The source text of ``lua/<name>.lua``, byte for byte as other languages load it
+    (from ``directory`` instead, for tests that load altered copies)."""
+    return ((directory or lua_dir()) / f"{name}.lua").read_text(encoding="utf-8")
 
 
 def _now(now_ms: int | None) -> Arg:
@@ -76,11 +77,15 @@ def _now(now_ms: int | None) -> Arg:
 class Scripts:
     """Every script registered on one client. Thread-safe as the client is."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, directory: Path | None = None) -> None:
         self.client = client
         self._scripts: dict[str, Script] = {
-            name: client.register_script(lua_source(name)) for name in SCRIPT_KEYS
+            name: client.register_script(lua_source(name, directory)) for name in SCRIPT_KEYS
         }
+
+    def sha(self, name: str) -> str:
+        """The SHA1 a script is called by (EVALSHA)."""
+        return str(self._scripts[name].sha)
 
     def run(self, name: str, keys: Keys, args: Sequence[Arg], client: Any = None) -> Any:
         """Run script `name` with the keys its header lists and raw ARGV (tests, tools)."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import secrets
 import signal
 import threading
@@ -51,8 +52,10 @@ from pyqueue.queue import (
     Queue,
     bytes_client,
     check_int,
+    check_server,
     embedded_redis,
 )
+from pyqueue.scripts import lua_source
 from pyqueue.service import DEFAULT_EXPIRE_MS, DEFAULT_NAMESPACE, Service, Services
 
 log = logging.getLogger("pyqueue.worker")
@@ -65,6 +68,19 @@ TICK_S = 0.05
 #: Cap of the backoff after connection errors.
 MAX_BACKOFF_S = 5.0
 
+#: Named crash points for fault-injection tests. With PYQUEUE_CRASH_POINT=<name> (or
+#: several, comma-separated) and PYQUEUE_CRASH_PROBABILITY=<p> (default 1), the worker
+#: SIGKILLs itself at that point with probability p. Unset in production: one dict
+#: lookup per point.
+CRASH_POINTS = (
+    "after_register",  # right after registration
+    "after_lease",  # after a lease reply arrived, before any handler ran
+    "in_handler",  # while the handler runs
+    "before_ack",  # after the handler returned, before the ack is sent
+    "ack_sent",  # after the ack was sent, before its reply was read
+    "in_extend",  # during a lease extension
+)
+
 
 class Retry(Exception):
     """Raise from a handler to run the job again after ``delay_ms`` (the attempt counts;
@@ -73,6 +89,41 @@ class Retry(Exception):
     def __init__(self, delay_ms: int, reason: str = "retry requested by the handler") -> None:
         super().__init__(reason)
         self.delay_ms = check_int(delay_ms, "delay_ms", 0, 2**40)
+
+
+class _Crasher:
+    """Kills this process at named points when the environment asks for it (tests)."""
+
+    def __init__(self) -> None:
+        self.points = {p for p in os.environ.get("PYQUEUE_CRASH_POINT", "").split(",") if p}
+        unknown = self.points - set(CRASH_POINTS)
+        if unknown:
+            raise InvalidArgument(f"unknown crash points {sorted(unknown)}; known: {CRASH_POINTS}")
+        self.probability = float(os.environ.get("PYQUEUE_CRASH_PROBABILITY", "1"))
+        self.rng = random.Random()
+
+    def armed(self, point: str) -> bool:
+        return point in self.points and self.rng.random() < self.probability
+
+    def at(self, point: str) -> None:
+        if self.armed(point):
+            self.die(point)
+
+    def die(self, point: str) -> None:
+        log.warning("crash point %s: SIGKILL", point)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _send_and_die(queue: Queue, job: Job, crasher: _Crasher) -> None:
+    """Send lua/ack.lua for ``job`` and die before reading the reply (crash point
+    ``ack_sent``): the server may run it, the worker never learns the answer."""
+    client = queue.redis
+    sha = queue.scripts.sha("ack")
+    client.script_load(lua_source("ack"))  # EVALSHA must not fail with NOSCRIPT
+    connection: Any = client.connection_pool.get_connection()
+    keys = [queue.keys.jobs, queue.keys.leased, queue.keys.owners]
+    connection.send_command("EVALSHA", sha, len(keys), *keys, job.receipt)
+    crasher.die("ack_sent")
 
 
 def _blocking_twin(client: redis_lib.Redis, socket_timeout_s: float) -> redis_lib.Redis:
@@ -154,6 +205,7 @@ class Worker:
         self._running: dict[str, Job] = {}  # receipt -> job, for the heartbeat's extend
         self._running_lock = threading.Lock()
         self._woken_for_stop = False
+        self._crash = _Crasher()
         self._confirmed_at = 0.0  # monotonic time the service key was last seen alive
 
     # -- control ---------------------------------------------------------------------
@@ -191,6 +243,8 @@ class Worker:
         With ``burst``, return once no job is ready, no handler runs and nothing is due
         within ``block_ms`` (for tests and batch jobs)."""
         self.service = self._register()
+        self._crash.at("after_register")
+        check_server(self.redis)
         for q in self.queues:
             q.owner = self.service.owner
         log.info(
@@ -297,6 +351,7 @@ class Worker:
         for q in self.queues:
             leased = q.lease_call(count=free, lease_ms=self.lease_ms)
             if leased.jobs:
+                self._crash.at("after_lease")
                 with self._slots:
                     self._free -= len(leased.jobs)
                 for job in leased.jobs:
@@ -333,6 +388,7 @@ class Worker:
         queue = self.queues[self.queue_names.index(job.queue)]
         error: BaseException | None = None
         try:
+            self._crash.at("in_handler")
             self.handler(job)
         except Exception as exc:  # the handler's failure is the job's outcome
             error = exc
@@ -344,6 +400,9 @@ class Worker:
             log.warning("job %s finished after its lease was released at shutdown", job.id)
             return None
         if error is None:
+            self._crash.at("before_ack")
+            if self._crash.armed("ack_sent"):
+                _send_and_die(queue, job, self._crash)
             if queue is self.queues[0] and not self._stop.is_set():
                 call = secrets.token_hex(8)  # the same token on every retry: one effect
                 outcome, jobs = self._with_retries(
@@ -425,6 +484,7 @@ class Worker:
         for q in self.queues:
             jobs = [j for j in running if j.queue == q.name]
             for i in range(0, len(jobs), 1000):
+                self._crash.at("in_extend")
                 for job, extended in zip(jobs[i : i + 1000], q.extend(jobs[i : i + 1000], self.lease_ms)):
                     if not extended.outcome:
                         log.warning("job %s lost its lease (%s) while running", job.id, extended.outcome.value)
