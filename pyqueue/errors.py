@@ -23,7 +23,12 @@ matching class above.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 import redis.exceptions
+
+T = TypeVar("T")
 
 
 class PyQueueError(Exception):
@@ -98,3 +103,11 @@ def map_redis_error(exc: redis.exceptions.RedisError) -> PyQueueError:
     if code in CODES:
         return CODES[code][0](message)
     return ScriptError(message)
+
+
+def mapped(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, with redis-py errors raised as pyqueue errors (``from`` the original)."""
+    try:
+        return fn(*args)
+    except redis.exceptions.RedisError as exc:
+        raise map_redis_error(exc) from exc

@@ -35,7 +35,7 @@ import redis as redis_lib
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
-from pyqueue.errors import InvalidArgument, map_redis_error
+from pyqueue.errors import InvalidArgument, mapped
 from pyqueue.keys import QueueKeys, check_name
 from pyqueue.models import (
     DeadJob,
@@ -251,10 +251,7 @@ class Queue:
         return f"Queue({self.name!r}, prefix={self.keys.prefix!r})"
 
     def _call(self, fn: Callable[..., T], *args: Any) -> T:
-        try:
-            return fn(*args)
-        except redis_lib.RedisError as exc:
-            raise map_redis_error(exc) from exc
+        return mapped(fn, *args)
 
     # -- enqueue ---------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import redis as redis_lib
 
-from pyqueue.errors import InvalidArgument, ServiceExists, ServiceLost, map_redis_error
+from pyqueue.errors import InvalidArgument, ServiceExists, ServiceLost, mapped
 from pyqueue.keys import ServiceKeys, check_name
 from pyqueue.queue import bytes_client, check_int, embedded_redis
 from pyqueue.scripts import Scripts
@@ -87,10 +87,7 @@ class Services:
         self.scripts = Scripts(self.redis)
 
     def _call(self, fn: Any, *args: Any) -> Any:
-        try:
-            return fn(*args)
-        except redis_lib.RedisError as exc:
-            raise map_redis_error(exc) from exc
+        return mapped(fn, *args)
 
     def register(
         self,

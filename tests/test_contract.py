@@ -79,3 +79,24 @@ def test_public_api_all_is_sorted_and_complete() -> None:
     public = {name for name in public if not isinstance(getattr(pyqueue, name), type(pyqueue))}
     assert pyqueue.__all__ == sorted(pyqueue.__all__, key=str.casefold) or pyqueue.__all__ == sorted(pyqueue.__all__)
     assert public == set(pyqueue.__all__) - {"__version__"}
+
+
+def _lua_functions(body: str) -> dict[str, str]:
+    """``local function name(...) ... end`` blocks at the top level, by name."""
+    found = {}
+    for m in re.finditer(r"^local function (\w+)\(.*?^end$", body, re.M | re.S):
+        found[m.group(1)] = m.group(0)
+    return found
+
+
+def test_helpers_copied_into_several_scripts_are_identical_everywhere() -> None:
+    # Scripts load verbatim with no includes (DESIGN §3.10), so small helpers are copied;
+    # this keeps the copies from drifting apart.
+    copies: dict[str, dict[str, str]] = {}
+    for path in sorted(lua_dir().glob("*.lua")):
+        for name, text in _lua_functions(path.read_text()).items():
+            copies.setdefault(name, {})[path.name] = text
+    shared = {name: files for name, files in copies.items() if len(files) > 1}
+    assert {"int_arg", "expect_type", "call_chunked"} <= set(shared)
+    for name, files in shared.items():
+        assert len(set(files.values())) == 1, f"{name} differs between {sorted(files)}"
