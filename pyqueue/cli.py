@@ -74,7 +74,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
         expire_ms=args.expire_ms,
         grace_ms=args.grace_ms,
     )
-    return worker.run(burst=args.burst)
+    code = worker.run(burst=args.burst)
+    # Leave even if a handler is stuck past the grace period (its job was released to
+    # other workers): the executor's threads would otherwise keep the process alive.
+    sys.stdout.flush()
+    logging.shutdown()
+    os._exit(code)
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:

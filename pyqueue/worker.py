@@ -333,7 +333,11 @@ class Worker:
                 if not must_lease:
                     next_due_ms = -1
                 if popped is not None and popped[0] == private_wake.encode():
-                    self._confirmed_at = 0.0  # check the key before blocking again
+                    # A remote stop (or our own stop request): check the key before leasing.
+                    if not self._stop.is_set() and not self.services.alive(self.service):
+                        self.stop(f"service {self.service.owner} key deleted (remote shutdown)")
+                        break
+                    self._confirmed_at = time.monotonic()
                 delay = 0.1
             except (redis_lib.ConnectionError, redis_lib.TimeoutError, PyQueueError) as exc:
                 if not _retryable(exc):
