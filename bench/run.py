@@ -128,7 +128,7 @@ def throughput_section(path: Path) -> list[str]:
     ]
     for name, rate in report["rates"].items():
         lines.append(f"   {name:<36} {rate['median_per_s']:>10,.0f} {rate['unit']}")
-    lines.append("   ratios (same run):")
+    lines.append("   ratios (same phase of the same repetition; median over repetitions):")
     for label, r in report["ratios"].items():
         verdict = "met" if r["met"] else "NOT MET"
         lines.append(f"   {label:<52} {r['ratio']:7.3f}   target >= {r['target']:.2f}   {verdict}")

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import secrets
 import threading
-import uuid
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-import fakeredis
 import redis as redis_lib
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
@@ -69,7 +68,7 @@ T = TypeVar("T")
 log = logging.getLogger("pyqueue")
 
 _embedded_lock = threading.Lock()
-_embedded_server: fakeredis.FakeServer | None = None
+_embedded_server: Any = None  # a fakeredis.FakeServer, created on first use
 
 
 def embedded_redis() -> redis_lib.Redis:
@@ -78,11 +77,14 @@ def embedded_redis() -> redis_lib.Redis:
     Every ``Queue(name)`` made without a client shares this server, so producers and
     workers in one process see the same queues. Nothing is persisted.
     """
+    import fakeredis  # only the embedded default needs it: keep it off the import path
+
     global _embedded_server
     with _embedded_lock:
         if _embedded_server is None:
             _embedded_server = fakeredis.FakeServer()
-        return fakeredis.FakeRedis(server=_embedded_server)
+        client: redis_lib.Redis = fakeredis.FakeRedis(server=_embedded_server)
+        return client
 
 
 def connect(
@@ -269,8 +271,8 @@ class Queue:
         Args:
             payload: bytes, or str (stored as UTF-8). Never pickled.
             job_id: a caller-chosen id makes enqueue idempotent: if a job with this id
-                exists in any state, nothing changes and ``added`` is false. Default: a
-                random UUID.
+                exists in any state, nothing changes and ``added`` is false. Default: 128
+                random bits in hex.
             delay_ms: run no earlier than this long after now (server clock).
             max_attempts: leases that may fail (nack, expiry, scrub) before the job goes
                 to DEAD; default 5.
@@ -283,9 +285,15 @@ class Queue:
         Raises:
             InvalidArgument, WrongTypeError, OutcomeUnknown.
         """
-        return self.enqueue_many(
-            [NewJob(payload, job_id=job_id, delay_ms=delay_ms, max_attempts=max_attempts)], now_ms=now_ms
-        )[0]
+        job = (
+            check_job_id(job_id) if job_id is not None else os.urandom(16).hex(),
+            as_payload(payload),
+            check_int(delay_ms, "delay_ms", 0, 2**40),
+            check_int(DEFAULT_MAX_ATTEMPTS if max_attempts is None else max_attempts, "max_attempts", 1, 10_000),
+        )
+        _check_now(now_ms)
+        reply = self._call(self.scripts.enqueue, self.keys, now_ms, [job])
+        return Enqueued(job[0], reply[2] == 1)
 
     def enqueue_json(self, obj: Any, **kwargs: Any) -> Enqueued:
         """``enqueue`` the JSON encoding of ``obj`` (compact, UTF-8); read it with ``Job.json()``."""
@@ -307,7 +315,7 @@ class Queue:
             new = item if isinstance(item, NewJob) else NewJob(item)
             batch.append(
                 (
-                    check_job_id(new.job_id) if new.job_id is not None else uuid.uuid4().hex,
+                    check_job_id(new.job_id) if new.job_id is not None else os.urandom(16).hex(),
                     as_payload(new.payload),
                     check_int(new.delay_ms, "delay_ms", 0, 2**40),
                     check_int(

@@ -24,9 +24,11 @@ Arg = Union[bytes, str, int]
 
 
 class Keys(Protocol):
-    """Anything that names a key by role: QueueKeys, ServiceKeys."""
+    """Anything that names a key by role: QueueKeys, ServiceKeys (hashable, immutable)."""
 
     def role(self, name: str) -> str: ...
+
+    def __hash__(self) -> int: ...
 
 #: The keys each script takes, by role, in header order (tests compare with the headers).
 SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
@@ -82,6 +84,8 @@ class Scripts:
         self._scripts: dict[str, Script] = {
             name: client.register_script(lua_source(name, directory)) for name in SCRIPT_KEYS
         }
+        # (script, keys) -> the KEYS list: built once, not formatted on every call.
+        self._key_lists: dict[tuple[str, Keys], list[str]] = {}
 
     def sha(self, name: str) -> str:
         """The SHA1 a script is called by (EVALSHA)."""
@@ -89,8 +93,10 @@ class Scripts:
 
     def run(self, name: str, keys: Keys, args: Sequence[Arg], client: Any = None) -> Any:
         """Run script `name` with the keys its header lists and raw ARGV (tests, tools)."""
-        roles = SCRIPT_KEYS[name]
-        return self._scripts[name](keys=[keys.role(r) for r in roles], args=list(args), client=client)
+        key_list = self._key_lists.get((name, keys))
+        if key_list is None:
+            key_list = self._key_lists[(name, keys)] = [keys.role(r) for r in SCRIPT_KEYS[name]]
+        return self._scripts[name](keys=key_list, args=args, client=client)
 
     def enqueue(
         self, keys: QueueKeys, now_ms: int | None, jobs: Sequence[tuple[str, bytes, int, int]], client: Any = None
