@@ -67,6 +67,11 @@ T = TypeVar("T")
 TICK_S = 0.05
 #: Cap of the backoff after connection errors.
 MAX_BACKOFF_S = 5.0
+#: Redis fires blocking-command timeouts from its timer, every 1/hz (100 ms at the
+#: default hz 10), so a BZPOPMIN timed to a due time may return that much late. The
+#: worker blocks on the server only until this long before a due time and waits the
+#: rest locally (a wake signal in that short window waits for it).
+SERVER_TIMER_SLACK_MS = 110
 
 #: Named crash points for fault-injection tests. With PYQUEUE_CRASH_POINT=<name> (or
 #: several, comma-separated) and PYQUEUE_CRASH_PROBABILITY=<p> (default 1), the worker
@@ -291,7 +296,7 @@ class Worker:
         if self.services.redis is self.redis:
             wake_keys.append(private_wake)  # remote stop wakes us (one server only)
         must_lease, delay = True, 0.1
-        next_due_ms, now_ms = -1, 0
+        next_due_ms, now_ms, observed = -1, 0, 0.0
         while not self._stop.is_set():
             with self._slots:
                 while self._free == 0 and not self._stop.is_set():
@@ -302,6 +307,7 @@ class Worker:
             try:
                 if must_lease:
                     leased_any, next_due_ms, now_ms = self._lease_round(pool, free)
+                    observed = time.monotonic()
                     if leased_any:
                         continue
                 if burst:
@@ -320,7 +326,14 @@ class Worker:
                         continue
                 timeout_ms = self.block_ms
                 if next_due_ms >= 0:
-                    timeout_ms = max(1, min(self.block_ms, next_due_ms - now_ms))
+                    # The due time is on the server clock; only the elapsed time since
+                    # the lease reply is measured here.
+                    remaining_ms = next_due_ms - now_ms - (time.monotonic() - observed) * 1000
+                    if remaining_ms <= SERVER_TIMER_SLACK_MS:
+                        self._stop.wait(max(0.0, remaining_ms) / 1000)
+                        must_lease = True
+                        continue
+                    timeout_ms = int(min(self.block_ms, remaining_ms - SERVER_TIMER_SLACK_MS))
                 if time.monotonic() - self._confirmed_at > self.block_ms / 1000:
                     if not self.services.alive(self.service):
                         self.stop(f"service {self.service.owner} key deleted (remote shutdown)")

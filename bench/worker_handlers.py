@@ -1,0 +1,41 @@
+"""Handlers for the worker processes bench_worker.py starts (``PYTHONPATH=bench``)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import redis
+
+from pyqueue import Job
+
+_client: redis.Redis | None = None
+
+
+def _redis() -> redis.Redis:
+    global _client
+    if _client is None:
+        _client = redis.Redis.from_url(os.environ["BENCH_URL"])
+    return _client
+
+
+def noop(job: Job) -> None:
+    """Does nothing: the drain figures measure pyqueue alone."""
+
+
+def stamp(job: Job) -> None:
+    """Records this host's wall clock at handler start (ns) for the latency figure."""
+    started_ns = time.time_ns()
+    _redis().rpush("bench:{stamps}", started_ns)
+
+
+def server_stamp(job: Job) -> None:
+    """Records the Redis server's clock at handler start (ms) with the job id."""
+    seconds, micros = _redis().time()
+    _redis().rpush("bench:{stamps}", f"{job.id} {seconds * 1000 + micros // 1000}")
+
+
+def hold(job: Job) -> None:
+    """Marks the job started, then holds it (the recovery figure kills this worker)."""
+    _redis().rpush("bench:{started}", job.id)
+    time.sleep(float(os.environ.get("BENCH_HOLD_S", "600")))
