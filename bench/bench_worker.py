@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import _server
@@ -44,7 +45,7 @@ from pyqueue import NewJob, Queue  # noqa: E402
 BENCH_DIR = Path(__file__).resolve().parent
 
 
-def percentile(values: list[float], p: float) -> float:
+def percentile(values: Sequence[float], p: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
@@ -101,7 +102,7 @@ def bench_latency(url: str, samples: int) -> dict[str, Any]:
 
 
 def bench_lateness(url: str, samples: int) -> dict[str, Any]:
-    client = redis.Redis.from_url(url)
+    client: Any = redis.Redis.from_url(url)  # redis-py's reply types are too loose to help here
     client.flushall()
     q = Queue("late", client)
     proc = spawn(url, "server_stamp", "late", "--block-ms", "10000")
@@ -147,7 +148,7 @@ def bench_recovery(url: str, trials: int, renew_ms: int, expire_ms: int) -> dict
             rescuer = spawn(url, "stamp", "rec", "--concurrency", "4", *timing)
             try:
                 expired_ns = 0
-                stamps = []
+                stamps: list[int] = []
                 while len(stamps) < 4:
                     if not expired_ns and not client.exists(service_key):
                         expired_ns = time.time_ns()
@@ -169,8 +170,8 @@ def bench_recovery(url: str, trials: int, renew_ms: int, expire_ms: int) -> dict
     return {"trials": trials, "renew_ms": renew_ms, "expire_ms": expire_ms, "lease_ms": 600000,
             "kill_to_running_s": [r["kill_to_running_s"] for r in results],
             "expiry_to_running_s": [r["expiry_to_running_s"] for r in results],
-            "max_kill_to_running_s": max(r["kill_to_running_s"] for r in results),
-            "max_expiry_to_running_s": max((r["expiry_to_running_s"] or 0) for r in results)}
+            "max_kill_to_running_s": max(float(r["kill_to_running_s"] or 0) for r in results),
+            "max_expiry_to_running_s": max(float(r["expiry_to_running_s"] or 0) for r in results)}
 
 
 def bench_idle(url: str, window_s: float) -> dict[str, Any]:

@@ -169,6 +169,36 @@ def worstcase_section(path: Path) -> list[str]:
     return lines
 
 
+def worker_section(path: Path) -> list[str]:
+    """The worker figures (bench_worker.py) against their targets."""
+    report = json.loads(path.read_text())
+    lat, late, rec, idle = report["latency"], report["lateness"], report["recovery"], report["idle"]
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "NOT MET"
+
+    lines = [
+        "Worker (one `pyqueue worker` process against the same server)",
+        f"   enqueue -> handler start, idle worker: p50 {lat['p50_us'] / 1000:.2f} ms, p99 {lat['p99_us'] / 1000:.2f} ms "
+        f"({lat['samples']} jobs)   target <= 1 / <= 5 ms: "
+        f"{verdict(lat['p50_us'] <= 1000)} / {verdict(lat['p99_us'] <= 5000)}",
+        f"   delayed job start lateness: p50 {late['p50_ms']} ms, p99 {late['p99_ms']} ms, max {late['max_ms']} ms, "
+        f"early {late['early']} ({late['samples']} jobs)   target p99 <= 50 ms: {verdict(late['p99_ms'] <= 50)}",
+        f"   SIGKILL -> its jobs running elsewhere (renew {rec['renew_ms']} ms, expire {rec['expire_ms']} ms, lease "
+        f"{rec['lease_ms'] // 1000} s): max {rec['max_kill_to_running_s']:.2f} s; of which after the registration "
+        f"expired: max {rec['max_expiry_to_running_s']:.2f} s   target <= scrub interval + 1 s: "
+        f"{verdict(rec['max_expiry_to_running_s'] <= rec['renew_ms'] / 1000 + 1)}",
+        f"   idle worker: {idle['sent_per_s']:.3f} commands/s sent ({idle['all_per_s']:.3f}/s counting inside Lua) "
+        f"over {idle['window_s']:.0f} s   target <= 0.5: {verdict(idle['sent_per_s'] <= 0.5)}",
+    ]
+    for drain in report["drain"]:
+        lines.append(
+            f"   drain, no-op handler, concurrency {drain['concurrency']}: {drain['jobs_per_s']:,.0f} jobs/s "
+            f"({drain['jobs']} jobs)   target >= 5,000: {verdict(drain['jobs_per_s'] >= 5000)}"
+        )
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     _server.add_server_arguments(parser)
@@ -179,11 +209,11 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=300, help="calls per worst-case scenario")
     parser.add_argument("--rounds", type=int, default=10, help="rounds of the expired+due worst-case scenarios")
     parser.add_argument(
-        "--only", choices=("transitions", "throughput", "worstcase"), action="append",
+        "--only", choices=("transitions", "throughput", "worstcase", "worker"), action="append",
         help="run only these steps (repeatable); the summary covers the results present",
     )
     args = parser.parse_args()
-    steps = args.only or ["transitions", "throughput", "worstcase"]
+    steps = args.only or ["transitions", "throughput", "worstcase", "worker"]
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -220,6 +250,9 @@ def main() -> None:
                  "--json-out", str(out_dir / "worstcase.json"), *url_args],
                 out_dir,
             )
+        if "worker" in steps:
+            (out_dir / "worker.json").unlink(missing_ok=True)
+            run_step("worker", ["bench_worker.py", "--json-out", str(out_dir / "worker.json"), *url_args], out_dir)
     finally:
         if server is not None:
             server.stop()
@@ -234,6 +267,7 @@ def main() -> None:
         ("transitions.json", transitions_section),
         ("throughput.json", throughput_section),
         ("worstcase.json", worstcase_section),
+        ("worker.json", worker_section),
     )
     for filename, section in sections:
         path = out_dir / filename
