@@ -340,3 +340,18 @@ def test_an_idle_worker_sends_about_one_command_per_block_period(
     # 3 s / 0.5 s = 6 block periods: a BZPOPMIN each, and an EXISTS at most every period.
     assert calls.get("cmdstat_bzpopmin", 0) <= 7
     assert sum(calls.values()) <= 2 * 7, calls
+
+
+def test_the_service_namespace_may_live_on_another_server(r: redis.Redis) -> None:
+    import fakeredis
+
+    services_server = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    q = Queue("q", r)
+    q.enqueue_many([b"a", b"b"])
+    done: list[str] = []
+    worker = Worker(["q"], lambda job: done.append(job.id), redis=r, service_redis=services_server)
+    worker.run(burst=True, install_signal_handlers=False)
+    assert len(done) == 2 and q.stats().acked == 2
+    assert services_server.get("pq:{workers}:service:seq") == b"1"
+    assert r.keys("pq:{workers}:*") == []  # nothing of the namespace on the queues' server
+    services_server.close()
