@@ -43,14 +43,18 @@ for i = 1, #ARGV do
   if not seen[ARGV[i]] and redis.call('ZSCORE', dead_key, ARGV[i]) then ids[#ids + 1] = ARGV[i] end
   seen[ARGV[i]] = true
 end
+-- Read the count before writing: nothing may fail after the first write.
+local remaining = redis.call('ZCARD', dead_key) - #ids
 if #ids > 0 then
-  local err = expect_type(jobs_key, 'hash') or expect_type(errors_key, 'hash')
+  local err = expect_type(jobs_key, 'hash') or expect_type(errors_key, 'hash') or expect_type(counters_key, 'hash')
   if err then return redis.error_reply(err) end
 
-  -- 3. Write. HINCRBY first: if `counters` holds another type it fails before anything.
-  redis.call('HINCRBY', counters_key, 'purged', #ids)
+  -- 3. Write.
+  -- The first write removes something: at its memory limit Redis refuses a script only at a
+  -- first write that may grow memory, so this transition (which frees what it moves) still runs.
   call_chunked('ZREM', dead_key, ids)
+  redis.call('HINCRBY', counters_key, 'purged', #ids)
   call_chunked('HDEL', errors_key, ids)
   call_chunked('HDEL', jobs_key, ids)
 end
-return { #ids, redis.call('ZCARD', dead_key) }
+return { #ids, remaining }

@@ -68,6 +68,8 @@ for i = 2, #ARGV do
   seen[ARGV[i]] = true
 end
 local rewritten = {}
+-- Read the count before writing: nothing may fail after the first write.
+local remaining = redis.call('ZCARD', dead_key) - #ids
 if #ids > 0 then
   local records = {}
   for i = 1, #ids, CHUNK do
@@ -81,14 +83,17 @@ if #ids > 0 then
     rewritten[#rewritten + 1] = string.format('0|%d|%d|', max_attempts, now_ms) .. string.sub(records[i], payload_at)
   end
   err = expect_type(ready_key, 'list') or expect_type(errors_key, 'hash') or expect_type(wake_key, 'zset')
+    or expect_type(counters_key, 'hash')
   if err then return redis.error_reply(err) end
 
-  -- 3. Write. HINCRBY first: if `counters` holds another type it fails before anything.
-  redis.call('HINCRBY', counters_key, 'replayed', #ids)
+  -- 3. Write.
+  -- The first write removes something: at its memory limit Redis refuses a script only at a
+  -- first write that may grow memory, so this transition (which frees what it moves) still runs.
   call_chunked('ZREM', dead_key, ids)
+  redis.call('HINCRBY', counters_key, 'replayed', #ids)
   call_chunked('HDEL', errors_key, ids)
   call_chunked('HSET', jobs_key, rewritten)
   call_chunked('RPUSH', ready_key, ids)
   redis.call('ZADD', wake_key, 0, 'wake')
 end
-return { #ids, redis.call('ZCARD', dead_key) }
+return { #ids, remaining }

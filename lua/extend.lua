@@ -69,6 +69,9 @@ for _, lease in ipairs(leases) do
   end
 end
 
--- 3. Write. XX: never re-create a lease (a repeated receipt is simply set twice).
-for _, u in ipairs(updates) do redis.call('ZADD', leased_key, 'XX', u[1], u[2]) end
+-- 3. Write. ZREM then ZADD: never re-creates a lease that is gone; and a first write that
+-- removes lets extend run at Redis's memory limit (it refuses only a growing first write).
+for _, u in ipairs(updates) do
+  if redis.call('ZREM', leased_key, u[2]) == 1 then redis.call('ZADD', leased_key, u[1], u[2]) end
+end
 return reply

@@ -294,7 +294,21 @@ else
     end
   end
 
-  -- 7. Write. Acks first.
+  -- Which READY ids this call pops, and which maintenance moves go back to READY.
+  local from_ready, head_back, tail_back = 0, {}, {}
+  for i, item in ipairs(order) do
+    if i <= take then
+      if item.from == 'ready' then from_ready = from_ready + 1 end
+    elseif item.from == 'reclaimed' then
+      head_back[#head_back + 1] = item.id
+    elseif item.from == 'promoted' then
+      tail_back[#tail_back + 1] = item.id
+    end
+  end
+
+  -- 7. Write: acks, then the pop from READY. The first write removes something, so at its
+  -- memory limit Redis still runs the call (it refuses only a growing first write): a
+  -- full server keeps draining.
   if #to_ack > 0 then
     local receipts, job_ids = {}, {}
     for i, lease in ipairs(to_ack) do receipts[i], job_ids[i] = lease.receipt, lease.id end
@@ -302,9 +316,10 @@ else
     call_chunked('ZREM', owners_key, receipts)
     call_chunked('HDEL', jobs_key, job_ids)
   end
+  if from_ready > 0 then redis.call('LTRIM', ready_key, from_ready, -1) end
 
-  -- Maintenance.
-  if maintain then
+  -- Maintenance. With nothing due it writes nothing (an idle call stays read-only).
+  if maintain and #promoted + #reclaimed + #to_dead > 0 then
     if #promoted > 0 then call_chunked('ZREM', scheduled_key, promoted) end
     local ended, rewritten = {}, {}
     for _, lease in ipairs(reclaimed) do ended[#ended + 1] = lease.receipt end
@@ -337,22 +352,15 @@ else
     if #rewritten > 0 then call_chunked('HSET', jobs_key, rewritten) end
     if #ended > 0 then redis.call('HINCRBY', counters_key, 'reclaimed', #ended) end
     if #promoted > 0 then redis.call('HINCRBY', counters_key, 'promoted', #promoted) end
+  end
+  -- Rate-limit maintenance while READY is busy. Written only when this call wrote
+  -- something else first, so it is never a growing first write (see above).
+  if maintain and (#promoted + #reclaimed + #to_dead + #to_ack + from_ready > 0) then
     redis.call('HSET', counters_key, 'next_maintenance_ms', now_ms + MAINTENANCE_INTERVAL_MS)
   end
 
-  -- Move READY: drop the leased prefix of the old READY, put unleased reclaimed jobs at
-  -- the head (earliest deadline first) and unleased promoted jobs at the tail.
-  local from_ready, head_back, tail_back = 0, {}, {}
-  for i, item in ipairs(order) do
-    if i <= take then
-      if item.from == 'ready' then from_ready = from_ready + 1 end
-    elseif item.from == 'reclaimed' then
-      head_back[#head_back + 1] = item.id
-    elseif item.from == 'promoted' then
-      tail_back[#tail_back + 1] = item.id
-    end
-  end
-  if from_ready > 0 then redis.call('LTRIM', ready_key, from_ready, -1) end
+  -- Unleased reclaimed jobs go to the head (earliest deadline first), unleased promoted
+  -- jobs to the tail.
   if #head_back > 0 then
     local reversed = {}
     for i = #head_back, 1, -1 do reversed[#reversed + 1] = head_back[i] end

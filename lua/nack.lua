@@ -95,12 +95,15 @@ if to_dead then
 else
   err = expect_type(owners_key, 'zset') or expect_type(scheduled_key, 'zset') or expect_type(wake_key, 'zset')
 end
+err = err or expect_type(counters_key, 'hash')
 if err then return redis.error_reply(err) end
 
--- 3. Write. HINCRBY first: if `counters` holds another type it fails before anything else.
-redis.call('HINCRBY', counters_key, 'nacked', 1)
+-- 3. Write.
+-- The first write removes something: at its memory limit Redis refuses a script only at a
+-- first write that may grow memory, so this transition (which frees what it moves) still runs.
 redis.call('ZREM', leased_key, receipt)
 redis.call('ZREM', owners_key, receipt)
+redis.call('HINCRBY', counters_key, 'nacked', 1)
 local payload = string.sub(record, payload_at)
 if to_dead then
   redis.call('HINCRBY', counters_key, 'dead', 1)

@@ -95,21 +95,22 @@ for i, lease in ipairs(leases) do
   -- A lease without a record (removed by another program) is simply dropped.
 end
 err = expect_type(jobs_key, 'hash') or expect_type(ready_key, 'list') or expect_type(owners_key, 'zset')
-  or expect_type(wake_key, 'zset')
+  or expect_type(wake_key, 'zset') or expect_type(counters_key, 'hash')
 if not err and #to_dead > 0 then err = expect_type(dead_key, 'zset') or expect_type(errors_key, 'hash') end
 if err then return redis.error_reply(err) end
 
--- 3. Write. HSET counters first: if `counters` holds another type it fails before anything.
-redis.call('HSET', counters_key, 'next_maintenance_ms', now_ms + MAINTENANCE_INTERVAL_MS)
+-- 3. Write. With nothing due, nothing is written.
+-- The first write removes something: at its memory limit Redis refuses a script only at a
+-- first write that may grow memory, so this transition (which frees what it moves) still runs.
 if #promoted > 0 then
-  redis.call('HINCRBY', counters_key, 'promoted', #promoted)
   call_chunked('ZREM', scheduled_key, promoted)
   call_chunked('RPUSH', ready_key, promoted)
+  redis.call('HINCRBY', counters_key, 'promoted', #promoted)
 end
 if #expired > 0 then
-  redis.call('HINCRBY', counters_key, 'reclaimed', #expired)
   call_chunked('ZREM', leased_key, expired)
   call_chunked('ZREM', owners_key, expired)
+  redis.call('HINCRBY', counters_key, 'reclaimed', #expired)
   local rewritten = {}
   for _, lease in ipairs(leases) do
     if lease.max then
@@ -137,6 +138,9 @@ if #expired > 0 then
   end
 end
 if #promoted + #to_ready > 0 then redis.call('ZADD', wake_key, 0, 'wake') end
+if #promoted + #expired > 0 then
+  redis.call('HSET', counters_key, 'next_maintenance_ms', now_ms + MAINTENANCE_INTERVAL_MS)
+end
 
 local next_due_ms = -1
 local s = redis.call('ZRANGE', scheduled_key, 0, 0, 'WITHSCORES')

@@ -66,11 +66,13 @@ end
 -- 3. Write.
 if #receipts > 0 then
   local err = expect_type(owners_key, 'zset') or expect_type(ready_key, 'list') or expect_type(wake_key, 'zset')
+    or expect_type(counters_key, 'hash')
   if err then return redis.error_reply(err) end
-  -- HINCRBY first: if `counters` holds another type it fails before anything is written.
-  redis.call('HINCRBY', counters_key, 'released', #receipts)
+  -- The first write removes something: at its memory limit Redis refuses a script only at a
+  -- first write that may grow memory, so this transition (which frees what it moves) still runs.
   call_chunked('ZREM', leased_key, receipts)
   call_chunked('ZREM', owners_key, receipts)
+  redis.call('HINCRBY', counters_key, 'released', #receipts)
   local reversed = {}
   for i = #ids, 1, -1 do reversed[#reversed + 1] = ids[i] end
   call_chunked('LPUSH', ready_key, reversed)

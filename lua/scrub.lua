@@ -85,13 +85,16 @@ for i, lease in ipairs(leases) do
   end
 end
 local err = expect_type(ready_key, 'list') or expect_type(leased_key, 'zset') or expect_type(wake_key, 'zset')
+  or expect_type(counters_key, 'hash')
 if not err and #to_dead > 0 then err = expect_type(dead_key, 'zset') or expect_type(errors_key, 'hash') end
 if err then return redis.error_reply(err) end
 
--- 3. Write. HINCRBY first: if `counters` holds another type it fails before anything.
-redis.call('HINCRBY', counters_key, 'scrubbed', #receipts)
+-- 3. Write.
+-- The first write removes something: at its memory limit Redis refuses a script only at a
+-- first write that may grow memory, so this transition (which frees what it moves) still runs.
 call_chunked('ZREM', leased_key, receipts)
 call_chunked('ZREM', owners_key, receipts)
+redis.call('HINCRBY', counters_key, 'scrubbed', #receipts)
 if #rewritten > 0 then call_chunked('HSET', jobs_key, rewritten) end
 if #to_ready > 0 then
   local reversed = {}

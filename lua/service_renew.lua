@@ -60,16 +60,26 @@ if now_ms == nil then
   now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- 2. Read.
+-- 2. Read, all before the first write.
 local current = redis.call('HGET', service_key, 'renewal')
-local reply = { 'lost', 0, 0 }
+local dead = {}
+if limit > 0 then
+  dead = redis.call('ZRANGEBYSCORE', expiry_key, '-inf', string.format('(%d', now_ms), 'LIMIT', 0, limit)
+end
+local reply = { 'lost', 0, #dead }
+for _, dead_id in ipairs(dead) do
+  reply[#reply + 1] = dead_id
+  reply[#reply + 1] = redis.call('HGET', queues_key, dead_id) or ''
+end
 if current == renewal or current == next_token then
   local owner = redis.call('ZSCORE', expiry_key, id)
   local t = redis.call('TYPE', queues_key).ok
   if t ~= 'none' and t ~= 'hash' then return redis.error_reply('WRONGTYPE ' .. queues_key .. ' holds a ' .. t) end
-  -- 3. Write.
-  redis.call('HSET', service_key, 'renewed', now_ms, 'renewal', next_token)
+  -- 3. Write. PEXPIRE first: it cannot grow memory, so Redis lets the renewal run at its
+  -- memory limit (it refuses a script only at a first write that may grow memory); a
+  -- worker must not lose its registration because the queues are full.
   redis.call('PEXPIRE', service_key, expire_ms)
+  redis.call('HSET', service_key, 'renewed', now_ms, 'renewal', next_token)
   redis.call('ZADD', expiry_key, now_ms + expire_ms, id)
   if not owner then
     -- Forgotten by a reaper while we were slow (should not happen: it checks expiry):
@@ -77,14 +87,6 @@ if current == renewal or current == next_token then
     local queues = redis.call('HGET', service_key, 'queues')
     if queues then redis.call('HSET', queues_key, id, queues) end
   end
-  reply = { 'ok', now_ms, 0 }
-end
-if limit > 0 then
-  local dead = redis.call('ZRANGEBYSCORE', expiry_key, '-inf', string.format('(%d', now_ms), 'LIMIT', 0, limit)
-  reply[3] = #dead
-  for _, dead_id in ipairs(dead) do
-    reply[#reply + 1] = dead_id
-    reply[#reply + 1] = redis.call('HGET', queues_key, dead_id) or ''
-  end
+  reply[1], reply[2] = 'ok', now_ms
 end
 return reply

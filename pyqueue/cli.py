@@ -16,7 +16,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pyqueue.errors import PyQueueError
+import redis
+
+from pyqueue.errors import PyQueueError, map_redis_error
 from pyqueue.keys import check_name
 from pyqueue.models import Job
 from pyqueue.queue import DEFAULT_LEASE_MS, Queue, connect
@@ -207,7 +209,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.url == "embedded" and args.command not in ("demo",):
             log.warning("--url is the embedded fakeredis: no other process sees these queues")
         return int(args.func(args))
-    except PyQueueError as exc:
+    except (PyQueueError, redis.RedisError) as exc:
+        if isinstance(exc, redis.RedisError):
+            exc = map_redis_error(exc)
         print(f"pyqueue: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
 

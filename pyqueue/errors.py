@@ -12,6 +12,7 @@
     │                                service_renew answer 'lost')
     ├── OutOfMemory                  Redis refused a write at its memory limit (OOM)
     ├── ScriptError                  any other error reply from a script
+    │   └── PermissionDenied         the ACL user may not use a key or a command (NOPERM)
     └── OutcomeUnknown               the connection failed during a call: the script may
                                      or may not have run (every script is replay-safe,
                                      so sending the same call again is safe)
@@ -71,6 +72,11 @@ class ScriptError(PyQueueError):
     """An error reply from Redis that none of the other classes describes."""
 
 
+class PermissionDenied(ScriptError):
+    """The Redis ACL user may not touch one of the call's keys, or run a command the
+    script calls (``ACL LOG`` names which). See README's least-privilege recipe."""
+
+
 class OutcomeUnknown(PyQueueError):
     """The connection failed while a call was in flight, after the driver's retries.
 
@@ -99,6 +105,10 @@ def map_redis_error(exc: redis.exceptions.RedisError) -> PyQueueError:
     message = str(exc)
     if isinstance(exc, redis.exceptions.OutOfMemoryError) or message.startswith("OOM"):
         return OutOfMemory(message)
+    if isinstance(exc, redis.exceptions.NoPermissionError) or "no permissions" in message or (
+        "can't run this command" in message
+    ):
+        return PermissionDenied(message)
     code = message.split(" ", 1)[0]
     if code in CODES:
         return CODES[code][0](message)

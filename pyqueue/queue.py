@@ -145,7 +145,8 @@ def check_server(client: redis_lib.Redis) -> list[str]:
     problems: list[str] = []
     try:
         policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
-    except redis_lib.RedisError:
+    except redis_lib.RedisError as exc:
+        log.info("could not check maxmemory-policy (%s); it must be 'noeviction'", exc)
         return problems
     if isinstance(policy, bytes):
         policy = policy.decode()

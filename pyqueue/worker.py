@@ -42,7 +42,7 @@ from typing import Any, TypeVar
 
 import redis as redis_lib
 
-from pyqueue.errors import InvalidArgument, PyQueueError, ServiceLost
+from pyqueue.errors import InvalidArgument, OutcomeUnknown, OutOfMemory, PyQueueError, ServiceLost
 from pyqueue.models import Job, Outcome
 from pyqueue.queue import (
     DEFAULT_BACKOFF_BASE_MS,
@@ -295,6 +295,15 @@ class Worker:
         private_wake = self.service.keys.role("wake")
         if self.services.redis is self.redis:
             wake_keys.append(private_wake)  # remote stop wakes us (one server only)
+        try:
+            self._fetch(pool, burst, blocker, wake_keys, private_wake)
+        finally:
+            blocker.close()
+
+    def _fetch(
+        self, pool: ThreadPoolExecutor, burst: bool, blocker: redis_lib.Redis, wake_keys: list[str], private_wake: str
+    ) -> None:
+        assert self.service is not None
         must_lease, delay = True, 0.1
         next_due_ms, now_ms, observed = -1, 0, 0.0
         while not self._stop.is_set():
@@ -359,7 +368,6 @@ class Worker:
                 self._stop.wait(delay)
                 delay = min(delay * 2, MAX_BACKOFF_S)
                 must_lease = True
-        blocker.close()
 
     def _lease_round(self, pool: ThreadPoolExecutor, free: int) -> tuple[bool, int, int]:
         """Lease up to ``free`` jobs from the first queue that has any. Returns whether
@@ -474,20 +482,26 @@ class Worker:
         next_renew = time.monotonic()  # renew at once: finds dead services at start-up
         while not self._hard_stop.wait(TICK_S):
             now = time.monotonic()
-            try:
-                if self._stop.is_set() and not self._woken_for_stop:
-                    self._wake_fetch_loop()
-                if now >= next_extend:
-                    self._extend_running()
-                    next_extend = now + extend_every
-                if now >= next_renew and not self._stop.is_set():
-                    self._renew_and_scrub()
-                    next_renew = now + self.renew_ms / 1000
-            except ServiceLost as exc:
-                self.stop(str(exc))
-                self._wake_fetch_loop()
-            except (redis_lib.RedisError, PyQueueError) as exc:
-                log.warning("heartbeat: %s", exc)
+            # Each duty fails on its own: a failed extension must not skip the renewal
+            # (or the service would be lost), and a failed call waits for its next turn
+            # rather than being retried every tick.
+            if self._stop.is_set() and not self._woken_for_stop:
+                self._heartbeat_duty("wake", self._wake_fetch_loop)
+            if now >= next_extend:
+                next_extend = now + extend_every
+                self._heartbeat_duty("extend", self._extend_running)
+            if now >= next_renew and not self._stop.is_set():
+                next_renew = now + self.renew_ms / 1000
+                self._heartbeat_duty("renew", self._renew_and_scrub)
+
+    def _heartbeat_duty(self, name: str, duty: Callable[[], None]) -> None:
+        try:
+            duty()
+        except ServiceLost as exc:
+            self.stop(str(exc))
+            self._heartbeat_duty("wake", self._wake_fetch_loop)
+        except (redis_lib.RedisError, PyQueueError) as exc:
+            log.warning("heartbeat %s: %s", name, exc)
 
     def _wake_fetch_loop(self) -> None:
         assert self.service is not None
@@ -547,6 +561,6 @@ class Worker:
 
 
 def _retryable(exc: BaseException) -> bool:
-    from pyqueue.errors import OutcomeUnknown
-
-    return isinstance(exc, (redis_lib.ConnectionError, redis_lib.TimeoutError, OutcomeUnknown))
+    """Errors a worker waits out with backoff: the connection, and a server at its memory
+    limit (acks still run there and free memory)."""
+    return isinstance(exc, (redis_lib.ConnectionError, redis_lib.TimeoutError, OutcomeUnknown, OutOfMemory))

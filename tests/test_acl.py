@@ -1,0 +1,569 @@
+"""Least privilege: an ACL recipe for the three roles that use a queue (producer, worker,
+admin), proven on a real redis-server (fakeredis does not enforce ACLs).
+
+What a Redis ACL can and cannot bound, and so how the recipe is built:
+
+* A script runs with its caller's permissions: Redis checks the keys ``EVALSHA`` declares
+  and then every command the script calls, with the keys it names. So a role holds the
+  commands *inside* the scripts it runs, plus the few commands the driver sends itself.
+* ACLs bound commands and keys, not scripts. Any role may run any script whose commands
+  it holds (the worker's commands cover ``enqueue``'s). The recipe is therefore checked
+  to be *closed*: a script outside a role's work either runs whole or is refused before
+  it writes anything. That needs care: Redis never rolls a script back, so a role
+  missing a command a script calls only after its first write would leave it half done
+  (a worker without ZCARD running ``dead_purge``, for one).
+* ACL key patterns are globs. ``{`` and ``}`` are literal there, so ``~pq:{emails}:*``
+  is exactly the keys of queue ``emails``; but ``*``, ``?``, ``[``, ``]`` and ``\\``,
+  which queue names may contain, must be escaped with a backslash.
+
+The server is this module's own (the users must not leak into other tests); ``default``
+stays unrestricted and prepares the data.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from conftest import RedisServer, require_redis_server
+from helpers import T0, busy_queue, calls_touching_every_key, dump_all, restore_all
+
+from pyqueue import Job, NewJob, Outcome, Queue, ScriptError
+from pyqueue.keys import ServiceKeys
+from pyqueue.queue import check_server
+from pyqueue.scripts import SCRIPT_KEYS, lua_source
+from pyqueue.service import Services
+from pyqueue.worker import Retry, Worker
+
+#: The recipe, as README.md gives it: queue ``emails``, service namespace ``workers``,
+#: prefix ``pq``. ``reset`` clears earlier rules (passwords, keys, channels, commands:
+#: it implies ``resetkeys`` and ``-@all``); ``resetchannels`` also holds when
+#: ``acl-pubsub-default`` is ``allchannels``.
+RECIPE = """\
+ACL SETUSER pq-producer reset on >producer-secret resetchannels ~pq:{emails}:* -@all +ping +evalsha +script|load +script|exists +multi +exec +time +type +hget +hmget +hset +hincrby +rpush +lindex +llen +zadd +zcard +zcount +zrange
+ACL SETUSER pq-worker reset on >worker-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +bzpopmin +time +type +exists +get +incr +pexpire +del +hget +hmget +hexists +hset +hincrby +hdel +lrange +ltrim +lpush +rpush +lrem +zadd +zrem +zscore +zcard +zrange +zrangebyscore +zrangebylex
+ACL SETUSER pq-admin reset on >admin-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +time +type +del +pexpire +hget +hgetall +hmget +hset +hincrby +hdel +rpush +lindex +llen +lrem +zadd +zrem +zscore +zcard +zcount +zrange +zrangebyscore
+"""
+
+ROLES = ("producer", "worker", "admin")
+
+#: The scripts each role runs through the driver.
+ROLE_SCRIPTS: dict[str, tuple[str, ...]] = {
+    "producer": ("enqueue", "stats"),
+    "worker": (
+        "lease", "ack", "nack", "extend", "release", "promote", "scrub",
+        "service_register", "service_renew", "service_deregister",
+    ),
+    "admin": ("stats", "dead_list", "dead_replay", "dead_purge"),
+}
+
+#: The commands each role's driver code sends itself, outside any script, and why.
+SENT_BY_DRIVER: dict[str, dict[str, str]] = {
+    "producer": {
+        "ping": "redis-py health checks",
+        "evalsha": "every script call",
+        "script|load": "reload after NOSCRIPT (a restart, failover or SCRIPT FLUSH)",
+        "script|exists": "a pipeline checks its scripts are loaded before sending them",
+        "multi": "transactional pipelines (redis-py's default)",
+        "exec": "transactional pipelines",
+    },
+    "worker": {
+        "ping": "redis-py health checks",
+        "evalsha": "every script call",
+        "script|load": "reload after NOSCRIPT",
+        "bzpopmin": "the idle wait on the queues' and its own wake keys",
+        "exists": "is its service key still there (a remote stop deletes it)",
+        "get": "the namespace's last id, before registering",
+        "hget": "a re-sent registration recognises its own token",
+        "zadd": "a stop wakes its own blocked fetch loop",
+    },
+    "admin": {
+        "ping": "redis-py health checks",
+        "evalsha": "every script call",
+        "script|load": "reload after NOSCRIPT",
+        "time": "Services.list: which services are alive",
+        "zrange": "Services.list: the expiry zset",
+        "hgetall": "Services.list: the queues hash and each service key",
+        "del": "Services.stop: deletes the service key",
+        "zadd": "Services.stop: raises the service's private wake marker",
+        "pexpire": "Services.stop: the marker expires if nobody pops it",
+    },
+}
+
+#: Granted although no script of the role needs them, to keep the recipe closed. A
+#: script whose other commands a role holds must not stop half-way on a refused one:
+#: dead_replay and dead_purge call nothing a worker lacks but ZCARD, after their
+#: writes; service_renew calls nothing an admin lacks but ZRANGEBYSCORE, after its
+#: writes; service_deregister nothing an admin lacks but LREM, after its first DEL.
+CLOSURE: dict[str, set[str]] = {"producer": set(), "worker": {"zcard"}, "admin": {"zrangebyscore", "lrem"}}
+
+QUEUE, NAMESPACE = "emails", "workers"
+PASSWORDS = {role: f"{role}-secret" for role in ROLES}
+
+
+def raw(client: redis.Redis, *args: Any) -> Any:
+    """Send one command as it is (redis-py leaves ``execute_command`` untyped)."""
+    return client.execute_command(*args)  # type: ignore[no-untyped-call]
+
+
+def recipe_lines() -> dict[str, list[str]]:
+    """Each role's ``ACL SETUSER`` line of :data:`RECIPE`, split into arguments."""
+    lines = {}
+    for line in RECIPE.splitlines():
+        words = line.split()
+        assert words[:2] == ["ACL", "SETUSER"] and words[2].startswith("pq-")
+        lines[words[2][3:]] = words
+    return lines
+
+
+def granted(role: str) -> set[str]:
+    """The commands the recipe grants ``role`` (its ``+command`` rules)."""
+    return {word[1:].lower() for word in recipe_lines()[role] if word.startswith("+")}
+
+
+def script_commands(name: str) -> set[str]:
+    """Every command ``lua/<name>.lua`` calls, lower case (read from the source)."""
+    source = lua_source(name)
+    direct = re.findall(r"redis\.p?call\('([A-Za-z]+)'", source)
+    chunked = re.findall(r"call_chunked\('([A-Za-z]+)'", source)
+    # Every other redis.call is the body of call_chunked, whose commands are above.
+    dynamic = re.findall(r"redis\.p?call\((?!')([^,]*),", source)
+    assert set(dynamic) <= {"cmd"}, f"{name}.lua calls a command this test cannot read: {dynamic}"
+    return {c.lower() for c in direct + chunked}
+
+
+def acl_key_pattern(text: str) -> str:
+    """``text`` as a literal prefix in an ACL key pattern: glob characters escaped.
+
+    Braces need no escape (Redis globs have no brace expansion); ``*``, ``?``, ``[``,
+    ``]`` and ``\\`` do, and queue names may contain them.
+    """
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
+def is_permission_error(exc: BaseException | str) -> bool:
+    """Whether ``exc`` (a pyqueue or redis-py error, or its text) is an ACL refusal: of
+    a key declared by EVALSHA, or of a command called inside a script."""
+    text = str(exc)
+    return "no permissions" in text or "can't run this command" in text
+
+
+# -- fixtures --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def acl_server() -> Iterator[RedisServer]:
+    """A redis-server of this module's own with the recipe's users (in a short
+    temporary path: a unix socket path must stay under about 100 bytes)."""
+    require_redis_server()
+    with tempfile.TemporaryDirectory(prefix="pyqueue-acl-") as tmp:
+        server = RedisServer(Path(tmp))
+        try:
+            client = server.client()
+            try:
+                for words in recipe_lines().values():
+                    assert raw(client, *words) in (b"OK", "OK", True)
+            finally:
+                client.close()
+            yield server
+        finally:
+            server.stop()
+
+
+@pytest.fixture
+def root(acl_server: RedisServer) -> Iterator[redis.Redis]:
+    """The unrestricted ``default`` user, on an empty server with an empty ACL LOG."""
+    client = acl_server.client()
+    client.flushall()
+    client.script_flush()
+    client.acl_log_reset()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def login(acl_server: RedisServer) -> Iterator[Callable[[str], redis.Redis]]:
+    """Factory: ``login(role)`` -> a client authenticated as that role's user."""
+    clients: list[redis.Redis] = []
+
+    def make(role: str) -> redis.Redis:
+        client = acl_server.client(username=f"pq-{role}", password=PASSWORDS[role])
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.close()
+
+
+def denied_commands(root: redis.Redis) -> set[str]:
+    """What the ACL LOG recorded as refused since the test started: command names, or
+    key names for key refusals."""
+    return {str(entry["object"]) for entry in root.acl_log()}
+
+
+def dead_jobs(q: Queue, ids: list[str]) -> None:
+    """Put jobs ``ids`` in DEAD (one attempt each, nacked)."""
+    q.enqueue_many([NewJob(b"d", job_id=i, max_attempts=1) for i in ids])
+    for job in q.lease(count=len(ids)):
+        q.nack(job, "failed for good")
+
+
+# -- the recipe ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_the_recipe_grants_each_role_the_commands_of_its_scripts_and_calls_and_nothing_more(role: str) -> None:
+    needed = set(SENT_BY_DRIVER[role]) | CLOSURE[role]
+    for name in ROLE_SCRIPTS[role]:
+        needed |= script_commands(name)
+    assert granted(role) == needed, (
+        f"missing: {sorted(needed - granted(role))}, not needed: {sorted(granted(role) - needed)}"
+    )
+
+
+def test_the_roles_together_run_every_script() -> None:
+    assert set().union(*ROLE_SCRIPTS.values()) == set(SCRIPT_KEYS)
+
+
+def test_acl_key_patterns_take_braces_literally_but_glob_characters_must_be_escaped(root: redis.Redis) -> None:
+    def allowed(user: str, key: str) -> bool:
+        return raw(root, "ACL", "DRYRUN", user, "GET", key) in (b"OK", "OK")
+
+    try:
+        raw(root, "ACL", "SETUSER", "glob-plain", "on", "nopass", "~pq:{a*}:*", "+get")
+        raw(root, "ACL", "SETUSER", "glob-escaped", "on", "nopass", f"~{acl_key_pattern('pq:{a*}:')}*", "+get")
+        raw(root, "ACL", "SETUSER", "braces", "on", "nopass", "~pq:{emails}:*", "+get")
+        assert allowed("braces", "pq:{emails}:jobs")
+        assert not allowed("braces", "pq:{emails2}:jobs") and not allowed("braces", "pq:emails:jobs")
+        # Queue "a*": an unescaped pattern also hands over queue "ab"; an escaped one does not.
+        assert allowed("glob-plain", "pq:{a*}:jobs") and allowed("glob-plain", "pq:{ab}:jobs")
+        assert allowed("glob-escaped", "pq:{a*}:jobs") and not allowed("glob-escaped", "pq:{ab}:jobs")
+    finally:
+        raw(root, "ACL", "DELUSER", "glob-plain", "glob-escaped", "braces")
+
+
+def test_acl_key_pattern_escapes_exactly_the_glob_characters() -> None:
+    assert acl_key_pattern("pq:{emails}:") == "pq:{emails}:"
+    assert acl_key_pattern("pq:{a*b?c[d]e\\f}:") == "pq:{a\\*b\\?c\\[d\\]e\\\\f}:"
+
+
+# -- every permitted operation works ---------------------------------------------------
+
+
+def test_a_producer_enqueues_pipelines_scripts_and_reads_stats(
+    root: redis.Redis, login: Callable[[str], redis.Redis]
+) -> None:
+    q = Queue(QUEUE, login("producer"))
+    assert q.enqueue(b"one", job_id="one").added  # loads the script itself (NOSCRIPT first)
+    assert [e.added for e in q.enqueue_many([NewJob(b"", job_id="one"), NewJob(b"", job_id="two")])] == [False, True]
+    q.enqueue(b"later", job_id="later", delay_ms=60_000)
+    root.script_flush()
+    for transaction in (True, False):
+        pipe = q.redis.pipeline(transaction=transaction)
+        for i in range(3):
+            q.scripts.enqueue(q.keys, None, [(f"p{transaction}{i}", b"x", 0, 3)], client=pipe)
+        q.scripts.stats(q.keys, None, client=pipe)
+        replies = pipe.execute()
+        assert [reply[0] for reply in replies[:3]] == [1, 1, 1]
+    stats = q.stats()
+    assert (stats.ready, stats.scheduled, stats.enqueued, stats.duplicates) == (8, 1, 9, 1)
+    assert denied_commands(root) == set()
+
+
+def test_a_producer_cannot_take_or_delete_jobs(root: redis.Redis, login: Callable[[str], redis.Redis]) -> None:
+    Queue(QUEUE, root).enqueue(b"", job_id="j")
+    q = Queue(QUEUE, login("producer"))
+    before = dump_all(root)
+    with pytest.raises(ScriptError, match="can't run this command"):
+        q.lease()
+    for command in (("LPOP", q.keys.ready), ("HDEL", q.keys.jobs, "j"), ("DEL", q.keys.jobs)):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            raw(q.redis, *command)
+    assert dump_all(root) == before
+
+
+def test_a_worker_serves_its_queue_end_to_end_under_its_acl_user(
+    root: redis.Redis, login: Callable[[str], redis.Redis], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="pyqueue")
+    setup = Queue(QUEUE, root)
+    # A dead service of the namespace holds a lease: the worker's renewal finds it, and
+    # the worker scrubs it and forgets the service.
+    dead = Services(root).register([QUEUE], expire_ms=1_000)
+    setup.enqueue(b"", job_id="orphan")
+    (orphan,) = Queue(QUEUE, root, owner=dead.owner).lease(lease_ms=600_000)
+    setup.enqueue_many(
+        [NewJob(b"", job_id="slow"), NewJob(b"", job_id="fails", max_attempts=1), NewJob(b"", job_id="retry")]
+        + [NewJob(b"", job_id=f"plain{i}") for i in range(3)]
+    )
+    while root.exists(dead.keys.role("service")):
+        time.sleep(0.02)  # the dead service's key expires after 1 s
+    seen: dict[str, list[Job]] = {}
+    deadlines_while_running: list[float] = []
+
+    def handler(job: Job) -> None:
+        seen.setdefault(job.id, []).append(job)
+        if job.id == "slow":
+            time.sleep(1.0)  # more than three 300 ms leases: the heartbeat extends it
+            deadlines_while_running.append(root.zscore(setup.keys.leased, job.receipt) or 0)
+        elif job.id == "fails":
+            raise ValueError("no good")
+        elif job.id == "retry" and job.attempt == 1:
+            raise Retry(delay_ms=50)
+
+    worker = Worker(
+        [QUEUE], handler, redis=login("worker"), concurrency=2, lease_ms=300, block_ms=2_000,
+        renew_ms=200, expire_ms=2_000,
+    )
+    assert worker.run(burst=True, install_signal_handlers=False) == 0
+
+    assert seen["orphan"][0].attempt == orphan.attempt + 1  # scrubbed: the attempt counted
+    assert [job.attempt for job in seen["retry"]] == [1, 2]
+    assert deadlines_while_running[0] > seen["slow"][0].deadline_ms  # extended
+    stats = setup.stats()
+    assert (stats.acked, stats.nacked, stats.dead, stats.scrubbed, stats.reclaimed) == (6, 2, 1, 1, 0)
+    assert (stats.ready, stats.scheduled, stats.leased) == (0, 0, 0)
+    # Deregistered, and the dead service forgotten: nothing of either is left.
+    assert root.keys(f"pq:{{{NAMESPACE}}}:*") == [b"pq:{workers}:service:seq"]
+    # The one refusal: the eviction-policy check's CONFIG GET, which the driver skips.
+    assert denied_commands(root) == {"config|get"}
+    # Only the skipped eviction-policy check mentions a refusal, at INFO; nothing worse.
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and is_permission_error(r.getMessage())]
+
+
+def test_an_admin_reads_stats_manages_dead_letters_lists_and_stops_a_worker(
+    root: redis.Redis, login: Callable[[str], redis.Redis]
+) -> None:
+    dead_jobs(Queue(QUEUE, root), ["d0", "d1", "d2"])
+    admin = login("admin")
+    q, services = Queue(QUEUE, admin), Services(admin)
+    assert q.stats().dead == 3
+    assert sorted(job.id for job in q.dead_list().jobs) == ["d0", "d1", "d2"]
+    assert q.dead_replay(["d0"]) == 1
+    assert q.dead_purge(["d1"]) == 1
+    assert q.dead_replay() == 1  # the oldest dead jobs: lists, then replays
+    stats = q.stats()
+    assert (stats.ready, stats.dead, stats.replayed, stats.purged) == (2, 0, 2, 1)
+
+    release = threading.Event()
+    worker = Worker(
+        [QUEUE], lambda job: release.wait(10), redis=login("worker"), concurrency=3, grace_ms=100,
+        block_ms=10_000,
+    )
+    thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while q.stats().leased < 2:
+            assert time.monotonic() < deadline, "the worker did not lease the two jobs"
+            time.sleep(0.01)
+        (info,) = services.list()
+        assert info.alive and info.queues == [QUEUE]
+        time.sleep(0.2)  # the worker is blocked in its idle wait (a free slot) by now
+        assert services.stop(info.id)
+        thread.join(5)
+        assert not thread.is_alive(), "the stop did not wake the worker"
+    finally:
+        release.set()
+        thread.join(15)
+    assert "remote shutdown" in worker.exit_reason
+    stats = q.stats()
+    assert (stats.released, stats.ready, stats.leased) == (2, 2, 0)
+    assert services.list() == []
+    assert denied_commands(root) == {"config|get"}  # the worker's skipped check only
+
+
+def test_queue_from_url_with_a_producers_credentials_works_and_skips_the_server_check(
+    acl_server: RedisServer, root: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    root.config_set("maxmemory-policy", "allkeys-lru")  # the check would warn about this
+    try:
+        q = Queue.from_url(f"unix://pq-producer:{PASSWORDS['producer']}@{acl_server.socket}", QUEUE)
+        try:
+            assert q.enqueue(b"x").added
+            assert check_server(q.redis) == []
+        finally:
+            q.redis.close()
+    finally:
+        root.config_set("maxmemory-policy", "noeviction")
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+# -- everything else is refused --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("role", "call"),
+    [
+        ("producer", lambda q: q.enqueue(b"x")),
+        ("producer", lambda q: q.stats()),
+        ("worker", lambda q: q.lease()),
+        ("worker", lambda q: q.scrub("workers.1")),
+        ("admin", lambda q: q.dead_list()),
+        ("admin", lambda q: q.dead_purge(["x"])),
+    ],
+    ids=["producer-enqueue", "producer-stats", "worker-lease", "worker-scrub", "admin-dead_list", "admin-dead_purge"],
+)
+def test_each_role_is_refused_another_queues_keys_with_a_clear_error(
+    root: redis.Redis, login: Callable[[str], redis.Redis], role: str, call: Callable[[Queue], Any]
+) -> None:
+    Queue("other", root).enqueue(b"", job_id="theirs")
+    before = dump_all(root)
+    with pytest.raises(ScriptError, match="no permissions to access one of the keys") as raised:
+        call(Queue("other", login(role)))
+    assert isinstance(raised.value.__cause__, redis.exceptions.NoPermissionError)  # NOPERM
+    assert dump_all(root) == before
+    assert denied_commands(root) == {"pq:{other}:jobs"}
+
+
+def test_a_worker_started_on_a_queue_it_may_not_use_fails_at_its_first_lease_and_deregisters(
+    root: redis.Redis, login: Callable[[str], redis.Redis]
+) -> None:
+    worker = Worker(["other"], lambda job: None, redis=login("worker"), block_ms=1_000)
+    with pytest.raises(ScriptError, match="no permissions to access one of the keys"):
+        worker.run(burst=True, install_signal_handlers=False)
+    assert root.keys(f"pq:{{{NAMESPACE}}}:*") == [b"pq:{workers}:service:seq"]
+
+
+def test_a_worker_cannot_scrub_a_dead_service_of_a_queue_outside_its_keys_and_says_so(
+    root: redis.Redis, login: Callable[[str], redis.Redis], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Workers of one namespace scrub each other's queues: give every worker of a
+    namespace the same queues, or each group of workers its own namespace."""
+    caplog.set_level(logging.WARNING, logger="pyqueue")
+    dead = Services(root).register(["other"], expire_ms=1_000)
+    other = Queue("other", root, owner=dead.owner)
+    other.enqueue(b"", job_id="stuck")
+    other.lease(lease_ms=600_000)
+    Queue(QUEUE, root).enqueue(b"", job_id="mine")
+    while root.exists(dead.keys.role("service")):
+        time.sleep(0.02)
+
+    def handler(job: Job) -> None:
+        time.sleep(0.5)  # several heartbeats: renew finds the dead service and fails to scrub
+
+    Worker([QUEUE], handler, redis=login("worker"), renew_ms=100, expire_ms=1_000).run(
+        burst=True, install_signal_handlers=False
+    )
+    assert Queue(QUEUE, root).stats().acked == 1  # its own queue is served
+    assert other.stats().leased == 1  # the dead service's lease is left to expire
+    assert root.zscore(f"pq:{{{NAMESPACE}}}:service:expiry", str(dead.id)) is not None  # not forgotten
+    warnings = [r.getMessage() for r in caplog.records if r.name == "pyqueue.worker"]
+    assert warnings and all("heartbeat" in w and is_permission_error(w) for w in warnings), warnings
+
+
+SERVER_COMMANDS = [
+    ("FLUSHALL",),
+    ("FLUSHDB",),
+    ("KEYS", "*"),
+    ("SCAN", "0"),
+    ("CONFIG", "GET", "maxmemory-policy"),
+    ("CONFIG", "SET", "maxmemory-policy", "allkeys-lru"),
+    ("SCRIPT", "FLUSH"),
+    ("EVAL", "return 1", "0"),
+    ("FUNCTION", "FLUSH"),
+    ("ACL", "LIST"),
+    ("INFO",),
+    ("SELECT", "1"),
+    ("SUBSCRIBE", "anything"),
+]
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("command", SERVER_COMMANDS, ids=lambda c: " ".join(c[:2]))
+def test_each_role_is_refused_server_wide_commands(
+    root: redis.Redis, login: Callable[[str], redis.Redis], role: str, command: tuple[str, ...]
+) -> None:
+    root.set("precious", "1")
+    client = login(role)
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        raw(client, *command)
+    assert root.get("precious") == b"1"
+    assert root.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+
+
+# -- the recipe is closed: a script outside a role's work runs whole or not at all -------
+
+
+def script_calls(root: redis.Redis) -> dict[str, tuple[str, Any, list[Any]]]:
+    """A busy queue and a live service; per script variant, (script, keys, ARGV) that
+    reads or writes every key it takes."""
+    q = Queue(QUEUE, root)
+    handles = busy_queue(q)
+    now = T0 + 60
+    calls: dict[str, tuple[str, Any, list[Any]]] = {
+        name: (script, q.keys, args) for name, (script, args) in calls_touching_every_key(q, handles).items()
+    }
+    calls["scrub"] = ("scrub", q.keys, [now, q.owner, 100])
+    live = Services(root).register([QUEUE], now_ms=T0)
+    ns = ServiceKeys("pq", NAMESPACE)
+    calls["service_register"] = (
+        "service_register", ns.of(live.id + 1), [now, live.id + 1, "host", 1, QUEUE, 60_000, 1000, 10, "token"]
+    )
+    calls["service_renew"] = ("service_renew", live.keys, [now, live.id, live.renewal, "next", 60_000, 20])
+    calls["service_deregister"] = ("service_deregister", live.keys, [now, live.id, 0])
+    return calls
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_every_script_run_by_a_role_either_runs_whole_or_is_refused_before_writing(
+    root: redis.Redis, login: Callable[[str], redis.Redis], role: str
+) -> None:
+    calls = script_calls(root)
+    snapshot = dump_all(root)
+    q = Queue(QUEUE, login(role))
+    ran: set[str] = set()
+    for variant, (script, keys, args) in calls.items():
+        restore_all(root, snapshot)
+        try:
+            q.scripts.run(script, keys, args)
+        except redis.RedisError as exc:
+            assert is_permission_error(exc), f"{role} running {variant}: {exc}"
+            assert dump_all(root) == snapshot, f"{role} running {variant} wrote before it was refused"
+        else:
+            ran.add(script)
+    assert set(ROLE_SCRIPTS[role]) <= ran
+
+
+def test_a_role_missing_a_command_dead_replay_reads_is_refused_before_anything_moves(
+    acl_server: RedisServer, root: redis.Redis
+) -> None:
+    """dead_replay reads ZCARD before its first write, so a user without ZCARD is refused
+    with nothing written (Redis does not roll a script back: reads must come first)."""
+    dead_jobs(Queue(QUEUE, root), ["d0"])
+    line = recipe_lines()["worker"]
+    try:
+        raw(root, *["ACL", "SETUSER", "worker-without-zcard"] + line[3:] + ["-zcard"])
+        client = acl_server.client(username="worker-without-zcard", password=PASSWORDS["worker"])
+        try:
+            with pytest.raises(ScriptError, match="can't run this command"):
+                Queue(QUEUE, client).dead_replay(["d0"])
+        finally:
+            client.close()
+        stats = Queue(QUEUE, root).stats()
+        assert (stats.dead, stats.ready, stats.replayed) == (1, 0, 0)  # refused before writing
+    finally:
+        raw(root, "ACL", "DELUSER", "worker-without-zcard")
+
+
+def test_a_worker_user_gets_the_usual_outcomes_from_every_fenced_call(
+    root: redis.Redis, login: Callable[[str], redis.Redis]
+) -> None:
+    Queue(QUEUE, root).enqueue_many([NewJob(b"", job_id=f"j{i}") for i in range(3)])
+    q = Queue(QUEUE, login("worker"))
+    a, b, c = q.lease(count=3, lease_ms=60_000)
+    assert q.ack(a) is Outcome.OK and q.ack(a) is Outcome.GONE
+    assert [e.outcome for e in q.extend([b], 120_000)] == [Outcome.OK]
+    assert q.release([b]) == [Outcome.OK] and q.release([b]) == [Outcome.STALE]
+    assert q.nack(c, "e", delay_ms=0).outcome is Outcome.OK
+    assert q.promote().promoted == 1
+    assert denied_commands(root) == set()
