@@ -39,6 +39,9 @@ class Service:
     keys: ServiceKeys
     #: The renewal token written last; renewal succeeds only while the key still holds it.
     renewal: str = field(repr=False)
+    #: The token a renewal sent but did not hear back about (OutcomeUnknown): the next
+    #: renewal sends it again, so a renewal that did apply is not mistaken for a loss.
+    pending_renewal: str | None = field(default=None, repr=False)
 
     @property
     def owner(self) -> str:
@@ -148,10 +151,12 @@ class Services:
             ServiceLost: the key expired, was deleted (remote shutdown) or holds another
                 renewal token. The service must stop leasing and exit.
         """
-        next_renewal = secrets.token_hex(8)
+        next_renewal = service.pending_renewal or secrets.token_hex(8)
+        service.pending_renewal = next_renewal
         reply = self._call(
             self.scripts.service_renew, service.keys, now_ms, service.renewal, next_renewal, expire_ms, DEAD_LIMIT
         )
+        service.pending_renewal = None
         if reply[0] != b"ok":
             raise ServiceLost(f"service {service.owner} lost its registration (expired, deleted or overwritten)")
         service.renewal = next_renewal

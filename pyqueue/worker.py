@@ -211,6 +211,7 @@ class Worker:
         self._running_lock = threading.Lock()
         self._woken_for_stop = False
         self._crash = _Crasher()
+        self._pending_calls: dict[str, str] = {}  # queue -> call token of an unanswered lease
         self._confirmed_at = 0.0  # monotonic time the service key was last seen alive
 
     # -- control ---------------------------------------------------------------------
@@ -260,6 +261,9 @@ class Worker:
         if install_signal_handlers and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, self._on_signal)
+        # Start-up garbage collection (the seed's): scrub dead services before leasing, so
+        # even a short burst run recovers what they held.
+        self._heartbeat_duty("renew", self._renew_and_scrub)
         heartbeat = threading.Thread(target=self._heartbeat_loop, name="pyqueue-heartbeat", daemon=True)
         heartbeat.start()
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="pyqueue-handler")
@@ -374,7 +378,11 @@ class Worker:
         any was leased, and (when none was) the earliest next_due_ms with the clock."""
         next_due_ms, now_ms = -1, 0
         for q in self.queues:
-            leased = q.lease_call(count=free, lease_ms=self.lease_ms)
+            # A call that raised (OutcomeUnknown) is sent again with the same token, so
+            # the leases it may have made are handed back instead of left to expire.
+            call = self._pending_calls.setdefault(q.name, secrets.token_hex(8))
+            leased = q.lease_call(count=free, lease_ms=self.lease_ms, call=call)
+            del self._pending_calls[q.name]
             if leased.jobs:
                 self._crash.at("after_lease")
                 with self._slots:
@@ -479,7 +487,7 @@ class Worker:
         assert self.service is not None
         extend_every = self.lease_ms / 3000
         next_extend = time.monotonic() + extend_every
-        next_renew = time.monotonic()  # renew at once: finds dead services at start-up
+        next_renew = time.monotonic() + self.renew_ms / 1000  # run() renewed at start-up
         while not self._hard_stop.wait(TICK_S):
             now = time.monotonic()
             # Each duty fails on its own: a failed extension must not skip the renewal

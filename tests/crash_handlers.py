@@ -1,0 +1,106 @@
+"""Handlers for the worker processes of the crash harness (tests/crash_harness.py).
+
+A worker process runs ``python -m pyqueue worker crash_handlers:record ...`` with
+``PYTHONPATH`` including tests/. Everything a checker needs is written to Redis *before*
+the step it describes can be lost, so it survives the SIGKILL of the process:
+
+* every execution: ``RPUSH <runs key> "<id> <fence> <attempt> <pid>"`` as the handler's
+  first act (a run that is logged may have been cut short; a run that is not logged
+  never started the handler's work);
+* every ``ok`` answer of an ack, as the driver returned it to the worker:
+  ``RPUSH <acks key> "<id> <fence>"`` (observed by wrapping two :class:`Queue` methods,
+  see :func:`observe_acks`). An ack whose reply the worker never read (crash point
+  ``ack_sent``, or a kill between the reply and the log) is not listed: the list may
+  miss acks, but any id in it twice was acknowledged twice.
+
+The poison job (id starting with :data:`POISON_PREFIX`) SIGKILLs its own worker every
+time it runs, after logging the run. A job whose payload is a decimal number sleeps that
+many milliseconds (a slow job); any other sleeps 0..``PQ_CRASH_WORK_MS``.
+
+Environment: ``PQ_CRASH_URL`` (the server), ``PQ_CRASH_RUNS`` / ``PQ_CRASH_ACKS`` (list
+keys), optional ``PQ_CRASH_WORK_MS`` (most random work per job, default 2).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import random
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+
+from pyqueue import Job, Outcome, Queue, connect
+from pyqueue.models import Leased
+
+POISON_PREFIX = "poison"
+log = logging.getLogger("crash_handlers")
+
+_lock = threading.Lock()
+_client: redis.Redis | None = None
+
+
+def client() -> redis.Redis:
+    """One client per process (redis-py's pool is thread-safe), created on first use."""
+    global _client
+    with _lock:
+        if _client is None:
+            _client = connect(os.environ["PQ_CRASH_URL"])
+        return _client
+
+
+def record(job: Job) -> None:
+    """Log this execution durably, do a little work, or kill the worker if poisoned."""
+    client().rpush(os.environ["PQ_CRASH_RUNS"], f"{job.id} {job.fence} {job.attempt} {os.getpid()}")
+    if job.id.startswith(POISON_PREFIX):
+        log.warning("poison job %s attempt %d: SIGKILL", job.id, job.attempt)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if job.payload.isdigit():
+        # A slow job: it runs longer than a third of its lease, so the heartbeat extends
+        # it while it runs (and a worker configured with in_extend dies there).
+        time.sleep(int(job.payload) / 1000)
+    else:
+        # A random pause (sleeping releases the GIL) so handler threads overlap and crash
+        # points inside and around the handler meet jobs in every phase.
+        time.sleep(random.uniform(0, float(os.environ.get("PQ_CRASH_WORK_MS", "2")) / 1000))
+
+
+def _log_acks(jobs: Sequence[Job], outcomes: Sequence[Outcome]) -> None:
+    ok = [f"{job.id} {job.fence}" for job, outcome in zip(jobs, outcomes) if outcome is Outcome.OK]
+    if ok:
+        client().rpush(os.environ["PQ_CRASH_ACKS"], *ok)
+
+
+def observe_acks() -> None:
+    """Wrap ``Queue.ack_many`` and ``Queue.lease_call`` (the two paths by which the
+    worker acks) so that every ``ok`` answer is logged. Idempotent."""
+    if getattr(Queue, "_crash_observed", False):
+        return
+    original_ack_many = Queue.ack_many
+    original_lease_call = Queue.lease_call
+
+    @functools.wraps(original_ack_many)
+    def ack_many(self: Queue, jobs: Any) -> list[Outcome]:
+        jobs = list(jobs)
+        outcomes = original_ack_many(self, jobs)
+        _log_acks(jobs, outcomes)
+        return outcomes
+
+    @functools.wraps(original_lease_call)
+    def lease_call(self: Queue, **kwargs: Any) -> Leased:
+        leased = original_lease_call(self, **kwargs)
+        _log_acks(list(kwargs.get("ack", ())), leased.acks)
+        return leased
+
+    Queue.ack_many = ack_many  # type: ignore[method-assign]
+    Queue.lease_call = lease_call  # type: ignore[method-assign]
+    Queue._crash_observed = True  # type: ignore[attr-defined]
+
+
+if os.environ.get("PQ_CRASH_ACKS"):
+    observe_acks()
