@@ -1,0 +1,1305 @@
+"""A plain-Python model of one queue and one service namespace, and a Hypothesis state
+machine that drives the real scripts through the driver and compares after every step.
+
+The model follows the scripts' documented semantics exactly (lua/README.md and the
+script headers), including the parts that are easy to get approximately right:
+
+* when ``lease`` runs maintenance (READY shorter than ``count``, or ``now_ms`` at or past
+  ``next_maintenance_ms``), with the bounded ``limit``, and when it sets
+  ``next_maintenance_ms`` (= now + 50 ms, only by a call that also wrote something else);
+* the order of READY after maintenance (reclaimed leases at the head, earliest deadline
+  first, promoted jobs at the tail) and of every sorted set (score, then member bytes);
+* backoff with its fence-derived jitter, the wake marker, ``next_due_ms``, every counter.
+
+After every step :meth:`LifecycleMachine.everything_agrees` compares the whole keyspace
+with the model and checks the invariants of DESIGN §3 that a single process can observe:
+single state, at most one valid lease per job, the ack answer ``ok`` at most once per job
+life and exactly when the model says the receipt is current, attempts that never go
+down within a job's life, fences that strictly increase, and ``stats`` (whose ``acked`` is
+derived) equal to the model's counts.
+
+``tests/test_model.py`` runs the machine on both backends; ``tests/test_mutations.py``
+runs it against deliberately broken copies of ``lua/`` and expects it to fail.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import fakeredis
+import pytest
+import redis
+from helpers import job_states
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+
+from pyqueue import Job, NewJob, Outcome, Queue, ServiceLost
+from pyqueue.keys import QueueKeys, ServiceKeys
+from pyqueue.models import DeadJob, DeadPage, Extended, Leased, Nacked, Promoted, Scrubbed, Stats
+from pyqueue.queue import DEFAULT_MAINTENANCE_LIMIT, DEFAULT_MAX_ATTEMPTS
+from pyqueue.scripts import Scripts
+from pyqueue.service import DEAD_LIMIT, GC_LIMIT, Service, Services
+
+#: The model's clock starts at a realistic server time (2023-11-14, in ms since the
+#: epoch); steps go forwards and backwards from it.
+T0 = 1_700_000_000_000
+#: lease.lua / promote.lua: maintenance runs at most this often while READY is busy.
+MAINTENANCE_INTERVAL_MS = 50
+QUEUE = "q"
+NAMESPACE = "ns"
+HOST, PID = "h", 1
+#: Lease owners, as services name them ("ns.<id>"). "ns.10" starts with "ns.1" but must
+#: never be scrubbed with it. Calls that lease nothing go through an owner "solo".
+OWNERS = ("ns.1", "ns.10", "ns.2")
+#: A small pool so duplicates, re-enqueues after ack and stale receipts are common; ids
+#: with '|', braces, a space and non-ASCII exercise receipt parsing and key tags.
+IDS = ("a", "b", "c", "d", "e", "f", "g", "a|b", "{x} y", "ü")
+NEVER_ENQUEUED = "never"
+
+
+# -- plain-Python model ---------------------------------------------------------------
+
+
+@dataclass
+class Record:
+    """A job's record in the `jobs` hash."""
+
+    attempts: int
+    max_attempts: int
+    due_ms: int
+    payload: bytes
+
+    def encode(self) -> bytes:
+        return f"{self.attempts}|{self.max_attempts}|{self.due_ms}|".encode() + self.payload
+
+
+@dataclass
+class Lease:
+    """One current lease (a member of `leased` and `owners`)."""
+
+    receipt: str
+    id: str
+    fence: int
+    attempt: int
+    deadline_ms: int
+
+
+@dataclass(frozen=True)
+class LeaseAnswer:
+    """What lua/lease.lua answers, as the model predicts it."""
+
+    acks: list[str]
+    jobs: list[Job]
+    next_due_ms: int
+    #: The call found the leases of an earlier run of the same (owner, call).
+    replayed: bool
+
+
+def receipt_id(receipt: str) -> str:
+    """The job id in a receipt ``owner|call|fence|attempt|id`` (the id may contain '|')."""
+    return receipt.split("|", 4)[4]
+
+
+def zsorted(scores: dict[str, int]) -> list[str]:
+    """Members in Redis sorted-set order: by score, then by member bytes."""
+    return sorted(scores, key=lambda member: (scores[member], member.encode()))
+
+
+def backoff_delay_ms(attempt: int, fence: int, base_ms: int, cap_ms: int) -> int:
+    """nack.lua's backoff, with the same floating-point operations in the same order."""
+    d = min(float(cap_ms), float(base_ms) * 2.0 ** min(attempt - 1, 60))
+    jitter = (((fence % 1048576) * 2654435761) % 4294967296) % 1000 / 1000
+    return math.floor(d / 2 + jitter * d / 2)
+
+
+class QueueModel:
+    """One queue as the scripts define it. Every method mirrors one script and returns
+    what that script should answer."""
+
+    def __init__(self, name: str = QUEUE) -> None:
+        self.name = name
+        self.jobs: dict[str, Record] = {}
+        self.ready: list[str] = []
+        self.scheduled: dict[str, int] = {}
+        self.leases: dict[str, Lease] = {}  # receipt -> lease
+        self.dead: dict[str, int] = {}
+        self.errors: dict[str, bytes] = {}
+        self.counters: Counter[str] = Counter()
+        self.next_maintenance_ms: int | None = None
+        self.wake = False
+        #: Per id: bumped when the id is added and when a replay resets its attempts.
+        self.epoch: Counter[str] = Counter()
+        #: How many times `ok` was answered to an ack (ack, ack_many, ack-and-lease).
+        self.acked_ok = 0
+
+    # -- queries ---------------------------------------------------------------------
+
+    def state_of(self, job_id: str) -> str | None:
+        if job_id in self.scheduled:
+            return "scheduled"
+        if job_id in self.dead:
+            return "dead"
+        if job_id in self.ready:
+            return "ready"
+        if any(lease.id == job_id for lease in self.leases.values()):
+            return "leased"
+        return None
+
+    def next_due_ms(self) -> int:
+        """The earliest due_ms in SCHEDULED or deadline in LEASED; -1 if neither."""
+        times = list(self.scheduled.values()) + [lease.deadline_ms for lease in self.leases.values()]
+        return min(times) if times else -1
+
+    def statuses(self, receipts: Sequence[str]) -> tuple[list[str], list[str]]:
+        """The fenced answer per receipt (ok / stale / gone) and the receipts that are ok,
+        once each, in order (a repeated receipt answers `gone` the second time)."""
+        status: list[str] = []
+        ok: list[str] = []
+        for receipt in receipts:
+            if receipt in self.leases and receipt not in ok:
+                status.append("ok")
+                ok.append(receipt)
+            elif receipt in ok:
+                status.append("gone")
+            else:
+                status.append("stale" if receipt_id(receipt) in self.jobs else "gone")
+        return status, ok
+
+    def job(self, receipt: str, owner_queue: str) -> Job:
+        lease = self.leases[receipt]
+        record = self.jobs[lease.id]
+        return Job(
+            id=lease.id,
+            queue=owner_queue,
+            payload=record.payload,
+            fence=lease.fence,
+            attempt=lease.attempt,
+            max_attempts=record.max_attempts,
+            deadline_ms=lease.deadline_ms,
+            receipt=receipt,
+        )
+
+    # -- scripts ---------------------------------------------------------------------
+
+    def enqueue(self, batch: Sequence[tuple[str, bytes, int, int]], now: int) -> list[bool]:
+        """enqueue.lua: add each (id, payload, delay_ms, max_attempts) unless the id exists."""
+        added: list[bool] = []
+        for job_id, payload, delay_ms, max_attempts in batch:
+            if job_id in self.jobs:
+                added.append(False)
+                self.counters["duplicates"] += 1
+                continue
+            added.append(True)
+            self.counters["enqueued"] += 1
+            self.epoch[job_id] += 1
+            self.jobs[job_id] = Record(0, max_attempts, now + delay_ms, payload)
+            if delay_ms == 0:
+                self.ready.append(job_id)
+            else:
+                self.scheduled[job_id] = now + delay_ms
+            self.wake = True
+        return added
+
+    def _end_leases(self, receipts: Iterable[str]) -> None:
+        for receipt in receipts:
+            del self.leases[receipt]
+
+    def _ack(self, receipts: Sequence[str]) -> None:
+        for receipt in receipts:
+            del self.jobs[self.leases.pop(receipt).id]
+        self.acked_ok += len(receipts)
+
+    def _fail(self, lease: Lease, now: int, due_ms: int | None = None) -> Record:
+        """Persist a failed lease's attempt in the record (due_ms = now unless given)."""
+        record = self.jobs[lease.id]
+        record.attempts = lease.attempt
+        record.due_ms = now if due_ms is None else due_ms
+        return record
+
+    def _to_dead(self, job_id: str, now: int, error: bytes) -> None:
+        self.dead[job_id] = now
+        self.errors[job_id] = error
+        self.counters["dead"] += 1
+
+    def ack(self, receipts: Sequence[str]) -> list[str]:
+        """ack.lua."""
+        status, ok = self.statuses(receipts)
+        self._ack(ok)
+        return status
+
+    def lease(
+        self, owner: str, call: str, count: int, lease_ms: int, limit: int, acks: Sequence[str], now: int
+    ) -> LeaseAnswer:
+        """lease.lua, step by step: acks, replay check, maintenance, lease."""
+        status, to_ack = self.statuses(acks)
+        acking = set(to_ack)
+        all_acked = all(s == "ok" for s in status)
+        prior: list[str] = []
+        if count > 0 and (not all_acked or not acks):
+            prefix = f"{owner}|{call}|"
+            prior = sorted((r for r in self.leases if r.startswith(prefix)), key=str.encode)[:count]
+        if prior:
+            jobs = [self.job(receipt, self.name) for receipt in prior]  # read before the acks' writes
+            self._ack(to_ack)
+            return LeaseAnswer(status, jobs, -1, replayed=True)
+
+        fence = self.counters["leased"]
+        maintain = (count > 0 and len(self.ready) < count) or now >= (self.next_maintenance_ms or 0)
+        promoted: list[str] = []
+        reclaimed: list[Lease] = []
+        to_dead: list[Lease] = []
+        stopped_at_limit = False
+        if maintain:
+            promoted = [i for i in zsorted(self.scheduled) if self.scheduled[i] <= now][:limit]
+            deadlines = {r: lease.deadline_ms for r, lease in self.leases.items()}
+            expired = [r for r in zsorted(deadlines) if deadlines[r] <= now and r not in acking][:limit]
+            stopped_at_limit = len(promoted) == limit or len(expired) == limit
+            for receipt in expired:
+                lease = self.leases[receipt]
+                (to_dead if lease.attempt >= self.jobs[lease.id].max_attempts else reclaimed).append(lease)
+        ready_seen = min(len(self.ready), count + 1) if count > 0 else 0
+        order_length = len(reclaimed) + ready_seen + len(promoted)
+        take = min(count, order_length)
+        from_ready = max(0, min(take, len(reclaimed) + ready_seen) - len(reclaimed))
+        wake = not acks and order_length > take
+
+        self._ack(to_ack)
+        if maintain:
+            for job_id in promoted:
+                del self.scheduled[job_id]
+            self._end_leases(lease.receipt for lease in reclaimed + to_dead)
+            for lease in reclaimed:
+                self._fail(lease, now)
+            for lease in to_dead:
+                record = self._fail(lease, now)
+                self._to_dead(lease.id, now, f"lease expired on attempt {lease.attempt} of {record.max_attempts}".encode())
+            self.counters["reclaimed"] += len(reclaimed) + len(to_dead)
+            self.counters["promoted"] += len(promoted)
+            # Rate-limited, and written only by a call that writes something else first.
+            if promoted or reclaimed or to_dead or to_ack or from_ready:
+                self.next_maintenance_ms = now + MAINTENANCE_INTERVAL_MS
+        order = [lease.id for lease in reclaimed] + self.ready + promoted
+        taken, self.ready = order[:take], order[take:]
+        jobs = []
+        for job_id in taken:
+            fence += 1
+            attempt = self.jobs[job_id].attempts + 1
+            receipt = f"{owner}|{call}|{fence}|{attempt}|{job_id}"
+            self.leases[receipt] = Lease(receipt, job_id, fence, attempt, now + lease_ms)
+            jobs.append(self.job(receipt, self.name))
+        self.counters["leased"] += len(jobs)
+        self.wake = self.wake or wake
+        next_due = -1
+        if len(jobs) < count:
+            next_due = now if stopped_at_limit else self.next_due_ms()
+        return LeaseAnswer(status, jobs, next_due, replayed=False)
+
+    def nack(
+        self, receipt: str, error: bytes, delay_ms: int | None, base_ms: int, cap_ms: int, now: int
+    ) -> Nacked:
+        """nack.lua."""
+        if receipt not in self.leases:
+            return Nacked(Outcome.STALE if receipt_id(receipt) in self.jobs else Outcome.GONE, None, 0)
+        lease = self.leases.pop(receipt)
+        record = self.jobs[lease.id]
+        self.counters["nacked"] += 1
+        if lease.attempt >= record.max_attempts:
+            self._fail(lease, now)
+            self._to_dead(lease.id, now, error)
+            return Nacked(Outcome.OK, "dead", now)
+        if delay_ms is None:
+            delay_ms = backoff_delay_ms(lease.attempt, lease.fence, base_ms, cap_ms)
+        due_ms = now + delay_ms
+        self._fail(lease, now, due_ms)
+        self.scheduled[lease.id] = due_ms
+        self.wake = True
+        return Nacked(Outcome.OK, "scheduled", due_ms)
+
+    def extend(self, receipts: Sequence[str], lease_ms: int, now: int) -> list[Extended]:
+        """extend.lua: deadlines only move later; every answer is read before any write."""
+        answers: list[Extended] = []
+        updates: dict[str, int] = {}
+        for receipt in receipts:
+            if receipt in self.leases:
+                deadline = max(self.leases[receipt].deadline_ms, now + lease_ms)
+                updates[receipt] = deadline
+                answers.append(Extended(Outcome.OK, deadline))
+            else:
+                answers.append(Extended(Outcome.STALE if receipt_id(receipt) in self.jobs else Outcome.GONE, 0))
+        for receipt, deadline in updates.items():
+            self.leases[receipt].deadline_ms = deadline
+        return answers
+
+    def release(self, receipts: Sequence[str]) -> list[str]:
+        """release.lua: back to the head of READY in receipt order; no attempt counted."""
+        status, ok = self.statuses(receipts)
+        ids = [self.leases[r].id for r in ok]
+        self._end_leases(ok)
+        self.ready = ids + self.ready
+        self.counters["released"] += len(ok)
+        self.wake = self.wake or bool(ok)
+        return status
+
+    def promote(self, limit: int, now: int) -> Promoted:
+        """promote.lua: due jobs to the tail, expired leases to the head (or DEAD)."""
+        promoted = [i for i in zsorted(self.scheduled) if self.scheduled[i] <= now][:limit]
+        deadlines = {r: lease.deadline_ms for r, lease in self.leases.items()}
+        expired = [self.leases[r] for r in zsorted(deadlines) if deadlines[r] <= now][:limit]
+        if promoted or expired:  # with nothing due, promote writes nothing
+            self.next_maintenance_ms = now + MAINTENANCE_INTERVAL_MS
+        for job_id in promoted:
+            del self.scheduled[job_id]
+        self.ready += promoted
+        self.counters["promoted"] += len(promoted)
+        self._end_leases(lease.receipt for lease in expired)
+        self.counters["reclaimed"] += len(expired)
+        to_ready = []
+        dead = 0
+        for lease in expired:
+            record = self._fail(lease, now)
+            if lease.attempt >= record.max_attempts:
+                dead += 1
+                self._to_dead(lease.id, now, f"lease expired on attempt {lease.attempt} of {record.max_attempts}".encode())
+            else:
+                to_ready.append(lease.id)
+        self.ready = to_ready + self.ready
+        self.wake = self.wake or bool(promoted or to_ready)
+        more = len(promoted) == limit or len(expired) == limit
+        return Promoted(len(promoted), len(expired), dead, more, self.next_due_ms())
+
+    def scrub(self, owner: str, limit: int, now: int) -> Scrubbed:
+        """scrub.lua: every lease of `owner` ends now, in receipt byte order."""
+        receipts = sorted((r for r in self.leases if r.startswith(owner + "|")), key=str.encode)[:limit]
+        if not receipts:
+            return Scrubbed(0, 0, False)
+        to_ready = []
+        dead = 0
+        for receipt in receipts:
+            lease = self.leases.pop(receipt)
+            record = self._fail(lease, now)
+            if lease.attempt >= record.max_attempts:
+                dead += 1
+                self._to_dead(
+                    lease.id, now, f"worker {owner} died on attempt {lease.attempt} of {record.max_attempts}".encode()
+                )
+            else:
+                to_ready.append(lease.id)
+        self.ready = to_ready + self.ready
+        self.counters["scrubbed"] += len(receipts)
+        self.wake = self.wake or bool(to_ready)
+        return Scrubbed(len(receipts), dead, len(receipts) == limit)
+
+    def _dead_ids(self, ids: Sequence[str]) -> list[str]:
+        found: list[str] = []
+        for job_id in ids:
+            if job_id not in found and job_id in self.dead:
+                found.append(job_id)
+        return found
+
+    def dead_list(self, offset: int, limit: int) -> DeadPage:
+        """dead_list.lua: oldest death first."""
+        page = zsorted(self.dead)[offset : offset + limit]
+        return DeadPage(
+            total=len(self.dead),
+            jobs=[
+                DeadJob(
+                    id=i,
+                    dead_ms=self.dead[i],
+                    attempts=self.jobs[i].attempts,
+                    max_attempts=self.jobs[i].max_attempts,
+                    error=self.errors.get(i, b"").decode("utf-8", "replace"),
+                    payload=self.jobs[i].payload,
+                )
+                for i in page
+            ],
+        )
+
+    def dead_replay(self, ids: Sequence[str], now: int) -> int:
+        """dead_replay.lua: to the tail of READY with attempts reset."""
+        moved = self._dead_ids(ids)
+        for job_id in moved:
+            record = self.jobs[job_id]
+            record.attempts, record.due_ms = 0, now
+            del self.dead[job_id]
+            self.errors.pop(job_id, None)
+            self.epoch[job_id] += 1
+        self.ready += moved
+        self.counters["replayed"] += len(moved)
+        self.wake = self.wake or bool(moved)
+        return len(moved)
+
+    def dead_purge(self, ids: Sequence[str]) -> int:
+        """dead_purge.lua."""
+        gone = self._dead_ids(ids)
+        for job_id in gone:
+            del self.dead[job_id], self.jobs[job_id]
+            self.errors.pop(job_id, None)
+        self.counters["purged"] += len(gone)
+        return len(gone)
+
+    def stats(self, now: int) -> Stats:
+        """stats.lua, with `acked` derived from the counters as the script derives it."""
+        oldest: int | None = self.jobs[self.ready[0]].due_ms if self.ready else None
+        if self.scheduled:
+            first = min(self.scheduled.values())
+            if first <= now and (oldest is None or first < oldest):
+                oldest = first
+        c = self.counters
+        return Stats(
+            now_ms=now,
+            ready=len(self.ready),
+            scheduled=len(self.scheduled),
+            due=sum(1 for due in self.scheduled.values() if due <= now),
+            leased=len(self.leases),
+            expired=sum(1 for lease in self.leases.values() if lease.deadline_ms <= now),
+            dead=len(self.dead),
+            lag_ms=max(0, now - oldest) if oldest is not None else 0,
+            enqueued=c["enqueued"],
+            duplicates=c["duplicates"],
+            leased_total=c["leased"],
+            acked=c["leased"] - c["nacked"] - c["reclaimed"] - c["scrubbed"] - c["released"] - len(self.leases),
+            nacked=c["nacked"],
+            promoted=c["promoted"],
+            reclaimed=c["reclaimed"],
+            scrubbed=c["scrubbed"],
+            released=c["released"],
+            dead_total=c["dead"],
+            replayed=c["replayed"],
+            purged=c["purged"],
+        )
+
+    def keyspace(self, keys: QueueKeys) -> dict[str, Any]:
+        """Every key of the queue as :func:`read_keyspace` reads it (empty keys absent)."""
+        counters: dict[bytes, bytes] = {name.encode(): str(v).encode() for name, v in self.counters.items() if v}
+        if self.next_maintenance_ms is not None:
+            counters[b"next_maintenance_ms"] = str(self.next_maintenance_ms).encode()
+        out: dict[str, Any] = {
+            keys.jobs: {i.encode(): record.encode() for i, record in self.jobs.items()},
+            keys.ready: [i.encode() for i in self.ready],
+            keys.scheduled: {i.encode(): float(due) for i, due in self.scheduled.items()},
+            keys.leased: {r.encode(): float(lease.deadline_ms) for r, lease in self.leases.items()},
+            keys.owners: {r.encode(): 0.0 for r in self.leases},
+            keys.dead: {i.encode(): float(at) for i, at in self.dead.items()},
+            keys.errors: {i.encode(): text for i, text in self.errors.items()},
+            keys.counters: counters,
+            keys.wake: {b"wake": 0.0} if self.wake else {},
+        }
+        return {key: value for key, value in out.items() if value}
+
+
+@dataclass
+class ServiceRecord:
+    """A service key's fields (the key exists while `alive`)."""
+
+    started_ms: int
+    renewed_ms: int
+    renewal: str
+    alive: bool = True
+
+
+@dataclass
+class ServicesModel:
+    """One service namespace (lua/service_*.lua)."""
+
+    seq: int = 0
+    ids: list[int] = field(default_factory=list)  # newest first
+    expiry: dict[int, int] = field(default_factory=dict)
+    queues: dict[int, str] = field(default_factory=dict)
+    services: dict[int, ServiceRecord] = field(default_factory=dict)
+    stopped: set[int] = field(default_factory=set)  # ids whose private wake marker is set
+
+    def register(self, expire_ms: int, renewal: str, now: int) -> int:
+        service_id = self.seq + 1
+        for listed in self.ids[-GC_LIMIT:]:
+            expires = self.expiry.get(listed)
+            if expires is None or expires <= now:
+                self.ids.remove(listed)
+        self.seq = service_id
+        self.ids.insert(0, service_id)
+        self.expiry[service_id] = now + expire_ms
+        self.queues[service_id] = QUEUE
+        self.services[service_id] = ServiceRecord(now, now, renewal)
+        return service_id
+
+    def alive(self, service_id: int) -> bool:
+        record = self.services.get(service_id)
+        return record is not None and record.alive
+
+    def renew(self, service_id: int, expire_ms: int, renewal: str, now: int) -> list[tuple[int, list[str]]] | None:
+        """The dead services listed, or None when the renewal is lost (nothing written)."""
+        dead = [i for i in sorted(self.expiry, key=lambda i: (self.expiry[i], str(i).encode())) if self.expiry[i] < now]
+        listed = [(i, [q for q in self.queues.get(i, "").split(",") if q]) for i in dead[:DEAD_LIMIT]]
+        if not self.alive(service_id):
+            return None
+        record = self.services[service_id]
+        record.renewed_ms, record.renewal = now, renewal
+        if service_id not in self.expiry:
+            self.queues[service_id] = QUEUE
+        self.expiry[service_id] = now + expire_ms
+        return listed
+
+    def _delete(self, service_id: int) -> tuple[int, int]:
+        deleted = int(self.alive(service_id))
+        self.services.pop(service_id, None)
+        removed = int(service_id in self.ids)
+        if removed:
+            self.ids.remove(service_id)
+        self.expiry.pop(service_id, None)
+        self.queues.pop(service_id, None)
+        self.stopped.discard(service_id)
+        return deleted, removed
+
+    def deregister(self, service_id: int) -> tuple[int, int]:
+        return self._delete(service_id)
+
+    def forget_dead(self, service_id: int, now: int) -> bool:
+        expires = self.expiry.get(service_id)
+        if self.alive(service_id) or (expires is not None and expires > now):
+            return False
+        self._delete(service_id)
+        return True
+
+    def stop(self, service_id: int) -> bool:
+        """Remote shutdown: the key is deleted and the private wake marker raised."""
+        was_alive = self.alive(service_id)
+        self.expire(service_id)
+        self.stopped.add(service_id)
+        return was_alive
+
+    def expire(self, service_id: int) -> None:
+        if service_id in self.services:
+            self.services[service_id].alive = False
+
+    def expiring(self, now: int) -> list[int]:
+        """Live services whose key's TTL has run out at `now` (Redis: now > expiry)."""
+        return [i for i, record in self.services.items() if record.alive and self.expiry.get(i, now) < now]
+
+    def keyspace(self, keys: ServiceKeys) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            keys.role("seq"): str(self.seq).encode() if self.seq else None,
+            keys.role("ids"): [str(i).encode() for i in self.ids],
+            keys.role("expiry"): {str(i).encode(): float(t) for i, t in self.expiry.items()},
+            keys.role("queues"): {str(i).encode(): q.encode() for i, q in self.queues.items()},
+        }
+        for service_id, record in self.services.items():
+            if record.alive:
+                out[keys.of(service_id).role("service")] = {
+                    b"host": HOST.encode(),
+                    b"pid": str(PID).encode(),
+                    b"started": str(record.started_ms).encode(),
+                    b"renewed": str(record.renewed_ms).encode(),
+                    b"renewal": record.renewal.encode(),
+                    b"queues": QUEUE.encode(),
+                }
+        for service_id in self.stopped:
+            out[keys.of(service_id).role("wake")] = {b"stop": 0.0}
+        return {key: value for key, value in out.items() if value}
+
+
+def read_keyspace(client: redis.Redis, queue_keys: QueueKeys, service_keys: ServiceKeys) -> dict[str, Any]:
+    """Every key in Redis with its value (hash: dict, list: list, zset: member -> score,
+    string: bytes), read with ``KEYS *`` and one pipeline. A key that is not one of the
+    queue's or the namespace's is reported under ``<unexpected>``."""
+    hashes = {queue_keys.jobs, queue_keys.errors, queue_keys.counters, service_keys.role("queues")}
+    lists = {queue_keys.ready, service_keys.role("ids")}
+    zsets = {queue_keys.scheduled, queue_keys.leased, queue_keys.owners, queue_keys.dead, queue_keys.wake}
+    zsets.add(service_keys.role("expiry"))
+    strings = {service_keys.role("seq")}
+    service_prefix = service_keys.role("seq")[: -len("seq")]
+    names = sorted(k.decode() if isinstance(k, bytes) else k for k in client.keys("*"))
+    pipe = client.pipeline(transaction=False)
+    read: list[str] = []
+    unexpected: list[str] = []
+    for key in names:
+        own = key[len(service_prefix) :] if key.startswith(service_prefix) else ""
+        if key in hashes or own.isdigit():
+            pipe.hgetall(key)
+        elif key in lists:
+            pipe.lrange(key, 0, -1)
+        elif key in zsets or (own.endswith(":wake") and own[: -len(":wake")].isdigit()):
+            pipe.zrange(key, 0, -1, withscores=True)
+        elif key in strings:
+            pipe.get(key)
+        else:
+            unexpected.append(key)
+            continue
+        read.append(key)
+    out: dict[str, Any] = {}
+    for key, value in zip(read, pipe.execute()):
+        if isinstance(value, list) and value and isinstance(value[0], (tuple, list)) and key not in lists:
+            value = {member: float(score) for member, score in value}
+        out[key] = value
+    if unexpected:
+        out["<unexpected>"] = unexpected
+    return out
+
+
+def brief(value: Any, most: int = 800) -> str:
+    """``repr(value)``, cut short (payloads can be 100 KiB)."""
+    text = repr(value)
+    return text if len(text) <= most else text[:most] + f"... ({len(text)} chars)"
+
+
+def describe_difference(expected: dict[str, Any], observed: dict[str, Any]) -> str:
+    """The keys whose values differ, each value abbreviated (payloads can be 100 KiB)."""
+
+    lines = []
+    for key in sorted(set(expected) | set(observed)):
+        if expected.get(key) != observed.get(key):
+            lines.append(f"  {key}:\n    model: {brief(expected.get(key))}\n    redis: {brief(observed.get(key))}")
+    return "the model and Redis differ:\n" + "\n".join(lines)
+
+
+# -- backends -------------------------------------------------------------------------
+
+
+class Backend:
+    """Where each example's empty Redis comes from."""
+
+    name = "?"
+
+    def fresh(self) -> redis.Redis:
+        raise NotImplementedError
+
+    def done(self, client: redis.Redis) -> None:
+        """Called once per example, after it ran (passed or failed)."""
+
+
+class FakeBackend(Backend):
+    """fakeredis[lua] with a fresh FakeServer per example."""
+
+    name = "fake"
+
+    def fresh(self) -> redis.Redis:
+        return fakeredis.FakeRedis(server=fakeredis.FakeServer())
+
+    def done(self, client: redis.Redis) -> None:
+        client.close()
+
+
+class RealBackend(Backend):
+    """A real redis-server, flushed before each example (the client is the caller's)."""
+
+    name = "real"
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+
+    def fresh(self) -> redis.Redis:
+        self.client.flushall()
+        return self.client
+
+
+# -- sizes ------------------------------------------------------------------------------
+
+
+def model_size() -> tuple[int, int]:
+    """(examples, steps per example) for one backend.
+
+    CI size is 200 x 50. ``PYQUEUE_DEEP=1`` raises it to 5000 x 100;
+    ``PYQUEUE_MODEL_EXAMPLES`` / ``PYQUEUE_MODEL_STEPS`` override either figure.
+    """
+    deep = os.environ.get("PYQUEUE_DEEP", "") == "1"
+    examples = int(os.environ.get("PYQUEUE_MODEL_EXAMPLES", 5000 if deep else 200))
+    steps = int(os.environ.get("PYQUEUE_MODEL_STEPS", 100 if deep else 50))
+    return examples, steps
+
+
+def model_settings(examples: int, steps: int, **overrides: Any) -> settings:
+    """Hypothesis settings for the machine: no deadline (a step is a few script calls,
+    whose time varies with the machine's load), no too-slow health check."""
+    options: dict[str, Any] = {
+        "max_examples": examples,
+        "stateful_step_count": steps,
+        "deadline": None,
+        "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+    }
+    options.update(overrides)
+    return settings(**options)
+
+
+# -- strategies -----------------------------------------------------------------------
+
+
+def weighted(*choices: tuple[int, st.SearchStrategy[Any]]) -> st.SearchStrategy[Any]:
+    """One of the strategies, chosen with the given integer weights; shrinks towards the
+    first one."""
+    table = [strategy for weight, strategy in choices for _ in range(weight)]
+    return st.integers(0, len(table) - 1).flatmap(lambda k: table[k])
+
+
+_SMALL_PAYLOADS = st.one_of(
+    st.just(b""),
+    st.binary(max_size=12),
+    st.sampled_from([b"\xff\xfe\x00", b"\x80", b"|", b"0|0|0|", "ünï".encode(), b"a" * 300]),
+    st.text(max_size=6),  # a str payload is stored as UTF-8
+)
+#: Mostly small payloads (empty, non-UTF-8, '|'), now and then one of about 100 KiB.
+PAYLOADS: st.SearchStrategy[bytes | str] = st.integers(0, 24).flatmap(
+    lambda k: st.integers(0, 255).map(lambda b: bytes([b]) * 100_000 + b"|end") if k == 0 else _SMALL_PAYLOADS
+)
+JOB_IDS = st.sampled_from(IDS)
+#: Shared values (1, 10, 50, 1000, 60000) make deadlines, due times and clock steps meet
+#: exactly, which is where `<` versus `<=` bugs live.
+DELAYS = weighted((3, st.just(0)), (3, st.sampled_from([1, 10, 50, 1000, 60_000, 2**40])), (1, st.integers(0, 120)))
+MAX_ATTEMPTS = st.sampled_from([1, 1, 1, 2, 2, 3, None, 10_000])
+LEASE_MS = weighted((3, st.sampled_from([60_000, 1000, 604_800_000])), (3, st.sampled_from([1, 10, 50])), (1, st.integers(1, 120)))
+COUNTS = st.sampled_from([1, 2, 3, 1, 2, 0])
+LIMITS = st.sampled_from([DEFAULT_MAINTENANCE_LIMIT, 1, 2, 3])
+#: Clock steps in ms: mostly forwards (onto the shared values, a little past them, or
+#: past everything), sometimes backwards.
+CLOCK_STEPS = weighted(
+    (4, st.sampled_from([1, 10, 49, 50, 51, 1000, 60_000])),
+    (2, st.integers(1, 200)),
+    (2, st.integers(100_000, 10_000_000)),
+    (1, st.sampled_from([-1, -50, -1000])),
+    (1, st.integers(-100, -1)),
+)
+#: Or the clock moves exactly to the next moment something happens (± 1 ms), as a worker
+#: sleeping until next_due_ms, or a heartbeat timer, would: the `<` versus `<=` cases.
+TARGETS: dict[str, tuple[str, int]] = {
+    "until due": ("due", 0),
+    "until due - 1": ("due", -1),
+    "until due + 1": ("due", 1),
+    "until a service expires": ("expiry", 0),
+    "until a service expires + 1": ("expiry", 1),
+}
+Wait = int | str
+CLOCK_MOVES: st.SearchStrategy[Wait] = weighted(
+    (5, CLOCK_STEPS),
+    (3, st.sampled_from(["until due", "until due - 1", "until due + 1"])),
+    (2, st.sampled_from(["until a service expires", "until a service expires + 1"])),
+)
+#: How long a worker waited before a call: often not at all.
+WAITS: st.SearchStrategy[Wait] = weighted((1, st.just(0)), (1, CLOCK_MOVES))
+ERRORS = st.sampled_from(["", "boom", "ünï | \n", "x" * 2000])
+NACK_DELAYS = st.one_of(st.none(), st.sampled_from([0, 1, 10, 50, 1000]))
+BACKOFF_BASES = st.sampled_from([1, 10, 1000])
+BACKOFF_CAPS = st.sampled_from([1, 100, 3_600_000, 2**40])
+SERVICE_EXPIRES = st.sampled_from([60_000, 120_000, 3_600_000])  # >= 60 s: real TTLs never fire in a test
+#: A quarter of the calls are sent twice: the reply was lost and redis-py re-sent the
+#: identical call (DESIGN §3.6): the second send must have no further effect.
+SENT_TWICE = st.sampled_from([False, False, False, True])
+DEAD_IDS = st.lists(st.sampled_from(IDS + (NEVER_ENQUEUED,)), min_size=0, max_size=4)
+SERVICE_ENDINGS = st.sampled_from(["deregister", "stop", "forget"])
+
+
+def forged_jobs() -> st.SearchStrategy[Job]:
+    """Receipts nobody was given: unknown ids, or known ids with a made-up fence."""
+    return st.builds(
+        lambda owner, fence, attempt, job_id: Job(
+            id=job_id, queue=QUEUE, payload=b"", fence=fence, attempt=attempt, max_attempts=1, deadline_ms=0,
+            receipt=f"{owner}|forged|{fence}|{attempt}|{job_id}",
+        ),
+        st.sampled_from(OWNERS),
+        st.integers(1, 10_000),
+        st.integers(1, 3),
+        st.sampled_from(IDS + (NEVER_ENQUEUED,)),
+    )
+
+
+@dataclass(frozen=True)
+class LeaseCall:
+    """A lease call as sent, kept so it can be sent again (a retry after a lost reply)."""
+
+    owner: str
+    call: str
+    count: int
+    lease_ms: int
+    limit: int
+    acks: tuple[Job, ...]
+
+
+# -- the state machine ------------------------------------------------------------------
+
+
+class LifecycleMachine(RuleBasedStateMachine):
+    """Drives every transition through the driver, with the model alongside."""
+
+    backend: ClassVar[Backend] = FakeBackend()
+    lua_directory: ClassVar[Path | None] = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.r = self.backend.fresh()
+        self.now = T0
+        self.model = QueueModel()
+        self.svc = ServicesModel()
+        self.workers: dict[str, Queue] = {}
+        self.q = self.worker("solo")
+        self.services = Services(self.r, namespace=NAMESPACE)
+        if self.lua_directory is not None:  # Services has no lua_directory option (yet)
+            self.services.scripts = Scripts(self.services.redis, self.lua_directory)
+        self.service_handles: dict[int, Service] = {}
+        #: Every lease ever handed out, by receipt (stale ones are reused on purpose).
+        self.known: dict[str, Job] = {}
+        self.history: list[LeaseCall] = []
+        self.calls = 0
+        self.max_fence = 0
+        self.ok_acks: Counter[tuple[str, int]] = Counter()
+        self.attempts_seen: dict[str, tuple[int, int]] = {}
+        self.steps = 0
+
+    def teardown(self) -> None:
+        self.backend.done(self.r)
+
+    def worker(self, owner: str) -> Queue:
+        """The queue as seen by the worker whose leases are held by ``owner``."""
+        if owner not in self.workers:
+            self.workers[owner] = Queue(QUEUE, self.r, owner=owner, lua_directory=self.lua_directory)
+        return self.workers[owner]
+
+    def fresh_call(self) -> str:
+        self.calls += 1
+        return f"k{self.calls}"
+
+    # -- drawing leases ---------------------------------------------------------------
+
+    def draw_job(self, data: st.DataObject) -> Job:
+        """A lease to act on: usually a current one, sometimes any earlier (probably
+        stale) one, sometimes a forged receipt. Drawn (and printed) by receipt."""
+        current = list(self.model.leases)
+        kind = data.draw(st.sampled_from(["current", "current", "current", "old", "forged"]), label="kind")
+        if kind == "current" and current:
+            return self.known[data.draw(st.sampled_from(current), label="receipt")]
+        if kind != "forged" and self.known:
+            return self.known[data.draw(st.sampled_from(list(self.known)), label="receipt")]
+        return data.draw(forged_jobs(), label="forged")
+
+    def draw_jobs(self, data: st.DataObject, most: int) -> list[Job]:
+        return [self.draw_job(data) for _ in range(data.draw(st.integers(1, most), label="how many"))]
+
+    # -- checking answers ---------------------------------------------------------------
+
+    def check_acks(self, jobs: Sequence[Job], got: Sequence[Outcome], expected: Sequence[str]) -> None:
+        """Ack answers equal the model's, and `ok` comes at most once per job life."""
+        assert [o.value for o in got] == list(expected), f"ack answers {got} != model {expected}"
+        for job, outcome in zip(jobs, got):
+            if outcome is Outcome.OK:
+                life = (job.id, self.model.epoch[job.id])
+                self.ok_acks[life] += 1
+                assert self.ok_acks[life] == 1, f"ack answered ok twice in one life of {job.id!r}"
+
+    def check_lease(self, expected: LeaseAnswer, jobs: list[Job], leased: Leased | None) -> None:
+        """The leased jobs, ack answers, clock and next_due_ms equal the model's; new
+        fences are larger than every fence before."""
+        assert jobs == expected.jobs, f"leased {brief(jobs)} != model {brief(expected.jobs)}"
+        if leased is not None:
+            assert leased.now_ms == self.now
+            assert leased.next_due_ms == expected.next_due_ms, (
+                f"next_due_ms {leased.next_due_ms} != model {expected.next_due_ms}"
+            )
+        if not expected.replayed:
+            for job in jobs:
+                assert job.fence > self.max_fence, f"fence {job.fence} not above {self.max_fence}"
+                self.max_fence = job.fence
+        for job in jobs:
+            self.known.setdefault(job.receipt, job)
+
+    # -- rules: producing -------------------------------------------------------------
+
+    @initialize(
+        batch=st.lists(st.tuples(JOB_IDS, PAYLOADS, DELAYS, MAX_ATTEMPTS), max_size=12),
+        services=st.lists(SERVICE_EXPIRES, max_size=3),
+        held=st.lists(st.tuples(st.sampled_from(OWNERS), st.integers(1, 3), LEASE_MS), max_size=3),
+    )
+    def a_busy_start(
+        self,
+        batch: list[tuple[str, bytes | str, int, int | None]],
+        services: list[int],
+        held: list[tuple[str, int, int]],
+    ) -> None:
+        """Each example starts with up to 12 jobs, 3 services and some leases held by
+        workers (Hypothesis enables only some rules per example: this keeps examples
+        without `enqueue` or `lease` from idling)."""
+        if batch:
+            self.enqueue(list(batch))
+        for expire_ms in services:
+            self.register_a_service(expire_ms)
+        for owner, count, lease_ms in held:
+            self.a_worker_leases_and_works(owner, count, lease_ms, "keep", None, 0)
+
+    @rule(
+        batch=st.lists(
+            st.tuples(weighted((7, JOB_IDS), (1, st.none())), PAYLOADS, DELAYS, MAX_ATTEMPTS), min_size=1, max_size=4
+        ),
+        sent_twice=SENT_TWICE,
+    )
+    def enqueue(self, batch: list[tuple[str | None, bytes | str, int, int | None]], sent_twice: bool = False) -> None:
+        """One job (Queue.enqueue) or a batch (enqueue_many); ids from a small pool, so
+        duplicates are common; None lets the driver pick a random id. `sent_twice`: the
+        reply was lost and the same call (same ids) was sent again."""
+        for send in range(1 + sent_twice):
+            if len(batch) == 1:
+                job_id, payload, delay_ms, max_attempts = batch[0]
+                got = [self.q.enqueue(payload, job_id=job_id, delay_ms=delay_ms, max_attempts=max_attempts, now_ms=self.now)]
+            else:
+                got = self.q.enqueue_many(
+                    [NewJob(p, job_id=i, delay_ms=d, max_attempts=m) for i, p, d, m in batch], now_ms=self.now
+                )
+            assert len(got) == len(batch)
+            for (job_id, *_), result in zip(batch, got):
+                assert job_id is None or result.job_id == job_id
+            expected = self.model.enqueue(
+                [
+                    (result.job_id, p.encode() if isinstance(p, str) else p, d, m or DEFAULT_MAX_ATTEMPTS)
+                    for result, (_, p, d, m) in zip(got, batch)
+                ],
+                self.now,
+            )
+            assert [e.added for e in got] == expected, f"enqueue answered {got}, model {expected}"
+            batch = [(result.job_id, p, d, m) for result, (_, p, d, m) in zip(got, batch)]  # a re-send has the ids
+
+    # -- rules: leasing and acking ------------------------------------------------------
+
+    def lease_call(self, sent: LeaseCall) -> None:
+        """Send one lease call (ack some, lease some) and compare everything it answers."""
+        worker = self.worker(sent.owner)
+        receipts = [j.receipt for j in sent.acks]
+        expected = self.model.lease(sent.owner, sent.call, sent.count, sent.lease_ms, sent.limit, receipts, self.now)
+        if len(sent.acks) == 1 and sent.limit == DEFAULT_MAINTENANCE_LIMIT:  # Queue.ack_and_lease
+            outcome, jobs = worker.ack_and_lease(
+                sent.acks[0], lease_ms=sent.lease_ms, count=sent.count, call=sent.call, now_ms=self.now
+            )
+            self.check_acks(sent.acks, [outcome], expected.acks)
+            self.check_lease(expected, jobs, None)
+            return
+        leased = worker.lease_call(
+            ack=sent.acks, count=sent.count, lease_ms=sent.lease_ms, limit=sent.limit, call=sent.call, now_ms=self.now
+        )
+        self.check_acks(sent.acks, leased.acks, expected.acks)
+        self.check_lease(expected, leased.jobs, leased)
+
+    @rule(
+        owner=st.sampled_from(OWNERS),
+        count=COUNTS,
+        lease_ms=LEASE_MS,
+        limit=LIMITS,
+        plain=st.booleans(),
+        woken=st.booleans(),
+        waited=WAITS,
+        sent_twice=SENT_TWICE,
+    )
+    def lease(
+        self, owner: str, count: int, lease_ms: int, limit: int, plain: bool, woken: bool, waited: Wait, sent_twice: bool
+    ) -> None:
+        """A worker leases after waiting. `woken`: it was blocked on the wake marker
+        (BZPOPMIN, here without blocking), which consumes the marker if it was raised.
+        `plain`: Queue.lease, where the driver picks the call token. `sent_twice`: the
+        reply was lost and the same call was sent again (it must return the same leases)."""
+        self.wait(waited)
+        worker = self.worker(owner)
+        if woken:
+            popped = self.r.zpopmin(worker.keys.wake)
+            assert popped == ([(b"wake", 0.0)] if self.model.wake else []), "wake marker differs from the model"
+            self.model.wake = False
+        if plain:  # learn the driver's call token from a receipt
+            jobs = worker.lease(lease_ms=lease_ms, count=count, now_ms=self.now)
+            call = jobs[0].receipt.split("|")[1] if jobs else "no-jobs"
+            expected = self.model.lease(owner, call, count, lease_ms, DEFAULT_MAINTENANCE_LIMIT, [], self.now)
+            self.check_lease(expected, jobs, None)
+            return
+        sent = LeaseCall(owner, self.fresh_call(), count, lease_ms, limit, ())
+        self.history.append(sent)
+        for _ in range(1 + sent_twice):
+            self.lease_call(sent)
+
+    @rule(
+        owner=st.sampled_from(OWNERS),
+        count=st.integers(1, 3),
+        lease_ms=LEASE_MS,
+        then=st.sampled_from(["keep", "ack", "nack", "keep", "release", "extend"]),
+        delay_ms=NACK_DELAYS,
+        waited=WAITS,
+    )
+    def a_worker_leases_and_works(
+        self, owner: str, count: int, lease_ms: int, then: str, delay_ms: int | None, waited: Wait
+    ) -> None:
+        """The worker cycle in one step: after waiting, lease, then ack / nack / release /
+        extend what was leased, or keep it (to finish, expire or be scrubbed later)."""
+        self.wait(waited)
+        worker, call = self.worker(owner), self.fresh_call()
+        leased = worker.lease_call(count=count, lease_ms=lease_ms, call=call, now_ms=self.now)
+        self.history.append(LeaseCall(owner, call, count, lease_ms, DEFAULT_MAINTENANCE_LIMIT, ()))
+        expected = self.model.lease(owner, call, count, lease_ms, DEFAULT_MAINTENANCE_LIMIT, [], self.now)
+        self.check_lease(expected, leased.jobs, leased)
+        for job in leased.jobs:
+            if then == "ack":
+                self.check_acks([job], [worker.ack(job)], self.model.ack([job.receipt]))
+            elif then == "nack":
+                got = worker.nack(job, "failed", delay_ms=delay_ms, backoff_base_ms=10, now_ms=self.now)
+                assert got == self.model.nack(job.receipt, b"failed", delay_ms, 10, 3_600_000, self.now)
+            elif then == "release":
+                assert [o.value for o in worker.release([job])] == self.model.release([job.receipt])
+            elif then == "extend":
+                assert worker.extend([job], lease_ms, now_ms=self.now) == self.model.extend([job.receipt], lease_ms, self.now)
+
+    @rule(data=st.data(), sent_twice=SENT_TWICE)
+    def ack(self, data: st.DataObject, sent_twice: bool) -> None:
+        """Queue.ack of one lease, or ack_many of several (repeats allowed)."""
+        jobs = self.draw_jobs(data, 3)
+        for _ in range(1 + sent_twice):
+            got = [self.q.ack(jobs[0])] if len(jobs) == 1 else self.q.ack_many(jobs)
+            self.check_acks(jobs, got, self.model.ack([j.receipt for j in jobs]))
+
+    @rule(
+        data=st.data(),
+        owner=st.sampled_from(OWNERS),
+        count=COUNTS,
+        lease_ms=LEASE_MS,
+        limit=LIMITS,
+        sent_twice=SENT_TWICE,
+    )
+    def ack_and_lease(
+        self, data: st.DataObject, owner: str, count: int, lease_ms: int, limit: int, sent_twice: bool
+    ) -> None:
+        """Ack one or more leases and lease more in the same call (lua/lease.lua)."""
+        sent = LeaseCall(owner, self.fresh_call(), count, lease_ms, limit, tuple(self.draw_jobs(data, 3)))
+        self.history.append(sent)
+        for _ in range(1 + sent_twice):
+            self.lease_call(sent)
+
+    @precondition(lambda self: self.history)
+    @rule(data=st.data())
+    def a_late_duplicate_of_a_lease_call(self, data: st.DataObject) -> None:
+        """One of the last lease calls arrives again, later (a retry after a timeout)."""
+        self.lease_call(data.draw(st.sampled_from(self.history[::-1][:4]), label="call"))
+
+    # -- rules: failing, extending, giving back --------------------------------------
+
+    @rule(
+        data=st.data(),
+        error=ERRORS,
+        delay_ms=NACK_DELAYS,
+        backoff_base_ms=BACKOFF_BASES,
+        backoff_cap_ms=BACKOFF_CAPS,
+        sent_twice=SENT_TWICE,
+    )
+    def nack(
+        self,
+        data: st.DataObject,
+        error: str,
+        delay_ms: int | None,
+        backoff_base_ms: int,
+        backoff_cap_ms: int,
+        sent_twice: bool,
+    ) -> None:
+        """Fail a lease: explicit delay, or backoff (None)."""
+        job = self.draw_job(data)
+        for _ in range(1 + sent_twice):
+            got = self.q.nack(
+                job, error, delay_ms=delay_ms, backoff_base_ms=backoff_base_ms, backoff_cap_ms=backoff_cap_ms,
+                now_ms=self.now,
+            )
+            expected = self.model.nack(job.receipt, error.encode(), delay_ms, backoff_base_ms, backoff_cap_ms, self.now)
+            assert got == expected, f"nack answered {got}, model {expected}"
+
+    @rule(data=st.data(), lease_ms=LEASE_MS, sent_twice=SENT_TWICE)
+    def extend(self, data: st.DataObject, lease_ms: int, sent_twice: bool) -> None:
+        jobs = self.draw_jobs(data, 3)
+        for _ in range(1 + sent_twice):
+            got = self.q.extend(jobs, lease_ms, now_ms=self.now)
+            expected = self.model.extend([j.receipt for j in jobs], lease_ms, self.now)
+            assert got == expected, f"extend answered {got}, model {expected}"
+
+    @rule(data=st.data(), sent_twice=SENT_TWICE)
+    def release(self, data: st.DataObject, sent_twice: bool) -> None:
+        jobs = self.draw_jobs(data, 3)
+        for _ in range(1 + sent_twice):
+            got = [o.value for o in self.q.release(jobs)]
+            expected = self.model.release([j.receipt for j in jobs])
+            assert got == expected, f"release answered {got}, model {expected}"
+
+    # -- rules: maintenance ----------------------------------------------------------------
+
+    @rule(limit=st.sampled_from([1, 2, 3, DEFAULT_MAINTENANCE_LIMIT]), waited=WAITS, sent_twice=SENT_TWICE)
+    def promote(self, limit: int, waited: Wait, sent_twice: bool) -> None:
+        self.wait(waited)
+        for _ in range(1 + sent_twice):
+            got = self.q.promote(limit, now_ms=self.now)
+            expected = self.model.promote(limit, self.now)
+            assert got == expected, f"promote answered {got}, model {expected}"
+
+    @rule(owner=st.sampled_from(OWNERS), limit=LIMITS, sent_twice=SENT_TWICE)
+    def scrub(self, owner: str, limit: int, sent_twice: bool) -> None:
+        for _ in range(1 + sent_twice):
+            got = self.q.scrub(owner, limit=limit, now_ms=self.now)
+            expected = self.model.scrub(owner, limit, self.now)
+            assert got == expected, f"scrub answered {got}, model {expected}"
+
+    # -- rules: dead letters ----------------------------------------------------------------
+
+    def check_dead_list(self, offset: int, limit: int) -> None:
+        got = self.q.dead_list(offset, limit)
+        expected = self.model.dead_list(offset, limit)
+        assert got == expected, f"dead_list answered {brief(got)}, model {brief(expected)}"
+
+    @rule(
+        ids=st.one_of(st.none(), DEAD_IDS),
+        limit=st.sampled_from([100, 1, 2]),
+        offset=st.integers(0, 2),
+        sent_twice=SENT_TWICE,
+    )
+    def dead_replay(self, ids: list[str] | None, limit: int, offset: int, sent_twice: bool) -> None:
+        """List a page of dead letters, then replay the given ids (unknown, repeated or not
+        dead ones are skipped), or the `limit` oldest (None); a re-send names the same ids."""
+        self.check_dead_list(offset, limit)
+        chosen = ids if ids is not None else [job.id for job in self.model.dead_list(0, limit).jobs]
+        assert self.q.dead_replay(ids, limit=limit, now_ms=self.now) == self.model.dead_replay(chosen, self.now)
+        if sent_twice:
+            assert self.q.dead_replay(chosen, now_ms=self.now) == self.model.dead_replay(chosen, self.now)
+
+    @rule(
+        ids=st.one_of(st.none(), DEAD_IDS),
+        limit=st.sampled_from([100, 1, 2]),
+        offset=st.integers(0, 2),
+        sent_twice=SENT_TWICE,
+    )
+    def dead_purge(self, ids: list[str] | None, limit: int, offset: int, sent_twice: bool) -> None:
+        """List a page of dead letters, then purge the given ids, or the `limit` oldest."""
+        self.check_dead_list(offset, limit)
+        chosen = ids if ids is not None else [job.id for job in self.model.dead_list(0, limit).jobs]
+        assert self.q.dead_purge(ids, limit=limit) == self.model.dead_purge(chosen)
+        if sent_twice:
+            assert self.q.dead_purge(chosen) == self.model.dead_purge(chosen)
+
+    # -- rules: services ----------------------------------------------------------------
+
+    @rule(expire_ms=SERVICE_EXPIRES)
+    def register_a_service(self, expire_ms: int) -> None:
+        service = self.services.register([QUEUE], expire_ms=expire_ms, host=HOST, pid=PID, now_ms=self.now)
+        service_id = self.svc.register(expire_ms, service.renewal, self.now)
+        assert (service.id, service.started_ms, service.owner) == (service_id, self.now, f"{NAMESPACE}.{service_id}")
+        self.service_handles[service.id] = service
+
+    @precondition(lambda self: self.service_handles)
+    @rule(data=st.data(), expire_ms=SERVICE_EXPIRES, limit=LIMITS, waited=WAITS)
+    def renew_and_reap(self, data: st.DataObject, expire_ms: int, limit: int, waited: Wait) -> None:
+        """A worker's heartbeat, after waiting: renew (lost if its key is gone), then scrub
+        every dead service it reports in every queue it served, then forget it."""
+        self.wait(waited)
+        service = data.draw(st.sampled_from(list(self.service_handles.values())), label="service")
+        if not self.svc.alive(service.id):
+            with pytest.raises(ServiceLost):
+                self.services.renew(service, expire_ms=expire_ms, now_ms=self.now)
+            return
+        dead = self.services.renew(service, expire_ms=expire_ms, now_ms=self.now)
+        expected = self.svc.renew(service.id, expire_ms, service.renewal, self.now)
+        assert [(d.id, d.owner, d.queues) for d in dead] == [(i, f"{NAMESPACE}.{i}", qs) for i, qs in expected or []]
+        for gone in dead:
+            for name in gone.queues:
+                assert name == QUEUE
+                for _ in range(100):
+                    scrubbed = self.q.scrub(gone.owner, limit=limit, now_ms=self.now)
+                    assert scrubbed == self.model.scrub(gone.owner, limit, self.now)
+                    if not scrubbed.more:
+                        break
+            assert self.services.forget_dead(gone.id, now_ms=self.now) == self.svc.forget_dead(gone.id, self.now)
+
+    @rule(data=st.data(), how=SERVICE_ENDINGS)
+    def a_service_ends(self, data: st.DataObject, how: str) -> None:
+        """A service deregisters itself, is stopped remotely (key deleted, private wake
+        marker raised), or a reaper forgets it (any id: unknown and live ones too). Keys
+        whose TTL runs out expire as the clock moves (see `set_clock`)."""
+        service_id = data.draw(st.integers(1, self.svc.seq + 1), label="service id")
+        if how == "forget":
+            assert self.services.forget_dead(service_id, now_ms=self.now) == self.svc.forget_dead(service_id, self.now)
+        elif service_id not in self.service_handles:
+            return
+        elif how == "deregister":
+            got = self.services.deregister(self.service_handles[service_id], now_ms=self.now)
+            assert got == self.svc.deregister(service_id)
+        else:
+            assert self.services.stop(service_id) == self.svc.stop(service_id)
+
+    # -- rules: time ----------------------------------------------------------------------
+
+    @rule(waited=CLOCK_MOVES)
+    def time_passes(self, waited: Wait) -> None:
+        """The server clock moves: a little, exactly onto a deadline, past every deadline,
+        or backwards (a failover to a server whose clock lags)."""
+        self.wait(waited)
+
+    def wait(self, waited: Wait) -> None:
+        """Let `waited` ms pass, or move the clock to a target of TARGETS: the earliest due
+        time or lease deadline, or service expiry, not before now."""
+        if isinstance(waited, int):
+            self.set_clock(self.now + waited)
+            return
+        what, off_by = TARGETS[waited]
+        if what == "due":
+            times = list(self.model.scheduled.values()) + [lease.deadline_ms for lease in self.model.leases.values()]
+        else:
+            times = list(self.svc.expiry.values())
+        future = [t for t in times if t >= self.now]
+        if future:
+            self.set_clock(min(future) + off_by)
+
+    def set_clock(self, now: int) -> None:
+        """Move the server clock. Service keys whose TTL runs out on the way expire: the
+        model's clock is not Redis's, so the machine deletes them as Redis would (a key
+        expires when now > its expiry; a clock going back does not bring it back)."""
+        self.now = max(0, now)
+        for service_id in self.svc.expiring(self.now):
+            self.r.delete(self.services.keys.of(service_id).role("service"))
+            self.svc.expire(service_id)
+
+    # -- after every step ------------------------------------------------------------
+
+    @invariant()
+    def everything_agrees(self) -> None:
+        """The keyspace equals the model; the §3 invariants hold; stats agree."""
+        expected = {**self.model.keyspace(self.q.keys), **self.svc.keyspace(self.services.keys)}
+        observed = read_keyspace(self.r, self.q.keys, self.services.keys)
+        assert observed == expected, describe_difference(expected, observed)
+
+        # Single state (DESIGN §3.1), and the structural checks job_states makes.
+        for job_id, states in job_states(self.r, self.q).items():
+            assert len(states) == 1, f"{job_id!r} is in {states}"
+            assert states[0] == self.model.state_of(job_id), f"{job_id!r}: {states} != model {self.model.state_of(job_id)}"
+
+        # Fencing (§3.3): at most one valid lease per job.
+        leased_ids = [receipt_id(r.decode()) for r in observed.get(self.q.keys.leased, {})]
+        assert len(leased_ids) == len(set(leased_ids)), f"two valid leases of one job: {leased_ids}"
+
+        # Attempts never go down within a job's life (a dead_replay starts a new count).
+        for raw_id, record in observed.get(self.q.keys.jobs, {}).items():
+            job_id = raw_id.decode()
+            attempts = int(record.split(b"|", 1)[0])
+            epoch = self.model.epoch[job_id]
+            before = self.attempts_seen.get(job_id)
+            if before is not None and before[0] == epoch:
+                assert attempts >= before[1], f"attempts of {job_id!r} went down: {before[1]} -> {attempts}"
+            self.attempts_seen[job_id] = (epoch, attempts)
+
+        # dead_list agrees too: one page, whose offset and size vary from step to step.
+        if self.model.dead:
+            self.steps += 1
+            self.check_dead_list(self.steps % 3, 1 + self.steps % 2)
+
+        # Counters, counts and lag; `acked` (derived by the script) equals the ok answers.
+        stats = self.q.stats(now_ms=self.now)
+        assert stats == self.model.stats(self.now), f"stats {stats} != model {self.model.stats(self.now)}"
+        assert stats.acked == self.model.acked_ok == sum(self.ok_acks.values())
+
+
+def machine_for(backend: Backend, lua_directory: Path | None = None) -> type[LifecycleMachine]:
+    """The machine bound to a backend and, for mutation tests, a scripts directory."""
+    return type(
+        f"LifecycleMachine_{backend.name}",
+        (LifecycleMachine,),
+        {"backend": backend, "lua_directory": lua_directory},
+    )
+
+
+def run_machine(backend: Backend, options: settings, lua_directory: Path | None = None) -> None:
+    """Run the machine on ``backend`` with ``options`` (raises what the first failing
+    example raised)."""
+    run_state_machine_as_test(machine_for(backend, lua_directory), settings=options)  # type: ignore[no-untyped-call]

@@ -1,0 +1,255 @@
+"""Mutation check of the model test: deliberately planted script bugs must make it fail.
+
+Each mutant is a copy of ``lua/`` with one textual replacement in one script (the
+replacement must match exactly once, so a mutant can never silently become the original).
+The model test (``tests/model.py``, fakeredis backend) runs against the copy through
+``Queue(..., lua_directory=...)`` and must fail. If someone weakens the model (drops a
+check, narrows a strategy) so that a planted bug goes unnoticed, the mutant's test fails
+and so does CI. The unmutated copy must pass, so a mutant fails because of its mutation.
+
+The search is derandomized (the same examples every run) and does not shrink: a mutant
+is caught at the first failing example. ``PYQUEUE_MUTANT_EXAMPLES`` sets the budget per
+mutant (default 200 examples of 50 steps; every mutant is caught long before that).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+from hypothesis import Phase
+from model import FakeBackend, model_settings, run_machine
+
+from pyqueue import PyQueueError
+from pyqueue.scripts import SCRIPT_KEYS, lua_dir
+
+EXAMPLES = int(os.environ.get("PYQUEUE_MUTANT_EXAMPLES", 200))
+STEPS = 50
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One planted bug: in ``script``.lua, ``old`` (which occurs exactly once) becomes ``new``."""
+
+    name: str
+    script: str
+    old: str
+    new: str
+
+
+MUTANTS = [
+    Mutant(
+        "ack_accepts_any_receipt_of_an_existing_job",
+        "ack",
+        "if not acking[lease.receipt] and redis.call('ZSCORE', leased_key, lease.receipt) then",
+        "if not acking[lease.receipt] and redis.call('HEXISTS', jobs_key, lease.id) == 1 then",
+    ),
+    Mutant(
+        "lease_reclaims_only_after_the_deadline_not_at_it",
+        "lease",
+        "'ZRANGEBYSCORE', leased_key, '-inf', now_ms, 'LIMIT', 0, limit + #to_ack)",
+        "'ZRANGEBYSCORE', leased_key, '-inf', '(' .. now_ms, 'LIMIT', 0, limit + #to_ack)",
+    ),
+    Mutant(
+        "lease_has_no_replay_check",
+        "lease",
+        "if count > 0 and not all_acked or #acks == 0 and count > 0 then",
+        "if false then",
+    ),
+    Mutant(
+        "lease_does_not_count_the_attempt_of_a_lease_it_reclaims_and_leases_again",
+        "lease",
+        "if item.from == 'reclaimed' then item.attempts = item.lease.attempt end",
+        "",
+    ),
+    Mutant(
+        "lease_runs_maintenance_on_every_call",
+        "lease",
+        "local MAINTENANCE_INTERVAL_MS = 50",
+        "local MAINTENANCE_INTERVAL_MS = 0",
+    ),
+    Mutant(
+        "promote_leaves_promoted_jobs_in_scheduled",
+        "promote",
+        "call_chunked('ZREM', scheduled_key, promoted)",
+        "",
+    ),
+    Mutant(
+        "promote_reclaims_to_the_tail_of_ready",
+        "promote",
+        "call_chunked('LPUSH', ready_key, reversed)",
+        "call_chunked('RPUSH', ready_key, reversed)",
+    ),
+    Mutant(
+        "promote_exceeds_its_limit",
+        "promote",
+        "redis.call('ZRANGEBYSCORE', scheduled_key, '-inf', now_ms, 'LIMIT', 0, limit)",
+        "redis.call('ZRANGEBYSCORE', scheduled_key, '-inf', now_ms, 'LIMIT', 0, limit + 1)",
+    ),
+    Mutant(
+        "nack_sends_to_dead_one_attempt_late",
+        "nack",
+        "local to_dead = attempt >= max_attempts",
+        "local to_dead = attempt > max_attempts",
+    ),
+    Mutant(
+        "nack_backoff_doubles_from_the_first_attempt",
+        "nack",
+        "base_ms * 2 ^ math.min(attempt - 1, 60)",
+        "base_ms * 2 ^ math.min(attempt, 60)",
+    ),
+    Mutant(
+        "extend_can_move_a_deadline_earlier",
+        "extend",
+        "math.max(tonumber(current), now_ms + lease_ms)",
+        "now_ms + lease_ms",
+    ),
+    Mutant(
+        "extend_answers_ok_to_a_stale_receipt",
+        "extend",
+        "local current = redis.call('ZSCORE', leased_key, lease.receipt)",
+        "local current = redis.call('ZSCORE', leased_key, lease.receipt)"
+        " or (redis.call('HEXISTS', jobs_key, lease.id) == 1 and '0')",
+    ),
+    Mutant(
+        "release_puts_jobs_at_the_tail",
+        "release",
+        "call_chunked('LPUSH', ready_key, reversed)",
+        "call_chunked('RPUSH', ready_key, reversed)",
+    ),
+    Mutant(
+        "release_is_not_counted",
+        "release",
+        "redis.call('HINCRBY', counters_key, 'released', #receipts)",
+        "",
+    ),
+    Mutant(
+        "enqueue_skips_the_duplicate_check",
+        "enqueue",
+        "if existing[i] or seen[id] then",
+        "if seen[id] then",
+    ),
+    Mutant(
+        "scrub_leaves_receipts_in_the_owners_index",
+        "scrub",
+        "call_chunked('ZREM', owners_key, receipts)",
+        "",
+    ),
+    Mutant(
+        "scrub_of_ns_1_also_scrubs_ns_10",
+        "scrub",
+        "'[' .. owner .. '|', '(' .. owner .. '}'",
+        "'[' .. owner, '(' .. owner .. '}'",
+    ),
+    Mutant(
+        "dead_replay_keeps_the_old_record_and_attempts",
+        "dead_replay",
+        "rewritten[#rewritten + 1] = string.format('0|%d|%d|', max_attempts, now_ms) .. string.sub(records[i], payload_at)",
+        "rewritten[#rewritten + 1] = records[i]",
+    ),
+    Mutant(
+        "dead_purge_keeps_the_error_text",
+        "dead_purge",
+        "call_chunked('HDEL', errors_key, ids)",
+        "",
+    ),
+    Mutant(
+        "dead_list_returns_one_job_too_many",
+        "dead_list",
+        "offset, offset + limit - 1",
+        "offset, offset + limit",
+    ),
+    Mutant(
+        "stats_acked_forgets_scrubbed_leases",
+        "stats",
+        "c.leased - c.nacked - c.reclaimed - c.scrubbed - c.released - leased",
+        "c.leased - c.nacked - c.reclaimed - c.released - leased",
+    ),
+    Mutant(
+        "service_register_forgets_live_services",
+        "service_register",
+        "tonumber(expires_ms) <= now_ms",
+        "tonumber(expires_ms) >= now_ms",
+    ),
+    Mutant(
+        "service_renew_keeps_the_old_expiry",
+        "service_renew",
+        "  redis.call('ZADD', expiry_key, now_ms + expire_ms, id)\n",
+        "",
+    ),
+    Mutant(
+        "service_renew_reports_a_service_expiring_now_as_dead",
+        "service_renew",
+        "string.format('(%d', now_ms)",
+        "now_ms",
+    ),
+    Mutant(
+        "service_deregister_leaves_the_id_listed",
+        "service_deregister",
+        "local removed = redis.call('LREM', ids_key, -1, id)",
+        "local removed = 0",
+    ),
+]
+
+# Not planted, because they are equivalent (no test can tell them apart from the original):
+# extend.lua without ZADD's XX only ever writes receipts it has just found in `leased`, so
+# XX is a second line of defence rather than behaviour.
+
+
+def plant(mutant: Mutant, directory: Path) -> Path:
+    """A copy of lua/ in ``directory`` with the mutant's one replacement made."""
+    shutil.copytree(lua_dir(), directory, dirs_exist_ok=True)
+    path = directory / f"{mutant.script}.lua"
+    source = path.read_text(encoding="utf-8")
+    assert source.count(mutant.old) == 1, f"{mutant.name}: the text to replace occurs {source.count(mutant.old)} times"
+    path.write_text(source.replace(mutant.old, mutant.new), encoding="utf-8")
+    return directory
+
+
+def run_model(lua_directory: Path, examples: int) -> BaseException | None:
+    """Run the model test against ``lua_directory``; the failure it found, or None."""
+    settings = model_settings(
+        examples,
+        STEPS,
+        database=None,
+        derandomize=True,
+        phases=(Phase.generate,),
+        report_multiple_bugs=False,
+        print_blob=False,
+    )
+    try:
+        run_machine(FakeBackend(), settings, lua_directory)
+    except (AssertionError, PyQueueError, redis.RedisError) as failure:
+        return failure
+    return None
+
+
+def test_every_script_has_at_least_one_planted_bug() -> None:
+    assert {m.script for m in MUTANTS} == set(SCRIPT_KEYS)
+    assert len({m.name for m in MUTANTS}) == len(MUTANTS) >= 8
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
+def test_each_replacement_matches_exactly_once_so_no_mutant_is_the_original(mutant: Mutant, tmp_path: Path) -> None:
+    copy = plant(mutant, tmp_path)
+    assert (copy / f"{mutant.script}.lua").read_text() != (lua_dir() / f"{mutant.script}.lua").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_model_test_passes_on_an_unmutated_copy(tmp_path: Path) -> None:
+    shutil.copytree(lua_dir(), tmp_path, dirs_exist_ok=True)
+    failure = run_model(tmp_path, min(EXAMPLES, 30))
+    assert failure is None, f"the unmutated copy fails: {failure!r}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
+def test_the_model_test_catches_the_planted_bug(mutant: Mutant, tmp_path: Path) -> None:
+    failure = run_model(plant(mutant, tmp_path), EXAMPLES)
+    assert failure is not None, f"the model test did not catch {mutant.name} in {EXAMPLES} examples x {STEPS} steps"
