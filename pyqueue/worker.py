@@ -515,7 +515,11 @@ class Worker:
         assert self.service is not None
         self._woken_for_stop = True
         if self.services.redis is self.redis:
-            self.redis.zadd(self.service.keys.role("wake"), {"stop": 0})
+            # With a TTL: this may land after deregistration deleted the key.
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.zadd(self.service.keys.role("wake"), {"stop": 0})
+            pipe.pexpire(self.service.keys.role("wake"), 60_000)
+            pipe.execute()
 
     def _extend_running(self) -> None:
         with self._running_lock:
@@ -525,7 +529,10 @@ class Worker:
             for i in range(0, len(jobs), 1000):
                 self._crash.at("in_extend")
                 for job, extended in zip(jobs[i : i + 1000], q.extend(jobs[i : i + 1000], self.lease_ms)):
-                    if not extended.outcome:
+                    with self._running_lock:
+                        still_running = job.receipt in self._running
+                    # A job acked meanwhile answers GONE: only a running job lost its lease.
+                    if not extended.outcome and still_running:
                         log.warning("job %s lost its lease (%s) while running", job.id, extended.outcome.value)
 
     def _renew_and_scrub(self) -> None:
