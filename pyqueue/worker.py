@@ -515,8 +515,9 @@ class Worker:
         assert self.service is not None
         self._woken_for_stop = True
         if self.services.redis is self.redis:
-            # With a TTL: this may land after deregistration deleted the key.
-            pipe = self.redis.pipeline(transaction=True)
+            # With a TTL: this may land after deregistration deleted the key. (A plain
+            # pipeline: the worker's ACL role has no MULTI/EXEC, and order is enough.)
+            pipe = self.redis.pipeline(transaction=False)
             pipe.zadd(self.service.keys.role("wake"), {"stop": 0})
             pipe.pexpire(self.service.keys.role("wake"), 60_000)
             pipe.execute()
