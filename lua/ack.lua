@@ -7,13 +7,22 @@ it the job is gone. Acked jobs are counted by stats as
 leased - nacked - reclaimed - scrubbed - released - (leases outstanding), so the busy path
 writes no counter.
 
-KEYS (3), all <prefix>:{<queue>}:<role>
+Tombstones: with keep_done_ms > 0 an acked id is recorded in `done` until
+now + keep_done_ms, and enqueue treats it as a duplicate until then, so a producer's
+re-sent enqueue cannot run a finished job again. Expired tombstones are trimmed here, in
+batches (when at least 10 have expired, up to 10 more than this call acks), so `done`
+holds about keep_done_ms of acks plus at most 9 expired entries.
+
+KEYS (4), all <prefix>:{<queue>}:<role>
   1 jobs     hash  id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
   2 leased   zset  receipt -> deadline_ms
   3 owners   zset  receipt -> 0 (lexicographic index: receipts by owner, then call)
+  4 done     zset  id -> ms until which an acked id stays a duplicate (tombstones)
 
-ARGV (r)
-  1..r receipts  1..1000 receipts "<owner>|<call>|<fence>|<attempt>|<id>" from lease
+ARGV (2 + r)
+  1    now_ms        '' (use the server clock) or integer >= 0; tests only
+  2    keep_done_ms  integer 0..2^40; 0 leaves no tombstone
+  3..  receipts      1..1000 receipts "<owner>|<call>|<fence>|<attempt>|<id>" from lease
 
 Returns  {status_1 .. status_r}: 'ok' (acked by this call), 'stale' (the job exists
          under another lease or in another state: this lease lost it), 'gone' (no such
@@ -24,10 +33,22 @@ Replay   a re-sent call finds its receipts gone and changes nothing; its answer 
          'gone' where the lost reply said 'ok'.
 ]]
 
-local jobs_key, leased_key, owners_key = KEYS[1], KEYS[2], KEYS[3]
+local jobs_key, leased_key, owners_key, done_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 
 local MAX_BATCH = 1000
 local CHUNK = 500
+local TRIM_BATCH = 10 -- expired tombstones are trimmed this many at a time, at least
+
+local function int_arg(value, name, lo, hi)
+  if type(value) ~= 'string' or not string.match(value, '^%-?%d+$') then
+    return nil, 'PQ_BADARG ' .. name .. ' must be an integer, got ' .. string.format('%q', tostring(value))
+  end
+  local n = tonumber(value)
+  if n < lo or n > hi then
+    return nil, string.format('PQ_BADARG %s must be in [%d, %d], got %s', name, lo, hi, value)
+  end
+  return n
+end
 
 local function expect_type(key, want)
   local got = redis.call('TYPE', key).ok
@@ -42,13 +63,34 @@ local function call_chunked(cmd, key, values)
   end
 end
 
+-- Tombstones for acked ids (see the header). Expired ones rank lowest, so the first
+-- `expired` ranks are exactly them. Trimming comes before ZADD, which may move an acked
+-- id's own expired tombstone (left by its enqueue) out of those ranks.
+local function bury(ids, expired, now_ms, keep_done_ms)
+  if expired >= TRIM_BATCH then
+    redis.call('ZREMRANGEBYRANK', done_key, 0, math.min(expired, #ids + TRIM_BATCH) - 1)
+  end
+  if keep_done_ms > 0 then
+    local args = {}
+    for i, id in ipairs(ids) do args[2 * i - 1], args[2 * i] = now_ms + keep_done_ms, id end
+    call_chunked('ZADD', done_key, args)
+  end
+end
+
 -- 1. Validate.
-if #ARGV < 1 or #ARGV > MAX_BATCH then return redis.error_reply('PQ_BADARG 1..1000 receipts per call') end
+local now_ms, keep_done_ms, err
+if ARGV[1] ~= '' then
+  now_ms, err = int_arg(ARGV[1], 'now_ms', 0, 2 ^ 53)
+  if err then return redis.error_reply(err) end
+end
+keep_done_ms, err = int_arg(ARGV[2], 'keep_done_ms', 0, 2 ^ 40)
+if err then return redis.error_reply(err) end
+if #ARGV < 3 or #ARGV > 2 + MAX_BATCH then return redis.error_reply('PQ_BADARG 1..1000 receipts per call') end
 local leases = {}
-for i = 1, #ARGV do
+for i = 3, #ARGV do
   local id = string.match(ARGV[i], '^[%w_.:%-]+|[%w_.:%-]+|%d+|%d+|(.+)$')
   if not id then return redis.error_reply('PQ_BADARG malformed receipt ' .. string.format('%q', ARGV[i])) end
-  leases[i] = { receipt = ARGV[i], id = id }
+  leases[#leases + 1] = { receipt = ARGV[i], id = id }
 end
 
 -- 2. Read.
@@ -66,12 +108,19 @@ for i, lease in ipairs(leases) do
   end
 end
 
--- 3. Write. `leased` was read above; `jobs` and `owners` may not have been.
+-- 3. Write. `leased` was read above; `jobs` and `owners` may not have been; ZCOUNT
+-- proves `done` is a zset.
 if #receipts > 0 then
-  local err = expect_type(owners_key, 'zset') or expect_type(jobs_key, 'hash')
+  err = expect_type(owners_key, 'zset') or expect_type(jobs_key, 'hash')
   if err then return redis.error_reply(err) end
+  if now_ms == nil then
+    local t = redis.call('TIME')
+    now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  local expired = redis.call('ZCOUNT', done_key, '-inf', now_ms)
   call_chunked('ZREM', leased_key, receipts)
   call_chunked('ZREM', owners_key, receipts)
   call_chunked('HDEL', jobs_key, ids)
+  bury(ids, expired, now_ms, keep_done_ms)
 end
 return status

@@ -1,15 +1,19 @@
 --[[ enqueue: add one or many jobs to a queue.
 
-A job whose id already exists in any state (scheduled, ready, leased, dead) is a
-duplicate: it is skipped and reported, nothing about the existing job changes.
+A job whose id already exists in any state (scheduled, ready, leased, dead), or was
+acked less than the acker's keep_done_ms ago (its tombstone in `done` is still in the
+future), is a duplicate: it is skipped and reported, nothing about the existing job
+changes. An expired tombstone is ignored and left for acks to trim (so a producer needs
+no command that removes anything).
 Jobs with delay_ms = 0 go to the tail of READY; others to SCHEDULED at now + delay_ms.
 
-KEYS (5), all <prefix>:{<queue>}:<role>
+KEYS (6), all <prefix>:{<queue>}:<role>
   1 jobs       hash  id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
   2 ready      list  job ids, head = next to lease
   3 scheduled  zset  id -> due_ms
   4 counters   hash  counter name -> integer
   5 wake       zset  the single member "wake" while workers should wake up
+  6 done       zset  id -> ms until which an acked id stays a duplicate (tombstones)
 
 ARGV (2 + 4n)
   1  now_ms        '' (use the server clock) or integer >= 0; tests only
@@ -24,11 +28,12 @@ Returns  {added, duplicates, flag_1 .. flag_n}; flag_i is 1 if job i was added,
          0 if it was a duplicate (of an existing job or of an earlier job in this call).
 Errors   PQ_BADARG (nothing written), WRONGTYPE (a key holds another Redis type;
          nothing written).
-Replay   re-sending the same call finds every job present and adds nothing.
+Replay   re-sending the same call finds every job present, or acked and tombstoned,
+         and adds nothing (an ack with keep_done_ms = 0 leaves no tombstone).
 ]]
 
-local jobs_key, ready_key, scheduled_key, counters_key, wake_key =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local jobs_key, ready_key, scheduled_key, counters_key, wake_key, done_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 
 local MAX_BATCH = 1000
 local CHUNK = 500 -- values per unpack(); keeps every redis.call well under Lua's C stack limit
@@ -82,8 +87,10 @@ for i = 1, n do
   if err then return redis.error_reply(err) end
 end
 
--- 2. Read: which ids exist already. HMGET also proves `jobs` is a hash.
+-- 2. Read: which ids exist already, which were acked recently. HMGET and ZMSCORE also
+-- prove `jobs` is a hash and `done` a zset.
 local existing = redis.call('HMGET', jobs_key, unpack(ids))
+local tombstones = redis.call('ZMSCORE', done_key, unpack(ids))
 if now_ms == nil then
   local t = redis.call('TIME')
   now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -93,7 +100,8 @@ local flags, records, ready_ids, scheduled_args = {}, {}, {}, {}
 local seen, added, duplicates = {}, 0, 0
 for i = 1, n do
   local id = ids[i]
-  if existing[i] or seen[id] then
+  local kept_until = tombstones[i] and tonumber(tombstones[i])
+  if existing[i] or seen[id] or kept_until and kept_until > now_ms then
     flags[i] = 0
     duplicates = duplicates + 1
   else

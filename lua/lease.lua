@@ -2,8 +2,8 @@
 ready jobs, each with a new fence and a deadline on the server clock.
 
 Order inside the call:
-  1. ack every receipt in ARGV[7..] that is still current (as ack.lua does), so a busy
-     worker acks one job and leases the next in one round trip;
+  1. ack every receipt in ARGV[8..] that is still current (as ack.lua does, tombstones
+     included), so a busy worker acks one job and leases the next in one round trip;
   2. replay check: if this (owner, call) already leased jobs, return those jobs again
      instead of leasing more (a retried call has the effect of one call);
   3. maintenance, when READY holds fewer than `count` jobs or next_maintenance_ms has
@@ -15,7 +15,7 @@ Order inside the call:
      `owners`.
 A lease past its deadline stays valid until maintenance reclaims it.
 
-KEYS (9), all <prefix>:{<queue>}:<role>
+KEYS (10), all <prefix>:{<queue>}:<role>
   1 jobs       hash  id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
   2 ready      list  job ids, head = next to lease
   3 scheduled  zset  id -> due_ms
@@ -25,15 +25,17 @@ KEYS (9), all <prefix>:{<queue>}:<role>
   7 errors     hash  id -> last error text of a dead job
   8 counters   hash  counter name -> integer; also next_maintenance_ms
   9 wake       zset  the single member "wake" while workers should wake up
+ 10 done       zset  id -> ms until which an acked id stays a duplicate (tombstones)
 
-ARGV (6 + r)
+ARGV (7 + r)
   1  now_ms      '' (use the server clock) or integer >= 0; tests only
   2  owner       1..64 bytes of [A-Za-z0-9_.:-]: who holds the leases (a service id)
   3  call        1..64 bytes of [A-Za-z0-9_.:-]: unique per call, chosen by the client
   4  count       integer 0..1000, jobs to lease
   5  lease_ms    integer 1..604800000
   6  limit       integer 1..1000, most jobs promoted and most leases reclaimed per call
-  7.. receipts   0..1000 receipts to ack before leasing
+  7  keep_done_ms  integer 0..2^40: how long an acked id stays a duplicate (0: not at all)
+  8.. receipts   0..1000 receipts to ack before leasing
 
 Receipt  "<owner>|<call>|<fence>|<attempt>|<id>", returned by this script; it names one
          lease of one job and is its fencing token.
@@ -50,11 +52,12 @@ Errors   PQ_BADARG (nothing written), PQ_CORRUPT (a record does not parse; nothi
 ]]
 
 local jobs_key, ready_key, scheduled_key, leased_key, owners_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local dead_key, errors_key, counters_key, wake_key = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local dead_key, errors_key, counters_key, wake_key, done_key = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 
 local MAX_BATCH = 1000
 local MAINTENANCE_INTERVAL_MS = 50 -- while READY is busy, maintenance still runs this often
 local CHUNK = 500
+local TRIM_BATCH = 10 -- expired tombstones are trimmed this many at a time, at least
 
 local function int_arg(value, name, lo, hi)
   if type(value) ~= 'string' or not string.match(value, '^%-?%d+$') then
@@ -108,25 +111,41 @@ local function hmget(key, fields)
   return out
 end
 
+-- Tombstones for acked ids (see ack.lua). Expired ones rank lowest, so the first
+-- `expired` ranks are exactly them. Trimming comes before ZADD, which may move an acked
+-- id's own expired tombstone (left by its enqueue) out of those ranks.
+local function bury(ids, expired, now_ms, keep_done_ms)
+  if expired >= TRIM_BATCH then
+    redis.call('ZREMRANGEBYRANK', done_key, 0, math.min(expired, #ids + TRIM_BATCH) - 1)
+  end
+  if keep_done_ms > 0 then
+    local args = {}
+    for i, id in ipairs(ids) do args[2 * i - 1], args[2 * i] = now_ms + keep_done_ms, id end
+    call_chunked('ZADD', done_key, args)
+  end
+end
+
 -- 1. Validate every argument before touching a key.
 local err
 local owner, call = ARGV[2], ARGV[3]
 err = name_arg(owner, 'owner') or name_arg(call, 'call')
 if err then return redis.error_reply(err) end
-local count, lease_ms, limit, now_ms
+local count, lease_ms, limit, keep_done_ms, now_ms
 count, err = int_arg(ARGV[4], 'count', 0, MAX_BATCH)
 if err then return redis.error_reply(err) end
 lease_ms, err = int_arg(ARGV[5], 'lease_ms', 1, 604800000)
 if err then return redis.error_reply(err) end
 limit, err = int_arg(ARGV[6], 'limit', 1, MAX_BATCH)
 if err then return redis.error_reply(err) end
+keep_done_ms, err = int_arg(ARGV[7], 'keep_done_ms', 0, 2 ^ 40)
+if err then return redis.error_reply(err) end
 if ARGV[1] ~= '' then
   now_ms, err = int_arg(ARGV[1], 'now_ms', 0, 2 ^ 53)
   if err then return redis.error_reply(err) end
 end
-if #ARGV - 6 > MAX_BATCH then return redis.error_reply('PQ_BADARG at most 1000 receipts per call') end
+if #ARGV - 7 > MAX_BATCH then return redis.error_reply('PQ_BADARG at most 1000 receipts per call') end
 local acks = {}
-for i = 7, #ARGV do
+for i = 8, #ARGV do
   local lease = parse_receipt(ARGV[i])
   if not lease then return redis.error_reply('PQ_BADARG malformed receipt ' .. string.format('%q', ARGV[i])) end
   acks[#acks + 1] = lease
@@ -164,6 +183,8 @@ if now_ms == nil then
   local t = redis.call('TIME')
   now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+-- Expired tombstones, counted before any write (ZCOUNT also proves `done` is a zset).
+local expired_done = #to_ack > 0 and redis.call('ZCOUNT', done_key, '-inf', now_ms) or 0
 
 local leased = {} -- leases to hand out: {receipt, id, payload, fence, attempt, max, deadline}
 local next_due_ms = -1
@@ -194,6 +215,7 @@ if #prior > 0 then
     call_chunked('ZREM', leased_key, receipts)
     call_chunked('ZREM', owners_key, receipts)
     call_chunked('HDEL', jobs_key, job_ids)
+    bury(job_ids, expired_done, now_ms, keep_done_ms)
   end
 else
   -- 4. Read the rest of the plan: counters, the head of READY, maintenance candidates.
@@ -315,6 +337,7 @@ else
     call_chunked('ZREM', leased_key, receipts)
     call_chunked('ZREM', owners_key, receipts)
     call_chunked('HDEL', jobs_key, job_ids)
+    bury(job_ids, expired_done, now_ms, keep_done_ms)
   end
   if from_ready > 0 then redis.call('LTRIM', ready_key, from_ready, -1) end
 

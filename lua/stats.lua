@@ -1,19 +1,21 @@
 --[[ stats: counts per state, lag, and the counters the scripts keep. Read only.
 
-KEYS (6), all <prefix>:{<queue>}:<role>
+KEYS (7), all <prefix>:{<queue>}:<role>
   1 jobs       hash  id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
   2 ready      list  job ids
   3 scheduled  zset  id -> due_ms
   4 leased     zset  receipt -> deadline_ms
   5 dead       zset  id -> dead_ms
   6 counters   hash  counter name -> integer
+  7 done       zset  id -> ms until which an acked id stays a duplicate (tombstones)
 
 ARGV (1)
   1  now_ms   '' (use the server clock) or integer >= 0; tests only
 
 Returns  a flat list of name, integer pairs, in this order:
   now_ms, ready, scheduled, due (scheduled jobs already due), leased, expired (leases
-  past their deadline, not yet reclaimed), dead, lag_ms (how long the job at the head of
+  past their deadline, not yet reclaimed), dead, done (acked ids enqueue still treats as
+  duplicates: tombstones not yet expired), lag_ms (how long the job at the head of
   READY, or the earliest due scheduled job, whichever is older, has been due; 0 if
   none), then the counters: enqueued, duplicates, leased_total (the `leased` counter),
   acked, nacked, promoted, reclaimed, scrubbed, released, dead_total (the `dead`
@@ -23,8 +25,8 @@ Returns  a flat list of name, integer pairs, in this order:
 Errors   PQ_BADARG, WRONGTYPE. Writes nothing.
 ]]
 
-local jobs_key, ready_key, scheduled_key, leased_key, dead_key, counters_key =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local jobs_key, ready_key, scheduled_key, leased_key, dead_key, counters_key, done_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 
 local now_ms
 if ARGV[1] ~= '' then
@@ -43,6 +45,7 @@ local due = redis.call('ZCOUNT', scheduled_key, '-inf', now_ms)
 local leased = redis.call('ZCARD', leased_key)
 local expired = redis.call('ZCOUNT', leased_key, '-inf', now_ms)
 local dead = redis.call('ZCARD', dead_key)
+local done = redis.call('ZCOUNT', done_key, '(' .. now_ms, '+inf')
 
 local oldest_due_ms
 local head = redis.call('LINDEX', ready_key, 0)
@@ -65,7 +68,7 @@ for i, name in ipairs(names) do c[name] = tonumber(values[i] or '0') or 0 end
 local acked = c.leased - c.nacked - c.reclaimed - c.scrubbed - c.released - leased
 
 return { 'now_ms', now_ms, 'ready', ready, 'scheduled', scheduled, 'due', due, 'leased', leased,
-  'expired', expired, 'dead', dead, 'lag_ms', lag_ms,
+  'expired', expired, 'dead', dead, 'done', done, 'lag_ms', lag_ms,
   'enqueued', c.enqueued, 'duplicates', c.duplicates, 'leased_total', c.leased, 'acked', acked,
   'nacked', c.nacked, 'promoted', c.promoted, 'reclaimed', c.reclaimed, 'scrubbed', c.scrubbed,
   'released', c.released, 'dead_total', c.dead, 'replayed', c.replayed, 'purged', c.purged }

@@ -21,7 +21,7 @@ import redis
 from pyqueue.errors import PyQueueError, map_redis_error
 from pyqueue.keys import check_name
 from pyqueue.models import Job
-from pyqueue.queue import DEFAULT_LEASE_MS, Queue, connect
+from pyqueue.queue import DEFAULT_KEEP_DONE_MS, DEFAULT_LEASE_MS, Queue, connect
 from pyqueue.service import DEFAULT_EXPIRE_MS, DEFAULT_NAMESPACE, Services
 from pyqueue.worker import Worker
 
@@ -75,6 +75,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         renew_ms=args.renew_ms,
         expire_ms=args.expire_ms,
         grace_ms=args.grace_ms,
+        keep_done_ms=args.keep_done_ms,
     )
     code = worker.run(burst=args.burst)
     # Leave even if a handler is stuck past the grace period (its job was released to
@@ -97,10 +98,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
     rows = []
     for name in names:
         s = Queue(name, client, prefix=args.prefix).stats()
-        rows.append([name, s.ready, s.scheduled, s.leased, s.dead, _ms(s.lag_ms), s.enqueued, s.acked, s.nacked,
-                     s.reclaimed, s.scrubbed, s.dead_total])
-    header = ["queue", "ready", "scheduled", "leased", "dead", "lag", "enqueued", "acked", "nacked", "reclaimed",
-              "scrubbed", "dead_total"]
+        rows.append([name, s.ready, s.scheduled, s.leased, s.dead, s.done, _ms(s.lag_ms), s.enqueued, s.acked,
+                     s.nacked, s.reclaimed, s.scrubbed, s.dead_total])
+    header = ["queue", "ready", "scheduled", "leased", "dead", "done", "lag", "enqueued", "acked", "nacked",
+              "reclaimed", "scrubbed", "dead_total"]
     print(table(rows, header) if rows else "no queues")
     return 0
 
@@ -161,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--renew-ms", type=int, default=15_000)
     p.add_argument("--expire-ms", type=int, default=DEFAULT_EXPIRE_MS)
     p.add_argument("--grace-ms", type=int, default=30_000)
+    p.add_argument("--keep-done-ms", type=int, default=DEFAULT_KEEP_DONE_MS,
+                   help="how long an acked id stays a duplicate for enqueue (default 300000; 0: none)")
     p.add_argument("--burst", action="store_true", help="drain the queues, then exit")
     p.set_defaults(func=cmd_worker)
 

@@ -84,6 +84,11 @@ class QueueKeys:
         """zset: the member "wake" while a blocked worker should wake up."""
         return self._key("wake")
 
+    @property
+    def done(self) -> str:
+        """zset: id -> ms until which an acked id stays a duplicate for enqueue (tombstones)."""
+        return self._key("done")
+
     def role(self, name: str) -> str:
         """The key for a role by name (as listed in a script header)."""
         if name not in ROLES:
@@ -96,7 +101,7 @@ class QueueKeys:
 
 
 #: Every role of a queue key, in the order lua/README.md lists them.
-ROLES = ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake")
+ROLES = ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake", "done")
 
 
 @dataclass(frozen=True)

@@ -143,6 +143,8 @@ class Stats:
     #: Leases past their deadline, not yet reclaimed.
     expired: int
     dead: int
+    #: Acked ids that enqueue still treats as duplicates (tombstones in force).
+    done: int
     #: How long the job at the head of READY (or the earliest due scheduled job, if
     #: older) has been due.
     lag_ms: int

@@ -57,6 +57,9 @@ DEFAULT_LEASE_MS = 30_000
 DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_BACKOFF_BASE_MS = 1_000
 DEFAULT_BACKOFF_CAP_MS = 3_600_000
+#: How long an acked job's id stays a duplicate for enqueue (its tombstone): long enough
+#: for any retry of a lost enqueue reply, by redis-py or by the caller, to find it.
+DEFAULT_KEEP_DONE_MS = 300_000
 #: Most jobs promoted and most expired leases reclaimed by one call.
 DEFAULT_MAINTENANCE_LIMIT = 100
 #: Scripts accept at most this many jobs, receipts or ids per call.
@@ -220,6 +223,11 @@ class Queue:
         owner: who holds this queue object's leases, 1..64 of ``[A-Za-z0-9_.:-]``.
             Workers pass their service id so a dead worker's leases can be scrubbed;
             the default is a random id for this object.
+        keep_done_ms: after this object acks a job, its id stays a duplicate for
+            enqueue this long (a tombstone in ``done``), so an enqueue re-sent after a
+            lost reply cannot run a finished job again. 0 keeps no tombstone: the id is
+            free as soon as the job is acked. Costs about 140 bytes per acked job (with
+            a 32-character id) for this long; see README, "Memory". Default 5 minutes.
         lua_directory: tests only: load the scripts from another directory (the
             mutation tests load deliberately broken copies).
     """
@@ -231,6 +239,7 @@ class Queue:
         *,
         prefix: str = DEFAULT_PREFIX,
         owner: str | None = None,
+        keep_done_ms: int = DEFAULT_KEEP_DONE_MS,
         lua_directory: Path | None = None,
     ) -> None:
         self.name = check_name(name, "queue name")
@@ -239,16 +248,25 @@ class Queue:
         self.owner = owner if owner is not None else "c" + secrets.token_hex(6)
         if not (1 <= len(self.owner) <= 64) or not all(c.isalnum() and c.isascii() or c in "_.:-" for c in self.owner):
             raise InvalidArgument(f"owner must be 1..64 characters of [A-Za-z0-9_.:-], got {self.owner!r}")
+        self.keep_done_ms = check_int(keep_done_ms, "keep_done_ms", 0, 2**40)
         self.scripts = Scripts(self.redis, lua_directory)
 
     @classmethod
-    def from_url(cls, url: str, name: str, *, prefix: str = DEFAULT_PREFIX, retries: int = 3) -> Queue:
+    def from_url(
+        cls,
+        url: str,
+        name: str,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        retries: int = 3,
+        keep_done_ms: int = DEFAULT_KEEP_DONE_MS,
+    ) -> Queue:
         """A queue on the server at ``url`` (``redis://``, ``rediss://``, ``unix://``, or
         ``embedded``), with the client settings of :func:`connect`. Logs a warning if
         the server may evict keys (see :func:`check_server`)."""
         client = connect(url, retries=retries)
         check_server(client)
-        return cls(name, client, prefix=prefix)
+        return cls(name, client, prefix=prefix, keep_done_ms=keep_done_ms)
 
     def __repr__(self) -> str:
         return f"Queue({self.name!r}, prefix={self.keys.prefix!r})"
@@ -272,8 +290,9 @@ class Queue:
         Args:
             payload: bytes, or str (stored as UTF-8). Never pickled.
             job_id: a caller-chosen id makes enqueue idempotent: if a job with this id
-                exists in any state, nothing changes and ``added`` is false. Default: 128
-                random bits in hex.
+                exists in any state, or was acked less than ``keep_done_ms`` ago (the
+                acking queue object's setting), nothing changes and ``added`` is false.
+                Default: 128 random bits in hex.
             delay_ms: run no earlier than this long after now (server clock).
             max_attempts: leases that may fail (nack, expiry, scrub) before the job goes
                 to DEAD; default 5.
@@ -281,7 +300,9 @@ class Queue:
 
         Returns:
             The job id and whether it was added. A call re-sent after a lost reply
-            reports ``added=False`` for the job it added the first time.
+            reports ``added=False`` for the job it added the first time, and adds
+            nothing even if that job has run and been acked since (within
+            ``keep_done_ms``).
 
         Raises:
             InvalidArgument, WrongTypeError, OutcomeUnknown.
@@ -345,19 +366,23 @@ class Queue:
         """
         return self.lease_call(count=count, lease_ms=lease_ms, now_ms=now_ms).jobs
 
-    def ack(self, job: Job) -> Outcome:
+    def ack(self, job: Job, *, now_ms: int | None = None) -> Outcome:
         """Complete a leased job (lua/ack.lua).
 
         Returns :attr:`Outcome.OK` if this lease was current: the job is deleted, and no
-        call will ever get OK for it again. :attr:`Outcome.STALE` if the job was
+        call will ever get OK for it again; its id stays a duplicate for enqueue for
+        ``keep_done_ms``. :attr:`Outcome.STALE` if the job was
         reclaimed from this lease (it will run, or ran, again elsewhere);
         :attr:`Outcome.GONE` if it no longer exists. Only OK changes anything.
         """
-        return self.ack_many([job])[0]
+        return self.ack_many([job], now_ms=now_ms)[0]
 
-    def ack_many(self, jobs: Iterable[Job]) -> list[Outcome]:
-        """``ack`` up to 1000 jobs in one atomic call (lua/ack.lua); one outcome each."""
-        reply = self._call(self.scripts.ack, self.keys, _receipts(jobs))
+    def ack_many(self, jobs: Iterable[Job], *, now_ms: int | None = None) -> list[Outcome]:
+        """``ack`` up to 1000 jobs in one atomic call (lua/ack.lua); one outcome each.
+        ``now_ms``: tests only (it dates the tombstones)."""
+        receipts = _receipts(jobs)
+        _check_now(now_ms)
+        reply = self._call(self.scripts.ack, self.keys, now_ms, self.keep_done_ms, receipts)
         return [Outcome(_str(s)) for s in reply]
 
     def ack_and_lease(
@@ -402,7 +427,7 @@ class Queue:
         receipts = _receipts(ack) if ack else []
         call = secrets.token_hex(8) if call is None else call
         reply = self._call(
-            self.scripts.lease, self.keys, now_ms, self.owner, call, count, lease_ms, limit, receipts
+            self.scripts.lease, self.keys, now_ms, self.owner, call, count, lease_ms, limit, self.keep_done_ms, receipts
         )
         return self.parse_lease(reply)
 

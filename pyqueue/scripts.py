@@ -32,14 +32,14 @@ class Keys(Protocol):
 
 #: The keys each script takes, by role, in header order (tests compare with the headers).
 SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
-    "enqueue": ("jobs", "ready", "scheduled", "counters", "wake"),
-    "lease": ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake"),
-    "ack": ("jobs", "leased", "owners"),
+    "enqueue": ("jobs", "ready", "scheduled", "counters", "wake", "done"),
+    "lease": ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake", "done"),
+    "ack": ("jobs", "leased", "owners", "done"),
     "nack": ("jobs", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake"),
     "extend": ("jobs", "leased"),
     "release": ("jobs", "ready", "leased", "owners", "counters", "wake"),
     "promote": ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake"),
-    "stats": ("jobs", "ready", "scheduled", "leased", "dead", "counters"),
+    "stats": ("jobs", "ready", "scheduled", "leased", "dead", "counters", "done"),
     "dead_list": ("jobs", "dead", "errors"),
     "dead_replay": ("jobs", "ready", "dead", "errors", "counters", "wake"),
     "dead_purge": ("jobs", "dead", "errors", "counters"),
@@ -116,15 +116,19 @@ class Scripts:
         count: int,
         lease_ms: int,
         limit: int,
+        keep_done_ms: int,
         ack_receipts: Sequence[str] = (),
         client: Any = None,
     ) -> Any:
         """lua/lease.lua."""
-        return self.run("lease", keys, [_now(now_ms), owner, call, count, lease_ms, limit, *ack_receipts], client)
+        args: list[Arg] = [_now(now_ms), owner, call, count, lease_ms, limit, keep_done_ms, *ack_receipts]
+        return self.run("lease", keys, args, client)
 
-    def ack(self, keys: QueueKeys, receipts: Sequence[str], client: Any = None) -> Any:
+    def ack(
+        self, keys: QueueKeys, now_ms: int | None, keep_done_ms: int, receipts: Sequence[str], client: Any = None
+    ) -> Any:
         """lua/ack.lua."""
-        return self.run("ack", keys, list(receipts), client)
+        return self.run("ack", keys, [_now(now_ms), keep_done_ms, *receipts], client)
 
     def nack(
         self,

@@ -47,6 +47,7 @@ from pyqueue.models import Job, Outcome
 from pyqueue.queue import (
     DEFAULT_BACKOFF_BASE_MS,
     DEFAULT_BACKOFF_CAP_MS,
+    DEFAULT_KEEP_DONE_MS,
     DEFAULT_LEASE_MS,
     DEFAULT_PREFIX,
     Queue,
@@ -161,6 +162,8 @@ class Worker:
             interval.
         grace_ms: on stop, how long running handlers may take before their jobs are
             released to other workers.
+        keep_done_ms: how long an acked job's id stays a duplicate for enqueue (see
+            :class:`~pyqueue.Queue`); default 5 minutes, 0 for none.
     """
 
     def __init__(
@@ -180,6 +183,7 @@ class Worker:
         grace_ms: int = 30_000,
         backoff_base_ms: int = DEFAULT_BACKOFF_BASE_MS,
         backoff_cap_ms: int = DEFAULT_BACKOFF_CAP_MS,
+        keep_done_ms: int = DEFAULT_KEEP_DONE_MS,
     ) -> None:
         if not queues or len(set(queues)) != len(queues):
             raise InvalidArgument("a worker serves one or more distinct queues")
@@ -198,7 +202,8 @@ class Worker:
         self.services = Services(service_redis if service_redis is not None else self.redis, namespace=namespace, prefix=prefix)
         self.queue_names = list(queues)
         # Validates the names now; owners are set once the service id is known.
-        self.queues = [Queue(name, self.redis, prefix=prefix) for name in queues]
+        self.keep_done_ms = check_int(keep_done_ms, "keep_done_ms", 0, 2**40)
+        self.queues = [Queue(name, self.redis, prefix=prefix, keep_done_ms=keep_done_ms) for name in queues]
         self.service: Service | None = None
         self.exit_reason = ""
 

@@ -465,7 +465,7 @@ def unexpected_keys(obs: Observations) -> tuple[list[str], list[str]]:
     """Keys that should not be there at the end of a trial: (unexpected, wake key leaks).
 
     Expected: the queue's ``jobs``/``dead``/``errors`` (holding only the poison, checked
-    above), ``counters``, a raised ``wake`` marker; the namespace's id counter ``seq``;
+    above), ``counters``, a raised ``wake`` marker, the acked jobs' tombstones ``done``; the namespace's id counter ``seq``;
     the harness's two logs. Every other key (READY, SCHEDULED, LEASED, the owners index,
     a service key, a dead service's entries in ``ids``/``expiry``/``queues``) is
     unexpected.
@@ -478,7 +478,7 @@ def unexpected_keys(obs: Observations) -> tuple[list[str], list[str]]:
     q = f"{PREFIX}:{{{obs.queue}}}:"
     ns = f"{PREFIX}:{{{obs.namespace}}}:service:"
     allowed = {q + "jobs": "hash", q + "dead": "zset", q + "errors": "hash", q + "counters": "hash",
-               ns + "seq": "string", obs.runs_key: "list", obs.acks_key: "list"}
+               q + "done": "zset", ns + "seq": "string", obs.runs_key: "list", obs.acks_key: "list"}
     bad, leaks = [], []
     for key, kind in sorted(obs.keys.items()):
         if key == q + "wake" and kind == "zset" and obs.wake_members == ["wake"]:

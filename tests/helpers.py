@@ -22,8 +22,12 @@ def busy_queue(q: Queue) -> dict[str, Any]:
 
     ready jobs r0..r3; a scheduled job 'due' due at T0 + 10; a lease of 'poison' at its
     last attempt, expired at T0 + 5; a current lease 'held' (deadline T0 + 100_000),
-    and a current lease 'retry' with attempts to spare; a dead job 'corpse'.
+    and a current lease 'retry' with attempts to spare; a dead job 'corpse'; ten
+    tombstones done0..done9 that expire at T0 + 50 (the next ack trims them).
     """
+    finisher = Queue(q.name, q.redis, prefix=q.keys.prefix, keep_done_ms=50)
+    finisher.enqueue_many([NewJob(b"", job_id=f"done{i}") for i in range(10)], now_ms=T0)
+    finisher.ack_many(finisher.lease(count=10, now_ms=T0), now_ms=T0)
     q.enqueue(b"", job_id="corpse", max_attempts=1, now_ms=T0)
     (corpse,) = q.lease(now_ms=T0)
     q.nack(corpse, "died", now_ms=T0)
@@ -46,9 +50,9 @@ def calls_touching_every_key(q: Queue, h: dict[str, Any]) -> dict[str, tuple[str
     held, retry, poison = h["held"].receipt, h["retry"].receipt, h["poison"].receipt
     return {
         "enqueue": ("enqueue", [now, 2, "n1", b"x", 0, 3, "n2", b"y", 50, 3]),
-        "lease": ("lease", [now, "w", "c1", 2, 1000, 100]),
-        "ack_and_lease": ("lease", [now, "w", "c1", 2, 1000, 100, held, "w|x|9|9|r0"]),
-        "ack": ("ack", [held, "w|c|99|1|r1"]),
+        "lease": ("lease", [now, "w", "c1", 2, 1000, 100, 1000]),
+        "ack_and_lease": ("lease", [now, "w", "c1", 2, 1000, 100, 1000, held, "w|x|9|9|r0"]),
+        "ack": ("ack", [now, 1000, held, "w|c|99|1|r1"]),
         "nack_to_scheduled": ("nack", [now, retry, "e", "", 100, 1000]),
         "nack_to_dead": ("nack", [now, h["last"].receipt, "e", "", 100, 1000]),
         "extend": ("extend", [now, 5000, held, "w|c|99|1|r1"]),

@@ -52,6 +52,11 @@ from pyqueue.service import DEAD_LIMIT, GC_LIMIT, Service, Services
 T0 = 1_700_000_000_000
 #: lease.lua / promote.lua: maintenance runs at most this often while READY is busy.
 MAINTENANCE_INTERVAL_MS = 50
+#: ack.lua / lease.lua trim expired tombstones once at least this many have expired.
+TRIM_BATCH = 10
+#: keep_done_ms of each worker's Queue: none, short, the default (expiry at the clock
+#: steps the machine takes is where `<` versus `<=` bugs live).
+KEEP_DONE_MS = {"solo": 50, "ns.1": 0, "ns.10": 1000, "ns.2": 300_000}
 QUEUE = "q"
 NAMESPACE = "ns"
 HOST, PID = "h", 1
@@ -62,6 +67,8 @@ OWNERS = ("ns.1", "ns.10", "ns.2")
 #: with '|', braces, a space and non-ASCII exercise receipt parsing and key tags.
 IDS = ("a", "b", "c", "d", "e", "f", "g", "a|b", "{x} y", "ü")
 NEVER_ENQUEUED = "never"
+#: Ids of jobs an example starts with, already run and acked (only their tombstones).
+FINISHED_IDS = tuple(f"t{i}" for i in range(8))
 
 
 # -- plain-Python model ---------------------------------------------------------------
@@ -134,6 +141,8 @@ class QueueModel:
         self.counters: Counter[str] = Counter()
         self.next_maintenance_ms: int | None = None
         self.wake = False
+        #: Tombstones: acked id -> the ms until which enqueue treats it as a duplicate.
+        self.done: dict[str, int] = {}
         #: Per id: bumped when the id is added and when a replay resets its attempts.
         self.epoch: Counter[str] = Counter()
         #: How many times `ok` was answered to an ack (ack, ack_many, ack-and-lease).
@@ -189,10 +198,11 @@ class QueueModel:
     # -- scripts ---------------------------------------------------------------------
 
     def enqueue(self, batch: Sequence[tuple[str, bytes, int, int]], now: int) -> list[bool]:
-        """enqueue.lua: add each (id, payload, delay_ms, max_attempts) unless the id exists."""
+        """enqueue.lua: add each (id, payload, delay_ms, max_attempts) unless the id exists
+        or has a tombstone in force (an expired one is left for acks to trim)."""
         added: list[bool] = []
         for job_id, payload, delay_ms, max_attempts in batch:
-            if job_id in self.jobs:
+            if job_id in self.jobs or self.done.get(job_id, now) > now:
                 added.append(False)
                 self.counters["duplicates"] += 1
                 continue
@@ -211,9 +221,20 @@ class QueueModel:
         for receipt in receipts:
             del self.leases[receipt]
 
-    def _ack(self, receipts: Sequence[str]) -> None:
-        for receipt in receipts:
-            del self.jobs[self.leases.pop(receipt).id]
+    def _ack(self, receipts: Sequence[str], now: int, keep_done_ms: int) -> None:
+        """Delete the acked jobs; trim expired tombstones (counted before any write, at
+        least TRIM_BATCH at a time, at most TRIM_BATCH more than acked), then bury."""
+        if not receipts:
+            return
+        expired = sum(1 for until in self.done.values() if until <= now)
+        ids = [self.leases.pop(receipt).id for receipt in receipts]
+        for job_id in ids:
+            del self.jobs[job_id]
+        if expired >= TRIM_BATCH:
+            for job_id in zsorted(self.done)[: min(expired, len(ids) + TRIM_BATCH)]:
+                del self.done[job_id]
+        if keep_done_ms > 0:
+            self.done.update((job_id, now + keep_done_ms) for job_id in ids)
         self.acked_ok += len(receipts)
 
     def _fail(self, lease: Lease, now: int, due_ms: int | None = None) -> Record:
@@ -228,14 +249,22 @@ class QueueModel:
         self.errors[job_id] = error
         self.counters["dead"] += 1
 
-    def ack(self, receipts: Sequence[str]) -> list[str]:
+    def ack(self, receipts: Sequence[str], now: int, keep_done_ms: int) -> list[str]:
         """ack.lua."""
         status, ok = self.statuses(receipts)
-        self._ack(ok)
+        self._ack(ok, now, keep_done_ms)
         return status
 
     def lease(
-        self, owner: str, call: str, count: int, lease_ms: int, limit: int, acks: Sequence[str], now: int
+        self,
+        owner: str,
+        call: str,
+        count: int,
+        lease_ms: int,
+        limit: int,
+        acks: Sequence[str],
+        now: int,
+        keep_done_ms: int = 0,
     ) -> LeaseAnswer:
         """lease.lua, step by step: acks, replay check, maintenance, lease."""
         status, to_ack = self.statuses(acks)
@@ -247,7 +276,7 @@ class QueueModel:
             prior = sorted((r for r in self.leases if r.startswith(prefix)), key=str.encode)[:count]
         if prior:
             jobs = [self.job(receipt, self.name) for receipt in prior]  # read before the acks' writes
-            self._ack(to_ack)
+            self._ack(to_ack, now, keep_done_ms)
             return LeaseAnswer(status, jobs, -1, replayed=True)
 
         fence = self.counters["leased"]
@@ -270,7 +299,7 @@ class QueueModel:
         from_ready = max(0, min(take, len(reclaimed) + ready_seen) - len(reclaimed))
         wake = not acks and order_length > take
 
-        self._ack(to_ack)
+        self._ack(to_ack, now, keep_done_ms)
         if maintain:
             for job_id in promoted:
                 del self.scheduled[job_id]
@@ -460,6 +489,7 @@ class QueueModel:
             leased=len(self.leases),
             expired=sum(1 for lease in self.leases.values() if lease.deadline_ms <= now),
             dead=len(self.dead),
+            done=sum(1 for until in self.done.values() if until > now),
             lag_ms=max(0, now - oldest) if oldest is not None else 0,
             enqueued=c["enqueued"],
             duplicates=c["duplicates"],
@@ -490,6 +520,7 @@ class QueueModel:
             keys.errors: {i.encode(): text for i, text in self.errors.items()},
             keys.counters: counters,
             keys.wake: {b"wake": 0.0} if self.wake else {},
+            keys.done: {i.encode(): float(until) for i, until in self.done.items()},
         }
         return {key: value for key, value in out.items() if value}
 
@@ -609,7 +640,7 @@ def read_keyspace(client: redis.Redis, queue_keys: QueueKeys, service_keys: Serv
     queue's or the namespace's is reported under ``<unexpected>``."""
     hashes = {queue_keys.jobs, queue_keys.errors, queue_keys.counters, service_keys.role("queues")}
     lists = {queue_keys.ready, service_keys.role("ids")}
-    zsets = {queue_keys.scheduled, queue_keys.leased, queue_keys.owners, queue_keys.dead, queue_keys.wake}
+    zsets = {queue_keys.scheduled, queue_keys.leased, queue_keys.owners, queue_keys.dead, queue_keys.wake, queue_keys.done}
     zsets.add(service_keys.role("expiry"))
     strings = {service_keys.role("seq")}
     service_prefix = service_keys.role("seq")[: -len("seq")]
@@ -770,12 +801,15 @@ TARGETS: dict[str, tuple[str, int]] = {
     "until due + 1": ("due", 1),
     "until a service expires": ("expiry", 0),
     "until a service expires + 1": ("expiry", 1),
+    "until a tombstone expires - 1": ("done", -1),
+    "until a tombstone expires": ("done", 0),
 }
 Wait = int | str
 CLOCK_MOVES: st.SearchStrategy[Wait] = weighted(
     (5, CLOCK_STEPS),
     (3, st.sampled_from(["until due", "until due - 1", "until due + 1"])),
     (2, st.sampled_from(["until a service expires", "until a service expires + 1"])),
+    (1, st.sampled_from(["until a tombstone expires - 1", "until a tombstone expires"])),
 )
 #: How long a worker waited before a call: often not at all.
 WAITS: st.SearchStrategy[Wait] = weighted((1, st.just(0)), (1, CLOCK_MOVES))
@@ -857,7 +891,9 @@ class LifecycleMachine(RuleBasedStateMachine):
     def worker(self, owner: str) -> Queue:
         """The queue as seen by the worker whose leases are held by ``owner``."""
         if owner not in self.workers:
-            self.workers[owner] = Queue(QUEUE, self.r, owner=owner, lua_directory=self.lua_directory)
+            self.workers[owner] = Queue(
+                QUEUE, self.r, owner=owner, keep_done_ms=KEEP_DONE_MS[owner], lua_directory=self.lua_directory
+            )
         return self.workers[owner]
 
     def fresh_call(self) -> str:
@@ -913,16 +949,26 @@ class LifecycleMachine(RuleBasedStateMachine):
         batch=st.lists(st.tuples(JOB_IDS, PAYLOADS, DELAYS, MAX_ATTEMPTS), max_size=12),
         services=st.lists(SERVICE_EXPIRES, min_size=1, max_size=3),
         held=st.lists(st.tuples(st.sampled_from(OWNERS), st.integers(1, 3), LEASE_MS), max_size=3),
+        finished=st.lists(st.sampled_from(IDS + FINISHED_IDS), unique=True, max_size=14),
     )
     def a_busy_start(
         self,
         batch: list[tuple[str, bytes | str, int, int | None]],
         services: list[int],
         held: list[tuple[str, int, int]],
+        finished: list[str] = [],  # noqa: B006 (Hypothesis passes a fresh list)
     ) -> None:
-        """Each example starts with up to 12 jobs, 1 to 3 services and some leases held by
-        workers (Hypothesis enables only some rules per example: this keeps examples
-        without `enqueue` or `lease` from idling)."""
+        """Each example starts with up to 14 jobs already run and acked (tombstones, enough
+        to trim), up to 12 jobs, 1 to 3 services and some leases held by workers
+        (Hypothesis enables only some rules per example: this keeps examples without
+        `enqueue` or `lease` from idling)."""
+        if finished:
+            self.enqueue([(job_id, b"", 0, None) for job_id in finished])
+            call = LeaseCall("solo", self.fresh_call(), len(finished), 60_000, DEFAULT_MAINTENANCE_LIMIT, ())
+            self.lease_call(call)
+            jobs = [self.known[r] for r in self.model.leases if r.startswith(f"solo|{call.call}|")]
+            got = self.q.ack_many(jobs, now_ms=self.now)
+            self.check_acks(jobs, got, self.model.ack([j.receipt for j in jobs], self.now, KEEP_DONE_MS["solo"]))
         if batch:
             self.enqueue(list(batch))
         for expire_ms in services:
@@ -954,13 +1000,24 @@ class LifecycleMachine(RuleBasedStateMachine):
             )
             assert got == [Enqueued(i, added) for (i, *_), added in zip(batch, expected)], f"enqueue: {got}"
 
+    @precondition(lambda self: self.model.done)
+    @rule(data=st.data(), off_by=st.sampled_from([-1, 0, 1]))
+    def a_producer_resends_after_the_ack(self, data: st.DataObject, off_by: int) -> None:
+        """A producer's enqueue arrives again after its job ran and was acked: 1 ms before
+        its tombstone expires (a duplicate), or at or after that (the id is free again)."""
+        job_id = data.draw(st.sampled_from(sorted(self.model.done)), label="acked id")
+        self.set_clock(self.model.done[job_id] + off_by)
+        self.enqueue([(job_id, b"again", 0, None)])
+
     # -- rules: leasing and acking ------------------------------------------------------
 
     def lease_call(self, sent: LeaseCall) -> None:
         """Send one lease call (ack some, lease some) and compare everything it answers."""
         worker = self.worker(sent.owner)
         receipts = [j.receipt for j in sent.acks]
-        expected = self.model.lease(sent.owner, sent.call, sent.count, sent.lease_ms, sent.limit, receipts, self.now)
+        expected = self.model.lease(
+            sent.owner, sent.call, sent.count, sent.lease_ms, sent.limit, receipts, self.now, KEEP_DONE_MS[sent.owner]
+        )
         if len(sent.acks) == 1 and sent.limit == DEFAULT_MAINTENANCE_LIMIT:  # Queue.ack_and_lease
             outcome, jobs = worker.ack_and_lease(
                 sent.acks[0], lease_ms=sent.lease_ms, count=sent.count, call=sent.call, now_ms=self.now
@@ -1023,7 +1080,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.check_lease(expected, leased.jobs, leased)
         for job in leased.jobs:
             if then == "ack":
-                self.check_acks([job], [worker.ack(job)], self.model.ack([job.receipt]))
+                expected_acks = self.model.ack([job.receipt], self.now, KEEP_DONE_MS[owner])
+                self.check_acks([job], [worker.ack(job, now_ms=self.now)], expected_acks)
             elif then == "nack":
                 got = worker.nack(job, "failed", delay_ms=delay_ms, backoff_base_ms=10, now_ms=self.now)
                 assert got == self.model.nack(job.receipt, b"failed", delay_ms, 10, 3_600_000, self.now)
@@ -1037,8 +1095,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         """Queue.ack of one lease, or ack_many of several (repeats allowed)."""
         jobs = self.draw_jobs(data, 3)
         for _ in range(1 + sent_twice):
-            got = [self.q.ack(jobs[0])] if len(jobs) == 1 else self.q.ack_many(jobs)
-            self.check_acks(jobs, got, self.model.ack([j.receipt for j in jobs]))
+            got = [self.q.ack(jobs[0], now_ms=self.now)] if len(jobs) == 1 else self.q.ack_many(jobs, now_ms=self.now)
+            self.check_acks(jobs, got, self.model.ack([j.receipt for j in jobs], self.now, KEEP_DONE_MS["solo"]))
 
     @rule(
         data=st.data(),
@@ -1235,6 +1293,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         what, off_by = TARGETS[waited]
         if what == "due":
             times = list(self.model.scheduled.values()) + [lease.deadline_ms for lease in self.model.leases.values()]
+        elif what == "done":
+            times = list(self.model.done.values())
         else:
             times = list(self.svc.expiry.values())
         future = [t for t in times if t >= self.now]

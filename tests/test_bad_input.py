@@ -41,21 +41,31 @@ MALFORMED: list[tuple[str, list[Any]]] = [
     ("enqueue", ["", 1, "id", b"", 0, "999999999999999999999999"]),
     ("enqueue", ["soon", 1, "id", b"", 0, 1]),
     ("enqueue", [-5, 1, "id", b"", 0, 1]),
-    ("lease", ["", "", "c", 1, 1000, 100]),
-    ("lease", ["", "a|b", "c", 1, 1000, 100]),
-    ("lease", ["", "w", "c d", 1, 1000, 100]),
-    ("lease", ["", "w", "c" * 65, 1, 1000, 100]),
-    ("lease", ["", "w", "c", -1, 1000, 100]),
-    ("lease", ["", "w", "c", 1001, 1000, 100]),
-    ("lease", ["", "w", "c", 1, 0, 100]),
-    ("lease", ["", "w", "c", 1, 604800001, 100]),
-    ("lease", ["", "w", "c", 1, 1000, 0]),
-    ("lease", ["", "w", "c", 1, 1000, 100, "not-a-receipt"]),
-    ("lease", ["", "w", "c", 1, 1000, 100, "w|c|x|1|id"]),
+    ("lease", ["", "", "c", 1, 1000, 100, 1000]),
+    ("lease", ["", "a|b", "c", 1, 1000, 100, 1000]),
+    ("lease", ["", "w", "c d", 1, 1000, 100, 1000]),
+    ("lease", ["", "w", "c" * 65, 1, 1000, 100, 1000]),
+    ("lease", ["", "w", "c", -1, 1000, 100, 1000]),
+    ("lease", ["", "w", "c", 1001, 1000, 100, 1000]),
+    ("lease", ["", "w", "c", 1, 0, 100, 1000]),
+    ("lease", ["", "w", "c", 1, 604800001, 100, 1000]),
+    ("lease", ["", "w", "c", 1, 1000, 0, 1000]),
+    ("lease", ["", "w", "c", 1, 1000, 100, 1000, "not-a-receipt"]),
+    ("lease", ["", "w", "c", 1, 1000, 100, 1000, "w|c|x|1|id"]),
+    ("lease", ["", "w", "c", 1, 1000, 100, -1]),
+    ("lease", ["", "w", "c", 1, 1000, 100, 2**40 + 1]),
+    ("lease", ["", "w", "c", 1, 1000, 100, ""]),
+    ("lease", ["", "w", "c", 1, 1000, 100]),
     ("ack", []),
-    ("ack", ["w|c|1|1|"]),
-    ("ack", ["w|c|1|id"]),
-    ("ack", [RECEIPT] * 1001),
+    ("ack", ["", 1000]),
+    ("ack", [RECEIPT]),
+    ("ack", ["", RECEIPT, RECEIPT]),
+    ("ack", ["", -1, RECEIPT]),
+    ("ack", ["", 2**40 + 1, RECEIPT]),
+    ("ack", ["x", 1000, RECEIPT]),
+    ("ack", ["", 1000, "w|c|1|1|"]),
+    ("ack", ["", 1000, "w|c|1|id"]),
+    ("ack", ["", 1000, *[RECEIPT] * 1001]),
     ("nack", ["", "bad", "e", "", 100, 1000]),
     ("nack", ["", RECEIPT, "e", "-3", 100, 1000]),
     ("nack", ["", RECEIPT, "e", "", 0, 1000]),
@@ -134,7 +144,7 @@ PLANTERS = {
 }
 ROLE_TYPES = {
     "jobs": "hash", "ready": "list", "scheduled": "zset", "leased": "zset", "owners": "zset",
-    "dead": "zset", "errors": "hash", "counters": "hash", "wake": "zset",
+    "dead": "zset", "errors": "hash", "counters": "hash", "wake": "zset", "done": "zset",
 }
 WRONG_TYPE_CASES = [
     (variant, role, planted)
@@ -151,8 +161,10 @@ WRONG_TYPE_CASES = [
 
 
 #: Keys a variant takes but, by design, does not touch on its branch: a busy ack-and-lease
-#: raises no wake marker, and each nack branch uses only its own destination keys.
+#: raises no wake marker, a lease that acks nothing leaves the tombstones alone, and each
+#: nack branch uses only its own destination keys.
 UNTOUCHED = {
+    ("lease", "done"),
     ("ack_and_lease", "wake"),
     ("nack_to_dead", "scheduled"),
     ("nack_to_dead", "wake"),
@@ -224,6 +236,8 @@ def test_bad_numbers_are_rejected_in_python_before_anything_is_sent(q: Queue, r:
         lambda: q.promote(limit=value),
         lambda: q.dead_list(limit=value),
         lambda: q.stats(now_ms=value if value is not None else -1),
+        lambda: q.ack(job, now_ms=value if value is not None else -1),
+        lambda: Queue("q", r, keep_done_ms=value if value is not None else -1),
     ]
     for attempt in attempts:
         with pytest.raises(InvalidArgument):

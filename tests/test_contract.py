@@ -41,8 +41,8 @@ def test_header_has_argv_returns_and_errors_sections(name: str) -> None:
 def test_key_locals_are_bound_in_header_order(name: str) -> None:
     body = (lua_dir() / f"{name}.lua").read_text()
     bound: dict[int, str] = {}
-    for names, values in re.findall(r"^local ([\w, ]+) =\s*((?:KEYS\[\d\],?\s*)+)$", body, re.M):
-        for local, index in zip([n.strip() for n in names.split(",")], re.findall(r"KEYS\[(\d)\]", values)):
+    for names, values in re.findall(r"^local ([\w, ]+) =\s*((?:KEYS\[\d+\],?\s*)+)$", body, re.M):
+        for local, index in zip([n.strip() for n in names.split(",")], re.findall(r"KEYS\[(\d+)\]", values)):
             bound[int(index)] = local
     assert [bound[i] for i in sorted(bound)] == [f"{role}_key" for role in SCRIPT_KEYS[name]]
 
@@ -97,6 +97,6 @@ def test_helpers_copied_into_several_scripts_are_identical_everywhere() -> None:
         for name, text in _lua_functions(path.read_text()).items():
             copies.setdefault(name, {})[path.name] = text
     shared = {name: files for name, files in copies.items() if len(files) > 1}
-    assert {"int_arg", "expect_type", "call_chunked"} <= set(shared)
+    assert {"int_arg", "expect_type", "call_chunked", "bury"} <= set(shared)
     for name, files in shared.items():
         assert len(set(files.values())) == 1, f"{name} differs between {sorted(files)}"

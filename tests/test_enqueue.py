@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
+from collections.abc import Callable
 
-from pyqueue import InvalidArgument, NewJob, Queue
+import pytest
+import redis
+
+from pyqueue import InvalidArgument, NewJob, Outcome, Queue
 
 T0 = 1_000_000
 
@@ -34,10 +37,28 @@ def test_enqueue_of_a_dead_id_is_a_duplicate(q: Queue) -> None:
     assert not q.enqueue(b"y", job_id="j", now_ms=T0).added
 
 
-def test_enqueue_after_ack_adds_the_id_again(q: Queue) -> None:
+def test_enqueue_of_an_id_acked_within_keep_done_ms_is_a_duplicate(q: Queue, r: redis.Redis) -> None:
     q.enqueue(b"x", job_id="j", now_ms=T0)
     (job,) = q.lease(now_ms=T0)
-    assert q.ack(job)
+    assert q.ack(job, now_ms=T0) is Outcome.OK
+    keep = q.keep_done_ms
+    assert r.zscore(q.keys.done, "j") == T0 + keep
+    # The producer's re-send of a lost enqueue reply must not run the job again.
+    assert not q.enqueue(b"again", job_id="j", now_ms=T0 + keep - 1).added
+    assert q.stats(now_ms=T0 + keep - 1).done == 1
+    # At T0 + keep the tombstone has expired: the id is free (acks trim the tombstone).
+    assert q.enqueue(b"again", job_id="j", now_ms=T0 + keep).added
+    assert q.stats(now_ms=T0 + keep).done == 0
+    (job,) = q.lease(now_ms=T0 + keep)
+    assert job.payload == b"again"
+
+
+def test_with_keep_done_ms_0_an_acked_id_is_free_at_once(make_queue: Callable[..., Queue], r: redis.Redis) -> None:
+    q = make_queue(keep_done_ms=0)
+    q.enqueue(b"x", job_id="j", now_ms=T0)
+    (job,) = q.lease(now_ms=T0)
+    assert q.ack(job, now_ms=T0) is Outcome.OK
+    assert not r.exists(q.keys.done)
     assert q.enqueue(b"again", job_id="j", now_ms=T0).added
 
 

@@ -23,11 +23,10 @@ caller cannot repeat them with the same arguments; (b) for those two sends the s
 script call twice (``Services.scripts``), which is what a retry by the caller means at
 the contract level.
 
-The strict xfail at the end is a known limit these faults expose (it passes once fixed,
-and then fails until its marker is removed): an enqueue re-sent after its job was
-already acked adds the job again. (Two more found here are fixed: a renewal retried
-after ``OutcomeUnknown`` re-sends its token; a worker retries a lost lease call with the
-same call token.)
+Three bugs these faults found are fixed and kept as tests: an enqueue re-sent after its
+job was already acked added the job again (acks now leave a tombstone for
+``keep_done_ms``); a renewal retried after ``OutcomeUnknown`` re-sends its token; a
+worker retries a lost lease call with the same call token.
 """
 
 from __future__ import annotations
@@ -141,7 +140,7 @@ CASES: dict[str, Case] = {
         lambda q, s, w: q.lease_call(ack=[w.held], count=2, lease_ms=1000, call="a1", now_ms=NOW),
         replayed=lambda a: dataclasses.replace(a, acks=[Outcome.GONE]),
     ),
-    "ack": Case("ack", lambda q, s, w: q.ack_many([w.held, w.retry]), replayed=lambda a: [Outcome.GONE] * 2),
+    "ack": Case("ack", lambda q, s, w: q.ack_many([w.held, w.retry], now_ms=NOW), replayed=lambda a: [Outcome.GONE] * 2),
     "nack_to_scheduled": Case(
         "nack", lambda q, s, w: q.nack(w.retry, "boom", now_ms=NOW),
         replayed=lambda a: dataclasses.replace(a, outcome=Outcome.STALE, state=None, at_ms=0),
@@ -374,9 +373,6 @@ def test_a_renewal_that_raised_outcome_unknown_can_renew_again(direct: redis.Red
         services.renew(world.service, now_ms=NOW + 1)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "pyqueue bug: enqueue's replay safety rests on the job still existing; once the job a lost send added "
-    "is acked, the same call re-sent adds it again: it runs twice and its ack answers ok twice"))
 def test_an_enqueue_resent_after_its_job_was_acked_does_not_add_it_again(
     direct: redis.Redis, proxy: FaultProxy
 ) -> None:
@@ -387,9 +383,10 @@ def test_an_enqueue_resent_after_its_job_was_acked_does_not_add_it_again(
         with pytest.raises(OutcomeUnknown):
             producer.enqueue(b"x", job_id="once", now_ms=NOW)
         (job,) = consumer.lease(now_ms=NOW)  # the lost send added it; a worker runs it
-        assert consumer.ack(job) is Outcome.OK
-        again = producer.enqueue(b"x", job_id="once", now_ms=NOW)  # the caller re-sends the same call
-    assert not again.added and consumer.stats(now_ms=NOW).ready == 0, "the acked job is back in READY"
+        assert consumer.ack(job, now_ms=NOW) is Outcome.OK
+        again = producer.enqueue(b"x", job_id="once", now_ms=NOW + 1)  # the caller re-sends the same call
+    # The ack left a tombstone: the re-send is a duplicate, not a second run.
+    assert not again.added and consumer.stats(now_ms=NOW + 1).ready == 0, "the acked job is back in READY"
 
 
 def test_a_worker_whose_lease_reply_was_lost_runs_those_jobs_without_waiting_for_their_deadline(

@@ -57,6 +57,24 @@ MUTANTS = [
         "'ZRANGEBYSCORE', leased_key, '-inf', '(' .. now_ms, 'LIMIT', 0, limit + #to_ack)",
     ),
     Mutant(
+        "ack_trims_one_tombstone_still_in_force",
+        "ack",
+        "math.min(expired, #ids + TRIM_BATCH) - 1)",
+        "math.min(expired, #ids + TRIM_BATCH))",
+    ),
+    Mutant(
+        "enqueue_treats_a_tombstone_expiring_now_as_in_force",
+        "enqueue",
+        "kept_until and kept_until > now_ms then",
+        "kept_until and kept_until >= now_ms then",
+    ),
+    Mutant(
+        "lease_buries_acked_ids_one_ms_short",
+        "lease",
+        "args[2 * i - 1], args[2 * i] = now_ms + keep_done_ms, id",
+        "args[2 * i - 1], args[2 * i] = now_ms + keep_done_ms - 1, id",
+    ),
+    Mutant(
         "lease_has_no_replay_check",
         "lease",
         "if count > 0 and not all_acked or #acks == 0 and count > 0 then",
@@ -132,8 +150,8 @@ MUTANTS = [
     Mutant(
         "enqueue_skips_the_duplicate_check",
         "enqueue",
-        "if existing[i] or seen[id] then",
-        "if seen[id] then",
+        "if existing[i] or seen[id] or kept_until",
+        "if seen[id] or kept_until",
     ),
     Mutant(
         "scrub_leaves_receipts_in_the_owners_index",
