@@ -10,8 +10,9 @@ writes no counter.
 Tombstones: with keep_done_ms > 0 an acked id is recorded in `done` until
 now + keep_done_ms, and enqueue treats it as a duplicate until then, so a producer's
 re-sent enqueue cannot run a finished job again. Expired tombstones are trimmed here, in
-batches (when at least 10 have expired, up to 10 more than this call acks), so `done`
-holds about keep_done_ms of acks plus at most 9 expired entries.
+batches (when at least 10 have expired, up to 10 more than this call acks): under
+steady load `done` holds about keep_done_ms of acks plus fewer than 10 expired entries,
+and a backlog left by a quiet period shrinks by at least 10 per acking call.
 
 KEYS (4), all <prefix>:{<queue>}:<role>
   1 jobs     hash  id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
