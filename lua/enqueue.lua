@@ -25,7 +25,8 @@ ARGV (2 + 4n)
      max_attempts  integer 1..10000
 
 Returns  {added, duplicates, flag_1 .. flag_n}; flag_i is 1 if job i was added,
-         0 if it was a duplicate (of an existing job or of an earlier job in this call).
+         0 if it was a duplicate (of an existing job, of an acked job whose tombstone is
+         in force, or of an earlier job in this call).
 Errors   PQ_BADARG (nothing written), WRONGTYPE (a key holds another Redis type;
          nothing written).
 Replay   re-sending the same call finds every job present, or acked and tombstoned,
