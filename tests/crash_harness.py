@@ -27,7 +27,7 @@ One trial:
 4. Check (:func:`check_trial`): every enqueued id executed and acked exactly once, the
    poison DEAD after 3 attempts with its error text, redeliveries within the bound the
    kills imply, and no key left but the expected ones (a stopped worker's leaked
-   private wake key, a known pyqueue race, is counted apart; ``--strict-keys`` makes it
+   private wake key, which expires by its TTL, is counted apart; ``--strict-keys`` makes it
    a violation).
 
 **The redelivery bound.** A worker holds at most ``concurrency`` leases at once (one
@@ -314,8 +314,8 @@ class Observations:
     lost_leases: int
     timed_out: bool = False
     worker_problems: list[str] = dataclasses.field(default_factory=list)
-    #: count a stopped worker's leaked private wake key as a violation (see
-    #: unexpected_keys); off while that pyqueue race is known and unfixed
+    #: count a stopped worker's private wake key holding just the stop marker as a
+    #: violation (see unexpected_keys); off by default, since it expires by its TTL
     strict_keys: bool = False
 
 
@@ -339,7 +339,7 @@ class TrialReport:
     poison_dead: bool = False
     poison_error: str = ""
     leftover_keys: list[str] = dataclasses.field(default_factory=list)
-    #: private wake keys left by workers that stopped cleanly (a known pyqueue race)
+    #: private wake keys left by workers that stopped cleanly (they expire by their TTL)
     wake_key_leaks: list[str] = dataclasses.field(default_factory=list)
     deaths: dict[str, int] = dataclasses.field(default_factory=dict)
     evictions: int = 0
@@ -470,10 +470,10 @@ def unexpected_keys(obs: Observations) -> tuple[list[str], list[str]]:
     a service key, a dead service's entries in ``ids``/``expiry``/``queues``) is
     unexpected.
 
-    A service's private wake key holding just the stop marker is listed apart: a known
-    pyqueue race (about 1 stop in 200) where the heartbeat raises it for the stop after
-    the deregistration deleted it, leaving a key without TTL. Any other private wake key
-    is unexpected.
+    A service's private wake key holding just the stop marker is listed apart: the
+    heartbeat may raise it for the stop after the deregistration deleted it (about 1
+    stop in 200); it carries a 60 s TTL, so it goes by itself. Any other private wake
+    key is unexpected.
     """
     q = f"{PREFIX}:{{{obs.queue}}}:"
     ns = f"{PREFIX}:{{{obs.namespace}}}:service:"
@@ -814,7 +814,7 @@ class Summary:
             f"poison: DEAD in {poison_ok}/{len(reports)} trials, runs {self.total('poison_runs')}; errors: {errors}",
             "leftover keys: " + ("none unexpected" if not self.total_leftovers() else
                                  f"{self.total_leftovers()} unexpected (see violations)")
-            + f"; private wake keys left by stopped workers (a known pyqueue race, "
+            + f"; private wake keys left by stopped workers (expiring by TTL, "
             f"{'a violation' if cfg.strict_keys else 'tolerated without --strict-keys'}): "
             f"{sum(len(r.wake_key_leaks) for r in reports)}",
             f"time: {self.seconds:.1f} s ({self.seconds / max(1, len(reports)):.1f} s per trial)",
@@ -875,7 +875,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lease-ms", type=int, default=Config.lease_ms)
     parser.add_argument("--seed", type=int)
     parser.add_argument("--strict-keys", action="store_true",
-                        help="count a stopped worker's leaked private wake key (a known pyqueue race) as a violation")
+                        help="count a stopped worker's leaked private wake key (it expires by its TTL) as a violation")
     parser.add_argument("--keep", action="store_true", help="keep the server's directory and the worker logs")
     parser.add_argument("-q", "--quiet", action="store_true", help="no line per trial")
     args = parser.parse_args(argv)
