@@ -863,9 +863,14 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     backend: ClassVar[Backend] = FakeBackend()
     lua_directory: ClassVar[Path | None] = None
+    #: For the run's report: examples started, and keyspace checks made (one after the
+    #: start of each example and one after every step).
+    examples_run: ClassVar[int] = 0
+    checks_run: ClassVar[int] = 0
 
     def __init__(self) -> None:
         super().__init__()
+        type(self).examples_run += 1
         self.r = self.backend.fresh()
         self.now = T0
         self.model = QueueModel()
@@ -1315,6 +1320,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     @invariant()
     def everything_agrees(self) -> None:
         """The keyspace equals the model; the §3 invariants hold; stats agree."""
+        type(self).checks_run += 1
         expected = {**self.model.keyspace(self.q.keys), **self.svc.keyspace(self.services.keys)}
         observed = read_keyspace(self.r, self.q.keys, self.services.keys)
         assert observed == expected, describe_difference(expected, observed)
@@ -1358,7 +1364,11 @@ def machine_for(backend: Backend, lua_directory: Path | None = None) -> type[Lif
     )
 
 
-def run_machine(backend: Backend, options: settings, lua_directory: Path | None = None) -> None:
+def run_machine(
+    backend: Backend, options: settings, lua_directory: Path | None = None
+) -> type[LifecycleMachine]:
     """Run the machine on ``backend`` with ``options`` (raises what the first failing
-    example raised)."""
-    run_state_machine_as_test(machine_for(backend, lua_directory), settings=options)  # type: ignore[no-untyped-call]
+    example raised); returns the machine class, whose counters say what ran."""
+    machine = machine_for(backend, lua_directory)
+    run_state_machine_as_test(machine, settings=options)  # type: ignore[no-untyped-call]
+    return machine

@@ -4,15 +4,19 @@ keyspace must equal a plain-Python model and every invariant of DESIGN §3 must 
 
 The machine and the model live in ``tests/model.py``. Size: 200 examples x 50 steps per
 backend (CI); ``PYQUEUE_DEEP=1`` runs 5000 x 100; ``PYQUEUE_MODEL_EXAMPLES`` and
-``PYQUEUE_MODEL_STEPS`` set either figure.
+``PYQUEUE_MODEL_STEPS`` set either figure; ``PYQUEUE_MODEL_REPORT=<dir>`` writes what
+ran (examples, checks, seconds) to ``<dir>/model-<backend>.json``.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import time
+from pathlib import Path
 
 import pytest
-from model import FakeBackend, RealBackend, model_settings, model_size, run_machine
+from model import FakeBackend, LifecycleMachine, RealBackend, model_settings, model_size, run_machine
 
 from conftest import RedisServer
 
@@ -21,17 +25,36 @@ EXAMPLES, STEPS = model_size()
 TIMEOUT_S = 600 if os.environ.get("PYQUEUE_DEEP", "") != "1" else 6 * 3600
 
 
+def report(backend: str, machine: type[LifecycleMachine], started: float) -> None:
+    """Say what ran (pytest -s shows it); with PYQUEUE_MODEL_REPORT=<dir>, also write it
+    to <dir>/model-<backend>.json, for the record of a deep run."""
+    figures = {
+        "backend": backend,
+        "max_examples": EXAMPLES,
+        "steps_per_example": STEPS,
+        "examples_run": machine.examples_run,
+        "checks_run": machine.checks_run,
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    print(f"\nmodel test: {figures}")
+    directory = os.environ.get("PYQUEUE_MODEL_REPORT")
+    if directory:
+        (Path(directory) / f"model-{backend}.json").write_text(json.dumps(figures) + "\n")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT_S)
 def test_the_scripts_behave_like_the_model_on_every_step_on_fakeredis() -> None:
-    run_machine(FakeBackend(), model_settings(EXAMPLES, STEPS))
+    started = time.monotonic()
+    report("fakeredis", run_machine(FakeBackend(), model_settings(EXAMPLES, STEPS)), started)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT_S)
 def test_the_scripts_behave_like_the_model_on_every_step_on_a_real_redis_server(redis_server: RedisServer) -> None:
     client = redis_server.client()
+    started = time.monotonic()
     try:
-        run_machine(RealBackend(client), model_settings(EXAMPLES, STEPS))
+        report("redis-server", run_machine(RealBackend(client), model_settings(EXAMPLES, STEPS)), started)
     finally:
         client.close()
