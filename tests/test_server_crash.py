@@ -13,11 +13,11 @@ the same ``Queue`` go on, and then checks what the clients recorded (Jepsen styl
   ack of a lease we hold that answers ``gone`` was applied by an earlier send whose
   reply was lost (possibly inside redis-py's own retries), and counts as *unknown*;
 * a call in flight at the kill raises :class:`~pyqueue.OutcomeUnknown` and is recorded
-  as *unknown*: it may or may not have applied. Consumers re-send the same call (same
-  call token, same receipts) until it answers, which is safe: lease and ack are
-  replay-safe. Producers do not re-send an unknown enqueue and move on with new ids: a
-  re-send is unsafe once a consumer has acked the jobs the lost send added (it adds them
-  again; test_lost_replies.py shows it);
+  as *unknown*: it may or may not have applied. Every client re-sends the same call
+  (same ids, same call token, same receipts) until it answers, which is safe: enqueue,
+  lease and ack are replay-safe. An enqueue re-sent after a consumer acked the jobs its
+  lost send added finds their tombstones and adds nothing: a job acked ``ok`` that is
+  leased again, or left in the queue, is a violation;
 * the restarted server has an empty script cache: the same ``Queue`` meets ``NOSCRIPT``
   and reloads its scripts without help (counted in the server's error stats).
 
@@ -60,8 +60,10 @@ class Record:
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     #: ids of enqueue calls that answered (added, or a duplicate of our own earlier send)
     confirmed: set[str] = dataclasses.field(default_factory=set)
-    #: ids of enqueue calls that raised OutcomeUnknown (they may or may not be there)
+    #: ids of enqueue calls that never answered (the load stopped while re-sending)
     enqueue_unknown: set[str] = dataclasses.field(default_factory=set)
+    #: jobs a re-sent enqueue answered as duplicates (its lost send had added them)
+    resent_duplicates: int = 0
     #: id -> how many ack calls answered ok for it
     acked_ok: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     #: ids whose ack answered 'gone' (an earlier send of the same ack applied and its
@@ -136,21 +138,16 @@ class Load:
             ids = [f"{name}-{n + i}" for i in range(rng.randint(1, BATCH))]
             n += len(ids)
             jobs = [NewJob(b"x", job_id=i) for i in ids]
-            try:
-                self.q.enqueue_many(jobs)
-            except OutcomeUnknown:
-                # Not re-sent: if the lost send applied and a consumer acked the jobs
-                # before the re-send, the re-send would add them again (see
-                # test_lost_replies.py, test_an_enqueue_resent_after_its_job_was_acked_...).
-                with self.record.lock:
-                    self.record.unknown["enqueue"] += 1
-                    self.record.enqueue_unknown.update(ids)
-                self.stop.wait(0.02)
-                continue
             with self.record.lock:
+                self.record.enqueue_unknown.update(ids)
+            added, unknown = self._until_answered(name, "enqueue", lambda: self.q.enqueue_many(jobs))
+            if added is None:
+                return
+            with self.record.lock:
+                self.record.enqueue_unknown.difference_update(ids)
                 self.record.confirmed.update(ids)
-                if self.restarted.is_set():
-                    self.record.answered_after_restart[name] += 1
+                if unknown:
+                    self.record.resent_duplicates += sum(not e.added for e in added)
             time.sleep(rng.uniform(0, 0.005))
 
     def _consume(self, name: str) -> None:
@@ -218,6 +215,7 @@ class Figures:
     unknown_calls: dict[str, int]
     hidden_retries: int
     noscript: int
+    resent_duplicates: int
 
 
 def run_trial(workdir: Path, seed: int) -> Figures:
@@ -267,7 +265,7 @@ def run_trial(workdir: Path, seed: int) -> Figures:
     assert len(acked_ok) <= stats.acked <= len(acked_ok) + len(rec.acked_unknown), (stats, len(acked_ok))
     assert applied_before > 0 and rec.confirmed and acked_ok, "the load did nothing before the kill"
     return Figures(len(rec.confirmed), len(states), len(acked_ok), len(rec.acked_unknown), dict(rec.unknown),
-                   rec.hidden_retries, noscript)
+                   rec.hidden_retries, noscript, rec.resent_duplicates)
 
 
 @pytest.mark.timeout(120 + 30 * TRIALS if DEEP else 120)
@@ -289,5 +287,6 @@ def test_a_server_killed_under_load_keeps_every_acknowledged_enqueue_and_ack_and
     print(f"\nserver crash: {TRIALS} trials; enqueues confirmed {sum(f.confirmed for f in figures)} (left in the "
           f"queue {sum(f.present for f in figures)}), acks ok {sum(f.acked_ok for f in figures)}, acks unknown "
           f"{sum(f.acked_unknown for f in figures)} (of which answered 'gone' after redis-py's own re-send "
-          f"{sum(f.hidden_retries for f in figures)}); calls with an unknown outcome {dict(unknown)}; NOSCRIPT "
+          f"{sum(f.hidden_retries for f in figures)}); calls with an unknown outcome {dict(unknown)} (re-sent "
+          f"enqueues that found their jobs already added: {sum(f.resent_duplicates for f in figures)} jobs); NOSCRIPT "
           f"answers after restarts {sum(f.noscript for f in figures)}")
