@@ -961,7 +961,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         batch: list[tuple[str, bytes | str, int, int | None]],
         services: list[int],
         held: list[tuple[str, int, int]],
-        finished: list[str] = [],  # noqa: B006 (Hypothesis passes a fresh list)
+        finished: list[str],
     ) -> None:
         """Each example starts with up to 14 jobs already run and acked (tombstones, enough
         to trim), up to 12 jobs, 1 to 3 services and some leases held by workers
