@@ -109,18 +109,19 @@ for i, lease in ipairs(leases) do
   end
 end
 
--- 3. Write. `leased` was read above; `jobs` and `owners` may not have been; ZCOUNT
--- proves `done` is a zset.
+-- 3. Write. `leased` was read above and ZCOUNT proves `done` is a zset; `owners` needs
+-- no probe because ZREM on it is the first write (a type error there writes nothing);
+-- `jobs` is probed.
 if #receipts > 0 then
-  err = expect_type(owners_key, 'zset') or expect_type(jobs_key, 'hash')
+  err = expect_type(jobs_key, 'hash')
   if err then return redis.error_reply(err) end
   if now_ms == nil then
     local t = redis.call('TIME')
     now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
   local expired = redis.call('ZCOUNT', done_key, '-inf', now_ms)
-  call_chunked('ZREM', leased_key, receipts)
   call_chunked('ZREM', owners_key, receipts)
+  call_chunked('ZREM', leased_key, receipts)
   call_chunked('HDEL', jobs_key, ids)
   bury(ids, expired, now_ms, keep_done_ms)
 end

@@ -212,8 +212,8 @@ if #prior > 0 then
   if #to_ack > 0 then
     local receipts, job_ids = {}, {}
     for i, lease in ipairs(to_ack) do receipts[i], job_ids[i] = lease.receipt, lease.id end
-    call_chunked('ZREM', leased_key, receipts)
     call_chunked('ZREM', owners_key, receipts)
+    call_chunked('ZREM', leased_key, receipts)
     call_chunked('HDEL', jobs_key, job_ids)
     bury(job_ids, expired_done, now_ms, keep_done_ms)
   end
@@ -304,8 +304,11 @@ else
   -- next_due_ms is read from SCHEDULED after the writes when fewer than count are leased.
   local read_scheduled_after = take < count and not stopped_at_limit
 
-  -- 6. Prove the types of keys we will write but have not read.
+  -- 6. Prove the types of keys we will write but have not read. When this call acks,
+  -- its first write is ZREM on `owners`: if that key held another type, the error would
+  -- come before anything was written, so it needs no probe (one command less per job).
   local writes = { [jobs_key] = 'hash', [ready_key] = 'list', [leased_key] = 'zset', [owners_key] = 'zset' }
+  if #to_ack > 0 then writes[owners_key] = nil end
   if #to_dead > 0 then writes[dead_key] = 'zset'; writes[errors_key] = 'hash' end
   if wake then writes[wake_key] = 'zset' end
   if read_scheduled_after then writes[scheduled_key] = 'zset' end
@@ -328,14 +331,14 @@ else
     end
   end
 
-  -- 7. Write: acks, then the pop from READY. The first write removes something, so at its
-  -- memory limit Redis still runs the call (it refuses only a growing first write): a
-  -- full server keeps draining.
+  -- 7. Write: acks (first ZREM on `owners`, see 6), then the pop from READY. The first
+  -- write removes something, so at its memory limit Redis still runs the call (it
+  -- refuses only a growing first write): a full server keeps draining.
   if #to_ack > 0 then
     local receipts, job_ids = {}, {}
     for i, lease in ipairs(to_ack) do receipts[i], job_ids[i] = lease.receipt, lease.id end
-    call_chunked('ZREM', leased_key, receipts)
     call_chunked('ZREM', owners_key, receipts)
+    call_chunked('ZREM', leased_key, receipts)
     call_chunked('HDEL', jobs_key, job_ids)
     bury(job_ids, expired_done, now_ms, keep_done_ms)
   end
