@@ -185,7 +185,7 @@ def test_check_before_write_a_failing_call_wrote_nothing(q: Queue, r: redis.Redi
     # The exhaustive table is in test_bad_input.py; this runs lease, the widest script,
     # with each of its keys broken (the tombstones' key only matters when it acks).
     handles = busy_queue(q)
-    script, args = calls_touching_every_key(q, handles)["ack_and_lease" if role in ("done",) else "lease"]
+    script, args = calls_touching_every_key(q, handles)["ack_and_lease" if role == "done" else "lease"]
     r.delete(q.keys.role(role))
     r.set(q.keys.role(role), "planted")
     before = dump_all(r)
