@@ -2,6 +2,11 @@
 
 Allocates the next id (INCR of the namespace's counter), asserts that id's key does not
 exist, writes it, expires it after expire_ms (renewals push this back), and lists the id.
+The client also names a random registration token that never changes while this
+registration lives: the service's lease owner is `<namespace>.<id>.<registration>`, and
+renewal, stop, deregistration and scrub act only on the registration they name. So if
+the id counter starts again (a Redis emptied by a restart without persistence), a new
+service that gets an old id shares neither its leases nor its fate with the old one.
 The id's key must be passed in KEYS, so the client names the id it expects (the
 counter + 1): if another service registered first, the answer is {'retry', next_id}
 and nothing is written. Also forgets, from the ids list only, up to gc_limit of the
@@ -12,12 +17,14 @@ KEYS (5), all <prefix>:{<namespace>}:service:<role>
   2 ids       list    ids, newest first (LPUSH), trimmed to capacity
   3 expiry    zset    id -> expires_ms; kept after the key expires, until the service
                       is deregistered or scrubbed
-  4 queues    hash    id -> the queues the service serves, comma-separated
+  4 queues    hash    id -> "<registration> <queues>": its registration token, a space,
+                      and the queues it serves, comma-separated
   5 service   hash    <prefix>:{<namespace>}:service:<id>, the service's own key:
                       host, pid, started, renewed (ms, server clock), renewal (token),
-                      queues; expires after expire_ms
+                      registration, queues; stop (ms) once a remote stop asked it to
+                      stop (service_stop.lua); expires after expire_ms
 
-ARGV (9)
+ARGV (10)
   1  now_ms       '' (use the server clock) or integer >= 0; tests only
   2  id           integer >= 1, the id the client expects (counter + 1)
   3  host         1..255 bytes
@@ -27,6 +34,7 @@ ARGV (9)
   7  capacity     integer 1..100000, longest the ids list may grow
   8  gc_limit     integer 0..1000, most expired ids forgotten from the list per call
   9  renewal      1..64 bytes of [A-Za-z0-9_.:-]: token the first renewal must show
+ 10  registration 1..16 bytes of [A-Za-z0-9]: random, fixed for this registration
 
 Returns  {'ok', id, started_ms} or {'retry', next_id}.
 Errors   PQ_BADARG, PQ_EXISTS (the new id's key already exists: another program writes
@@ -64,7 +72,7 @@ if ARGV[1] ~= '' then
 end
 id, err = int_arg(ARGV[2], 'id', 1, 2 ^ 53)
 if err then return redis.error_reply(err) end
-local host, queues, renewal = ARGV[3], ARGV[5], ARGV[9]
+local host, queues, renewal, registration = ARGV[3], ARGV[5], ARGV[9], ARGV[10]
 if #host < 1 or #host > 255 then return redis.error_reply('PQ_BADARG host must be 1..255 bytes') end
 pid, err = int_arg(ARGV[4], 'pid', 0, 2 ^ 31)
 if err then return redis.error_reply(err) end
@@ -78,6 +86,10 @@ if err then return redis.error_reply(err) end
 if not renewal or #renewal > 64 or not string.match(renewal, '^[%w_.:%-]+$') then
   return redis.error_reply('PQ_BADARG renewal must be 1..64 bytes of [A-Za-z0-9_.:-]')
 end
+if not registration or #registration > 16 or not string.match(registration, '^%w+$') then
+  return redis.error_reply('PQ_BADARG registration must be 1..16 bytes of [A-Za-z0-9]')
+end
+if string.find(queues, ' ', 1, true) then return redis.error_reply('PQ_BADARG queues must not contain spaces') end
 if string.sub(service_key, -(#ARGV[2] + 1)) ~= ':' .. ARGV[2] then
   return redis.error_reply('PQ_BADARG the service key must end with :<id>')
 end
@@ -106,11 +118,11 @@ if err then return redis.error_reply(err) end
 -- 3. Write. INCR first: if `seq` holds another type it fails before anything else.
 redis.call('INCR', seq_key)
 redis.call('HSET', service_key, 'host', host, 'pid', pid, 'started', now_ms, 'renewed', now_ms,
-  'renewal', renewal, 'queues', queues)
+  'renewal', renewal, 'registration', registration, 'queues', queues)
 redis.call('PEXPIRE', service_key, expire_ms)
 for _, listed in ipairs(forget) do redis.call('LREM', ids_key, -1, listed) end
 redis.call('LPUSH', ids_key, id)
 redis.call('LTRIM', ids_key, 0, capacity - 1)
 redis.call('ZADD', expiry_key, now_ms + expire_ms, id)
-redis.call('HSET', queues_key, id, queues)
+redis.call('HSET', queues_key, id, registration .. ' ' .. queues)
 return { 'ok', id, now_ms }

@@ -2,15 +2,21 @@
 the service key exists and holds the renewal token this service wrote last.
 
 On success: renewed = now, renewal = the new token, the key's expiry and the expiry
-zset pushed to now + expire_ms. Any mismatch is the answer 'lost' (the key expired, was
-deleted for a remote shutdown, or was overwritten): the service must stop leasing and
-exit. The answer also lists up to `limit` services of the namespace that expired (dead:
-their leases are to be scrubbed), so live services find dead ones at no extra cost.
+zset pushed to now + expire_ms. The answer is 'ok', or 'stop' when a remote stop
+(service_stop.lua) marked the key: the service must stop leasing, finish or release
+what it runs and deregister; the renewal still applies, so a service draining its
+running jobs keeps its registration (and nobody scrubs those jobs) until it
+deregisters. Any mismatch is the answer 'lost' and writes nothing: the key expired
+(the service was paused or cut off past expire_ms, or Redis lost its data) or holds
+another registration. A lost service must stop leasing at once: its leases may have
+been scrubbed and its jobs may be running elsewhere. The answer also lists up to
+`limit` services of the namespace that expired (dead: their leases are to be
+scrubbed), so live services find dead ones at no extra cost.
 
 KEYS (3), all <prefix>:{<namespace>}:service:<role>
   1 service   hash  <prefix>:{<namespace>}:service:<id>
   2 expiry    zset  id -> expires_ms
-  3 queues    hash  id -> the queues the service serves, comma-separated
+  3 queues    hash  id -> "<registration> <queues>"
 
 ARGV (6)
   1  now_ms       '' (use the server clock) or integer >= 0; tests only
@@ -20,11 +26,14 @@ ARGV (6)
   5  expire_ms    integer 1000..86400000
   6  limit        integer 0..100, most dead services listed
 
-Returns  {status, renewed_ms, d, dead_id_1, dead_queues_1, .., dead_id_d, dead_queues_d}
-         status 'ok', or 'lost' (renewed_ms 0; nothing written).
+Returns  {status, renewed_ms, d, dead_id_1, dead_registration_1, dead_queues_1, ..}
+         status 'ok', 'stop' (renewed; a remote stop asked this service to stop) or
+         'lost' (renewed_ms 0; nothing written). Each dead service: its id, its
+         registration token (its lease owner is <namespace>.<id>.<registration>) and
+         its queues, comma-separated.
 Errors   PQ_BADARG, WRONGTYPE (nothing written).
-Replay   a re-sent call finds its own new token already in place and answers 'ok'
-         again, pushing the expiry to the same or a later time.
+Replay   a re-sent call finds its own new token already in place and answers as the
+         first did, pushing the expiry to the same or a later time.
 ]]
 
 local service_key, expiry_key, queues_key = KEYS[1], KEYS[2], KEYS[3]
@@ -61,15 +70,18 @@ if now_ms == nil then
 end
 
 -- 2. Read, all before the first write.
-local current = redis.call('HGET', service_key, 'renewal')
+local fields = redis.call('HMGET', service_key, 'renewal', 'stop')
+local current, stop = fields[1], fields[2]
 local dead = {}
 if limit > 0 then
   dead = redis.call('ZRANGEBYSCORE', expiry_key, '-inf', string.format('(%d', now_ms), 'LIMIT', 0, limit)
 end
 local reply = { 'lost', 0, #dead }
 for _, dead_id in ipairs(dead) do
+  local registration, served = string.match(redis.call('HGET', queues_key, dead_id) or '', '^(%w*) (.*)$')
   reply[#reply + 1] = dead_id
-  reply[#reply + 1] = redis.call('HGET', queues_key, dead_id) or ''
+  reply[#reply + 1] = registration or ''
+  reply[#reply + 1] = served or ''
 end
 if current == renewal or current == next_token then
   local owner = redis.call('ZSCORE', expiry_key, id)
@@ -84,9 +96,9 @@ if current == renewal or current == next_token then
   if not owner then
     -- Forgotten by a reaper while we were slow (should not happen: it checks expiry):
     -- restore the record of what we serve so our leases stay scrubbable.
-    local queues = redis.call('HGET', service_key, 'queues')
-    if queues then redis.call('HSET', queues_key, id, queues) end
+    local own = redis.call('HMGET', service_key, 'registration', 'queues')
+    if own[1] and own[2] then redis.call('HSET', queues_key, id, own[1] .. ' ' .. own[2]) end
   end
-  reply[1], reply[2] = 'ok', now_ms
+  reply[1], reply[2] = stop and 'stop' or 'ok', now_ms
 end
 return reply

@@ -30,6 +30,7 @@ from pyqueue.models import (
     Nacked,
     NewJob,
     Outcome,
+    Peeked,
     Promoted,
     Stats,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "OutOfMemory",
     "Outcome",
     "OutcomeUnknown",
+    "Peeked",
     "PermissionDenied",
     "Promoted",
     "PyQueueError",

@@ -108,16 +108,18 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def cmd_services(args: argparse.Namespace) -> int:
     services = Services(connect(args.url), namespace=args.namespace, prefix=args.prefix)
-    rows = [[i.id, "alive" if i.alive else "dead", i.host, i.pid, i.started_ms, i.renewed_ms, ",".join(i.queues)]
-            for i in services.list()]
-    print(table(rows, ["id", "state", "host", "pid", "started_ms", "renewed_ms", "queues"]) if rows else "no services")
+    rows = [[i.id, ("stopping" if i.stopping else "alive") if i.alive else "dead", i.host, i.pid, i.started_ms,
+             i.renewed_ms, ",".join(i.queues), i.owner] for i in services.list()]
+    header = ["id", "state", "host", "pid", "started_ms", "renewed_ms", "queues", "owner"]
+    print(table(rows, header) if rows else "no services")
     return 0
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
     services = Services(connect(args.url), namespace=args.namespace, prefix=args.prefix)
     if services.stop(args.service_id):
-        print(f"service {args.service_id}: key deleted; it stops before its next wait or renewal")
+        print(f"service {args.service_id}: asked to stop; it stops leasing at once, finishes its running jobs, "
+              "deregisters and exits 0")
         return 0
     print(f"service {args.service_id}: no such live service", file=sys.stderr)
     return 1

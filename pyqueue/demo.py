@@ -155,7 +155,7 @@ def run_demo(*, url: str = "embedded", prefix: str = "pq", jobs: int = 3000, wor
         (f"redeliveries ({redeliveries}) only for jobs the killed worker held ({in_flight})",
          redeliveries <= in_flight),
         ("every worker that was not killed stopped cleanly and deregistered",
-         pool.clean_exits() and all(f"{NAMESPACE}.{i.id}" == victim_owner for i in services.list() if i.alive)),
+         pool.clean_exits() and all(i.owner == victim_owner for i in services.list() if i.alive)),
     ]
     say.line("")
     for text, ok in checks:
@@ -255,7 +255,7 @@ class _ProcessWorkers(_Workers):
         pid = self.procs[index].pid
         for info in self.services.list():
             if info.pid == pid and info.alive:
-                return f"{NAMESPACE}.{info.id}"
+                return info.owner
         raise RuntimeError(f"worker process {pid} is not registered")
 
     def kill(self, index: int) -> None:

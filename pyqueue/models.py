@@ -121,6 +121,23 @@ class Promoted:
 
 
 @dataclass(frozen=True)
+class Peeked:
+    """The answer of peek: whether a queue has work for a lease call, read-only."""
+
+    now_ms: int
+    #: Jobs in READY.
+    ready: int
+    #: The earliest due time in SCHEDULED or lease deadline in LEASED; -1 if neither.
+    next_due_ms: int
+
+    @property
+    def has_work(self) -> bool:
+        """A lease call now would find a job: one is ready, due, or an expired lease
+        waits to be reclaimed."""
+        return self.ready > 0 or 0 <= self.next_due_ms <= self.now_ms
+
+
+@dataclass(frozen=True)
 class Scrubbed:
     """The answer of scrub: leases ended, of which jobs sent to DEAD, and whether a limit
     was reached (call again)."""

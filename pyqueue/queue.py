@@ -34,7 +34,7 @@ import redis as redis_lib
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
-from pyqueue.errors import InvalidArgument, mapped
+from pyqueue.errors import InvalidArgument, map_redis_error, mapped
 from pyqueue.keys import QueueKeys, check_name
 from pyqueue.models import (
     DeadJob,
@@ -46,6 +46,7 @@ from pyqueue.models import (
     Nacked,
     NewJob,
     Outcome,
+    Peeked,
     Promoted,
     Scrubbed,
     Stats,
@@ -539,6 +540,13 @@ class Queue:
         values = {_str(reply[i]): int(reply[i + 1]) for i in range(0, len(reply), 2)}
         return Stats(**values)
 
+    def peek(self, *, now_ms: int | None = None) -> Peeked:
+        """Whether this queue has work for a lease call, and when it will next
+        (lua/peek.lua). Read-only; see :func:`peek_many` for several queues at once."""
+        _check_now(now_ms)
+        now, ready, next_due = self._call(self.scripts.peek, self.keys, now_ms)
+        return Peeked(int(now), int(ready), int(next_due))
+
     def dead_list(self, offset: int = 0, limit: int = 100) -> DeadPage:
         """One page of DEAD jobs, oldest first (lua/dead_list.lua)."""
         check_int(offset, "offset", 0, 2**31)
@@ -589,6 +597,30 @@ class Queue:
         if len(checked) > MAX_BATCH:
             raise InvalidArgument(f"at most {MAX_BATCH} ids per call, got {len(checked)}")
         return checked
+
+
+def peek_many(queues: Sequence[Queue]) -> list[Peeked]:
+    """``peek`` every queue in one round trip (a pipeline of lua/peek.lua calls); the
+    queues must share one client. A worker serving many queues finds the first with work
+    this way instead of one lease call per empty queue.
+
+    Raises:
+        the mapped error of the first call that failed (read-only: nothing was written).
+    """
+    if not queues:
+        return []
+    scripts = queues[0].scripts
+    try:
+        replies = scripts.run_pipelined("peek", [(q.keys, [""]) for q in queues])
+    except redis_lib.RedisError as exc:
+        raise map_redis_error(exc) from exc
+    out = []
+    for reply in replies:
+        if isinstance(reply, redis_lib.RedisError):
+            raise map_redis_error(reply) from reply
+        now, ready, next_due = reply
+        out.append(Peeked(int(now), int(ready), int(next_due)))
+    return out
 
 
 def _check_now(now_ms: int | None) -> None:

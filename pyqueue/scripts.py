@@ -40,6 +40,7 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "release": ("jobs", "ready", "leased", "owners", "counters", "wake"),
     "promote": ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake"),
     "stats": ("jobs", "ready", "scheduled", "leased", "dead", "counters", "done"),
+    "peek": ("ready", "scheduled", "leased"),
     "dead_list": ("jobs", "dead", "errors"),
     "dead_replay": ("jobs", "ready", "dead", "errors", "counters", "wake"),
     "dead_purge": ("jobs", "dead", "errors", "counters"),
@@ -47,6 +48,7 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "service_register": ("seq", "ids", "expiry", "queues", "service"),
     "service_renew": ("service", "expiry", "queues"),
     "service_deregister": ("service", "ids", "expiry", "queues", "wake"),
+    "service_stop": ("service", "wake"),
 }
 
 
@@ -91,12 +93,38 @@ class Scripts:
         """The SHA1 a script is called by (EVALSHA)."""
         return str(self._scripts[name].sha)
 
-    def run(self, name: str, keys: Keys, args: Sequence[Arg], client: Any = None) -> Any:
-        """Run script `name` with the keys its header lists and raw ARGV (tests, tools)."""
+    def _key_list(self, name: str, keys: Keys) -> list[str]:
         key_list = self._key_lists.get((name, keys))
         if key_list is None:
             key_list = self._key_lists[(name, keys)] = [keys.role(r) for r in SCRIPT_KEYS[name]]
-        return self._scripts[name](keys=key_list, args=args, client=client)
+        return key_list
+
+    def run(self, name: str, keys: Keys, args: Sequence[Arg], client: Any = None) -> Any:
+        """Run script `name` with the keys its header lists and raw ARGV (tests, tools)."""
+        return self._scripts[name](keys=self._key_list(name, keys), args=args, client=client)
+
+    def run_pipelined(self, name: str, calls: Sequence[tuple[Keys, Sequence[Arg]]]) -> list[Any]:
+        """Run script ``name`` once per (keys, ARGV) in ``calls``, in one round trip; one
+        reply (or exception instance) per call, in order.
+
+        redis-py's pipelines send ``SCRIPT EXISTS`` before every pipeline that holds a
+        ``Script`` (a second round trip), so this sends plain ``EVALSHA`` and, only if a
+        reply is ``NOSCRIPT`` (a restarted or flushed server), loads the script and sends
+        the whole batch again. Use it for read-only or replay-safe scripts only: a batch
+        can be sent twice.
+        """
+        script = self._scripts[name]
+        for attempt in range(2):
+            pipe = self.client.pipeline(transaction=False)
+            for keys, args in calls:
+                key_list = self._key_list(name, keys)
+                pipe.evalsha(script.sha, len(key_list), *key_list, *args)
+            replies = pipe.execute(raise_on_error=False)
+            if attempt == 0 and any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
+                self.client.script_load(script.script)
+                continue
+            return list(replies)
+        raise AssertionError("unreachable")
 
     def enqueue(
         self, keys: QueueKeys, now_ms: int | None, jobs: Sequence[tuple[str, bytes, int, int]], client: Any = None
@@ -163,6 +191,10 @@ class Scripts:
         """lua/stats.lua."""
         return self.run("stats", keys, [_now(now_ms)], client)
 
+    def peek(self, keys: QueueKeys, now_ms: int | None, client: Any = None) -> Any:
+        """lua/peek.lua."""
+        return self.run("peek", keys, [_now(now_ms)], client)
+
     def dead_list(self, keys: QueueKeys, offset: int, limit: int, client: Any = None) -> Any:
         """lua/dead_list.lua."""
         return self.run("dead_list", keys, [offset, limit], client)
@@ -190,10 +222,13 @@ class Scripts:
         capacity: int,
         gc_limit: int,
         renewal: str,
+        registration: str,
         client: Any = None,
     ) -> Any:
         """lua/service_register.lua; ``keys.id`` is the id the caller expects."""
-        args: list[Arg] = [_now(now_ms), keys.id or 0, host, pid, queues, expire_ms, capacity, gc_limit, renewal]
+        args: list[Arg] = [
+            _now(now_ms), keys.id or 0, host, pid, queues, expire_ms, capacity, gc_limit, renewal, registration
+        ]
         return self.run("service_register", keys, args, client)
 
     def service_renew(
@@ -211,7 +246,12 @@ class Scripts:
         return self.run("service_renew", keys, args, client)
 
     def service_deregister(
-        self, keys: ServiceKeys, now_ms: int | None, require_expired: bool, client: Any = None
+        self, keys: ServiceKeys, now_ms: int | None, require_expired: bool, registration: str, client: Any = None
     ) -> Any:
         """lua/service_deregister.lua."""
-        return self.run("service_deregister", keys, [_now(now_ms), keys.id or 0, int(require_expired)], client)
+        args: list[Arg] = [_now(now_ms), keys.id or 0, int(require_expired), registration]
+        return self.run("service_deregister", keys, args, client)
+
+    def service_stop(self, keys: ServiceKeys, now_ms: int | None, registration: str, client: Any = None) -> Any:
+        """lua/service_stop.lua."""
+        return self.run("service_stop", keys, [_now(now_ms), keys.id or 0, registration], client)

@@ -1,9 +1,23 @@
-"""Service lifecycle: workers register in a namespace, renew a heartbeat, deregister,
-and find the dead among them (lua/service_*.lua; DESIGN §5).
+"""Service lifecycle: workers register in a namespace, renew a heartbeat, are stopped
+remotely, deregister, and find the dead among them (lua/service_*.lua; DESIGN §5).
 
 A namespace's keys share the hash tag ``{<namespace>}`` and may live on another Redis
-server than the queues (the seed's ``serviceRedis``). A service's lease owner in every
-queue is ``<namespace>.<id>``, so a dead service's leases can be scrubbed by owner.
+server than the queues (the seed's ``serviceRedis``). Each registration has an id (from
+the namespace's counter) and a random registration token; its lease owner in every
+queue is ``<namespace>.<id>.<registration>``, so a dead service's leases can be
+scrubbed by owner, and a service that got a reused id (the counter starts again when
+Redis loses its data) never shares leases, renewal, stop or deregistration with the
+old holder of that id.
+
+A registration ends in one of three ways, which a worker tells apart:
+
+* **stopped**: ``Services.stop`` (``pyqueue stop``) marked the key; renewal answers
+  ``Renewed.stop`` and the worker drains, deregisters and exits 0;
+* **lost**: the key expired or holds another registration (the process was paused or
+  cut off past ``expire_ms``, or Redis lost its data); renewal raises
+  :class:`~pyqueue.errors.ServiceLost` and the worker stops leasing at once and exits
+  non-zero, so a supervisor restarts it;
+* **deregistered**: the service removed itself.
 """
 
 from __future__ import annotations
@@ -26,6 +40,9 @@ DEFAULT_EXPIRE_MS = 60_000
 DEFAULT_CAPACITY = 1_000
 GC_LIMIT = 10
 DEAD_LIMIT = 20
+#: Lease owners are ``<namespace>.<id>.<registration>`` and at most 64 bytes: a
+#: namespace of up to 40 bytes leaves room for a 14-digit id and the 8-byte token.
+MAX_NAMESPACE = 40
 
 
 @dataclass
@@ -37,6 +54,9 @@ class Service:
     id: int
     started_ms: int
     keys: ServiceKeys
+    #: Random, fixed for this registration: part of the lease owner; fences renewal,
+    #: stop, deregistration and scrub against a later service given the same id.
+    registration: str
     #: The renewal token written last; renewal succeeds only while the key still holds it.
     renewal: str = field(repr=False)
     #: The token a renewal sent but did not hear back about (OutcomeUnknown): the next
@@ -46,7 +66,7 @@ class Service:
     @property
     def owner(self) -> str:
         """The lease owner this service uses in every queue."""
-        return f"{self.namespace}.{self.id}"
+        return f"{self.namespace}.{self.id}.{self.registration}"
 
 
 @dataclass(frozen=True)
@@ -54,8 +74,20 @@ class DeadService:
     """A service whose registration expired: its leases are to be scrubbed."""
 
     id: int
+    registration: str
     owner: str
     queues: list[str]
+
+
+@dataclass(frozen=True)
+class Renewed:
+    """The answer of a successful renewal."""
+
+    #: A remote stop asked this service to stop (the renewal still applied): stop
+    #: leasing, finish or release running jobs, deregister.
+    stop: bool
+    #: Services of the namespace whose registration expired: scrub, then forget them.
+    dead: list[DeadService]
 
 
 @dataclass(frozen=True)
@@ -66,6 +98,11 @@ class ServiceInfo:
     alive: bool
     expires_ms: int
     queues: list[str]
+    registration: str = ""
+    #: Its lease owner in every queue, ``<namespace>.<id>.<registration>``.
+    owner: str = ""
+    #: A remote stop was asked and the service has not deregistered yet.
+    stopping: bool = False
     host: str = ""
     pid: int = 0
     started_ms: int = 0
@@ -83,8 +120,10 @@ class Services:
 
     def __init__(self, redis: redis_lib.Redis | None = None, *, namespace: str = DEFAULT_NAMESPACE, prefix: str = "pq") -> None:
         self.namespace = check_name(namespace, "namespace")
-        if not all(c.isalnum() or c in "_.:-" for c in namespace):
-            raise InvalidArgument("namespace must be made of [A-Za-z0-9_.:-] (it is part of lease owners)")
+        if not all(c.isalnum() or c in "_.:-" for c in namespace) or len(namespace) > MAX_NAMESPACE:
+            raise InvalidArgument(
+                f"namespace must be 1..{MAX_NAMESPACE} characters of [A-Za-z0-9_.:-] (it is part of lease owners)"
+            )
         self.keys = ServiceKeys(check_name(prefix, "prefix"), namespace)
         self.redis = bytes_client(redis if redis is not None else embedded_redis())
         self.scripts = Scripts(self.redis)
@@ -100,10 +139,13 @@ class Services:
         capacity: int = DEFAULT_CAPACITY,
         host: str | None = None,
         pid: int | None = None,
+        registration: str | None = None,
         now_ms: int | None = None,
     ) -> Service:
         """Register this process (lua/service_register.lua): a new id, its key written
         and expiring after ``expire_ms`` unless renewed.
+
+        ``registration``: tests only (deterministic owners); default 8 random hex digits.
 
         Raises:
             ServiceExists: the new id's key exists already (another program writes in
@@ -118,6 +160,9 @@ class Services:
             if "," in name:
                 raise InvalidArgument("queue names served by a service cannot contain ','")
         renewal = secrets.token_hex(8)
+        registration = secrets.token_hex(4) if registration is None else registration
+        if not 1 <= len(registration) <= 16 or not (registration.isascii() and registration.isalnum()):
+            raise InvalidArgument("registration must be 1..16 characters of [A-Za-z0-9]")
         expected = int(self.redis.get(self.keys.role("seq")) or 0) + 1
         for _ in range(100):
             keys = self.keys.of(expected)
@@ -132,70 +177,87 @@ class Services:
                 capacity,
                 GC_LIMIT,
                 renewal,
+                registration,
             )
             status = reply[0].decode()
             if status == "ok":
-                return Service(self.namespace, int(reply[1]), int(reply[2]), keys, renewal)
+                return Service(self.namespace, int(reply[1]), int(reply[2]), keys, registration, renewal)
             # 'retry': another service took the id; or a re-sent call after a lost reply
             # (then the key holds our own token: we are registered under that id).
             if self.redis.hget(keys.role("service"), "renewal") == renewal.encode():
                 started = int(self.redis.hget(keys.role("service"), "started") or 0)
-                return Service(self.namespace, expected, started, keys, renewal)
+                return Service(self.namespace, expected, started, keys, registration, renewal)
             expected = int(reply[1])
         raise ServiceExists("could not allocate a service id after 100 tries")
 
-    def renew(self, service: Service, *, expire_ms: int = DEFAULT_EXPIRE_MS, now_ms: int | None = None) -> list[DeadService]:
-        """Renew ``service`` (lua/service_renew.lua) and return dead services found.
+    def renew(self, service: Service, *, expire_ms: int = DEFAULT_EXPIRE_MS, now_ms: int | None = None) -> Renewed:
+        """Renew ``service`` (lua/service_renew.lua): whether a remote stop was asked,
+        and the dead services found.
 
         Raises:
-            ServiceLost: the key expired, was deleted (remote shutdown) or holds another
-                renewal token. The service must stop leasing and exit.
+            ServiceLost: the key expired, was deleted or holds another registration
+                (nothing written). The service must stop leasing at once and exit.
         """
         next_renewal = service.pending_renewal or secrets.token_hex(8)
         service.pending_renewal = next_renewal
         reply = self._call(
             self.scripts.service_renew, service.keys, now_ms, service.renewal, next_renewal, expire_ms, DEAD_LIMIT
         )
-        service.pending_renewal = None
-        if reply[0] != b"ok":
-            raise ServiceLost(f"service {service.owner} lost its registration (expired, deleted or overwritten)")
+        if reply[0] == b"lost":
+            service.pending_renewal = None
+            raise ServiceLost(
+                f"service {service.owner} lost its registration: its key expired (the process was paused or cut "
+                "off for longer than expire_ms, or Redis lost its data) or holds another registration"
+            )
+        # renewal before pending: a concurrent check() reads pending first, then renewal,
+        # and so always sees the token the key now holds in one of them.
         service.renewal = next_renewal
-        return self._dead(reply[3:])
+        service.pending_renewal = None
+        return Renewed(stop=reply[0] == b"stop", dead=self._dead(reply[3:]))
 
     def _dead(self, flat: list[Any]) -> list[DeadService]:
         out = []
-        for i in range(0, len(flat), 2):
-            sid = int(flat[i])
-            queues = [q for q in flat[i + 1].decode().split(",") if q]
-            out.append(DeadService(sid, f"{self.namespace}.{sid}", queues))
+        for i in range(0, len(flat), 3):
+            sid, registration = int(flat[i]), flat[i + 1].decode()
+            queues = [q for q in flat[i + 2].decode().split(",") if q]
+            out.append(DeadService(sid, registration, f"{self.namespace}.{sid}.{registration}", queues))
         return out
+
+    def check(self, service: Service) -> str:
+        """Read (never write) the service key: ``'ok'``, ``'stop'`` (a remote stop was
+        asked) or ``'lost'`` (the key is gone or holds another registration). Safe to
+        call while another thread renews."""
+        pending, renewal = service.pending_renewal, service.renewal
+        client: Any = self.redis  # undecoded (bytes_client); redis-py types it loosely
+        current, stop = client.hmget(service.keys.role("service"), ["renewal", "stop"])
+        if current is None or current.decode() not in (renewal, pending):
+            return "lost"
+        return "stop" if stop is not None else "ok"
 
     def deregister(self, service: Service, *, now_ms: int | None = None) -> tuple[int, int]:
         """Remove ``service`` (lua/service_deregister.lua) after it released its leases.
-        Returns (key deleted, ids list entries removed)."""
-        deleted, removed = self._call(self.scripts.service_deregister, service.keys, now_ms, False)
+        Returns (key deleted, ids list entries removed); (-1, 0) if its id now belongs to
+        another registration (nothing is removed: that one is not ours)."""
+        deleted, removed = self._call(
+            self.scripts.service_deregister, service.keys, now_ms, False, service.registration
+        )
         return int(deleted), int(removed)
 
-    def forget_dead(self, service_id: int, *, now_ms: int | None = None) -> bool:
+    def forget_dead(self, service_id: int, registration: str, *, now_ms: int | None = None) -> bool:
         """Forget a dead service once its leases were scrubbed in every queue it served.
-        Does nothing (returns False) if it renewed meanwhile."""
-        deleted, _ = self._call(self.scripts.service_deregister, self.keys.of(service_id), now_ms, True)
+        Does nothing (returns False) if it renewed meanwhile, or if its id now belongs to
+        another registration."""
+        deleted, _ = self._call(self.scripts.service_deregister, self.keys.of(service_id), now_ms, True, registration)
         return int(deleted) >= 0
 
-    def stop(self, service_id: int) -> bool:
-        """Remote shutdown: delete the service's key (the seed's ``del``) and wake it.
-        The worker notices before its next blocking wait or renewal and stops cleanly."""
-        keys = self.keys.of(service_id)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.delete(keys.role("service"))
-        pipe.zadd(keys.role("wake"), {"stop": 0})
-        pipe.pexpire(keys.role("wake"), 60_000)
-        deleted, _, _ = pipe.execute()
-        return bool(deleted)
-
-    def alive(self, service: Service) -> bool:
-        """Whether the service key still exists (remote shutdown deletes it)."""
-        return bool(self.redis.exists(service.keys.role("service")))
+    def stop(self, service_id: int, registration: str = "", *, now_ms: int | None = None) -> bool:
+        """Remote shutdown (lua/service_stop.lua): mark the service's key and wake it.
+        The worker learns of it before its next blocking wait or at its next renewal,
+        finishes (or, after its grace period, releases) its running jobs, deregisters
+        and exits 0. Returns False if there is no such live service. ``registration``:
+        stop only that registration of the id (default: whichever holds it)."""
+        stopped, _ = self._call(self.scripts.service_stop, self.keys.of(service_id), now_ms, registration)
+        return bool(stopped)
 
     def list(self, *, now_ms: int | None = None) -> list[ServiceInfo]:
         """Every service the namespace remembers (alive, or dead and not yet scrubbed),
@@ -211,12 +273,16 @@ class Services:
         for raw_id, expires in sorted(expiry, key=lambda e: -int(e[0])):
             sid = int(raw_id)
             fields = client.hgetall(self.keys.of(sid).role("service"))
+            registration, _, served = queues.get(raw_id, b"").decode().partition(" ")
             out.append(
                 ServiceInfo(
                     id=sid,
                     alive=bool(fields) and expires > now,
                     expires_ms=int(expires),
-                    queues=[q for q in queues.get(raw_id, b"").decode().split(",") if q],
+                    queues=[q for q in served.split(",") if q],
+                    registration=registration,
+                    owner=f"{self.namespace}.{sid}.{registration}",
+                    stopping=b"stop" in fields,
                     host=fields.get(b"host", b"").decode(),
                     pid=int(fields.get(b"pid", 0)),
                     started_ms=int(fields.get(b"started", 0)),

@@ -19,6 +19,15 @@ Threads and connections:
 
 All share one redis-py connection pool for script calls (thread-safe).
 
+Registration: the worker leases only while its service registration is confirmed
+(renewed less than three quarters of ``expire_ms`` ago, on this process's monotonic
+clock): a process that was paused (SIGSTOP, a VM stall) renews before it leases again,
+and stops if the registration was lost meanwhile. Exit codes of :meth:`Worker.run` (and
+``pyqueue worker``): :data:`EXIT_OK` after a requested stop (signal, ``pyqueue stop``,
+burst drained); :data:`EXIT_REGISTRATION_LOST` when the registration was lost (the key
+expired or Redis lost its data: restart the worker); :data:`EXIT_MISCONFIGURED` when the
+handler returned an awaitable (an ``async def`` handler given to this sync worker).
+
 Delivery: at least once. A job whose handler returned is acked; if the ack answer is
 not OK the job's lease was lost (expired and reclaimed, or scrubbed) and the job may
 run, or have run, again elsewhere: handlers must be idempotent, or fence their side
@@ -27,6 +36,7 @@ effects with ``job.fence``.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import random
@@ -55,6 +65,7 @@ from pyqueue.queue import (
     check_int,
     check_server,
     embedded_redis,
+    peek_many,
 )
 from pyqueue.scripts import lua_source
 from pyqueue.service import DEFAULT_EXPIRE_MS, DEFAULT_NAMESPACE, Service, Services
@@ -63,6 +74,14 @@ log = logging.getLogger("pyqueue.worker")
 
 Handler = Callable[[Job], object]
 T = TypeVar("T")
+
+#: Exit codes of Worker.run and `pyqueue worker` (sysexits.h numbers).
+EXIT_OK = 0
+#: EX_TEMPFAIL: the registration expired or was overwritten (a pause past expire_ms, or
+#: Redis lost its data). Transient: a supervisor should start the worker again.
+EXIT_REGISTRATION_LOST = 75
+#: EX_CONFIG: the handler cannot run in this worker (it returned an awaitable).
+EXIT_MISCONFIGURED = 78
 
 #: The heartbeat thread's tick: how quickly a stop request reaches the fetch loop.
 TICK_S = 0.05
@@ -95,6 +114,25 @@ class Retry(Exception):
     def __init__(self, delay_ms: int, reason: str = "retry requested by the handler") -> None:
         super().__init__(reason)
         self.delay_ms = check_int(delay_ms, "delay_ms", 0, 2**40)
+
+
+def check_sync_handler(handler: object) -> None:
+    """Refuse a handler this thread-pool worker cannot run: an ``async def`` function
+    (or a callable whose ``__call__`` is one, or a partial of one) would return a
+    coroutine that nobody awaits, and the job would be acked without having run.
+
+    Raises:
+        InvalidArgument: not callable, or a coroutine or async generator function.
+    """
+    if not callable(handler):
+        raise InvalidArgument(f"handler must be callable, got {type(handler).__name__}")
+    call = getattr(type(handler), "__call__", None)
+    for candidate in (handler, call):
+        if inspect.iscoroutinefunction(candidate) or inspect.isasyncgenfunction(candidate):
+            raise InvalidArgument(
+                f"handler {getattr(handler, '__qualname__', handler)!r} is an async function: this sync Worker "
+                "would never await it, so its jobs would be acked without running. Give it a plain function."
+            )
 
 
 class _Crasher:
@@ -149,9 +187,13 @@ class Worker:
 
     Args:
         queues: queue names, highest priority first.
-        handler: called with each :class:`Job`. Returning acks the job; raising
-            :class:`Retry` schedules it again after the given delay; any other exception
-            nacks it with the error text (retry with backoff, DEAD at max attempts).
+        handler: a plain (not ``async def``) function called with each :class:`Job`
+            in a handler thread. Returning acks the job; raising :class:`Retry`
+            schedules it again after the given delay; any other exception nacks it with
+            the error text (retry with backoff, DEAD at max attempts). An ``async def``
+            handler is refused here (InvalidArgument); one that returns an awaitable
+            anyway gets its job released unrun and stops the worker with
+            :data:`EXIT_MISCONFIGURED`.
         redis: the queues' server; ``None`` is the embedded fakeredis.
         service_redis: the server of the service namespace (default: ``redis``).
         concurrency: handler threads.
@@ -196,6 +238,7 @@ class Worker:
             raise InvalidArgument("renew_ms must be at most half of expire_ms")
         self.grace_ms = check_int(grace_ms, "grace_ms", 0, 86_400_000)
         self.backoff_base_ms, self.backoff_cap_ms = backoff_base_ms, backoff_cap_ms
+        check_sync_handler(handler)
         self.handler = handler
         self.prefix = prefix
         self.redis = bytes_client(redis if redis is not None else embedded_redis())
@@ -206,6 +249,8 @@ class Worker:
         self.queues = [Queue(name, self.redis, prefix=prefix, keep_done_ms=keep_done_ms) for name in queues]
         self.service: Service | None = None
         self.exit_reason = ""
+        #: What run() returns: EXIT_OK unless the stop was caused by a failure.
+        self.exit_code = EXIT_OK
 
         self._stop = threading.Event()
         self._hard_stop = threading.Event()
@@ -217,16 +262,22 @@ class Worker:
         self._woken_for_stop = False
         self._crash = _Crasher()
         self._pending_calls: dict[str, str] = {}  # queue -> call token of an unanswered lease
-        self._confirmed_at = 0.0  # monotonic time the service key was last seen alive
+        self._checked_at = 0.0  # monotonic time the service key was last read or renewed
+        # Monotonic time the last successful renewal was *sent*: the key expires no
+        # earlier than expire_ms after that. Leasing needs it to be recent.
+        self._renewed_at = 0.0
+        self._renew_lock = threading.Lock()  # the heartbeat and the fetch loop both renew
+        self._signals = 0
 
     # -- control ---------------------------------------------------------------------
 
-    def stop(self, reason: str = "stop requested") -> None:
+    def stop(self, reason: str = "stop requested", exit_code: int = EXIT_OK) -> None:
         """Ask the worker to stop gracefully (thread-safe, idempotent): stop leasing,
-        let running jobs finish within ``grace_ms``, release the rest, deregister."""
+        let running jobs finish within ``grace_ms``, release the rest, deregister.
+        The first stop's reason and exit code stand."""
         if not self._stop.is_set():
-            self.exit_reason = reason
-            log.info("stopping: %s", reason)
+            self.exit_reason, self.exit_code = reason, exit_code
+            log.log(logging.INFO if exit_code == EXIT_OK else logging.ERROR, "stopping: %s", reason)
         self._stop.set()
         with self._slots:
             self._slots.notify_all()
@@ -240,7 +291,10 @@ class Worker:
         self.stop("killed")
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        if self._stop.is_set():
+        # Count signals, not stops: a worker already stopping on its own (burst drained,
+        # a remote stop, a lost registration) drains gracefully on the first signal too.
+        self._signals += 1
+        if self._signals > 1:
             # Second signal: leave now. Leases expire and other workers reclaim them.
             log.warning("second %s: exiting at once", signal.Signals(signum).name)
             os._exit(1)
@@ -249,7 +303,9 @@ class Worker:
     # -- main loop -------------------------------------------------------------------
 
     def run(self, *, burst: bool = False, install_signal_handlers: bool = True) -> int:
-        """Register, serve until stopped, then shut down cleanly. Returns 0.
+        """Register, serve until stopped, then shut down cleanly. Returns the exit code:
+        :data:`EXIT_OK`, :data:`EXIT_REGISTRATION_LOST` or :data:`EXIT_MISCONFIGURED`
+        (see the module docstring); :attr:`exit_reason` says why it stopped.
 
         With ``burst``, return once no job is ready, no handler runs and nothing is due
         within ``block_ms`` (for tests and batch jobs)."""
@@ -283,13 +339,16 @@ class Worker:
             heartbeat.join(5)
             for signum, old_handler in previous.items():
                 signal.signal(signum, old_handler)
-        return 0
+        return self.exit_code
 
     def _register(self) -> Service:
         delay = 0.1
         while True:
             try:
-                return self.services.register(self.queue_names, expire_ms=self.expire_ms)
+                sent_at = time.monotonic()
+                service = self.services.register(self.queue_names, expire_ms=self.expire_ms)
+                self._renewed_at = self._checked_at = sent_at
+                return service
             except (redis_lib.ConnectionError, PyQueueError) as exc:
                 if self._stop.is_set() or not _retryable(exc):
                     raise
@@ -312,7 +371,6 @@ class Worker:
     def _fetch(
         self, pool: ThreadPoolExecutor, burst: bool, blocker: redis_lib.Redis, wake_keys: list[str], private_wake: str
     ) -> None:
-        assert self.service is not None
         must_lease, delay = True, 0.1
         next_due_ms, now_ms, observed = -1, 0, 0.0
         while not self._stop.is_set():
@@ -324,6 +382,15 @@ class Worker:
                 break
             try:
                 if must_lease:
+                    if not self._registration_confirmed():
+                        # Paused or cut off for most of expire_ms (SIGSTOP, a VM stall, a
+                        # partition): the registration may have expired and our leases
+                        # been scrubbed. Renew before leasing; a lost one stops us.
+                        self._heartbeat_duty("renew", self._renew_and_scrub)
+                        if self._stop.is_set():
+                            break
+                        if not self._registration_confirmed():
+                            raise OutcomeUnknown("the service renewal did not get through; not leasing")
                     leased_any, next_due_ms, now_ms = self._lease_round(pool, free)
                     observed = time.monotonic()
                     if leased_any:
@@ -352,23 +419,18 @@ class Worker:
                         must_lease = True
                         continue
                     timeout_ms = int(min(self.block_ms, remaining_ms - SERVER_TIMER_SLACK_MS))
-                if time.monotonic() - self._confirmed_at > self.block_ms / 1000:
-                    if not self.services.alive(self.service):
-                        self.stop(f"service {self.service.owner} key deleted (remote shutdown)")
-                        break
-                    self._confirmed_at = time.monotonic()
+                if time.monotonic() - self._checked_at > self.block_ms / 1000 and self._stopped_by_key():
+                    break
                 popped = blocker.bzpopmin(wake_keys, timeout_ms / 1000)
-                # Lease after a wake-up or when the wait ran to the next due time; a wait
-                # that ran the full block period with nothing due needs no lease call.
-                must_lease = popped is not None or timeout_ms < self.block_ms
-                if not must_lease:
-                    next_due_ms = -1
+                # Every wait ends in a lease round, also one that ran the full block period
+                # with nothing due: the round's peek finds leases that expired meanwhile in
+                # a queue nobody leased from (deadlines set after this worker went to
+                # sleep). One peek per queue per block period, in one round trip.
+                must_lease = True
                 if popped is not None and popped[0] == private_wake.encode():
-                    # A remote stop (or our own stop request): check the key before leasing.
-                    if not self._stop.is_set() and not self.services.alive(self.service):
-                        self.stop(f"service {self.service.owner} key deleted (remote shutdown)")
+                    # A remote stop (or our own stop request): read the key before leasing.
+                    if not self._stop.is_set() and self._stopped_by_key():
                         break
-                    self._confirmed_at = time.monotonic()
                 delay = 0.1
             except (redis_lib.ConnectionError, redis_lib.TimeoutError, PyQueueError) as exc:
                 if not _retryable(exc):
@@ -378,11 +440,48 @@ class Worker:
                 delay = min(delay * 2, MAX_BACKOFF_S)
                 must_lease = True
 
+    def _registration_confirmed(self) -> bool:
+        """Whether the last renewal that got through was sent recently enough that the
+        registration cannot have expired: less than 3/4 of expire_ms ago (renewals come
+        every renew_ms <= expire_ms / 2; the rest is margin for the lease call itself)."""
+        return time.monotonic() - self._renewed_at < self.expire_ms * 0.75 / 1000
+
+    def _stopped_by_key(self) -> bool:
+        """Read the service key (never write it): stop if a remote stop was asked (exit
+        0) or the registration was lost (exit 75). Returns whether the worker stops."""
+        assert self.service is not None
+        state = self.services.check(self.service)
+        self._checked_at = time.monotonic()
+        if state == "stop":
+            self.stop(f"service {self.service.owner}: remote stop requested")
+        elif state == "lost":
+            self.stop(
+                f"service {self.service.owner} lost its registration (its key expired or holds another registration)",
+                EXIT_REGISTRATION_LOST,
+            )
+        return state != "ok"
+
     def _lease_round(self, pool: ThreadPoolExecutor, free: int) -> tuple[bool, int, int]:
         """Lease up to ``free`` jobs from the first queue that has any. Returns whether
-        any was leased, and (when none was) the earliest next_due_ms with the clock."""
+        any was leased, and (when none was) the earliest next_due_ms with the clock.
+
+        With one queue this is one lease call. With several, one pipelined round trip
+        peeks at all of them (lua/peek.lua) and lease calls go only to queues that have
+        work, in priority order: a job in the 50th queue starts after two round trips,
+        not fifty."""
         next_due_ms, now_ms = -1, 0
-        for q in self.queues:
+        candidates = self.queues
+        if len(self.queues) > 1:
+            candidates = []
+            for q, peeked in zip(self.queues, peek_many(self.queues)):
+                now_ms = peeked.now_ms
+                # A queue whose last lease call went unanswered is asked again with the
+                # same token: that call may have leased jobs it must hand back.
+                if peeked.has_work or q.name in self._pending_calls:
+                    candidates.append(q)
+                elif peeked.next_due_ms >= 0 and (next_due_ms < 0 or peeked.next_due_ms < next_due_ms):
+                    next_due_ms = peeked.next_due_ms
+        for q in candidates:
             # A call that raised (OutcomeUnknown) is sent again with the same token, so
             # the leases it may have made are handed back instead of left to expire.
             call = self._pending_calls.setdefault(q.name, secrets.token_hex(8))
@@ -425,13 +524,17 @@ class Worker:
     def _run_one(self, job: Job) -> Job | None:
         queue = self.queues[self.queue_names.index(job.queue)]
         error: BaseException | None = None
+        result: object = None
         try:
             self._crash.at("in_handler")
-            self.handler(job)
+            result = self.handler(job)
         except Exception as exc:  # the handler's failure is the job's outcome
             error = exc
         if self._killed.is_set():
             return None  # a killed process acks nothing
+        if error is None and (inspect.isawaitable(result) or inspect.isasyncgen(result)):
+            self._refuse_awaitable(queue, job, result)
+            return None
         if not self._untrack(job):
             # The shutdown released this job after the grace period: its receipt is
             # stale, and another worker may be running it.
@@ -441,7 +544,7 @@ class Worker:
             self._crash.at("before_ack")
             if self._crash.armed("ack_sent"):
                 _send_and_die(queue, job, self._crash)
-            if queue is self.queues[0] and not self._stop.is_set():
+            if queue is self.queues[0] and not self._stop.is_set() and self._registration_confirmed():
                 call = secrets.token_hex(8)  # the same token on every retry: one effect
                 outcome, jobs = self._with_retries(
                     lambda: queue.ack_and_lease(job, lease_ms=self.lease_ms, call=call)
@@ -467,6 +570,21 @@ class Worker:
         elif not nacked.outcome:
             log.warning("job %s: nack found the lease %s", job.id, nacked.outcome.value)
         return None
+
+    def _refuse_awaitable(self, queue: Queue, job: Job, result: object) -> None:
+        """The handler returned a coroutine (or another awaitable) instead of doing the
+        work: the job did not run. Give it back unrun (no attempt counted) and stop the
+        worker loudly rather than ack work that never happened."""
+        close = getattr(result, "close", None)
+        if callable(close):
+            close()  # no "coroutine was never awaited" warning: we say it louder below
+        if self._untrack(job):
+            self._with_retries(lambda: queue.release([job]))
+        self.stop(
+            f"the handler returned {type(result).__name__} for job {job.id}: it is async, and this sync Worker "
+            "cannot await it; the job was released unrun. Give the Worker a plain function.",
+            EXIT_MISCONFIGURED,
+        )
 
     def _log_ack(self, job: Job, outcome: Outcome) -> None:
         if not outcome:
@@ -503,7 +621,9 @@ class Worker:
             if now >= next_extend:
                 next_extend = now + extend_every
                 self._heartbeat_duty("extend", self._extend_running)
-            if now >= next_renew and not self._stop.is_set():
+            # Renewal goes on while the worker drains after a stop: its running jobs stay
+            # its own (nobody scrubs them) until it deregisters.
+            if now >= next_renew:
                 next_renew = now + self.renew_ms / 1000
                 self._heartbeat_duty("renew", self._renew_and_scrub)
 
@@ -511,7 +631,7 @@ class Worker:
         try:
             duty()
         except ServiceLost as exc:
-            self.stop(str(exc))
+            self.stop(str(exc), EXIT_REGISTRATION_LOST)
             self._heartbeat_duty("wake", self._wake_fetch_loop)
         except (redis_lib.RedisError, PyQueueError) as exc:
             log.warning("heartbeat %s: %s", name, exc)
@@ -543,9 +663,14 @@ class Worker:
 
     def _renew_and_scrub(self) -> None:
         assert self.service is not None
-        dead = self.services.renew(self.service, expire_ms=self.expire_ms)
-        self._confirmed_at = time.monotonic()
-        for service in dead:
+        with self._renew_lock:
+            sent_at = time.monotonic()
+            renewed = self.services.renew(self.service, expire_ms=self.expire_ms)
+            self._renewed_at = self._checked_at = sent_at
+        if renewed.stop and not self._stop.is_set():
+            self.stop(f"service {self.service.owner}: remote stop requested")
+            self._heartbeat_duty("wake", self._wake_fetch_loop)
+        for service in renewed.dead:
             total = 0
             for name in service.queues:
                 q = Queue(name, self.redis, prefix=self.prefix)
@@ -554,7 +679,7 @@ class Worker:
                     total += scrubbed.scrubbed
                     if not scrubbed.more:
                         break
-            if self.services.forget_dead(service.id):
+            if self.services.forget_dead(service.id, service.registration):
                 log.info("scrubbed dead service %s: %d leases back to ready", service.owner, total)
 
     # -- shutdown --------------------------------------------------------------------
@@ -577,8 +702,12 @@ class Worker:
                             ",".join(o.value for o in outcomes))
         pool.shutdown(wait=False)
         deleted, removed = self.services.deregister(self.service)
-        log.info("service %s ended: %s {del: %d, lrem: %d}", self.service.owner, self.exit_reason or "stopped",
-                 deleted, removed)
+        if deleted < 0:
+            log.warning("service %s ended: %s; its id now belongs to another registration, left untouched",
+                        self.service.owner, self.exit_reason or "stopped")
+        else:
+            log.info("service %s ended: %s {del: %d, lrem: %d}", self.service.owner, self.exit_reason or "stopped",
+                     deleted, removed)
 
 
 def _retryable(exc: BaseException) -> bool:

@@ -47,7 +47,9 @@ def test_services_and_stop_commands(url: str, capsys: pytest.CaptureFixture[str]
     out = capsys.readouterr().out
     assert "box" in out and "99" in out and "emails,sms" in out and "alive" in out
     assert main(["--url", url, "stop", str(service.id)]) == 0
-    assert not services.alive(service)
+    assert services.check(service) == "stop"
+    assert main(["--url", url, "services"]) == 0
+    assert "stopping" in capsys.readouterr().out
     assert main(["--url", url, "stop", "12345"]) == 1
 
 

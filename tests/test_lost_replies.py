@@ -91,8 +91,8 @@ def build(r: redis.Redis) -> World:
     Queue("q", r, owner="ns.7").lease_call(call="s4", count=1, lease_ms=100_000, now_ms=T0)
     q.enqueue(b"d", job_id="due", delay_ms=10, now_ms=T0)
     services = Services(r, namespace="ns")
-    service = services.register(["q"], host="h", pid=1, now_ms=T0)
-    dead = services.register(["q"], host="h", pid=2, expire_ms=1000, now_ms=T0 - 5000)
+    service = services.register(["q"], host="h", pid=1, registration="live", now_ms=T0)
+    dead = services.register(["q"], host="h", pid=2, expire_ms=1000, registration="dead", now_ms=T0 - 5000)
     r.delete(dead.keys.role("service"))  # expired (not left to the real clock: builds must be identical)
     return World(held, retry, last, service)
 
@@ -165,8 +165,10 @@ CASES: dict[str, Case] = {
     "dead_list": Case("dead_list", lambda q, s, w: q.dead_list()),
     "service_register": Case(
         "service_register",
-        lambda q, s, w: s.register(["q"], host="h", pid=2, now_ms=NOW),
-        same_call=lambda q, s, w: s.scripts.service_register(s.keys.of(3), NOW, "h", 2, "q", 60_000, 1000, 10, "tok"),
+        lambda q, s, w: s.register(["q"], host="h", pid=2, registration="reg", now_ms=NOW),
+        same_call=lambda q, s, w: s.scripts.service_register(
+            s.keys.of(3), NOW, "h", 2, "q", 60_000, 1000, 10, "tok", "reg"
+        ),
         same_call_replayed=lambda a: [b"retry", 4],
     ),
     "service_renew": Case(
@@ -177,7 +179,9 @@ CASES: dict[str, Case] = {
     "service_deregister": Case(
         "service_deregister", lambda q, s, w: s.deregister(w.service, now_ms=NOW), replayed=lambda a: (0, 0),
     ),
-    "service_forget_dead": Case("service_deregister", lambda q, s, w: s.forget_dead(2, now_ms=NOW)),
+    "service_forget_dead": Case("service_deregister", lambda q, s, w: s.forget_dead(2, "dead", now_ms=NOW)),
+    "service_stop": Case("service_stop", lambda q, s, w: s.stop(w.service.id, now_ms=NOW)),
+    "peek": Case("peek", lambda q, s, w: q.peek(now_ms=NOW)),
 }
 
 
@@ -356,7 +360,7 @@ def test_a_swallowed_registration_reply_leaves_one_registration(direct: redis.Re
     build(direct)
     rule = arm(proxy, "service_register", Fault.SWALLOW_REPLY)
     with through_proxy(proxy, 3, None) as client:
-        service = Services(client, namespace="ns").register(["q"], host="h", pid=2, now_ms=NOW)
+        service = Services(client, namespace="ns").register(["q"], host="h", pid=2, registration="reg", now_ms=NOW)
     assert rule.ran.is_set()
     assert service.id == 3 and direct.get("pq:{ns}:service:seq") == b"3"
     assert direct.lrange("pq:{ns}:service:ids", 0, -1) == [b"3", b"1"]  # 2 expired: listed no more

@@ -1,4 +1,5 @@
-"""Service lifecycle (register, renew, deregister, id GC, remote shutdown) and scrub."""
+"""Service lifecycle (register, renew, stop, deregister, id GC, fencing by registration)
+and scrub."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import redis
 from helpers import T0, dump_all
 
 from pyqueue import NewJob, Outcome, Queue, ServiceExists, ServiceLost
-from pyqueue.service import Services
+from pyqueue.service import Renewed, Services
 
 
 @pytest.fixture
@@ -16,11 +17,15 @@ def services(r: redis.Redis) -> Services:
 
 
 def test_register_allocates_increasing_ids_and_writes_the_service_key(services: Services, r: redis.Redis) -> None:
-    a = services.register(["q1", "q2"], host="h", pid=42, now_ms=T0)
+    a = services.register(["q1", "q2"], host="h", pid=42, registration="r1", now_ms=T0)
     b = services.register(["q1"], now_ms=T0)
-    assert (a.id, b.id, a.owner) == (1, 2, "ns.1")
+    assert (a.id, b.id, a.owner) == (1, 2, "ns.1.r1")
+    assert len(b.registration) == 8 and b.owner == f"ns.2.{b.registration}"
     fields = r.hgetall("pq:{ns}:service:1")
-    assert (fields[b"host"], fields[b"pid"], fields[b"started"], fields[b"queues"]) == (b"h", b"42", str(T0).encode(), b"q1,q2")
+    assert (fields[b"host"], fields[b"pid"], fields[b"started"], fields[b"queues"], fields[b"registration"]) == (
+        b"h", b"42", str(T0).encode(), b"q1,q2", b"r1"
+    )
+    assert r.hget("pq:{ns}:service:queues", "1") == b"r1 q1,q2"
     assert 59_000 < r.pttl("pq:{ns}:service:1") <= 60_000
     assert r.lrange("pq:{ns}:service:ids", 0, -1) == [b"2", b"1"]
     assert r.zscore("pq:{ns}:service:expiry", "1") == T0 + 60_000
@@ -37,7 +42,7 @@ def test_register_refuses_when_the_new_ids_key_exists(services: Services, r: red
 def test_register_retries_when_another_service_took_the_expected_id(services: Services, r: redis.Redis) -> None:
     stale = services.keys.of(1)
     services.register(["q"], now_ms=T0)
-    reply = services.scripts.service_register(stale, T0, "h", 1, "q", 60_000, 100, 10, "tok")
+    reply = services.scripts.service_register(stale, T0, "h", 1, "q", 60_000, 100, 10, "tok", "reg")
     assert reply == [b"retry", 2]
 
 
@@ -58,7 +63,7 @@ def test_register_garbage_collects_listed_ids_whose_service_expired(services: Se
 def test_renew_extends_the_key_and_rotates_the_token(services: Services, r: redis.Redis) -> None:
     s = services.register(["q"], expire_ms=10_000, now_ms=T0)
     first = s.renewal
-    assert services.renew(s, expire_ms=10_000, now_ms=T0 + 5_000) == []
+    assert services.renew(s, expire_ms=10_000, now_ms=T0 + 5_000) == Renewed(stop=False, dead=[])
     assert s.renewal != first
     assert r.hget("pq:{ns}:service:1", "renewed") == str(T0 + 5_000).encode()
     assert r.zscore("pq:{ns}:service:expiry", "1") == T0 + 15_000
@@ -71,12 +76,43 @@ def test_renew_after_the_token_changed_is_lost(services: Services, r: redis.Redi
         services.renew(s, now_ms=T0 + 1)
 
 
-def test_remote_shutdown_deleting_the_key_makes_renewal_lost(services: Services, r: redis.Redis) -> None:
+def test_a_deleted_key_makes_renewal_lost_and_writes_nothing(services: Services, r: redis.Redis) -> None:
     s = services.register(["q"], now_ms=T0)
-    assert services.stop(s.id)
-    assert not services.alive(s)
+    r.delete("pq:{ns}:service:1")
+    assert services.check(s) == "lost"
+    before = dump_all(r)
     with pytest.raises(ServiceLost):
         services.renew(s, now_ms=T0 + 1)
+    assert dump_all(r) == before
+
+
+def test_remote_stop_marks_the_key_wakes_the_service_and_renewal_answers_stop(
+    services: Services, r: redis.Redis
+) -> None:
+    s = services.register(["q"], registration="r1", now_ms=T0)
+    assert services.check(s) == "ok"
+    assert services.stop(s.id, now_ms=T0 + 5)
+    assert services.stop(s.id, now_ms=T0 + 6)  # idempotent: the first stop's time stands
+    assert r.hget("pq:{ns}:service:1", "stop") == str(T0 + 5).encode()
+    assert r.zrange("pq:{ns}:service:1:wake", 0, -1) == [b"stop"]
+    # The marker dies with the registration: its TTL is the key's remaining TTL.
+    assert abs(r.pttl("pq:{ns}:service:1:wake") - r.pttl("pq:{ns}:service:1")) < 1_000
+    assert services.check(s) == "stop"
+    # The stopping service still renews (its running jobs stay its own) until it deregisters.
+    renewed = services.renew(s, now_ms=T0 + 10)
+    assert renewed.stop and r.zscore("pq:{ns}:service:expiry", "1") == T0 + 10 + 60_000
+    assert [(i.alive, i.stopping) for i in services.list(now_ms=T0 + 10)] == [(True, True)]
+    assert services.deregister(s) == (1, 1)
+    assert r.keys("pq:{ns}:service:1*") == []
+
+
+def test_remote_stop_of_no_live_service_writes_nothing(services: Services, r: redis.Redis) -> None:
+    s = services.register(["q"], registration="r1", now_ms=T0)
+    before = dump_all(r)
+    assert not services.stop(7)
+    assert not services.stop(s.id, "other")  # names another registration of this id
+    assert dump_all(r) == before
+    assert services.stop(s.id, "r1")
 
 
 def test_renew_replayed_with_the_same_token_is_still_ok(services: Services) -> None:
@@ -89,8 +125,8 @@ def test_renew_replayed_with_the_same_token_is_still_ok(services: Services) -> N
 def test_renew_reports_expired_services_with_their_queues(services: Services) -> None:
     dead = services.register(["a", "b"], expire_ms=1_000, now_ms=T0)
     live = services.register(["a"], expire_ms=60_000, now_ms=T0)
-    found = services.renew(live, now_ms=T0 + 2_000)
-    assert [(d.id, d.owner, d.queues) for d in found] == [(dead.id, "ns.1", ["a", "b"])]
+    found = services.renew(live, now_ms=T0 + 2_000).dead
+    assert [(d.id, d.owner, d.queues) for d in found] == [(dead.id, dead.owner, ["a", "b"])]
 
 
 def test_deregister_deletes_the_key_and_the_listed_id(services: Services, r: redis.Redis) -> None:
@@ -104,10 +140,12 @@ def test_deregister_deletes_the_key_and_the_listed_id(services: Services, r: red
 def test_forget_dead_does_nothing_to_a_live_service(services: Services, r: redis.Redis) -> None:
     s = services.register(["q"], now_ms=T0)
     before = dump_all(r)
-    assert not services.forget_dead(s.id, now_ms=T0 + 1)
+    assert not services.forget_dead(s.id, s.registration, now_ms=T0 + 1)
     assert dump_all(r) == before
     r.delete("pq:{ns}:service:1")
-    assert services.forget_dead(s.id, now_ms=T0 + 60_000)
+    assert not services.forget_dead(s.id, "other", now_ms=T0 + 60_000)  # another registration's
+    assert dump_all(r) != before and r.zcard("pq:{ns}:service:expiry") == 1
+    assert services.forget_dead(s.id, s.registration, now_ms=T0 + 60_000)
     assert r.zcard("pq:{ns}:service:expiry") == 0
 
 
@@ -186,5 +224,33 @@ def test_service_register_with_a_wrong_key_type_writes_nothing(
     before = dump_all(r)
     with pytest.raises(Exception, match="WRONGTYPE"):
         services.scripts.service_register(services.keys.of(2 if role != "seq" else 1), T0 + 5_000, "h", 1, "q",
-                                          60_000, 100, 10, "tok")
+                                          60_000, 100, 10, "tok", "reg")
     assert dump_all(r) == before
+
+
+def test_after_redis_lost_its_data_an_old_service_cannot_touch_the_new_holder_of_its_id(
+    services: Services, r: redis.Redis
+) -> None:
+    # Redis restarted empty: the id counter starts again, and a new service gets id 1.
+    old = services.register(["q"], registration="old", now_ms=T0)
+    q = Queue("q", r, owner=old.owner)
+    q.enqueue(b"", job_id="held-by-old", now_ms=T0)
+    q.lease(now_ms=T0)
+    r.flushall()
+    new = services.register(["q"], registration="new", now_ms=T0 + 1)
+    assert (old.id, new.id) == (1, 1) and old.owner != new.owner
+    mine = Queue("q", r, owner=new.owner)
+    mine.enqueue(b"", job_id="held-by-new", now_ms=T0 + 1)
+    mine.lease(now_ms=T0 + 1)
+    before = dump_all(r)
+    # The old service's renewal is lost, its stop and deregistration change nothing...
+    assert services.check(old) == "lost"
+    with pytest.raises(ServiceLost):
+        services.renew(old, now_ms=T0 + 2)
+    assert not services.stop(old.id, old.registration)
+    assert services.deregister(old) == (-1, 0)
+    assert not services.forget_dead(old.id, old.registration, now_ms=T0 + 120_000)
+    # ...and scrubbing the old owner does not touch the new one's leases.
+    assert Queue("q", r).scrub(old.owner, now_ms=T0 + 2).scrubbed == 0
+    assert dump_all(r) == before
+    assert services.check(new) == "ok"
