@@ -20,6 +20,13 @@ redis-server --version
 echo "== installing pyqueue with its test extras"
 python3 -m pip install --quiet --disable-pip-version-check -e ".[test]"
 
+# The Node conformance client (tests/test_node_conformance.py); npm ci installs exactly
+# the lockfile, and re-running it is harmless. Without node the tests skip (fail in CI).
+if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then
+  echo "== installing the Node conformance client's dependencies (tests/node)"
+  (cd tests/node && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
 echo "== mypy --strict pyqueue"
 python3 -m mypy pyqueue
 
