@@ -7,7 +7,8 @@
 // on stdout (payloads and receipts as hex, since they are bytes). Scenarios:
 //   keys     the KEYS table this client uses, to compare with the scripts' headers
 //   produce  enqueue the given calls; Python's worker then runs the jobs
-//   consume  lease/ack/ack-and-lease/nack/extend/release jobs Python enqueued
+//   consume  lease/ack/ack-and-lease/nack/extend/release jobs Python enqueued, and
+//            wait for a delayed one with the blocking wait
 //   share    lease -> ack (one round trip) with the blocking wait, next to a Python
 //            worker on the same queue, until a second stdin line (or EOF) says stop
 
@@ -63,6 +64,20 @@ async function consume(q, opts, redis) {
   out.release = await q.release([first.jobs[0].receipt]);
   out.release_again = await q.release([first.jobs[0].receipt]);
   out.stats = await q.stats();
+
+  // The blocking wait timed by next_due_ms, on another queue holding one delayed job:
+  // lease (nothing ready) -> BZPOPMIN until its due time -> lease it. Bounded rounds.
+  const later = new Queue(redis, opts.later_queue, { owner: q.owner });
+  const blocker = redis.duplicate();
+  const waits = [];
+  let leased = await later.lease({ count: 1 });
+  for (let round = 0; leased.jobs.length === 0 && round < 10; round += 1) {
+    waits.push(await later.waitForWork(blocker, leased, 5000));
+    leased = await later.lease({ count: 1 });
+  }
+  blocker.disconnect();
+  out.later = { waits, jobs: leased.jobs.map(jobJson), leased_at_ms: leased.nowMs };
+  out.later.ack = leased.jobs.length ? await later.ack(leased.jobs.map((j) => j.receipt)) : [];
   return out;
 }
 
