@@ -418,7 +418,8 @@ class Worker:
                         self._stop.wait(max(0.0, remaining_ms) / 1000)
                         must_lease = True
                         continue
-                    timeout_ms = int(min(self.block_ms, remaining_ms - SERVER_TIMER_SLACK_MS))
+                    # At least 1 ms: a BZPOPMIN timeout of 0 blocks until a wake-up, forever.
+                    timeout_ms = max(1, int(min(self.block_ms, remaining_ms - SERVER_TIMER_SLACK_MS)))
                 if time.monotonic() - self._checked_at > self.block_ms / 1000 and self._stopped_by_key():
                     break
                 popped = blocker.bzpopmin(wake_keys, timeout_ms / 1000)

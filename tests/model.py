@@ -42,10 +42,21 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from pyqueue import Job, NewJob, Outcome, Queue, ServiceLost
 from pyqueue.keys import QueueKeys, ServiceKeys
-from pyqueue.models import DeadJob, DeadPage, Enqueued, Extended, Leased, Nacked, Promoted, Scrubbed, Stats
+from pyqueue.models import (
+    DeadJob,
+    DeadPage,
+    Enqueued,
+    Extended,
+    Leased,
+    Nacked,
+    Peeked,
+    Promoted,
+    Scrubbed,
+    Stats,
+)
 from pyqueue.queue import DEFAULT_MAINTENANCE_LIMIT, DEFAULT_MAX_ATTEMPTS
 from pyqueue.scripts import Scripts
-from pyqueue.service import DEAD_LIMIT, GC_LIMIT, Service, Services
+from pyqueue.service import DEAD_LIMIT, DEFAULT_EXPIRE_MS, GC_LIMIT, Service, Services
 
 #: The model's clock starts at a realistic server time (2023-11-14, in ms since the
 #: epoch); steps go forwards and backwards from it.
@@ -56,13 +67,18 @@ MAINTENANCE_INTERVAL_MS = 50
 TRIM_BATCH = 10
 #: keep_done_ms of each worker's Queue: none, short, the default (expiry at the clock
 #: steps the machine takes is where `<` versus `<=` bugs live).
-KEEP_DONE_MS = {"solo": 50, "ns.1": 0, "ns.10": 1000, "ns.2": 300_000}
+KEEP_DONE_MS = {"solo": 50, "ns.1.r": 0, "ns.1.r0": 1000, "ns.2.r": 300_000}
 QUEUE = "q"
 NAMESPACE = "ns"
 HOST, PID = "h", 1
-#: Lease owners, as services name them ("ns.<id>"). "ns.10" starts with "ns.1" but must
-#: never be scrubbed with it. Calls that lease nothing go through an owner "solo".
-OWNERS = ("ns.1", "ns.10", "ns.2")
+#: Every registration the machine makes has this token, so owners are deterministic.
+REGISTRATION = "r"
+#: Lease owners, as services name them ("<ns>.<id>.<registration>"). "ns.1.r0" starts
+#: with "ns.1.r" but must never be scrubbed with it: it is another registration of id 1
+#: (one from before Redis lost its data). Calls that lease nothing go through "solo".
+OWNERS = ("ns.1.r", "ns.1.r0", "ns.2.r")
+#: Registration tokens a reaper may name when it forgets a service.
+REGISTRATIONS = (REGISTRATION, "r0")
 #: A small pool so duplicates, re-enqueues after ack and stale receipts are common; ids
 #: with '|', braces, a space and non-ASCII exercise receipt parsing and key tags.
 IDS = ("a", "b", "c", "d", "e", "f", "g", "a|b", "{x} y", "ü")
@@ -533,6 +549,8 @@ class ServiceRecord:
     renewed_ms: int
     renewal: str
     alive: bool = True
+    #: When a remote stop marked the key (service_stop.lua), if it did.
+    stop_ms: int | None = None
 
 
 @dataclass
@@ -555,7 +573,7 @@ class ServicesModel:
         self.seq = service_id
         self.ids.insert(0, service_id)
         self.expiry[service_id] = now + expire_ms
-        self.queues[service_id] = QUEUE
+        self.queues[service_id] = f"{REGISTRATION} {QUEUE}"
         self.services[service_id] = ServiceRecord(now, now, renewal)
         return service_id
 
@@ -563,18 +581,24 @@ class ServicesModel:
         record = self.services.get(service_id)
         return record is not None and record.alive
 
-    def renew(self, service_id: int, expire_ms: int, renewal: str, now: int) -> list[tuple[int, list[str]]] | None:
-        """The dead services listed, or None when the renewal is lost (nothing written)."""
+    def renew(
+        self, service_id: int, expire_ms: int, renewal: str, now: int
+    ) -> tuple[bool, list[tuple[int, str, list[str]]]] | None:
+        """Whether a stop was asked, and the dead services listed (id, registration,
+        queues); None when the renewal is lost (nothing written)."""
         dead = [i for i in sorted(self.expiry, key=lambda i: (self.expiry[i], str(i).encode())) if self.expiry[i] < now]
-        listed = [(i, [q for q in self.queues.get(i, "").split(",") if q]) for i in dead[:DEAD_LIMIT]]
+        listed = []
+        for i in dead[:DEAD_LIMIT]:
+            registration, _, served = self.queues.get(i, " ").partition(" ")
+            listed.append((i, registration, [q for q in served.split(",") if q]))
         if not self.alive(service_id):
             return None
         record = self.services[service_id]
         record.renewed_ms, record.renewal = now, renewal
         if service_id not in self.expiry:
-            self.queues[service_id] = QUEUE
+            self.queues[service_id] = f"{REGISTRATION} {QUEUE}"
         self.expiry[service_id] = now + expire_ms
-        return listed
+        return record.stop_ms is not None, listed
 
     def _delete(self, service_id: int) -> tuple[int, int]:
         deleted = int(self.alive(service_id))
@@ -590,19 +614,25 @@ class ServicesModel:
     def deregister(self, service_id: int) -> tuple[int, int]:
         return self._delete(service_id)
 
-    def forget_dead(self, service_id: int, now: int) -> bool:
+    def forget_dead(self, service_id: int, registration: str, now: int) -> bool:
         expires = self.expiry.get(service_id)
+        entry = self.queues.get(service_id)
+        if entry is not None and not entry.startswith(f"{registration} "):
+            return False  # the id belongs to another registration
         if self.alive(service_id) or (expires is not None and expires > now):
             return False
         self._delete(service_id)
         return True
 
-    def stop(self, service_id: int) -> bool:
-        """Remote shutdown: the key is deleted and the private wake marker raised."""
-        was_alive = self.alive(service_id)
-        self.expire(service_id)
+    def stop(self, service_id: int, now: int) -> bool:
+        """Remote stop: a live service's key is marked (the first stop's time stands) and
+        its private wake marker raised; nothing happens to a dead or unknown one."""
+        if not self.alive(service_id):
+            return False
+        record = self.services[service_id]
+        record.stop_ms = now if record.stop_ms is None else record.stop_ms
         self.stopped.add(service_id)
-        return was_alive
+        return True
 
     def expire(self, service_id: int) -> None:
         if service_id in self.services:
@@ -621,14 +651,18 @@ class ServicesModel:
         }
         for service_id, record in self.services.items():
             if record.alive:
-                out[keys.of(service_id).role("service")] = {
+                fields = {
                     b"host": HOST.encode(),
                     b"pid": str(PID).encode(),
                     b"started": str(record.started_ms).encode(),
                     b"renewed": str(record.renewed_ms).encode(),
                     b"renewal": record.renewal.encode(),
+                    b"registration": REGISTRATION.encode(),
                     b"queues": QUEUE.encode(),
                 }
+                if record.stop_ms is not None:
+                    fields[b"stop"] = str(record.stop_ms).encode()
+                out[keys.of(service_id).role("service")] = fields
         for service_id in self.stopped:
             out[keys.of(service_id).role("wake")] = {b"stop": 0.0}
         return {key: value for key, value in out.items() if value}
@@ -1236,9 +1270,13 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     @rule(expire_ms=SERVICE_EXPIRES)
     def register_a_service(self, expire_ms: int) -> None:
-        service = self.services.register([QUEUE], expire_ms=expire_ms, host=HOST, pid=PID, now_ms=self.now)
+        service = self.services.register(
+            [QUEUE], expire_ms=expire_ms, host=HOST, pid=PID, registration=REGISTRATION, now_ms=self.now
+        )
         service_id = self.svc.register(expire_ms, service.renewal, self.now)
-        assert (service.id, service.started_ms, service.owner) == (service_id, self.now, f"{NAMESPACE}.{service_id}")
+        assert (service.id, service.started_ms, service.owner) == (
+            service_id, self.now, f"{NAMESPACE}.{service_id}.{REGISTRATION}"
+        )
         self.service_handles[service.id] = service
 
     @precondition(lambda self: self.service_handles)
@@ -1252,10 +1290,14 @@ class LifecycleMachine(RuleBasedStateMachine):
             with pytest.raises(ServiceLost):
                 self.services.renew(service, expire_ms=expire_ms, now_ms=self.now)
             return
-        dead = self.services.renew(service, expire_ms=expire_ms, now_ms=self.now)
+        renewed = self.services.renew(service, expire_ms=expire_ms, now_ms=self.now)
         expected = self.svc.renew(service.id, expire_ms, service.renewal, self.now)
-        assert [(d.id, d.owner, d.queues) for d in dead] == [(i, f"{NAMESPACE}.{i}", qs) for i, qs in expected or []]
-        for gone in dead:
+        assert expected is not None
+        assert renewed.stop == expected[0]
+        assert [(d.id, d.registration, d.owner, d.queues) for d in renewed.dead] == [
+            (i, reg, f"{NAMESPACE}.{i}.{reg}", qs) for i, reg, qs in expected[1]
+        ]
+        for gone in renewed.dead:
             for name in gone.queues:
                 assert name == QUEUE
                 for _ in range(100):
@@ -1263,23 +1305,40 @@ class LifecycleMachine(RuleBasedStateMachine):
                     assert scrubbed == self.model.scrub(gone.owner, limit, self.now)
                     if not scrubbed.more:
                         break
-            assert self.services.forget_dead(gone.id, now_ms=self.now) == self.svc.forget_dead(gone.id, self.now)
+            assert self.services.forget_dead(gone.id, gone.registration, now_ms=self.now) == self.svc.forget_dead(
+                gone.id, gone.registration, self.now
+            )
 
     @rule(data=st.data(), how=SERVICE_ENDINGS)
     def a_service_ends(self, data: st.DataObject, how: str) -> None:
-        """A service deregisters itself, is stopped remotely (key deleted, private wake
-        marker raised), or a reaper forgets it (any id: unknown and live ones too). Keys
-        whose TTL runs out expire as the clock moves (see `set_clock`)."""
+        """A service deregisters itself, is stopped remotely (key marked, private wake
+        marker raised), or a reaper forgets it (any id: unknown and live ones too, naming
+        its registration or another). Keys whose TTL runs out expire as the clock moves
+        (see `set_clock`)."""
         service_id = data.draw(st.integers(1, self.svc.seq + 1), label="service id")
         if how == "forget":
-            assert self.services.forget_dead(service_id, now_ms=self.now) == self.svc.forget_dead(service_id, self.now)
+            registration = data.draw(st.sampled_from(REGISTRATIONS), label="registration")
+            assert self.services.forget_dead(service_id, registration, now_ms=self.now) == self.svc.forget_dead(
+                service_id, registration, self.now
+            )
         elif service_id not in self.service_handles:
             return
         elif how == "deregister":
             got = self.services.deregister(self.service_handles[service_id], now_ms=self.now)
             assert got == self.svc.deregister(service_id)
         else:
-            assert self.services.stop(service_id) == self.svc.stop(service_id)
+            stopped = self.services.stop(service_id, now_ms=self.now)
+            assert stopped == self.svc.stop(service_id, self.now)
+            again = data.draw(st.sampled_from([None, None, 0, 1, 1000]), label="stopped again after")
+            if again is not None:  # an operator's second `pyqueue stop`, or a re-sent call
+                assert self.services.stop(service_id, now_ms=self.now + again) == stopped
+                self.svc.stop(service_id, self.now + again)
+            if stopped and data.draw(st.booleans(), label="renews at once"):
+                # The stopped worker's next heartbeat: it learns of the stop, and renews.
+                service = self.service_handles[service_id]
+                renewed = self.services.renew(service, now_ms=self.now)
+                expected = self.svc.renew(service_id, DEFAULT_EXPIRE_MS, service.renewal, self.now)
+                assert expected is not None and renewed.stop and expected[0]
 
     # -- rules: time ----------------------------------------------------------------------
 
@@ -1353,6 +1412,10 @@ class LifecycleMachine(RuleBasedStateMachine):
         stats = self.q.stats(now_ms=self.now)
         assert stats == self.model.stats(self.now), f"stats {stats} != model {self.model.stats(self.now)}"
         assert stats.acked == self.model.acked_ok == sum(self.ok_acks.values())
+
+        # peek (the many-queue worker's probe) agrees: READY's length and the next due time.
+        peeked = self.q.peek(now_ms=self.now)
+        assert peeked == Peeked(self.now, len(self.model.ready), self.model.next_due_ms()), f"peek {peeked}"
 
 
 def machine_for(backend: Backend, lua_directory: Path | None = None) -> type[LifecycleMachine]:

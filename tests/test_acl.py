@@ -49,8 +49,8 @@ from pyqueue.worker import Retry, Worker
 #: ``acl-pubsub-default`` is ``allchannels``.
 RECIPE = """\
 ACL SETUSER pq-producer reset on >producer-secret resetchannels ~pq:{emails}:* -@all +ping +evalsha +script|load +script|exists +multi +exec +time +type +hget +hmget +hset +hincrby +rpush +lindex +llen +zadd +zcard +zcount +zrange +zmscore
-ACL SETUSER pq-worker reset on >worker-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +bzpopmin +time +type +exists +get +incr +pexpire +del +hget +hmget +hexists +hset +hincrby +hdel +lrange +ltrim +lpush +rpush +lrem +zadd +zrem +zscore +zcard +zcount +zrange +zrangebyscore +zrangebylex +zremrangebyrank
-ACL SETUSER pq-admin reset on >admin-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +time +type +del +pexpire +hget +hgetall +hmget +hset +hincrby +hdel +rpush +lindex +llen +lrem +zadd +zrem +zscore +zcard +zcount +zrange +zrangebyscore
+ACL SETUSER pq-worker reset on >worker-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +bzpopmin +time +type +exists +get +incr +pexpire +del +hget +hmget +hexists +hset +hincrby +hdel +llen +lrange +ltrim +lpush +rpush +lrem +zadd +zrem +zscore +zcard +zcount +zrange +zrangebyscore +zrangebylex +zremrangebyrank
+ACL SETUSER pq-admin reset on >admin-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +time +type +pexpire +pttl +hget +hgetall +hmget +hset +hincrby +hdel +rpush +lindex +llen +lrem +zadd +zrem +zscore +zcard +zcount +zrange +zrangebyscore
 """
 
 ROLES = ("producer", "worker", "admin")
@@ -59,10 +59,10 @@ ROLES = ("producer", "worker", "admin")
 ROLE_SCRIPTS: dict[str, tuple[str, ...]] = {
     "producer": ("enqueue", "stats"),
     "worker": (
-        "lease", "ack", "nack", "extend", "release", "promote", "scrub",
+        "lease", "ack", "nack", "extend", "release", "promote", "scrub", "peek",
         "service_register", "service_renew", "service_deregister",
     ),
-    "admin": ("stats", "dead_list", "dead_replay", "dead_purge"),
+    "admin": ("stats", "dead_list", "dead_replay", "dead_purge", "service_stop"),
 }
 
 #: The commands each role's driver code sends itself, outside any script, and why.
@@ -80,7 +80,7 @@ SENT_BY_DRIVER: dict[str, dict[str, str]] = {
         "evalsha": "every script call",
         "script|load": "reload after NOSCRIPT",
         "bzpopmin": "the idle wait on the queues' and its own wake keys",
-        "exists": "is its service key still there (a remote stop deletes it)",
+        "hmget": "reads its service key before a blocking wait: stopped, or registration lost?",
         "get": "the namespace's last id, before registering",
         "hget": "a re-sent registration recognises its own token",
         "zadd": "a stop wakes its own blocked fetch loop",
@@ -92,9 +92,6 @@ SENT_BY_DRIVER: dict[str, dict[str, str]] = {
         "time": "Services.list: which services are alive",
         "zrange": "Services.list: the expiry zset",
         "hgetall": "Services.list: the queues hash and each service key",
-        "del": "Services.stop: deletes the service key",
-        "zadd": "Services.stop: raises the service's private wake marker",
-        "pexpire": "Services.stop: the marker expires if nobody pops it",
     },
 }
 
@@ -375,7 +372,7 @@ def test_an_admin_reads_stats_manages_dead_letters_lists_and_stops_a_worker(
     finally:
         release.set()
         thread.join(15)
-    assert "remote shutdown" in worker.exit_reason
+    assert "remote stop requested" in worker.exit_reason
     stats = q.stats()
     assert (stats.released, stats.ready, stats.leased) == (2, 2, 0)
     assert services.list() == []
@@ -504,13 +501,15 @@ def script_calls(root: redis.Redis) -> dict[str, tuple[str, Any, list[Any]]]:
         name: (script, q.keys, args) for name, (script, args) in calls_touching_every_key(q, handles).items()
     }
     calls["scrub"] = ("scrub", q.keys, [now, q.owner, 100])
+    calls["peek"] = ("peek", q.keys, [now])
     live = Services(root).register([QUEUE], now_ms=T0)
     ns = ServiceKeys("pq", NAMESPACE)
     calls["service_register"] = (
-        "service_register", ns.of(live.id + 1), [now, live.id + 1, "host", 1, QUEUE, 60_000, 1000, 10, "token"]
+        "service_register", ns.of(live.id + 1), [now, live.id + 1, "host", 1, QUEUE, 60_000, 1000, 10, "token", "reg"]
     )
     calls["service_renew"] = ("service_renew", live.keys, [now, live.id, live.renewal, "next", 60_000, 20])
-    calls["service_deregister"] = ("service_deregister", live.keys, [now, live.id, 0])
+    calls["service_stop"] = ("service_stop", live.keys, [now, live.id, ""])
+    calls["service_deregister"] = ("service_deregister", live.keys, [now, live.id, 0, live.registration])
     return calls
 
 

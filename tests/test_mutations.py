@@ -213,6 +213,30 @@ MUTANTS = [
         "local removed = redis.call('LREM', ids_key, -1, id)",
         "local removed = 0",
     ),
+    Mutant(
+        "service_deregister_forgets_another_registration_of_the_id",
+        "service_deregister",
+        "    or entry and string.match(entry, '^(%w*) ') ~= registration then",
+        "    or false then",
+    ),
+    Mutant(
+        "service_renew_hides_a_remote_stop",
+        "service_renew",
+        "reply[1], reply[2] = stop and 'stop' or 'ok', now_ms",
+        "reply[1], reply[2] = 'ok', now_ms",
+    ),
+    Mutant(
+        "peek_ignores_lease_deadlines",
+        "peek",
+        "if l[2] and (next_due_ms < 0 or tonumber(l[2]) < next_due_ms)",
+        "if false",
+    ),
+    Mutant(
+        "service_stop_moves_the_time_of_an_earlier_stop",
+        "service_stop",
+        "if not fields[2] then redis.call('HSET', service_key, 'stop', now_ms) end",
+        "redis.call('HSET', service_key, 'stop', now_ms)",
+    ),
 ]
 
 # Not planted, because it is equivalent (no test can tell it from the original): extend.lua

@@ -8,7 +8,9 @@ beats the block period by seconds), not a speed; speeds are measured in bench/.
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,9 +24,12 @@ import pytest
 import redis
 from conftest import RedisServer
 
-from pyqueue import Job, NewJob, Outcome, Queue
+from pyqueue.cli import main
+from pyqueue.scripts import lua_source
+
+from pyqueue import InvalidArgument, Job, NewJob, Outcome, Queue
 from pyqueue.service import Services
-from pyqueue.worker import Retry, Worker
+from pyqueue.worker import EXIT_MISCONFIGURED, EXIT_OK, EXIT_REGISTRATION_LOST, Retry, Worker
 
 TESTS = Path(__file__).resolve().parent
 
@@ -160,25 +165,104 @@ def test_running_jobs_leases_are_extended_by_the_heartbeat(r: redis.Redis, runni
     assert (stats.acked, stats.reclaimed) == (1, 0)
 
 
-def test_remote_shutdown_by_deleting_the_service_key_stops_the_worker(
+def test_a_remote_stop_wakes_a_blocked_worker_which_deregisters_and_exits_0(
     r: redis.Redis, running: Callable[..., Running]
 ) -> None:
     run = running(["q"], lambda job: None, block_ms=10_000)
     assert run.worker.service is not None
+    time.sleep(0.2)  # blocked by now
     assert Services(r).stop(run.worker.service.id)
     run.thread.join(5)
-    assert not run.thread.is_alive(), "the worker did not notice the deleted key"
-    assert "remote shutdown" in run.worker.exit_reason
-    assert r.llen("pq:{workers}:service:ids") == 0
+    assert not run.thread.is_alive(), "the worker did not notice the stop"
+    assert "remote stop requested" in run.worker.exit_reason and run.worker.exit_code == EXIT_OK
+    assert r.llen("pq:{workers}:service:ids") == 0 and r.keys("pq:{workers}:service:1*") == []
 
 
-def test_a_lost_renewal_stops_the_worker(r: redis.Redis, running: Callable[..., Running]) -> None:
+def test_a_lost_renewal_stops_the_worker_with_exit_75(r: redis.Redis, running: Callable[..., Running]) -> None:
     run = running(["q"], lambda job: None, renew_ms=100, expire_ms=1_000, block_ms=10_000)
     assert run.worker.service is not None
-    r.hset(run.worker.service.keys.role("service"), "renewal", "overwritten")
+    # Another registration holds the key now.
+    r.hset(run.worker.service.keys.role("service"), mapping={"renewal": "theirs", "registration": "theirs"})
     run.thread.join(5)
     assert not run.thread.is_alive()
     assert "lost its registration" in run.worker.exit_reason
+    assert run.worker.exit_code == EXIT_REGISTRATION_LOST
+    # Its deregistration left the key alone: it was not its own any more.
+    assert r.hget(run.worker.service.keys.role("service"), "renewal") == b"theirs"
+
+
+def test_an_emptied_redis_stops_the_worker_with_exit_75_not_0(r: redis.Redis, running: Callable[..., Running]) -> None:
+    run = running(["q"], lambda job: None, renew_ms=100, expire_ms=1_000, block_ms=10_000)
+    time.sleep(0.2)
+    r.flushall()  # a restart without persistence
+    run.thread.join(5)
+    assert not run.thread.is_alive()
+    assert run.worker.exit_code == EXIT_REGISTRATION_LOST, run.worker.exit_reason
+
+
+def test_an_async_handler_is_refused_before_anything_runs(r: redis.Redis) -> None:
+    async def handle(job: Job) -> None:
+        pass
+
+    class AsyncCallable:
+        async def __call__(self, job: Job) -> None:
+            pass
+
+    Queue("q", r).enqueue(b"")
+    for handler in (handle, AsyncCallable(), functools.partial(handle)):
+        with pytest.raises(InvalidArgument, match="async"):
+            Worker(["q"], handler, redis=r)  # type: ignore[arg-type]
+    assert Queue("q", r).stats().ready == 1 and r.keys("pq:{workers}:*") == []
+
+
+def test_a_handler_that_returns_a_coroutine_gets_its_job_released_unrun_and_the_worker_exits_78(
+    r: redis.Redis, running: Callable[..., Running]
+) -> None:
+    async def really(job: Job) -> None:
+        raise AssertionError("never awaited, never run")
+
+    q = Queue("q", r)
+    q.enqueue(b"", job_id="j")
+    run = running(["q"], lambda job: really(job))  # a plain function that returns a coroutine
+    run.thread.join(5)
+    assert not run.thread.is_alive()
+    assert run.worker.exit_code == EXIT_MISCONFIGURED and "async" in run.worker.exit_reason
+    stats = q.stats()
+    assert (stats.ready, stats.acked, stats.released, stats.nacked) == (1, 0, 1, 0)  # not acked, not penalised
+
+
+def test_an_idle_worker_reclaims_a_lease_that_expired_after_it_went_to_sleep(
+    r: redis.Redis, running: Callable[..., Running]
+) -> None:
+    ran = threading.Event()
+    running(["q"], lambda job: ran.set(), block_ms=300)
+    time.sleep(0.2)  # the worker blocks, knowing of no deadline
+    q = Queue("q", r, owner="a-worker-that-died-unregistered")
+    q.enqueue(b"", job_id="j")
+    assert q.lease(lease_ms=200)  # the worker is woken by the enqueue, but the job is gone
+    assert ran.wait(5), "the expired lease was never reclaimed by the idle worker"
+    assert q.stats().reclaimed == 1
+
+
+def test_a_job_in_the_last_of_fifty_queues_costs_one_peek_round_trip_and_one_lease_call(
+    r: redis.Redis, running: Callable[..., Running]
+) -> None:
+    names = [f"q{i}" for i in range(50)]
+    got = threading.Event()
+    run = running(names, lambda job: got.set(), block_ms=10_000)
+    time.sleep(0.3)  # blocked
+    calls: list[str] = []
+    for queue in run.worker.queues:
+        original = queue.lease_call
+
+        def spy(*args: Any, _name: str = queue.name, _original: Any = original, **kwargs: Any) -> Any:
+            calls.append(_name)
+            return _original(*args, **kwargs)
+
+        queue.lease_call = spy  # type: ignore[method-assign]
+    Queue("q49", r).enqueue(b"")
+    assert got.wait(5)
+    assert calls == ["q49"], "lease calls went to empty queues"
 
 
 def test_a_killed_workers_jobs_are_scrubbed_and_finished_by_another_long_before_lease_expiry(
@@ -297,6 +381,49 @@ def test_a_second_signal_exits_at_once(redis_server: RedisServer, real: redis.Re
     assert q.stats().leased == 1  # left to expire or to be scrubbed
 
 
+def test_a_worker_stopped_remotely_drains_on_the_first_sigterm_and_exits_0(
+    redis_server: RedisServer, real: redis.Redis
+) -> None:
+    q = Queue("q", real)
+    q.enqueue(b"", job_id="j")
+    proc = spawn_worker(redis_server, "-q", "q", "--grace-ms", "20000", sleep_s=1.5)
+    wait_until(lambda: q.stats().leased == 1, 10, "worker did not start the job")
+    assert Services(real).stop(1)
+    time.sleep(0.3)  # the worker is stopping on its own, its job still running
+    proc.send_signal(signal.SIGTERM)  # the first signal: not a reason to exit at once
+    assert proc.wait(10) == 0, proc.log_path.read_text()  # type: ignore[attr-defined]
+    assert q.stats().acked == 1
+
+
+def test_pyqueue_stop_exits_0_and_an_emptied_redis_exits_75(redis_server: RedisServer, real: redis.Redis) -> None:
+    stopped = spawn_worker(redis_server, "-q", "q", "--renew-ms", "200", "--expire-ms", "1000")
+    wait_until(lambda: real.llen("pq:{workers}:service:ids") == 1, 10, "worker did not register")
+    assert main(["--url", redis_server.url(), "stop", "1"]) == 0
+    assert stopped.wait(10) == 0
+    lost = spawn_worker(redis_server, "-q", "q", "--renew-ms", "200", "--expire-ms", "1000")
+    wait_until(lambda: real.llen("pq:{workers}:service:ids") == 1, 10, "worker did not register")
+    real.flushall()  # what a restart without persistence leaves
+    assert lost.wait(10) == EXIT_REGISTRATION_LOST
+    assert b"lost its registration" in lost.log_path.read_bytes()  # type: ignore[attr-defined]
+
+
+def test_a_worker_resumed_after_its_registration_expired_leases_nothing(
+    redis_server: RedisServer, real: redis.Redis
+) -> None:
+    q = Queue("q", real)
+    proc = spawn_worker(redis_server, "-q", "q", "--renew-ms", "200", "--expire-ms", "1000", "--block-ms", "10000")
+    wait_until(lambda: real.llen("pq:{workers}:service:ids") == 1, 10, "worker did not register")
+    time.sleep(0.3)  # blocked in BZPOPMIN
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(1.5)  # past expire_ms: the registration is gone
+        q.enqueue_many([NewJob(b"", job_id=f"j{i}") for i in range(3)])  # its BZPOPMIN answers, unread
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    assert proc.wait(10) == EXIT_REGISTRATION_LOST
+    assert q.stats().leased_total == 0 and q.stats().ready == 3  # it renewed (and failed) before any lease
+
+
 def test_sigkill_of_a_worker_process_its_jobs_finish_elsewhere_exactly_once(
     redis_server: RedisServer, real: redis.Redis
 ) -> None:
@@ -336,10 +463,14 @@ def test_an_idle_worker_sends_about_one_command_per_block_period(
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(10)
-    calls = {name: v["calls"] for name, v in stats.items() if name not in ("cmdstat_config", "cmdstat_info")}
-    # 3 s / 0.5 s = 6 block periods: a BZPOPMIN each, and an EXISTS at most every period.
-    assert calls.get("cmdstat_bzpopmin", 0) <= 7
-    assert sum(calls.values()) <= 2 * 7, calls
+    calls = {name: v["calls"] for name, v in stats.items() if name not in ("cmdstat_config|resetstat", "cmdstat_info")}
+    # 3 s / 0.5 s = 6 block periods: a BZPOPMIN each, then one lease call (it reclaims what
+    # expired meanwhile), and a read of the service key (HMGET) at most every period.
+    # INFO counts the commands a script runs too: those of lua/lease.lua are allowed.
+    assert calls.get("cmdstat_bzpopmin", 0) <= 7 and calls.get("cmdstat_evalsha", 0) <= 7, calls
+    in_lease = set(re.findall(r"redis\.call\('([A-Z]+)'", lua_source("lease")))
+    allowed = {"bzpopmin", "evalsha", "hmget"} | {c.lower() for c in in_lease}
+    assert {name.removeprefix("cmdstat_") for name in calls} <= allowed, calls
 
 
 def test_the_service_namespace_may_live_on_another_server(r: redis.Redis) -> None:
