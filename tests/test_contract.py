@@ -100,3 +100,10 @@ def test_helpers_copied_into_several_scripts_are_identical_everywhere() -> None:
     assert {"int_arg", "expect_type", "call_chunked", "bury"} <= set(shared)
     for name, files in shared.items():
         assert len(set(files.values())) == 1, f"{name} differs between {sorted(files)}"
+
+
+def test_every_script_is_pure_ascii_so_a_string_api_loads_it_byte_for_byte() -> None:
+    # ioredis defineCommand, go-redis NewScript and others take the source as a string:
+    # non-ASCII bytes could be re-encoded on the way and change the SHA1 (lua/README.md §6).
+    for path in sorted((ROOT / "lua").glob("*.lua")):
+        assert path.read_bytes().isascii(), path.name
