@@ -5,6 +5,8 @@ Figures (each a separate phase, with a fresh keyspace):
 * latency: enqueue -> handler start with an idle worker (blocked on its wake marker),
   p50/p99 over `--samples` jobs sent one at a time with idle gaps in between. Both
   timestamps are this host's wall clock (``time.time_ns``) taken in two processes.
+  Measured twice: the worker serving one queue, and serving `--many-queues` queues
+  with every job in the last (lowest-priority) one, the others empty.
 * lateness: delayed jobs (random delays) -> how late each handler starts after its
   due time, on the Redis server's clock (the handler reads TIME; the due time is the
   job record's).
@@ -50,12 +52,16 @@ def percentile(values: Sequence[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
-def spawn(url: str, handler: str, queue: str, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """A `pyqueue worker` process serving ``queue`` with ``worker_handlers:<handler>``."""
+def spawn(
+    url: str, handler: str, queues: str | Sequence[str], *extra: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """A `pyqueue worker` process serving ``queues`` (highest priority first) with
+    ``worker_handlers:<handler>``."""
+    served = [queues] if isinstance(queues, str) else list(queues)
     full_env = dict(os.environ, PYTHONPATH=f"{BENCH_DIR}{os.pathsep}{_server.REPO_ROOT}", BENCH_URL=url, **(env or {}))
     return subprocess.Popen(
         [sys.executable, "-m", "pyqueue", "--url", url, "--namespace", "bench", "worker",
-         f"worker_handlers:{handler}", "-q", queue, *extra],
+         f"worker_handlers:{handler}", *[arg for name in served for arg in ("-q", name)], *extra],
         env=full_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
 
@@ -78,11 +84,12 @@ def wait_registered(client: redis.Redis, count: int, timeout_s: float = 20) -> N
         time.sleep(0.01)
 
 
-def bench_latency(url: str, samples: int) -> dict[str, Any]:
+def bench_latency(url: str, samples: int, queues: int = 1) -> dict[str, Any]:
     client = redis.Redis.from_url(url)
     client.flushall()
+    names = [f"lat{i}" for i in range(queues - 1)] + ["lat"]  # the job's queue comes last
     q = Queue("lat", client)
-    proc = spawn(url, "stamp", "lat", "--block-ms", "10000")
+    proc = spawn(url, "stamp", names, "--block-ms", "10000")
     try:
         wait_registered(client, 1)
         time.sleep(0.5)
@@ -97,8 +104,8 @@ def bench_latency(url: str, samples: int) -> dict[str, Any]:
             latencies_us.append((int(started) - sent_ns) / 1000)
     finally:
         stop(proc)
-    return {"samples": samples, "p50_us": percentile(latencies_us, 50), "p99_us": percentile(latencies_us, 99),
-            "max_us": max(latencies_us), "mean_us": statistics.fmean(latencies_us)}
+    return {"queues": queues, "samples": samples, "p50_us": percentile(latencies_us, 50),
+            "p99_us": percentile(latencies_us, 99), "max_us": max(latencies_us), "mean_us": statistics.fmean(latencies_us)}
 
 
 def bench_lateness(url: str, samples: int) -> dict[str, Any]:
@@ -221,6 +228,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     _server.add_server_arguments(parser)
     parser.add_argument("--samples", type=int, default=500, help="latency samples")
+    parser.add_argument("--many-queues", type=int, default=50, help="queues served in the second latency run")
     parser.add_argument("--delayed", type=int, default=300, help="delayed jobs for lateness")
     parser.add_argument("--recovery-trials", type=int, default=3)
     parser.add_argument("--idle-s", type=float, default=60.0, help="idle measurement window")
@@ -235,6 +243,7 @@ def main() -> None:
     try:
         report = {
             "latency": bench_latency(args.redis_url, args.samples),
+            "latency_many_queues": bench_latency(args.redis_url, args.samples, args.many_queues),
             "lateness": bench_lateness(args.redis_url, args.delayed),
             "recovery": bench_recovery(args.redis_url, args.recovery_trials, renew_ms=1000, expire_ms=3000),
             "idle": bench_idle(args.redis_url, args.idle_s),

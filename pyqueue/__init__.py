@@ -34,7 +34,8 @@ from pyqueue.models import (
     Promoted,
     Stats,
 )
-from pyqueue.queue import Queue, connect, embedded_redis
+from pyqueue.clients import connect, embedded_redis
+from pyqueue.queue import Queue
 
 try:
     __version__ = version("pyqueue")

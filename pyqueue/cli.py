@@ -21,7 +21,8 @@ import redis
 from pyqueue.errors import PyQueueError, map_redis_error
 from pyqueue.keys import check_name
 from pyqueue.models import Job
-from pyqueue.queue import DEFAULT_KEEP_DONE_MS, DEFAULT_LEASE_MS, Queue, connect
+from pyqueue.clients import connect
+from pyqueue.queue import DEFAULT_KEEP_DONE_MS, DEFAULT_LEASE_MS, Queue
 from pyqueue.service import DEFAULT_EXPIRE_MS, DEFAULT_NAMESPACE, Services
 from pyqueue.worker import Worker
 

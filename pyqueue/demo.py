@@ -23,7 +23,8 @@ from typing import Any
 import redis as redis_lib
 
 from pyqueue.models import Job, NewJob
-from pyqueue.queue import Queue, connect
+from pyqueue.clients import Client, connect
+from pyqueue.queue import Queue
 from pyqueue.service import Services
 from pyqueue.worker import Worker
 
@@ -34,7 +35,7 @@ NAMESPACE = "demo"
 RENEW_MS, EXPIRE_MS, LEASE_MS = 500, 2_000, 120_000
 CONCURRENCY = 4
 
-_client: redis_lib.Redis | None = None
+_client: Client | None = None
 
 
 def executions_key(prefix: str) -> str:
@@ -163,7 +164,7 @@ def run_demo(*, url: str = "embedded", prefix: str = "pq", jobs: int = 3000, wor
     return 0 if all(ok for _, ok in checks) else 1
 
 
-def _held(client: redis_lib.Redis, queues: list[Queue], owner: str) -> int:
+def _held(client: Client, queues: list[Queue], owner: str) -> int:
     """How many leases ``owner`` holds in ``queues`` (from the owners index)."""
     return sum(len(client.zrangebylex(q.keys.owners, f"[{owner}|", f"({owner}}}")) for q in queues)
 
@@ -192,7 +193,7 @@ class _ThreadWorkers(_Workers):
     kind = "threads of this process"
     kill_kind = "simulated SIGKILL"
 
-    def __init__(self, client: redis_lib.Redis, prefix: str) -> None:
+    def __init__(self, client: Client, prefix: str) -> None:
         self.client, self.prefix = client, prefix
         self.workers: list[Worker] = []
         self.threads: list[threading.Thread] = []

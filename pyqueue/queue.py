@@ -25,15 +25,13 @@ import logging
 import math
 import os
 import secrets
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import redis as redis_lib
-from redis.backoff import ExponentialWithJitterBackoff
-from redis.retry import Retry
 
+from pyqueue.clients import Client, bytes_client, check_server, connect, embedded_redis
 from pyqueue.errors import InvalidArgument, map_redis_error, mapped
 from pyqueue.keys import QueueKeys, check_name
 from pyqueue.models import (
@@ -70,99 +68,6 @@ MAX_ERROR_BYTES = 65536
 
 T = TypeVar("T")
 log = logging.getLogger("pyqueue")
-
-_embedded_lock = threading.Lock()
-_embedded_server: Any = None  # a fakeredis.FakeServer, created on first use
-
-
-def embedded_redis() -> redis_lib.Redis:
-    """A client of the process-wide embedded fakeredis server (created on first use).
-
-    Every ``Queue(name)`` made without a client shares this server, so producers and
-    workers in one process see the same queues. Nothing is persisted.
-    """
-    import fakeredis  # only the embedded default needs it: keep it off the import path
-
-    global _embedded_server
-    with _embedded_lock:
-        if _embedded_server is None:
-            _embedded_server = fakeredis.FakeServer()
-        client: redis_lib.Redis = fakeredis.FakeRedis(server=_embedded_server)
-        return client
-
-
-def connect(
-    url: str,
-    *,
-    retries: int = 3,
-    socket_timeout_s: float = 10.0,
-    socket_connect_timeout_s: float = 5.0,
-) -> redis_lib.Redis:
-    """A redis-py client configured the way pyqueue expects.
-
-    ``retries``: redis-py re-sends a command up to this many times after a connection
-    error or timeout, with jittered exponential backoff (10 ms doubling, capped at 1 s).
-    Re-sending is safe because every script is replay-safe. After the last retry the
-    call raises :class:`~pyqueue.errors.OutcomeUnknown`. ``retries=0`` raises at once.
-
-    ``socket_timeout_s`` bounds how long one reply may take; blocking waits use their
-    own connection with a longer timeout (see the worker).
-    """
-    if url in ("embedded", "fakeredis://"):
-        return embedded_redis()
-    tcp = {"socket_keepalive": True} if not url.startswith("unix:") else {}
-    return redis_lib.Redis.from_url(
-        url,
-        socket_timeout=socket_timeout_s,
-        socket_connect_timeout=socket_connect_timeout_s,
-        **tcp,
-        retry=Retry(ExponentialWithJitterBackoff(base=0.01, cap=1.0), retries),
-        retry_on_error=[redis_lib.ConnectionError, redis_lib.TimeoutError],
-        health_check_interval=30,
-        decode_responses=False,
-    )
-
-
-def bytes_client(client: redis_lib.Redis) -> redis_lib.Redis:
-    """``client`` itself, or a sibling on the same server that does not decode replies.
-
-    Payloads are bytes; a client made with ``decode_responses=True`` would decode them
-    (and fail on non-UTF-8 payloads), so pyqueue talks through an undecoded twin that
-    shares the original's connection settings.
-    """
-    pool = client.connection_pool
-    if not pool.connection_kwargs.get("decode_responses"):
-        return client
-    kwargs = dict(pool.connection_kwargs)
-    kwargs["decode_responses"] = False
-    twin_pool = pool.__class__(connection_class=pool.connection_class, **kwargs)
-    return redis_lib.Redis(connection_pool=twin_pool)
-
-
-def check_server(client: redis_lib.Redis) -> list[str]:
-    """Warn (log) about server settings that break pyqueue's promises; return them.
-
-    Any ``maxmemory-policy`` but ``noeviction`` lets Redis evict keys at its memory
-    limit, silently dropping jobs. A client not allowed to run CONFIG (a least-privilege
-    ACL user) skips the check.
-    """
-    problems: list[str] = []
-    try:
-        policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
-    except redis_lib.RedisError as exc:
-        log.info("could not check maxmemory-policy (%s); it must be 'noeviction'", exc)
-        return problems
-    if isinstance(policy, bytes):
-        policy = policy.decode()
-    if policy not in (None, "noeviction"):
-        problems.append(
-            f"maxmemory-policy is {policy!r}: at the memory limit Redis may evict queue keys, silently "
-            "dropping jobs; set it to 'noeviction'"
-        )
-    for problem in problems:
-        log.warning(problem)
-    return problems
-
 
 def check_int(value: object, name: str, lo: int, hi: int) -> int:
     """Return ``value`` if it is an ``int`` (not ``bool``) in [lo, hi]; else raise."""
@@ -218,8 +123,9 @@ class Queue:
 
     Args:
         name: the queue name (1..128 printable ASCII characters, no spaces or braces).
-        redis: a redis-py client; ``None`` uses the process-wide embedded fakeredis.
-            A client with ``decode_responses=True`` works too (see :func:`bytes_client`).
+        redis: a redis-py client of one server or a Redis Cluster (``RedisCluster``);
+            ``None`` uses the process-wide embedded fakeredis. A client with
+            ``decode_responses=True`` works too (see :func:`pyqueue.clients.bytes_client`).
         prefix: the first part of every key, ``<prefix>:{<name>}:<role>``.
         owner: who holds this queue object's leases, 1..64 of ``[A-Za-z0-9_.:-]``.
             Workers pass their service id so a dead worker's leases can be scrubbed;
@@ -236,7 +142,7 @@ class Queue:
     def __init__(
         self,
         name: str,
-        redis: redis_lib.Redis | None = None,
+        redis: Client | None = None,
         *,
         prefix: str = DEFAULT_PREFIX,
         owner: str | None = None,
@@ -262,9 +168,10 @@ class Queue:
         retries: int = 3,
         keep_done_ms: int = DEFAULT_KEEP_DONE_MS,
     ) -> Queue:
-        """A queue on the server at ``url`` (``redis://``, ``rediss://``, ``unix://``, or
-        ``embedded``), with the client settings of :func:`connect`. Logs a warning if
-        the server may evict keys (see :func:`check_server`)."""
+        """A queue on the server or cluster at ``url`` (``redis://``, ``rediss://``,
+        ``unix://``, ``redis+cluster://``, or ``embedded``), with the client settings of
+        :func:`pyqueue.clients.connect`. Logs a warning if the server may evict keys (see
+        :func:`pyqueue.clients.check_server`)."""
         client = connect(url, retries=retries)
         check_server(client)
         return cls(name, client, prefix=prefix, keep_done_ms=keep_done_ms)

@@ -6,10 +6,19 @@ order its header lists them, and nothing else.
 ``NOSCRIPT`` (after a restart, failover or ``SCRIPT FLUSH``), also inside pipelines.
 Replies are returned raw (lists of bytes and ints); :mod:`pyqueue.queue` parses them.
 Errors are raised as redis-py exceptions; :mod:`pyqueue.queue` maps them.
+
+On a Redis Cluster, redis-py follows MOVED and ASK, but gives up on the answers of a
+cluster in motion within about half a second: TRYAGAIN (a multi-key call during a slot
+migration, which pyqueue's scripts are: they declare keys that are often absent),
+CLUSTERDOWN and a slot not covered (during a failover), and a node it cannot reach.
+:meth:`Scripts.run` keeps re-sending such a call with capped backoff for
+``weather_budget_s`` (30 s by default). That is safe: TRYAGAIN and CLUSTERDOWN mean the
+script did not run, and every script is replay-safe for the cases where it may have.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
@@ -18,6 +27,7 @@ from typing import Any, Protocol, Union
 import redis
 from redis.commands.core import Script
 
+from pyqueue.clients import Client, is_cluster, node_for_key
 from pyqueue.keys import QueueKeys, ServiceKeys
 
 Arg = Union[bytes, str, int]
@@ -73,16 +83,48 @@ def lua_source(name: str, directory: Path | None = None) -> str:
     return ((directory or lua_dir()) / f"{name}.lua").read_text(encoding="utf-8")
 
 
+#: What a cluster answers while it moves slots or fails over: the call did not run, or
+#: ran at most once (replay-safe); send it again after a pause.
+CLUSTER_WEATHER: tuple[type[Exception], ...] = (
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.SlotNotCoveredError,
+    redis.exceptions.ClusterError,  # "TTL exhausted": too many redirections in a row
+    redis.exceptions.ConnectionError,  # a primary lost before its replica took over
+    redis.exceptions.TimeoutError,
+)
+def _is_redirect_or_weather(reply: Exception) -> bool:
+    """A reply that says "send it again elsewhere or later" rather than the script's own
+    error: MOVED, ASK, TRYAGAIN, CLUSTERDOWN, a connection lost."""
+    if isinstance(reply, (redis.exceptions.MovedError, redis.exceptions.AskError, *CLUSTER_WEATHER)):
+        return True
+    return str(reply).split(" ", 1)[0] in ("MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN")
+
+
+#: How long a cluster call keeps retrying weather before it raises.
+DEFAULT_WEATHER_BUDGET_S = 30.0
+_WEATHER_BACKOFF_CAP_S = 1.0
+
+
 def _now(now_ms: int | None) -> Arg:
     # '' tells a script to read the server clock; an explicit time is for tests only.
     return "" if now_ms is None else now_ms
 
 
 class Scripts:
-    """Every script registered on one client. Thread-safe as the client is."""
+    """Every script registered on one client. Thread-safe as the client is.
 
-    def __init__(self, client: redis.Redis, directory: Path | None = None) -> None:
+    ``weather_budget_s``: on a cluster, how long a call keeps retrying TRYAGAIN,
+    CLUSTERDOWN and lost nodes (see the module docstring). Unused on one server, where
+    redis-py's own retry policy (:func:`pyqueue.clients.connect`) handles connections.
+    """
+
+    def __init__(
+        self, client: Client, directory: Path | None = None, *, weather_budget_s: float = DEFAULT_WEATHER_BUDGET_S
+    ) -> None:
         self.client = client
+        self.cluster = is_cluster(client)
+        self.weather_budget_s = weather_budget_s
         self._scripts: dict[str, Script] = {
             name: client.register_script(lua_source(name, directory)) for name in SCRIPT_KEYS
         }
@@ -101,30 +143,54 @@ class Scripts:
 
     def run(self, name: str, keys: Keys, args: Sequence[Arg], client: Any = None) -> Any:
         """Run script `name` with the keys its header lists and raw ARGV (tests, tools)."""
-        return self._scripts[name](keys=self._key_list(name, keys), args=args, client=client)
+        script, key_list = self._scripts[name], self._key_list(name, keys)
+        if not self.cluster or client is not None:
+            return script(keys=key_list, args=args, client=client)
+        deadline, delay = time.monotonic() + self.weather_budget_s, 0.01
+        while True:
+            try:
+                return script(keys=key_list, args=args)
+            except CLUSTER_WEATHER:
+                if time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, _WEATHER_BACKOFF_CAP_S)
 
     def run_pipelined(self, name: str, calls: Sequence[tuple[Keys, Sequence[Arg]]]) -> list[Any]:
-        """Run script ``name`` once per (keys, ARGV) in ``calls``, in one round trip; one
-        reply (or exception instance) per call, in order.
+        """Run script ``name`` once per (keys, ARGV) in ``calls``, in one round trip per
+        server; one reply (or exception instance) per call, in order.
 
         redis-py's pipelines send ``SCRIPT EXISTS`` before every pipeline that holds a
-        ``Script`` (a second round trip), so this sends plain ``EVALSHA`` and, only if a
-        reply is ``NOSCRIPT`` (a restarted or flushed server), loads the script and sends
-        the whole batch again. Use it for read-only or replay-safe scripts only: a batch
-        can be sent twice.
+        ``Script`` (a second round trip), and its cluster pipelines refuse ``EVALSHA``;
+        so this sends plain ``EVALSHA`` on a pipeline of each primary, for the calls
+        whose keys it holds. A call answered ``NOSCRIPT`` (a restarted or flushed
+        server) is sent again after loading the script there; one answered with a
+        redirection or a cluster error (a slot moved meanwhile) is sent again alone
+        through :meth:`run`, which follows redirects and waits out weather. Use it for
+        read-only or replay-safe scripts only: a call can be sent twice.
         """
         script = self._scripts[name]
-        for attempt in range(2):
-            pipe = self.client.pipeline(transaction=False)
-            for keys, args in calls:
-                key_list = self._key_list(name, keys)
-                pipe.evalsha(script.sha, len(key_list), *key_list, *args)
-            replies = pipe.execute(raise_on_error=False)
-            if attempt == 0 and any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
-                self.client.script_load(script.script)
-                continue
-            return list(replies)
-        raise AssertionError("unreachable")
+        key_lists = [self._key_list(name, keys) for keys, _ in calls]
+        groups: dict[int, tuple[redis.Redis, list[int]]] = {}  # one pipeline per server
+        for i, key_list in enumerate(key_lists):
+            node = node_for_key(self.client, key_list[0])
+            groups.setdefault(id(node), (node, []))[1].append(i)
+        replies: list[Any] = [None] * len(calls)
+        for node, indexes in groups.values():
+            pipe = node.pipeline(transaction=False)
+            for i in indexes:
+                pipe.evalsha(script.sha, len(key_lists[i]), *key_lists[i], *calls[i][1])
+            for i, reply in zip(indexes, pipe.execute(raise_on_error=False)):
+                replies[i] = reply
+        for i, reply in enumerate(replies):
+            if isinstance(reply, redis.exceptions.NoScriptError) or (
+                self.cluster and isinstance(reply, Exception) and _is_redirect_or_weather(reply)
+            ):
+                try:
+                    replies[i] = self.run(name, calls[i][0], calls[i][1])
+                except redis.exceptions.RedisError as exc:
+                    replies[i] = exc
+        return replies
 
     def enqueue(
         self, keys: QueueKeys, now_ms: int | None, jobs: Sequence[tuple[str, bytes, int, int]], client: Any = None

@@ -32,7 +32,8 @@ import redis as redis_lib
 
 from pyqueue.errors import InvalidArgument, ServiceExists, ServiceLost, mapped
 from pyqueue.keys import ServiceKeys, check_name
-from pyqueue.queue import bytes_client, check_int, embedded_redis
+from pyqueue.clients import Client, bytes_client, embedded_redis
+from pyqueue.queue import check_int
 from pyqueue.scripts import Scripts
 
 DEFAULT_NAMESPACE = "workers"
@@ -118,7 +119,7 @@ class Services:
         prefix: the first part of every key.
     """
 
-    def __init__(self, redis: redis_lib.Redis | None = None, *, namespace: str = DEFAULT_NAMESPACE, prefix: str = "pq") -> None:
+    def __init__(self, redis: Client | None = None, *, namespace: str = DEFAULT_NAMESPACE, prefix: str = "pq") -> None:
         self.namespace = check_name(namespace, "namespace")
         if not all(c.isalnum() or c in "_.:-" for c in namespace) or len(namespace) > MAX_NAMESPACE:
             raise InvalidArgument(

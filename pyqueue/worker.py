@@ -52,6 +52,7 @@ from typing import Any, TypeVar
 
 import redis as redis_lib
 
+from pyqueue.clients import Client, blocking_twin, bytes_client, check_server, embedded_redis, node_for_key
 from pyqueue.errors import InvalidArgument, OutcomeUnknown, OutOfMemory, PyQueueError, ServiceLost
 from pyqueue.models import Job, Outcome
 from pyqueue.queue import (
@@ -61,10 +62,7 @@ from pyqueue.queue import (
     DEFAULT_LEASE_MS,
     DEFAULT_PREFIX,
     Queue,
-    bytes_client,
     check_int,
-    check_server,
-    embedded_redis,
     peek_many,
 )
 from pyqueue.scripts import lua_source
@@ -161,25 +159,13 @@ class _Crasher:
 def _send_and_die(queue: Queue, job: Job, crasher: _Crasher) -> None:
     """Send lua/ack.lua for ``job`` and die before reading the reply (crash point
     ``ack_sent``): the server may run it, the worker never learns the answer."""
-    client = queue.redis
+    client = node_for_key(queue.redis, queue.keys.jobs)
     sha = queue.scripts.sha("ack")
     client.script_load(lua_source("ack"))  # EVALSHA must not fail with NOSCRIPT
     connection: Any = client.connection_pool.get_connection()
     keys = [queue.keys.jobs, queue.keys.leased, queue.keys.owners]
     connection.send_command("EVALSHA", sha, len(keys), *keys, job.receipt)
     crasher.die("ack_sent")
-
-
-def _blocking_twin(client: redis_lib.Redis, socket_timeout_s: float) -> redis_lib.Redis:
-    """A client of the same server whose socket timeout outlasts every blocking wait.
-
-    With redis-py's usual 5 s timeout, a 6 s BZPOPMIN would time out on the socket
-    before the server answers.
-    """
-    pool = client.connection_pool
-    kwargs = dict(pool.connection_kwargs)
-    kwargs["socket_timeout"] = socket_timeout_s
-    return redis_lib.Redis(connection_pool=pool.__class__(connection_class=pool.connection_class, **kwargs))
 
 
 class Worker:
@@ -213,8 +199,8 @@ class Worker:
         queues: Sequence[str],
         handler: Handler,
         *,
-        redis: redis_lib.Redis | None = None,
-        service_redis: redis_lib.Redis | None = None,
+        redis: Client | None = None,
+        service_redis: Client | None = None,
         prefix: str = DEFAULT_PREFIX,
         namespace: str = DEFAULT_NAMESPACE,
         concurrency: int = 1,
@@ -358,7 +344,7 @@ class Worker:
 
     def _fetch_loop(self, pool: ThreadPoolExecutor, burst: bool) -> None:
         assert self.service is not None
-        blocker = _blocking_twin(self.redis, self.block_ms / 1000 + 10)
+        blocker = blocking_twin(self.redis, self.block_ms / 1000 + 10)
         wake_keys = [q.keys.wake for q in self.queues]
         private_wake = self.service.keys.role("wake")
         if self.services.redis is self.redis:
@@ -369,7 +355,7 @@ class Worker:
             blocker.close()
 
     def _fetch(
-        self, pool: ThreadPoolExecutor, burst: bool, blocker: redis_lib.Redis, wake_keys: list[str], private_wake: str
+        self, pool: ThreadPoolExecutor, burst: bool, blocker: Client, wake_keys: list[str], private_wake: str
     ) -> None:
         must_lease, delay = True, 0.1
         next_due_ms, now_ms, observed = -1, 0, 0.0

@@ -5,21 +5,27 @@
 * ``real``: a redis-server this test session starts on a unix socket in a temporary
   directory and stops at the end. Without the binary the real tests skip, except under
   ``CI=true``, where a missing server is a failure.
+* ``cluster``: a Redis Cluster of 3 primaries and 3 replicas on 127.0.0.1, started once
+  per session (``redis-server --cluster-enabled yes`` and ``redis-cli --cluster
+  create``) and stopped by PID; each test that uses it gets it empty.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 from pathlib import Path
 
 import fakeredis
 import pytest
 import redis
+from redis.cluster import RedisCluster
 
 from pyqueue import Queue
 
@@ -73,6 +79,105 @@ class RedisServer:
             self.process.wait()
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports of 127.0.0.1 that were free a moment ago."""
+    sockets, ports = [], []
+    for _ in range(count):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        sockets.append(s)
+        ports.append(int(s.getsockname()[1]))
+    for s in sockets:
+        s.close()
+    return ports
+
+
+class RedisClusterProcesses:
+    """A Redis Cluster of ``primaries`` primaries with one replica each, on loopback,
+    owned by the test session (every node's process is stopped by its PID)."""
+
+    def __init__(self, directory: Path, primaries: int = 3) -> None:
+        self.directory = directory
+        binary = shutil.which("redis-server")
+        assert binary is not None
+        ports = free_ports(4 * primaries)  # a client port and a cluster bus port per node
+        self.ports, bus_ports = ports[: 2 * primaries], ports[2 * primaries :]
+        self.processes: dict[int, subprocess.Popen[bytes]] = {}
+        for port, bus in zip(self.ports, bus_ports):
+            self.start_node(port, bus)
+        for port in self.ports:
+            self._wait_ping(port)
+        create = subprocess.run(
+            ["redis-cli", "--cluster", "create", *[f"127.0.0.1:{p}" for p in self.ports],
+             "--cluster-replicas", "1", "--cluster-yes"],
+            capture_output=True, timeout=60,
+        )
+        if create.returncode != 0:
+            self.stop()
+            raise RuntimeError(f"redis-cli --cluster create failed: {create.stdout.decode()}{create.stderr.decode()}")
+        self.wait_ok()
+
+    def start_node(self, port: int, bus: int) -> None:
+        node_dir = self.directory / str(port)
+        node_dir.mkdir(exist_ok=True)
+        self.processes[port] = subprocess.Popen(
+            [shutil.which("redis-server") or "redis-server", "--port", str(port), "--bind", "127.0.0.1",
+             "--cluster-enabled", "yes", "--cluster-port", str(bus), "--cluster-config-file", "nodes.conf",
+             "--cluster-node-timeout", "1000", "--dir", str(node_dir), "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+
+    def _wait_ping(self, port: int) -> None:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                if redis.Redis(port=port).ping():
+                    return
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"cluster node {port} did not start") from None
+                time.sleep(0.02)
+
+    def wait_ok(self, timeout_s: float = 30) -> None:
+        """Until every live node says cluster_state:ok and agrees on the slots."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            states = []
+            for port, proc in self.processes.items():
+                if proc.poll() is None:
+                    try:
+                        states.append(redis.Redis(port=port).cluster("info")["cluster_state"])
+                    except redis.RedisError:
+                        states.append("down")
+            if states and all(state == "ok" for state in states):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the cluster did not become ok: {states}")
+            time.sleep(0.05)
+
+    def url(self) -> str:
+        return f"redis+cluster://127.0.0.1:{self.ports[0]}"
+
+    def client(self, **kwargs: Any) -> RedisCluster:
+        return RedisCluster(host="127.0.0.1", port=self.ports[0], **kwargs)
+
+    def flushall(self) -> None:
+        for node in self.client().get_primaries():
+            node.redis_connection.flushall()
+            node.redis_connection.script_flush()
+
+    def stop(self) -> None:
+        for proc in self.processes.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.processes.values():
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
 def require_redis_server() -> None:
     if shutil.which("redis-server") is None:
         if IN_CI:
@@ -89,6 +194,26 @@ def redis_server() -> Iterator[RedisServer]:
             yield server
         finally:
             server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisClusterProcesses]:
+    require_redis_server()
+    with tempfile.TemporaryDirectory(prefix="pyqueue-cluster-") as tmp:
+        cluster = RedisClusterProcesses(Path(tmp))
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
+
+
+@pytest.fixture
+def cluster(redis_cluster: RedisClusterProcesses) -> Iterator[RedisCluster]:
+    """A client of the session's Redis Cluster, emptied for this test."""
+    redis_cluster.flushall()
+    client = redis_cluster.client()
+    yield client
+    client.close()
 
 
 @pytest.fixture(params=["fake", "real"])

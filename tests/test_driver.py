@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from pyqueue import OutcomeUnknown, Queue, connect
-from pyqueue.queue import bytes_client
+from pyqueue.clients import bytes_client
 from pyqueue.scripts import lua_dir
 
 T0 = 1_000_000

@@ -1,0 +1,227 @@
+"""Redis clients the way pyqueue needs them: one server or a Redis Cluster, undecoded,
+with explicit retries and timeouts, and a twin for blocking waits.
+
+Every other module takes a :data:`Client` (a ``redis.Redis`` or a
+``redis.cluster.RedisCluster``) and asks this module what differs between the two:
+
+* :func:`connect` builds either from a URL. ``redis+cluster://`` (or
+  ``rediss+cluster://``) asks for a cluster explicitly; a plain ``redis://`` URL is
+  probed with ``INFO cluster`` and becomes a cluster client when the server is in
+  cluster mode (a user not allowed to run INFO gets a one-server client: use the
+  explicit scheme then).
+* :func:`bytes_client` and :func:`blocking_twin` make siblings with other connection
+  settings (no reply decoding; a socket timeout that outlasts a blocking wait).
+* :func:`primaries` lists one plain client per primary: for what must ask every node
+  (SCAN-based discovery, configuration checks).
+
+On a cluster every script call names keys of one hash tag, so redis-py routes it to the
+slot's primary and follows MOVED and ASK itself; :mod:`pyqueue.scripts` retries the
+transient answers of a cluster in motion (TRYAGAIN, CLUSTERDOWN, a node lost).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Union
+
+import redis as redis_lib
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.cluster import ClusterNode, RedisCluster
+from redis.retry import Retry
+
+log = logging.getLogger("pyqueue")
+
+#: What pyqueue accepts wherever it takes a client.
+Client = Union[redis_lib.Redis, RedisCluster]
+
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+_embedded_lock = threading.Lock()
+_embedded_server: Any = None  # a fakeredis.FakeServer, created on first use
+
+# Connection settings a cluster client keeps per node that must not be copied into a
+# new client's constructor (redis-py sets them itself).
+_CLUSTER_INTERNAL_KWARGS = ("redis_connect_func", "oss_cluster_maint_notifications_handler")
+
+
+def is_cluster(client: object) -> bool:
+    """Whether ``client`` is a Redis Cluster client."""
+    return isinstance(client, RedisCluster)
+
+
+def embedded_redis() -> redis_lib.Redis:
+    """A client of the process-wide embedded fakeredis server (created on first use).
+
+    Every ``Queue(name)`` made without a client shares this server, so producers and
+    workers in one process see the same queues. Nothing is persisted.
+    """
+    import fakeredis  # only the embedded default needs it: keep it off the import path
+
+    global _embedded_server
+    with _embedded_lock:
+        if _embedded_server is None:
+            _embedded_server = fakeredis.FakeServer()
+        client: redis_lib.Redis = fakeredis.FakeRedis(server=_embedded_server)
+        return client
+
+
+def connect(
+    url: str,
+    *,
+    retries: int = 3,
+    socket_timeout_s: float = 10.0,
+    socket_connect_timeout_s: float = 5.0,
+    cluster: bool | None = None,
+) -> Client:
+    """A redis-py client configured the way pyqueue expects.
+
+    Args:
+        url: ``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://``,
+            ``rediss+cluster://``, or ``embedded`` (the in-process fakeredis).
+        retries: redis-py re-sends a command up to this many times after a connection
+            error or timeout, with jittered exponential backoff (10 ms doubling, capped
+            at 1 s). Re-sending is safe because every script is replay-safe. After the
+            last retry the call raises :class:`~pyqueue.errors.OutcomeUnknown` (on a
+            cluster, pyqueue keeps retrying for its weather budget first, see
+            :mod:`pyqueue.scripts`). ``retries=0`` raises at once.
+        socket_timeout_s: how long one reply may take; blocking waits use their own
+            connection with a longer timeout (see :func:`blocking_twin`).
+        cluster: ``True``/``False`` to say whether the server is a Redis Cluster;
+            ``None`` (default) takes a ``+cluster`` scheme as yes and otherwise asks
+            the server (``INFO cluster``).
+    """
+    if url in ("embedded", "fakeredis://"):
+        return embedded_redis()
+    scheme, sep, rest = url.partition("://")
+    if scheme in CLUSTER_SCHEMES:
+        url, cluster = f"{CLUSTER_SCHEMES[scheme]}{sep}{rest}", True
+    retry = Retry(ExponentialWithJitterBackoff(base=0.01, cap=1.0), retries)
+    settings: dict[str, Any] = {
+        "socket_timeout": socket_timeout_s,
+        "socket_connect_timeout": socket_connect_timeout_s,
+        "decode_responses": False,
+    }
+    if not url.startswith("unix:"):
+        settings["socket_keepalive"] = True
+    if cluster is not False and not url.startswith("unix:"):
+        if cluster is None:
+            cluster = _server_is_cluster(url, settings)
+        if cluster:
+            return RedisCluster.from_url(url, retry=retry, **settings)
+    return redis_lib.Redis.from_url(
+        url,
+        **settings,
+        retry=retry,
+        retry_on_error=[redis_lib.ConnectionError, redis_lib.TimeoutError],
+        health_check_interval=30,
+    )
+
+
+def _server_is_cluster(url: str, settings: dict[str, Any]) -> bool:
+    """Ask the server at ``url`` whether it runs in cluster mode (``INFO cluster``).
+    A server that refuses (an ACL user without INFO) or cannot be reached now is taken
+    as one server, so that connecting stays lazy: the first call reports the error."""
+    probe = redis_lib.Redis.from_url(url, **settings)
+    try:
+        return bool(probe.info("cluster").get("cluster_enabled"))
+    except redis_lib.RedisError as exc:
+        log.info("could not ask whether %s is a cluster (%s): taking it as one server; "
+                 "use redis+cluster:// for a cluster", url, exc)
+        return False
+    finally:
+        probe.close()
+
+
+def _cluster_sibling(client: RedisCluster, **overrides: Any) -> RedisCluster:
+    """A new cluster client of the same cluster with some connection settings changed."""
+    kwargs = {k: v for k, v in client.nodes_manager.connection_kwargs.items() if k not in _CLUSTER_INTERNAL_KWARGS}
+    kwargs.update(overrides)
+    nodes = [ClusterNode(node.host, node.port) for node in client.get_primaries()]  # type: ignore[no-untyped-call]
+    return RedisCluster(startup_nodes=nodes, retry=client.retry, **kwargs)
+
+
+def bytes_client(client: Client) -> Client:
+    """``client`` itself, or a sibling on the same server(s) that does not decode replies.
+
+    Payloads are bytes; a client made with ``decode_responses=True`` would decode them
+    (and fail on non-UTF-8 payloads), so pyqueue talks through an undecoded twin that
+    shares the original's connection settings.
+    """
+    if isinstance(client, RedisCluster):
+        if not client.nodes_manager.connection_kwargs.get("decode_responses"):
+            return client
+        return _cluster_sibling(client, decode_responses=False)
+    pool = client.connection_pool
+    if not pool.connection_kwargs.get("decode_responses"):
+        return client
+    kwargs = dict(pool.connection_kwargs)
+    kwargs["decode_responses"] = False
+    twin_pool = pool.__class__(connection_class=pool.connection_class, **kwargs)
+    return redis_lib.Redis(connection_pool=twin_pool)
+
+
+def blocking_twin(client: Client, socket_timeout_s: float) -> Client:
+    """A client of the same server(s) whose socket timeout outlasts every blocking wait.
+
+    With redis-py's usual 5 s timeout, a 6 s BZPOPMIN would time out on the socket
+    before the server answers.
+    """
+    if isinstance(client, RedisCluster):
+        return _cluster_sibling(client, socket_timeout=socket_timeout_s)
+    pool = client.connection_pool
+    kwargs = dict(pool.connection_kwargs)
+    kwargs["socket_timeout"] = socket_timeout_s
+    return redis_lib.Redis(connection_pool=pool.__class__(connection_class=pool.connection_class, **kwargs))
+
+
+def primaries(client: Client) -> list[redis_lib.Redis]:
+    """One plain client per primary: the client itself on one server."""
+    if isinstance(client, RedisCluster):
+        out = []
+        for node in client.get_primaries():  # type: ignore[no-untyped-call]
+            if node.redis_connection is None:
+                client.nodes_manager.initialize()
+            out.append(node.redis_connection)
+        return [c for c in out if c is not None]
+    return [client]
+
+
+def node_for_key(client: Client, key: str) -> redis_lib.Redis:
+    """A plain client of the server that holds ``key`` (its slot's primary on a
+    cluster): for commands sent on a raw connection."""
+    if isinstance(client, RedisCluster):
+        node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+        if node.redis_connection is None:
+            client.nodes_manager.initialize()
+            node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+        plain: redis_lib.Redis = node.redis_connection
+        return plain
+    return client
+
+
+def check_server(client: Client) -> list[str]:
+    """Warn (log) about server settings that break pyqueue's promises; return them.
+
+    Any ``maxmemory-policy`` but ``noeviction`` lets Redis evict keys at its memory
+    limit, silently dropping jobs. Every primary of a cluster is asked. A client not
+    allowed to run CONFIG (a least-privilege ACL user) skips the check.
+    """
+    problems: list[str] = []
+    for node in primaries(client):
+        try:
+            policy = node.config_get("maxmemory-policy").get("maxmemory-policy")
+        except redis_lib.RedisError as exc:
+            log.info("could not check maxmemory-policy (%s); it must be 'noeviction'", exc)
+            return problems
+        if isinstance(policy, bytes):
+            policy = policy.decode()
+        if policy not in (None, "noeviction"):
+            where = f" on {node.get_connection_kwargs().get('host')}:{node.get_connection_kwargs().get('port')}"
+            problems.append(
+                f"maxmemory-policy is {policy!r}{where if is_cluster(client) else ''}: at the memory limit Redis may "
+                "evict queue keys, silently dropping jobs; set it to 'noeviction'"
+            )
+    for problem in problems:
+        log.warning(problem)
+    return problems
