@@ -15,7 +15,9 @@
     │   └── PermissionDenied         the ACL user may not use a key or a command (NOPERM)
     └── OutcomeUnknown               the connection failed during a call: the script may
                                      or may not have run (every script is replay-safe,
-                                     so sending the same call again is safe)
+                                     so sending the same call again is safe); also a
+                                     cluster that stayed in motion (TRYAGAIN,
+                                     CLUSTERDOWN) past the driver's retry budget
 
 Scripts report errors as ``redis.error_reply("PQ_CODE detail")``; :data:`CODES` is the
 table of those codes, and :func:`map_redis_error` turns a redis-py exception into the
@@ -86,6 +88,13 @@ class OutcomeUnknown(PyQueueError):
     """
 
 
+_CLUSTER_IN_MOTION = (
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.SlotNotCoveredError,
+    redis.exceptions.ClusterError,
+)
+
 #: Error codes a script may return, the class each maps to, and what it means.
 CODES: dict[str, tuple[type[PyQueueError], str]] = {
     "PQ_BADARG": (InvalidArgument, "an argument is malformed or out of range"),
@@ -102,6 +111,10 @@ def map_redis_error(exc: redis.exceptions.RedisError) -> PyQueueError:
     """
     if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
         return OutcomeUnknown(f"connection failed during the call, outcome unknown: {exc}")
+    if isinstance(exc, _CLUSTER_IN_MOTION):
+        # The call did not run (TRYAGAIN, CLUSTERDOWN) or may have (a redirect loop):
+        # either way the caller's move is the same as for a lost connection.
+        return OutcomeUnknown(f"the cluster did not take the call in time (slots moving or failing over): {exc}")
     message = str(exc)
     if isinstance(exc, redis.exceptions.OutOfMemoryError) or message.startswith("OOM"):
         return OutOfMemory(message)

@@ -52,7 +52,7 @@ from typing import Any, TypeVar
 
 import redis as redis_lib
 
-from pyqueue.clients import Client, blocking_twin, bytes_client, check_server, embedded_redis, node_for_key
+from pyqueue.clients import Client, bytes_client, check_server, embedded_redis, node_for_key
 from pyqueue.errors import InvalidArgument, OutcomeUnknown, OutOfMemory, PyQueueError, ServiceLost
 from pyqueue.models import Job, Outcome
 from pyqueue.queue import (
@@ -66,7 +66,9 @@ from pyqueue.queue import (
     peek_many,
 )
 from pyqueue.scripts import lua_source
+from pyqueue.scripts import CLUSTER_WEATHER
 from pyqueue.service import DEFAULT_EXPIRE_MS, DEFAULT_NAMESPACE, Service, Services
+from pyqueue.waiting import Waiter
 
 log = logging.getLogger("pyqueue.worker")
 
@@ -335,7 +337,7 @@ class Worker:
                 service = self.services.register(self.queue_names, expire_ms=self.expire_ms)
                 self._renewed_at = self._checked_at = sent_at
                 return service
-            except (redis_lib.ConnectionError, PyQueueError) as exc:
+            except _RETRY_ON as exc:
                 if self._stop.is_set() or not _retryable(exc):
                     raise
                 log.warning("registration failed (%s); retrying in %.1fs", exc, delay)
@@ -344,18 +346,20 @@ class Worker:
 
     def _fetch_loop(self, pool: ThreadPoolExecutor, burst: bool) -> None:
         assert self.service is not None
-        blocker = blocking_twin(self.redis, self.block_ms / 1000 + 10)
         wake_keys = [q.keys.wake for q in self.queues]
         private_wake = self.service.keys.role("wake")
         if self.services.redis is self.redis:
-            wake_keys.append(private_wake)  # remote stop wakes us (one server only)
+            # A remote stop wakes us. On a cluster this key is in the namespace's slot,
+            # not the queues': the Waiter waits on it separately.
+            wake_keys.append(private_wake)
+        waiter = Waiter(self.redis, wake_keys, self.block_ms / 1000 + 10)
         try:
-            self._fetch(pool, burst, blocker, wake_keys, private_wake)
+            self._fetch(pool, burst, waiter, private_wake)
         finally:
-            blocker.close()
+            waiter.close()
 
     def _fetch(
-        self, pool: ThreadPoolExecutor, burst: bool, blocker: Client, wake_keys: list[str], private_wake: str
+        self, pool: ThreadPoolExecutor, burst: bool, waiter: Waiter, private_wake: str
     ) -> None:
         must_lease, delay = True, 0.1
         next_due_ms, now_ms, observed = -1, 0, 0.0
@@ -408,18 +412,18 @@ class Worker:
                     timeout_ms = max(1, int(min(self.block_ms, remaining_ms - SERVER_TIMER_SLACK_MS)))
                 if time.monotonic() - self._checked_at > self.block_ms / 1000 and self._stopped_by_key():
                     break
-                popped = blocker.bzpopmin(wake_keys, timeout_ms / 1000)
+                popped = waiter.wait(timeout_ms)
                 # Every wait ends in a lease round, also one that ran the full block period
                 # with nothing due: the round's peek finds leases that expired meanwhile in
                 # a queue nobody leased from (deadlines set after this worker went to
                 # sleep). One peek per queue per block period, in one round trip.
                 must_lease = True
-                if popped is not None and popped[0] == private_wake.encode():
+                if popped == private_wake:
                     # A remote stop (or our own stop request): read the key before leasing.
                     if not self._stop.is_set() and self._stopped_by_key():
                         break
                 delay = 0.1
-            except (redis_lib.ConnectionError, redis_lib.TimeoutError, PyQueueError) as exc:
+            except _RETRY_ON as exc:
                 if not _retryable(exc):
                     raise
                 log.warning("fetch loop: %s; retrying in %.1fs", exc, delay)
@@ -584,7 +588,7 @@ class Worker:
         while True:
             try:
                 return call()
-            except (redis_lib.ConnectionError, redis_lib.TimeoutError, PyQueueError) as exc:
+            except _RETRY_ON as exc:
                 if not _retryable(exc) or self._hard_stop.is_set():
                     raise
                 log.warning("call failed (%s); retrying in %.2fs", exc, delay)
@@ -697,7 +701,11 @@ class Worker:
                      deleted, removed)
 
 
+#: What the worker's loops catch and test with _retryable (anything else is a bug).
+_RETRY_ON: tuple[type[BaseException], ...] = (*CLUSTER_WEATHER, PyQueueError)
+
+
 def _retryable(exc: BaseException) -> bool:
     """Errors a worker waits out with backoff: the connection, and a server at its memory
     limit (acks still run there and free memory)."""
-    return isinstance(exc, (redis_lib.ConnectionError, redis_lib.TimeoutError, OutcomeUnknown, OutOfMemory))
+    return isinstance(exc, (*CLUSTER_WEATHER, OutcomeUnknown, OutOfMemory))
