@@ -238,8 +238,14 @@ def test_an_idle_worker_reclaims_a_lease_that_expired_after_it_went_to_sleep(
     running(["q"], lambda job: ran.set(), block_ms=300)
     time.sleep(0.2)  # the worker blocks, knowing of no deadline
     q = Queue("q", r, owner="a-worker-that-died-unregistered")
-    q.enqueue(b"", job_id="j")
-    assert q.lease(lease_ms=200)  # the worker is woken by the enqueue, but the job is gone
+    # In one transaction, so the worker neither takes the job nor wakes: a job enqueued
+    # and leased (200 ms) by a worker that then died without a registration.
+    pipe = r.pipeline(transaction=True)
+    q.scripts.enqueue(q.keys, None, [("j", b"", 0, 5)], client=pipe)
+    q.scripts.lease(q.keys, None, q.owner, "c1", 1, 200, 100, 0, client=pipe)
+    pipe.delete(q.keys.wake)
+    pipe.execute()
+    assert q.stats().leased == 1
     assert ran.wait(5), "the expired lease was never reclaimed by the idle worker"
     assert q.stats().reclaimed == 1
 
