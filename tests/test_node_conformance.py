@@ -9,6 +9,17 @@ queues as the Python driver on a real redis-server.
   Node left and its next fence is larger than every Node fence.
 * share: a Python worker and a Node loop (ack-and-lease, BZPOPMIN wait) drain one queue
   together; every job runs and is acked exactly once, and both sides ran some.
+* service: a Node *service* (README §7) shares the namespace ``workers`` with Python. It
+  registers, scrubs and forgets a dead Python service, is listed by ``pyqueue services``,
+  runs Python's jobs, and ``pyqueue stop`` wakes it from its blocking wait: it
+  deregisters, exits 0 and leaves only ``seq`` in the namespace. Killed (-9) while it
+  holds a lease, a Python worker reports it dead and scrubs its lease, and the job runs
+  once more, on the Python side. Paused (SIGSTOP) past its expiry instead, it is
+  scrubbed the same way, and on SIGCONT it learns its registration was lost, finishes
+  its job (whose fenced ack changes nothing), and exits 75 without writing.
+
+The produce test also starts its Python worker while delayed jobs are pending: it must
+wait for their due times without polling and run each when due.
 
 Needs node and ``npm ci`` in tests/node (tests/run.sh does it); skipped without them,
 except under CI=true.
@@ -18,10 +29,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import random
 import re
 import shutil
+import signal
+import socket
 import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -34,14 +49,19 @@ import redis
 from conftest import IN_CI, RedisServer
 
 from pyqueue import Job, NewJob, Outcome, Queue
+from pyqueue.queue import DEFAULT_LEASE_MS
+from pyqueue.service import Services
 from pyqueue.worker import Worker
 
 TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
 NODE_DIR = TESTS / "node"
 LUA = TESTS.parent / "lua"
 NODE = shutil.which("node")
 # Stats fields that depend on when they are read; every other field must agree.
 TIME_FIELDS = {"now_ms", "lag_ms"}
+#: consume: the delay of the job Node waits for with BZPOPMIN (its block period is 5 s).
+LATER_MS = 1_500
 
 
 def require_node() -> str:
@@ -103,6 +123,83 @@ def wait_until(what: str, condition: Callable[[], object], timeout_s: float) -> 
         time.sleep(0.02)
 
 
+def command_calls(client: redis.Redis) -> Counter[str]:
+    """Commands the server ran so far, by name (INFO commandstats)."""
+    stats = client.info("commandstats")
+    return Counter({name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()})
+
+
+def pyqueue_cli(server: RedisServer, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m pyqueue --url unix://<sock> ...``, as an operator runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "pyqueue", "--url", server.url(), *args],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )
+
+
+def parse_table(text: str) -> list[dict[str, str]]:
+    """The rows of a table printed by pyqueue.cli.table, cut at its dashed line (a cell
+    may be empty: a dead service has no host)."""
+    lines = text.splitlines()
+    spans = [m.span() for m in re.finditer(r"-+", lines[1])]
+    names = [lines[0][a:b].strip() for a, b in spans]
+    return [{name: row[a:b].strip() for name, (a, b) in zip(names, spans)} for row in lines[2:]]
+
+
+class NodeService:
+    """``conformance.js service`` as a subprocess: stdout (JSON lines: events, then the
+    result) and stderr go to files; stopped by its PID only."""
+
+    def __init__(self, server: RedisServer, tmp_path: Path, name: str, options: dict[str, Any]) -> None:
+        self.out_path, self.err_path = tmp_path / f"{name}.out", tmp_path / f"{name}.err"
+        with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
+            self.proc = subprocess.Popen(
+                [require_node(), str(NODE_DIR / "conformance.js"), "service", server.url()],
+                stdin=subprocess.PIPE, stdout=out, stderr=err,
+            )
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(options).encode() + b"\n")
+        self.proc.stdin.close()
+
+    def lines(self) -> list[dict[str, Any]]:
+        text = self.out_path.read_text()
+        return [json.loads(line) for line in text.splitlines(keepends=True) if line.endswith("\n")]
+
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        return [line for line in self.lines() if line.get("event") == kind]
+
+    def wait_event(self, kind: str, timeout_s: float = 20, count: int = 1) -> dict[str, Any]:
+        wait_until(f"{count} Node '{kind}' event(s)",
+                   lambda: len(self.events(kind)) >= count or self.proc.poll() is not None, timeout_s)
+        found = self.events(kind)
+        assert len(found) >= count, f"node exited {self.proc.returncode}: {self.err_path.read_text()}"
+        return found[count - 1]
+
+    def result(self) -> dict[str, Any]:
+        (last,) = [line for line in self.lines() if "event" not in line]
+        return last
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+
+class Checks:
+    """Counts the checks a scenario made, for its report."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def equal(self, actual: object, expected: object, what: str) -> None:
+        assert actual == expected, f"{what}: got {actual!r}, expected {expected!r}"
+        self.count += 1
+
+    def true(self, condition: object, what: str) -> None:
+        assert condition, what
+        self.count += 1
+
+
 def test_node_passes_the_keys_each_script_header_lists() -> None:
     done = subprocess.run(
         [require_node(), str(NODE_DIR / "conformance.js"), "keys"], capture_output=True, timeout=30
@@ -134,7 +231,8 @@ def test_node_produces_and_a_python_worker_runs_each_job_once_with_its_exact_byt
     jobs = []
     for i in range(150):
         payload = special[i] if i < len(special) else b"\xc3\x28" + rng.randbytes(rng.randint(0, 64))
-        delay = rng.randint(200, 500) if i % 7 == 3 else 0
+        # Due 0.5-2 s after the enqueue: still pending when the worker starts below.
+        delay = rng.randint(500, 2_000) if i % 7 == 3 else 0
         attempts = rng.randint(1, 5)
         jobs.append({"id": f"p{i:03d}", "payload_hex": payload.hex(), "delay_ms": delay, "max_attempts": attempts})
     delayed = sum(1 for j in jobs if j["delay_ms"])
@@ -161,13 +259,19 @@ def test_node_produces_and_a_python_worker_runs_each_job_once_with_its_exact_byt
     assert (before["enqueued"], before["duplicates"]) == (150, 11)
     assert (before["ready"], before["scheduled"]) == (150 - delayed, delayed)
 
-    # The delays held (the jobs are SCHEDULED, above). Start the worker once they are all
-    # due, so this test of what Node wrote does not lean on the Python worker's timed
-    # waits (those are test_worker.py's business).
-    wait_until("every delayed job to be due", lambda: q.stats().due == delayed, 10)
+    # The delays held (the jobs are SCHEDULED, above). The worker starts while delayed jobs
+    # are still pending: it must wait for each due time without polling (a BZPOPMIN timed
+    # to the next due time, never a 0 timeout), and run each job when it is due.
+    delayed_ids = [str(j["id"]) for j in jobs if j["delay_ms"]]
+    records: Any = client.hmget("pq:{from-node}:jobs", delayed_ids)  # "<attempts>|<max>|<due_ms>|<payload>" (§2)
+    due_ms = {job_id: int(rec.split(b"|", 3)[2]) for job_id, rec in zip(delayed_ids, records)}
+    at_start = q.stats()
+    pending_at_start = at_start.scheduled - at_start.due
+    assert pending_at_start >= 1, "every delayed job was due before the worker started: nothing tests its waits"
+    commands_before = command_calls(client)
     runs: list[Job] = []
-    run_worker_burst(Worker(["from-node"], runs.append, redis=client, block_ms=2_000))
-
+    run_worker_burst(Worker(["from-node"], runs.append, redis=client, block_ms=5_000))
+    commands = command_calls(client) - commands_before
     counts = Counter(job.id for job in runs)
     assert set(counts) == {j["id"] for j in jobs} and set(counts.values()) == {1}
     by_id = {j["id"]: j for j in jobs}
@@ -177,8 +281,20 @@ def test_node_produces_and_a_python_worker_runs_each_job_once_with_its_exact_byt
     after = q.stats()
     assert (after.acked, after.done, after.enqueued, after.duplicates) == (150, 150, 150, 11)
     assert (after.ready, after.scheduled, after.leased, after.dead) == (0, 0, 0, 0)
+    # Each delayed job ran when due: never before, and not a block period (5 s) late. Its
+    # lease time is deadline_ms - lease_ms, on the server clock like due_ms.
+    late = {job.id: job.deadline_ms - DEFAULT_LEASE_MS - due_ms[job.id] for job in runs if job.id in due_ms}
+    assert len(late) == delayed and min(late.values()) >= 0, sorted(late.items(), key=lambda kv: kv[1])[:3]
+    assert max(late.values()) < 1_000, sorted(late.items(), key=lambda kv: -kv[1])[:3]
+    # Without polling: a few timed waits per due time at most (one BZPOPMIN each), and
+    # about one lease call per job (ack-and-lease) plus one per wait.
+    waits, script_calls = commands["bzpopmin"], commands["evalsha"] + commands["eval"]
+    assert 1 <= waits <= delayed + 5, commands
+    assert script_calls <= 150 + 3 * delayed + 20, commands
     print(f"produce: node sent {len(flags)} jobs in {len(calls)} calls (150 added, 11 duplicates, "
-          f"{delayed} delayed); python ran {len(runs)}, each once")
+          f"{delayed} delayed, {pending_at_start} not yet due when the python worker started); python ran "
+          f"{len(runs)}, each once; delayed jobs leased {min(late.values())}..{max(late.values())} ms after due; "
+          f"{waits} BZPOPMIN, {script_calls} script calls")
 
 
 def test_node_consumes_what_python_enqueued_and_fences_grow_across_languages(
@@ -199,8 +315,10 @@ def test_node_consumes_what_python_enqueued_and_fences_grow_across_languages(
     assert py_first.id == "c0"
     error = "node says no \u2717"
     later = Queue("from-python-later", client)
-    enqueued_at = later.stats().now_ms  # server clock, just before: the job is due >= this + 300
-    later.enqueue(b"due in 300 ms", job_id="later", delay_ms=300)
+    # Due in 1.5 s: still pending when Node, started below, first leases from that queue
+    # (300 ms was not always enough on a loaded machine).
+    enqueued_at = later.stats().now_ms  # server clock, just before: the job is due >= this + LATER_MS
+    later.enqueue(b"due later", job_id="later", delay_ms=LATER_MS)
 
     node = run_node(
         "consume",
@@ -250,10 +368,10 @@ def test_node_consumes_what_python_enqueued_and_fences_grow_across_languages(
     # may add up to ~100 ms), long before its 5 s block period.
     assert [j["id"] for j in node["later"]["jobs"]] == ["later"] and node["later"]["ack"] == ["ok"]
     assert "timeout" in node["later"]["waits"]
-    assert enqueued_at + 300 <= node["later"]["leased_at_ms"] < enqueued_at + 2_000
+    assert enqueued_at + LATER_MS <= node["later"]["leased_at_ms"] < enqueued_at + LATER_MS + 1_500
     assert (later.stats().acked, later.stats().promoted) == (1, 1)
     print(f"consume: fences python {py_first.fence}, node {node_fences}, python {again.fence}; "
-          f"node waited {node['later']['waits']} for a job due in 300 ms, leased it after "
+          f"node waited {node['later']['waits']} for a job due in {LATER_MS} ms, leased it after "
           f"{node['later']['leased_at_ms'] - enqueued_at} ms")
 
 
@@ -320,3 +438,209 @@ def test_a_python_worker_and_a_node_loop_share_one_queue_each_job_acked_once(
     print(f"share: {n} jobs, {sum(runs.values())} executions: "
           f"python {len(python_ran)}, node {len(node_ran)}; "
           f"lost 0, twice 0; node waits {node['waits']}")
+
+
+def namespace_keys(client: redis.Redis) -> list[str]:
+    keys: Any = client.keys("pq:{workers}:*")
+    return sorted(k.decode() for k in keys)
+
+
+def test_a_node_service_shares_the_namespace_is_listed_runs_jobs_and_stops_remotely(
+    server: RedisServer, client: redis.Redis, tmp_path: Path
+) -> None:
+    check = Checks()
+    q = Queue("svc", client)
+    services = Services(client)
+    # A Python service that died holding a lease: registered, leased, never renewed. Node
+    # is started once its expiry has passed, so Node's start-up renewal reports it.
+    dead = services.register(["svc"], expire_ms=1000)
+    q.enqueue(b"orphaned \xff", job_id="orphan")
+    (orphan,) = Queue("svc", client, owner=dead.owner).lease()
+    (dead_info,) = services.list()
+    wait_until("the dead service's expiry to pass", lambda: q.stats().now_ms > dead_info.expires_ms, 5)
+
+    # Defaults of expire_ms/renew_ms (60 s / 15 s) and a 10 s block period: after the
+    # start-up renewal, only the private wake key can stop this service promptly. lease_ms
+    # 900 with a 1.2 s job: the job is extended while it runs.
+    node = NodeService(server, tmp_path, "service", {"queue": "svc", "block_ms": 10_000, "lease_ms": 900})
+    try:
+        reg = node.wait_event("registered")
+        check.equal(reg["id"], dead.id + 1, "node took the next id")
+        check.equal(reg["owner"], f"workers.{reg['id']}.{reg['registration']}", "node's lease owner")
+        check.true(re.fullmatch(r"[0-9a-f]{8}", reg["registration"]), "an 8-hex-digit registration token")
+
+        # Node scrubbed the dead service's lease (attempt counted), forgot it, ran the job.
+        again = node.wait_event("running")
+        check.equal((again["id"], again["attempt"]), ("orphan", 2), "node ran the scrubbed job")
+        check.true(again["fence"] > orphan.fence, "the new lease's fence is above the dead one's")
+        wait_until("the orphan to be acked", lambda: q.stats().acked == 1, 10)
+        wait_until("node to forget the dead service", lambda: [i.id for i in services.list()] == [reg["id"]], 10)
+
+        # The operator's view of the namespace: Python lists the Node service.
+        listed = pyqueue_cli(server, "services")
+        check.equal(listed.returncode, 0, f"pyqueue services: {listed.stderr}")
+        rows = parse_table(listed.stdout)
+        check.equal(len(rows), 1, f"one service listed:\n{listed.stdout}")
+        row = rows[0]
+        check.equal((row["id"], row["state"]), (str(reg["id"]), "alive"), "listed id and state")
+        check.equal((row["host"], row["pid"]), (socket.gethostname(), str(node.proc.pid)), "listed host and pid")
+        check.equal((row["queues"], row["owner"]), ("svc", reg["owner"]), "listed queues and owner")
+        check.equal(int(row["started_ms"]), reg["started_ms"], "listed start time")
+
+        # Python enqueues; Node runs each job with its exact bytes.
+        payloads = {"b0": bytes(range(256)), "b1": b"", "b2": b"\xff\x00|not utf-8", "b3": "\u00fcn\u00efc\u00f8de".encode()}
+        for job_id, payload in payloads.items():
+            q.enqueue(payload, job_id=job_id)
+        q.enqueue(b"sleep:1200", job_id="slow")
+        slow = node.wait_event("running", count=1 + len(payloads) + 1)
+        check.equal(slow["id"], "slow", "the jobs ran in order")
+        time.sleep(1.0)  # past the first lease's 900 ms: only an extension keeps it unexpired
+        during = q.stats()
+        check.equal((during.leased, during.expired), (1, 0), "the slow job's lease was extended")
+        n = 1 + len(payloads) + 1
+        wait_until("node to run every job", lambda: q.stats().acked == n, 15)
+        st = q.stats()
+        check.equal((st.acked, st.leased_total, st.scrubbed), (n, n + 1, 1), "python stats: acked, leased, scrubbed")
+        check.equal((st.ready, st.leased, st.reclaimed, st.nacked, st.dead), (0, 0, 0, 0, 0), "python stats: nothing left")
+
+        # Node is idle in BZPOPMIN (10 s); `pyqueue stop` must wake it at once.
+        wait_until("node to block in BZPOPMIN",
+                   lambda: any(c["cmd"] == "bzpopmin" and "b" in c["flags"] for c in client.client_list()), 10)
+        started = time.monotonic()
+        stopped = pyqueue_cli(server, "stop", str(reg["id"]))
+        check.equal(stopped.returncode, 0, f"pyqueue stop: {stopped.stderr}")
+        node.proc.wait(8)
+        stop_s = time.monotonic() - started
+    finally:
+        node.close()
+    check.equal(node.proc.returncode, 0, f"node's exit code; stderr: {node.err_path.read_text()}")
+    check.true(stop_s < 5, f"node exited {stop_s:.2f} s after `pyqueue stop` started (block period 10 s)")
+    out = node.result()
+    check.equal(out["stopped_by"], "wake", "node learned of the stop from its private wake key")
+    check.equal(out["waits"]["woken_private"], 1, "one wake-up by the private key")
+    check.equal(out["renewals"], {"ok": 1, "stop": 0, "lost": 0, "failed": 0}, "only the start-up renewal ran")
+    check.equal([r["id"] for r in out["ran"]], ["orphan", *payloads, "slow"], "node ran every job once, in order")
+    for r in out["ran"]:
+        expected = {"orphan": b"orphaned \xff", "slow": b"sleep:1200", **payloads}[r["id"]]
+        check.equal(bytes.fromhex(r["payload_hex"]), expected, f"payload of {r['id']}")
+    check.equal(out["acks"], {"ok": n, "stale": 0, "gone": 0}, "node's acks")
+    check.true(out["extends"]["ok"] >= 2 and out["extends"]["stale"] == out["extends"]["gone"] == 0,
+               f"node extended the slow job: {out['extends']}")
+    check.equal(out["scrubbed"], [{"owner": dead.owner, "queues": ["svc"], "leases": 1, "forgotten": True}],
+                "node scrubbed and forgot the dead Python service")
+    check.equal(out["deregister"], {"deleted": 1, "removed": 1}, "node deregistered itself")
+    check.equal(namespace_keys(client), ["pq:{workers}:service:seq"], "the namespace keeps only seq")
+    check.equal(int(client.get("pq:{workers}:service:seq") or 0), reg["id"], "seq")
+    print(f"service/stop: {check.count} checks; node service {reg['owner']} scrubbed dead python service "
+          f"{dead.owner} (1 lease) and forgot it, was listed by `pyqueue services`, ran {n} jobs "
+          f"(extends {out['extends']['ok']}), waits {out['waits']}, exited 0 {stop_s:.2f} s after `pyqueue stop` "
+          f"began; namespace left: seq only")
+
+
+def test_a_python_worker_scrubs_a_killed_node_service_and_runs_its_job_once_more(
+    server: RedisServer, client: redis.Redis, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="pyqueue.worker")
+    check = Checks()
+    q = Queue("svc-kill", client)
+    services = Services(client)
+    node = NodeService(server, tmp_path, "killed", {
+        "queue": "svc-kill", "expire_ms": 1000, "renew_ms": 200, "block_ms": 10_000, "lease_ms": 30_000,
+    })
+    python_ran: list[Job] = []
+    worker = Worker(["svc-kill"], python_ran.append, redis=client, renew_ms=200, expire_ms=2000, block_ms=10_000)
+    thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False}, daemon=True)
+    try:
+        reg = node.wait_event("registered")
+        q.enqueue(b"sleep:60000", job_id="victim")
+        running = node.wait_event("running")
+        check.equal((running["id"], running["attempt"]), ("victim", 1), "node holds the victim's lease")
+        thread.start()
+        wait_until("the Python worker to register", lambda: worker.service is not None, 10)
+        assert worker.service is not None
+        time.sleep(0.5)  # a few renewals on both sides: Node is alive and nobody scrubs it
+        check.equal((q.stats().leased, q.stats().scrubbed, python_ran), (1, 0, []), "nothing scrubbed while alive")
+        alive = {i.id: i.alive for i in services.list()}
+        check.equal(alive, {reg["id"]: True, worker.service.id: True}, "both services alive in one namespace")
+
+        node.proc.send_signal(signal.SIGKILL)
+        node.proc.wait(10)
+        killed_at = time.monotonic()
+        wait_until("the Python worker to run the victim", lambda: python_ran, 15)
+        recovered_s = time.monotonic() - killed_at
+        wait_until("python to forget the node service", lambda: reg["id"] not in {i.id for i in services.list()}, 10)
+        time.sleep(0.5)  # time for a second run, which must not happen
+    finally:
+        worker.stop("test finished")
+        if thread.is_alive():
+            thread.join(15)
+        node.close()
+    check.true(not thread.is_alive(), "the Python worker stopped")
+    check.equal(node.proc.returncode, -signal.SIGKILL, "node was killed")
+    check.equal([(j.id, j.attempt, j.payload) for j in python_ran], [("victim", 2, b"sleep:60000")],
+                "python ran the victim exactly once, as attempt 2")
+    check.true(python_ran[0].fence > running["fence"], "python's fence is above node's")
+    st = q.stats()
+    check.equal((st.leased_total, st.scrubbed, st.acked, st.reclaimed), (2, 1, 1, 0), "scrubbed, not reclaimed")
+    check.equal((st.ready, st.leased, st.dead, st.nacked), (0, 0, 0, 0), "nothing left")
+    check.true(recovered_s < 5, f"recovered {recovered_s:.2f} s after the kill (expire_ms 1000)")
+    reports = [r.getMessage() for r in caplog.records if reg["owner"] in r.getMessage()]
+    check.true(len(reports) == 1 and "dead service" in reports[0] and ": 1 lease" in reports[0],
+               f"the Python worker reported the dead Node service once with 1 lease: {reports}")
+    node_keys = {f"pq:{{workers}}:service:{reg['id']}", f"pq:{{workers}}:service:{reg['id']}:wake"}
+    check.equal(node_keys & set(namespace_keys(client)), set(), "no key of the node service is left")
+    check.equal(client.zscore("pq:{workers}:service:expiry", reg["id"]), None, "node's expiry entry is gone")
+    check.equal(client.hget("pq:{workers}:service:queues", reg["id"]), None, "node's queues entry is gone")
+    check.true(str(reg["id"]).encode() not in client.lrange("pq:{workers}:service:ids", 0, -1), "node's id unlisted")
+    check.true(not node.lines()[-1:] or "event" in node.lines()[-1], "a killed node wrote no result")
+    print(f"service/kill: {check.count} checks; node {reg['owner']} killed -9 holding 'victim'; the python worker "
+          f"reported it dead, scrubbed 1 lease and ran the job once more (attempt 2) {recovered_s:.2f} s after "
+          f"the kill; node forgotten")
+
+
+def test_a_paused_node_service_loses_its_registration_its_late_ack_is_fenced_and_it_exits_75(
+    server: RedisServer, client: redis.Redis, tmp_path: Path
+) -> None:
+    check = Checks()
+    q = Queue("svc-pause", client)
+    services = Services(client)
+    node = NodeService(server, tmp_path, "paused", {
+        "queue": "svc-pause", "expire_ms": 1000, "renew_ms": 200, "block_ms": 10_000, "lease_ms": 30_000,
+    })
+    python_ran: list[Job] = []
+    worker = Worker(["svc-pause"], python_ran.append, redis=client, renew_ms=200, expire_ms=2000, block_ms=10_000)
+    thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False}, daemon=True)
+    try:
+        reg = node.wait_event("registered")
+        q.enqueue(b"sleep:3000", job_id="zombie")
+        running = node.wait_event("running")
+        node.proc.send_signal(signal.SIGSTOP)  # a pause (a VM stall) past expire_ms
+        thread.start()
+        wait_until("the Python worker to run the paused node's job", lambda: q.stats().acked == 1, 15)
+        wait_until("python to forget the node service", lambda: reg["id"] not in {i.id for i in services.list()}, 10)
+        node.proc.send_signal(signal.SIGCONT)
+        node.proc.wait(15)
+    finally:
+        worker.stop("test finished")
+        if thread.is_alive():
+            thread.join(15)
+        node.close()
+    check.true(not thread.is_alive(), "the Python worker stopped")
+    check.equal(node.proc.returncode, 75, f"node exits 75 on a lost registration; stderr: {node.err_path.read_text()}")
+    out = node.result()
+    check.true(out["lost_by"] in ("renewal", "key") and out["stopped_by"] is None, f"lost, not stopped: {out}")
+    check.true(out["renewals"]["lost"] <= 1 and "deregister" not in out, "no renewal or deregistration after the loss")
+    # Node finished the job it ran when paused (at least once: it ran twice, fenced); its
+    # ack found the job acked by Python and changed nothing.
+    check.equal([(r["id"], r["attempt"]) for r in out["ran"]], [("zombie", 1)], "node finished its job")
+    check.equal(out["acks"], {"ok": 0, "stale": 0, "gone": 1}, "node's late ack is fenced")
+    check.equal([(j.id, j.attempt) for j in python_ran], [("zombie", 2)], "python ran it once more, as attempt 2")
+    check.true(python_ran[0].fence > running["fence"], "python's fence is above the zombie's")
+    st = q.stats()
+    check.equal((st.leased_total, st.scrubbed, st.acked, st.reclaimed, st.leased), (2, 1, 1, 0, 0), "queue stats")
+    node_keys = {f"pq:{{workers}}:service:{reg['id']}", f"pq:{{workers}}:service:{reg['id']}:wake"}
+    check.equal(node_keys & set(namespace_keys(client)), set(), "the lost node wrote no key back")
+    check.equal(client.hget("pq:{workers}:service:queues", reg["id"]), None, "node's queues entry stays gone")
+    print(f"service/pause: {check.count} checks; node {reg['owner']} paused past its expiry holding 'zombie': "
+          f"python scrubbed it and ran the job (attempt 2); node resumed, lost by {out['lost_by']}, its ack "
+          f"answered gone, exit 75")

@@ -11,12 +11,22 @@
 //            wait for a delayed one with the blocking wait
 //   share    lease -> ack (one round trip) with the blocking wait, next to a Python
 //            worker on the same queue, until a second stdin line (or EOF) says stop
+//   service  a registered service (README §7) serving one queue: register, renew on a
+//            timer, scrub and forget dead services, lease with the owner
+//            <ns>.<id>.<registration>, wait on the queue's and its own wake key; on a
+//            remote stop deregister and exit 0, on a lost registration exit 75. Prints
+//            one JSON event per line while it runs ({"event": "registered", ...},
+//            {"event": "running", ...}), then the result. A job whose payload is
+//            "sleep:<ms>" takes that long.
 
 const readline = require('readline');
-const { Queue, SCRIPT_KEYS, connect, newCall } = require('./pyqueue_client');
+const {
+  Queue, Service, ScriptRunner, SCRIPT_KEYS, SERVICE_SCRIPT_KEYS, connect, newCall, seconds, monotonicMs,
+} = require('./pyqueue_client');
 
 const hex = (b) => b.toString('hex');
 const text = (b) => b.toString('utf8'); // ids: the tests use UTF-8 ids, as Python requires
+const str = (b) => b.toString('latin1'); // statuses and key names are ASCII
 
 function jobJson(job) {
   return {
@@ -112,10 +122,196 @@ async function share(q, opts, redis, input) {
   return { ran, acks, waits };
 }
 
+// Exit code of a service whose registration was lost (sysexits EX_TEMPFAIL, as Python's
+// worker): a supervisor restarts it. A stopped service exits 0.
+const EXIT_REGISTRATION_LOST = 75;
+const sleep = (ms) => new Promise((resolve) => { setTimeout(resolve, ms); });
+const emit = (event) => process.stdout.write(`${JSON.stringify(event)}\n`);
+
+async function service(_q, opts, redis) {
+  const prefix = opts.prefix ?? 'pq';
+  const expireMs = opts.expire_ms ?? 60000;
+  const renewMs = opts.renew_ms ?? 15000;
+  const blockMs = opts.block_ms ?? 10000;
+  const leaseMs = opts.lease_ms ?? 30000;
+  if (renewMs * 2 > expireMs) throw new RangeError('renew_ms must be at most half of expire_ms (README §6)');
+  const runner = new ScriptRunner(redis);
+  const svc = new Service(redis, { namespace: opts.namespace ?? 'workers', prefix, runner });
+  const report = {
+    ran: [], // {id, attempt, fence, payload_hex} per job run
+    acks: { ok: 0, stale: 0, gone: 0 },
+    extends: { ok: 0, stale: 0, gone: 0 },
+    renewals: { ok: 0, stop: 0, lost: 0, failed: 0 },
+    checks: { ok: 0, stop: 0, lost: 0 }, // HMGET <service> renewal stop before waits
+    waits: { due: 0, timeout: 0, woken_queue: 0, woken_private: 0, interrupted: 0 },
+    scrubbed: [], // dead services this one scrubbed: {owner, queues, leases, forgotten}
+    stopped_by: null, // 'wake' | 'key' | 'renewal' | 'signal'
+    lost_by: null, // 'key' | 'renewal'
+  };
+  const tally = (counts, statuses) => statuses.forEach((s) => { counts[s] += 1; });
+  const st = { stopping: false, lost: false, finished: false, renewedAt: -Infinity, running: null };
+  let wakeLocal = () => {}; // ends the current blocking wait from inside this process
+  const onStop = (how) => {
+    if (!st.stopping) { st.stopping = true; report.stopped_by = how; }
+    wakeLocal();
+  };
+  const onLost = (how) => {
+    if (!st.lost) { st.lost = true; report.lost_by = how; }
+    wakeLocal();
+  };
+  // README §7 step 3: lease only while the last renewal answered ok/stop was sent less
+  // than 3/4 of expire_ms ago (monotonic clock), as Python does.
+  const confirmed = () => monotonicMs() - st.renewedAt < expireMs * 0.75;
+
+  // Renewals run one at a time (the timer and the loop both renew).
+  let renewChain = Promise.resolve();
+  const renewNow = () => {
+    const p = renewChain.then(async () => {
+      if (st.lost) return; // never renew a lost registration
+      const sentAt = monotonicMs();
+      let renewed;
+      try {
+        renewed = await svc.renew({ expireMs });
+      } catch (err) {
+        report.renewals.failed += 1;
+        process.stderr.write(`renewal failed: ${err.message}\n`);
+        return;
+      }
+      report.renewals[renewed.status] += 1;
+      if (renewed.status === 'lost') { onLost('renewal'); return; }
+      st.renewedAt = sentAt;
+      if (renewed.status === 'stop') onStop('renewal');
+      // README §7 step 2: scrub each queue a dead service served, then forget it.
+      for (const dead of renewed.dead) {
+        if (dead.id === svc.id && dead.registration === svc.registration) continue;
+        try {
+          let leases = 0;
+          for (const name of dead.queues) {
+            const dq = new Queue(redis, name, { prefix, runner });
+            for (;;) {
+              const scrubbed = await dq.scrub(dead.owner);
+              leases += scrubbed.scrubbed;
+              if (!scrubbed.more) break;
+            }
+          }
+          const forgotten = await svc.forgetDead(dead.id, dead.registration);
+          report.scrubbed.push({ owner: dead.owner, queues: dead.queues, leases, forgotten });
+        } catch (err) {
+          process.stderr.write(`scrub of ${dead.owner} failed: ${err.message}\n`);
+        }
+      }
+    });
+    renewChain = p.catch(() => {});
+    return p;
+  };
+
+  const registeredAt = monotonicMs();
+  await svc.register([opts.queue], { expireMs });
+  st.renewedAt = registeredAt;
+  const q = new Queue(redis, opts.queue, { prefix, owner: svc.owner, runner });
+  emit({ event: 'registered', id: svc.id, registration: svc.registration, owner: svc.owner, pid: process.pid,
+    started_ms: svc.startedMs });
+  for (const sig of ['SIGTERM', 'SIGINT']) process.on(sig, () => onStop('signal'));
+
+  // Timers: renew every renew_ms; extend a running job every lease_ms / 3.
+  let renewTimer = null;
+  const scheduleRenewal = () => {
+    renewTimer = setTimeout(() => { renewNow().finally(() => { if (!st.finished) scheduleRenewal(); }); }, renewMs);
+  };
+  const extendTimer = setInterval(() => {
+    const job = st.running;
+    if (job === null) return;
+    q.extend([job.receipt], leaseMs).then((out) => tally(report.extends, out.map((e) => e.status)),
+      (err) => process.stderr.write(`extend failed: ${err.message}\n`));
+  }, Math.max(1, Math.floor(leaseMs / 3)));
+
+  const runJob = async (job) => {
+    st.running = job;
+    emit({ event: 'running', id: text(job.id), attempt: job.attempt, fence: job.fence });
+    const sleepFor = /^sleep:(\d+)$/.exec(job.payload.toString('latin1'));
+    if (sleepFor) await sleep(Number(sleepFor[1]));
+    report.ran.push({ id: text(job.id), attempt: job.attempt, fence: job.fence, payload_hex: hex(job.payload) });
+    st.running = null;
+  };
+
+  // A blocked BZPOPMIN holds its connection, so the wait gets a connection of its own.
+  let blocker = redis.duplicate();
+  const queueWake = q.key('wake');
+  const privateWake = svc.key('wake');
+  let pending = []; // receipts of jobs run but not yet acked: acked by the next lease
+  try {
+    await renewNow(); // start-up: find dead services before leasing (as Python's worker)
+    scheduleRenewal();
+    while (!st.stopping && !st.lost) {
+      if (!confirmed()) {
+        await renewNow();
+        if (st.stopping || st.lost) break;
+        if (!confirmed()) { await sleep(100); continue; } // the renewal did not get through
+      }
+      const leased = await q.lease({ count: 1, acks: pending, leaseMs });
+      tally(report.acks, leased.acks);
+      pending = [];
+      if (leased.jobs.length > 0) {
+        for (const job of leased.jobs) {
+          await runJob(job);
+          pending.push(job.receipt);
+        }
+        continue;
+      }
+      // README §7 step 4: read our own key before each wait.
+      const state = await svc.check();
+      report.checks[state] += 1;
+      if (state === 'lost') { onLost('key'); break; }
+      if (state === 'stop') { onStop('key'); break; }
+      const ms = q.waitMs(leased, blockMs);
+      if (ms < 1) { report.waits.due += 1; continue; }
+      // No await between arming the interrupt and sending BZPOPMIN, so a stop or loss
+      // the timer learns of either is seen here or ends the wait.
+      const interrupt = new Promise((resolve) => { wakeLocal = () => resolve('interrupted'); });
+      if (st.stopping || st.lost) break;
+      // One server: one BZPOPMIN over the queue's wake key and our private one (§2).
+      const pop = blocker.bzpopminBuffer(queueWake, privateWake, seconds(ms));
+      const popped = await Promise.race([pop, interrupt]);
+      wakeLocal = () => {};
+      if (popped === 'interrupted') {
+        report.waits.interrupted += 1;
+        pop.catch(() => {}); // disconnecting rejects the abandoned BZPOPMIN
+        blocker.disconnect();
+        blocker = redis.duplicate();
+      } else if (popped === null) {
+        report.waits.timeout += 1;
+      } else if (str(popped[0]) === privateWake) {
+        // A remote stop raised our marker: read the key before leasing again.
+        report.waits.woken_private += 1;
+        const after = await svc.check();
+        report.checks[after] += 1;
+        if (after === 'stop') onStop('wake');
+        if (after === 'lost') onLost('key');
+      } else {
+        report.waits.woken_queue += 1;
+      }
+    }
+  } finally {
+    st.finished = true;
+    clearTimeout(renewTimer);
+    clearInterval(extendTimer);
+    blocker.disconnect();
+  }
+  // Stop leasing; what ran is acked (fenced: a scrubbed lease answers stale).
+  if (pending.length > 0) tally(report.acks, await q.ack(pending));
+  await renewChain;
+  if (st.lost) {
+    process.exitCode = EXIT_REGISTRATION_LOST;
+  } else {
+    report.deregister = await svc.deregister();
+  }
+  return { ...report, id: svc.id, registration: svc.registration, owner: svc.owner, reloads: runner.reloads };
+}
+
 async function main() {
   const [scenario, target] = process.argv.slice(2);
   if (scenario === 'keys') {
-    process.stdout.write(`${JSON.stringify(SCRIPT_KEYS)}\n`);
+    process.stdout.write(`${JSON.stringify({ ...SCRIPT_KEYS, ...SERVICE_SCRIPT_KEYS })}\n`);
     return;
   }
   const input = readline.createInterface({ input: process.stdin });
@@ -126,11 +322,11 @@ async function main() {
   const redis = connect(target);
   try {
     const q = new Queue(redis, opts.queue);
-    const scenarios = { produce, consume, share };
+    const scenarios = { produce, consume, share, service };
     if (!scenarios[scenario]) throw new Error(`unknown scenario ${scenario}`);
     const result = await scenarios[scenario](q, opts, redis, input);
-    result.reloads = q.reloads;
-    result.owner = q.owner;
+    result.reloads ??= q.reloads;
+    result.owner ??= q.owner;
     process.stdout.write(`${JSON.stringify(result)}\n`);
   } finally {
     input.close();

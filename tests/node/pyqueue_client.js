@@ -6,6 +6,7 @@
 
 const crypto = require('crypto');
 const fs = require('fs');
+const os = require('os');
 const path = require('path');
 const Redis = require('ioredis');
 
@@ -21,6 +22,17 @@ const SCRIPT_KEYS = {
   extend: ['jobs', 'leased'],
   release: ['jobs', 'ready', 'leased', 'owners', 'counters', 'wake'],
   stats: ['jobs', 'ready', 'scheduled', 'leased', 'dead', 'counters', 'done'],
+  scrub: ['jobs', 'ready', 'leased', 'owners', 'dead', 'errors', 'counters', 'wake'],
+};
+
+// The service scripts' KEYS (README §7): namespace keys <prefix>:{<ns>}:service:<role>,
+// and the keys of one service id, ...:service:<id> (role "service") and
+// ...:service:<id>:wake (role "wake").
+const SERVICE_SCRIPT_KEYS = {
+  service_register: ['seq', 'ids', 'expiry', 'queues', 'service'],
+  service_renew: ['service', 'expiry', 'queues'],
+  service_stop: ['service', 'wake'],
+  service_deregister: ['service', 'ids', 'expiry', 'queues', 'wake'],
 };
 
 // The Python driver's default (README §2, tombstones): every acker of a queue should
@@ -28,6 +40,11 @@ const SCRIPT_KEYS = {
 const DEFAULT_KEEP_DONE_MS = 300000;
 const NAME_RE = /^[!-~]{1,128}$/; // printable ASCII without space (braces: below)
 const TOKEN_RE = /^[A-Za-z0-9_.:-]{1,64}$/; // owner and call (README §6)
+const NAMESPACE_RE = /^[A-Za-z0-9_.:-]{1,40}$/; // part of lease owners (README §6 defaults)
+const REGISTRATION_RE = /^[A-Za-z0-9]{1,16}$/; // README §7
+
+// Python's values (README §6, defaults), which a service sharing a namespace matches.
+const SERVICE_DEFAULTS = { namespace: 'workers', expireMs: 60000, capacity: 1000, gcLimit: 10, deadLimit: 20 };
 
 class PqError extends Error {
   // Error replies are "<CODE> <detail>" (README §5): dispatch on the first word.
@@ -41,11 +58,41 @@ class PqError extends Error {
 // language computes (README §1), so Python and Node share one loaded copy.
 function loadScripts() {
   const scripts = {};
-  for (const name of Object.keys(SCRIPT_KEYS)) {
+  for (const name of [...Object.keys(SCRIPT_KEYS), ...Object.keys(SERVICE_SCRIPT_KEYS)]) {
     const source = fs.readFileSync(path.join(LUA_DIR, `${name}.lua`)); // a Buffer, never decoded
     scripts[name] = { source, sha: crypto.createHash('sha1').update(source).digest('hex') };
   }
   return scripts;
+}
+
+// EVALSHA with our own SHA; on NOSCRIPT (fresh server, restart, SCRIPT FLUSH) load the
+// exact bytes and re-send the identical call. Replies come back as Buffers: a payload is
+// arbitrary bytes, and decoding it as UTF-8 would corrupt it. One runner may serve
+// several Queue and Service objects on one connection.
+class ScriptRunner {
+  constructor(redis) {
+    this.redis = redis;
+    this.scripts = loadScripts();
+    this.reloads = 0; // how often NOSCRIPT made us SCRIPT LOAD (reported by tests)
+  }
+
+  async run(name, keys, args) {
+    const { source, sha } = this.scripts[name];
+    const call = () => this.redis.evalshaBuffer(sha, keys.length, ...keys, ...args);
+    try {
+      return await call();
+    } catch (err) {
+      if (!String(err.message).startsWith('NOSCRIPT')) throw new PqError(err);
+      const loaded = await this.redis.script('LOAD', source);
+      if (loaded !== sha) throw new Error(`SCRIPT LOAD ${name}: server says ${loaded}, we computed ${sha}`);
+      this.reloads += 1;
+      try {
+        return await call();
+      } catch (err2) {
+        throw new PqError(err2);
+      }
+    }
+  }
 }
 
 // "unix:///path", "/path" or "redis://host:port/db". protocol 2 (ioredis 6 defaults to
@@ -76,11 +123,12 @@ function newCall() {
 const str = (b) => b.toString('latin1'); // statuses are ASCII ('ok', 'stale', ...)
 
 class Queue {
-  // owner: who holds the leases, normally a service id (README §6). This client does not
-  // register a service (section 7 is out of scope here), so it uses a random owner;
-  // its leases are then recovered by expiry only, never by a scrub.
+  // owner: who holds the leases. A registered service passes its lease owner
+  // <ns>.<id>.<registration> (Service.owner, README §7), so its leases can be scrubbed
+  // when it dies. The default is a random owner no service can have (README §6): its
+  // leases are recovered by expiry only, never by a scrub.
   constructor(redis, name, { prefix = 'pq', owner = `node-${crypto.randomBytes(6).toString('hex')}`,
-    keepDoneMs = DEFAULT_KEEP_DONE_MS } = {}) {
+    keepDoneMs = DEFAULT_KEEP_DONE_MS, runner = new ScriptRunner(redis) } = {}) {
     for (const [what, value] of [['prefix', prefix], ['queue name', name]]) {
       // Braces would break the {<queue>} hash tag; the scripts do not check names.
       if (!NAME_RE.test(value) || /[{}]/.test(value)) throw new RangeError(`bad ${what} ${JSON.stringify(value)}`);
@@ -91,34 +139,19 @@ class Queue {
     this.owner = owner;
     this.keepDoneMs = keepDoneMs;
     this.prefix = prefix;
-    this.scripts = loadScripts();
-    this.reloads = 0; // how often NOSCRIPT made us SCRIPT LOAD (reported by tests)
+    this.runner = runner;
+  }
+
+  get reloads() {
+    return this.runner.reloads;
   }
 
   key(role) {
     return `${this.prefix}:{${this.name}}:${role}`;
   }
 
-  // EVALSHA with our own SHA; on NOSCRIPT (fresh server, restart, SCRIPT FLUSH) load
-  // the exact bytes and re-send the identical call. Replies come back as Buffers: a
-  // payload is arbitrary bytes, and decoding it as UTF-8 would corrupt it.
   async run(name, args) {
-    const { source, sha } = this.scripts[name];
-    const keys = SCRIPT_KEYS[name].map((role) => this.key(role));
-    const call = () => this.redis.evalshaBuffer(sha, keys.length, ...keys, ...args);
-    try {
-      return await call();
-    } catch (err) {
-      if (!String(err.message).startsWith('NOSCRIPT')) throw new PqError(err);
-      const loaded = await this.redis.script('LOAD', source);
-      if (loaded !== sha) throw new Error(`SCRIPT LOAD ${name}: server says ${loaded}, we computed ${sha}`);
-      this.reloads += 1;
-      try {
-        return await call();
-      } catch (err2) {
-        throw new PqError(err2);
-      }
-    }
+    return this.runner.run(name, SCRIPT_KEYS[name].map((role) => this.key(role)), args);
   }
 
   // jobs: [{id, payload (Buffer or string), delayMs, maxAttempts}], 1..1000 per call.
@@ -185,19 +218,162 @@ class Queue {
     return out;
   }
 
-  // The blocking wait of README §2 "Wake marker": BZPOPMIN on the wake key for
-  // next_due_ms - now_ms (both from the same lease reply, both server clock), capped
-  // at blockMs, or blockMs when next_due_ms is -1. Returns without blocking when the
-  // time is already up (next_due_ms = now_ms means "call again at once"): a timeout
-  // of 0 would block forever. Redis ends a timed block on its hz tick, so a wait may
-  // run up to ~100 ms past next_due_ms; that costs latency, never correctness.
-  async waitForWork(blocker, leased, blockMs) {
+  // End every lease of a dead service's owner in this queue (README §7): each job goes
+  // to the head of READY with the attempt counted, or to DEAD at max_attempts.
+  async scrub(owner, { limit = 100 } = {}) {
+    if (!TOKEN_RE.test(owner)) throw new RangeError(`bad owner ${JSON.stringify(owner)}`);
+    const [scrubbed, dead, more] = await this.run('scrub', ['', owner, int(limit, 'limit', 1, 1000)]);
+    return { scrubbed, dead, more: more === 1 };
+  }
+
+  // The timeout of the blocking wait of README §2 "Wake marker": next_due_ms - now_ms
+  // (both from the same lease reply, both server clock), capped at blockMs, or blockMs
+  // when next_due_ms is -1. 0 means the time is already up (next_due_ms = now_ms means
+  // "call again at once"): lease again without blocking, since a BZPOPMIN timeout of 0
+  // would block forever.
+  waitMs(leased, blockMs) {
     let ms = blockMs;
     if (leased.nextDueMs >= 0) ms = Math.min(blockMs, leased.nextDueMs - leased.nowMs);
+    return Math.max(0, ms);
+  }
+
+  // BZPOPMIN on the wake key for waitMs(). Redis ends a timed block on its hz tick, so a
+  // wait may run up to ~100 ms past next_due_ms; that costs latency, never correctness.
+  async waitForWork(blocker, leased, blockMs) {
+    const ms = this.waitMs(leased, blockMs);
     if (ms < 1) return 'due';
-    const popped = await blocker.bzpopminBuffer(this.key('wake'), (ms / 1000).toFixed(3));
+    const popped = await blocker.bzpopminBuffer(this.key('wake'), seconds(ms));
     return popped === null ? 'timeout' : 'woken';
   }
 }
 
-module.exports = { Queue, PqError, SCRIPT_KEYS, connect, newCall, loadScripts };
+// A BZPOPMIN timeout in seconds, for ms >= 1 (never '0.000': that blocks forever).
+function seconds(ms) {
+  if (!(ms >= 1)) throw new RangeError(`a blocking wait needs at least 1 ms, got ${ms}`);
+  return (ms / 1000).toFixed(3);
+}
+
+const hexToken = (bytes) => crypto.randomBytes(bytes).toString('hex');
+const monotonicMs = () => performance.now();
+
+// A registration in a service namespace (README §7): register, renew, read its own key,
+// deregister; forget dead services once scrubbed. Keys: <prefix>:{<ns>}:service:<role>.
+class Service {
+  constructor(redis, { namespace = SERVICE_DEFAULTS.namespace, prefix = 'pq', runner = new ScriptRunner(redis) } = {}) {
+    if (!NAMESPACE_RE.test(namespace)) throw new RangeError(`bad namespace ${JSON.stringify(namespace)}`);
+    if (!NAME_RE.test(prefix) || /[{}]/.test(prefix)) throw new RangeError(`bad prefix ${JSON.stringify(prefix)}`);
+    this.redis = redis;
+    this.namespace = namespace;
+    this.prefix = prefix;
+    this.runner = runner;
+    this.id = null; // set by register()
+  }
+
+  // A namespace key (seq, ids, expiry, queues) or, with an id, that service's own key
+  // ("service") or private wake key ("wake").
+  key(role, id = this.id) {
+    const base = `${this.prefix}:{${this.namespace}}:service:`;
+    if (['seq', 'ids', 'expiry', 'queues'].includes(role)) return base + role;
+    if (!Number.isSafeInteger(id) || id < 1) throw new RangeError(`the ${role} key needs a service id`);
+    if (role === 'service') return `${base}${id}`;
+    if (role === 'wake') return `${base}${id}:wake`;
+    throw new RangeError(`unknown service key role ${role}`);
+  }
+
+  async run(name, id, args) {
+    return this.runner.run(name, SERVICE_SCRIPT_KEYS[name].map((role) => this.key(role, id)), args);
+  }
+
+  // The lease owner of this registration in every queue.
+  get owner() {
+    return `${this.namespace}.${this.id}.${this.registration}`;
+  }
+
+  // service_register: GET seq, then the script with the key of seq + 1; on
+  // {'retry', next} call again with that id. A 'retry' for the id we asked for may
+  // also be our own earlier send whose reply was lost (ioredis re-sends after a
+  // reconnect): then that id's key holds our renewal token, and it is ours.
+  async register(queues, { expireMs = SERVICE_DEFAULTS.expireMs, capacity = SERVICE_DEFAULTS.capacity,
+    gcLimit = SERVICE_DEFAULTS.gcLimit, host = os.hostname(), pid = process.pid,
+    registration = hexToken(4) } = {}) {
+    if (this.id !== null) throw new Error('this Service object is registered already');
+    if (queues.length < 1) throw new RangeError('a service serves at least one queue');
+    for (const name of queues) {
+      if (!NAME_RE.test(name) || /[{},]/.test(name)) throw new RangeError(`bad queue name ${JSON.stringify(name)}`);
+    }
+    if (!REGISTRATION_RE.test(registration)) throw new RangeError(`bad registration ${JSON.stringify(registration)}`);
+    const renewal = hexToken(8);
+    let expected = Number((await this.redis.get(this.key('seq'))) ?? 0) + 1;
+    for (let tries = 0; tries < 100; tries += 1) {
+      const reply = await this.run('service_register', expected, [
+        '', String(expected), host, int(pid, 'pid', 0, 2 ** 31), queues.join(','),
+        int(expireMs, 'expire_ms', 1000, 86400000), int(capacity, 'capacity', 1, 100000),
+        int(gcLimit, 'gc_limit', 0, 1000), renewal, registration,
+      ]);
+      let startedMs = null;
+      if (str(reply[0]) === 'ok') {
+        startedMs = reply[2];
+      } else if ((await this.redis.hget(this.key('service', expected), 'renewal')) === renewal) {
+        startedMs = Number(await this.redis.hget(this.key('service', expected), 'started'));
+      }
+      if (startedMs !== null) {
+        Object.assign(this, { id: expected, registration, renewal, pendingRenewal: null, startedMs, queues });
+        return this;
+      }
+      expected = reply[1];
+    }
+    throw new Error('could not allocate a service id after 100 tries');
+  }
+
+  // service_renew with a fresh token; a renewal whose answer was lost is re-sent with
+  // the same token (pendingRenewal), so one that did apply is not taken for 'lost'.
+  // Returns {status: 'ok'|'stop'|'lost', renewedMs, dead: [{id, registration, owner, queues}]}.
+  async renew({ expireMs = SERVICE_DEFAULTS.expireMs, limit = SERVICE_DEFAULTS.deadLimit } = {}) {
+    const next = this.pendingRenewal ?? hexToken(8);
+    this.pendingRenewal = next;
+    const reply = await this.run('service_renew', this.id, [
+      '', String(this.id), this.renewal, next, int(expireMs, 'expire_ms', 1000, 86400000), int(limit, 'limit', 0, 100),
+    ]);
+    const status = str(reply[0]);
+    const dead = [];
+    for (let i = 0, at = 3; i < reply[2]; i += 1, at += 3) {
+      const id = Number(str(reply[at]));
+      const registration = str(reply[at + 1]);
+      dead.push({ id, registration, owner: `${this.namespace}.${id}.${registration}`,
+        queues: str(reply[at + 2]).split(',').filter((q) => q) });
+    }
+    if (status !== 'lost') this.renewal = next;
+    this.pendingRenewal = null;
+    return { status, renewedMs: reply[1], dead };
+  }
+
+  // README §7 step 4: HMGET <service> renewal stop, read only. 'lost' when the token is
+  // missing or neither the one sent last nor a pending one; else 'stop' or 'ok'.
+  async check() {
+    const before = [this.renewal, this.pendingRenewal];
+    const [current, stop] = await this.redis.hmget(this.key('service'), 'renewal', 'stop');
+    const ours = new Set([...before, this.renewal, this.pendingRenewal].filter((t) => t));
+    if (current === null || !ours.has(current)) return 'lost';
+    return stop === null ? 'ok' : 'stop';
+  }
+
+  // service_deregister of this registration (require_expired 0): {deleted, removed},
+  // or {deleted: -1} when the id now belongs to another registration.
+  async deregister() {
+    const [deleted, removed] = await this.run('service_deregister', this.id,
+      ['', String(this.id), '0', this.registration]);
+    return { deleted, removed };
+  }
+
+  // service_deregister of a dead service after every queue it served was scrubbed
+  // (require_expired 1): false if it renewed meanwhile or its id was reused.
+  async forgetDead(id, registration) {
+    const [deleted] = await this.run('service_deregister', id, ['', String(id), '1', registration]);
+    return deleted >= 0;
+  }
+}
+
+module.exports = {
+  Queue, Service, ScriptRunner, PqError, SCRIPT_KEYS, SERVICE_SCRIPT_KEYS, SERVICE_DEFAULTS, connect, newCall,
+  loadScripts, seconds, monotonicMs,
+};
