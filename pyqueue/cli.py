@@ -21,7 +21,7 @@ import redis
 from pyqueue.errors import PyQueueError, map_redis_error
 from pyqueue.keys import check_name
 from pyqueue.models import Job
-from pyqueue.clients import connect
+from pyqueue.clients import Client, connect, primaries
 from pyqueue.queue import DEFAULT_KEEP_DONE_MS, DEFAULT_LEASE_MS, Queue
 from pyqueue.service import DEFAULT_EXPIRE_MS, DEFAULT_NAMESPACE, Services
 from pyqueue.worker import Worker
@@ -49,12 +49,14 @@ def table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def discover_queues(client: Any, prefix: str) -> list[str]:
-    """Queue names that have a counters hash under ``prefix`` (a client-side SCAN)."""
+def discover_queues(client: Client, prefix: str) -> list[str]:
+    """Queue names that have a counters hash under ``prefix``: a client-side SCAN of
+    every primary (of the one server, or of each primary of a cluster)."""
     names = set()
-    for key in client.scan_iter(match=f"{prefix}:{{*}}:counters", count=1000):
-        text = key.decode()
-        names.add(text[len(prefix) + 2 : text.rindex("}:counters")])
+    for node in primaries(client):
+        for key in node.scan_iter(match=f"{prefix}:{{*}}:counters", count=1000):
+            text = key.decode() if isinstance(key, bytes) else str(key)
+            names.add(text[len(prefix) + 2 : text.rindex("}:counters")])
     return sorted(names)
 
 
@@ -150,7 +152,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pyqueue", description="An atomic job queue on Redis.")
     parser.add_argument("--url", default=os.environ.get("PYQUEUE_URL", "embedded"),
-                        help="redis://, rediss:// or unix:// URL, or 'embedded' (default; env PYQUEUE_URL)")
+                        help="redis://, rediss://, unix:// or redis+cluster:// URL (a redis:// URL of a cluster node "
+                             "is found to be a cluster), or 'embedded' (default; env PYQUEUE_URL)")
     parser.add_argument("--prefix", default="pq", help="key prefix (default pq)")
     parser.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="service namespace (default workers)")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")

@@ -41,8 +41,8 @@ _embedded_lock = threading.Lock()
 _embedded_server: Any = None  # a fakeredis.FakeServer, created on first use
 
 # Connection settings a cluster client keeps per node that must not be copied into a
-# new client's constructor (redis-py sets them itself).
-_CLUSTER_INTERNAL_KWARGS = ("redis_connect_func", "oss_cluster_maint_notifications_handler")
+# new client's constructor: redis-py sets them itself, and refuses `db` (a URL's "/0").
+_CLUSTER_INTERNAL_KWARGS = ("redis_connect_func", "oss_cluster_maint_notifications_handler", "db")
 
 
 def is_cluster(client: object) -> bool:

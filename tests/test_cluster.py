@@ -4,6 +4,8 @@ slot held half-migrated while scripts run."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -16,6 +18,7 @@ from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 from pyqueue import Job, NewJob, Outcome, Queue, connect
+from pyqueue.cli import main
 from pyqueue.clients import bytes_client, primaries
 from pyqueue.queue import peek_many
 from pyqueue.service import Services
@@ -210,3 +213,26 @@ def test_a_busy_queue_loses_nothing_while_its_slot_migrates(cluster: RedisCluste
         thread.join(15)
     assert sorted(set(ran)) == sorted(f"j{i}" for i in range(jobs))
     assert len(ran) == jobs  # none ran twice: no lease was lost in the move
+
+
+def test_cli_stats_without_names_lists_the_queues_of_every_primary(
+    redis_cluster: RedisClusterProcesses, cluster: RedisCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    names = on_distinct_primaries(cluster, 3)
+    for name in names:
+        Queue(name, cluster).enqueue(b"")
+    assert main(["--url", f"redis://127.0.0.1:{redis_cluster.ports[0]}/0", "stats"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in names), out
+
+
+def test_the_demo_passes_on_the_cluster(redis_cluster: RedisClusterProcesses) -> None:
+    redis_cluster.flushall()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pyqueue", "--url", f"redis://127.0.0.1:{redis_cluster.ports[0]}/0", "demo",
+         "--jobs", "600"],
+        capture_output=True, timeout=110,
+    )
+    out = proc.stdout.decode()
+    assert proc.returncode == 0, out + proc.stderr.decode()[-3000:]
+    assert "[FAILED]" not in out and out.count("[ok]") >= 6
