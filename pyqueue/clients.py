@@ -162,17 +162,33 @@ def bytes_client(client: Client) -> Client:
 
 
 def blocking_twin(client: Client, socket_timeout_s: float) -> Client:
-    """A client of the same server(s) whose socket timeout outlasts every blocking wait.
-
-    With redis-py's usual 5 s timeout, a 6 s BZPOPMIN would time out on the socket
-    before the server answers.
+    """A client of the same server(s) for blocking waits: its socket timeout outlasts
+    every wait (with redis-py's usual 5 s, a 6 s BZPOPMIN would time out on the socket
+    before the server answers), and it never re-sends a wait by itself, so that
+    :func:`disconnect` ends a blocked wait (the waiting loop decides what comes next).
     """
+    once = Retry(ExponentialWithJitterBackoff(base=0.01, cap=1.0), 0)
     if isinstance(client, RedisCluster):
-        return _cluster_sibling(client, socket_timeout=socket_timeout_s)
+        twin = _cluster_sibling(client, socket_timeout=socket_timeout_s)
+        twin.retry = once
+        return twin
     pool = client.connection_pool
     kwargs = dict(pool.connection_kwargs)
     kwargs["socket_timeout"] = socket_timeout_s
+    kwargs["retry"] = once
     return redis_lib.Redis(connection_pool=pool.__class__(connection_class=pool.connection_class, **kwargs))
+
+
+def disconnect(client: Client) -> None:
+    """Close every connection of ``client``, also those another thread is blocked on:
+    that thread's call then raises ConnectionError. How a worker ends its own blocking
+    wait without writing to Redis."""
+    if isinstance(client, RedisCluster):
+        for node in client.get_nodes():  # type: ignore[no-untyped-call]
+            if node.redis_connection is not None:
+                node.redis_connection.connection_pool.disconnect()
+        return
+    client.connection_pool.disconnect()
 
 
 def primaries(client: Client) -> list[redis_lib.Redis]:

@@ -248,6 +248,7 @@ class Worker:
         self._running: dict[str, Job] = {}  # receipt -> job, for the heartbeat's extend
         self._running_lock = threading.Lock()
         self._woken_for_stop = False
+        self._waiter: Waiter | None = None  # the fetch loop's, while it runs
         self._crash = _Crasher()
         self._pending_calls: dict[str, str] = {}  # queue -> call token of an unanswered lease
         self._checked_at = 0.0  # monotonic time the service key was last read or renewed
@@ -352,7 +353,7 @@ class Worker:
             # A remote stop wakes us. On a cluster this key is in the namespace's slot,
             # not the queues': the Waiter waits on it separately.
             wake_keys.append(private_wake)
-        waiter = Waiter(self.redis, wake_keys, self.block_ms / 1000 + 10)
+        waiter = self._waiter = Waiter(self.redis, wake_keys, self.block_ms / 1000 + 10)
         try:
             self._fetch(pool, burst, waiter, private_wake)
         finally:
@@ -424,6 +425,8 @@ class Worker:
                         break
                 delay = 0.1
             except _RETRY_ON as exc:
+                if self._stop.is_set():
+                    break  # the stop itself may have cut the blocking connection (interrupt)
                 if not _retryable(exc):
                     raise
                 log.warning("fetch loop: %s; retrying in %.1fs", exc, delay)
@@ -608,7 +611,7 @@ class Worker:
             # (or the service would be lost), and a failed call waits for its next turn
             # rather than being retried every tick.
             if self._stop.is_set() and not self._woken_for_stop:
-                self._heartbeat_duty("wake", self._wake_fetch_loop)
+                self._wake_fetch_loop()
             if now >= next_extend:
                 next_extend = now + extend_every
                 self._heartbeat_duty("extend", self._extend_running)
@@ -623,20 +626,17 @@ class Worker:
             duty()
         except ServiceLost as exc:
             self.stop(str(exc), EXIT_REGISTRATION_LOST)
-            self._heartbeat_duty("wake", self._wake_fetch_loop)
+            self._wake_fetch_loop()
         except (redis_lib.RedisError, PyQueueError) as exc:
             log.warning("heartbeat %s: %s", name, exc)
 
     def _wake_fetch_loop(self) -> None:
-        assert self.service is not None
+        """End the fetch loop's wait now that the worker stops. Locally: nothing is
+        written to Redis (after a lost registration, the service's id and wake key may
+        belong to another service by now)."""
         self._woken_for_stop = True
-        if self.services.redis is self.redis:
-            # With a TTL: this may land after deregistration deleted the key. (A plain
-            # pipeline: the worker's ACL role has no MULTI/EXEC, and order is enough.)
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.zadd(self.service.keys.role("wake"), {"stop": 0})
-            pipe.pexpire(self.service.keys.role("wake"), 60_000)
-            pipe.execute()
+        if self._waiter is not None:
+            self._waiter.interrupt()
 
     def _extend_running(self) -> None:
         with self._running_lock:
@@ -660,7 +660,7 @@ class Worker:
             self._renewed_at = self._checked_at = sent_at
         if renewed.stop and not self._stop.is_set():
             self.stop(f"service {self.service.owner}: remote stop requested")
-            self._heartbeat_duty("wake", self._wake_fetch_loop)
+            self._wake_fetch_loop()
         for service in renewed.dead:
             total = 0
             for name in service.queues:
