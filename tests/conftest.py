@@ -216,16 +216,31 @@ def cluster(redis_cluster: RedisClusterProcesses) -> Iterator[RedisCluster]:
     client.close()
 
 
-@pytest.fixture(params=["fake", "real"])
+#: Every behaviour test runs on these; a module that sets ``ON_CLUSTER = True`` (the
+#: driver, worker, service and CLI tests) also runs on the cluster.
+BACKENDS = ["fake", "real"]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "backend" in metafunc.fixturenames:
+        extra = ["cluster"] if getattr(metafunc.module, "ON_CLUSTER", False) else []
+        metafunc.parametrize("backend", BACKENDS + extra, indirect=True)
+
+
+@pytest.fixture
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
 @pytest.fixture
-def r(backend: str, request: pytest.FixtureRequest) -> Iterator[redis.Redis]:
-    """A raw client of an empty server of the current backend."""
+def r(backend: str, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A raw client of an empty server (or cluster) of the current backend."""
     if backend == "fake":
-        client: redis.Redis = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+        client: Any = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    elif backend == "cluster":
+        processes: RedisClusterProcesses = request.getfixturevalue("redis_cluster")
+        processes.flushall()
+        client = processes.client()
     else:
         server: RedisServer = request.getfixturevalue("redis_server")
         client = server.client()
@@ -249,6 +264,14 @@ def q(make_queue: Callable[..., Queue]) -> Queue:
     return make_queue()
 
 
-def dump_all(client: redis.Redis) -> dict[bytes, bytes | None]:
+def all_keys(client: Any, pattern: str = "*") -> list[bytes]:
+    """Every key matching ``pattern``, sorted: of the server, or of every primary of a
+    cluster (where redis-py sends KEYS to one node only)."""
+    if isinstance(client, RedisCluster):
+        return sorted(k for node in client.get_primaries() for k in node.redis_connection.keys(pattern))
+    return sorted(client.keys(pattern))
+
+
+def dump_all(client: Any) -> dict[bytes, bytes | None]:
     """Every key with its DUMP, to prove a failing call wrote nothing."""
-    return {k: client.dump(k) for k in sorted(client.keys("*"))}
+    return {k: client.dump(k) for k in all_keys(client)}

@@ -1,4 +1,5 @@
-"""The pyqueue command: every subcommand, on the embedded server and a real one."""
+"""The pyqueue command: every subcommand, on the embedded server, a real one and a real
+cluster."""
 
 from __future__ import annotations
 
@@ -6,18 +7,24 @@ import subprocess
 import sys
 
 import pytest
-import redis
-from conftest import RedisServer
+from conftest import RedisClusterProcesses, RedisServer
 
-from pyqueue import Queue
+from pyqueue import Queue, connect
 from pyqueue.cli import main, table
 from pyqueue.service import Services
 
 
-@pytest.fixture
-def url(redis_server: RedisServer) -> str:
-    redis_server.client().flushall()
-    return redis_server.url()
+@pytest.fixture(params=["real", "cluster"])
+def url(request: pytest.FixtureRequest) -> str:
+    """The URL of an empty real server, or of one node of the cluster (found to be a
+    cluster by asking it)."""
+    if request.param == "cluster":
+        cluster: RedisClusterProcesses = request.getfixturevalue("redis_cluster")
+        cluster.flushall()
+        return f"redis://127.0.0.1:{cluster.ports[0]}/0"
+    server: RedisServer = request.getfixturevalue("redis_server")
+    server.client().flushall()
+    return server.url()
 
 
 def test_enqueue_stats_and_dead_commands(url: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -41,7 +48,7 @@ def test_enqueue_stats_and_dead_commands(url: str, capsys: pytest.CaptureFixture
 
 
 def test_services_and_stop_commands(url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    services = Services(redis.Redis.from_url(url))
+    services = Services(connect(url))
     service = services.register(["emails", "sms"], host="box", pid=99)
     assert main(["--url", url, "services"]) == 0
     out = capsys.readouterr().out

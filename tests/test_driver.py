@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable
+from typing import Any
 
 import fakeredis
 import pytest
 import redis
 
 from pyqueue import OutcomeUnknown, Queue, connect
-from pyqueue.clients import bytes_client
+from pyqueue.clients import bytes_client, node_for_key, primaries
 from pyqueue.scripts import lua_dir
+
+#: Also on the Redis Cluster backend (conftest.BACKENDS).
+ON_CLUSTER = True
 
 T0 = 1_000_000
 
@@ -25,8 +29,11 @@ def test_script_flush_then_a_call_reloads_the_script(q: Queue, r: redis.Redis) -
 
 
 def test_script_flush_then_a_pipeline_of_scripts_reloads_them(q: Queue, r: redis.Redis) -> None:
-    r.script_flush()
-    pipe = r.pipeline()
+    for node in primaries(r):
+        node.script_flush()
+    # One queue's keys share a slot: on a cluster, pipeline on the node that holds it
+    # (redis-py's cluster pipelines refuse EVALSHA).
+    pipe = node_for_key(r, q.keys.jobs).pipeline()
     for i in range(3):
         q.scripts.enqueue(q.keys, T0, [(f"j{i}", b"x", 0, 3)], client=pipe)
     q.scripts.stats(q.keys, T0, client=pipe)
@@ -37,7 +44,10 @@ def test_script_flush_then_a_pipeline_of_scripts_reloads_them(q: Queue, r: redis
 
 def test_a_client_with_decode_responses_gets_bytes_payloads(backend: str, request: pytest.FixtureRequest) -> None:
     if backend == "fake":
-        client: redis.Redis = fakeredis.FakeRedis(server=fakeredis.FakeServer(), decode_responses=True)
+        client: Any = fakeredis.FakeRedis(server=fakeredis.FakeServer(), decode_responses=True)
+    elif backend == "cluster":
+        request.getfixturevalue("redis_cluster").flushall()
+        client = request.getfixturevalue("redis_cluster").client(decode_responses=True)
     else:
         client = request.getfixturevalue("redis_server").client(decode_responses=True)
         client.flushall()

@@ -6,6 +6,9 @@ import redis
 
 from pyqueue import Outcome, Queue
 
+#: Also on the Redis Cluster backend (conftest.BACKENDS).
+ON_CLUSTER = True
+
 T0 = 1_000_000
 
 

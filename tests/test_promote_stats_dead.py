@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pyqueue import NewJob, Queue
 
+#: Also on the Redis Cluster backend (conftest.BACKENDS).
+ON_CLUSTER = True
+
 T0 = 1_000_000
 
 

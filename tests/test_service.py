@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import pytest
 import redis
+from conftest import all_keys
 from helpers import T0, dump_all
 
 from pyqueue import NewJob, Outcome, Queue, ServiceExists, ServiceLost
 from pyqueue.service import Renewed, Services
+
+#: Also on the Redis Cluster backend (conftest.BACKENDS).
+ON_CLUSTER = True
 
 
 @pytest.fixture
@@ -103,7 +107,7 @@ def test_remote_stop_marks_the_key_wakes_the_service_and_renewal_answers_stop(
     assert renewed.stop and r.zscore("pq:{ns}:service:expiry", "1") == T0 + 10 + 60_000
     assert [(i.alive, i.stopping) for i in services.list(now_ms=T0 + 10)] == [(True, True)]
     assert services.deregister(s) == (1, 1)
-    assert r.keys("pq:{ns}:service:1*") == []
+    assert all_keys(r, "pq:{ns}:service:1*") == []
 
 
 def test_remote_stop_of_no_live_service_writes_nothing(services: Services, r: redis.Redis) -> None:
@@ -132,7 +136,7 @@ def test_renew_reports_expired_services_with_their_queues(services: Services) ->
 def test_deregister_deletes_the_key_and_the_listed_id(services: Services, r: redis.Redis) -> None:
     s = services.register(["q"], now_ms=T0)
     assert services.deregister(s) == (1, 1)
-    assert r.keys("pq:{ns}:service:1*") == [] and r.llen("pq:{ns}:service:ids") == 0
+    assert all_keys(r, "pq:{ns}:service:1*") == [] and r.llen("pq:{ns}:service:ids") == 0
     assert r.zcard("pq:{ns}:service:expiry") == 0 and r.hlen("pq:{ns}:service:queues") == 0
     assert services.deregister(s) == (0, 0)
 

@@ -22,14 +22,18 @@ from typing import Any
 
 import pytest
 import redis
-from conftest import RedisServer
+from conftest import RedisServer, all_keys
 
 from pyqueue.cli import main
+from pyqueue.clients import node_for_key
 from pyqueue.scripts import lua_source
 
 from pyqueue import InvalidArgument, Job, NewJob, Outcome, Queue
 from pyqueue.service import Services
 from pyqueue.worker import EXIT_MISCONFIGURED, EXIT_OK, EXIT_REGISTRATION_LOST, Retry, Worker
+
+#: Also on the Redis Cluster backend (conftest.BACKENDS).
+ON_CLUSTER = True
 
 TESTS = Path(__file__).resolve().parent
 
@@ -175,7 +179,7 @@ def test_a_remote_stop_wakes_a_blocked_worker_which_deregisters_and_exits_0(
     run.thread.join(5)
     assert not run.thread.is_alive(), "the worker did not notice the stop"
     assert "remote stop requested" in run.worker.exit_reason and run.worker.exit_code == EXIT_OK
-    assert r.llen("pq:{workers}:service:ids") == 0 and r.keys("pq:{workers}:service:1*") == []
+    assert r.llen("pq:{workers}:service:ids") == 0 and all_keys(r, "pq:{workers}:service:1*") == []
 
 
 def test_a_lost_renewal_stops_the_worker_with_exit_75(r: redis.Redis, running: Callable[..., Running]) -> None:
@@ -212,7 +216,7 @@ def test_an_async_handler_is_refused_before_anything_runs(r: redis.Redis) -> Non
     for handler in (handle, AsyncCallable(), functools.partial(handle)):
         with pytest.raises(InvalidArgument, match="async"):
             Worker(["q"], handler, redis=r)  # type: ignore[arg-type]
-    assert Queue("q", r).stats().ready == 1 and r.keys("pq:{workers}:*") == []
+    assert Queue("q", r).stats().ready == 1 and all_keys(r, "pq:{workers}:*") == []
 
 
 def test_a_handler_that_returns_a_coroutine_gets_its_job_released_unrun_and_the_worker_exits_78(
@@ -240,7 +244,7 @@ def test_an_idle_worker_reclaims_a_lease_that_expired_after_it_went_to_sleep(
     q = Queue("q", r, owner="a-worker-that-died-unregistered")
     # In one transaction, so the worker neither takes the job nor wakes: a job enqueued
     # and leased (200 ms) by a worker that then died without a registration.
-    pipe = r.pipeline(transaction=True)
+    pipe = node_for_key(r, q.keys.jobs).pipeline(transaction=True)  # one slot: fine on a cluster
     q.scripts.enqueue(q.keys, None, [("j", b"", 0, 5)], client=pipe)
     q.scripts.lease(q.keys, None, q.owner, "c1", 1, 200, 100, 0, client=pipe)
     pipe.delete(q.keys.wake)
@@ -490,5 +494,5 @@ def test_the_service_namespace_may_live_on_another_server(r: redis.Redis) -> Non
     worker.run(burst=True, install_signal_handlers=False)
     assert len(done) == 2 and q.stats().acked == 2
     assert services_server.get("pq:{workers}:service:seq") == b"1"
-    assert r.keys("pq:{workers}:*") == []  # nothing of the namespace on the queues' server
+    assert all_keys(r, "pq:{workers}:*") == []  # nothing of the namespace on the queues' server
     services_server.close()
