@@ -23,6 +23,16 @@ Replay   a re-sent call finds the ids no longer dead and moves nothing.
 local jobs_key, ready_key, dead_key, errors_key, counters_key, wake_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 
+-- >>> pyqueue prelude: the same in every script; source tests/lua_prelude.lua, copied by tests/lua_prelude.py
+-- Edit tests/lua_prelude.lua, then run `python tests/lua_prelude.py --write`; never edit a copy.
+-- Every helper is in every script; an unused one is harmless and calls nothing.
+
+local MAX_BATCH = 1000 -- per call at most this many jobs, receipts or ids; also the most count/limit
+local CHUNK = 500 -- values per unpack(); keeps every redis.call well under Lua's C stack limit
+local TRIM_BATCH = 10 -- expired tombstones are trimmed this many at a time, at least
+local MAINTENANCE_INTERVAL_MS = 50 -- while READY is busy, maintenance still runs this often
+
+-- An integer argument in [lo, hi] ('^-?%d+$'), or nil and a PQ_BADARG text naming it.
 local function int_arg(value, name, lo, hi)
   if type(value) ~= 'string' or not string.match(value, '^%-?%d+$') then
     return nil, 'PQ_BADARG ' .. name .. ' must be an integer, got ' .. string.format('%q', tostring(value))
@@ -34,14 +44,40 @@ local function int_arg(value, name, lo, hi)
   return n
 end
 
-local CHUNK = 500 -- values per unpack(); keeps every redis.call well under Lua's C stack limit
-
-local function call_chunked(cmd, key, values)
-  for i = 1, #values, CHUNK do
-    redis.call(cmd, key, unpack(values, i, math.min(i + CHUNK - 1, #values)))
+-- A PQ_BADARG text unless `value` (a string) is 1..64 bytes of [A-Za-z0-9_.:-]; else nil.
+local function name_arg(value, name)
+  if #value < 1 or #value > 64 or not string.match(value, '^[%w_.:%-]+$') then
+    return 'PQ_BADARG ' .. name .. ' must be 1..64 bytes of [A-Za-z0-9_.:-]'
   end
 end
 
+-- ARGV now_ms: nil for '' (read the clock later, with server_now_ms), else as int_arg.
+local function now_arg(value)
+  if value == '' then return nil end
+  return int_arg(value, 'now_ms', 0, 2 ^ 53)
+end
+
+-- The server clock in ms. One TIME call: call it only where the script needs the time.
+local function server_now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- "<owner>|<call>|<fence>|<attempt>|<id>" as {receipt, id, fence, attempt}, or nil.
+local function parse_receipt(receipt)
+  local owner, call, fence, attempt, id = string.match(receipt, '^([%w_.:%-]+)|([%w_.:%-]+)|(%d+)|(%d+)|(.+)$')
+  if not owner then return nil end
+  return { receipt = receipt, id = id, fence = tonumber(fence), attempt = tonumber(attempt) }
+end
+
+-- "<attempts>|<max_attempts>|<due_ms>|<payload>" as the 3 numbers and the payload's index, or nil.
+local function parse_record(record)
+  local attempts, max_attempts, due_ms, at = string.match(record, '^(%d+)|(%d+)|(%d+)|()')
+  if not attempts then return nil end
+  return tonumber(attempts), tonumber(max_attempts), tonumber(due_ms), at
+end
+
+-- A WRONGTYPE text if `key` exists with another type than `want`; else nil. One TYPE call.
 local function expect_type(key, want)
   local got = redis.call('TYPE', key).ok
   if got ~= 'none' and got ~= want then
@@ -49,17 +85,42 @@ local function expect_type(key, want)
   end
 end
 
+-- redis.call(cmd, key, values...) in CHUNK-sized calls (none when `values` is empty).
+local function call_chunked(cmd, key, values)
+  for i = 1, #values, CHUNK do
+    redis.call(cmd, key, unpack(values, i, math.min(i + CHUNK - 1, #values)))
+  end
+end
+
+-- HMGET of any number of fields, in CHUNK-sized calls; no call for no fields.
+local function hmget(key, fields)
+  local out = {}
+  if #fields == 0 then return out end
+  for i = 1, #fields, CHUNK do
+    local part = redis.call('HMGET', key, unpack(fields, i, math.min(i + CHUNK - 1, #fields)))
+    for j = 1, #part do out[i + j - 1] = part[j] end
+  end
+  return out
+end
+
+-- Tombstone acked ids in `key` (done; ack.lua). Trim the `expired` lowest ranks first: ZADD may re-rank them.
+local function bury(key, ids, expired, now_ms, keep_done_ms)
+  if expired >= TRIM_BATCH then
+    redis.call('ZREMRANGEBYRANK', key, 0, math.min(expired, #ids + TRIM_BATCH) - 1)
+  end
+  if keep_done_ms > 0 then
+    local args = {}
+    for i, id in ipairs(ids) do args[2 * i - 1], args[2 * i] = now_ms + keep_done_ms, id end
+    call_chunked('ZADD', key, args)
+  end
+end
+-- <<< pyqueue prelude
+
 -- 1. Validate.
-local now_ms, err
-if ARGV[1] ~= '' then
-  now_ms, err = int_arg(ARGV[1], 'now_ms', 0, 2 ^ 53)
-  if err then return redis.error_reply(err) end
-end
-if #ARGV < 2 or #ARGV > 1001 then return redis.error_reply('PQ_BADARG 1..1000 ids per call') end
-if now_ms == nil then
-  local t = redis.call('TIME')
-  now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+local now_ms, err = now_arg(ARGV[1])
+if err then return redis.error_reply(err) end
+if #ARGV < 2 or #ARGV > 1 + MAX_BATCH then return redis.error_reply('PQ_BADARG 1..1000 ids per call') end
+now_ms = now_ms or server_now_ms()
 
 -- 2. Read.
 local ids, seen = {}, {}
@@ -71,13 +132,9 @@ local rewritten = {}
 -- Read the count before writing: nothing may fail after the first write.
 local remaining = redis.call('ZCARD', dead_key) - #ids
 if #ids > 0 then
-  local records = {}
-  for i = 1, #ids, CHUNK do
-    local part = redis.call('HMGET', jobs_key, unpack(ids, i, math.min(i + CHUNK - 1, #ids)))
-    for j = 1, #part do records[i + j - 1] = part[j] end
-  end
+  local records = hmget(jobs_key, ids)
   for i, id in ipairs(ids) do
-    local max_attempts, payload_at = string.match(records[i] or '', '^%d+|(%d+)|%d+|()')
+    local _, max_attempts, _, payload_at = parse_record(records[i] or '')
     if not max_attempts then return redis.error_reply('PQ_CORRUPT no valid record for dead job in ' .. jobs_key) end
     rewritten[#rewritten + 1] = id
     rewritten[#rewritten + 1] = string.format('0|%d|%d|', max_attempts, now_ms) .. string.sub(records[i], payload_at)

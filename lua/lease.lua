@@ -54,11 +54,16 @@ Errors   PQ_BADARG (nothing written), PQ_CORRUPT (a record does not parse; nothi
 local jobs_key, ready_key, scheduled_key, leased_key, owners_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local dead_key, errors_key, counters_key, wake_key, done_key = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 
-local MAX_BATCH = 1000
-local MAINTENANCE_INTERVAL_MS = 50 -- while READY is busy, maintenance still runs this often
-local CHUNK = 500
-local TRIM_BATCH = 10 -- expired tombstones are trimmed this many at a time, at least
+-- >>> pyqueue prelude: the same in every script; source tests/lua_prelude.lua, copied by tests/lua_prelude.py
+-- Edit tests/lua_prelude.lua, then run `python tests/lua_prelude.py --write`; never edit a copy.
+-- Every helper is in every script; an unused one is harmless and calls nothing.
 
+local MAX_BATCH = 1000 -- per call at most this many jobs, receipts or ids; also the most count/limit
+local CHUNK = 500 -- values per unpack(); keeps every redis.call well under Lua's C stack limit
+local TRIM_BATCH = 10 -- expired tombstones are trimmed this many at a time, at least
+local MAINTENANCE_INTERVAL_MS = 50 -- while READY is busy, maintenance still runs this often
+
+-- An integer argument in [lo, hi] ('^-?%d+$'), or nil and a PQ_BADARG text naming it.
 local function int_arg(value, name, lo, hi)
   if type(value) ~= 'string' or not string.match(value, '^%-?%d+$') then
     return nil, 'PQ_BADARG ' .. name .. ' must be an integer, got ' .. string.format('%q', tostring(value))
@@ -70,24 +75,40 @@ local function int_arg(value, name, lo, hi)
   return n
 end
 
+-- A PQ_BADARG text unless `value` (a string) is 1..64 bytes of [A-Za-z0-9_.:-]; else nil.
 local function name_arg(value, name)
   if #value < 1 or #value > 64 or not string.match(value, '^[%w_.:%-]+$') then
     return 'PQ_BADARG ' .. name .. ' must be 1..64 bytes of [A-Za-z0-9_.:-]'
   end
 end
 
+-- ARGV now_ms: nil for '' (read the clock later, with server_now_ms), else as int_arg.
+local function now_arg(value)
+  if value == '' then return nil end
+  return int_arg(value, 'now_ms', 0, 2 ^ 53)
+end
+
+-- The server clock in ms. One TIME call: call it only where the script needs the time.
+local function server_now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- "<owner>|<call>|<fence>|<attempt>|<id>" as {receipt, id, fence, attempt}, or nil.
 local function parse_receipt(receipt)
   local owner, call, fence, attempt, id = string.match(receipt, '^([%w_.:%-]+)|([%w_.:%-]+)|(%d+)|(%d+)|(.+)$')
   if not owner then return nil end
   return { receipt = receipt, id = id, fence = tonumber(fence), attempt = tonumber(attempt) }
 end
 
+-- "<attempts>|<max_attempts>|<due_ms>|<payload>" as the 3 numbers and the payload's index, or nil.
 local function parse_record(record)
   local attempts, max_attempts, due_ms, at = string.match(record, '^(%d+)|(%d+)|(%d+)|()')
   if not attempts then return nil end
   return tonumber(attempts), tonumber(max_attempts), tonumber(due_ms), at
 end
 
+-- A WRONGTYPE text if `key` exists with another type than `want`; else nil. One TYPE call.
 local function expect_type(key, want)
   local got = redis.call('TYPE', key).ok
   if got ~= 'none' and got ~= want then
@@ -95,12 +116,14 @@ local function expect_type(key, want)
   end
 end
 
+-- redis.call(cmd, key, values...) in CHUNK-sized calls (none when `values` is empty).
 local function call_chunked(cmd, key, values)
   for i = 1, #values, CHUNK do
     redis.call(cmd, key, unpack(values, i, math.min(i + CHUNK - 1, #values)))
   end
 end
 
+-- HMGET of any number of fields, in CHUNK-sized calls; no call for no fields.
 local function hmget(key, fields)
   local out = {}
   if #fields == 0 then return out end
@@ -111,19 +134,18 @@ local function hmget(key, fields)
   return out
 end
 
--- Tombstones for acked ids (see ack.lua). Expired ones rank lowest, so the first
--- `expired` ranks are exactly them. Trimming comes before ZADD, which may move an acked
--- id's own expired tombstone (left by its enqueue) out of those ranks.
-local function bury(ids, expired, now_ms, keep_done_ms)
+-- Tombstone acked ids in `key` (done; ack.lua). Trim the `expired` lowest ranks first: ZADD may re-rank them.
+local function bury(key, ids, expired, now_ms, keep_done_ms)
   if expired >= TRIM_BATCH then
-    redis.call('ZREMRANGEBYRANK', done_key, 0, math.min(expired, #ids + TRIM_BATCH) - 1)
+    redis.call('ZREMRANGEBYRANK', key, 0, math.min(expired, #ids + TRIM_BATCH) - 1)
   end
   if keep_done_ms > 0 then
     local args = {}
     for i, id in ipairs(ids) do args[2 * i - 1], args[2 * i] = now_ms + keep_done_ms, id end
-    call_chunked('ZADD', done_key, args)
+    call_chunked('ZADD', key, args)
   end
 end
+-- <<< pyqueue prelude
 
 -- 1. Validate every argument before touching a key.
 local err
@@ -139,10 +161,8 @@ limit, err = int_arg(ARGV[6], 'limit', 1, MAX_BATCH)
 if err then return redis.error_reply(err) end
 keep_done_ms, err = int_arg(ARGV[7], 'keep_done_ms', 0, 2 ^ 40)
 if err then return redis.error_reply(err) end
-if ARGV[1] ~= '' then
-  now_ms, err = int_arg(ARGV[1], 'now_ms', 0, 2 ^ 53)
-  if err then return redis.error_reply(err) end
-end
+now_ms, err = now_arg(ARGV[1])
+if err then return redis.error_reply(err) end
 if #ARGV - 7 > MAX_BATCH then return redis.error_reply('PQ_BADARG at most 1000 receipts per call') end
 local acks = {}
 for i = 8, #ARGV do
@@ -179,10 +199,7 @@ if count > 0 and not all_acked or #acks == 0 and count > 0 then
   verified[owners_key] = true
 end
 
-if now_ms == nil then
-  local t = redis.call('TIME')
-  now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+now_ms = now_ms or server_now_ms()
 -- Expired tombstones, counted before any write (ZCOUNT also proves `done` is a zset).
 local expired_done = #to_ack > 0 and redis.call('ZCOUNT', done_key, '-inf', now_ms) or 0
 
@@ -215,7 +232,7 @@ if #prior > 0 then
     call_chunked('ZREM', owners_key, receipts)
     call_chunked('ZREM', leased_key, receipts)
     call_chunked('HDEL', jobs_key, job_ids)
-    bury(job_ids, expired_done, now_ms, keep_done_ms)
+    bury(done_key, job_ids, expired_done, now_ms, keep_done_ms)
   end
 else
   -- 4. Read the rest of the plan: counters, the head of READY, maintenance candidates.
@@ -340,7 +357,7 @@ else
     call_chunked('ZREM', owners_key, receipts)
     call_chunked('ZREM', leased_key, receipts)
     call_chunked('HDEL', jobs_key, job_ids)
-    bury(job_ids, expired_done, now_ms, keep_done_ms)
+    bury(done_key, job_ids, expired_done, now_ms, keep_done_ms)
   end
   if from_ready > 0 then redis.call('LTRIM', ready_key, from_ready, -1) end
 

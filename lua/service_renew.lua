@@ -38,6 +38,16 @@ Replay   a re-sent call finds its own new token already in place and answers as 
 
 local service_key, expiry_key, queues_key = KEYS[1], KEYS[2], KEYS[3]
 
+-- >>> pyqueue prelude: the same in every script; source tests/lua_prelude.lua, copied by tests/lua_prelude.py
+-- Edit tests/lua_prelude.lua, then run `python tests/lua_prelude.py --write`; never edit a copy.
+-- Every helper is in every script; an unused one is harmless and calls nothing.
+
+local MAX_BATCH = 1000 -- per call at most this many jobs, receipts or ids; also the most count/limit
+local CHUNK = 500 -- values per unpack(); keeps every redis.call well under Lua's C stack limit
+local TRIM_BATCH = 10 -- expired tombstones are trimmed this many at a time, at least
+local MAINTENANCE_INTERVAL_MS = 50 -- while READY is busy, maintenance still runs this often
+
+-- An integer argument in [lo, hi] ('^-?%d+$'), or nil and a PQ_BADARG text naming it.
 local function int_arg(value, name, lo, hi)
   if type(value) ~= 'string' or not string.match(value, '^%-?%d+$') then
     return nil, 'PQ_BADARG ' .. name .. ' must be an integer, got ' .. string.format('%q', tostring(value))
@@ -49,25 +59,91 @@ local function int_arg(value, name, lo, hi)
   return n
 end
 
+-- A PQ_BADARG text unless `value` (a string) is 1..64 bytes of [A-Za-z0-9_.:-]; else nil.
+local function name_arg(value, name)
+  if #value < 1 or #value > 64 or not string.match(value, '^[%w_.:%-]+$') then
+    return 'PQ_BADARG ' .. name .. ' must be 1..64 bytes of [A-Za-z0-9_.:-]'
+  end
+end
+
+-- ARGV now_ms: nil for '' (read the clock later, with server_now_ms), else as int_arg.
+local function now_arg(value)
+  if value == '' then return nil end
+  return int_arg(value, 'now_ms', 0, 2 ^ 53)
+end
+
+-- The server clock in ms. One TIME call: call it only where the script needs the time.
+local function server_now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- "<owner>|<call>|<fence>|<attempt>|<id>" as {receipt, id, fence, attempt}, or nil.
+local function parse_receipt(receipt)
+  local owner, call, fence, attempt, id = string.match(receipt, '^([%w_.:%-]+)|([%w_.:%-]+)|(%d+)|(%d+)|(.+)$')
+  if not owner then return nil end
+  return { receipt = receipt, id = id, fence = tonumber(fence), attempt = tonumber(attempt) }
+end
+
+-- "<attempts>|<max_attempts>|<due_ms>|<payload>" as the 3 numbers and the payload's index, or nil.
+local function parse_record(record)
+  local attempts, max_attempts, due_ms, at = string.match(record, '^(%d+)|(%d+)|(%d+)|()')
+  if not attempts then return nil end
+  return tonumber(attempts), tonumber(max_attempts), tonumber(due_ms), at
+end
+
+-- A WRONGTYPE text if `key` exists with another type than `want`; else nil. One TYPE call.
+local function expect_type(key, want)
+  local got = redis.call('TYPE', key).ok
+  if got ~= 'none' and got ~= want then
+    return 'WRONGTYPE ' .. key .. ' holds a ' .. got .. ', expected a ' .. want
+  end
+end
+
+-- redis.call(cmd, key, values...) in CHUNK-sized calls (none when `values` is empty).
+local function call_chunked(cmd, key, values)
+  for i = 1, #values, CHUNK do
+    redis.call(cmd, key, unpack(values, i, math.min(i + CHUNK - 1, #values)))
+  end
+end
+
+-- HMGET of any number of fields, in CHUNK-sized calls; no call for no fields.
+local function hmget(key, fields)
+  local out = {}
+  if #fields == 0 then return out end
+  for i = 1, #fields, CHUNK do
+    local part = redis.call('HMGET', key, unpack(fields, i, math.min(i + CHUNK - 1, #fields)))
+    for j = 1, #part do out[i + j - 1] = part[j] end
+  end
+  return out
+end
+
+-- Tombstone acked ids in `key` (done; ack.lua). Trim the `expired` lowest ranks first: ZADD may re-rank them.
+local function bury(key, ids, expired, now_ms, keep_done_ms)
+  if expired >= TRIM_BATCH then
+    redis.call('ZREMRANGEBYRANK', key, 0, math.min(expired, #ids + TRIM_BATCH) - 1)
+  end
+  if keep_done_ms > 0 then
+    local args = {}
+    for i, id in ipairs(ids) do args[2 * i - 1], args[2 * i] = now_ms + keep_done_ms, id end
+    call_chunked('ZADD', key, args)
+  end
+end
+-- <<< pyqueue prelude
+
 -- 1. Validate.
 local err, now_ms, expire_ms, limit
-if ARGV[1] ~= '' then
-  now_ms, err = int_arg(ARGV[1], 'now_ms', 0, 2 ^ 53)
-  if err then return redis.error_reply(err) end
-end
+now_ms, err = now_arg(ARGV[1])
+if err then return redis.error_reply(err) end
 local id, renewal, next_token = ARGV[2], ARGV[3], ARGV[4]
 if not id or not string.match(id, '^%d+$') then return redis.error_reply('PQ_BADARG id must be an integer') end
-if not next_token or #next_token > 64 or not string.match(next_token, '^[%w_.:%-]+$') then
-  return redis.error_reply('PQ_BADARG next must be 1..64 bytes of [A-Za-z0-9_.:-]')
-end
+err = name_arg(next_token or '', 'next')
+if err then return redis.error_reply(err) end
 expire_ms, err = int_arg(ARGV[5], 'expire_ms', 1000, 86400000)
 if err then return redis.error_reply(err) end
 limit, err = int_arg(ARGV[6], 'limit', 0, 100)
 if err then return redis.error_reply(err) end
-if now_ms == nil then
-  local t = redis.call('TIME')
-  now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+now_ms = now_ms or server_now_ms()
 
 -- 2. Read, all before the first write.
 local fields = redis.call('HMGET', service_key, 'renewal', 'stop')

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import lua_prelude
 import pytest
 
 import pyqueue
@@ -81,25 +82,39 @@ def test_public_api_all_is_sorted_and_complete() -> None:
     assert public == set(pyqueue.__all__) - {"__version__"}
 
 
-def _lua_functions(body: str) -> dict[str, str]:
-    """``local function name(...) ... end`` blocks at the top level, by name."""
-    found = {}
-    for m in re.finditer(r"^local function (\w+)\(.*?^end$", body, re.M | re.S):
-        found[m.group(1)] = m.group(0)
-    return found
+def test_every_script_holds_the_one_prelude_and_no_other_copy_of_its_helpers() -> None:
+    # Scripts load verbatim with no includes (DESIGN §3.10), so the shared helpers are
+    # copied: one block, tests/lua_prelude.lua byte for byte, in every script (written by
+    # `python tests/lua_prelude.py --write`); no script defines a prelude name again.
+    block = lua_prelude.source()
+    assert {"int_arg", "now_arg", "server_now_ms", "expect_type", "call_chunked", "bury", "CHUNK"} <= (
+        lua_prelude.prelude_names(block)
+    )
+    scripts = sorted(lua_dir().glob("*.lua"))
+    assert {p.stem for p in scripts} == set(SCRIPT_KEYS)
+    for path in scripts:
+        text = path.read_bytes().decode("ascii")
+        spans = lua_prelude.block_spans(text)
+        assert len(spans) == 1, f"{path.name}: {len(spans)} prelude blocks"
+        (start, end), = spans
+        assert text[start:end] == block, f"{path.name}: prelude differs; run python tests/lua_prelude.py --write"
+        assert lua_prelude.stray_definitions(text, block) == [], f"{path.name} defines a prelude name again"
+        assert lua_prelude.problems(text, block) == []
 
 
-def test_helpers_copied_into_several_scripts_are_identical_everywhere() -> None:
-    # Scripts load verbatim with no includes (DESIGN §3.10), so small helpers are copied;
-    # this keeps the copies from drifting apart.
-    copies: dict[str, dict[str, str]] = {}
-    for path in sorted(lua_dir().glob("*.lua")):
-        for name, text in _lua_functions(path.read_text()).items():
-            copies.setdefault(name, {})[path.name] = text
-    shared = {name: files for name, files in copies.items() if len(files) > 1}
-    assert {"int_arg", "expect_type", "call_chunked", "bury"} <= set(shared)
-    for name, files in shared.items():
-        assert len(set(files.values())) == 1, f"{name} differs between {sorted(files)}"
+def test_the_prelude_check_finds_a_drifted_copy_and_a_stray_helper() -> None:
+    block = lua_prelude.source()
+    script = (lua_dir() / "ack.lua").read_text()
+    assert lua_prelude.problems(script, block) == []
+    drifted = script.replace("local CHUNK = 500", "local CHUNK = 400", 1)
+    assert drifted != script and lua_prelude.problems(drifted, block)
+    stray = script + "\nlocal function hmget(key, fields) return {} end\n"
+    assert lua_prelude.stray_definitions(stray, block) == ["hmget"]
+    bare = script.replace(block, "")
+    assert lua_prelude.problems(bare, block) == ["no prelude block"]
+    written = lua_prelude.with_prelude(bare, block)  # inserted after the header and the KEYS locals
+    assert lua_prelude.problems(written, block) == []
+    assert written.index("= KEYS[1]") < written.index(block) < written.index("-- 1. Validate.")
 
 
 def test_every_script_is_pure_ascii_so_a_string_api_loads_it_byte_for_byte() -> None:
