@@ -39,7 +39,7 @@ from helpers import T0, busy_queue, calls_touching_every_key, dump_all, restore_
 
 from pyqueue import Job, NewJob, Outcome, Queue, ScriptError
 from pyqueue.keys import ServiceKeys
-from pyqueue.queue import check_server
+from pyqueue.clients import check_server
 from pyqueue.scripts import SCRIPT_KEYS, lua_source
 from pyqueue.service import Services
 from pyqueue.worker import Retry, Worker
