@@ -84,7 +84,6 @@ SENT_BY_DRIVER: dict[str, dict[str, str]] = {
         "hmget": "reads its service key before a blocking wait: stopped, or registration lost?",
         "get": "the namespace's last id, before registering",
         "hget": "a re-sent registration recognises its own token",
-        "zadd": "a stop wakes its own blocked fetch loop",
     },
     "admin": {
         "ping": "redis-py health checks",
