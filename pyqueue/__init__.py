@@ -9,6 +9,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pyqueue.errors import (
     CorruptRecord,
     InvalidArgument,
+    NotReplicated,
     OutcomeUnknown,
     OutOfMemory,
     PermissionDenied,
@@ -53,6 +54,7 @@ __all__ = [
     "Leased",
     "Nacked",
     "NewJob",
+    "NotReplicated",
     "OutOfMemory",
     "Outcome",
     "OutcomeUnknown",

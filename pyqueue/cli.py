@@ -19,10 +19,10 @@ from typing import Any
 import redis
 
 from pyqueue.errors import PyQueueError, map_redis_error
-from pyqueue.keys import check_name
 from pyqueue.models import Job
-from pyqueue.clients import Client, connect, primaries
-from pyqueue.queue import DEFAULT_KEEP_DONE_MS, DEFAULT_LEASE_MS, Queue
+from pyqueue.clients import Client, connect, node_for_key, primaries
+from pyqueue.keys import QueueKeys, check_name
+from pyqueue.queue import DEFAULT_KEEP_DONE_MS, DEFAULT_LEASE_MS, Queue, physical_queue
 from pyqueue.service import DEFAULT_EXPIRE_MS, DEFAULT_NAMESPACE, Services
 from pyqueue.worker import Worker
 
@@ -60,6 +60,34 @@ def discover_queues(client: Client, prefix: str) -> list[str]:
     return sorted(names)
 
 
+def recorded_partitions(client: Client, name: str, prefix: str) -> int:
+    """The partition count recorded for queue ``name`` in Redis; 1 when none is."""
+    counters = QueueKeys(prefix, name).counters
+    recorded = node_for_key(client, counters).hget(counters, "partitions")
+    return int(recorded) if recorded else 1
+
+
+def open_queue(client: Client, name: str, prefix: str) -> Queue:
+    """The queue ``name`` with the partition count recorded for it in Redis, so admin
+    and producer commands need not be told; one partition ``<base>#<p>`` of a
+    partitioned queue as a queue of its own."""
+    base, sep, index = name.rpartition("#")
+    if sep and index.isdigit() and int(index) < recorded_partitions(client, base, prefix) > 1:
+        return physical_queue(name, client, prefix=prefix)
+    return Queue(name, client, prefix=prefix, partitions=recorded_partitions(client, name, prefix))
+
+
+def parse_partitions(values: Sequence[str] | None) -> dict[str, int]:
+    """``NAME=K`` options as a dict."""
+    out = {}
+    for value in values or ():
+        name, sep, count = value.rpartition("=")
+        if not sep or not name or not count.isdigit():
+            raise PyQueueError(f"--partitions takes NAME=COUNT, got {value!r}")
+        out[name] = int(count)
+    return out
+
+
 def _ms(value: int) -> str:
     return f"{value} ms" if value < 10_000 else f"{value / 1000:.0f} s"
 
@@ -79,6 +107,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         expire_ms=args.expire_ms,
         grace_ms=args.grace_ms,
         keep_done_ms=args.keep_done_ms,
+        partitions=parse_partitions(args.partitions),
+        wait_replicas=args.wait_replicas,
     )
     code = worker.run(burst=args.burst)
     # Leave even if a handler is stuck past the grace period (its job was released to
@@ -89,7 +119,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
-    q = Queue(args.queue, connect(args.url), prefix=args.prefix)
+    q = open_queue(connect(args.url), args.queue, args.prefix)
     result = q.enqueue(args.payload.encode(), job_id=args.id, delay_ms=args.delay_ms, max_attempts=args.max_attempts)
     print(f"{'added' if result.added else 'duplicate'} {result.job_id}")
     return 0
@@ -98,11 +128,17 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 def cmd_stats(args: argparse.Namespace) -> int:
     client = connect(args.url)
     names = args.queue or discover_queues(client, args.prefix)
+    queues = [open_queue(client, name, args.prefix) for name in names]
+    # A partitioned queue shows its sum, then one row per partition (found or not).
+    shown = {part.name for q in queues for part in getattr(q, "parts", [])}
     rows = []
-    for name in names:
-        s = Queue(name, client, prefix=args.prefix).stats()
-        rows.append([name, s.ready, s.scheduled, s.leased, s.dead, s.done, _ms(s.lag_ms), s.enqueued, s.acked,
-                     s.nacked, s.reclaimed, s.scrubbed, s.dead_total])
+    for q in queues:
+        if q.name in shown:
+            continue
+        label = f"{q.name} ({q.partitions} partitions)" if q.partitions > 1 else q.name
+        for name, s in [(label, q.stats())] + [(f"  {part.name}", part.stats()) for part in getattr(q, "parts", [])]:
+            rows.append([name, s.ready, s.scheduled, s.leased, s.dead, s.done, _ms(s.lag_ms), s.enqueued, s.acked,
+                         s.nacked, s.reclaimed, s.scrubbed, s.dead_total])
     header = ["queue", "ready", "scheduled", "leased", "dead", "done", "lag", "enqueued", "acked", "nacked",
               "reclaimed", "scrubbed", "dead_total"]
     print(table(rows, header) if rows else "no queues")
@@ -129,7 +165,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_dead(args: argparse.Namespace) -> int:
-    q = Queue(args.queue, connect(args.url), prefix=args.prefix)
+    q = open_queue(connect(args.url), args.queue, args.prefix)
     ids = args.id or None
     if args.action == "list":
         page = q.dead_list(args.offset, args.limit)
@@ -170,6 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grace-ms", type=int, default=30_000)
     p.add_argument("--keep-done-ms", type=int, default=DEFAULT_KEEP_DONE_MS,
                    help="how long an acked id stays a duplicate for enqueue (default 300000; 0: none)")
+    p.add_argument("--partitions", action="append", metavar="NAME=COUNT",
+                   help="a partitioned queue's partition count (repeat per queue; must match its producers')")
+    p.add_argument("--wait-replicas", type=int, default=0, metavar="N",
+                   help="after every write, WAIT for N replicas (opt-in durability; default 0)")
     p.add_argument("--burst", action="store_true", help="drain the queues, then exit")
     p.set_defaults(func=cmd_worker)
 

@@ -14,10 +14,12 @@
     ├── ScriptError                  any other error reply from a script
     │   └── PermissionDenied         the ACL user may not use a key or a command (NOPERM)
     └── OutcomeUnknown               the connection failed during a call: the script may
-                                     or may not have run (every script is replay-safe,
-                                     so sending the same call again is safe); also a
-                                     cluster that stayed in motion (TRYAGAIN,
-                                     CLUSTERDOWN) past the driver's retry budget
+        │                            or may not have run (every script is replay-safe,
+        │                            so sending the same call again is safe); also a
+        │                            cluster that stayed in motion (TRYAGAIN,
+        │                            CLUSTERDOWN) past the driver's retry budget
+        └── NotReplicated            the call ran on the primary, but fewer replicas than
+                                     ``wait_replicas`` confirmed it in time
 
 Scripts report errors as ``redis.error_reply("PQ_CODE detail")``; :data:`CODES` is the
 table of those codes, and :func:`map_redis_error` turns a redis-py exception into the
@@ -95,6 +97,17 @@ _CLUSTER_IN_MOTION = (
     redis.exceptions.ClusterError,
 )
 
+class NotReplicated(OutcomeUnknown):
+    """The call ran on the primary, but ``WAIT`` counted fewer replicas than the
+    ``wait_replicas`` asked for within its timeout: a failover now could lose it. Treat
+    it as a lost reply: send the same call again (replay-safe; its ``WAIT`` then covers
+    the first run too), or accept the risk. ``replicas`` is how many confirmed."""
+
+    def __init__(self, message: str, replicas: int) -> None:
+        super().__init__(message)
+        self.replicas = replicas
+
+
 #: Error codes a script may return, the class each maps to, and what it means.
 CODES: dict[str, tuple[type[PyQueueError], str]] = {
     "PQ_BADARG": (InvalidArgument, "an argument is malformed or out of range"),
@@ -104,11 +117,14 @@ CODES: dict[str, tuple[type[PyQueueError], str]] = {
 }
 
 
-def map_redis_error(exc: redis.exceptions.RedisError) -> PyQueueError:
-    """Return the pyqueue error for a redis-py exception raised by a script call.
+def map_redis_error(exc: Exception) -> PyQueueError:
+    """Return the pyqueue error for a redis-py exception raised by a script call (a
+    pyqueue error, such as NotReplicated, is returned as it is).
 
     The caller raises it ``from exc`` so the original stays attached.
     """
+    if isinstance(exc, PyQueueError):
+        return exc
     if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
         return OutcomeUnknown(f"connection failed during the call, outcome unknown: {exc}")
     if isinstance(exc, _CLUSTER_IN_MOTION):
@@ -132,5 +148,7 @@ def mapped(fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)``, with redis-py errors raised as pyqueue errors (``from`` the original)."""
     try:
         return fn(*args)
+    except PyQueueError:
+        raise
     except redis.exceptions.RedisError as exc:
         raise map_redis_error(exc) from exc

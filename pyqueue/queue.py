@@ -25,13 +25,14 @@ import logging
 import math
 import os
 import secrets
+from binascii import crc_hqx
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import redis as redis_lib
 
-from pyqueue.clients import Client, bytes_client, check_server, connect, embedded_redis
+from pyqueue.clients import Client, bytes_client, check_server, connect, embedded_redis, node_for_key
 from pyqueue.errors import InvalidArgument, map_redis_error, mapped
 from pyqueue.keys import QueueKeys, check_name
 from pyqueue.models import (
@@ -64,6 +65,8 @@ DEFAULT_MAINTENANCE_LIMIT = 100
 #: Scripts accept at most this many jobs, receipts or ids per call.
 MAX_BATCH = 1000
 MAX_ID_BYTES = 256
+#: Most partitions of one logical queue.
+MAX_PARTITIONS = 1024
 MAX_ERROR_BYTES = 65536
 
 T = TypeVar("T")
@@ -103,6 +106,36 @@ def as_payload(value: object) -> bytes:
     raise InvalidArgument(f"payload must be bytes or str (use enqueue_json for objects), got {type(value).__name__}")
 
 
+#: What enqueue.lua takes per job: (id, payload, delay_ms, max_attempts).
+JobTuple = tuple[str, bytes, int, int]
+
+
+def new_job(item: NewJob | bytes | str) -> JobTuple:
+    """Validate one job to enqueue (a random id when none is given). Raises
+    InvalidArgument before anything is sent."""
+    new = item if isinstance(item, NewJob) else NewJob(item)
+    return (
+        check_job_id(new.job_id) if new.job_id is not None else os.urandom(16).hex(),
+        as_payload(new.payload),
+        check_int(new.delay_ms, "delay_ms", 0, 2**40),
+        check_int(DEFAULT_MAX_ATTEMPTS if new.max_attempts is None else new.max_attempts, "max_attempts", 1, 10_000),
+    )
+
+
+def partition_of(job_id: str, partitions: int) -> int:
+    """The partition of a job of a queue with ``partitions`` partitions: CRC16 (XMODEM,
+    the checksum Redis Cluster hashes keys with, which every cluster client has) of the
+    id's UTF-8 bytes, modulo ``partitions``. lua/README.md documents it for other
+    languages; they must compute the same."""
+    return crc_hqx(job_id.encode("utf-8"), 0) % partitions  # crc_hqx(data, 0) is CRC16-XMODEM
+
+
+def partition_name(name: str, partition: int, partitions: int) -> str:
+    """The name of one partition, a queue of its own: ``<name>#<p>``, or ``name`` itself
+    when there is one partition."""
+    return name if partitions == 1 else f"{name}#{partition}"
+
+
 def _receipts(jobs: Iterable[Job]) -> list[str]:
     out = []
     for job in jobs:
@@ -135,9 +168,36 @@ class Queue:
             lost reply cannot run a finished job again. 0 keeps no tombstone: the id is
             free as soon as the job is acked. Costs about 140 bytes per acked job (with
             a 32-character id) for this long; see README, "Memory". Default 5 minutes.
+        partitions: spread the queue over this many partitions (1..1024), each a queue
+            of its own hash tag ``{<name>#<p>}``, so a busy queue spans several primaries
+            of a Redis Cluster: ``Queue(name, partitions=K)`` with K > 1 returns a
+            :class:`~pyqueue.partitioned.PartitionedQueue`, with the same verbs. Every
+            producer and worker of a queue must use the same count: the count is
+            recorded in Redis (``partitions`` in ``{<name>}``'s ``counters`` hash) at a
+            queue object's first call, and a different count is refused
+            (InvalidArgument) before anything else is sent.
+        wait_replicas: opt-in durability (0..100, default 0: off). After every call
+            that writes, ``WAIT wait_replicas wait_timeout_ms`` on the same connection:
+            a call that returns had reached that many replicas; if fewer confirmed in
+            time it raises :class:`~pyqueue.errors.NotReplicated` (an OutcomeUnknown:
+            send the same call again). Replication stays asynchronous: this narrows the
+            window in which a failover loses an acknowledged write, it does not close it
+            (see :class:`~pyqueue.scripts.Scripts`). Works on one server with replicas
+            and on a cluster.
         lua_directory: tests only: load the scripts from another directory (the
             mutation tests load deliberately broken copies).
     """
+
+    #: Partitions of this logical queue (see ``partitions``).
+    partitions = 1
+
+    def __new__(cls, name: str, redis: Client | None = None, *, partitions: int = 1, **kwargs: Any) -> Queue:
+        if cls is Queue and check_int(partitions, "partitions", 1, MAX_PARTITIONS) > 1:
+            from pyqueue.partitioned import PartitionedQueue  # it builds on this class
+
+            made: Queue = super().__new__(PartitionedQueue)
+            return made
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -147,16 +207,27 @@ class Queue:
         prefix: str = DEFAULT_PREFIX,
         owner: str | None = None,
         keep_done_ms: int = DEFAULT_KEEP_DONE_MS,
+        partitions: int = 1,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 1000,
         lua_directory: Path | None = None,
     ) -> None:
         self.name = check_name(name, "queue name")
+        # Whose partition count guards this queue's calls: its own, or for a partition
+        # its logical queue's; and whether it has been checked and recorded.
+        self._partition_guard: Queue = self
+        self._partitions_checked = False
         self.keys = QueueKeys(check_name(prefix, "prefix"), name)
         self.redis = bytes_client(redis if redis is not None else embedded_redis())
         self.owner = owner if owner is not None else "c" + secrets.token_hex(6)
         if not (1 <= len(self.owner) <= 64) or not all(c.isalnum() and c.isascii() or c in "_.:-" for c in self.owner):
             raise InvalidArgument(f"owner must be 1..64 characters of [A-Za-z0-9_.:-], got {self.owner!r}")
         self.keep_done_ms = check_int(keep_done_ms, "keep_done_ms", 0, 2**40)
-        self.scripts = Scripts(self.redis, lua_directory)
+        self.wait_replicas = check_int(wait_replicas, "wait_replicas", 0, 100)
+        self.wait_timeout_ms = check_int(wait_timeout_ms, "wait_timeout_ms", 1, 86_400_000)  # 0 would wait forever
+        self.scripts = Scripts(
+            self.redis, lua_directory, wait_replicas=self.wait_replicas, wait_timeout_ms=self.wait_timeout_ms
+        )
 
     @classmethod
     def from_url(
@@ -167,6 +238,8 @@ class Queue:
         prefix: str = DEFAULT_PREFIX,
         retries: int = 3,
         keep_done_ms: int = DEFAULT_KEEP_DONE_MS,
+        partitions: int = 1,
+        wait_replicas: int = 0,
     ) -> Queue:
         """A queue on the server or cluster at ``url`` (``redis://``, ``rediss://``,
         ``unix://``, ``redis+cluster://``, or ``embedded``), with the client settings of
@@ -174,13 +247,50 @@ class Queue:
         :func:`pyqueue.clients.check_server`)."""
         client = connect(url, retries=retries)
         check_server(client)
-        return cls(name, client, prefix=prefix, keep_done_ms=keep_done_ms)
+        return cls(
+            name, client, prefix=prefix, keep_done_ms=keep_done_ms, partitions=partitions, wait_replicas=wait_replicas
+        )
 
     def __repr__(self) -> str:
         return f"Queue({self.name!r}, prefix={self.keys.prefix!r})"
 
     def _call(self, fn: Callable[..., T], *args: Any) -> T:
-        return mapped(fn, *args)
+        guard = self._partition_guard
+        if guard._partitions_checked:
+            return mapped(fn, *args)
+        # A queue object's first call: refuse another partition count before sending
+        # anything, and record ours only once a call has succeeded, so that a call that
+        # fails (bad input) writes nothing at all.
+        guard.check_partitions(record=False)
+        result = mapped(fn, *args)
+        guard.check_partitions(record=True)
+        return result
+
+    def check_partitions(self, *, record: bool = True) -> None:
+        """Refuse to go on if Redis records another partition count for this queue
+        (``partitions`` in ``{<name>}``'s ``counters`` hash), and with ``record`` write
+        ours if none is recorded yet (HSETNX, then HGET: one round trip). A queue object
+        does this around its first call; a worker at start.
+
+        Raises:
+            InvalidArgument: producers or workers of this queue use another count.
+        """
+        counters = QueueKeys(self.keys.prefix, self.name).counters
+        pipe = node_for_key(self.redis, counters).pipeline(transaction=False)
+        if record:
+            pipe.hsetnx(counters, "partitions", self.partitions)
+        pipe.hget(counters, "partitions")
+        try:
+            recorded = pipe.execute()[-1]
+        except redis_lib.RedisError as exc:
+            raise map_redis_error(exc) from exc
+        if recorded is not None and int(recorded) != self.partitions:
+            raise InvalidArgument(
+                f"queue {self.name!r} has {int(recorded)} partition(s) recorded in Redis, but this queue object "
+                f"was made with partitions={self.partitions}: every producer and worker of a queue must use the "
+                "same count (changing it needs the queue drained and its counters key deleted)"
+            )
+        self._partitions_checked = recorded is not None
 
     # -- enqueue ---------------------------------------------------------------------
 
@@ -215,12 +325,7 @@ class Queue:
         Raises:
             InvalidArgument, WrongTypeError, OutcomeUnknown.
         """
-        job = (
-            check_job_id(job_id) if job_id is not None else os.urandom(16).hex(),
-            as_payload(payload),
-            check_int(delay_ms, "delay_ms", 0, 2**40),
-            check_int(DEFAULT_MAX_ATTEMPTS if max_attempts is None else max_attempts, "max_attempts", 1, 10_000),
-        )
+        job = new_job(NewJob(payload, job_id, delay_ms, max_attempts))
         _check_now(now_ms)
         reply = self._call(self.scripts.enqueue, self.keys, now_ms, [job])
         return Enqueued(job[0], reply[2] == 1)
@@ -240,22 +345,7 @@ class Queue:
         Raises:
             InvalidArgument (nothing sent), WrongTypeError, OutcomeUnknown.
         """
-        batch: list[tuple[str, bytes, int, int]] = []
-        for item in jobs:
-            new = item if isinstance(item, NewJob) else NewJob(item)
-            batch.append(
-                (
-                    check_job_id(new.job_id) if new.job_id is not None else os.urandom(16).hex(),
-                    as_payload(new.payload),
-                    check_int(new.delay_ms, "delay_ms", 0, 2**40),
-                    check_int(
-                        DEFAULT_MAX_ATTEMPTS if new.max_attempts is None else new.max_attempts,
-                        "max_attempts",
-                        1,
-                        10_000,
-                    ),
-                )
-            )
+        batch = [new_job(item) for item in jobs]
         if not 1 <= len(batch) <= MAX_BATCH:
             raise InvalidArgument(f"1..{MAX_BATCH} jobs per call, got {len(batch)}")
         _check_now(now_ms)
@@ -504,6 +594,15 @@ class Queue:
         if len(checked) > MAX_BATCH:
             raise InvalidArgument(f"at most {MAX_BATCH} ids per call, got {len(checked)}")
         return checked
+
+
+def physical_queue(name: str, redis: Client, **kwargs: Any) -> Queue:
+    """A queue addressed by its own name, such as one partition ``<name>#<p>`` of a
+    partitioned queue: it never records or checks a partition count (its logical queue
+    does). For workers that scrub a dead service's queues by the names it registered."""
+    q = Queue(name, redis, **kwargs)
+    q._partitions_checked = True  # nothing to check: the caller names the physical queue
+    return q
 
 
 def peek_many(queues: Sequence[Queue]) -> list[Peeked]:

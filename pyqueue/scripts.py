@@ -28,6 +28,7 @@ import redis
 from redis.commands.core import Script
 
 from pyqueue.clients import Client, is_cluster, node_for_key
+from pyqueue.errors import NotReplicated
 from pyqueue.keys import QueueKeys, ServiceKeys
 
 Arg = Union[bytes, str, int]
@@ -101,6 +102,9 @@ def _is_redirect_or_weather(reply: Exception) -> bool:
     return str(reply).split(" ", 1)[0] in ("MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN")
 
 
+#: Scripts that write nothing: wait_replicas sends no WAIT after them.
+READ_ONLY = frozenset({"stats", "peek", "dead_list"})
+
 #: How long a cluster call keeps retrying weather before it raises.
 DEFAULT_WEATHER_BUDGET_S = 30.0
 _WEATHER_BACKOFF_CAP_S = 1.0
@@ -117,14 +121,32 @@ class Scripts:
     ``weather_budget_s``: on a cluster, how long a call keeps retrying TRYAGAIN,
     CLUSTERDOWN and lost nodes (see the module docstring). Unused on one server, where
     redis-py's own retry policy (:func:`pyqueue.clients.connect`) handles connections.
+
+    ``wait_replicas`` (opt-in durability): after every script call that writes, send
+    ``WAIT <wait_replicas> <wait_timeout_ms>`` on the same connection (pipelined with
+    the call, so no extra round trip), and raise
+    :class:`~pyqueue.errors.NotReplicated` when fewer replicas confirmed. What it gives:
+    a call that returned had reached that many replicas, so a failover to one of them
+    keeps it. What it does not: replication stays asynchronous (a replica that confirmed
+    may itself be lost, and Redis may still elect a replica that had not: WAIT does not
+    make Redis strongly consistent); it narrows the window in which an acknowledged
+    write can be lost, and it costs the replicas' round trip on every write.
     """
 
     def __init__(
-        self, client: Client, directory: Path | None = None, *, weather_budget_s: float = DEFAULT_WEATHER_BUDGET_S
+        self,
+        client: Client,
+        directory: Path | None = None,
+        *,
+        weather_budget_s: float = DEFAULT_WEATHER_BUDGET_S,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 1000,
     ) -> None:
         self.client = client
         self.cluster = is_cluster(client)
         self.weather_budget_s = weather_budget_s
+        self.wait_replicas = wait_replicas
+        self.wait_timeout_ms = wait_timeout_ms
         self._scripts: dict[str, Script] = {
             name: client.register_script(lua_source(name, directory)) for name in SCRIPT_KEYS
         }
@@ -144,17 +166,47 @@ class Scripts:
     def run(self, name: str, keys: Keys, args: Sequence[Arg], client: Any = None) -> Any:
         """Run script `name` with the keys its header lists and raw ARGV (tests, tools)."""
         script, key_list = self._scripts[name], self._key_list(name, keys)
-        if not self.cluster or client is not None:
+        if client is not None:
             return script(keys=key_list, args=args, client=client)
+        waits = bool(self.wait_replicas) and name not in READ_ONLY
+
+        def send() -> Any:
+            return self._run_and_wait(script, key_list, args) if waits else script(keys=key_list, args=args)
+
+        if not self.cluster:
+            return send()
         deadline, delay = time.monotonic() + self.weather_budget_s, 0.01
         while True:
             try:
-                return script(keys=key_list, args=args)
+                return send()
             except CLUSTER_WEATHER:
                 if time.monotonic() + delay > deadline:
                     raise
                 time.sleep(delay)
                 delay = min(delay * 2, _WEATHER_BACKOFF_CAP_S)
+
+    def _run_and_wait(self, script: Script, key_list: list[str], args: Sequence[Arg]) -> Any:
+        """EVALSHA then WAIT, pipelined on one connection of the keys' server (WAIT
+        counts the replicas that have this connection's writes)."""
+        node = node_for_key(self.client, key_list[0])
+        for attempt in range(2):
+            pipe = node.pipeline(transaction=False)
+            pipe.evalsha(script.sha, len(key_list), *key_list, *args)
+            pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)  # type: ignore[no-untyped-call]
+            reply, replicas = pipe.execute(raise_on_error=False)
+            if isinstance(reply, redis.exceptions.NoScriptError) and attempt == 0:
+                node.script_load(script.script)
+                continue
+            if isinstance(reply, Exception):
+                raise reply
+            if int(replicas) < self.wait_replicas:
+                raise NotReplicated(
+                    f"the call ran, but {int(replicas)} of {self.wait_replicas} replicas confirmed it within "
+                    f"{self.wait_timeout_ms} ms: send it again, or accept that a failover may lose it",
+                    int(replicas),
+                )
+            return reply
+        raise AssertionError("unreachable")
 
     def run_pipelined(self, name: str, calls: Sequence[tuple[Keys, Sequence[Arg]]]) -> list[Any]:
         """Run script ``name`` once per (keys, ARGV) in ``calls``, in one round trip per

@@ -37,6 +37,7 @@ effects with ``job.fence``.
 from __future__ import annotations
 
 import inspect
+import itertools
 import logging
 import os
 import random
@@ -45,7 +46,7 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from types import FrameType
 from typing import Any, TypeVar
@@ -64,6 +65,7 @@ from pyqueue.queue import (
     Queue,
     check_int,
     peek_many,
+    physical_queue,
 )
 from pyqueue.scripts import lua_source
 from pyqueue.scripts import CLUSTER_WEATHER
@@ -74,6 +76,10 @@ log = logging.getLogger("pyqueue.worker")
 
 Handler = Callable[[Job], object]
 T = TypeVar("T")
+
+#: A handler thread acks and leases in the same partition of a partitioned first queue
+#: at most this many times in a row (then a lease round moves on to the next partition).
+PARTITION_STREAK = 16
 
 #: Exit codes of Worker.run and `pyqueue worker` (sysexits.h numbers).
 EXIT_OK = 0
@@ -194,6 +200,17 @@ class Worker:
             released to other workers.
         keep_done_ms: how long an acked job's id stays a duplicate for enqueue (see
             :class:`~pyqueue.Queue`); default 5 minutes, 0 for none.
+        partitions: queue name -> partition count, for partitioned queues (see
+            :class:`~pyqueue.partitioned.PartitionedQueue`); others have one. Checked
+            against the count recorded in Redis at start: a mismatch is refused
+            (InvalidArgument) before the worker registers.
+        wait_replicas: every ack, nack and lease waits for this many replicas (see
+            :class:`~pyqueue.Queue`); a call they do not confirm in time is re-sent.
+
+    Partitioned queues keep their place in the priority order; within one, each lease
+    round starts at the next partition (round robin), and a handler thread acks and
+    leases in the same partition at most :data:`PARTITION_STREAK` times in a row before
+    it hands its slot back to a lease round, so no partition with work waits long.
     """
 
     def __init__(
@@ -214,6 +231,8 @@ class Worker:
         backoff_base_ms: int = DEFAULT_BACKOFF_BASE_MS,
         backoff_cap_ms: int = DEFAULT_BACKOFF_CAP_MS,
         keep_done_ms: int = DEFAULT_KEEP_DONE_MS,
+        partitions: Mapping[str, int] | None = None,
+        wait_replicas: int = 0,
     ) -> None:
         if not queues or len(set(queues)) != len(queues):
             raise InvalidArgument("a worker serves one or more distinct queues")
@@ -234,7 +253,24 @@ class Worker:
         self.queue_names = list(queues)
         # Validates the names now; owners are set once the service id is known.
         self.keep_done_ms = check_int(keep_done_ms, "keep_done_ms", 0, 2**40)
-        self.queues = [Queue(name, self.redis, prefix=prefix, keep_done_ms=keep_done_ms) for name in queues]
+        partitions = dict(partitions or {})
+        unknown = sorted(set(partitions) - set(self.queue_names))
+        if unknown:
+            raise InvalidArgument(f"partitions given for queues this worker does not serve: {unknown}")
+        #: The queues as named, in priority order (a partitioned one as one queue).
+        self.logical = [
+            Queue(
+                name, self.redis, prefix=prefix, keep_done_ms=keep_done_ms, partitions=partitions.get(name, 1),
+                wait_replicas=wait_replicas,
+            )
+            for name in queues
+        ]
+        #: Per logical queue, the queues a lease call goes to: its partitions, or itself.
+        self.groups: list[list[Queue]] = [getattr(q, "parts", [q]) for q in self.logical]
+        #: Every queue leased from, in priority order (partitions in partition order).
+        self.queues = [q for group in self.groups for q in group]
+        self._by_name = {q.name: q for q in self.queues}
+        self._rotations = [itertools.count() for _ in self.groups]
         self.service: Service | None = None
         self.exit_reason = ""
         #: What run() returns: EXIT_OK unless the stop was caused by a failure.
@@ -298,10 +334,11 @@ class Worker:
 
         With ``burst``, return once no job is ready, no handler runs and nothing is due
         within ``block_ms`` (for tests and batch jobs)."""
+        self._with_retries(self._check_partitions)
         self.service = self._register()
         self._crash.at("after_register")
         check_server(self.redis)
-        for q in self.queues:
+        for q in self.logical + self.queues:
             q.owner = self.service.owner
         log.info(
             "service %s started: queues %s, concurrency %d, host %s pid %d",
@@ -335,7 +372,8 @@ class Worker:
         while True:
             try:
                 sent_at = time.monotonic()
-                service = self.services.register(self.queue_names, expire_ms=self.expire_ms)
+                # The names leased from: a reaper scrubs each of them (partitions too).
+                service = self.services.register([q.name for q in self.queues], expire_ms=self.expire_ms)
                 self._renewed_at = self._checked_at = sent_at
                 return service
             except _RETRY_ON as exc:
@@ -464,10 +502,17 @@ class Worker:
         work, in priority order: a job in the 50th queue starts after two round trips,
         not fifty."""
         next_due_ms, now_ms = -1, 0
-        candidates = self.queues
-        if len(self.queues) > 1:
+        order = self.queues
+        if len(order) > 1:
+            # Partitions of one queue: each round starts at the next one (round robin).
+            order = []
+            for group, rotation in zip(self.groups, self._rotations):
+                start = next(rotation) % len(group)
+                order += group[start:] + group[:start]
+        candidates = order
+        if len(order) > 1:
             candidates = []
-            for q, peeked in zip(self.queues, peek_many(self.queues)):
+            for q, peeked in zip(order, peek_many(order)):
                 now_ms = peeked.now_ms
                 # A queue whose last lease call went unanswered is asked again with the
                 # same token: that call may have leased jobs it must hand back.
@@ -504,19 +549,27 @@ class Worker:
         with self._running_lock:
             return self._running.pop(job.receipt, None) is not None
 
+    def _check_partitions(self) -> None:
+        for q in self.logical:
+            q.check_partitions()
+
     def _serve(self, first: Job) -> None:
-        """Run jobs in this slot: ``first``, then whatever ack-and-lease hands back."""
+        """Run jobs in this slot: ``first``, then whatever ack-and-lease hands back (in
+        a partitioned queue at most PARTITION_STREAK jobs in a row: then the slot goes
+        back to a lease round, which moves on to the next partition)."""
         job: Job | None = first
+        streak = 0
         try:
             while job is not None:
-                job = self._run_one(job)
+                streak += 1
+                job = self._run_one(job, may_lease=len(self.groups[0]) == 1 or streak < PARTITION_STREAK)
         finally:
             with self._slots:
                 self._free += 1
                 self._slots.notify_all()
 
-    def _run_one(self, job: Job) -> Job | None:
-        queue = self.queues[self.queue_names.index(job.queue)]
+    def _run_one(self, job: Job, *, may_lease: bool = True) -> Job | None:
+        queue = self._by_name[job.queue]
         error: BaseException | None = None
         result: object = None
         try:
@@ -538,7 +591,8 @@ class Worker:
             self._crash.at("before_ack")
             if self._crash.armed("ack_sent"):
                 _send_and_die(queue, job, self._crash)
-            if queue is self.queues[0] and not self._stop.is_set() and self._registration_confirmed():
+            first_queue = queue in self.groups[0]
+            if first_queue and may_lease and not self._stop.is_set() and self._registration_confirmed():
                 call = secrets.token_hex(8)  # the same token on every retry: one effect
                 outcome, jobs = self._with_retries(
                     lambda: queue.ack_and_lease(job, lease_ms=self.lease_ms, call=call)
@@ -664,7 +718,7 @@ class Worker:
         for service in renewed.dead:
             total = 0
             for name in service.queues:
-                q = Queue(name, self.redis, prefix=self.prefix)
+                q = self._by_name.get(name) or physical_queue(name, self.redis, prefix=self.prefix)
                 while True:
                     scrubbed = q.scrub(service.owner)
                     total += scrubbed.scrubbed

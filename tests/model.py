@@ -524,6 +524,7 @@ class QueueModel:
     def keyspace(self, keys: QueueKeys) -> dict[str, Any]:
         """Every key of the queue as :func:`read_keyspace` reads it (empty keys absent)."""
         counters: dict[bytes, bytes] = {name.encode(): str(v).encode() for name, v in self.counters.items() if v}
+        counters[b"partitions"] = b"1"  # recorded by the machine's first queue object at start
         if self.next_maintenance_ms is not None:
             counters[b"next_maintenance_ms"] = str(self.next_maintenance_ms).encode()
         out: dict[str, Any] = {
@@ -911,6 +912,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.svc = ServicesModel()
         self.workers: dict[str, Queue] = {}
         self.q = self.worker("solo")
+        self.q.check_partitions()  # what every queue object does at its first call
         self.services = Services(self.r, namespace=NAMESPACE)
         if self.lua_directory is not None:  # Services has no lua_directory option (yet)
             self.services.scripts = Scripts(self.services.redis, self.lua_directory)

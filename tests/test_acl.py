@@ -49,9 +49,9 @@ from pyqueue.worker import Retry, Worker
 #: it implies ``resetkeys`` and ``-@all``); ``resetchannels`` also holds when
 #: ``acl-pubsub-default`` is ``allchannels``.
 RECIPE = """\
-ACL SETUSER pq-producer reset on >producer-secret resetchannels ~pq:{emails}:* -@all +ping +evalsha +script|load +script|exists +multi +exec +time +type +hget +hmget +hset +hincrby +rpush +lindex +llen +zadd +zcard +zcount +zrange +zmscore
-ACL SETUSER pq-worker reset on >worker-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +bzpopmin +time +type +exists +get +incr +pexpire +del +hget +hmget +hexists +hset +hincrby +hdel +llen +lrange +ltrim +lpush +rpush +lrem +zadd +zrem +zscore +zcard +zcount +zrange +zrangebyscore +zrangebylex +zremrangebyrank
-ACL SETUSER pq-admin reset on >admin-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +time +type +pexpire +pttl +hget +hgetall +hmget +hset +hincrby +hdel +rpush +lindex +llen +lrem +zadd +zrem +zscore +zcard +zcount +zrange +zrangebyscore
+ACL SETUSER pq-producer reset on >producer-secret resetchannels ~pq:{emails}:* -@all +ping +evalsha +script|load +script|exists +multi +exec +time +type +hget +hmget +hset +hsetnx +hincrby +rpush +lindex +llen +zadd +zcard +zcount +zrange +zmscore
+ACL SETUSER pq-worker reset on >worker-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +bzpopmin +time +type +exists +get +incr +pexpire +del +hget +hmget +hexists +hset +hsetnx +hincrby +hdel +llen +lrange +ltrim +lpush +rpush +lrem +zadd +zrem +zscore +zcard +zcount +zrange +zrangebyscore +zrangebylex +zremrangebyrank
+ACL SETUSER pq-admin reset on >admin-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +time +type +pexpire +pttl +hget +hgetall +hmget +hset +hsetnx +hincrby +hdel +rpush +lindex +llen +lrem +zadd +zrem +zscore +zcard +zcount +zrange +zrangebyscore
 """
 
 ROLES = ("producer", "worker", "admin")
@@ -75,6 +75,8 @@ SENT_BY_DRIVER: dict[str, dict[str, str]] = {
         "script|exists": "a pipeline checks its scripts are loaded before sending them",
         "multi": "transactional pipelines (redis-py's default)",
         "exec": "transactional pipelines",
+        "hsetnx": "records the queue's partition count at a queue object's first call",
+        "hget": "reads the recorded partition count back",
     },
     "worker": {
         "ping": "redis-py health checks",
@@ -83,9 +85,12 @@ SENT_BY_DRIVER: dict[str, dict[str, str]] = {
         "bzpopmin": "the idle wait on the queues' and its own wake keys",
         "hmget": "reads its service key before a blocking wait: stopped, or registration lost?",
         "get": "the namespace's last id, before registering",
-        "hget": "a re-sent registration recognises its own token",
+        "hget": "a re-sent registration recognises its own token; the recorded partition count",
+        "hsetnx": "records the queue's partition count at start",
     },
     "admin": {
+        "hsetnx": "records the queue's partition count at a queue object's first call",
+        "hget": "reads the recorded partition count back (pyqueue commands open queues with it)",
         "ping": "redis-py health checks",
         "evalsha": "every script call",
         "script|load": "reload after NOSCRIPT",
@@ -439,16 +444,17 @@ def test_each_role_is_refused_another_queues_keys_with_a_clear_error(
         call(Queue("other", login(role)))
     assert isinstance(raised.value.__cause__, redis.exceptions.NoPermissionError)  # NOPERM
     assert dump_all(root) == before
-    assert denied_commands(root) == {"pq:{other}:jobs"}
+    # Refused at the queue object's first call: the partition-count check, before any script.
+    assert denied_commands(root) == {"pq:{other}:counters"}
 
 
-def test_a_worker_started_on_a_queue_it_may_not_use_fails_at_its_first_lease_and_deregisters(
+def test_a_worker_started_on_a_queue_it_may_not_use_fails_before_it_registers(
     root: redis.Redis, login: Callable[[str], redis.Redis]
 ) -> None:
     worker = Worker(["other"], lambda job: None, redis=login("worker"), block_ms=1_000)
     with pytest.raises(ScriptError, match="no permissions to access one of the keys"):
-        worker.run(burst=True, install_signal_handlers=False)
-    assert root.keys(f"pq:{{{NAMESPACE}}}:*") == [b"pq:{workers}:service:seq"]
+        worker.run(burst=True, install_signal_handlers=False)  # at its partition-count check
+    assert root.keys(f"pq:{{{NAMESPACE}}}:*") == []
 
 
 def test_a_worker_cannot_scrub_a_dead_service_of_a_queue_outside_its_keys_and_says_so(

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 import redis
-from conftest import RedisClusterProcesses
+from conftest import RedisClusterProcesses, RedisServer
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
-from pyqueue import Job, NewJob, Outcome, Queue, connect
+from pyqueue import Job, NewJob, NotReplicated, Outcome, OutcomeUnknown, Queue, connect
 from pyqueue.cli import main
 from pyqueue.clients import bytes_client, primaries
 from pyqueue.queue import peek_many
@@ -236,3 +236,27 @@ def test_the_demo_passes_on_the_cluster(redis_cluster: RedisClusterProcesses) ->
     out = proc.stdout.decode()
     assert proc.returncode == 0, out + proc.stderr.decode()[-3000:]
     assert "[FAILED]" not in out and out.count("[ok]") >= 6
+
+
+def test_wait_replicas_confirms_writes_and_says_when_too_few_replicas_did(cluster: RedisCluster) -> None:
+    (name,) = on_distinct_primaries(cluster, 1)
+    q = Queue(name, cluster, wait_replicas=1)  # each primary has one replica
+    assert q.enqueue(b"", job_id="a").added
+    (job,) = q.lease()
+    assert q.ack(job) is Outcome.OK
+    assert q.stats().acked == 1  # reads send no WAIT
+    greedy = Queue(name, cluster, wait_replicas=2, wait_timeout_ms=50)
+    with pytest.raises(NotReplicated) as raised:
+        greedy.enqueue(b"", job_id="b")
+    assert raised.value.replicas == 1 and isinstance(raised.value, OutcomeUnknown)
+    assert Queue(name, cluster).stats().ready == 1  # it ran on the primary: re-sending is safe
+    assert not q.enqueue(b"", job_id="b").added
+
+
+def test_wait_replicas_on_one_server_without_replicas_raises_not_replicated(redis_server: RedisServer) -> None:
+    r = redis_server.client()
+    r.flushall()
+    q = Queue("solo", r, wait_replicas=1, wait_timeout_ms=20)
+    with pytest.raises(NotReplicated):
+        q.enqueue(b"")
+    assert Queue("solo", r).stats().ready == 1
