@@ -12,8 +12,10 @@ Starts a redis-server on a free 127.0.0.1 port (``--save '' --appendonly no``), 
 3. ``bench_worstcase.py``: SLOWLOG max/p99 script time on a 100,000-job backlog,
 
 against that one server, stops it by PID, and prints one summary with every figure and
-ratio. Each step's own output goes to ``bench/results/<step>.log``; its data to
-``bench/results/<step>.json``; the summary also to ``bench/results/summary.txt``.
+ratio. The optional step ``--only cluster`` (never run by default) runs
+``bench_cluster.py``, which starts and stops a Redis Cluster of its own. Each step's own
+output goes to ``bench/results/<step>.log``; its data to ``bench/results/<step>.json``;
+the summary also to ``bench/results/summary.txt``.
 Every step runs under a timeout, so a hang cannot keep the machine busy.
 """
 
@@ -199,6 +201,13 @@ def worker_section(path: Path) -> list[str]:
     return lines
 
 
+def cluster_section(path: Path) -> list[str]:
+    """The Redis Cluster figures (bench_cluster.py), as it prints them."""
+    import bench_cluster
+
+    return bench_cluster.summary(json.loads(path.read_text()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     _server.add_server_arguments(parser)
@@ -209,8 +218,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=300, help="calls per worst-case scenario")
     parser.add_argument("--rounds", type=int, default=10, help="rounds of the expired+due worst-case scenarios")
     parser.add_argument(
-        "--only", choices=("transitions", "throughput", "worstcase", "worker"), action="append",
-        help="run only these steps (repeatable); the summary covers the results present",
+        "--only", choices=("transitions", "throughput", "worstcase", "worker", "cluster"), action="append",
+        help="run only these steps (repeatable); the summary covers the results present. 'cluster' "
+        "(bench_cluster.py, on a 3+3 Redis Cluster it starts itself) runs only when named here",
     )
     args = parser.parse_args()
     steps = args.only or ["transitions", "throughput", "worstcase", "worker"]
@@ -253,6 +263,12 @@ def main() -> None:
         if "worker" in steps:
             (out_dir / "worker.json").unlink(missing_ok=True)
             run_step("worker", ["bench_worker.py", "--json-out", str(out_dir / "worker.json"), *url_args], out_dir)
+        if "cluster" in steps:
+            # Its own cluster (and stamp server): the shared server is not used.
+            (out_dir / "cluster.json").unlink(missing_ok=True)
+            server_args = ["--redis-server", args.redis_server] if args.redis_server else []
+            run_step("cluster", ["bench_cluster.py", "--json-out", str(out_dir / "cluster.json"), *server_args],
+                     out_dir)
     finally:
         if server is not None:
             server.stop()
@@ -268,6 +284,7 @@ def main() -> None:
         ("throughput.json", throughput_section),
         ("worstcase.json", worstcase_section),
         ("worker.json", worker_section),
+        ("cluster.json", cluster_section),
     )
     for filename, section in sections:
         path = out_dir / filename

@@ -34,8 +34,6 @@ Replay   a re-sent call finds its receipts gone and changes nothing; its answer 
          'gone' where the lost reply said 'ok'.
 ]]
 
-local jobs_key, leased_key, owners_key, done_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-
 -- >>> pyqueue prelude: the same in every script; source tests/lua_prelude.lua, copied by tests/lua_prelude.py
 -- Edit tests/lua_prelude.lua, then run `python tests/lua_prelude.py --write`; never edit a copy.
 -- Every helper is in every script; an unused one is harmless and calls nothing.
@@ -128,6 +126,8 @@ local function bury(key, ids, expired, now_ms, keep_done_ms)
   end
 end
 -- <<< pyqueue prelude
+
+local jobs_key, leased_key, owners_key, done_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 
 -- 1. Validate.
 local now_ms, keep_done_ms, err

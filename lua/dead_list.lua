@@ -14,8 +14,6 @@ Returns  {total, job_1 .. job_k}, k <= limit; each job is 6 values:
 Errors   PQ_BADARG, PQ_CORRUPT, WRONGTYPE. Writes nothing.
 ]]
 
-local jobs_key, dead_key, errors_key = KEYS[1], KEYS[2], KEYS[3]
-
 -- >>> pyqueue prelude: the same in every script; source tests/lua_prelude.lua, copied by tests/lua_prelude.py
 -- Edit tests/lua_prelude.lua, then run `python tests/lua_prelude.py --write`; never edit a copy.
 -- Every helper is in every script; an unused one is harmless and calls nothing.
@@ -108,6 +106,8 @@ local function bury(key, ids, expired, now_ms, keep_done_ms)
   end
 end
 -- <<< pyqueue prelude
+
+local jobs_key, dead_key, errors_key = KEYS[1], KEYS[2], KEYS[3]
 
 local offset, limit, err
 offset, err = int_arg(ARGV[1], 'offset', 0, 2 ^ 31)

@@ -17,8 +17,6 @@ Errors   PQ_BADARG, WRONGTYPE (nothing written on any error).
 Replay   a re-sent call finds the ids gone and deletes nothing.
 ]]
 
-local jobs_key, dead_key, errors_key, counters_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-
 -- >>> pyqueue prelude: the same in every script; source tests/lua_prelude.lua, copied by tests/lua_prelude.py
 -- Edit tests/lua_prelude.lua, then run `python tests/lua_prelude.py --write`; never edit a copy.
 -- Every helper is in every script; an unused one is harmless and calls nothing.
@@ -111,6 +109,8 @@ local function bury(key, ids, expired, now_ms, keep_done_ms)
   end
 end
 -- <<< pyqueue prelude
+
+local jobs_key, dead_key, errors_key, counters_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 
 -- 1. Validate.
 if #ARGV < 1 or #ARGV > MAX_BATCH then return redis.error_reply('PQ_BADARG 1..1000 ids per call') end

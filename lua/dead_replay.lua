@@ -20,9 +20,6 @@ Errors   PQ_BADARG, PQ_CORRUPT, WRONGTYPE (nothing written on any error).
 Replay   a re-sent call finds the ids no longer dead and moves nothing.
 ]]
 
-local jobs_key, ready_key, dead_key, errors_key, counters_key, wake_key =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-
 -- >>> pyqueue prelude: the same in every script; source tests/lua_prelude.lua, copied by tests/lua_prelude.py
 -- Edit tests/lua_prelude.lua, then run `python tests/lua_prelude.py --write`; never edit a copy.
 -- Every helper is in every script; an unused one is harmless and calls nothing.
@@ -115,6 +112,9 @@ local function bury(key, ids, expired, now_ms, keep_done_ms)
   end
 end
 -- <<< pyqueue prelude
+
+local jobs_key, ready_key, dead_key, errors_key, counters_key, wake_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 
 -- 1. Validate.
 local now_ms, err = now_arg(ARGV[1])

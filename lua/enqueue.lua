@@ -33,9 +33,6 @@ Replay   re-sending the same call finds every job present, or acked and tombston
          and adds nothing (an ack with keep_done_ms = 0 leaves no tombstone).
 ]]
 
-local jobs_key, ready_key, scheduled_key, counters_key, wake_key, done_key =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-
 -- >>> pyqueue prelude: the same in every script; source tests/lua_prelude.lua, copied by tests/lua_prelude.py
 -- Edit tests/lua_prelude.lua, then run `python tests/lua_prelude.py --write`; never edit a copy.
 -- Every helper is in every script; an unused one is harmless and calls nothing.
@@ -128,6 +125,9 @@ local function bury(key, ids, expired, now_ms, keep_done_ms)
   end
 end
 -- <<< pyqueue prelude
+
+local jobs_key, ready_key, scheduled_key, counters_key, wake_key, done_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 
 -- 1. Validate every argument before touching a key.
 local n, err = int_arg(ARGV[2], 'n', 1, MAX_BATCH)

@@ -19,8 +19,6 @@ Errors   PQ_BADARG (nothing written), WRONGTYPE (nothing written).
 Replay   a re-sent call sets the same deadlines again, or later ones: one extension.
 ]]
 
-local jobs_key, leased_key = KEYS[1], KEYS[2]
-
 -- >>> pyqueue prelude: the same in every script; source tests/lua_prelude.lua, copied by tests/lua_prelude.py
 -- Edit tests/lua_prelude.lua, then run `python tests/lua_prelude.py --write`; never edit a copy.
 -- Every helper is in every script; an unused one is harmless and calls nothing.
@@ -113,6 +111,8 @@ local function bury(key, ids, expired, now_ms, keep_done_ms)
   end
 end
 -- <<< pyqueue prelude
+
+local jobs_key, leased_key = KEYS[1], KEYS[2]
 
 -- 1. Validate.
 local now_ms, lease_ms, err

@@ -51,9 +51,6 @@ Errors   PQ_BADARG (nothing written), PQ_CORRUPT (a record does not parse; nothi
          written), WRONGTYPE (a key holds another Redis type; nothing written).
 ]]
 
-local jobs_key, ready_key, scheduled_key, leased_key, owners_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local dead_key, errors_key, counters_key, wake_key, done_key = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
-
 -- >>> pyqueue prelude: the same in every script; source tests/lua_prelude.lua, copied by tests/lua_prelude.py
 -- Edit tests/lua_prelude.lua, then run `python tests/lua_prelude.py --write`; never edit a copy.
 -- Every helper is in every script; an unused one is harmless and calls nothing.
@@ -146,6 +143,9 @@ local function bury(key, ids, expired, now_ms, keep_done_ms)
   end
 end
 -- <<< pyqueue prelude
+
+local jobs_key, ready_key, scheduled_key, leased_key, owners_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local dead_key, errors_key, counters_key, wake_key, done_key = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 
 -- 1. Validate every argument before touching a key.
 local err

@@ -33,9 +33,6 @@ Errors   PQ_BADARG (nothing written), PQ_CORRUPT (the job record does not parse;
 Replay   a re-sent call finds its receipt gone and changes nothing.
 ]]
 
-local jobs_key, scheduled_key, leased_key, owners_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local dead_key, errors_key, counters_key, wake_key = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-
 -- >>> pyqueue prelude: the same in every script; source tests/lua_prelude.lua, copied by tests/lua_prelude.py
 -- Edit tests/lua_prelude.lua, then run `python tests/lua_prelude.py --write`; never edit a copy.
 -- Every helper is in every script; an unused one is harmless and calls nothing.
@@ -128,6 +125,9 @@ local function bury(key, ids, expired, now_ms, keep_done_ms)
   end
 end
 -- <<< pyqueue prelude
+
+local jobs_key, scheduled_key, leased_key, owners_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local dead_key, errors_key, counters_key, wake_key = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 
 -- 1. Validate.
 local err, now_ms, delay_ms, base_ms, cap_ms

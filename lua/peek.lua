@@ -22,8 +22,6 @@ Errors   PQ_BADARG, WRONGTYPE. Writes nothing.
 Replay   read only.
 ]]
 
-local ready_key, scheduled_key, leased_key = KEYS[1], KEYS[2], KEYS[3]
-
 -- >>> pyqueue prelude: the same in every script; source tests/lua_prelude.lua, copied by tests/lua_prelude.py
 -- Edit tests/lua_prelude.lua, then run `python tests/lua_prelude.py --write`; never edit a copy.
 -- Every helper is in every script; an unused one is harmless and calls nothing.
@@ -117,15 +115,11 @@ local function bury(key, ids, expired, now_ms, keep_done_ms)
 end
 -- <<< pyqueue prelude
 
-local now_ms
-if ARGV[1] ~= '' then
-  if not string.match(ARGV[1] or '', '^%d+$') or tonumber(ARGV[1]) > 2 ^ 53 then
-    return redis.error_reply('PQ_BADARG now_ms must be in [0, 2^53], got ' .. string.format('%q', tostring(ARGV[1])))
-  end
-  now_ms = tonumber(ARGV[1])
-else
-  now_ms = server_now_ms()
-end
+local ready_key, scheduled_key, leased_key = KEYS[1], KEYS[2], KEYS[3]
+
+local now_ms, err = now_arg(ARGV[1])
+if err then return redis.error_reply(err) end
+now_ms = now_ms or server_now_ms()
 
 local ready = redis.call('LLEN', ready_key)
 local next_due_ms = -1

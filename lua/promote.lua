@@ -28,9 +28,6 @@ Replay   a re-sent call finds nothing more due (or promotes what became due sinc
          each job moves once.
 ]]
 
-local jobs_key, ready_key, scheduled_key, leased_key, owners_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local dead_key, errors_key, counters_key, wake_key = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-
 -- >>> pyqueue prelude: the same in every script; source tests/lua_prelude.lua, copied by tests/lua_prelude.py
 -- Edit tests/lua_prelude.lua, then run `python tests/lua_prelude.py --write`; never edit a copy.
 -- Every helper is in every script; an unused one is harmless and calls nothing.
@@ -123,6 +120,9 @@ local function bury(key, ids, expired, now_ms, keep_done_ms)
   end
 end
 -- <<< pyqueue prelude
+
+local jobs_key, ready_key, scheduled_key, leased_key, owners_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local dead_key, errors_key, counters_key, wake_key = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 
 -- 1. Validate.
 local now_ms, limit, err

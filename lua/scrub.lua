@@ -24,9 +24,6 @@ Returns  {scrubbed, dead, more}: leases ended, of which jobs sent to DEAD, and 1
 Errors   PQ_BADARG, PQ_CORRUPT, WRONGTYPE (nothing written on any error).
 ]]
 
-local jobs_key, ready_key, leased_key, owners_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local dead_key, errors_key, counters_key, wake_key = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-
 -- >>> pyqueue prelude: the same in every script; source tests/lua_prelude.lua, copied by tests/lua_prelude.py
 -- Edit tests/lua_prelude.lua, then run `python tests/lua_prelude.py --write`; never edit a copy.
 -- Every helper is in every script; an unused one is harmless and calls nothing.
@@ -120,12 +117,13 @@ local function bury(key, ids, expired, now_ms, keep_done_ms)
 end
 -- <<< pyqueue prelude
 
+local jobs_key, ready_key, leased_key, owners_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local dead_key, errors_key, counters_key, wake_key = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+
 -- 1. Validate.
-local now_ms, limit, err
-if ARGV[1] ~= '' then
-  if not string.match(ARGV[1] or '', '^%d+$') then return redis.error_reply('PQ_BADARG now_ms must be an integer >= 0') end
-  now_ms = tonumber(ARGV[1])
-end
+local now_ms, err = now_arg(ARGV[1])
+if err then return redis.error_reply(err) end
+local limit
 local owner = ARGV[2] or ''
 err = name_arg(owner, 'owner')
 if err then return redis.error_reply(err) end

@@ -33,8 +33,6 @@ Errors   PQ_BADARG, WRONGTYPE (nothing written).
 Replay   a re-sent call finds nothing left to remove.
 ]]
 
-local service_key, ids_key, expiry_key, queues_key, wake_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-
 -- >>> pyqueue prelude: the same in every script; source tests/lua_prelude.lua, copied by tests/lua_prelude.py
 -- Edit tests/lua_prelude.lua, then run `python tests/lua_prelude.py --write`; never edit a copy.
 -- Every helper is in every script; an unused one is harmless and calls nothing.
@@ -128,12 +126,11 @@ local function bury(key, ids, expired, now_ms, keep_done_ms)
 end
 -- <<< pyqueue prelude
 
+local service_key, ids_key, expiry_key, queues_key, wake_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+
 -- 1. Validate.
-local now_ms
-if ARGV[1] ~= '' then
-  if not string.match(ARGV[1] or '', '^%d+$') then return redis.error_reply('PQ_BADARG now_ms must be an integer >= 0') end
-  now_ms = tonumber(ARGV[1])
-end
+local now_ms, err = now_arg(ARGV[1])
+if err then return redis.error_reply(err) end
 local id, require_expired, registration = ARGV[2], ARGV[3], ARGV[4]
 if not id or not string.match(id, '^%d+$') then return redis.error_reply('PQ_BADARG id must be an integer') end
 if require_expired ~= '0' and require_expired ~= '1' then

@@ -44,8 +44,6 @@ Replay   a re-sent call finds the id taken and answers {'retry', id + 1}; the fi
          of the id it asked for, takes it as registered).
 ]]
 
-local seq_key, ids_key, expiry_key, queues_key, service_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-
 -- >>> pyqueue prelude: the same in every script; source tests/lua_prelude.lua, copied by tests/lua_prelude.py
 -- Edit tests/lua_prelude.lua, then run `python tests/lua_prelude.py --write`; never edit a copy.
 -- Every helper is in every script; an unused one is harmless and calls nothing.
@@ -138,6 +136,8 @@ local function bury(key, ids, expired, now_ms, keep_done_ms)
   end
 end
 -- <<< pyqueue prelude
+
+local seq_key, ids_key, expiry_key, queues_key, service_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 
 -- 1. Validate.
 local err, now_ms, id, pid, expire_ms, capacity, gc_limit

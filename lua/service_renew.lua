@@ -36,8 +36,6 @@ Replay   a re-sent call finds its own new token already in place and answers as 
          first did, pushing the expiry to the same or a later time.
 ]]
 
-local service_key, expiry_key, queues_key = KEYS[1], KEYS[2], KEYS[3]
-
 -- >>> pyqueue prelude: the same in every script; source tests/lua_prelude.lua, copied by tests/lua_prelude.py
 -- Edit tests/lua_prelude.lua, then run `python tests/lua_prelude.py --write`; never edit a copy.
 -- Every helper is in every script; an unused one is harmless and calls nothing.
@@ -130,6 +128,8 @@ local function bury(key, ids, expired, now_ms, keep_done_ms)
   end
 end
 -- <<< pyqueue prelude
+
+local service_key, expiry_key, queues_key = KEYS[1], KEYS[2], KEYS[3]
 
 -- 1. Validate.
 local err, now_ms, expire_ms, limit

@@ -27,8 +27,6 @@ Errors   PQ_BADARG, WRONGTYPE (nothing written).
 Replay   a re-sent call finds the key marked and answers as the first did.
 ]]
 
-local service_key, wake_key = KEYS[1], KEYS[2]
-
 -- >>> pyqueue prelude: the same in every script; source tests/lua_prelude.lua, copied by tests/lua_prelude.py
 -- Edit tests/lua_prelude.lua, then run `python tests/lua_prelude.py --write`; never edit a copy.
 -- Every helper is in every script; an unused one is harmless and calls nothing.
@@ -122,12 +120,11 @@ local function bury(key, ids, expired, now_ms, keep_done_ms)
 end
 -- <<< pyqueue prelude
 
+local service_key, wake_key = KEYS[1], KEYS[2]
+
 -- 1. Validate.
-local now_ms
-if ARGV[1] ~= '' then
-  if not string.match(ARGV[1] or '', '^%d+$') then return redis.error_reply('PQ_BADARG now_ms must be an integer >= 0') end
-  now_ms = tonumber(ARGV[1])
-end
+local now_ms, err = now_arg(ARGV[1])
+if err then return redis.error_reply(err) end
 local id, registration = ARGV[2], ARGV[3]
 if not id or not string.match(id, '^%d+$') then return redis.error_reply('PQ_BADARG id must be an integer') end
 if not registration or #registration > 16 or not string.match(registration, '^%w*$') then

@@ -25,9 +25,6 @@ Returns  a flat list of name, integer pairs, in this order:
 Errors   PQ_BADARG, WRONGTYPE. Writes nothing.
 ]]
 
-local jobs_key, ready_key, scheduled_key, leased_key, dead_key, counters_key, done_key =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
-
 -- >>> pyqueue prelude: the same in every script; source tests/lua_prelude.lua, copied by tests/lua_prelude.py
 -- Edit tests/lua_prelude.lua, then run `python tests/lua_prelude.py --write`; never edit a copy.
 -- Every helper is in every script; an unused one is harmless and calls nothing.
@@ -121,15 +118,12 @@ local function bury(key, ids, expired, now_ms, keep_done_ms)
 end
 -- <<< pyqueue prelude
 
-local now_ms
-if ARGV[1] ~= '' then
-  if not string.match(ARGV[1] or '', '^%d+$') or tonumber(ARGV[1]) > 2 ^ 53 then
-    return redis.error_reply('PQ_BADARG now_ms must be in [0, 2^53], got ' .. string.format('%q', tostring(ARGV[1])))
-  end
-  now_ms = tonumber(ARGV[1])
-else
-  now_ms = server_now_ms()
-end
+local jobs_key, ready_key, scheduled_key, leased_key, dead_key, counters_key, done_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+
+local now_ms, err = now_arg(ARGV[1])
+if err then return redis.error_reply(err) end
+now_ms = now_ms or server_now_ms()
 
 local ready = redis.call('LLEN', ready_key)
 local scheduled = redis.call('ZCARD', scheduled_key)

@@ -102,6 +102,8 @@ class RedisClusterProcesses:
         assert binary is not None
         ports = free_ports(4 * primaries)  # a client port and a cluster bus port per node
         self.ports, bus_ports = ports[: 2 * primaries], ports[2 * primaries :]
+        self.primary_count = primaries
+        self.bus_ports = dict(zip(self.ports, bus_ports))  # for restart_node
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
         for port, bus in zip(self.ports, bus_ports):
             self.start_node(port, bus)
@@ -165,6 +167,201 @@ class RedisClusterProcesses:
         for node in self.client().get_primaries():
             node.redis_connection.flushall()
             node.redis_connection.script_flush()
+
+    # -- faults: kill, restart, fail over, and wait until the cluster is whole again ------
+    # (tests/test_cluster_faults.py; every process is signalled by its own PID)
+
+    def node(self, port: int, **kwargs: Any) -> redis.Redis:
+        """A plain client of one node (no cluster routing)."""
+        return redis.Redis(host="127.0.0.1", port=port, socket_timeout=5, socket_connect_timeout=2, **kwargs)
+
+    def alive(self, port: int) -> bool:
+        return self.processes[port].poll() is None
+
+    def _ask(self, port: int, *command: Any) -> Any:
+        client = self.node(port)
+        try:
+            return client.execute_command(*command)
+        finally:
+            client.close()
+
+    def node_id(self, port: int) -> str:
+        node_id = self._ask(port, "CLUSTER", "MYID")
+        return node_id.decode() if isinstance(node_id, bytes) else str(node_id)
+
+    def topology(self, port: int | None = None) -> dict[int, dict[str, Any]]:
+        """``CLUSTER NODES`` as seen by ``port`` (default: the first live node), by
+        client port: ``id``, ``flags`` (set), ``master`` (the primary's port, or None),
+        ``slots`` (list of (first, last)), ``open`` (whether a slot is migrating or
+        importing on it)."""
+        asked = port if port is not None else next(p for p in self.ports if self.alive(p))
+        text = self._ask(asked, "CLUSTER", "NODES")
+        text = text.decode() if isinstance(text, bytes) else str(text)
+        rows = [line.split() for line in text.splitlines() if line.strip()]
+        port_of = {row[0]: int(row[1].split("@")[0].rsplit(":", 1)[1]) for row in rows}
+        out: dict[int, dict[str, Any]] = {}
+        for row in rows:
+            slots, opened = [], False
+            for item in row[8:]:
+                if item.startswith("["):
+                    opened = True
+                elif "-" in item:
+                    first, last = item.split("-")
+                    slots.append((int(first), int(last)))
+                else:
+                    slots.append((int(item), int(item)))
+            out[port_of[row[0]]] = {
+                "id": row[0],
+                "flags": set(row[2].split(",")),
+                "master": port_of.get(row[3]),
+                "slots": slots,
+                "open": opened,
+            }
+        return out
+
+    def primary_of_slot(self, slot: int, port: int | None = None) -> int:
+        """The port of the primary that serves ``slot`` (as ``port`` sees it)."""
+        for node_port, node in self.topology(port).items():
+            if "master" in node["flags"] and any(a <= slot <= b for a, b in node["slots"]):
+                return node_port
+        raise LookupError(f"no primary serves slot {slot}")
+
+    def replicas_of(self, primary_port: int) -> list[int]:
+        """The ports of the live replicas of ``primary_port``."""
+        return sorted(
+            p for p, node in self.topology().items()
+            if node["master"] == primary_port and "slave" in node["flags"] and self.alive(p)
+        )
+
+    def kill_node(self, port: int) -> float:
+        """SIGKILL one node by its PID (no shutdown, nothing saved); returns the
+        ``time.monotonic()`` of the kill."""
+        proc = self.processes[port]
+        proc.kill()
+        killed_at = time.monotonic()
+        proc.wait(10)
+        return killed_at
+
+    def wait_failed_over(self, dead_port: int, timeout_s: float = 30) -> None:
+        """Until the live nodes serve every slot without ``dead_port`` (its replica was
+        promoted) and say cluster_state:ok."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                owners = {
+                    p for p, node in self.topology().items() if "master" in node["flags"] and node["slots"]
+                }
+                if dead_port not in owners and len(owners) == self.primary_count:
+                    self.wait_ok(max(0.1, deadline - time.monotonic()))
+                    return
+            except (redis.RedisError, StopIteration):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"node {dead_port}'s slots were not taken over within {timeout_s} s")
+            time.sleep(0.05)
+
+    def restart_node(self, port: int, timeout_s: float = 40) -> None:
+        """Start a node that was killed again, with its own port, bus port and
+        nodes.conf. Its replica must have taken over its slots first (a node started
+        empty -- no persistence here -- while it still owns slots would win them back
+        empty): this waits for that, then for the restarted node to rejoin as a
+        replica and for the whole cluster to be healthy (:meth:`wait_healthy`)."""
+        assert not self.alive(port), f"node {port} is running"
+        self.wait_failed_over(port, timeout_s)
+        self.start_node(port, self.bus_ports[port])
+        self._wait_ping(port)
+        self.wait_healthy(timeout_s)
+
+    def failover(self, replica_port: int, timeout_s: float = 30) -> float:
+        """``CLUSTER FAILOVER`` (the coordinated, graceful kind) on a replica; wait until
+        it serves its former primary's slots and the cluster is healthy. Returns the
+        ``time.monotonic()`` at which the command was sent."""
+        sent_at = time.monotonic()
+        self._ask(replica_port, "CLUSTER", "FAILOVER")
+        deadline = sent_at + timeout_s
+        while True:
+            try:
+                node = self.topology(replica_port)[replica_port]
+                if "master" in node["flags"] and node["slots"]:
+                    break
+            except redis.RedisError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"CLUSTER FAILOVER on {replica_port} did not finish within {timeout_s} s")
+            time.sleep(0.05)
+        self.wait_healthy(max(1.0, deadline - time.monotonic()))
+        return sent_at
+
+    def health_problems(self) -> list[str]:
+        """What keeps the cluster from its starting shape (empty: healthy): every node
+        running and saying cluster_state:ok with all 16384 slots, ``primary_count``
+        primaries with slots, each with a replica whose link is up, no node flagged
+        failing, no slot open (migrating/importing), all nodes agreeing on the owners."""
+        problems = [f"node {p} is not running" for p in self.ports if not self.alive(p)]
+        if problems:
+            return problems
+        views = {}
+        for port in self.ports:
+            try:
+                info = self._ask(port, "CLUSTER", "INFO")
+                info = info.decode() if isinstance(info, bytes) else str(info)
+                fields = dict(line.split(":", 1) for line in info.split() if ":" in line)
+                if fields.get("cluster_state") != "ok" or fields.get("cluster_slots_ok") != "16384":
+                    problems.append(f"node {port}: {fields.get('cluster_state')}, slots ok {fields.get('cluster_slots_ok')}")
+                views[port] = self.topology(port)
+            except redis.RedisError as exc:
+                problems.append(f"node {port}: {exc}")
+        if problems:
+            return problems
+        owners = {p: sorted((a, b, q) for q, n in v.items() if "master" in n["flags"] for a, b in n["slots"])
+                  for p, v in views.items()}
+        if len({tuple(o) for o in owners.values()}) != 1:
+            problems.append("the nodes disagree about who serves which slots")
+        view = views[self.ports[0]]
+        primaries = [p for p, n in view.items() if "master" in n["flags"] and n["slots"]]
+        if len(primaries) != self.primary_count:
+            problems.append(f"{len(primaries)} primaries serve slots, not {self.primary_count}")
+        for port, v in views.items():
+            for p, n in v.items():
+                if n["flags"] & {"fail", "fail?", "handshake", "noaddr"}:
+                    problems.append(f"node {port} sees {p} as {','.join(sorted(n['flags']))}")
+                if n["open"]:
+                    problems.append(f"node {port} sees a slot open on {p}")
+        for primary in primaries:
+            replicas = [p for p, n in view.items() if n["master"] == primary]
+            linked = []
+            for replica in replicas:
+                try:
+                    client = self.node(replica)
+                    try:
+                        info = client.info("replication")
+                    finally:
+                        client.close()
+                    linked.append(info.get("master_link_status") == "up" and info.get("role") == "slave")
+                except redis.RedisError:
+                    linked.append(False)
+            if not any(linked):
+                problems.append(f"primary {primary} has no replica in sync ({replicas})")
+        return problems
+
+    def wait_healthy(self, timeout_s: float = 40) -> None:
+        """Until :meth:`health_problems` finds none."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            problems = self.health_problems()
+            if not problems:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the cluster did not become healthy within {timeout_s} s: {problems}")
+            time.sleep(0.1)
+
+    def heal(self, timeout_s: float = 40) -> None:
+        """Restart every node that is not running (each after its slots were taken
+        over), then wait until the cluster is healthy."""
+        for port in self.ports:
+            if not self.alive(port):
+                self.restart_node(port, timeout_s)
+        self.wait_healthy(timeout_s)
 
     def stop(self) -> None:
         for proc in self.processes.values():
