@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # The test command (README.md, .ci/run): installs what the tests need, then runs the
-# type check and the whole suite on both backends (fakeredis and a real redis-server).
+# type check and the whole suite on its backends: fakeredis, a real redis-server, and a
+# real Redis Cluster (3 primaries, 3 replicas, built with redis-cli --cluster create).
 # Exits non-zero on any failure, and under CI=true also if any real-server test skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v redis-server >/dev/null 2>&1; then
-  echo "== installing redis-server from Debian's packages"
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
+  echo "== installing redis-server and redis-cli from Debian's packages"
   apt-get update -qq
   # policy-rc.d answer 101: install the binary without starting a system service.
   if [ ! -e /usr/sbin/policy-rc.d ]; then
     printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
     trap 'rm -f /usr/sbin/policy-rc.d' EXIT
   fi
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null
 fi
 redis-server --version
 
