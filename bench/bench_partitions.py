@@ -26,6 +26,7 @@ import argparse
 import json
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,16 @@ def cpu_us(node: redis.Redis) -> float:
     return (float(info["used_cpu_sys"]) + float(info["used_cpu_user"])) * 1e6
 
 
+def calls(nodes: dict[int, redis.Redis]) -> Counter[str]:
+    """Commands served so far, summed over ``nodes`` (INFO commandstats; the commands
+    a script runs count too)."""
+    total: Counter[str] = Counter()
+    for node in nodes.values():
+        for name, stat in node.info("commandstats").items():
+            total[name.removeprefix("cmdstat_")] += int(stat["calls"])
+    return total
+
+
 def drain(cluster: LoopbackCluster, partitions: int, jobs: int, workers: int, concurrency: int) -> dict[str, Any]:
     cluster.flushall()
     client = cluster.client()
@@ -73,6 +84,7 @@ def drain(cluster: LoopbackCluster, partitions: int, jobs: int, workers: int, co
     primaries = {port: cluster.node(port) for port in cluster.primaries()}
     extra = ["--partitions", f"{name}={partitions}"] if partitions > 1 else []
     before = {port: cpu_us(node) for port, node in primaries.items()}
+    calls_before = calls(primaries)
     procs = [spawn(cluster.url(), cluster.url(), "noop", [name], "--concurrency", str(concurrency), "--burst",
                    *extra) for _ in range(workers)]
     try:
@@ -88,6 +100,7 @@ def drain(cluster: LoopbackCluster, partitions: int, jobs: int, workers: int, co
         for proc in procs:
             stop_process(proc)
     after = {port: cpu_us(node) for port, node in primaries.items()}
+    served = calls(primaries) - calls_before
     per_job = {str(port): round((after[port] - before[port]) / jobs, 1) for port in primaries}
     stats = q.stats()
     return {
@@ -96,6 +109,8 @@ def drain(cluster: LoopbackCluster, partitions: int, jobs: int, workers: int, co
         "redis_cpu_us_per_job_per_primary": per_job,
         "redis_cpu_us_per_job_total": round(sum(per_job.values()), 1),
         "busiest_primary_cpu_us_per_job": max(per_job.values()),
+        "script_calls_per_job": round(served["evalsha"] / jobs, 2),
+        "commands_per_job": {name: round(n / jobs, 2) for name, n in served.most_common(12) if n >= jobs / 100},
     }
 
 
