@@ -165,7 +165,12 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_dead(args: argparse.Namespace) -> int:
-    q = open_queue(connect(args.url), args.queue, args.prefix)
+    client = connect(args.url)
+    if args.queue is None:
+        if args.action != "list":
+            raise PyQueueError(f"dead {args.action} needs a queue name (only list goes over every queue)")
+        return _dead_everywhere(client, args.prefix)
+    q = open_queue(client, args.queue, args.prefix)
     ids = args.id or None
     if args.action == "list":
         page = q.dead_list(args.offset, args.limit)
@@ -176,6 +181,23 @@ def cmd_dead(args: argparse.Namespace) -> int:
         print(f"replayed {q.dead_replay(ids, limit=args.limit)}")
     else:
         print(f"purged {q.dead_purge(ids, limit=args.limit)}")
+    return 0
+
+
+def _dead_everywhere(client: Client, prefix: str) -> int:
+    """Dead letters per queue, for every queue of every primary (SCAN-based discovery),
+    with the oldest one's error."""
+    rows = []
+    queues = [open_queue(client, name, prefix) for name in discover_queues(client, prefix)]
+    partitions = {part.name for q in queues for part in getattr(q, "parts", [])}
+    for q in queues:
+        if q.name in partitions:
+            continue
+        page = q.dead_list(0, 1)
+        if page.total:
+            oldest = page.jobs[0]
+            rows.append([q.name, page.total, oldest.id, oldest.error[:60]])
+    print(table(rows, ["queue", "dead", "oldest", "its error"]) if rows else "no dead jobs")
     return 0
 
 
@@ -234,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("dead", help="dead letters: list, replay, purge")
     p.add_argument("action", choices=["list", "replay", "purge"])
-    p.add_argument("queue")
+    p.add_argument("queue", nargs="?", help="the queue (list without it: every queue of every primary)")
     p.add_argument("--id", action="append", help="only these ids (repeat)")
     p.add_argument("--limit", type=int, default=100)
     p.add_argument("--offset", type=int, default=0)

@@ -18,7 +18,9 @@ script did not run, and every script is replay-safe for the cases where it may h
 
 from __future__ import annotations
 
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
@@ -100,6 +102,20 @@ def _is_redirect_or_weather(reply: Exception) -> bool:
     if isinstance(reply, (redis.exceptions.MovedError, redis.exceptions.AskError, *CLUSTER_WEATHER)):
         return True
     return str(reply).split(" ", 1)[0] in ("MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN")
+
+
+_pool_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+
+
+def _node_pool() -> ThreadPoolExecutor:
+    """Threads that send one pipeline per cluster primary at once (shared, created on
+    first use; a pipeline's thread does nothing but wait for its replies)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(16, thread_name_prefix="pyqueue-nodes")
+        return _pool
 
 
 #: Scripts that write nothing: wait_replicas sends no WAIT after them.
@@ -228,12 +244,20 @@ class Scripts:
             node = node_for_key(self.client, key_list[0])
             groups.setdefault(id(node), (node, []))[1].append(i)
         replies: list[Any] = [None] * len(calls)
-        for node, indexes in groups.values():
+
+        def send(node: redis.Redis, indexes: list[int]) -> None:
             pipe = node.pipeline(transaction=False)
             for i in indexes:
                 pipe.evalsha(script.sha, len(key_lists[i]), *key_lists[i], *calls[i][1])
             for i, reply in zip(indexes, pipe.execute(raise_on_error=False)):
                 replies[i] = reply
+
+        if len(groups) == 1:
+            send(*next(iter(groups.values())))
+        else:
+            # Several primaries: their round trips overlap instead of adding up.
+            for future in [_node_pool().submit(send, node, indexes) for node, indexes in groups.values()]:
+                future.result()
         for i, reply in enumerate(replies):
             if isinstance(reply, redis.exceptions.NoScriptError) or (
                 self.cluster and isinstance(reply, Exception) and _is_redirect_or_weather(reply)

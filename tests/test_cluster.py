@@ -260,3 +260,18 @@ def test_wait_replicas_on_one_server_without_replicas_raises_not_replicated(redi
     with pytest.raises(NotReplicated):
         q.enqueue(b"")
     assert Queue("solo", r).stats().ready == 1
+
+
+def test_cli_dead_list_without_a_name_covers_the_queues_of_every_primary(
+    redis_cluster: RedisClusterProcesses, cluster: RedisCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    names = on_distinct_primaries(cluster, 3)
+    for name in names:
+        q = Queue(name, cluster)
+        q.enqueue(b"", job_id=f"dead-{name}", max_attempts=1)
+        q.nack(q.lease()[0], f"broken in {name}")
+    url = f"redis://127.0.0.1:{redis_cluster.ports[0]}/0"
+    assert main(["--url", url, "dead", "list"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"dead-{name}" in out and f"broken in {name}" in out for name in names), out
+    assert main(["--url", url, "dead", "purge"]) == 2  # only list goes over every queue
