@@ -270,6 +270,9 @@ class Worker:
         #: Every queue leased from, in priority order (partitions in partition order).
         self.queues = [q for group in self.groups for q in group]
         self._by_name = {q.name: q for q in self.queues}
+        self._by_wake = {q.keys.wake: q for q in self.queues}
+        # Queues found without work at the last round -> their next_due_ms then (-1: none).
+        self._known_empty: dict[str, int] = {}
         self._rotations = [itertools.count() for _ in self.groups]
         self.service: Service | None = None
         self.exit_reason = ""
@@ -402,6 +405,7 @@ class Worker:
     ) -> None:
         must_lease, delay = True, 0.1
         next_due_ms, now_ms, observed = -1, 0, 0.0
+        woken: str | None = None  # the wake key whose marker ended the last wait
         while not self._stop.is_set():
             with self._slots:
                 while self._free == 0 and not self._stop.is_set():
@@ -420,7 +424,8 @@ class Worker:
                             break
                         if not self._registration_confirmed():
                             raise OutcomeUnknown("the service renewal did not get through; not leasing")
-                    leased_any, next_due_ms, now_ms = self._lease_round(pool, free)
+                    leased_any, next_due_ms, now_ms = self._lease_round(pool, free, woken)
+                    woken = None
                     observed = time.monotonic()
                     if leased_any:
                         continue
@@ -451,7 +456,7 @@ class Worker:
                     timeout_ms = max(1, int(min(self.block_ms, remaining_ms - SERVER_TIMER_SLACK_MS)))
                 if time.monotonic() - self._checked_at > self.block_ms / 1000 and self._stopped_by_key():
                     break
-                popped = waiter.wait(timeout_ms)
+                popped = woken = waiter.wait(timeout_ms)
                 # Every wait ends in a lease round, also one that ran the full block period
                 # with nothing due: the round's peek finds leases that expired meanwhile in
                 # a queue nobody leased from (deadlines set after this worker went to
@@ -493,14 +498,18 @@ class Worker:
             )
         return state != "ok"
 
-    def _lease_round(self, pool: ThreadPoolExecutor, free: int) -> tuple[bool, int, int]:
+    def _lease_round(self, pool: ThreadPoolExecutor, free: int, woken: str | None = None) -> tuple[bool, int, int]:
         """Lease up to ``free`` jobs from the first queue that has any. Returns whether
         any was leased, and (when none was) the earliest next_due_ms with the clock.
 
         With one queue this is one lease call. With several, one pipelined round trip
         peeks at all of them (lua/peek.lua) and lease calls go only to queues that have
         work, in priority order: a job in the 50th queue starts after two round trips,
-        not fifty."""
+        not fifty. After a wake-up by one queue's marker (``woken``, its wake key) while
+        every other queue was empty at the last round, the peek is skipped: work that
+        arrives in a queue raises its marker (enqueue, nack, release, promote, a lease
+        that leaves work behind), and whoever pops a marker serves it; what raises none
+        (a lease that expired) is found by the full round after every block period."""
         next_due_ms, now_ms = -1, 0
         order = self.queues
         if len(order) > 1:
@@ -510,7 +519,15 @@ class Worker:
                 start = next(rotation) % len(group)
                 order += group[start:] + group[:start]
         candidates = order
-        if len(order) > 1:
+        marked = self._by_wake.get(woken) if woken is not None else None
+        if len(order) > 1 and marked is not None and not self._pending_calls and all(
+            q.name in self._known_empty for q in order if q is not marked
+        ):
+            candidates = [marked]
+            for due in (self._known_empty[q.name] for q in order if q is not marked):
+                if due >= 0 and (next_due_ms < 0 or due < next_due_ms):
+                    next_due_ms = due
+        elif len(order) > 1:
             candidates = []
             for q, peeked in zip(order, peek_many(order)):
                 now_ms = peeked.now_ms
@@ -518,14 +535,21 @@ class Worker:
                 # same token: that call may have leased jobs it must hand back.
                 if peeked.has_work or q.name in self._pending_calls:
                     candidates.append(q)
-                elif peeked.next_due_ms >= 0 and (next_due_ms < 0 or peeked.next_due_ms < next_due_ms):
-                    next_due_ms = peeked.next_due_ms
+                    self._known_empty.pop(q.name, None)
+                else:
+                    self._known_empty[q.name] = peeked.next_due_ms
+                    if peeked.next_due_ms >= 0 and (next_due_ms < 0 or peeked.next_due_ms < next_due_ms):
+                        next_due_ms = peeked.next_due_ms
         for q in candidates:
             # A call that raised (OutcomeUnknown) is sent again with the same token, so
             # the leases it may have made are handed back instead of left to expire.
             call = self._pending_calls.setdefault(q.name, secrets.token_hex(8))
             leased = q.lease_call(count=free, lease_ms=self.lease_ms, call=call)
             del self._pending_calls[q.name]
+            if leased.jobs or leased.next_due_ms == leased.now_ms:  # work left (a limit hit)
+                self._known_empty.pop(q.name, None)
+            else:
+                self._known_empty[q.name] = leased.next_due_ms
             if leased.jobs:
                 self._crash.at("after_lease")
                 with self._slots:

@@ -30,6 +30,7 @@ from pyqueue.scripts import lua_source
 
 from pyqueue import InvalidArgument, Job, NewJob, Outcome, Queue
 from pyqueue.service import Services
+import pyqueue.worker as worker_module
 from pyqueue.worker import EXIT_MISCONFIGURED, EXIT_OK, EXIT_REGISTRATION_LOST, Retry, Worker
 
 #: Also on the Redis Cluster backend (conftest.BACKENDS).
@@ -254,14 +255,15 @@ def test_an_idle_worker_reclaims_a_lease_that_expired_after_it_went_to_sleep(
     assert q.stats().reclaimed == 1
 
 
-def test_a_job_in_the_last_of_fifty_queues_costs_one_peek_round_trip_and_one_lease_call(
-    r: redis.Redis, running: Callable[..., Running]
+def test_a_job_in_the_last_of_fifty_idle_queues_costs_one_lease_call_and_no_peek(
+    r: redis.Redis, running: Callable[..., Running], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     names = [f"q{i}" for i in range(50)]
     got = threading.Event()
     run = running(names, lambda job: got.set(), block_ms=10_000)
-    time.sleep(0.3)  # blocked
+    time.sleep(0.3)  # blocked, after a full round that found every queue empty
     calls: list[str] = []
+    peeks: list[int] = []
     for queue in run.worker.queues:
         original = queue.lease_call
 
@@ -270,9 +272,12 @@ def test_a_job_in_the_last_of_fifty_queues_costs_one_peek_round_trip_and_one_lea
             return _original(*args, **kwargs)
 
         queue.lease_call = spy  # type: ignore[method-assign]
+    real_peek_many = worker_module.peek_many
+    monkeypatch.setattr(worker_module, "peek_many", lambda qs: peeks.append(len(qs)) or real_peek_many(qs))
+    # Woken by q49's marker while the other 49 were empty: one lease call, no peek.
     Queue("q49", r).enqueue(b"")
     assert got.wait(5)
-    assert calls == ["q49"], "lease calls went to empty queues"
+    assert calls == ["q49"] and peeks == [], (calls, peeks)
 
 
 def test_a_killed_workers_jobs_are_scrubbed_and_finished_by_another_long_before_lease_expiry(
