@@ -20,9 +20,10 @@ import redis
 
 from pyqueue.errors import PyQueueError, map_redis_error
 from pyqueue.models import Job
-from pyqueue.clients import Client, connect, node_for_key, primaries
-from pyqueue.keys import QueueKeys, check_name
-from pyqueue.queue import DEFAULT_KEEP_DONE_MS, DEFAULT_LEASE_MS, Queue, physical_queue
+from pyqueue.clients import Client, connect
+from pyqueue.discovery import logical_queues, open_queue
+from pyqueue.keys import check_name
+from pyqueue.queue import DEFAULT_KEEP_DONE_MS, DEFAULT_LEASE_MS
 from pyqueue.service import DEFAULT_EXPIRE_MS, DEFAULT_NAMESPACE, Services
 from pyqueue.worker import Worker
 
@@ -47,34 +48,6 @@ def table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
     lines = ["  ".join(c.rjust(w) if c.lstrip("-").isdigit() else c.ljust(w) for c, w in zip(r, widths)) for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(line.rstrip() for line in lines)
-
-
-def discover_queues(client: Client, prefix: str) -> list[str]:
-    """Queue names that have a counters hash under ``prefix``: a client-side SCAN of
-    every primary (of the one server, or of each primary of a cluster)."""
-    names = set()
-    for node in primaries(client):
-        for key in node.scan_iter(match=f"{prefix}:{{*}}:counters", count=1000):
-            text = key.decode() if isinstance(key, bytes) else str(key)
-            names.add(text[len(prefix) + 2 : text.rindex("}:counters")])
-    return sorted(names)
-
-
-def recorded_partitions(client: Client, name: str, prefix: str) -> int:
-    """The partition count recorded for queue ``name`` in Redis; 1 when none is."""
-    counters = QueueKeys(prefix, name).counters
-    recorded = node_for_key(client, counters).hget(counters, "partitions")
-    return int(recorded) if recorded else 1
-
-
-def open_queue(client: Client, name: str, prefix: str) -> Queue:
-    """The queue ``name`` with the partition count recorded for it in Redis, so admin
-    and producer commands need not be told; one partition ``<base>#<p>`` of a
-    partitioned queue as a queue of its own."""
-    base, sep, index = name.rpartition("#")
-    if sep and index.isdigit() and int(index) < recorded_partitions(client, base, prefix) > 1:
-        return physical_queue(name, client, prefix=prefix)
-    return Queue(name, client, prefix=prefix, partitions=recorded_partitions(client, name, prefix))
 
 
 def parse_partitions(values: Sequence[str] | None) -> dict[str, int]:
@@ -127,14 +100,9 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     client = connect(args.url)
-    names = args.queue or discover_queues(client, args.prefix)
-    queues = [open_queue(client, name, args.prefix) for name in names]
-    # A partitioned queue shows its sum, then one row per partition (found or not).
-    shown = {part.name for q in queues for part in getattr(q, "parts", [])}
     rows = []
-    for q in queues:
-        if q.name in shown:
-            continue
+    # A partitioned queue shows its sum, then one row per partition.
+    for q in logical_queues(client, args.prefix, args.queue):
         label = f"{q.name} ({q.partitions} partitions)" if q.partitions > 1 else q.name
         for name, s in [(label, q.stats())] + [(f"  {part.name}", part.stats()) for part in getattr(q, "parts", [])]:
             rows.append([name, s.ready, s.scheduled, s.leased, s.dead, s.done, _ms(s.lag_ms), s.enqueued, s.acked,
@@ -188,11 +156,7 @@ def _dead_everywhere(client: Client, prefix: str) -> int:
     """Dead letters per queue, for every queue of every primary (SCAN-based discovery),
     with the oldest one's error."""
     rows = []
-    queues = [open_queue(client, name, prefix) for name in discover_queues(client, prefix)]
-    partitions = {part.name for q in queues for part in getattr(q, "parts", [])}
-    for q in queues:
-        if q.name in partitions:
-            continue
+    for q in logical_queues(client, prefix):
         page = q.dead_list(0, 1)
         if page.total:
             oldest = page.jobs[0]
