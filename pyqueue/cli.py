@@ -165,6 +165,28 @@ def _dead_everywhere(client: Client, prefix: str) -> int:
     return 0
 
 
+def cmd_metrics(args: argparse.Namespace) -> int:
+    """Serve Prometheus metrics (pyqueue.metrics) on ``/metrics`` until SIGTERM/SIGINT."""
+    import signal
+    import threading
+
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from pyqueue.metrics import PyQueueCollector
+
+    registry = CollectorRegistry()
+    registry.register(PyQueueCollector(connect(args.url), queues=args.queue, prefix=args.prefix,
+                                       namespaces=[args.namespace]))
+    server, _thread = start_http_server(args.port, addr=args.bind, registry=registry)
+    print(f"serving pyqueue metrics on http://{args.bind}:{server.server_port}/metrics", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    server.shutdown()
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from pyqueue.demo import run_demo
 
@@ -225,6 +247,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=100)
     p.add_argument("--offset", type=int, default=0)
     p.set_defaults(func=cmd_dead)
+
+    p = sub.add_parser("metrics", help="serve Prometheus metrics on /metrics (needs pyqueue[metrics])")
+    p.add_argument("--port", type=int, default=9808, help="default 9808; 0 picks a free port")
+    p.add_argument("--bind", default="127.0.0.1", help="address to listen on (default 127.0.0.1: loopback only)")
+    p.add_argument("-q", "--queue", action="append", help="only these queues (default: every queue found at each scrape)")
+    p.set_defaults(func=cmd_metrics)
 
     p = sub.add_parser("demo", help="the main job: workers drain two queues while one is killed")
     p.add_argument("--jobs", type=int, default=3000)

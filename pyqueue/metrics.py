@@ -1,0 +1,118 @@
+"""Prometheus metrics from what the scripts already count.
+
+:class:`PyQueueCollector` is a custom collector (prometheus_client): at every scrape it
+runs ``stats`` once per queue (lua/stats.lua, one atomic read of the queue's counters
+and state counts) and lists each service namespace's workers, so a scrape costs
+O(queues) script calls, never O(jobs), and there is no second set of counters to keep
+in sync. An app that already serves ``/metrics`` adds pyqueue's with::
+
+    from prometheus_client import REGISTRY
+    from pyqueue.metrics import PyQueueCollector
+    REGISTRY.register(PyQueueCollector(redis_client))
+
+and ``pyqueue metrics --port 9808`` serves them alone. Needs the ``metrics`` extra
+(``pip install "pyqueue[metrics]"``).
+
+Per queue (label ``queue``; a partitioned queue once, summed over its partitions):
+every script-kept counter as a counter (``pyqueue_<name>_total``: enqueued, duplicates,
+leased, acked, nacked, promoted, reclaimed, scrubbed, released, dead, replayed, purged);
+the jobs in each state as a gauge (``pyqueue_jobs{state=ready|scheduled|leased|dead|
+done}``); due-but-unpromoted jobs and expired leases; the lag of the oldest due job in
+seconds; the partition count. Per service namespace (label ``namespace``): the live
+workers and those stopping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from pyqueue.clients import Client, bytes_client
+from pyqueue.discovery import logical_queues
+from pyqueue.queue import DEFAULT_PREFIX
+from pyqueue.service import DEFAULT_NAMESPACE, Services
+
+#: Counter name (without _total) -> the Stats field it comes from, and its help text.
+COUNTERS: dict[str, tuple[str, str]] = {
+    "enqueued": ("enqueued", "jobs added by enqueue"),
+    "duplicates": ("duplicates", "enqueues skipped as duplicates (existing or tombstoned id)"),
+    "leased": ("leased_total", "leases handed out"),
+    "acked": ("acked", "leases completed by an ack answered OK"),
+    "nacked": ("nacked", "leases failed by nack"),
+    "promoted": ("promoted", "scheduled jobs moved to ready"),
+    "reclaimed": ("reclaimed", "expired leases ended by maintenance"),
+    "scrubbed": ("scrubbed", "leases of dead services ended"),
+    "released": ("released", "leases given back without penalty"),
+    "dead": ("dead_total", "jobs that entered the dead letters"),
+    "replayed": ("replayed", "dead jobs replayed to ready"),
+    "purged": ("purged", "dead jobs deleted"),
+}
+#: The ``state`` label of pyqueue_jobs -> the Stats field.
+STATES = ("ready", "scheduled", "leased", "dead", "done")
+
+
+class PyQueueCollector(Collector):
+    """Reads pyqueue's state at scrape time (see the module docstring).
+
+    Args:
+        redis: a client of the queues' server or cluster.
+        queues: the queues to report; default every queue found at each scrape (a
+            SCAN of every primary: O(keys), ten keys per queue at most). Name them when
+            the client may not SCAN (a least-privilege ACL user).
+        prefix: the key prefix.
+        namespaces: the service namespaces whose workers to count.
+        services_redis: the namespaces' server, when it is not ``redis``.
+    """
+
+    def __init__(
+        self,
+        redis: Client,
+        *,
+        queues: Sequence[str] | None = None,
+        prefix: str = DEFAULT_PREFIX,
+        namespaces: Sequence[str] = (DEFAULT_NAMESPACE,),
+        services_redis: Client | None = None,
+    ) -> None:
+        self.redis = bytes_client(redis)
+        self.queue_names = list(queues) if queues else None
+        self.prefix = prefix
+        self.services = [
+            Services(services_redis if services_redis is not None else self.redis, namespace=ns, prefix=prefix)
+            for ns in namespaces
+        ]
+
+    def collect(self) -> Iterator[Metric]:
+        counters = {
+            name: CounterMetricFamily(f"pyqueue_{name}", help_text, labels=["queue"])
+            for name, (_, help_text) in COUNTERS.items()
+        }
+        jobs = GaugeMetricFamily("pyqueue_jobs", "jobs in each state (done: acked ids still tombstoned)",
+                                 labels=["queue", "state"])
+        due = GaugeMetricFamily("pyqueue_due_jobs", "scheduled jobs already due, not yet promoted", labels=["queue"])
+        expired = GaugeMetricFamily("pyqueue_expired_leases", "leases past their deadline, not yet reclaimed",
+                                    labels=["queue"])
+        lag = GaugeMetricFamily("pyqueue_lag_seconds", "how long the oldest due job has been waiting",
+                                labels=["queue"])
+        partitions = GaugeMetricFamily("pyqueue_partitions", "partitions of the queue", labels=["queue"])
+        for q in logical_queues(self.redis, self.prefix, self.queue_names):
+            stats = q.stats()
+            for name, (field, _) in COUNTERS.items():
+                counters[name].add_metric([q.name], getattr(stats, field))
+            for state in STATES:
+                jobs.add_metric([q.name, state], getattr(stats, state))
+            due.add_metric([q.name], stats.due)
+            expired.add_metric([q.name], stats.expired)
+            lag.add_metric([q.name], stats.lag_ms / 1000)
+            partitions.add_metric([q.name], q.partitions)
+        yield from counters.values()
+        yield from (jobs, due, expired, lag, partitions)
+
+        workers = GaugeMetricFamily("pyqueue_workers", "registered workers by state (alive, stopping)",
+                                    labels=["namespace", "state"])
+        for services in self.services:
+            listed = [info for info in services.list() if info.alive]
+            workers.add_metric([services.namespace, "alive"], sum(1 for i in listed if not i.stopping))
+            workers.add_metric([services.namespace, "stopping"], sum(1 for i in listed if i.stopping))
+        yield workers
