@@ -240,6 +240,10 @@ def test_the_demo_passes_on_the_cluster(redis_cluster: RedisClusterProcesses) ->
 
 def test_wait_replicas_confirms_writes_and_says_when_too_few_replicas_did(cluster: RedisCluster) -> None:
     (name,) = on_distinct_primaries(cluster, 1)
+    # A cluster just created may still be syncing its replicas: wait for the link.
+    primary = cluster.get_node_from_key(f"pq:{{{name}}}:jobs").redis_connection
+    wait_until(lambda: primary.info("replication").get("connected_slaves", 0) >= 1
+               and "online" in str(primary.info("replication").get("slave0", "")), 30, "the replica did not sync")
     q = Queue(name, cluster, wait_replicas=1)  # each primary has one replica
     assert q.enqueue(b"", job_id="a").added
     (job,) = q.lease()
