@@ -280,8 +280,7 @@ class PartitionedQueue(Queue):
         self._ready()
         each = [part.peek(now_ms=now_ms) for part in self.parts] if now_ms is not None else peek_many(self.parts)
         due = [p.next_due_ms for p in each if p.next_due_ms >= 0]
-        ready_first = min(each, key=lambda p: p.now_ms)
-        return Peeked(ready_first.now_ms, sum(p.ready for p in each), min(due) if due else -1)
+        return Peeked(min(p.now_ms for p in each), sum(p.ready for p in each), min(due) if due else -1)
 
     def dead_list(self, offset: int = 0, limit: int = 100) -> DeadPage:
         """One page of DEAD over all partitions, oldest first (merged by time of death;
