@@ -187,9 +187,29 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    """Serve the web dashboard (pyqueue.dashboard) until SIGTERM/SIGINT."""
+    from pyqueue.dashboard import require_web_stack
+
+    require_web_stack()  # before anything else: name the missing extra, not a traceback
+    from pyqueue.dashboard.server import serve_until_signalled
+
+    return serve_until_signalled(
+        connect(args.url), url=args.url, host=args.bind, port=args.port, prefix=args.prefix, queues=args.queue,
+        namespaces=args.workers_namespace or [args.namespace], token=args.token or None,
+        show_payloads=args.show_payloads, every_s=args.sample_s, history_s=args.history_s,
+    )
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from pyqueue.demo import run_demo
 
+    if args.dashboard:
+        from pyqueue.dashboard import require_web_stack
+
+        require_web_stack()
+        return run_demo(url=args.url, prefix=args.prefix, jobs=args.jobs, workers=args.workers,
+                        dashboard_port=args.dashboard_port)
     return run_demo(url=args.url, prefix=args.prefix, jobs=args.jobs, workers=args.workers)
 
 
@@ -254,9 +274,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--queue", action="append", help="only these queues (default: every queue found at each scrape)")
     p.set_defaults(func=cmd_metrics)
 
+    p = sub.add_parser("dashboard", help="serve the web dashboard (needs pyqueue[dashboard])")
+    p.add_argument("--port", type=int, default=8080, help="default 8080; 0 picks a free port")
+    p.add_argument("--bind", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: loopback only; anything else needs --token)")
+    p.add_argument("--token", default=os.environ.get("PYQUEUE_DASHBOARD_TOKEN", ""),
+                   help="required of every request: HTTP Basic password (any user name) or Bearer token; "
+                        "at least 16 characters (env PYQUEUE_DASHBOARD_TOKEN, which keeps it out of ps)")
+    p.add_argument("--show-payloads", action="store_true",
+                   help="show dead letters' payloads (hidden by default: they may hold personal data)")
+    p.add_argument("-q", "--queue", action="append", help="only these queues (default: every queue found)")
+    p.add_argument("--workers-namespace", action="append", metavar="NS",
+                   help="service namespaces whose workers to show (repeat; default: --namespace)")
+    p.add_argument("--sample-s", type=float, default=5.0, help="seconds between history points (default 5)")
+    p.add_argument("--history-s", type=float, default=600.0, help="seconds of history to keep (default 600)")
+    p.set_defaults(func=cmd_dashboard)
+
     p = sub.add_parser("demo", help="the main job: workers drain two queues while one is killed")
     p.add_argument("--jobs", type=int, default=3000)
     p.add_argument("--workers", type=int, default=3)
+    p.add_argument("--dashboard", action="store_true",
+                   help="serve the dashboard on 127.0.0.1 while the demo runs, and after it until Ctrl-C "
+                        "(needs pyqueue[dashboard])")
+    p.add_argument("--dashboard-port", type=int, default=8080, help="the dashboard's port (default 8080; 0: any)")
     p.set_defaults(func=cmd_demo)
     return parser
 

@@ -75,8 +75,12 @@ class _Say:
             self.last_bar = pct
 
 
-def run_demo(*, url: str = "embedded", prefix: str = "pq", jobs: int = 3000, workers: int = 3) -> int:
-    """Run the demo; returns 0 if every check passed."""
+def run_demo(
+    *, url: str = "embedded", prefix: str = "pq", jobs: int = 3000, workers: int = 3, dashboard_port: int | None = None
+) -> int:
+    """Run the demo; returns 0 if every check passed. ``dashboard_port``: also serve the
+    dashboard there (on 127.0.0.1) from before the first enqueue until Ctrl-C after the
+    end, so its charts hold the whole run (needs the ``dashboard`` extra)."""
     global _client
     say = _Say()
     client = connect(url)
@@ -90,6 +94,12 @@ def run_demo(*, url: str = "embedded", prefix: str = "pq", jobs: int = 3000, wor
     workers = max(2, workers)
 
     say.line(f"pyqueue demo on {'the embedded fakeredis' if url == 'embedded' else url}")
+    dashboard = None
+    if dashboard_port is not None:
+        from pyqueue.dashboard.server import start_demo_dashboard
+
+        dashboard = start_demo_dashboard(client, url=url, prefix=prefix, queues=QUEUES, namespace=NAMESPACE,
+                                         port=dashboard_port, say=say.line)
     split = {QUEUES[0]: jobs * 2 // 3, QUEUES[1]: jobs - jobs * 2 // 3}
     for q in queues:
         batch = [NewJob(f'{{"n":{i}}}', job_id=f"{q.name}-{i}") for i in range(split[q.name])]
@@ -161,6 +171,8 @@ def run_demo(*, url: str = "embedded", prefix: str = "pq", jobs: int = 3000, wor
     say.line("")
     for text, ok in checks:
         say.line(f"  [{'ok' if ok else 'FAILED'}] {text}")
+    if dashboard is not None:
+        dashboard.linger(say.line)
     return 0 if all(ok for _, ok in checks) else 1
 
 

@@ -1,0 +1,41 @@
+"""The web dashboard (``pyqueue dashboard``): queues with their counts and charts of
+throughput, lag and backlog over the last minutes, the registered workers, and dead
+letters to read, replay and purge. A client like any other (DESIGN §12): it calls the
+same driver verbs as the CLI, serves its own assets from this package (no CDN), binds
+loopback by default and asks for a token elsewhere, protects actions with CSRF tokens,
+and shows payloads only when started with ``--show-payloads``.
+
+Needs the ``dashboard`` extra (``pip install "pyqueue[dashboard]"``): Starlette, Jinja2
+and uvicorn. Importing this package does not import them; :func:`require_web_stack`
+says clearly what is missing.
+
+* :mod:`.history` -- the sampler and its ring buffer (no web framework);
+* :mod:`.security` -- bind, token, Host and CSRF rules (no web framework);
+* :mod:`.app` -- the Starlette app and its actions table;
+* :mod:`.server` -- uvicorn in a thread, and ``pyqueue dashboard``.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from pyqueue.errors import PyQueueError
+
+#: The packages of the ``dashboard`` extra, by import name.
+WEB_STACK = ("starlette", "jinja2", "uvicorn")
+
+
+def require_web_stack() -> None:
+    """Raise a :class:`~pyqueue.errors.PyQueueError` naming the extra if any package
+    of the web stack cannot be imported."""
+    missing = []
+    for name in WEB_STACK:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise PyQueueError(
+            f"the dashboard needs the dashboard extra (missing: {', '.join(missing)}): "
+            "pip install \"pyqueue[dashboard]\""
+        )

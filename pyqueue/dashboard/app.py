@@ -1,0 +1,419 @@
+"""The dashboard's web layer: a Starlette app, thin over the driver's verbs.
+
+Routes (all relative, so the app also works behind a proxy under a path prefix):
+
+=====================================================  ==========================================
+``GET /``                                              the page, with the first data inlined
+``GET /api/overview?since=<ms>``                       queues (stats), workers, history after ``since``
+``GET /api/queues/<queue>/dead?offset=&limit=``        one page of dead letters (``Queue.dead_list``)
+``POST /api/queues/<queue>/actions/<action>``          one entry of :data:`ACTIONS` (JSON body)
+``GET /static/...``                                    the page's own CSS, JS and icon
+=====================================================  ==========================================
+
+Every state change is a row of :data:`ACTIONS`: a name, whether it takes job ids, and
+the driver call. Job control (``Queue.pause``, ``resume``, ``cancel``) is to be one row
+each, plus a button in ``static/dashboard.js``; a job lookup by id one ``GET`` route.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import redis as redis_lib
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.middleware import Middleware
+from starlette.middleware.gzip import GZipMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from pyqueue.clients import Client
+from pyqueue.dashboard.history import SERIES, Point, Sampler, Snapshot
+from pyqueue.dashboard.security import (
+    CSRF_COOKIE,
+    CSRF_HEADER,
+    REALM,
+    Csrf,
+    authorized,
+    host_name,
+    same_origin,
+)
+from pyqueue.errors import InvalidArgument, PyQueueError
+from pyqueue.queue import Queue
+
+HERE = Path(__file__).resolve().parent
+#: Dead letters per page, and the most one request may ask for.
+DEAD_PAGE, DEAD_PAGE_MAX = 50, 500
+#: Error text and payload shown per dead letter (the page is for reading, not export).
+TEXT_LIMIT = 4096
+#: Ids one action may name (the scripts take at most 1,000 per call).
+MAX_IDS = 1000
+#: "All" replays or purges in batches of this many, for at most this long per request.
+ALL_BATCH, ALL_SECONDS = 500, 20.0
+
+#: Sent with every response. No inline script or style is needed: the first data is a
+#: JSON block the script reads, and charts are SVG drawn through the DOM.
+SECURITY_HEADERS = {
+    "content-security-policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+        "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+    ),
+    "x-content-type-options": "nosniff",
+    "x-frame-options": "DENY",
+    "referrer-policy": "no-referrer",
+}
+
+
+@dataclass(frozen=True)
+class DashboardConfig:
+    """How a dashboard reads and what it allows.
+
+    Args:
+        redis: a client of the queues' server or cluster.
+        prefix: the key prefix.
+        queues: only these queues (default: every queue found).
+        namespaces: the service namespaces whose workers to show.
+        token: required of every request when set (see :mod:`.security`).
+        show_payloads: show dead letters' payloads (they may hold personal data).
+        allowed_hosts: Host header names to answer (None: any; a loopback-bound
+            dashboard gets the loopback names, see :func:`.security.loopback_hosts`).
+        every_s, history_s: history sampling period and length (see :class:`Sampler`).
+        poll_s: how often the page asks for new data.
+        fresh_s: a poll reuses a snapshot younger than this (tests: 0, read anew).
+        label: what the page says it is connected to (a URL without credentials).
+    """
+
+    redis: Client
+    prefix: str = "pq"
+    queues: Sequence[str] | None = None
+    namespaces: Sequence[str] = ("workers",)
+    token: str | None = None
+    show_payloads: bool = False
+    allowed_hosts: frozenset[str] | None = None
+    every_s: float = 5.0
+    history_s: float = 600.0
+    poll_s: float = 2.0
+    fresh_s: float = 1.0
+    label: str = ""
+
+
+# -- actions ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Action:
+    """A state change the page may ask for: one driver verb on one queue.
+
+    ``run(queue, ids)`` gets the ids the request named, or None for "every job" (only
+    when ``takes_ids``; an action without ids gets None), and returns how many jobs it
+    changed."""
+
+    name: str
+    takes_ids: bool
+    run: Callable[[Queue, list[str] | None], tuple[int, bool]]
+    #: The page's message: "<count> <done>".
+    done: str
+
+
+def _some_or_all(verb: str) -> Callable[[Queue, list[str] | None], tuple[int, bool]]:
+    """The dead-letter verb ``verb`` (looked up on the queue, so a partitioned queue's
+    own runs) on the ids given, or on every dead job: batches of
+    :data:`ALL_BATCH` oldest first until none is left, for at most :data:`ALL_SECONDS`
+    (then ``more`` is true and the page says so). Returns (count, more)."""
+
+    def run(queue: Queue, ids: list[str] | None) -> tuple[int, bool]:
+        call: Callable[..., int] = getattr(queue, verb)
+        if ids is not None:
+            return call(ids), False
+        total, deadline = 0, time.monotonic() + ALL_SECONDS
+        while time.monotonic() < deadline:
+            moved = call(None, limit=ALL_BATCH)
+            total += moved
+            if moved == 0:
+                return total, False
+        return total, True
+
+    return run
+
+
+ACTIONS: dict[str, Action] = {
+    action.name: action
+    for action in (
+        Action("dead_replay", True, _some_or_all("dead_replay"), "replayed"),
+        Action("dead_purge", True, _some_or_all("dead_purge"), "purged"),
+        # Job control, when the driver has it, is one row each, e.g.:
+        # Action("pause", False, lambda q, _: (int(q.pause()), False), "paused"),
+        # Action("cancel", True, lambda q, ids: (sum(...q.cancel(i)...), False), "cancelled"),
+    )
+}
+
+
+# -- JSON shapes -----------------------------------------------------------------------
+
+
+def overview(snapshot: Snapshot, points: list[Point]) -> dict[str, Any]:
+    """The page's data: every queue's stats (summed over partitions) and throughput,
+    the workers, and the history points given, column by column."""
+    queues = []
+    for row in snapshot.queues:
+        stats = dataclasses.asdict(row.stats)
+        del stats["now_ms"]
+        queues.append({"name": row.name, "partitions": row.partitions, **stats,
+                       "acked_per_s": round(row.acked_per_s, 3)})
+    workers = [
+        {
+            "namespace": w.namespace, "id": w.info.id,
+            "state": ("stopping" if w.info.stopping else "alive") if w.info.alive else "dead",
+            "host": w.info.host, "pid": w.info.pid, "queues": w.info.queues,
+            "started_ms": w.info.started_ms, "renewed_ms": w.info.renewed_ms, "expires_ms": w.info.expires_ms,
+        }
+        for w in snapshot.workers
+    ]
+    names = sorted({name for p in points for name in p.values})
+    history = {
+        "t": [p.t_ms for p in points],
+        "series": list(SERIES),
+        "queues": {
+            name: {s: [p.values[name][i] if name in p.values else None for p in points] for i, s in enumerate(SERIES)}
+            for name in names
+        },
+    }
+    return {"now_ms": snapshot.now_ms, "error": snapshot.error, "queues": queues, "workers": workers,
+            "history": history}
+
+
+def _clip(text: str) -> tuple[str, bool]:
+    return (text[:TEXT_LIMIT], True) if len(text) > TEXT_LIMIT else (text, False)
+
+
+def dead_page(queue: Queue, offset: int, limit: int, show_payloads: bool) -> dict[str, Any]:
+    """One page of a queue's dead letters; payloads only when the dashboard shows them."""
+    page = queue.dead_list(offset, limit)
+    jobs = []
+    for job in page.jobs:
+        error, error_cut = _clip(job.error)
+        item: dict[str, Any] = {"id": job.id, "dead_ms": job.dead_ms, "attempts": job.attempts,
+                                "max_attempts": job.max_attempts, "error": error, "error_truncated": error_cut,
+                                "payload_bytes": len(job.payload)}
+        if show_payloads:
+            item["payload"], item["payload_truncated"] = _clip(job.payload[: TEXT_LIMIT + 1].decode("utf-8", "replace"))
+        jobs.append(item)
+    return {"queue": queue.name, "total": page.total, "offset": offset, "limit": limit, "jobs": jobs}
+
+
+# -- the request guard -------------------------------------------------------------------
+
+
+class Guard:
+    """ASGI middleware in front of everything: answers only allowed Host names, asks
+    every request for the token when there is one (401 with a Basic challenge, so a
+    browser prompts), records how the request authenticated (``scope["state"]["auth"]``)
+    and adds :data:`SECURITY_HEADERS` to every response."""
+
+    def __init__(self, app: ASGIApp, *, token: str | None, allowed_hosts: frozenset[str] | None) -> None:
+        self.app = app
+        self.token = token
+        self.allowed_hosts = allowed_hosts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+
+        async def send_secured(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                out = MutableHeaders(scope=message)
+                for name, value in SECURITY_HEADERS.items():
+                    out.setdefault(name, value)
+            await send(message)
+
+        refusal: Response | None = None
+        auth = "none"
+        if self.allowed_hosts is not None and host_name(headers.get("host", "")) not in self.allowed_hosts:
+            refusal = PlainTextResponse("unknown Host header (this dashboard answers loopback names only)", 400)
+        elif self.token is not None:
+            how = authorized(self.token, headers.get("authorization"))
+            if how is None:
+                refusal = PlainTextResponse(
+                    "the dashboard token is required (HTTP Basic: any user, the token as password; or "
+                    "Authorization: Bearer <token>)", 401,
+                    headers={"www-authenticate": f'Basic realm="{REALM}", charset="UTF-8"'},
+                )
+            else:
+                auth = how
+        if refusal is not None:
+            await refusal(scope, receive, send_secured)
+            return
+        scope.setdefault("state", {})["auth"] = auth
+        await self.app(scope, receive, send_secured)
+
+
+# -- the app ---------------------------------------------------------------------------
+
+
+def _json_error(message: str, status: int) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidArgument(f"{name} must be an integer, got {raw!r}") from None
+    if not lo <= value <= hi:
+        raise InvalidArgument(f"{name} must be in {lo}..{hi}, got {value}")
+    return value
+
+
+def _handles_errors(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    """Driver errors as JSON: a refused argument is the caller's (400), an unreachable
+    Redis is not (503)."""
+
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except InvalidArgument as exc:
+            return _json_error(str(exc), 400)
+        except (PyQueueError, redis_lib.RedisError) as exc:
+            return _json_error(f"{type(exc).__name__}: {exc}", 503)
+
+    return wrapped
+
+
+def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> Starlette:
+    """The dashboard as an ASGI app. Its lifespan starts and stops the sampler thread
+    (``sampler``: one made already, e.g. with a shorter period for a test)."""
+    sampler = sampler or Sampler(config.redis, prefix=config.prefix, queues=config.queues,
+                                 namespaces=config.namespaces, every_s=config.every_s, history_s=config.history_s,
+                                 fresh_s=config.fresh_s)
+    csrf = Csrf()
+    templates = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True, undefined=jinja2.StrictUndefined
+    )
+    page_template = templates.get_template("index.html")
+
+    def queue_or_404(name: str) -> Queue:
+        queue = sampler.queue(name)
+        if queue is None:
+            raise LookupError(name)
+        return queue
+
+    async def page(request: Request) -> Response:
+        cookie = request.cookies.get(CSRF_COOKIE)
+        token = cookie if cookie and csrf.signed(cookie) else csrf.new_token()
+        snapshot = await run_in_threadpool(sampler.snapshot)
+        points = await run_in_threadpool(sampler.history)
+        initial = {
+            "overview": overview(snapshot, points),
+            "config": {"poll_ms": int(config.poll_s * 1000), "history_ms": int(config.history_s * 1000),
+                       "show_payloads": config.show_payloads, "actions": sorted(ACTIONS),
+                       "dead_page": DEAD_PAGE, "label": config.label, "prefix": config.prefix},
+        }
+        html = page_template.render(initial=initial, csrf_token=token, label=config.label)
+        response = HTMLResponse(html, headers={"cache-control": "no-store"})
+        response.set_cookie(CSRF_COOKIE, token, httponly=True, samesite="strict", path="/",
+                            secure=request.url.scheme == "https")
+        return response
+
+    @_handles_errors
+    async def api_overview(request: Request) -> Response:
+        since = _int_param(request, "since", -1, -1, 2**53)
+        snapshot = await run_in_threadpool(sampler.snapshot)
+        points = await run_in_threadpool(sampler.history, since)
+        return JSONResponse(overview(snapshot, points), headers={"cache-control": "no-store"})
+
+    @_handles_errors
+    async def api_dead(request: Request) -> Response:
+        offset = _int_param(request, "offset", 0, 0, 2**31)
+        limit = _int_param(request, "limit", DEAD_PAGE, 1, DEAD_PAGE_MAX)
+        try:
+            queue = await run_in_threadpool(queue_or_404, request.path_params["queue"])
+        except LookupError:
+            return _json_error(f"no queue {request.path_params['queue']!r}", 404)
+        body = await run_in_threadpool(dead_page, queue, offset, limit, config.show_payloads)
+        return JSONResponse(body, headers={"cache-control": "no-store"})
+
+    @_handles_errors
+    async def api_action(request: Request) -> Response:
+        # Authentication happened in Guard; what is left is whether this browser meant it.
+        if request.scope.get("state", {}).get("auth") != "bearer":
+            if not same_origin(request.headers.get("origin"), request.headers.get("host")):
+                return _json_error("cross-origin request refused", 403)
+            if not csrf.check(request.cookies.get(CSRF_COOKIE), request.headers.get(CSRF_HEADER)):
+                return _json_error("missing or invalid CSRF token (reload the page)", 403)
+        if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+            return _json_error("send the action as application/json", 415)
+        action = ACTIONS.get(request.path_params["action"])
+        if action is None:
+            return _json_error(f"no action {request.path_params['action']!r}", 404)
+        try:
+            body = json.loads(await request.body() or b"{}")
+        except ValueError:
+            return _json_error("the body is not JSON", 400)
+        ids = _action_ids(action, body)
+        try:
+            queue = await run_in_threadpool(queue_or_404, request.path_params["queue"])
+        except LookupError:
+            return _json_error(f"no queue {request.path_params['queue']!r}", 404)
+        count, more = await run_in_threadpool(action.run, queue, ids)
+        sampler.invalidate()
+        return JSONResponse({"action": action.name, "queue": queue.name, "count": count, "more": more,
+                             "message": f"{count} {action.done}" + (" (more remain: ask again)" if more else "")})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        sampler.start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(sampler.stop)
+
+    app = Starlette(
+        routes=[
+            Route("/", page),
+            Route("/api/overview", api_overview),
+            Route("/api/queues/{queue:path}/dead", api_dead),
+            Route("/api/queues/{queue:path}/actions/{action}", api_action, methods=["POST"]),
+            Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+        ],
+        middleware=[
+            Middleware(Guard, token=config.token, allowed_hosts=config.allowed_hosts),
+            Middleware(GZipMiddleware, minimum_size=1000),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.sampler = sampler
+    app.state.config = config
+    return app
+
+
+def _action_ids(action: Action, body: object) -> list[str] | None:
+    """The ids a request names: ``{"ids": [...]}`` (1..1000 strings) or ``{"all":
+    true}`` (None). Actions that take no ids get None."""
+    if not action.takes_ids:
+        return None
+    if not isinstance(body, dict):
+        raise InvalidArgument('send {"ids": [...]} or {"all": true}')
+    ids, every = body.get("ids"), body.get("all")
+    if every is True and ids is None:
+        return None
+    if every not in (None, False) or not isinstance(ids, list) or not 1 <= len(ids) <= MAX_IDS \
+            or not all(isinstance(i, str) for i in ids):
+        raise InvalidArgument(f'send {{"ids": [1..{MAX_IDS} job ids]}} or {{"all": true}}')
+    return ids

@@ -1,0 +1,431 @@
+// The pyqueue dashboard page: renders the JSON the server inlined, then polls
+// api/overview for new figures and history points. No library: tables are built with
+// the DOM (text only, never innerHTML, since error texts and payloads come from
+// whoever wrote the jobs), charts are SVG drawn here. Actions are POSTs of JSON with
+// the CSRF token of the page's <meta>.
+(function () {
+  "use strict";
+
+  const initial = JSON.parse(document.getElementById("initial").textContent);
+  const config = initial.config;
+  const csrfToken = document.querySelector('meta[name="csrf-token"]').content;
+  const SVG = "http://www.w3.org/2000/svg";
+  const COLORS = ["#2f6fdb", "#e07b00", "#1a9a5b", "#c23b73", "#7a4fc9", "#8a6d1d", "#0e8a9a", "#d4452f"];
+  const MAX_LINES = 6;
+
+  const state = {
+    overview: null,
+    history: { t: [], queues: {} },
+    clockOffset: 0,        // server ms - browser ms, so ages use the server's clock
+    focus: null,           // a queue name: charts show it alone
+    deadQueue: null,
+    deadOffset: 0,
+    deadTotal: -1,
+    deadSelected: new Set(),
+    pollTimer: null,
+  };
+
+  // -- small helpers -----------------------------------------------------------------
+
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(attrs || {})) {
+      if (key === "class") node.className = value;
+      else if (key === "text") node.textContent = value;
+      else if (key.startsWith("data-")) node.setAttribute(key, value);
+      else node[key] = value;
+    }
+    for (const child of children) node.append(child);
+    return node;
+  }
+
+  function svg(tag, attrs) {
+    const node = document.createElementNS(SVG, tag);
+    for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, String(value));
+    return node;
+  }
+
+  function serverNow() { return Date.now() + state.clockOffset; }
+
+  function fmtInt(n) { return Number(n).toLocaleString("en-US"); }
+
+  function fmtMs(ms) {
+    if (ms < 1000) return ms + " ms";
+    if (ms < 60000) return (ms / 1000).toFixed(ms < 10000 ? 1 : 0) + " s";
+    if (ms < 3600000) return Math.round(ms / 60000) + " min";
+    if (ms < 172800000) return (ms / 3600000).toFixed(1) + " h";
+    return Math.round(ms / 86400000) + " d";
+  }
+
+  function fmtRate(r) { return r === 0 ? "0" : r < 10 ? r.toFixed(2) : r < 100 ? r.toFixed(1) : fmtInt(Math.round(r)); }
+
+  function ago(ms) {
+    if (!ms) return { text: "–", title: "" };
+    const age = Math.max(0, serverNow() - ms);
+    return { text: fmtMs(age) + " ago", title: new Date(ms).toISOString() };
+  }
+
+  function api(path) { return "api/" + path; }
+
+  function queuePath(name) { return "queues/" + encodeURIComponent(name); }
+
+  function setBanner(text) {
+    const banner = document.getElementById("banner");
+    banner.textContent = text || "";
+    banner.hidden = !text;
+  }
+
+  // -- history -----------------------------------------------------------------------
+
+  function mergeHistory(incoming) {
+    const h = state.history;
+    const series = incoming.series;
+    const before = h.t.length;
+    const fresh = [];
+    incoming.t.forEach((t, i) => { if (!before || t > h.t[before - 1]) fresh.push(i); });
+    if (!fresh.length) return;
+    for (const i of fresh) h.t.push(incoming.t[i]);
+    const names = new Set([...Object.keys(h.queues), ...Object.keys(incoming.queues)]);
+    for (const name of names) {
+      const mine = h.queues[name] || (h.queues[name] = Object.fromEntries(series.map((s) => [s, new Array(before).fill(null)])));
+      const theirs = incoming.queues[name];
+      for (const s of series) for (const i of fresh) mine[s].push(theirs ? theirs[s][i] : null);
+    }
+    // Keep the server's window: drop points older than the history length.
+    const cutoff = h.t[h.t.length - 1] - config.history_ms;
+    let drop = 0;
+    while (drop < h.t.length && h.t[drop] < cutoff) drop++;
+    if (drop) {
+      h.t.splice(0, drop);
+      for (const q of Object.values(h.queues)) for (const s of series) q[s].splice(0, drop);
+    }
+  }
+
+  // Per queue, the points of one chart: [t, value] pairs (null where unknown).
+  function seriesFor(metric, name) {
+    const h = state.history, q = h.queues[name];
+    if (!q) return [];
+    if (metric === "throughput") {
+      const out = [];
+      for (let i = 1; i < h.t.length; i++) {
+        const a = q.acked[i], b = q.acked[i - 1], dt = h.t[i] - h.t[i - 1];
+        out.push([h.t[i], a === null || b === null || dt <= 0 ? null : Math.max(0, a - b) * 1000 / dt]);
+      }
+      return out;
+    }
+    const key = metric === "lag" ? "lag_ms" : "ready";
+    const scale = metric === "lag" ? 1 / 1000 : 1;
+    return h.t.map((t, i) => [t, q[key][i] === null ? null : q[key][i] * scale]);
+  }
+
+  // -- charts ------------------------------------------------------------------------
+
+  function niceMax(v) {
+    if (v <= 0) return 1;
+    const p = Math.pow(10, Math.floor(Math.log10(v)));
+    for (const m of [1, 2, 2.5, 5, 10]) if (m * p >= v) return m * p;
+    return 10 * p;
+  }
+
+  function fmtAxis(v) { return v >= 1000 ? fmtInt(Math.round(v)) : Number(v.toPrecision(3)).toString(); }
+
+  function drawChart(figure) {
+    const metric = figure.dataset.metric;
+    const box = figure.querySelector("svg");
+    const legend = figure.querySelector(".legend");
+    const width = Math.max(240, box.clientWidth || 360), height = 150;
+    const pad = { left: 44, right: 8, top: 8, bottom: 20 };
+    box.setAttribute("viewBox", `0 0 ${width} ${height}`);
+    box.replaceChildren();
+    legend.replaceChildren();
+
+    const names = state.focus ? [state.focus] : Object.keys(state.history.queues);
+    let lines = names.map((name) => {
+      const pts = seriesFor(metric, name);
+      const peak = pts.reduce((m, p) => (p[1] !== null && p[1] > m ? p[1] : m), 0);
+      return { name, pts, peak };
+    });
+    lines.sort((a, b) => b.peak - a.peak || a.name.localeCompare(b.name));
+    const hidden = Math.max(0, lines.length - MAX_LINES);
+    lines = lines.slice(0, MAX_LINES);
+
+    // The window is the history there is (at least a minute, at most the server's
+    // length), so a dashboard started a moment ago does not draw a spike at the edge.
+    const ts = state.history.t;
+    const t1 = ts.length ? ts[ts.length - 1] : serverNow();
+    const span = Math.min(config.history_ms, Math.max(60000, ts.length ? t1 - ts[0] : 0));
+    const t0 = t1 - span;
+    const top = niceMax(Math.max(0, ...lines.map((l) => l.peak)));
+    const x = (t) => pad.left + (width - pad.left - pad.right) * (t - t0) / (t1 - t0 || 1);
+    const y = (v) => height - pad.bottom - (height - pad.top - pad.bottom) * v / top;
+
+    for (const frac of [0, 0.5, 1]) {
+      const yy = y(top * frac);
+      box.append(svg("line", { x1: pad.left, x2: width - pad.right, y1: yy, y2: yy, class: "grid" }));
+      const label = svg("text", { x: pad.left - 4, y: yy + 3, class: "axis", "text-anchor": "end" });
+      label.textContent = fmtAxis(top * frac);
+      box.append(label);
+    }
+    for (const [t, text, anchor] of [[t0, "-" + fmtMs(span), "start"], [t1, "now", "end"]]) {
+      const label = svg("text", { x: x(t), y: height - 5, class: "axis", "text-anchor": anchor });
+      label.textContent = text;
+      box.append(label);
+    }
+
+    lines.forEach((line) => {
+      const color = colorOf(line.name);
+      let d = "", pen = false;
+      for (const [t, v] of line.pts) {
+        if (v === null || t < t0) { pen = false; continue; }
+        d += (pen ? "L" : "M") + x(t).toFixed(1) + "," + y(v).toFixed(1);
+        pen = true;
+      }
+      if (d) box.append(svg("path", { d, stroke: color, class: "line" }));
+      const swatch = el("span", { class: "swatch" });
+      swatch.style.background = color;
+      legend.append(el("li", { title: line.name }, swatch, line.name));
+    });
+    if (hidden) legend.append(el("li", { class: "more", text: `+${hidden} quieter` }));
+    if (!lines.length) legend.append(el("li", { class: "more", text: "no history yet" }));
+  }
+
+  // One colour per queue on every chart: its place among all queue names.
+  function colorOf(name) {
+    const names = Object.keys(state.history.queues).sort();
+    return COLORS[Math.max(0, names.indexOf(name)) % COLORS.length];
+  }
+
+  function drawCharts() { document.querySelectorAll("figure.chart").forEach(drawChart); }
+
+  // -- tables ------------------------------------------------------------------------
+
+  const QUEUE_FIELDS = ["ready", "scheduled", "leased", "dead", "done", "lag_ms", "acked_per_s", "enqueued",
+    "acked", "nacked", "reclaimed", "scrubbed"];
+
+  function renderQueues() {
+    const queues = state.overview.queues;
+    const body = document.querySelector("#queues tbody");
+    document.getElementById("queue-count").textContent = queues.length ? String(queues.length) : "";
+    document.querySelector("#queues .empty").hidden = queues.length > 0;
+    const rows = queues.map((q) => {
+      const nameButton = el("button", { type: "button", class: "link", text: q.name,
+        title: state.focus === q.name ? "show every queue in the charts" : "show this queue alone in the charts" });
+      nameButton.addEventListener("click", () => { state.focus = state.focus === q.name ? null : q.name; renderQueues(); drawCharts(); });
+      const nameCell = el("td", { class: "text" }, nameButton);
+      if (q.partitions > 1) nameCell.append(el("small", { text: ` ${q.partitions} partitions` }));
+      const tr = el("tr", { "data-queue": q.name }, nameCell);
+      if (state.focus === q.name) tr.className = "focus";
+      for (const field of QUEUE_FIELDS) {
+        let text;
+        if (field === "lag_ms") text = fmtMs(q.lag_ms);
+        else if (field === "acked_per_s") text = fmtRate(q.acked_per_s);
+        else text = fmtInt(q[field]);
+        const td = el("td", { "data-field": field });
+        if (field === "dead" && q.dead > 0) {
+          const link = el("a", { href: "#dead", text });
+          link.addEventListener("click", () => selectDeadQueue(q.name));
+          td.append(link);
+          td.className = "bad";
+        } else {
+          td.textContent = text;
+        }
+        if (field !== "lag_ms" && field !== "acked_per_s") td.dataset.value = String(q[field]);
+        tr.append(td);
+      }
+      return tr;
+    });
+    body.replaceChildren(...rows);
+  }
+
+  function renderWorkers() {
+    const workers = state.overview.workers;
+    const body = document.querySelector("#workers tbody");
+    document.getElementById("worker-count").textContent = workers.length ? String(workers.length) : "";
+    document.querySelector("#workers .empty").hidden = workers.length > 0;
+    body.replaceChildren(...workers.map((w) => {
+      const started = ago(w.started_ms), beat = ago(w.renewed_ms);
+      return el("tr", { "data-worker": `${w.namespace}.${w.id}` },
+        el("td", { text: String(w.id) }),
+        el("td", { text: w.namespace }),
+        el("td", { class: "state-" + w.state, text: w.state }),
+        el("td", { text: w.host || "–" }),
+        el("td", { text: w.pid ? String(w.pid) : "–" }),
+        el("td", { text: w.queues.join(", ") }),
+        el("td", { text: started.text, title: started.title }),
+        el("td", { text: beat.text, title: beat.title }));
+    }));
+  }
+
+  // -- dead letters ------------------------------------------------------------------
+
+  function renderDeadSelect() {
+    const select = document.getElementById("dead-queue");
+    const queues = state.overview.queues;
+    if (!state.deadQueue || !queues.some((q) => q.name === state.deadQueue)) {
+      const withDead = queues.find((q) => q.dead > 0);
+      state.deadQueue = withDead ? withDead.name : queues.length ? queues[0].name : null;
+    }
+    select.replaceChildren(...queues.map((q) => el("option", { value: q.name, text: `${q.name} (${fmtInt(q.dead)})`,
+      selected: q.name === state.deadQueue })));
+  }
+
+  function selectDeadQueue(name) {
+    state.deadQueue = name;
+    state.deadOffset = 0;
+    state.deadSelected.clear();
+    renderDeadSelect();
+    loadDead();
+  }
+
+  async function loadDead() {
+    const name = state.deadQueue;
+    const body = document.querySelector("#dead-table tbody");
+    if (!name) { body.replaceChildren(); updateDeadControls(0); return; }
+    const url = api(`${queuePath(name)}/dead?offset=${state.deadOffset}&limit=${config.dead_page}`);
+    const response = await fetch(url, { credentials: "same-origin" });
+    const page = await response.json();
+    if (!response.ok) { say(page.error || `HTTP ${response.status}`, true); return; }
+    if (name !== state.deadQueue) return;   // another queue was chosen meanwhile
+    state.deadTotal = page.total;
+    if (state.deadOffset > 0 && state.deadOffset >= page.total) {
+      state.deadOffset = Math.max(0, page.total - config.dead_page);
+      return loadDead();
+    }
+    const shown = new Set(page.jobs.map((j) => j.id));
+    for (const id of [...state.deadSelected]) if (!shown.has(id)) state.deadSelected.delete(id);
+    body.replaceChildren(...page.jobs.map((job) => {
+      const box = el("input", { type: "checkbox", checked: state.deadSelected.has(job.id) });
+      box.setAttribute("aria-label", "select " + job.id);
+      box.addEventListener("change", () => {
+        if (box.checked) state.deadSelected.add(job.id); else state.deadSelected.delete(job.id);
+        updateDeadControls(page.jobs.length);
+      });
+      const died = ago(job.dead_ms);
+      const error = el("pre", { class: "error", text: job.error + (job.error_truncated ? " …" : "") });
+      const payload = "payload" in job
+        ? el("pre", { class: "payload", text: job.payload + (job.payload_truncated ? " …" : "") })
+        : el("span", { class: "muted", text: `${fmtInt(job.payload_bytes)} bytes`,
+          title: "payloads are hidden: start the dashboard with --show-payloads to see them" });
+      const replay = el("button", { type: "button", text: "replay" });
+      replay.addEventListener("click", () => act("dead_replay", { ids: [job.id] }));
+      const purge = el("button", { type: "button", class: "danger", text: "purge" });
+      purge.addEventListener("click", () => act("dead_purge", { ids: [job.id] }));
+      return el("tr", { "data-job": job.id },
+        el("td", {}, box), el("td", { class: "id", text: job.id }),
+        el("td", { text: died.text, title: died.title }),
+        el("td", { text: `${job.attempts}/${job.max_attempts}` }),
+        el("td", {}, error), el("td", {}, payload),
+        el("td", { class: "row-actions" }, replay, purge));
+    }));
+    const last = Math.min(page.total, state.deadOffset + page.jobs.length);
+    document.getElementById("dead-range").textContent =
+      page.total ? `${fmtInt(state.deadOffset + 1)}–${fmtInt(last)} of ${fmtInt(page.total)}` : "";
+    document.getElementById("dead-prev").disabled = state.deadOffset === 0;
+    document.getElementById("dead-next").disabled = last >= page.total;
+    updateDeadControls(page.jobs.length);
+  }
+
+  function updateDeadControls(rows) {
+    document.querySelector("#dead .empty").hidden = rows > 0;
+    const all = document.getElementById("dead-all");
+    all.checked = rows > 0 && state.deadSelected.size === rows;
+    for (const button of document.querySelectorAll('#dead [data-scope="selected"]')) button.disabled = state.deadSelected.size === 0;
+    for (const button of document.querySelectorAll('#dead [data-scope="all"]')) button.disabled = !state.deadQueue || state.deadTotal === 0;
+  }
+
+  function say(text, bad) {
+    const message = document.getElementById("dead-message");
+    message.textContent = text;
+    message.className = "message" + (bad ? " bad" : "");
+  }
+
+  // One POST per action (see ACTIONS in app.py); a new action needs only a button
+  // with data-action, or a call of act() with its body.
+  async function act(action, body) {
+    const name = state.deadQueue;
+    if (!name) return;
+    if (action === "dead_purge") {
+      const what = body.all ? `every dead job of ${name}` : `${body.ids.length} dead job(s) of ${name}`;
+      if (!window.confirm(`Purge ${what} for good?`)) return;
+    }
+    const response = await fetch(api(`${queuePath(name)}/actions/${action}`), {
+      method: "POST",
+      credentials: "same-origin",
+      headers: { "content-type": "application/json", "x-csrf-token": csrfToken },
+      body: JSON.stringify(body),
+    });
+    const answer = await response.json().catch(() => ({}));
+    if (!response.ok) { say(answer.error || `HTTP ${response.status}`, true); return; }
+    say(answer.message, false);
+    state.deadSelected.clear();
+    await poll(true);
+    await loadDead();
+  }
+
+  function wireDead() {
+    document.getElementById("dead-queue").addEventListener("change", (e) => selectDeadQueue(e.target.value));
+    document.getElementById("dead-all").addEventListener("change", (e) => {
+      for (const row of document.querySelectorAll("#dead-table tbody tr")) {
+        const box = row.querySelector("input[type=checkbox]");
+        box.checked = e.target.checked;
+        if (box.checked) state.deadSelected.add(row.dataset.job); else state.deadSelected.delete(row.dataset.job);
+      }
+      updateDeadControls(document.querySelectorAll("#dead-table tbody tr").length);
+    });
+    for (const button of document.querySelectorAll("#dead [data-action]")) {
+      button.addEventListener("click", () => {
+        const body = button.dataset.scope === "all" ? { all: true } : { ids: [...state.deadSelected] };
+        act(button.dataset.action, body);
+      });
+    }
+    document.getElementById("dead-prev").addEventListener("click", () => {
+      state.deadOffset = Math.max(0, state.deadOffset - config.dead_page); loadDead();
+    });
+    document.getElementById("dead-next").addEventListener("click", () => {
+      state.deadOffset += config.dead_page; loadDead();
+    });
+  }
+
+  // -- polling -----------------------------------------------------------------------
+
+  function apply(overview) {
+    state.overview = overview;
+    if (overview.now_ms) state.clockOffset = overview.now_ms - Date.now();
+    mergeHistory(overview.history);
+    setBanner(overview.error ? "Reading Redis failed: " + overview.error + " (showing the last figures)" : "");
+    renderQueues();
+    renderWorkers();
+    renderDeadSelect();
+    drawCharts();
+    const status = document.getElementById("status");
+    status.textContent = "updated " + new Date().toLocaleTimeString();
+    const selected = overview.queues.find((q) => q.name === state.deadQueue);
+    return selected ? selected.dead : 0;
+  }
+
+  async function poll(now) {
+    clearTimeout(state.pollTimer);
+    try {
+      const last = state.history.t.length ? state.history.t[state.history.t.length - 1] : -1;
+      const response = await fetch(api("overview?since=" + last), { credentials: "same-origin" });
+      if (!response.ok) throw new Error(`HTTP ${response.status}`);
+      const dead = apply(await response.json());
+      if (!now && dead !== state.deadTotal) await loadDead();
+    } catch (error) {
+      setBanner("The dashboard server did not answer: " + error.message);
+    } finally {
+      state.pollTimer = setTimeout(() => poll(false), document.hidden ? config.poll_ms * 5 : config.poll_ms);
+    }
+  }
+
+  function start() {
+    wireDead();
+    apply(initial.overview);
+    loadDead();
+    window.addEventListener("resize", drawCharts);
+    state.pollTimer = setTimeout(() => poll(false), config.poll_ms);
+    document.body.dataset.ready = "1";
+  }
+
+  start();
+})();

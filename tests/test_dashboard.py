@@ -1,0 +1,447 @@
+"""The dashboard without a browser: its JSON against the driver's own answers, dead
+letters and their actions, the token, CSRF and Host rules, the sampler's history, and
+``pyqueue dashboard`` / ``pyqueue demo --dashboard`` as commands. (The page in a real
+browser: tests/test_dashboard_browser.py.)"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import fakeredis
+import pytest
+from conftest import RedisServer
+
+pytest.importorskip("starlette", reason="the dashboard extra is not installed")
+from starlette.testclient import TestClient  # noqa: E402
+
+from pyqueue import NewJob, Queue  # noqa: E402
+from pyqueue.dashboard import app as app_module  # noqa: E402
+from pyqueue.dashboard.app import DashboardConfig, create_app  # noqa: E402
+from pyqueue.dashboard.history import Sampler  # noqa: E402
+from pyqueue.dashboard.security import CSRF_COOKIE, DashboardRefused, check_bind  # noqa: E402
+from pyqueue.service import Services  # noqa: E402
+
+#: Also on the Redis Cluster backend (conftest.BACKENDS).
+ON_CLUSTER = True
+TOKEN = "correct-horse-battery-staple"
+BASE = "http://127.0.0.1:8080"
+
+
+def kill(q: Queue, ids: list[str], payload: bytes = b'{"email": "ada@example.com"}') -> None:
+    """Make ``ids`` dead letters of ``q``: one attempt each, nacked with an error."""
+    q.enqueue_many([NewJob(payload, job_id=i, max_attempts=1) for i in ids])
+    left = set(ids)
+    while left:
+        for job in q.lease(count=len(left)):
+            q.nack(job, f"ValueError: no such mailbox for {job.id}")
+            left.discard(job.id)
+
+
+def busy(r: Any) -> tuple[Queue, Queue]:
+    """A plain queue in every state, and a partitioned one with dead letters."""
+    q = Queue("emails", r)
+    kill(q, ["d1", "d2", "d3"])  # first: kill() nacks whatever it leases
+    q.enqueue_many([NewJob(b"", job_id=f"j{i}") for i in range(5)])
+    q.enqueue(b"", job_id="later", delay_ms=60_000)
+    a, _b = q.lease(count=2)
+    q.ack(a)
+    p = Queue("orders", r, partitions=3)
+    kill(p, ["o1", "o2", "o3", "o4"])
+    p.enqueue_many([NewJob(b"") for _ in range(7)])
+    return q, p
+
+
+@pytest.fixture
+def open_dashboard(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """``open_dashboard(redis, **config)`` -> a TestClient of a dashboard that reads
+    anew at every request; closed at the end of the test."""
+    clients: list[TestClient] = []
+
+    def make(redis: Any, **kwargs: Any) -> TestClient:
+        config = DashboardConfig(redis, fresh_s=0, **kwargs)
+        client = TestClient(create_app(config), base_url=BASE)
+        client.__enter__()
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.__exit__(None, None, None)
+
+
+def csrf_of(client: TestClient, **kwargs: Any) -> str:
+    """Load the page (which sets the CSRF cookie) and return the token of its <meta>."""
+    page = client.get("/", **kwargs)
+    assert page.status_code == 200, page.text
+    token = re.search(r'<meta name="csrf-token" content="([^"]+)">', page.text)
+    assert token is not None
+    assert client.cookies.get(CSRF_COOKIE) == token.group(1)
+    return token.group(1)
+
+
+def post(client: TestClient, queue: str, action: str, body: object, token: str | None, **kwargs: Any) -> Any:
+    headers = {"content-type": "application/json", **({"x-csrf-token": token} if token else {}),
+               **kwargs.pop("headers", {})}
+    return client.post(f"/api/queues/{queue}/actions/{action}", content=json.dumps(body), headers=headers, **kwargs)
+
+
+def fake() -> Any:
+    return fakeredis.FakeRedis(server=fakeredis.FakeServer())
+
+
+# -- what the page shows ------------------------------------------------------------------
+
+
+def test_the_overview_numbers_are_the_driver_stats_with_a_partitioned_queue_once_summed(r: Any, open_dashboard: Any) -> None:
+    q, p = busy(r)
+    overview = open_dashboard(r).get("/api/overview").json()
+    by_name = {row["name"]: row for row in overview["queues"]}
+    assert sorted(by_name) == ["emails", "orders"]  # no orders#0..2 rows
+    for queue in (q, p):
+        stats = queue.stats()
+        row = by_name[queue.name]
+        assert row["partitions"] == queue.partitions
+        for field in ("ready", "scheduled", "leased", "dead", "done", "enqueued", "acked", "nacked", "dead_total",
+                      "reclaimed", "scrubbed", "leased_total"):
+            assert row[field] == getattr(stats, field), (queue.name, field)
+        assert 0 <= row["lag_ms"] <= stats.lag_ms
+    assert by_name["orders"]["dead"] == 4 and by_name["emails"]["dead"] == 3
+    assert overview["error"] == "" and overview["now_ms"] > 0
+
+
+def test_the_page_inlines_the_same_figures_and_a_csrf_token_that_matches_its_cookie(open_dashboard: Any) -> None:
+    r = fake()
+    busy(r)
+    client = open_dashboard(r, label="redis://db.example:6379/0")
+    token = csrf_of(client)
+    page = client.get("/").text
+    initial = json.loads(re.search(r'<script type="application/json" id="initial">(.*?)</script>', page, re.S)
+                         .group(1))  # type: ignore[union-attr]
+    assert [row["name"] for row in initial["overview"]["queues"]] == ["emails", "orders"]
+    assert initial["overview"]["queues"][0]["ready"] == Queue("emails", r).stats().ready
+    assert initial["config"]["actions"] == ["dead_purge", "dead_replay"]
+    assert "redis://db.example:6379/0" in page and token in page
+    # Every asset comes from the package, none from another host.
+    assert not re.search(r'(src|href)="(https?:)?//', page)
+    for asset in ("static/dashboard.js", "static/dashboard.css", "static/favicon.svg"):
+        assert f'"{asset}"' in page and client.get("/" + asset).status_code == 200
+
+
+def test_workers_are_listed_with_host_pid_queues_started_and_last_heartbeat(r: Any, open_dashboard: Any) -> None:
+    services = Services(r)
+    a = services.register(["emails", "orders"], host="box-1", pid=4242)
+    services.register(["emails"], host="box-2", pid=7)
+    services.stop(a.id)
+    workers = open_dashboard(r).get("/api/overview").json()["workers"]
+    by_id = {w["id"]: w for w in workers}
+    listed = {i.id: i for i in services.list()}
+    assert set(by_id) == set(listed)
+    first = by_id[a.id]
+    assert (first["host"], first["pid"], first["queues"], first["state"]) == ("box-1", 4242, ["emails", "orders"],
+                                                                             "stopping")
+    assert first["started_ms"] == listed[a.id].started_ms and first["renewed_ms"] == listed[a.id].renewed_ms
+    assert {w["state"] for w in workers} == {"alive", "stopping"} and {w["namespace"] for w in workers} == {"workers"}
+
+
+def test_dead_letters_show_their_error_text_and_hide_payloads_by_default(r: Any, open_dashboard: Any) -> None:
+    busy(r)
+    page = open_dashboard(r).get("/api/queues/emails/dead").json()
+    assert page["total"] == 3 and [j["id"] for j in page["jobs"]] == ["d1", "d2", "d3"]
+    first = page["jobs"][0]
+    assert first["error"] == "ValueError: no such mailbox for d1" and first["attempts"] == first["max_attempts"] == 1
+    assert "payload" not in first and first["payload_bytes"] == len(b'{"email": "ada@example.com"}')
+    # A partitioned queue's dead letters over every partition, by its logical name.
+    orders = open_dashboard(r).get("/api/queues/orders/dead?limit=2&offset=1").json()
+    assert orders["total"] == 4 and len(orders["jobs"]) == 2
+
+
+def test_payloads_are_shown_only_when_the_dashboard_is_started_with_show_payloads(open_dashboard: Any) -> None:
+    r = fake()
+    busy(r)
+    shown = open_dashboard(r, show_payloads=True).get("/api/queues/emails/dead").json()["jobs"][0]
+    assert shown["payload"] == '{"email": "ada@example.com"}' and shown["payload_truncated"] is False
+    hidden_page = open_dashboard(r).get("/").text
+    assert "ada@example.com" not in hidden_page
+
+
+# -- actions --------------------------------------------------------------------------------
+
+
+def test_replaying_one_dead_job_moves_it_to_ready(r: Any, open_dashboard: Any) -> None:
+    q, _ = busy(r)
+    client = open_dashboard(r)
+    answer = post(client, "emails", "dead_replay", {"ids": ["d2"]}, csrf_of(client))
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["count"] == 1 and answer.json()["message"] == "1 replayed"
+    assert [j.id for j in q.dead_list().jobs] == ["d1", "d3"]
+    assert q.stats().ready == 3 + 1  # j2..j4 and d2
+    assert client.get("/api/overview").json()["queues"][0]["dead"] == 2
+
+
+def test_replaying_and_purging_selected_dead_jobs_touch_only_those(r: Any, open_dashboard: Any) -> None:
+    _, p = busy(r)
+    client = open_dashboard(r)
+    token = csrf_of(client)
+    assert post(client, "orders", "dead_replay", {"ids": ["o1", "o3"]}, token).json()["count"] == 2
+    assert post(client, "orders", "dead_purge", {"ids": ["o2", "nope"]}, token).json()["count"] == 1
+    assert [j.id for j in p.dead_list().jobs] == ["o4"]
+    stats = p.stats()
+    assert (stats.ready, stats.replayed, stats.purged) == (7 + 2, 2, 1)
+
+
+def test_replaying_all_and_purging_all_empty_the_dead_letters_in_batches(
+    r: Any, open_dashboard: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q, p = busy(r)
+    monkeypatch.setattr(app_module, "ALL_BATCH", 2)  # 3 and 4 dead jobs: several batches each
+    client = open_dashboard(r)
+    token = csrf_of(client)
+    replayed = post(client, "emails", "dead_replay", {"all": True}, token).json()
+    assert (replayed["count"], replayed["more"]) == (3, False)
+    assert q.stats().dead == 0 and q.stats().replayed == 3
+    assert post(client, "orders", "dead_purge", {"all": True}, token).json()["count"] == 4
+    assert p.stats().dead == 0 and p.stats().purged == 4
+
+
+def test_unknown_queues_actions_and_malformed_bodies_are_refused_and_change_nothing(open_dashboard: Any) -> None:
+    r = fake()
+    q, _ = busy(r)
+    client = open_dashboard(r)
+    token = csrf_of(client)
+    assert post(client, "nowhere", "dead_replay", {"all": True}, token).status_code == 404
+    assert post(client, "emails", "explode", {"all": True}, token).status_code == 404
+    for body in ({}, {"ids": []}, {"ids": "d1"}, {"ids": [1]}, {"ids": ["d1"], "all": True}, {"all": "yes"},
+                 ["d1"], {"ids": ["x"] * 1001}):
+        assert post(client, "emails", "dead_replay", body, token).status_code == 400, body
+    assert client.get("/api/queues/emails/dead?limit=0").status_code == 400
+    assert client.get("/api/queues/emails/dead?offset=x").status_code == 400
+    assert q.stats().dead == 3 and q.stats().replayed == 0
+
+
+# -- who may do what -------------------------------------------------------------------------
+
+
+def basic(password: str, user: str = "ops") -> dict[str, str]:
+    return {"authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def test_with_a_token_every_request_without_it_is_refused_with_a_basic_challenge(open_dashboard: Any) -> None:
+    r = fake()
+    busy(r)
+    client = open_dashboard(r, token=TOKEN)
+    for path in ("/", "/api/overview", "/api/queues/emails/dead", "/static/dashboard.js"):
+        refused = client.get(path)
+        assert refused.status_code == 401, path
+        assert refused.headers["www-authenticate"].startswith("Basic realm=")
+        assert client.get(path, headers=basic("wrong-token-wrong-token")).status_code == 401
+        assert client.get(path, headers={"authorization": f"Bearer {TOKEN}x"}).status_code == 401
+        assert client.get(path, headers=basic(TOKEN)).status_code == 200
+        assert client.get(path, headers={"authorization": f"Bearer {TOKEN}"}).status_code == 200
+    token = csrf_of(client, headers=basic(TOKEN))
+    # The CSRF token alone is not enough: an action needs the dashboard token too.
+    assert post(client, "emails", "dead_replay", {"all": True}, token).status_code == 401
+    assert Queue("emails", r).stats().dead == 3
+    assert post(client, "emails", "dead_replay", {"ids": ["d1"]}, token, headers=basic(TOKEN)).status_code == 200
+
+
+def test_an_action_without_a_valid_csrf_token_or_from_another_origin_is_refused(open_dashboard: Any) -> None:
+    r = fake()
+    q, _ = busy(r)
+    client = open_dashboard(r, token=TOKEN)
+    auth = basic(TOKEN)
+    token = csrf_of(client, headers=auth)
+    body = {"all": True}
+    assert post(client, "emails", "dead_purge", body, None, headers=auth).status_code == 403  # no header
+    assert post(client, "emails", "dead_purge", body, token + "0", headers=auth).status_code == 403  # not the cookie
+    forged = "attacker-nonce.0000"
+    client.cookies.set(CSRF_COOKIE, forged)
+    assert post(client, "emails", "dead_purge", body, forged, headers=auth).status_code == 403  # not signed here
+    client.cookies.set(CSRF_COOKIE, token)
+    evil = {**auth, "origin": "http://evil.example"}
+    assert post(client, "emails", "dead_purge", body, token, headers=evil).status_code == 403
+    form = client.post("/api/queues/emails/actions/dead_purge", content="all=true",
+                       headers={**auth, "x-csrf-token": token, "content-type": "application/x-www-form-urlencoded"})
+    assert form.status_code == 415
+    assert client.get("/api/queues/emails/actions/dead_purge", headers=auth).status_code == 405
+    assert q.stats().dead == 3 and q.stats().purged == 0
+    same = {**auth, "origin": BASE}
+    assert post(client, "emails", "dead_purge", {"ids": ["d1"]}, token, headers=same).json()["count"] == 1
+
+
+def test_a_bearer_request_needs_no_csrf_token(open_dashboard: Any) -> None:
+    r = fake()
+    q, _ = busy(r)
+    client = open_dashboard(r, token=TOKEN)
+    answer = post(client, "emails", "dead_replay", {"all": True}, None, headers={"authorization": f"Bearer {TOKEN}"})
+    assert answer.status_code == 200 and answer.json()["count"] == 3 and q.stats().dead == 0
+
+
+def test_a_loopback_dashboard_answers_loopback_host_names_only(open_dashboard: Any) -> None:
+    # A page whose own DNS name was rebound to 127.0.0.1 sends its own name as Host.
+    client = open_dashboard(fake(), allowed_hosts=frozenset({"127.0.0.1", "localhost", "::1"}))
+    assert client.get("/api/overview").status_code == 200
+    assert client.get("/api/overview", headers={"host": "localhost:8080"}).status_code == 200
+    assert client.get("/api/overview", headers={"host": "[::1]:8080"}).status_code == 200
+    assert client.get("/api/overview", headers={"host": "rebound.evil.example:8080"}).status_code == 400
+
+
+def test_binding_beyond_loopback_needs_a_token_of_sixteen_characters() -> None:
+    check_bind("127.0.0.1", None)
+    check_bind("::1", None)
+    check_bind("localhost", None)
+    check_bind("0.0.0.0", TOKEN)
+    for host, token in (("0.0.0.0", None), ("192.0.2.7", None), ("::", None), ("dash.example", ""),
+                        ("127.0.0.1", "short")):
+        with pytest.raises(DashboardRefused):
+            check_bind(host, token)
+
+
+def test_pyqueue_dashboard_refuses_loudly_to_listen_beyond_loopback_without_a_token() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PYQUEUE_DASHBOARD_TOKEN"}
+    done = subprocess.run([sys.executable, "-m", "pyqueue", "dashboard", "--bind", "0.0.0.0", "--port", "0"],
+                          capture_output=True, text=True, timeout=30, env=env)
+    assert done.returncode == 2
+    assert "refusing to serve the dashboard on '0.0.0.0' without a token" in done.stderr
+    assert "--token" in done.stderr
+
+
+def test_without_the_dashboard_extra_the_command_names_the_extra() -> None:
+    # starlette made unimportable, as on a machine with only `pip install .`
+    code = "import sys; sys.modules['starlette'] = None; from pyqueue.cli import main; sys.exit(main(sys.argv[1:]))"
+    for argv in (["dashboard"], ["demo", "--dashboard"]):
+        done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=30)
+        assert done.returncode == 2, done.stderr
+        assert "the dashboard needs the dashboard extra (missing: starlette)" in done.stderr
+        assert 'pip install "pyqueue[dashboard]"' in done.stderr
+
+
+# -- the sampler -------------------------------------------------------------------------------
+
+
+def test_history_is_a_bounded_ring_buffer_and_throughput_is_the_slope_of_acked() -> None:
+    r = fake()
+    q = Queue("emails", r)
+    q.enqueue_many([NewJob(b"") for _ in range(40)])
+    sampler = Sampler(r, every_s=0.01, history_s=0.05, fresh_s=0)
+    assert sampler.points.maxlen == 6
+    for _ in range(3):
+        for job in q.lease(count=5):
+            q.ack(job)
+        time.sleep(0.011)
+        sampler.snapshot()
+    assert [p.values["emails"][-1] for p in sampler.points] == [5, 10, 15]  # acked at each point
+    snapshot = sampler.snapshot()
+    first = sampler.points[0]  # acked 5; now 15
+    assert snapshot.queues[0].acked_per_s == pytest.approx((15 - 5) * 1000 / (snapshot.now_ms - first.t_ms))
+    for _ in range(20):
+        time.sleep(0.011)
+        sampler.snapshot()
+    assert len(sampler.points) == 6
+    assert sampler.history(since_ms=sampler.points[-2].t_ms) == [sampler.points[-1]]
+
+
+def test_a_sample_costs_one_stats_call_per_queue(redis_server: RedisServer) -> None:
+    r = redis_server.client()
+    r.flushall()
+    for i in range(50):
+        Queue(f"q{i}", r).enqueue(b"")
+    sampler = Sampler(r, fresh_s=0)
+    sampler.snapshot()  # discovery (a SCAN), once per rediscover_s
+    r.config_resetstat()
+    assert len(sampler.snapshot().queues) == 50
+    calls = {name: v["calls"] for name, v in r.info("commandstats").items()}
+    assert calls["cmdstat_evalsha"] == 50 and "cmdstat_scan" not in calls
+
+
+def test_an_unreachable_redis_is_reported_on_the_page_not_raised(open_dashboard: Any) -> None:
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    from conftest import free_ports
+
+    gone = redis.Redis(port=free_ports(1)[0], socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
+    overview = open_dashboard(gone).get("/api/overview")
+    assert overview.status_code == 200 and "ConnectionError" in overview.json()["error"]
+
+
+# -- the commands ------------------------------------------------------------------------------
+
+
+def read_url(proc: subprocess.Popen[str], marker: str, timeout_s: float = 30) -> str:
+    """The first http:// URL on a line of ``proc``'s stdout that contains ``marker``."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            break
+        if marker in line:
+            found = re.search(r"http://127\.0\.0\.1:\d+/", line)
+            assert found is not None, line
+            return found.group(0)
+    raise AssertionError(f"no {marker!r} line from the process")
+
+
+def test_pyqueue_dashboard_serves_over_http_and_exits_0_on_sigterm(redis_server: RedisServer) -> None:
+    r = redis_server.client()
+    r.flushall()
+    busy(r)
+    env = dict(os.environ, PYQUEUE_DASHBOARD_TOKEN=TOKEN)
+    proc = subprocess.Popen([sys.executable, "-m", "pyqueue", "--url", redis_server.url(), "dashboard", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        url = read_url(proc, "serving the pyqueue dashboard")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(url + "api/overview", timeout=10)
+        assert refused.value.code == 401
+        refused.value.close()
+        request = urllib.request.Request(url + "api/overview", headers={"authorization": f"Bearer {TOKEN}"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            names = [row["name"] for row in json.load(response)["queues"]]
+        assert names == ["emails", "orders"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(20)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+    assert code == 0
+
+
+def test_pyqueue_demo_dashboard_serves_the_demo_queues_while_it_runs_and_after() -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "pyqueue", "demo", "--jobs", "150", "--dashboard",
+                             "--dashboard-port", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        url = read_url(proc, "dashboard:")
+        with urllib.request.urlopen(url + "api/overview", timeout=10) as response:
+            assert {row["name"] for row in json.load(response)["queues"]} <= {"demo-emails", "demo-reports"}
+        read_url(proc, "keeps serving", timeout_s=90)
+        deadline = time.monotonic() + 10
+        while True:  # a poll may get the previous sample (up to a second old)
+            with urllib.request.urlopen(url + "api/overview", timeout=10) as response:
+                overview = json.load(response)
+            if sum(row["acked"] for row in overview["queues"]) == 150 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert {row["name"] for row in overview["queues"]} == {"demo-emails", "demo-reports"}
+        assert sum(row["acked"] for row in overview["queues"]) == 150
+        assert sum(row["scrubbed"] for row in overview["queues"]) >= 1  # the killed worker's jobs came back
+        assert len(overview["history"]["t"]) >= 2
+    finally:
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(20)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    assert code == 0
