@@ -1,11 +1,12 @@
-"""The script ABI: one typed function per ``lua/*.lua`` file, keys and arguments in the
-order its header lists them, and nothing else.
+"""The blocking transport of the script calls that plans (:mod:`pyqueue.core`) yield.
 
-:class:`Scripts` registers every script on one redis-py client with
+The script ABI itself, one builder per ``lua/*.lua`` with keys and arguments in the
+order its header lists them, is in :mod:`pyqueue.core`. :class:`Scripts` registers every script on one redis-py client with
 ``register_script``, whose ``Script`` objects run ``EVALSHA`` and reload the source on
 ``NOSCRIPT`` (after a restart, failover or ``SCRIPT FLUSH``), also inside pipelines.
-Replies are returned raw (lists of bytes and ints); :mod:`pyqueue.queue` parses them.
-Errors are raised as redis-py exceptions; :mod:`pyqueue.queue` maps them.
+Replies are returned raw (lists of bytes and ints); the plans parse them.
+:meth:`Scripts.execute` raises pyqueue errors (mapped); :meth:`Scripts.run` and
+:meth:`Scripts.call` raise redis-py's own (tests and tools).
 
 On a Redis Cluster, redis-py follows MOVED and ASK, but gives up on the answers of a
 cluster in motion within about half a second: TRYAGAIN (a multi-key call during a slot
@@ -24,24 +25,15 @@ from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any, Protocol, Union
+from typing import Any
 
 import redis
 from redis.commands.core import Script
 
 from pyqueue.clients import Client, is_cluster, node_for_key
-from pyqueue.errors import NotReplicated
-from pyqueue.keys import QueueKeys, ServiceKeys
+from pyqueue.core import Arg, Commands, Keys, Pipelined, ScriptCall, Step
+from pyqueue.errors import NotReplicated, map_redis_error
 
-Arg = Union[bytes, str, int]
-
-
-class Keys(Protocol):
-    """Anything that names a key by role: QueueKeys, ServiceKeys (hashable, immutable)."""
-
-    def role(self, name: str) -> str: ...
-
-    def __hash__(self) -> int: ...
 
 #: The keys each script takes, by role, in header order (tests compare with the headers).
 SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
@@ -124,11 +116,6 @@ READ_ONLY = frozenset({"stats", "peek", "dead_list"})
 #: How long a cluster call keeps retrying weather before it raises.
 DEFAULT_WEATHER_BUDGET_S = 30.0
 _WEATHER_BACKOFF_CAP_S = 1.0
-
-
-def _now(now_ms: int | None) -> Arg:
-    # '' tells a script to read the server clock; an explicit time is for tests only.
-    return "" if now_ms is None else now_ms
 
 
 class Scripts:
@@ -268,132 +255,22 @@ class Scripts:
                     replies[i] = exc
         return replies
 
-    def enqueue(
-        self, keys: QueueKeys, now_ms: int | None, jobs: Sequence[tuple[str, bytes, int, int]], client: Any = None
-    ) -> Any:
-        """lua/enqueue.lua. ``jobs``: (id, payload, delay_ms, max_attempts) tuples."""
-        args: list[Arg] = [_now(now_ms), len(jobs)]
-        for job_id, payload, delay_ms, max_attempts in jobs:
-            args += [job_id, payload, delay_ms, max_attempts]
-        return self.run("enqueue", keys, args, client)
+    def call(self, step: ScriptCall, client: Any = None) -> Any:
+        """Run one :class:`~pyqueue.core.ScriptCall`, raw (redis-py errors unmapped);
+        ``client``: a pipeline to queue it on instead (tests, tools)."""
+        return self.run(step.script, step.keys, step.args, client)
 
-    def lease(
-        self,
-        keys: QueueKeys,
-        now_ms: int | None,
-        owner: str,
-        call: str,
-        count: int,
-        lease_ms: int,
-        limit: int,
-        keep_done_ms: int,
-        ack_receipts: Sequence[str] = (),
-        client: Any = None,
-    ) -> Any:
-        """lua/lease.lua."""
-        args: list[Arg] = [_now(now_ms), owner, call, count, lease_ms, limit, keep_done_ms, *ack_receipts]
-        return self.run("lease", keys, args, client)
-
-    def ack(
-        self, keys: QueueKeys, now_ms: int | None, keep_done_ms: int, receipts: Sequence[str], client: Any = None
-    ) -> Any:
-        """lua/ack.lua."""
-        return self.run("ack", keys, [_now(now_ms), keep_done_ms, *receipts], client)
-
-    def nack(
-        self,
-        keys: QueueKeys,
-        now_ms: int | None,
-        receipt: str,
-        error: str,
-        delay_ms: int | None,
-        base_ms: int,
-        cap_ms: int,
-        client: Any = None,
-    ) -> Any:
-        """lua/nack.lua."""
-        delay: Arg = "" if delay_ms is None else delay_ms
-        return self.run("nack", keys, [_now(now_ms), receipt, error, delay, base_ms, cap_ms], client)
-
-    def extend(
-        self, keys: QueueKeys, now_ms: int | None, lease_ms: int, receipts: Sequence[str], client: Any = None
-    ) -> Any:
-        """lua/extend.lua."""
-        return self.run("extend", keys, [_now(now_ms), lease_ms, *receipts], client)
-
-    def release(self, keys: QueueKeys, receipts: Sequence[str], client: Any = None) -> Any:
-        """lua/release.lua."""
-        return self.run("release", keys, list(receipts), client)
-
-    def promote(self, keys: QueueKeys, now_ms: int | None, limit: int, client: Any = None) -> Any:
-        """lua/promote.lua."""
-        return self.run("promote", keys, [_now(now_ms), limit], client)
-
-    def stats(self, keys: QueueKeys, now_ms: int | None, client: Any = None) -> Any:
-        """lua/stats.lua."""
-        return self.run("stats", keys, [_now(now_ms)], client)
-
-    def peek(self, keys: QueueKeys, now_ms: int | None, client: Any = None) -> Any:
-        """lua/peek.lua."""
-        return self.run("peek", keys, [_now(now_ms)], client)
-
-    def dead_list(self, keys: QueueKeys, offset: int, limit: int, client: Any = None) -> Any:
-        """lua/dead_list.lua."""
-        return self.run("dead_list", keys, [offset, limit], client)
-
-    def dead_replay(self, keys: QueueKeys, now_ms: int | None, ids: Sequence[str], client: Any = None) -> Any:
-        """lua/dead_replay.lua."""
-        return self.run("dead_replay", keys, [_now(now_ms), *ids], client)
-
-    def dead_purge(self, keys: QueueKeys, ids: Sequence[str], client: Any = None) -> Any:
-        """lua/dead_purge.lua."""
-        return self.run("dead_purge", keys, list(ids), client)
-
-    def scrub(self, keys: QueueKeys, now_ms: int | None, owner: str, limit: int, client: Any = None) -> Any:
-        """lua/scrub.lua."""
-        return self.run("scrub", keys, [_now(now_ms), owner, limit], client)
-
-    def service_register(
-        self,
-        keys: ServiceKeys,
-        now_ms: int | None,
-        host: str,
-        pid: int,
-        queues: str,
-        expire_ms: int,
-        capacity: int,
-        gc_limit: int,
-        renewal: str,
-        registration: str,
-        client: Any = None,
-    ) -> Any:
-        """lua/service_register.lua; ``keys.id`` is the id the caller expects."""
-        args: list[Arg] = [
-            _now(now_ms), keys.id or 0, host, pid, queues, expire_ms, capacity, gc_limit, renewal, registration
-        ]
-        return self.run("service_register", keys, args, client)
-
-    def service_renew(
-        self,
-        keys: ServiceKeys,
-        now_ms: int | None,
-        renewal: str,
-        next_renewal: str,
-        expire_ms: int,
-        limit: int,
-        client: Any = None,
-    ) -> Any:
-        """lua/service_renew.lua."""
-        args: list[Arg] = [_now(now_ms), keys.id or 0, renewal, next_renewal, expire_ms, limit]
-        return self.run("service_renew", keys, args, client)
-
-    def service_deregister(
-        self, keys: ServiceKeys, now_ms: int | None, require_expired: bool, registration: str, client: Any = None
-    ) -> Any:
-        """lua/service_deregister.lua."""
-        args: list[Arg] = [_now(now_ms), keys.id or 0, int(require_expired), registration]
-        return self.run("service_deregister", keys, args, client)
-
-    def service_stop(self, keys: ServiceKeys, now_ms: int | None, registration: str, client: Any = None) -> Any:
-        """lua/service_stop.lua."""
-        return self.run("service_stop", keys, [_now(now_ms), keys.id or 0, registration], client)
+    def execute(self, step: Step) -> Any:
+        """Run one step of a plan (:mod:`pyqueue.core`); redis-py errors are raised as
+        pyqueue errors."""
+        try:
+            if isinstance(step, ScriptCall):
+                return self.run(step.script, step.keys, step.args)
+            if isinstance(step, Pipelined):
+                return self.run_pipelined(step.script, step.calls)
+            pipe = node_for_key(self.client, step.key).pipeline(transaction=False)
+            for command in step.commands:
+                pipe.execute_command(*command)  # type: ignore[no-untyped-call]
+            return pipe.execute()
+        except redis.exceptions.RedisError as exc:
+            raise map_redis_error(exc) from exc

@@ -30,10 +30,17 @@ from typing import Any
 
 import redis as redis_lib
 
-from pyqueue.errors import InvalidArgument, ServiceExists, ServiceLost, mapped
+from pyqueue.errors import InvalidArgument, ServiceExists, ServiceLost
 from pyqueue.keys import ServiceKeys, check_name
 from pyqueue.clients import Client, bytes_client, embedded_redis
 from pyqueue.queue import check_int
+from pyqueue.core import (
+    ScriptCall,
+    service_deregister_call,
+    service_register_call,
+    service_renew_call,
+    service_stop_call,
+)
 from pyqueue.scripts import Scripts
 
 DEFAULT_NAMESPACE = "workers"
@@ -129,8 +136,8 @@ class Services:
         self.redis = bytes_client(redis if redis is not None else embedded_redis())
         self.scripts = Scripts(self.redis)
 
-    def _call(self, fn: Any, *args: Any) -> Any:
-        return mapped(fn, *args)
+    def _call(self, step: ScriptCall) -> Any:
+        return self.scripts.execute(step)
 
     def register(
         self,
@@ -168,7 +175,7 @@ class Services:
         for _ in range(100):
             keys = self.keys.of(expected)
             reply = self._call(
-                self.scripts.service_register,
+                service_register_call(
                 keys,
                 now_ms,
                 host or socket.gethostname(),
@@ -179,6 +186,7 @@ class Services:
                 GC_LIMIT,
                 renewal,
                 registration,
+                )
             )
             status = reply[0].decode()
             if status == "ok":
@@ -202,7 +210,7 @@ class Services:
         next_renewal = service.pending_renewal or secrets.token_hex(8)
         service.pending_renewal = next_renewal
         reply = self._call(
-            self.scripts.service_renew, service.keys, now_ms, service.renewal, next_renewal, expire_ms, DEAD_LIMIT
+            service_renew_call(service.keys, now_ms, service.renewal, next_renewal, expire_ms, DEAD_LIMIT)
         )
         if reply[0] == b"lost":
             service.pending_renewal = None
@@ -239,16 +247,14 @@ class Services:
         """Remove ``service`` (lua/service_deregister.lua) after it released its leases.
         Returns (key deleted, ids list entries removed); (-1, 0) if its id now belongs to
         another registration (nothing is removed: that one is not ours)."""
-        deleted, removed = self._call(
-            self.scripts.service_deregister, service.keys, now_ms, False, service.registration
-        )
+        deleted, removed = self._call(service_deregister_call(service.keys, now_ms, False, service.registration))
         return int(deleted), int(removed)
 
     def forget_dead(self, service_id: int, registration: str, *, now_ms: int | None = None) -> bool:
         """Forget a dead service once its leases were scrubbed in every queue it served.
         Does nothing (returns False) if it renewed meanwhile, or if its id now belongs to
         another registration."""
-        deleted, _ = self._call(self.scripts.service_deregister, self.keys.of(service_id), now_ms, True, registration)
+        deleted, _ = self._call(service_deregister_call(self.keys.of(service_id), now_ms, True, registration))
         return int(deleted) >= 0
 
     def stop(self, service_id: int, registration: str = "", *, now_ms: int | None = None) -> bool:
@@ -257,7 +263,7 @@ class Services:
         finishes (or, after its grace period, releases) its running jobs, deregisters
         and exits 0. Returns False if there is no such live service. ``registration``:
         stop only that registration of the id (default: whichever holds it)."""
-        stopped, _ = self._call(self.scripts.service_stop, self.keys.of(service_id), now_ms, registration)
+        stopped, _ = self._call(service_stop_call(self.keys.of(service_id), now_ms, registration))
         return bool(stopped)
 
     def list(self, *, now_ms: int | None = None) -> list[ServiceInfo]:

@@ -37,6 +37,7 @@ import redis
 from conftest import RedisServer, require_redis_server
 from helpers import T0, busy_queue, calls_touching_every_key, dump_all, restore_all
 
+from pyqueue.core import enqueue_call, stats_call
 from pyqueue import Job, NewJob, Outcome, Queue, ScriptError
 from pyqueue.keys import ServiceKeys
 from pyqueue.clients import check_server
@@ -292,8 +293,8 @@ def test_a_producer_enqueues_pipelines_scripts_and_reads_stats(
     for transaction in (True, False):
         pipe = q.redis.pipeline(transaction=transaction)
         for i in range(3):
-            q.scripts.enqueue(q.keys, None, [(f"p{transaction}{i}", b"x", 0, 3)], client=pipe)
-        q.scripts.stats(q.keys, None, client=pipe)
+            q.scripts.call(enqueue_call(q.keys, None, [(f"p{transaction}{i}", b"x", 0, 3)]), client=pipe)
+        q.scripts.call(stats_call(q.keys, None), client=pipe)
         replies = pipe.execute()
         assert [reply[0] for reply in replies[:3]] == [1, 1, 1]
     stats = q.stats()

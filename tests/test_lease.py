@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import redis
 
+from pyqueue.core import lease_call
 from pyqueue import NewJob, Outcome, Queue
 
 #: Also on the Redis Cluster backend (conftest.BACKENDS).
@@ -95,8 +96,8 @@ def test_maintenance_is_bounded_by_limit(q: Queue) -> None:
 
 def test_lease_replay_returns_the_same_jobs_and_leases_no_more(q: Queue, r: redis.Redis) -> None:
     q.enqueue_many([b"a", b"b"], now_ms=T0)
-    first = q.scripts.lease(q.keys, T0, "w1", "call1", 1, 1000, 100, 0)
-    second = q.scripts.lease(q.keys, T0, "w1", "call1", 1, 1000, 100, 0)
+    first = q.scripts.call(lease_call(q.keys, T0, "w1", "call1", 1, 1000, 100, 0))
+    second = q.scripts.call(lease_call(q.keys, T0, "w1", "call1", 1, 1000, 100, 0))
     assert q.parse_lease(first).jobs == q.parse_lease(second).jobs
     assert q.stats(now_ms=T0).ready == 1 and q.stats(now_ms=T0).leased_total == 1
 
@@ -105,8 +106,8 @@ def test_lease_replay_of_an_ack_and_lease_call_returns_its_jobs(q: Queue) -> Non
     q.enqueue_many([b"a", b"b"], now_ms=T0)
     (job,) = q.lease(now_ms=T0)
     args = (q.keys, T0, "w1", "c2", 1, 1000, 100, 0, [job.receipt])
-    first = q.parse_lease(q.scripts.lease(*args))
-    second = q.parse_lease(q.scripts.lease(*args))
+    first = q.parse_lease(q.scripts.call(lease_call(*args)))
+    second = q.parse_lease(q.scripts.call(lease_call(*args)))
     assert first.acks == [Outcome.OK] and second.acks == [Outcome.GONE]
     assert first.jobs == second.jobs and len(first.jobs) == 1
     assert q.stats(now_ms=T0).ready == 0 and q.stats(now_ms=T0).leased == 1

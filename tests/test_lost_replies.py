@@ -48,6 +48,7 @@ from crash_harness import RedisProcess
 from helpers import T0, contents
 from proxy import Fault, FaultProxy, Rule, evalsha_of
 
+from pyqueue.core import service_register_call, service_renew_call
 from pyqueue import Job, Leased, NewJob, Outcome, OutcomeUnknown, Queue, ServiceLost, connect
 from pyqueue.scripts import SCRIPT_KEYS, lua_source
 from pyqueue.service import Service, Services
@@ -166,15 +167,15 @@ CASES: dict[str, Case] = {
     "service_register": Case(
         "service_register",
         lambda q, s, w: s.register(["q"], host="h", pid=2, registration="reg", now_ms=NOW),
-        same_call=lambda q, s, w: s.scripts.service_register(
+        same_call=lambda q, s, w: s.scripts.call(service_register_call(
             s.keys.of(3), NOW, "h", 2, "q", 60_000, 1000, 10, "tok", "reg"
-        ),
+        )),
         same_call_replayed=lambda a: [b"retry", 4],
     ),
     "service_renew": Case(
         "service_renew",
         lambda q, s, w: s.renew(w.service, now_ms=NOW),
-        same_call=lambda q, s, w: s.scripts.service_renew(w.service.keys, NOW, w.service.renewal, "tok", 60_000, 20),
+        same_call=lambda q, s, w: s.scripts.call(service_renew_call(w.service.keys, NOW, w.service.renewal, "tok", 60_000, 20)),
     ),
     "service_deregister": Case(
         "service_deregister", lambda q, s, w: s.deregister(w.service, now_ms=NOW), replayed=lambda a: (0, 0),

@@ -8,6 +8,7 @@ import redis
 from conftest import all_keys
 from helpers import T0, dump_all
 
+from pyqueue.core import service_register_call, service_renew_call
 from pyqueue import NewJob, Outcome, Queue, ServiceExists, ServiceLost
 from pyqueue.service import Renewed, Services
 
@@ -46,7 +47,7 @@ def test_register_refuses_when_the_new_ids_key_exists(services: Services, r: red
 def test_register_retries_when_another_service_took_the_expected_id(services: Services, r: redis.Redis) -> None:
     stale = services.keys.of(1)
     services.register(["q"], now_ms=T0)
-    reply = services.scripts.service_register(stale, T0, "h", 1, "q", 60_000, 100, 10, "tok", "reg")
+    reply = services.scripts.call(service_register_call(stale, T0, "h", 1, "q", 60_000, 100, 10, "tok", "reg"))
     assert reply == [b"retry", 2]
 
 
@@ -122,8 +123,8 @@ def test_remote_stop_of_no_live_service_writes_nothing(services: Services, r: re
 def test_renew_replayed_with_the_same_token_is_still_ok(services: Services) -> None:
     s = services.register(["q"], now_ms=T0)
     args = (s.keys, T0 + 1, s.renewal, "next-token", 60_000, 10)
-    assert services.scripts.service_renew(*args)[0] == b"ok"
-    assert services.scripts.service_renew(*args)[0] == b"ok"
+    assert services.scripts.call(service_renew_call(*args))[0] == b"ok"
+    assert services.scripts.call(service_renew_call(*args))[0] == b"ok"
 
 
 def test_renew_reports_expired_services_with_their_queues(services: Services) -> None:
@@ -227,8 +228,8 @@ def test_service_register_with_a_wrong_key_type_writes_nothing(
      "zset": lambda: r.zadd(key, {"x": 1})}[planted]()
     before = dump_all(r)
     with pytest.raises(Exception, match="WRONGTYPE"):
-        services.scripts.service_register(services.keys.of(2 if role != "seq" else 1), T0 + 5_000, "h", 1, "q",
-                                          60_000, 100, 10, "tok", "reg")
+        services.scripts.call(service_register_call(services.keys.of(2 if role != "seq" else 1), T0 + 5_000, "h", 1,
+                                                    "q", 60_000, 100, 10, "tok", "reg"))
     assert dump_all(r) == before
 
 

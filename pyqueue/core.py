@@ -1,0 +1,455 @@
+"""The core both drivers share: everything that does no I/O (DESIGN §10).
+
+A driver verb is written once, as a *plan*: a generator that validates its arguments,
+yields the calls it needs (:class:`ScriptCall`, :class:`Pipelined`, :class:`Commands`),
+receives each reply, and returns the parsed result. A plan never touches a socket, so
+the same plan runs on both transports:
+
+* :class:`SyncDriver` (:class:`pyqueue.Queue`) executes each step with redis-py's
+  blocking client;
+* :class:`AsyncDriver` (:class:`pyqueue.aio.AsyncQueue`) awaits each step with
+  ``redis.asyncio``.
+
+A verb is declared once, as ``enqueue = Verb(plan_enqueue)`` on the core class; the
+:class:`Verb` descriptor turns it into a plain method on a sync driver and into a
+coroutine method on an async one (mypy sees both signatures). A transport raises
+pyqueue errors (already mapped, see :mod:`pyqueue.errors`) into the plan at the step
+that failed, so a plan can react, and a plan that does not simply lets them through.
+
+Also here: argument validation and the script ABI (:func:`script_call` builders, one
+per ``lua/*.lua``, keys and ARGV in header order).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from binascii import crc_hqx
+from collections.abc import Callable, Coroutine, Generator, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, Union, overload
+
+from pyqueue.errors import InvalidArgument, PyQueueError
+from pyqueue.models import Job, NewJob
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+DEFAULT_PREFIX = "pq"
+DEFAULT_LEASE_MS = 30_000
+DEFAULT_MAX_ATTEMPTS = 5
+DEFAULT_BACKOFF_BASE_MS = 1_000
+DEFAULT_BACKOFF_CAP_MS = 3_600_000
+#: How long an acked job's id stays a duplicate for enqueue (its tombstone): long enough
+#: for any retry of a lost enqueue reply, by redis-py or by the caller, to find it.
+DEFAULT_KEEP_DONE_MS = 300_000
+#: Most jobs promoted and most expired leases reclaimed by one call.
+DEFAULT_MAINTENANCE_LIMIT = 100
+#: Scripts accept at most this many jobs, receipts or ids per call.
+MAX_BATCH = 1000
+MAX_ID_BYTES = 256
+#: Most partitions of one logical queue.
+MAX_PARTITIONS = 1024
+MAX_ERROR_BYTES = 65536
+MAX_LEASE_MS = 604_800_000
+
+Arg = Union[bytes, str, int]
+
+# -- validation ----------------------------------------------------------------------
+
+
+def check_int(value: object, name: str, lo: int, hi: int) -> int:
+    """Return ``value`` if it is an ``int`` (not ``bool``) in [lo, hi]; else raise."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+            raise InvalidArgument(f"{name} must be an integer, got {value!r}")
+        raise InvalidArgument(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if not lo <= value <= hi:
+        raise InvalidArgument(f"{name} must be in [{lo}, {hi}], got {value}")
+    return value
+
+
+def check_job_id(value: object) -> str:
+    """Return ``value`` if it is a valid job id: 1..256 UTF-8 bytes, no control chars."""
+    if not isinstance(value, str):
+        raise InvalidArgument(f"job id must be a str, got {type(value).__name__}")
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if not 1 <= size <= MAX_ID_BYTES or any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise InvalidArgument(f"job id must be 1..{MAX_ID_BYTES} bytes without control characters, got {value!r}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgument(f"job id must be valid UTF-8, got {value!r}") from exc
+    return value
+
+
+def check_now(now_ms: int | None) -> None:
+    """``now_ms`` overrides the server clock in tests; when given it must be sane."""
+    if now_ms is not None:
+        check_int(now_ms, "now_ms", 0, 2**53)
+
+
+def check_owner(owner: object) -> str:
+    """A lease owner: 1..64 characters of ``[A-Za-z0-9_.:-]``."""
+    if not isinstance(owner, str) or not (1 <= len(owner) <= 64) or not all(
+        c.isalnum() and c.isascii() or c in "_.:-" for c in owner
+    ):
+        raise InvalidArgument(f"owner must be 1..64 characters of [A-Za-z0-9_.:-], got {owner!r}")
+    return owner
+
+
+def as_payload(value: object) -> bytes:
+    """Payload bytes: ``bytes`` as they are, ``str`` encoded as UTF-8. Never pickle."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    raise InvalidArgument(f"payload must be bytes or str (use enqueue_json for objects), got {type(value).__name__}")
+
+
+#: What enqueue.lua takes per job: (id, payload, delay_ms, max_attempts).
+JobTuple = tuple[str, bytes, int, int]
+
+
+def new_job(item: NewJob | bytes | str) -> JobTuple:
+    """Validate one job to enqueue (a random id when none is given). Raises
+    InvalidArgument before anything is sent."""
+    new = item if isinstance(item, NewJob) else NewJob(item)
+    return (
+        check_job_id(new.job_id) if new.job_id is not None else os.urandom(16).hex(),
+        as_payload(new.payload),
+        check_int(new.delay_ms, "delay_ms", 0, 2**40),
+        check_int(DEFAULT_MAX_ATTEMPTS if new.max_attempts is None else new.max_attempts, "max_attempts", 1, 10_000),
+    )
+
+
+def new_batch(jobs: Iterable[NewJob | bytes | str]) -> list[JobTuple]:
+    """Validate 1..1000 jobs to enqueue in one call."""
+    batch = [new_job(item) for item in jobs]
+    if not 1 <= len(batch) <= MAX_BATCH:
+        raise InvalidArgument(f"1..{MAX_BATCH} jobs per call, got {len(batch)}")
+    return batch
+
+
+def receipts_of(jobs: Iterable[Job]) -> list[str]:
+    """The receipts of 1..1000 leased jobs (InvalidArgument for anything else)."""
+    out = []
+    for job in jobs:
+        if not isinstance(job, Job):
+            raise InvalidArgument(f"expected a Job from lease, got {type(job).__name__}")
+        out.append(job.receipt)
+    if not 1 <= len(out) <= MAX_BATCH:
+        raise InvalidArgument(f"1..{MAX_BATCH} jobs per call, got {len(out)}")
+    return out
+
+
+def check_ids(ids: Iterable[str]) -> list[str]:
+    """At most 1000 valid job ids."""
+    checked = [check_job_id(i) for i in ids]
+    if len(checked) > MAX_BATCH:
+        raise InvalidArgument(f"at most {MAX_BATCH} ids per call, got {len(checked)}")
+    return checked
+
+
+def text(value: Any) -> str:
+    """A reply element as str."""
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def partition_of(job_id: str, partitions: int) -> int:
+    """The partition of a job of a queue with ``partitions`` partitions: CRC16 (XMODEM,
+    the checksum Redis Cluster hashes keys with, which every cluster client has) of the
+    id's UTF-8 bytes, modulo ``partitions``. lua/README.md documents it for other
+    languages; they must compute the same."""
+    return crc_hqx(job_id.encode("utf-8"), 0) % partitions  # crc_hqx(data, 0) is CRC16-XMODEM
+
+
+def partition_name(name: str, partition: int, partitions: int) -> str:
+    """The name of one partition, a queue of its own: ``<name>#<p>``, or ``name`` itself
+    when there is one partition."""
+    return name if partitions == 1 else f"{name}#{partition}"
+
+
+# -- steps: what a plan asks its transport to do ---------------------------------------
+
+
+class Keys(Protocol):
+    """Anything that names a key by role: QueueKeys, ServiceKeys (hashable, immutable)."""
+
+    def role(self, name: str) -> str: ...
+
+    def __hash__(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class ScriptCall:
+    """Run ``lua/<script>.lua`` once with the keys its header lists (by role, from
+    ``keys``) and ``args``. The reply is the script's raw reply."""
+
+    script: str
+    keys: Keys
+    args: Sequence[Arg]
+
+
+@dataclass(frozen=True)
+class Pipelined:
+    """Run one read-only or replay-safe script once per (keys, args), in one round trip
+    per server. The reply is one raw reply *or exception instance* per call, in order."""
+
+    script: str
+    calls: Sequence[tuple[Keys, Sequence[Arg]]]
+
+
+@dataclass(frozen=True)
+class Commands:
+    """Plain commands on the server holding ``key``, pipelined on one connection. The
+    reply is the list of their replies."""
+
+    key: str
+    commands: Sequence[tuple[Arg, ...]]
+
+
+Step = Union[ScriptCall, Pipelined, Commands]
+#: A verb's plan: yields steps, receives their replies, returns the verb's result.
+Plan = Generator[Step, Any, T]
+
+
+def plan_each(plans: Iterable[Plan[T]]) -> Plan[list[T]]:
+    """The plans run one after another; their results in order (a comprehension cannot
+    ``yield from``)."""
+    out = []
+    for plan in plans:
+        out.append((yield from plan))
+    return out
+
+
+@dataclass(frozen=True)
+class Finished(Generic[T]):
+    """What :func:`resume` returns when a plan has returned."""
+
+    value: T
+
+
+def resume(plan: Plan[T], reply: Any = None, error: PyQueueError | None = None) -> Step | Finished[T]:
+    """Hand a plan the outcome of its last step (a reply, or an error raised at the
+    step); return its next step, or what it returned."""
+    try:
+        return plan.throw(error) if error is not None else plan.send(reply)
+    except StopIteration as stop:
+        return Finished(stop.value)
+
+
+class SyncDriver:
+    """A transport that runs plans with blocking I/O."""
+
+    def execute(self, step: Step) -> Any:
+        """Run one step; raise pyqueue errors (mapped)."""
+        raise NotImplementedError
+
+    def drive(self, plan: Plan[T]) -> T:
+        """Run ``plan`` to its end."""
+        step = resume(plan)
+        while not isinstance(step, Finished):
+            try:
+                step = resume(plan, self.execute(step))
+            except PyQueueError as exc:
+                step = resume(plan, error=exc)
+        return step.value
+
+
+class AsyncDriver:
+    """A transport that runs plans with asyncio."""
+
+    async def execute(self, step: Step) -> Any:
+        """Run one step; raise pyqueue errors (mapped)."""
+        raise NotImplementedError
+
+    async def drive(self, plan: Plan[T]) -> T:
+        """Run ``plan`` to its end."""
+        step = resume(plan)
+        while not isinstance(step, Finished):
+            reply, error = None, None
+            try:
+                reply = await self.execute(step)
+            except PyQueueError as exc:
+                error = exc
+            step = resume(plan, reply, error)
+        return step.value
+
+
+class Verb(Generic[P, T]):
+    """A driver verb declared once from its plan (``enqueue = Verb(plan_enqueue)``): on
+    a :class:`SyncDriver` it is a method returning the result, on an
+    :class:`AsyncDriver` a coroutine method. It runs the instance's own ``plan_<verb>``,
+    so a subclass that overrides the plan (a partitioned queue) overrides the verb of
+    both drivers."""
+
+    def __init__(self, plan: Callable[Concatenate[Any, P], Plan[T]]) -> None:
+        self.plan_name = plan.__name__
+        self.__doc__ = plan.__doc__
+        self.__wrapped__ = plan  # inspect.signature shows the plan's parameters
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> Verb[P, T]: ...
+
+    @overload
+    def __get__(self, obj: AsyncDriver, owner: type) -> Callable[P, Coroutine[Any, Any, T]]: ...
+
+    @overload
+    def __get__(self, obj: SyncDriver, owner: type) -> Callable[P, T]: ...
+
+    def __get__(self, obj: Any, owner: type) -> Any:
+        if obj is None:
+            return self
+        plan = getattr(obj, self.plan_name)
+        if isinstance(obj, AsyncDriver):
+
+            async def verb_async(*args: Any, **kwargs: Any) -> Any:
+                return await obj.drive(plan(*args, **kwargs))
+
+            verb: Callable[..., Any] = verb_async
+        else:
+
+            def verb(*args: Any, **kwargs: Any) -> Any:
+                return obj.drive(plan(*args, **kwargs))
+
+        verb.__name__, verb.__doc__ = self.name, self.__doc__
+        return verb
+
+
+# -- the script ABI: one builder per lua/*.lua, ARGV in header order ------------------
+
+
+def now_arg(now_ms: int | None) -> Arg:
+    """'' tells a script to read the server clock; an explicit time is for tests only."""
+    return "" if now_ms is None else now_ms
+
+
+def enqueue_call(keys: Keys, now_ms: int | None, jobs: Sequence[JobTuple]) -> ScriptCall:
+    """lua/enqueue.lua. ``jobs``: (id, payload, delay_ms, max_attempts) tuples."""
+    args: list[Arg] = [now_arg(now_ms), len(jobs)]
+    for job_id, payload, delay_ms, max_attempts in jobs:
+        args += [job_id, payload, delay_ms, max_attempts]
+    return ScriptCall("enqueue", keys, args)
+
+
+def lease_call(
+    keys: Keys,
+    now_ms: int | None,
+    owner: str,
+    call: str,
+    count: int,
+    lease_ms: int,
+    limit: int,
+    keep_done_ms: int,
+    ack_receipts: Sequence[str] = (),
+) -> ScriptCall:
+    """lua/lease.lua."""
+    args: list[Arg] = [now_arg(now_ms), owner, call, count, lease_ms, limit, keep_done_ms, *ack_receipts]
+    return ScriptCall("lease", keys, args)
+
+
+def ack_call(keys: Keys, now_ms: int | None, keep_done_ms: int, receipts: Sequence[str]) -> ScriptCall:
+    """lua/ack.lua."""
+    return ScriptCall("ack", keys, [now_arg(now_ms), keep_done_ms, *receipts])
+
+
+def nack_call(
+    keys: Keys, now_ms: int | None, receipt: str, error: bytes, delay_ms: int | None, base_ms: int, cap_ms: int
+) -> ScriptCall:
+    """lua/nack.lua."""
+    delay: Arg = "" if delay_ms is None else delay_ms
+    return ScriptCall("nack", keys, [now_arg(now_ms), receipt, error, delay, base_ms, cap_ms])
+
+
+def extend_call(keys: Keys, now_ms: int | None, lease_ms: int, receipts: Sequence[str]) -> ScriptCall:
+    """lua/extend.lua."""
+    return ScriptCall("extend", keys, [now_arg(now_ms), lease_ms, *receipts])
+
+
+def release_call(keys: Keys, receipts: Sequence[str]) -> ScriptCall:
+    """lua/release.lua."""
+    return ScriptCall("release", keys, list(receipts))
+
+
+def promote_call(keys: Keys, now_ms: int | None, limit: int) -> ScriptCall:
+    """lua/promote.lua."""
+    return ScriptCall("promote", keys, [now_arg(now_ms), limit])
+
+
+def stats_call(keys: Keys, now_ms: int | None) -> ScriptCall:
+    """lua/stats.lua."""
+    return ScriptCall("stats", keys, [now_arg(now_ms)])
+
+
+def peek_call(keys: Keys, now_ms: int | None) -> ScriptCall:
+    """lua/peek.lua."""
+    return ScriptCall("peek", keys, [now_arg(now_ms)])
+
+
+def dead_list_call(keys: Keys, offset: int, limit: int) -> ScriptCall:
+    """lua/dead_list.lua."""
+    return ScriptCall("dead_list", keys, [offset, limit])
+
+
+def dead_replay_call(keys: Keys, now_ms: int | None, ids: Sequence[str]) -> ScriptCall:
+    """lua/dead_replay.lua."""
+    return ScriptCall("dead_replay", keys, [now_arg(now_ms), *ids])
+
+
+def dead_purge_call(keys: Keys, ids: Sequence[str]) -> ScriptCall:
+    """lua/dead_purge.lua."""
+    return ScriptCall("dead_purge", keys, list(ids))
+
+
+def scrub_call(keys: Keys, now_ms: int | None, owner: str, limit: int) -> ScriptCall:
+    """lua/scrub.lua."""
+    return ScriptCall("scrub", keys, [now_arg(now_ms), owner, limit])
+
+
+class ServiceKeyset(Keys, Protocol):
+    """The keys of one service (:class:`pyqueue.keys.ServiceKeys`): also its id."""
+
+    @property
+    def id(self) -> int | None: ...
+
+
+def service_register_call(
+    keys: ServiceKeyset,
+    now_ms: int | None,
+    host: str,
+    pid: int,
+    queues: str,
+    expire_ms: int,
+    capacity: int,
+    gc_limit: int,
+    renewal: str,
+    registration: str,
+) -> ScriptCall:
+    """lua/service_register.lua; ``keys.id`` is the id the caller expects."""
+    args: list[Arg] = [
+        now_arg(now_ms), keys.id or 0, host, pid, queues, expire_ms, capacity, gc_limit, renewal, registration
+    ]
+    return ScriptCall("service_register", keys, args)
+
+
+def service_renew_call(
+    keys: ServiceKeyset, now_ms: int | None, renewal: str, next_renewal: str, expire_ms: int, limit: int
+) -> ScriptCall:
+    """lua/service_renew.lua."""
+    return ScriptCall("service_renew", keys, [now_arg(now_ms), keys.id or 0, renewal, next_renewal, expire_ms, limit])
+
+
+def service_deregister_call(
+    keys: ServiceKeyset, now_ms: int | None, require_expired: bool, registration: str
+) -> ScriptCall:
+    """lua/service_deregister.lua."""
+    return ScriptCall("service_deregister", keys, [now_arg(now_ms), keys.id or 0, int(require_expired), registration])
+
+
+def service_stop_call(keys: ServiceKeyset, now_ms: int | None, registration: str) -> ScriptCall:
+    """lua/service_stop.lua."""
+    return ScriptCall("service_stop", keys, [now_arg(now_ms), keys.id or 0, registration])
