@@ -18,6 +18,20 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
 fi
 redis-server --version
 
+# The dashboard's browser tests (tests/test_dashboard_browser.py) drive Debian's chromium
+# through Playwright, which cannot download a browser of its own here (never run
+# `playwright install`). fonts-liberation: readable text in the README screenshot.
+if ! command -v chromium >/dev/null 2>&1; then
+  echo "== installing chromium from Debian's packages"
+  apt-get update -qq
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-liberation >/dev/null
+fi
+chromium --version 2>/dev/null  # (its launcher script complains on stderr about the memory size)
+
 echo "== installing pyqueue with its test extras"
 python3 -m pip install --quiet --disable-pip-version-check -e ".[test]"
 

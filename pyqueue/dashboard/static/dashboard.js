@@ -12,6 +12,8 @@
   const SVG = "http://www.w3.org/2000/svg";
   const COLORS = ["#2f6fdb", "#e07b00", "#1a9a5b", "#c23b73", "#7a4fc9", "#8a6d1d", "#0e8a9a", "#d4452f"];
   const MAX_LINES = 6;
+  const RATE_MS = 2000;        // throughput is averaged over at least this long
+  const MIN_SPAN_MS = 10000;   // the charts' narrowest window
 
   const state = {
     overview: null,
@@ -106,9 +108,14 @@
     const h = state.history, q = h.queues[name];
     if (!q) return [];
     if (metric === "throughput") {
+      // The slope of the acked counter over at least RATE_MS (or one step, if the
+      // server samples less often): acks come in bursts, and a rate over a quarter
+      // second is mostly noise.
       const out = [];
+      let j = 0;
       for (let i = 1; i < h.t.length; i++) {
-        const a = q.acked[i], b = q.acked[i - 1], dt = h.t[i] - h.t[i - 1];
+        while (j < i - 1 && h.t[i] - h.t[j + 1] >= RATE_MS) j++;
+        const a = q.acked[i], b = q.acked[j], dt = h.t[i] - h.t[j];
         out.push([h.t[i], a === null || b === null || dt <= 0 ? null : Math.max(0, a - b) * 1000 / dt]);
       }
       return out;
@@ -149,11 +156,11 @@
     const hidden = Math.max(0, lines.length - MAX_LINES);
     lines = lines.slice(0, MAX_LINES);
 
-    // The window is the history there is (at least a minute, at most the server's
+    // The window is the history there is (at least MIN_SPAN_MS, at most the server's
     // length), so a dashboard started a moment ago does not draw a spike at the edge.
     const ts = state.history.t;
     const t1 = ts.length ? ts[ts.length - 1] : serverNow();
-    const span = Math.min(config.history_ms, Math.max(60000, ts.length ? t1 - ts[0] : 0));
+    const span = Math.min(config.history_ms, Math.max(MIN_SPAN_MS, ts.length ? t1 - ts[0] : 0));
     const t0 = t1 - span;
     const top = niceMax(Math.max(0, ...lines.map((l) => l.peak)));
     const x = (t) => pad.left + (width - pad.left - pad.right) * (t - t0) / (t1 - t0 || 1);
