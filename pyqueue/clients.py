@@ -58,12 +58,20 @@ def embedded_redis() -> redis_lib.Redis:
     """
     import fakeredis  # only the embedded default needs it: keep it off the import path
 
+    client: redis_lib.Redis = fakeredis.FakeRedis(server=embedded_server())
+    return client
+
+
+def embedded_server() -> Any:
+    """The process-wide embedded ``fakeredis.FakeServer`` (created on first use); the
+    async driver's embedded client talks to the same one."""
+    import fakeredis
+
     global _embedded_server
     with _embedded_lock:
         if _embedded_server is None:
             _embedded_server = fakeredis.FakeServer()
-        client: redis_lib.Redis = fakeredis.FakeRedis(server=_embedded_server)
-        return client
+        return _embedded_server
 
 
 def connect(
@@ -93,29 +101,48 @@ def connect(
     """
     if url in ("embedded", "fakeredis://"):
         return embedded_redis()
+    url, cluster, settings = client_settings(url, retries, socket_timeout_s, socket_connect_timeout_s, cluster)
+    if cluster:
+        return RedisCluster.from_url(url, **settings)
+    return redis_lib.Redis.from_url(url, **settings, **ONE_SERVER_SETTINGS)
+
+
+#: What a one-server client gets beyond :func:`client_settings` (a cluster client
+#: refuses these: it retries and checks its nodes itself).
+ONE_SERVER_SETTINGS: dict[str, Any] = {
+    "retry_on_error": [redis_lib.ConnectionError, redis_lib.TimeoutError],
+    "health_check_interval": 30,
+}
+
+
+def client_settings(
+    url: str,
+    retries: int,
+    socket_timeout_s: float,
+    socket_connect_timeout_s: float,
+    cluster: bool | None,
+    retry_class: Any = Retry,
+) -> tuple[str, bool, dict[str, Any]]:
+    """What both drivers' ``connect`` derive from a URL and pyqueue's settings: the URL
+    to pass redis-py, whether it names a cluster, and the client keyword arguments,
+    the retry policy included (``retry_class``: redis-py's sync or asyncio ``Retry``)."""
     scheme, sep, rest = url.partition("://")
     if scheme in CLUSTER_SCHEMES:
         url, cluster = f"{CLUSTER_SCHEMES[scheme]}{sep}{rest}", True
-    retry = Retry(ExponentialWithJitterBackoff(base=0.01, cap=1.0), retries)
     settings: dict[str, Any] = {
         "socket_timeout": socket_timeout_s,
         "socket_connect_timeout": socket_connect_timeout_s,
         "decode_responses": False,
+        "retry": retry_class(ExponentialWithJitterBackoff(base=0.01, cap=1.0), retries),
     }
     if not url.startswith("unix:"):
         settings["socket_keepalive"] = True
-    if cluster is not False and not url.startswith("unix:"):
-        if cluster is None:
-            cluster = _server_is_cluster(url, settings)
-        if cluster:
-            return RedisCluster.from_url(url, retry=retry, **settings)
-    return redis_lib.Redis.from_url(
-        url,
-        **settings,
-        retry=retry,
-        retry_on_error=[redis_lib.ConnectionError, redis_lib.TimeoutError],
-        health_check_interval=30,
-    )
+    if url.startswith("unix:"):
+        cluster = False
+    elif cluster is None:
+        probe = {k: v for k, v in settings.items() if k != "retry"}
+        cluster = _server_is_cluster(url, probe)
+    return url, bool(cluster), settings
 
 
 def _server_is_cluster(url: str, settings: dict[str, Any]) -> bool:
@@ -230,14 +257,20 @@ def check_server(client: Client) -> list[str]:
         except redis_lib.RedisError as exc:
             log.info("could not check maxmemory-policy (%s); it must be 'noeviction'", exc)
             return problems
-        if isinstance(policy, bytes):
-            policy = policy.decode()
-        if policy not in (None, "noeviction"):
-            where = f" on {node.get_connection_kwargs().get('host')}:{node.get_connection_kwargs().get('port')}"
-            problems.append(
-                f"maxmemory-policy is {policy!r}{where if is_cluster(client) else ''}: at the memory limit Redis may "
-                "evict queue keys, silently dropping jobs; set it to 'noeviction'"
-            )
+        kwargs = node.get_connection_kwargs()
+        problems += eviction_problems(policy, f"{kwargs.get('host')}:{kwargs.get('port')}" if is_cluster(client) else "")
     for problem in problems:
         log.warning(problem)
     return problems
+
+
+def eviction_problems(policy: object, where: str = "") -> list[str]:
+    """The problem with a server's ``maxmemory-policy``, if any (see :func:`check_server`)."""
+    if isinstance(policy, bytes):
+        policy = policy.decode()
+    if policy in (None, "noeviction"):
+        return []
+    return [
+        f"maxmemory-policy is {policy!r}{' on ' + where if where else ''}: at the memory limit Redis may evict "
+        "queue keys, silently dropping jobs; set it to 'noeviction'"
+    ]

@@ -118,8 +118,26 @@ DEFAULT_WEATHER_BUDGET_S = 30.0
 _WEATHER_BACKOFF_CAP_S = 1.0
 
 
-class Scripts:
-    """Every script registered on one client. Thread-safe as the client is.
+class Weather:
+    """How long a cluster call keeps re-sending while the cluster is in motion: capped
+    exponential pauses within a budget (0: no re-sending, as on one server)."""
+
+    def __init__(self, budget_s: float) -> None:
+        self.deadline, self.delay = time.monotonic() + budget_s, 0.01
+
+    def pause(self) -> float:
+        """The pause before sending again; called while handling the weather error, it
+        re-raises that error once the budget is spent."""
+        delay = self.delay
+        if time.monotonic() + delay > self.deadline:
+            raise  # noqa: PLE0704 - the weather error being handled
+        self.delay = min(delay * 2, _WEATHER_BACKOFF_CAP_S)
+        return delay
+
+
+class ScriptTable:
+    """What the blocking and the asyncio transports share: the scripts' key lists and
+    the policies of ``wait_replicas`` and of re-sending.
 
     ``weather_budget_s``: on a cluster, how long a call keeps retrying TRYAGAIN,
     CLUSTERDOWN and lost nodes (see the module docstring). Unused on one server, where
@@ -136,6 +154,49 @@ class Scripts:
     write can be lost, and it costs the replicas' round trip on every write.
     """
 
+    def __init__(self, cluster: bool, weather_budget_s: float, wait_replicas: int, wait_timeout_ms: int) -> None:
+        self.cluster = cluster
+        self.weather_budget_s = weather_budget_s
+        self.wait_replicas = wait_replicas
+        self.wait_timeout_ms = wait_timeout_ms
+        # (script, keys) -> the KEYS list: built once, not formatted on every call.
+        self._key_lists: dict[tuple[str, Keys], list[str]] = {}
+
+    def key_list(self, name: str, keys: Keys) -> list[str]:
+        """The keys script ``name`` takes, in header order."""
+        key_list = self._key_lists.get((name, keys))
+        if key_list is None:
+            key_list = self._key_lists[(name, keys)] = [keys.role(r) for r in SCRIPT_KEYS[name]]
+        return key_list
+
+    def waits(self, name: str) -> bool:
+        """Whether a call of ``name`` is followed by WAIT."""
+        return bool(self.wait_replicas) and name not in READ_ONLY
+
+    def replicated(self, reply: Any, replicas: Any) -> Any:
+        """The reply of a call followed by WAIT, once enough replicas confirmed it."""
+        if isinstance(reply, Exception):
+            raise reply
+        if int(replicas) < self.wait_replicas:
+            raise NotReplicated(
+                f"the call ran, but {int(replicas)} of {self.wait_replicas} replicas confirmed it within "
+                f"{self.wait_timeout_ms} ms: send it again, or accept that a failover may lose it",
+                int(replicas),
+            )
+        return reply
+
+    def resend(self, reply: Any) -> bool:
+        """Whether a pipelined call's reply asks for the call to be sent again alone: a
+        NOSCRIPT (a restarted or flushed server), or on a cluster a redirect or weather."""
+        return isinstance(reply, redis.exceptions.NoScriptError) or (
+            self.cluster and isinstance(reply, Exception) and _is_redirect_or_weather(reply)
+        )
+
+
+class Scripts(ScriptTable):
+    """Every script registered on one blocking client (see :class:`ScriptTable` for
+    the settings). Thread-safe as the client is."""
+
     def __init__(
         self,
         client: Client,
@@ -145,48 +206,28 @@ class Scripts:
         wait_replicas: int = 0,
         wait_timeout_ms: int = 1000,
     ) -> None:
+        super().__init__(is_cluster(client), weather_budget_s, wait_replicas, wait_timeout_ms)
         self.client = client
-        self.cluster = is_cluster(client)
-        self.weather_budget_s = weather_budget_s
-        self.wait_replicas = wait_replicas
-        self.wait_timeout_ms = wait_timeout_ms
         self._scripts: dict[str, Script] = {
             name: client.register_script(lua_source(name, directory)) for name in SCRIPT_KEYS
         }
-        # (script, keys) -> the KEYS list: built once, not formatted on every call.
-        self._key_lists: dict[tuple[str, Keys], list[str]] = {}
 
     def sha(self, name: str) -> str:
         """The SHA1 a script is called by (EVALSHA)."""
         return str(self._scripts[name].sha)
 
-    def _key_list(self, name: str, keys: Keys) -> list[str]:
-        key_list = self._key_lists.get((name, keys))
-        if key_list is None:
-            key_list = self._key_lists[(name, keys)] = [keys.role(r) for r in SCRIPT_KEYS[name]]
-        return key_list
-
     def run(self, name: str, keys: Keys, args: Sequence[Arg], client: Any = None) -> Any:
         """Run script `name` with the keys its header lists and raw ARGV (tests, tools)."""
-        script, key_list = self._scripts[name], self._key_list(name, keys)
+        script, key_list = self._scripts[name], self.key_list(name, keys)
         if client is not None:
             return script(keys=key_list, args=args, client=client)
-        waits = bool(self.wait_replicas) and name not in READ_ONLY
-
-        def send() -> Any:
-            return self._run_and_wait(script, key_list, args) if waits else script(keys=key_list, args=args)
-
-        if not self.cluster:
-            return send()
-        deadline, delay = time.monotonic() + self.weather_budget_s, 0.01
+        waits = self.waits(name)
+        weather = Weather(self.weather_budget_s if self.cluster else 0.0)
         while True:
             try:
-                return send()
+                return self._run_and_wait(script, key_list, args) if waits else script(keys=key_list, args=args)
             except CLUSTER_WEATHER:
-                if time.monotonic() + delay > deadline:
-                    raise
-                time.sleep(delay)
-                delay = min(delay * 2, _WEATHER_BACKOFF_CAP_S)
+                time.sleep(weather.pause())
 
     def _run_and_wait(self, script: Script, key_list: list[str], args: Sequence[Arg]) -> Any:
         """EVALSHA then WAIT, pipelined on one connection of the keys' server (WAIT
@@ -200,15 +241,7 @@ class Scripts:
             if isinstance(reply, redis.exceptions.NoScriptError) and attempt == 0:
                 node.script_load(script.script)
                 continue
-            if isinstance(reply, Exception):
-                raise reply
-            if int(replicas) < self.wait_replicas:
-                raise NotReplicated(
-                    f"the call ran, but {int(replicas)} of {self.wait_replicas} replicas confirmed it within "
-                    f"{self.wait_timeout_ms} ms: send it again, or accept that a failover may lose it",
-                    int(replicas),
-                )
-            return reply
+            return self.replicated(reply, replicas)
         raise AssertionError("unreachable")
 
     def run_pipelined(self, name: str, calls: Sequence[tuple[Keys, Sequence[Arg]]]) -> list[Any]:
@@ -225,7 +258,7 @@ class Scripts:
         read-only or replay-safe scripts only: a call can be sent twice.
         """
         script = self._scripts[name]
-        key_lists = [self._key_list(name, keys) for keys, _ in calls]
+        key_lists = [self.key_list(name, keys) for keys, _ in calls]
         groups: dict[int, tuple[redis.Redis, list[int]]] = {}  # one pipeline per server
         for i, key_list in enumerate(key_lists):
             node = node_for_key(self.client, key_list[0])
@@ -246,9 +279,7 @@ class Scripts:
             for future in [_node_pool().submit(send, node, indexes) for node, indexes in groups.values()]:
                 future.result()
         for i, reply in enumerate(replies):
-            if isinstance(reply, redis.exceptions.NoScriptError) or (
-                self.cluster and isinstance(reply, Exception) and _is_redirect_or_weather(reply)
-            ):
+            if self.resend(reply):
                 try:
                     replies[i] = self.run(name, calls[i][0], calls[i][1])
                 except redis.exceptions.RedisError as exc:

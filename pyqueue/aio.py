@@ -1,0 +1,270 @@
+"""The asyncio driver: the same verbs and promises as :class:`pyqueue.Queue`, awaited.
+
+::
+
+    from pyqueue.aio import AsyncQueue
+
+    async with AsyncQueue.from_url("redis://localhost:6379/0", "emails") as q:
+        added = await q.enqueue(b"hello", job_id="welcome:42")
+        jobs = await q.lease()
+
+Every verb is the plan :class:`pyqueue.queue.QueueCore` defines (validation, ARGV,
+reply parsing: :mod:`pyqueue.core`), run by :class:`AsyncScripts` over
+``redis.asyncio``: a one-server ``Redis``, a ``RedisCluster``, or (``redis=None``) the
+process-wide embedded fakeredis, the same server the sync driver's embedded default
+uses. Delivery semantics are those stated in :mod:`pyqueue.queue`, word for word: the
+scripts are the same, and so is the code that calls them.
+
+Tasks: one ``AsyncQueue`` may be shared by any number of tasks of one event loop (its
+client's connection pool hands each concurrent call its own connection).
+
+:func:`connect` builds a client from a URL as :func:`pyqueue.clients.connect` does, with
+the same retry policy and timeouts; an ``AsyncQueue`` made by ``from_url`` owns its
+client and closes it on ``aclose()`` or when its ``async with`` block ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Union
+
+import redis
+import redis.asyncio
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.commands.core import AsyncScript
+
+from pyqueue.clients import client_settings, embedded_server, eviction_problems, log
+from pyqueue.core import Arg, AsyncDriver, Keys, Pipelined, ScriptCall, Step
+from pyqueue.errors import InvalidArgument, map_redis_error
+from pyqueue.models import Peeked
+from pyqueue.partitioned import PartitionedCore
+from pyqueue.queue import QueueCore, plan_peek_many
+from pyqueue.scripts import CLUSTER_WEATHER, DEFAULT_WEATHER_BUDGET_S, SCRIPT_KEYS, ScriptTable, Weather, lua_source
+
+#: What the async driver accepts wherever it takes a client.
+AsyncClient = Union[redis.asyncio.Redis, AsyncRedisCluster]
+
+__all__ = ["AsyncClient", "AsyncPartitionedQueue", "AsyncQueue", "AsyncScripts", "connect", "embedded_redis", "peek_many"]
+
+
+def embedded_redis() -> redis.asyncio.Redis:
+    """An asyncio client of the process-wide embedded fakeredis server (the one
+    :func:`pyqueue.clients.embedded_redis` talks to)."""
+    import fakeredis
+
+    client: redis.asyncio.Redis = fakeredis.FakeAsyncRedis(server=embedded_server())
+    return client
+
+
+def connect(
+    url: str,
+    *,
+    retries: int = 3,
+    socket_timeout_s: float = 10.0,
+    socket_connect_timeout_s: float = 5.0,
+    cluster: bool | None = None,
+) -> AsyncClient:
+    """An asyncio client configured as :func:`pyqueue.clients.connect` configures a
+    blocking one (same URL schemes, retries, timeouts). Connections open lazily, at the
+    first call; only a plain ``redis://`` URL with ``cluster=None`` asks the server
+    once, now and blocking, whether it is a cluster (pass ``redis+cluster://`` or
+    ``cluster=`` to skip that)."""
+    if url in ("embedded", "fakeredis://"):
+        return embedded_redis()
+    url, is_cluster, settings = client_settings(
+        url, retries, socket_timeout_s, socket_connect_timeout_s, cluster, AsyncRetry
+    )
+    if is_cluster:
+        return AsyncRedisCluster.from_url(url, **settings)
+    # redis.asyncio retries on connection errors and timeouts by default.
+    return redis.asyncio.Redis.from_url(url, **settings, health_check_interval=30)
+
+
+def _undecoded(client: AsyncClient) -> AsyncClient:
+    """``client``, which must not decode replies (payloads are bytes)."""
+    if isinstance(client, AsyncRedisCluster):
+        decodes = client.get_connection_kwargs().get("decode_responses")
+    else:
+        decodes = client.connection_pool.connection_kwargs.get("decode_responses")
+    if decodes:
+        raise InvalidArgument(
+            "the async driver needs a client made with decode_responses=False (payloads are bytes): "
+            "pass pyqueue.aio.connect(url) or a client of your own without reply decoding"
+        )
+    return client
+
+
+class AsyncScripts(ScriptTable):
+    """Every script registered on one asyncio client: runs the steps of plans
+    (:mod:`pyqueue.core`), with the re-sending and ``wait_replicas`` policies of
+    :class:`~pyqueue.scripts.ScriptTable`."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        directory: Path | None = None,
+        *,
+        weather_budget_s: float = DEFAULT_WEATHER_BUDGET_S,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 1000,
+    ) -> None:
+        cluster = isinstance(client, AsyncRedisCluster)
+        if cluster and wait_replicas:
+            # WAIT must follow the call on its connection; redis.asyncio's cluster
+            # client does not let a caller pin one.
+            raise InvalidArgument("wait_replicas is not supported by the async driver on a Redis Cluster")
+        super().__init__(cluster, weather_budget_s, wait_replicas, wait_timeout_ms)
+        self.client = client
+        self._scripts: dict[str, AsyncScript] = {
+            name: client.register_script(lua_source(name, directory)) for name in SCRIPT_KEYS
+        }
+
+    async def run(self, name: str, keys: Keys, args: Sequence[Arg]) -> Any:
+        """Run script ``name`` once (EVALSHA, reloaded on NOSCRIPT); raw reply, redis-py
+        errors."""
+        script, key_list = self._scripts[name], self.key_list(name, keys)
+        weather = Weather(self.weather_budget_s if self.cluster else 0.0)
+        while True:
+            try:
+                if self.waits(name):
+                    return await self._run_and_wait(script, key_list, args)
+                return await script(keys=key_list, args=args)
+            except CLUSTER_WEATHER:
+                await asyncio.sleep(weather.pause())
+
+    async def _run_and_wait(self, script: AsyncScript, key_list: list[str], args: Sequence[Arg]) -> Any:
+        """EVALSHA then WAIT on one connection (one server only, see ``__init__``)."""
+        client: Any = self.client
+        if not await client.script_exists(script.sha) == [True]:
+            await client.script_load(script.script)
+        pipe = client.pipeline(transaction=False)
+        pipe.evalsha(script.sha, len(key_list), *key_list, *args)
+        pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
+        reply, replicas = await pipe.execute(raise_on_error=False)
+        return self.replicated(reply, replicas)
+
+    async def run_pipelined(self, name: str, calls: Sequence[tuple[Keys, Sequence[Arg]]]) -> list[Any]:
+        """Run script ``name`` once per (keys, ARGV): on one server in one pipeline, on
+        a cluster concurrently (each call on its slot's primary). One reply or exception
+        instance per call, in order; for read-only or replay-safe scripts only (a call
+        answered NOSCRIPT or with a redirect is sent again alone)."""
+        script = self._scripts[name]
+        if self.cluster:
+            replies = await asyncio.gather(*(self.run(name, k, a) for k, a in calls), return_exceptions=True)
+        else:
+            pipe: Any = self.client.pipeline(transaction=False)
+            for keys, args in calls:
+                key_list = self.key_list(name, keys)
+                pipe.evalsha(script.sha, len(key_list), *key_list, *args)
+            replies = await pipe.execute(raise_on_error=False)
+        out = list(replies)
+        for i, reply in enumerate(out):
+            if self.resend(reply):
+                try:
+                    out[i] = await self.run(name, *calls[i])
+                except redis.exceptions.RedisError as exc:
+                    out[i] = exc
+        return out
+
+    async def execute(self, step: Step) -> Any:
+        """Run one step of a plan; redis-py errors are raised as pyqueue errors."""
+        try:
+            if isinstance(step, ScriptCall):
+                return await self.run(step.script, step.keys, step.args)
+            if isinstance(step, Pipelined):
+                return await self.run_pipelined(step.script, step.calls)
+            if self.cluster:  # every command names step.key: each goes to its primary
+                return [await self.client.execute_command(*command) for command in step.commands]
+            pipe: Any = self.client.pipeline(transaction=False)
+            for command in step.commands:
+                pipe.execute_command(*command)
+            return await pipe.execute()
+        except redis.exceptions.RedisError as exc:
+            raise map_redis_error(exc) from exc
+
+
+class AsyncQueue(QueueCore, AsyncDriver):
+    """One named queue, driven with ``redis.asyncio`` (arguments: see
+    :class:`~pyqueue.queue.QueueCore`; ``redis`` is an asyncio client or ``None`` for
+    the embedded fakeredis). Every verb of :class:`pyqueue.Queue` is here, awaited, with
+    the same semantics; ``AsyncQueue(name, partitions=K)`` with K > 1 returns an
+    :class:`AsyncPartitionedQueue`."""
+
+    redis: AsyncClient
+    scripts: AsyncScripts
+    #: Whether this object made its client (``from_url``), and so closes it.
+    owns_client = False
+
+    @classmethod
+    def partitioned_class(cls) -> type[QueueCore]:
+        return AsyncPartitionedQueue
+
+    @classmethod
+    def single_class(cls) -> type[QueueCore]:
+        return AsyncQueue
+
+    def open_transport(self, redis: Any, lua_directory: Path | None) -> None:
+        self.redis = _undecoded(redis if redis is not None else embedded_redis())
+        self.scripts = AsyncScripts(
+            self.redis, lua_directory, wait_replicas=self.wait_replicas, wait_timeout_ms=self.wait_timeout_ms
+        )
+
+    async def execute(self, step: Step) -> Any:
+        return await self.scripts.execute(step)
+
+    @classmethod
+    def from_url(cls, url: str, name: str, *, retries: int = 3, **options: Any) -> AsyncQueue:
+        """A queue on the server or cluster at ``url`` (see :func:`connect`), owning its
+        client: ``aclose()`` or the end of ``async with`` closes it. ``options``: those
+        of the constructor. Entering ``async with`` logs a warning if the server may
+        evict keys (see :func:`pyqueue.clients.check_server`)."""
+        queue: AsyncQueue = cls(name, connect(url, retries=retries), **options)
+        queue.owns_client = True
+        return queue
+
+    async def check_server(self) -> list[str]:
+        """:func:`pyqueue.clients.check_server` for this queue's client: the problems
+        with the server's settings (logged as warnings)."""
+        client: Any = self.redis
+        try:
+            if self.scripts.cluster:
+                policies = (await client.config_get("maxmemory-policy", target_nodes="primaries")).values()
+            else:
+                policies = [(await client.config_get("maxmemory-policy")).get("maxmemory-policy")]
+        except redis.exceptions.RedisError as exc:
+            log.info("could not check maxmemory-policy (%s); it must be 'noeviction'", exc)
+            return []
+        problems = [p for policy in policies for p in eviction_problems(policy)]
+        for problem in problems:
+            log.warning(problem)
+        return problems
+
+    async def aclose(self) -> None:
+        """Close the client if this queue made it (``from_url``)."""
+        if self.owns_client:
+            await self.redis.aclose()
+
+    async def __aenter__(self) -> AsyncQueue:
+        await self.check_server()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+class AsyncPartitionedQueue(PartitionedCore, AsyncQueue):
+    """One logical queue over ``partitions`` partitions, driven with ``redis.asyncio``
+    (see :mod:`pyqueue.partitioned`). Made by ``AsyncQueue(name, partitions=K)``."""
+
+    parts: list[AsyncQueue]
+
+
+async def peek_many(queues: Sequence[AsyncQueue]) -> list[Peeked]:
+    """:func:`pyqueue.queue.plan_peek_many` on the queues' shared client."""
+    return await queues[0].drive(plan_peek_many(queues)) if queues else []
