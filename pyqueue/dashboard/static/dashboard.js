@@ -296,8 +296,14 @@
     const body = document.querySelector("#dead-table tbody");
     if (!name) { body.replaceChildren(); updateDeadControls(0); return; }
     const url = api(`${queuePath(name)}/dead?offset=${state.deadOffset}&limit=${config.dead_page}`);
-    const response = await fetch(url, { credentials: "same-origin" });
-    const page = await response.json();
+    let response, page;
+    try {
+      response = await fetch(url, { credentials: "same-origin" });
+      page = await response.json();
+    } catch (error) {
+      say("Reading the dead letters failed: " + error.message, true);
+      return;
+    }
     if (!response.ok) { say(page.error || `HTTP ${response.status}`, true); return; }
     if (name !== state.deadQueue) return;   // another queue was chosen meanwhile
     state.deadTotal = page.total;
@@ -362,12 +368,18 @@
       const what = body.all ? `every dead job of ${name}` : `${body.ids.length} dead job(s) of ${name}`;
       if (!window.confirm(`Purge ${what} for good?`)) return;
     }
-    const response = await fetch(api(`${queuePath(name)}/actions/${action}`), {
-      method: "POST",
-      credentials: "same-origin",
-      headers: { "content-type": "application/json", "x-csrf-token": csrfToken },
-      body: JSON.stringify(body),
-    });
+    let response;
+    try {
+      response = await fetch(api(`${queuePath(name)}/actions/${action}`), {
+        method: "POST",
+        credentials: "same-origin",
+        headers: { "content-type": "application/json", "x-csrf-token": csrfToken },
+        body: JSON.stringify(body),
+      });
+    } catch (error) {
+      say("The dashboard server did not answer: " + error.message, true);
+      return;
+    }
     const answer = await response.json().catch(() => ({}));
     if (!response.ok) { say(answer.error || `HTTP ${response.status}`, true); return; }
     say(answer.message, false);
