@@ -147,6 +147,10 @@ class AsyncScripts(ScriptTable):
         reply, replicas = await pipe.execute(raise_on_error=False)
         return self.replicated(reply, replicas)
 
+    async def call(self, step: ScriptCall) -> Any:
+        """Run one :class:`~pyqueue.core.ScriptCall`, raw (redis-py errors unmapped)."""
+        return await self.run(step.script, step.keys, step.args)
+
     async def run_pipelined(self, name: str, calls: Sequence[tuple[Keys, Sequence[Arg]]]) -> list[Any]:
         """Run script ``name`` once per (keys, ARGV): on one server in one pipeline, on
         a cluster concurrently (each call on its slot's primary). One reply or exception

@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
 import shutil
 import socket
@@ -25,9 +27,12 @@ from pathlib import Path
 import fakeredis
 import pytest
 import redis
+import redis.asyncio
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
 from pyqueue import Queue
+from pyqueue.aio import AsyncQueue, AsyncScripts
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
@@ -422,6 +427,58 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "backend" in metafunc.fixturenames:
         extra = ["cluster"] if getattr(metafunc.module, "ON_CLUSTER", False) else []
         metafunc.parametrize("backend", BACKENDS + extra, indirect=True)
+    if "driver" in metafunc.fixturenames:
+        # A module that sets ``ASYNC_TOO = True`` (the driver behaviour tests) runs each
+        # test on the async driver as well, through the blocking facade below.
+        drivers = ["sync", "async"] if getattr(metafunc.module, "ASYNC_TOO", False) else ["sync"]
+        metafunc.parametrize("driver", drivers, indirect=True)
+
+
+@pytest.fixture
+def driver(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+class Blocking:
+    """An object of the async driver seen through blocking calls: every coroutine its
+    methods return is run to completion on the test's event loop, and the async
+    objects it hands out (its scripts, its partitions) are wrapped the same way. So a
+    driver test written once against ``Queue`` runs on ``AsyncQueue`` unchanged."""
+
+    def __init__(self, target: Any, loop: asyncio.AbstractEventLoop) -> None:
+        object.__setattr__(self, "_target", target)
+        object.__setattr__(self, "_loop", loop)
+
+    def _wrap(self, value: Any) -> Any:
+        if inspect.iscoroutine(value):
+            return self._loop.run_until_complete(value)
+        if isinstance(value, (AsyncQueue, AsyncScripts)):
+            return Blocking(value, self._loop)
+        if isinstance(value, list) and value and isinstance(value[0], AsyncQueue):
+            return [Blocking(v, self._loop) for v in value]
+        return value
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._target, name)
+        if callable(value) and not isinstance(value, type):
+            return lambda *args, **kwargs: self._wrap(value(*args, **kwargs))
+        return self._wrap(value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._target, name, value)
+
+    def __repr__(self) -> str:
+        return f"Blocking({self._target!r})"
+
+
+def async_client(r: Any) -> Any:
+    """An asyncio client of the server (or cluster) the raw client ``r`` talks to."""
+    if isinstance(r, fakeredis.FakeRedis):
+        return fakeredis.FakeAsyncRedis(server=r.connection_pool.connection_kwargs["server"])
+    if isinstance(r, RedisCluster):
+        node = r.get_primaries()[0]
+        return AsyncRedisCluster(host=node.host, port=node.port)
+    return redis.asyncio.Redis(unix_socket_path=r.connection_pool.connection_kwargs["path"])
 
 
 @pytest.fixture
@@ -447,13 +504,17 @@ def r(backend: str, request: pytest.FixtureRequest) -> Iterator[Any]:
 
 
 @pytest.fixture
-def make_queue(r: redis.Redis) -> Callable[..., Queue]:
-    """Factory: ``make_queue(name="q", **kwargs)`` -> a Queue on the test's server."""
-
-    def make(name: str = "q", **kwargs: object) -> Queue:
-        return Queue(name, r, **kwargs)  # type: ignore[arg-type]
-
-    return make
+def make_queue(r: redis.Redis, driver: str) -> Iterator[Callable[..., Queue]]:
+    """Factory: ``make_queue(name="q", **kwargs)`` -> a Queue on the test's server; with
+    the async driver, an AsyncQueue behind the blocking facade :class:`Blocking`."""
+    if driver == "sync":
+        yield lambda name="q", **kwargs: Queue(name, r, **kwargs)
+        return
+    loop = asyncio.new_event_loop()
+    client = async_client(r)
+    yield lambda name="q", **kwargs: Blocking(AsyncQueue(name, client, **kwargs), loop)  # type: ignore[return-value]
+    loop.run_until_complete(client.aclose())
+    loop.close()
 
 
 @pytest.fixture

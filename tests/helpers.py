@@ -28,7 +28,8 @@ def busy_queue(q: Queue) -> dict[str, Any]:
     and a current lease 'retry' with attempts to spare; a dead job 'corpse'; ten
     tombstones done0..done9 that expire at T0 + 50 (the next ack trims them).
     """
-    finisher = Queue(q.name, q.redis, prefix=q.keys.prefix, keep_done_ms=50)
+    finisher = q.physical(q.name)  # the same driver and client (sync or async)
+    finisher.keep_done_ms = 50
     finisher.enqueue_many([NewJob(b"", job_id=f"done{i}") for i in range(10)], now_ms=T0)
     finisher.ack_many(finisher.lease(count=10, now_ms=T0), now_ms=T0)
     q.enqueue(b"", job_id="corpse", max_attempts=1, now_ms=T0)

@@ -128,6 +128,9 @@ MALFORMED: list[tuple[str, list[Any]]] = [
 ]
 
 
+#: Also on the async driver (conftest.Blocking).
+ASYNC_TOO = True
+
 @pytest.mark.parametrize(("script", "args"), MALFORMED, ids=[f"{s}-{i}" for i, (s, _) in enumerate(MALFORMED)])
 def test_malformed_arguments_are_rejected_with_pq_badarg_and_nothing_written(
     q: Queue, r: redis.Redis, script: str, args: list[Any]

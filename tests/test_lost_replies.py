@@ -31,6 +31,8 @@ worker retries a lost lease call with the same call token.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import re
@@ -43,12 +45,14 @@ from typing import Any
 
 import pytest
 import redis
-from conftest import require_redis_server
+from conftest import Blocking, require_redis_server
 from crash_harness import RedisProcess
 from helpers import T0, contents
 from proxy import Fault, FaultProxy, Rule, evalsha_of
 
 from pyqueue.core import service_register_call, service_renew_call
+from pyqueue import aio
+from pyqueue.aio import AsyncQueue
 from pyqueue import Job, Leased, NewJob, Outcome, OutcomeUnknown, Queue, ServiceLost, connect
 from pyqueue.scripts import SCRIPT_KEYS, lua_source
 from pyqueue.service import Service, Services
@@ -248,14 +252,37 @@ def through_proxy(proxy: FaultProxy, retries: int, fault: Fault | None) -> redis
     return connect(proxy.url, retries=retries, socket_timeout_s=timeout)
 
 
-def run_once(direct: redis.Redis, proxy: FaultProxy, act: Act) -> tuple[Any, dict[bytes, object]]:
+@contextlib.contextmanager
+def actors(driver: str, proxy: FaultProxy, retries: int, fault: Fault | None) -> Iterator[tuple[Any, Any]]:
+    """The queue and services a case acts through, via the proxy: the sync driver's, or
+    the async driver's queue behind the blocking facade (conftest.Blocking; the async
+    driver has no Services, so service cases run on the sync driver only)."""
+    if driver == "sync":
+        with through_proxy(proxy, retries, fault) as client:
+            yield Queue("q", client, owner="actor"), Services(client, namespace="ns")
+        return
+    timeout = SHORT_TIMEOUT_S if fault is Fault.DELAY_REPLY else 10.0
+    loop = asyncio.new_event_loop()
+    client = aio.connect(proxy.url, retries=retries, socket_timeout_s=timeout)
+    try:
+        yield Blocking(AsyncQueue("q", client, owner="actor"), loop), None
+    finally:
+        loop.run_until_complete(client.aclose())
+        loop.close()
+
+
+def run_once(direct: redis.Redis, proxy: FaultProxy, act: Act, driver: str = "sync") -> tuple[Any, dict[bytes, object]]:
     """A fresh state, ``act`` through the proxy without faults: the answer and state of
     one clean call."""
     direct.flushall()
     world = build(direct)
-    with through_proxy(proxy, 3, None) as client:
-        answer = act(Queue("q", client, owner="actor"), Services(client, namespace="ns"), world)
+    with actors(driver, proxy, 3, None) as (q, s):
+        answer = act(q, s, world)
     return answer, snapshot(direct)
+
+
+#: (case, driver): every case on the sync driver, the queue's cases on the async one too.
+DRIVER_CASES = [(name, "sync") for name in CASES] + [(name, "async") for name in CASES if not name.startswith("service")]
 
 
 def arm(proxy: FaultProxy, script: str, fault: Fault) -> Rule:
@@ -269,18 +296,18 @@ def arm(proxy: FaultProxy, script: str, fault: Fault) -> Rule:
 
 
 @pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.name.lower())
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize(("name", "via"), DRIVER_CASES)
 def test_with_driver_retries_a_lost_command_or_reply_has_the_effect_of_one_call(
-    name: str, fault: Fault, direct: redis.Redis, proxy: FaultProxy
+    name: str, via: str, fault: Fault, direct: redis.Redis, proxy: FaultProxy
 ) -> None:
     case = CASES[name]
-    clean_answer, clean_state = run_once(direct, proxy, case.act)
+    clean_answer, clean_state = run_once(direct, proxy, case.act, via)
 
     direct.flushall()
     world = build(direct)
     rule = arm(proxy, case.script, fault)
-    with through_proxy(proxy, 3, fault) as client:
-        answer = case.act(Queue("q", client, owner="actor"), Services(client, namespace="ns"), world)
+    with actors(via, proxy, 3, fault) as (q, s):
+        answer = case.act(q, s, world)
     assert rule.fired == 1, "the fault was never applied"
     applied_twice = fault is not Fault.DROP_COMMAND  # the first send ran; redis-py sent it again
     expected = case.replayed(clean_answer) if applied_twice else clean_answer
@@ -292,20 +319,19 @@ def test_with_driver_retries_a_lost_command_or_reply_has_the_effect_of_one_call(
 
 
 @pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.name.lower())
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize(("name", "via"), DRIVER_CASES)
 def test_without_retries_a_lost_call_raises_outcome_unknown_and_the_callers_same_call_is_safe(
-    name: str, fault: Fault, direct: redis.Redis, proxy: FaultProxy
+    name: str, via: str, fault: Fault, direct: redis.Redis, proxy: FaultProxy
 ) -> None:
     case = CASES[name]
     act = case.same_call or case.act
     replayed = case.same_call_replayed if case.same_call else case.replayed
-    clean_answer, clean_state = run_once(direct, proxy, act)
+    clean_answer, clean_state = run_once(direct, proxy, act, via)
 
     direct.flushall()
     world = build(direct)
     rule = arm(proxy, case.script, fault)
-    with through_proxy(proxy, 0, fault) as client:
-        q, s = Queue("q", client, owner="actor"), Services(client, namespace="ns")
+    with actors(via, proxy, 0, fault) as (q, s):
         with pytest.raises((OutcomeUnknown, redis.ConnectionError, redis.TimeoutError)) as raised:
             act(q, s, world)
         if case.same_call is None:  # the driver's call, not a raw script call

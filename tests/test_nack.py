@@ -8,6 +8,8 @@ from pyqueue import Outcome, Queue
 
 #: Also on the Redis Cluster backend (conftest.BACKENDS).
 ON_CLUSTER = True
+#: And on the async driver too (conftest.Blocking).
+ASYNC_TOO = True
 
 T0 = 1_000_000
 

@@ -25,6 +25,8 @@ from pyqueue.worker import PARTITION_STREAK, Worker
 
 #: Also on the Redis Cluster backend (conftest.BACKENDS).
 ON_CLUSTER = True
+#: And on the async driver too (conftest.Blocking).
+ASYNC_TOO = True
 
 TESTS = Path(__file__).resolve().parent
 K = 3
