@@ -23,17 +23,20 @@ import uvicorn
 from pyqueue.clients import Client
 from pyqueue.dashboard.app import DashboardConfig, create_app
 from pyqueue.dashboard.history import Sampler
-from pyqueue.dashboard.security import check_bind, is_loopback, loopback_hosts
+from pyqueue.dashboard.security import DashboardRefused, check_bind, is_loopback, loopback_hosts
 
 log = logging.getLogger("pyqueue.dashboard")
 
 
 def bind(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port`` (IPv4 or IPv6)."""
-    family, kind, proto, _, address = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)[0]
-    sock = socket.socket(family, kind, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(address)
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:  # a port in use, an address not of this machine: say which
+        raise DashboardRefused(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
     sock.listen(128)
     sock.set_inheritable(True)
     return sock
