@@ -7,8 +7,8 @@ One command::
 Starts a redis-server on a free 127.0.0.1 port (``--save '' --appendonly no``), runs
 
 1. ``bench_transitions.py`` (pyperf ``--fast``): per-transition latency and raw limits,
-2. ``bench_throughput.py``: end-to-end jobs/s, ratios to raw limits, commands and
-   round trips per job,
+2. ``bench_throughput.py``: end-to-end jobs/s, ratios to raw limits, commands,
+   round trips and Redis CPU per job,
 3. ``bench_worstcase.py``: SLOWLOG max/p99 script time on a 100,000-job backlog,
 
 against that one server, stops it by PID, and prints one summary with every figure and
@@ -152,6 +152,27 @@ def throughput_section(path: Path) -> list[str]:
     breakdown = list(life["per_command_per_job"].items())
     for i in range(0, len(breakdown), 4):
         lines.append("     " + "  ".join(f"{k:<14}{v:6.3f}" for k, v in breakdown[i : i + 4]))
+    if "lifecycles" in life:  # Redis CPU per job (reports from before it was measured lack it)
+        lines += [
+            "",
+            f"3a. Redis CPU per job over the lifecycle (INFO cpu; {life['jobs_per_repetition']} jobs each x "
+            f"{life['repetitions']} repetitions, interleaved blocks; median over blocks)",
+            f"   {'lifecycle':<24} {'cpu us/job':>10} {'cmds/job':>9} {'TYPE/job':>9} {'TIME/job':>9} "
+            f"{'trips/job':>9}  what",
+        ]
+        for name, fig in life["lifecycles"].items():
+            cmds = fig["per_command_per_job"]
+            lines.append(
+                f"   {name:<24} {fig['cpu_us_per_job']:>10.1f} {fig['commands_per_job']:>9.2f} "
+                f"{cmds.get('type', 0):>9.2f} {cmds.get('time', 0):>9.2f} {fig['round_trips_per_job']:>9.3f}  "
+                f"{fig['label']}"
+            )
+        for label, r in life["cpu_ratios"].items():
+            if r["target"] is None:
+                lines.append(f"   {label:<44} {r['ratio']:7.3f}   (context)")
+            else:
+                verdict = "met" if r["met"] else "NOT MET"
+                lines.append(f"   {label:<44} {r['ratio']:7.3f}   target <= {r['target']:.2f}   {verdict}")
     return lines
 
 
