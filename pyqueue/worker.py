@@ -9,9 +9,11 @@ Threads and connections:
   release, promote, scrub) and on the service's private wake key, for at most the time
   to the next due job or lease deadline. It owns the *blocking* connection, whose
   socket timeout exceeds the longest block.
-* **handler threads** (``concurrency`` of them) run the handler. On success a job from
-  the first queue is acked and the next one leased in the same call, so a busy worker
-  needs one round trip per job; otherwise the job is acked, or nacked on an exception.
+* **handler threads** (``concurrency`` of them) run the handler. On success the job is
+  acked by group commit (:mod:`pyqueue.commit`): in one call with the jobs of the other
+  handlers that finish meanwhile, a call that for the first queue also leases their
+  replacements, so a busy worker needs at most one round trip per job, and fewer the
+  more handlers finish together. On an exception the job is nacked.
 * the **heartbeat thread** extends the leases of running jobs (one batched call per
   queue, every third of ``lease_ms``), renews the service every ``renew_ms``, scrubs
   the leases of dead services that renewal reports, and wakes the fetch loop when a
@@ -53,6 +55,7 @@ from typing import Any, TypeVar
 
 import redis as redis_lib
 
+from pyqueue.commit import GroupCommit
 from pyqueue.clients import Client, bytes_client, check_server, embedded_redis, node_for_key
 from pyqueue.errors import InvalidArgument, OutcomeUnknown, OutOfMemory, PyQueueError, ServiceLost
 from pyqueue.models import Job, Outcome
@@ -270,6 +273,9 @@ class Worker:
         #: Every queue leased from, in priority order (partitions in partition order).
         self.queues = [q for group in self.groups for q in group]
         self._by_name = {q.name: q for q in self.queues}
+        self._commits = {
+            q.name: GroupCommit(q, self.lease_ms, self._with_retries, self._track_all) for q in self.queues
+        }
         self._by_wake = {q.keys.wake: q for q in self.queues}
         # Queues found without work at the last round -> their next_due_ms then (-1: none).
         self._known_empty: dict[str, int] = {}
@@ -569,6 +575,11 @@ class Worker:
         with self._running_lock:
             self._running[job.receipt] = job
 
+    def _track_all(self, jobs: list[Job]) -> None:
+        with self._running_lock:
+            for job in jobs:
+                self._running[job.receipt] = job
+
     def _untrack(self, job: Job) -> bool:
         with self._running_lock:
             return self._running.pop(job.receipt, None) is not None
@@ -615,19 +626,14 @@ class Worker:
             self._crash.at("before_ack")
             if self._crash.armed("ack_sent"):
                 _send_and_die(queue, job, self._crash)
-            first_queue = queue in self.groups[0]
-            if first_queue and may_lease and not self._stop.is_set() and self._registration_confirmed():
-                call = secrets.token_hex(8)  # the same token on every retry: one effect
-                outcome, jobs = self._with_retries(
-                    lambda: queue.ack_and_lease(job, lease_ms=self.lease_ms, call=call)
-                )
-                self._log_ack(job, outcome)
-                if jobs:
-                    self._track(jobs[0])
-                    return jobs[0]
-                return None
-            self._log_ack(job, self._with_retries(lambda: queue.ack(job)))
-            return None
+            # Group commit: acked together with the jobs of other handlers that finish
+            # meanwhile, in one call that also leases their replacements.
+            wants_job = (
+                queue in self.groups[0] and may_lease and not self._stop.is_set() and self._registration_confirmed()
+            )
+            outcome, next_job = self._commits[queue.name].commit(job, wants_job=wants_job)
+            self._log_ack(job, outcome)
+            return next_job
         if isinstance(error, Retry):
             retry = error
             nacked = self._with_retries(lambda: queue.nack(job, str(retry), delay_ms=retry.delay_ms))

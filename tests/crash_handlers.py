@@ -23,7 +23,6 @@ keys), optional ``PQ_CRASH_WORK_MS`` (most random work per job, default 2).
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import random
@@ -35,6 +34,8 @@ from typing import Any
 
 import redis
 
+from pyqueue.core import Plan
+from pyqueue.queue import QueueCore
 from pyqueue import Job, Outcome, Queue, connect
 from pyqueue.models import Leased
 
@@ -77,29 +78,28 @@ def _log_acks(jobs: Sequence[Job], outcomes: Sequence[Outcome]) -> None:
 
 
 def observe_acks() -> None:
-    """Wrap ``Queue.ack_many`` and ``Queue.lease_call`` (the two paths by which the
-    worker acks) so that every ``ok`` answer is logged. Idempotent."""
-    if getattr(Queue, "_crash_observed", False):
+    """Wrap the plans of ``ack_many`` and ``lease_call`` (the two paths by which a
+    worker acks, whichever driver runs them) so that every ``ok`` answer is logged.
+    Idempotent."""
+    if getattr(QueueCore, "_crash_observed", False):
         return
-    original_ack_many = Queue.ack_many
-    original_lease_call = Queue.lease_call
+    original_ack_many = QueueCore.plan_ack_many
+    original_lease_call = QueueCore.plan_lease_call
 
-    @functools.wraps(original_ack_many)
-    def ack_many(self: Queue, jobs: Any) -> list[Outcome]:
+    def plan_ack_many(self: QueueCore, jobs: Any, **kwargs: Any) -> Plan[list[Outcome]]:
         jobs = list(jobs)
-        outcomes = original_ack_many(self, jobs)
+        outcomes = yield from original_ack_many(self, jobs, **kwargs)
         _log_acks(jobs, outcomes)
         return outcomes
 
-    @functools.wraps(original_lease_call)
-    def lease_call(self: Queue, **kwargs: Any) -> Leased:
-        leased = original_lease_call(self, **kwargs)
+    def plan_lease_call(self: QueueCore, **kwargs: Any) -> Plan[Leased]:
+        leased = yield from original_lease_call(self, **kwargs)
         _log_acks(list(kwargs.get("ack", ())), leased.acks)
         return leased
 
-    Queue.ack_many = ack_many  # type: ignore[method-assign]
-    Queue.lease_call = lease_call  # type: ignore[method-assign]
-    Queue._crash_observed = True  # type: ignore[attr-defined]
+    QueueCore.plan_ack_many = plan_ack_many  # type: ignore[method-assign]
+    QueueCore.plan_lease_call = plan_lease_call  # type: ignore[method-assign]
+    QueueCore._crash_observed = True  # type: ignore[attr-defined]
 
 
 if os.environ.get("PQ_CRASH_ACKS"):
