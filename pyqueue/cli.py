@@ -9,6 +9,7 @@ cannot see it).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
 import logging
 import os
@@ -25,7 +26,8 @@ from pyqueue.discovery import logical_queues, open_queue
 from pyqueue.keys import check_name
 from pyqueue.queue import DEFAULT_KEEP_DONE_MS, DEFAULT_LEASE_MS
 from pyqueue.service import DEFAULT_EXPIRE_MS, DEFAULT_NAMESPACE, Services
-from pyqueue.worker import Worker
+from pyqueue.aio_worker import AsyncWorker
+from pyqueue.worker import Worker, is_async_handler
 
 log = logging.getLogger("pyqueue.cli")
 
@@ -67,9 +69,12 @@ def _ms(value: int) -> str:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     client = connect(args.url)
-    worker = Worker(
+    handler = load_handler(args.handler)
+    # An async def handler runs as tasks of an event loop (AsyncWorker); a plain one in
+    # the thread-pool Worker. Both keep the same lifecycle and exit codes.
+    worker = (AsyncWorker if is_async_handler(handler) else Worker)(
         args.queue,
-        load_handler(args.handler),
+        handler,
         redis=client,
         prefix=args.prefix,
         namespace=args.namespace,
@@ -83,7 +88,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         partitions=parse_partitions(args.partitions),
         wait_replicas=args.wait_replicas,
     )
-    code = worker.run(burst=args.burst)
+    if isinstance(worker, AsyncWorker):
+        code = asyncio.run(worker.run(burst=args.burst))
+    else:
+        code = worker.run(burst=args.burst)
     # Leave even if a handler is stuck past the grace period (its job was released to
     # other workers): the executor's threads would otherwise keep the process alive.
     sys.stdout.flush()

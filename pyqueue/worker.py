@@ -133,15 +133,25 @@ def check_sync_handler(handler: object) -> None:
     Raises:
         InvalidArgument: not callable, or a coroutine or async generator function.
     """
+    if is_async_handler(handler):
+        raise InvalidArgument(
+            f"handler {getattr(handler, '__qualname__', handler)!r} is an async function: this sync Worker "
+            "would never await it, so its jobs would be acked without running. Give it a plain function, or "
+            "run it with pyqueue.aio_worker.AsyncWorker (pyqueue worker picks that one by itself)."
+        )
+
+
+def is_async_handler(handler: object) -> bool:
+    """Whether ``handler`` is an ``async def`` function (or a callable whose ``__call__``
+    is one, or a partial of one), or an async generator function.
+
+    Raises:
+        InvalidArgument: not callable.
+    """
     if not callable(handler):
         raise InvalidArgument(f"handler must be callable, got {type(handler).__name__}")
     call = getattr(type(handler), "__call__", None)
-    for candidate in (handler, call):
-        if inspect.iscoroutinefunction(candidate) or inspect.isasyncgenfunction(candidate):
-            raise InvalidArgument(
-                f"handler {getattr(handler, '__qualname__', handler)!r} is an async function: this sync Worker "
-                "would never await it, so its jobs would be acked without running. Give it a plain function."
-            )
+    return any(inspect.iscoroutinefunction(c) or inspect.isasyncgenfunction(c) for c in (handler, call))
 
 
 class _Crasher:
@@ -248,7 +258,7 @@ class Worker:
             raise InvalidArgument("renew_ms must be at most half of expire_ms")
         self.grace_ms = check_int(grace_ms, "grace_ms", 0, 86_400_000)
         self.backoff_base_ms, self.backoff_cap_ms = backoff_base_ms, backoff_cap_ms
-        check_sync_handler(handler)
+        self.check_handler(handler)
         self.handler = handler
         self.prefix = prefix
         self.redis = bytes_client(redis if redis is not None else embedded_redis())
@@ -302,6 +312,14 @@ class Worker:
         self._renewed_at = 0.0
         self._renew_lock = threading.Lock()  # the heartbeat and the fetch loop both renew
         self._signals = 0
+
+    def check_handler(self, handler: object) -> None:
+        """Refuse a handler this worker cannot run (:func:`check_sync_handler`)."""
+        check_sync_handler(handler)
+
+    def call_handler(self, job: Job) -> object:
+        """Run the handler on ``job`` in this handler thread; what it returns."""
+        return self.handler(job)
 
     # -- control ---------------------------------------------------------------------
 
@@ -609,7 +627,7 @@ class Worker:
         result: object = None
         try:
             self._crash.at("in_handler")
-            result = self.handler(job)
+            result = self.call_handler(job)
         except Exception as exc:  # the handler's failure is the job's outcome
             error = exc
         if self._killed.is_set():

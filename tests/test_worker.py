@@ -335,15 +335,22 @@ def test_stop_finishes_running_jobs_and_releases_those_past_the_grace_period(
 # -- real processes, real signals ------------------------------------------------------
 
 
-def spawn_worker(server: RedisServer, *args: str, sleep_s: float = 0.0, runs: str = "runs") -> subprocess.Popen[bytes]:
-    """A ``pyqueue worker`` process running tests/handlers.py:slow; its log goes to
-    ``proc.log_path`` (a file, so no pipe is left open)."""
+#: The sync handler runs on the thread-pool Worker, the async one on AsyncWorker (which
+#: pyqueue worker picks for a coroutine function): the lifecycle tests run on both.
+HANDLERS = ["handlers:slow", "handlers:slow_async"]
+
+
+def spawn_worker(
+    server: RedisServer, *args: str, sleep_s: float = 0.0, runs: str = "runs", handler: str = "handlers:slow"
+) -> subprocess.Popen[bytes]:
+    """A ``pyqueue worker`` process running ``handler`` (tests/handlers.py); its log goes
+    to ``proc.log_path`` (a file, so no pipe is left open)."""
     env = dict(os.environ, PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
                PQ_TEST_URL=server.url(), PQ_TEST_SLEEP_S=str(sleep_s), PQ_TEST_RUNS=runs)
     log_path = server.directory / f"worker-{time.monotonic_ns()}.log"
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "pyqueue", "--url", server.url(), "worker", "handlers:slow", *args],
+            [sys.executable, "-m", "pyqueue", "--url", server.url(), "worker", handler, *args],
             env=env, stdout=log_file, stderr=subprocess.STDOUT,
         )
     proc.log_path = log_path  # type: ignore[attr-defined]
@@ -364,12 +371,13 @@ def real(redis_server: RedisServer) -> redis.Redis:
     return client
 
 
+@pytest.mark.parametrize("handler", HANDLERS)
 def test_sigterm_lets_running_jobs_finish_leaves_the_rest_and_deregisters(
-    redis_server: RedisServer, real: redis.Redis
+    redis_server: RedisServer, real: redis.Redis, handler: str
 ) -> None:
     q = Queue("q", real)
     q.enqueue_many([NewJob(b"", job_id=f"j{i}") for i in range(6)])
-    proc = spawn_worker(redis_server, "-q", "q", "--concurrency", "2", "--grace-ms", "10000", sleep_s=1.0)
+    proc = spawn_worker(redis_server, "-q", "q", "--concurrency", "2", "--grace-ms", "10000", sleep_s=1.0, handler=handler)
     wait_until(lambda: q.stats().leased == 2, 10, "worker did not start two jobs")
     proc.send_signal(signal.SIGTERM)
     proc.wait(20)
@@ -381,10 +389,11 @@ def test_sigterm_lets_running_jobs_finish_leaves_the_rest_and_deregisters(
     assert b"received SIGTERM" in out
 
 
-def test_sigterm_past_the_grace_period_releases_running_jobs(redis_server: RedisServer, real: redis.Redis) -> None:
+@pytest.mark.parametrize("handler", HANDLERS)
+def test_sigterm_past_the_grace_period_releases_running_jobs(redis_server: RedisServer, real: redis.Redis, handler: str) -> None:
     q = Queue("q", real)
     q.enqueue_many([NewJob(b"", job_id=f"j{i}") for i in range(2)])
-    proc = spawn_worker(redis_server, "-q", "q", "--concurrency", "2", "--grace-ms", "200", sleep_s=60.0)
+    proc = spawn_worker(redis_server, "-q", "q", "--concurrency", "2", "--grace-ms", "200", sleep_s=60.0, handler=handler)
     wait_until(lambda: q.stats().leased == 2, 10, "worker did not start two jobs")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(10) == 0  # the stuck handlers do not keep the process alive
@@ -392,10 +401,11 @@ def test_sigterm_past_the_grace_period_releases_running_jobs(redis_server: Redis
     assert (stats.released, stats.ready, stats.leased) == (2, 2, 0)
 
 
-def test_a_second_signal_exits_at_once(redis_server: RedisServer, real: redis.Redis) -> None:
+@pytest.mark.parametrize("handler", HANDLERS)
+def test_a_second_signal_exits_at_once(redis_server: RedisServer, real: redis.Redis, handler: str) -> None:
     q = Queue("q", real)
     q.enqueue(b"")
-    proc = spawn_worker(redis_server, "-q", "q", "--grace-ms", "60000", sleep_s=30.0)
+    proc = spawn_worker(redis_server, "-q", "q", "--grace-ms", "60000", sleep_s=30.0, handler=handler)
     wait_until(lambda: q.stats().leased == 1, 10, "worker did not start the job")
     proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)
@@ -404,12 +414,13 @@ def test_a_second_signal_exits_at_once(redis_server: RedisServer, real: redis.Re
     assert q.stats().leased == 1  # left to expire or to be scrubbed
 
 
+@pytest.mark.parametrize("handler", HANDLERS)
 def test_a_worker_stopped_remotely_drains_on_the_first_sigterm_and_exits_0(
-    redis_server: RedisServer, real: redis.Redis
+    redis_server: RedisServer, real: redis.Redis, handler: str
 ) -> None:
     q = Queue("q", real)
     q.enqueue(b"", job_id="j")
-    proc = spawn_worker(redis_server, "-q", "q", "--grace-ms", "20000", sleep_s=1.5)
+    proc = spawn_worker(redis_server, "-q", "q", "--grace-ms", "20000", sleep_s=1.5, handler=handler)
     wait_until(lambda: q.stats().leased == 1, 10, "worker did not start the job")
     assert Services(real).stop(1)
     time.sleep(0.3)  # the worker is stopping on its own, its job still running
@@ -418,12 +429,13 @@ def test_a_worker_stopped_remotely_drains_on_the_first_sigterm_and_exits_0(
     assert q.stats().acked == 1
 
 
-def test_pyqueue_stop_exits_0_and_an_emptied_redis_exits_75(redis_server: RedisServer, real: redis.Redis) -> None:
-    stopped = spawn_worker(redis_server, "-q", "q", "--renew-ms", "200", "--expire-ms", "1000")
+@pytest.mark.parametrize("handler", HANDLERS)
+def test_pyqueue_stop_exits_0_and_an_emptied_redis_exits_75(redis_server: RedisServer, real: redis.Redis, handler: str) -> None:
+    stopped = spawn_worker(redis_server, "-q", "q", "--renew-ms", "200", "--expire-ms", "1000", handler=handler)
     wait_until(lambda: real.llen("pq:{workers}:service:ids") == 1, 10, "worker did not register")
     assert main(["--url", redis_server.url(), "stop", "1"]) == 0
     assert stopped.wait(10) == 0
-    lost = spawn_worker(redis_server, "-q", "q", "--renew-ms", "200", "--expire-ms", "1000")
+    lost = spawn_worker(redis_server, "-q", "q", "--renew-ms", "200", "--expire-ms", "1000", handler=handler)
     wait_until(lambda: real.llen("pq:{workers}:service:ids") == 1, 10, "worker did not register")
     real.flushall()  # what a restart without persistence leaves
     assert lost.wait(10) == EXIT_REGISTRATION_LOST

@@ -1,0 +1,97 @@
+"""The asyncio worker: ``async def`` handlers run as tasks of your event loop, with the
+sync worker's lifecycle and promises unchanged.
+
+::
+
+    from pyqueue.aio_worker import AsyncWorker
+
+    async def send_email(job):
+        await smtp.send(job.json())
+
+    exit_code = await AsyncWorker(["emails"], send_email, redis=client, concurrency=50).run()
+
+``pyqueue worker module:function`` runs this worker when the function is a coroutine
+function.
+
+How it is built, and why: the part of a worker that keeps the promises (registration,
+the renewal that confirms it before every lease, lease extension, the scrub of dead
+services, remote stop, group commit, graceful drain) is subtle, and it exists once, in
+:class:`pyqueue.worker.Worker`. This class runs that machinery in threads beside the
+event loop, and runs each job's handler on the loop: a handler thread hands the
+coroutine to the loop (``run_coroutine_threadsafe``) and waits for it, so at most
+``concurrency`` handler tasks run at once, and the job is acked (by group commit), or
+nacked, exactly as with a sync handler once the task has finished. A plain function
+given to this worker runs in its handler thread, as in the sync worker. The fetch
+loop's blocking wait (``BZPOPMIN`` on the wake markers) stays on its own connection in
+its thread: the event loop never blocks on Redis.
+
+Signals: ``run`` installs SIGTERM and SIGINT handlers on the event loop (when it runs
+in the main thread): the first drains gracefully, the second exits at once. When the
+grace period ends with handlers still running, their jobs are released to other
+workers and their tasks are cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import signal
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pyqueue.models import Job
+from pyqueue.worker import Worker, is_async_handler
+
+#: A handler: an ``async def`` function of a Job, or a plain one.
+AsyncHandler = Callable[[Job], Awaitable[object]] | Callable[[Job], object]
+
+
+class AsyncWorker(Worker):
+    """A :class:`~pyqueue.worker.Worker` (same arguments, same lifecycle, same exit
+    codes) whose handler may be an ``async def`` function, run as a task of the event
+    loop that awaits :meth:`run`, at most ``concurrency`` at once. Delivery is the sync
+    worker's: at least once; a job is acked only after its task returned."""
+
+    def __init__(self, queues: Any, handler: AsyncHandler, **options: Any) -> None:
+        super().__init__(queues, handler, **options)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: dict[str, concurrent.futures.Future[object]] = {}  # receipt -> its task
+        self._tasks_lock = threading.Lock()
+
+    def check_handler(self, handler: object) -> None:
+        is_async_handler(handler)  # refuses what is not callable; async and plain both run
+
+    def call_handler(self, job: Job) -> object:
+        if not is_async_handler(self.handler):
+            return self.handler(job)
+        assert self._loop is not None
+        coroutine: Any = self.handler(job)
+        task = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        with self._tasks_lock:
+            self._tasks[job.receipt] = task
+        try:
+            return task.result()
+        finally:
+            with self._tasks_lock:
+                self._tasks.pop(job.receipt, None)
+
+    async def run(self, *, burst: bool = False, install_signal_handlers: bool = True) -> int:  # type: ignore[override]
+        """Register, serve until stopped, shut down cleanly; the exit code (see
+        :meth:`pyqueue.worker.Worker.run`). Awaiting it keeps the event loop free: the
+        worker's own I/O runs in its threads."""
+        loop = self._loop = asyncio.get_running_loop()
+        installed = []
+        if install_signal_handlers and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._on_signal, sig, None)
+                installed.append(sig)
+        try:
+            return await asyncio.to_thread(Worker.run, self, burst=burst, install_signal_handlers=False)
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+            with self._tasks_lock:
+                abandoned = list(self._tasks.values())
+            for task in abandoned:  # released at the end of the grace period, or killed
+                task.cancel()
