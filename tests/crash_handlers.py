@@ -23,6 +23,7 @@ keys), optional ``PQ_CRASH_WORK_MS`` (most random work per job, default 2).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import random
@@ -69,6 +70,13 @@ def record(job: Job) -> None:
         # A random pause (sleeping releases the GIL) so handler threads overlap and crash
         # points inside and around the handler meet jobs in every phase.
         time.sleep(random.uniform(0, float(os.environ.get("PQ_CRASH_WORK_MS", "2")) / 1000))
+
+
+async def record_async(job: Job) -> None:
+    """``record`` as an ``async def`` handler: ``pyqueue worker`` runs it on AsyncWorker,
+    a task of the event loop per job (the recording and the pauses are the same, done
+    in a thread so they block no other task)."""
+    await asyncio.to_thread(record, job)
 
 
 def _log_acks(jobs: Sequence[Job], outcomes: Sequence[Outcome]) -> None:

@@ -16,7 +16,8 @@ One trial:
    60% of them, a poison job (max_attempts 3; its handler SIGKILLs its own worker every
    time). The first half is enqueued before any worker starts, the rest while they run.
 2. Chaos: ``workers`` worker processes (``python -m pyqueue worker
-   crash_handlers:record``), each started with one crash point (the point with the
+   crash_handlers:record``, every other one ``crash_handlers:record_async`` on
+   AsyncWorker), each started with one crash point (the point with the
    fewest hits so far, so every point is hit) and a probability that makes it die
    mid-run (:meth:`Config.probability`); the harness also SIGKILLs a random worker every
    0.5..2.5 s (sparing one whose point was never hit). Every dead worker is replaced,
@@ -539,7 +540,7 @@ class Trial:
             probability = cfg.probability(point)
             env.update(PYQUEUE_CRASH_POINT=point, PYQUEUE_CRASH_PROBABILITY=repr(probability))
         argv = [sys.executable, "-m", "pyqueue", "--url", self.server.url, "--namespace", self.namespace,
-                "worker", "crash_handlers:record", "-q", self.queue, "--concurrency", str(cfg.concurrency),
+                "worker", self.handler_of(len(self.workers)), "-q", self.queue, "--concurrency", str(cfg.concurrency),
                 "--lease-ms", str(cfg.lease_ms), "--renew-ms", str(cfg.renew_ms), "--expire-ms", str(cfg.expire_ms),
                 "--block-ms", str(cfg.block_ms)]
         index = len(self.workers)
@@ -549,6 +550,12 @@ class Trial:
         run = WorkerRun(index, role, point, probability, proc, log_path, time.monotonic())
         self.workers.append(run)
         return run
+
+    @staticmethod
+    def handler_of(index: int) -> str:
+        """Every other worker runs the async handler (on AsyncWorker): both workers meet
+        the same crash points and the same checker."""
+        return "crash_handlers:record_async" if index % 2 else "crash_handlers:record"
 
     def next_point(self) -> str:
         """The crash point with the fewest hits (counting workers alive with it), so that
