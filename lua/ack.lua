@@ -42,10 +42,11 @@ local MAX_BATCH = 1000 -- per call at most this many jobs, receipts or ids; also
 local CHUNK = 500 -- values per unpack(); keeps every redis.call well under Lua's C stack limit
 local TRIM_BATCH = 10 -- expired tombstones are trimmed this many at a time, at least
 local MAINTENANCE_INTERVAL_MS = 50 -- while READY is busy, maintenance still runs this often
+local NONE = {} -- an empty list to read from; never written to, so no call allocates its own
 
 -- An integer argument in [lo, hi] ('^-?%d+$'), or nil and a PQ_BADARG text naming it.
 local function int_arg(value, name, lo, hi)
-  if type(value) ~= 'string' or not string.match(value, '^%-?%d+$') then
+  if type(value) ~= 'string' or not string.find(value, '^%-?%d+$') then
     return nil, 'PQ_BADARG ' .. name .. ' must be an integer, got ' .. string.format('%q', tostring(value))
   end
   local n = tonumber(value)
@@ -57,7 +58,7 @@ end
 
 -- A PQ_BADARG text unless `value` (a string) is 1..64 bytes of [A-Za-z0-9_.:-]; else nil.
 local function name_arg(value, name)
-  if #value < 1 or #value > 64 or not string.match(value, '^[%w_.:%-]+$') then
+  if #value < 1 or #value > 64 or not string.find(value, '^[%w_.:%-]+$') then
     return 'PQ_BADARG ' .. name .. ' must be 1..64 bytes of [A-Za-z0-9_.:-]'
   end
 end
@@ -72,6 +73,12 @@ end
 local function server_now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- The id of a receipt "<owner>|<call>|<fence>|<attempt>|<id>", or nil if it does not parse.
+-- The same rule as parse_receipt, without a table: acks need only the id.
+local function receipt_id(receipt)
+  return string.match(receipt, '^[%w_.:%-]+|[%w_.:%-]+|%d+|%d+|(.+)$')
 end
 
 -- "<owner>|<call>|<fence>|<attempt>|<id>" as {receipt, id, fence, attempt}, or nil.
@@ -105,8 +112,9 @@ end
 
 -- HMGET of any number of fields, in CHUNK-sized calls; no call for no fields.
 local function hmget(key, fields)
+  if #fields == 0 then return {} end
+  if #fields <= CHUNK then return redis.call('HMGET', key, unpack(fields)) end
   local out = {}
-  if #fields == 0 then return out end
   for i = 1, #fields, CHUNK do
     local part = redis.call('HMGET', key, unpack(fields, i, math.min(i + CHUNK - 1, #fields)))
     for j = 1, #part do out[i + j - 1] = part[j] end
@@ -119,9 +127,14 @@ local function bury(key, ids, expired, now_ms, keep_done_ms)
   if expired >= TRIM_BATCH then
     redis.call('ZREMRANGEBYRANK', key, 0, math.min(expired, #ids + TRIM_BATCH) - 1)
   end
-  if keep_done_ms > 0 then
+  local kept_until = now_ms + keep_done_ms
+  if keep_done_ms == 0 then
+    return
+  elseif #ids == 1 then
+    redis.call('ZADD', key, kept_until, ids[1])
+  else
     local args = {}
-    for i, id in ipairs(ids) do args[2 * i - 1], args[2 * i] = now_ms + keep_done_ms, id end
+    for i, id in ipairs(ids) do args[2 * i - 1], args[2 * i] = kept_until, id end
     call_chunked('ZADD', key, args)
   end
 end
@@ -135,40 +148,43 @@ now_ms, err = now_arg(ARGV[1])
 if err then return redis.error_reply(err) end
 keep_done_ms, err = int_arg(ARGV[2], 'keep_done_ms', 0, 2 ^ 40)
 if err then return redis.error_reply(err) end
-if #ARGV < 3 or #ARGV > 2 + MAX_BATCH then return redis.error_reply('PQ_BADARG 1..1000 receipts per call') end
-local leases = {}
-for i = 3, #ARGV do
-  local lease = parse_receipt(ARGV[i])
-  if not lease then return redis.error_reply('PQ_BADARG malformed receipt ' .. string.format('%q', ARGV[i])) end
-  leases[#leases + 1] = lease
+local n = #ARGV - 2
+if n < 1 or n > MAX_BATCH then return redis.error_reply('PQ_BADARG 1..1000 receipts per call') end
+local ids = {}
+for i = 1, n do
+  ids[i] = receipt_id(ARGV[2 + i])
+  if not ids[i] then return redis.error_reply('PQ_BADARG malformed receipt ' .. string.format('%q', ARGV[2 + i])) end
 end
 
--- 2. Read.
-local status, receipts, ids, acking = {}, {}, {}, {}
-for i, lease in ipairs(leases) do
-  if not acking[lease.receipt] and redis.call('ZSCORE', leased_key, lease.receipt) then
-    acking[lease.receipt] = true
-    status[i] = 'ok'
-    receipts[#receipts + 1] = lease.receipt
-    ids[#ids + 1] = lease.id
-  elseif acking[lease.receipt] then
+-- 2. Read. A receipt still in `leased` is the job's current lease.
+local status, receipts, acked_ids = {}, {}, {}
+local acking = n > 1 and {} or nil -- a receipt repeated in this call is acked once
+local jobs_read = false
+for i = 1, n do
+  local receipt = ARGV[2 + i]
+  if acking and acking[receipt] then
     status[i] = 'gone'
+  elseif redis.call('ZSCORE', leased_key, receipt) then
+    if acking then acking[receipt] = true end
+    status[i] = 'ok'
+    receipts[#receipts + 1], acked_ids[#acked_ids + 1] = receipt, ids[i]
   else
-    status[i] = redis.call('HEXISTS', jobs_key, lease.id) == 1 and 'stale' or 'gone'
+    jobs_read = true
+    status[i] = redis.call('HEXISTS', jobs_key, ids[i]) == 1 and 'stale' or 'gone'
   end
 end
 
 -- 3. Write. `leased` was read above and ZCOUNT proves `done` is a zset; `owners` needs
 -- no probe because ZREM on it is the first write (a type error there writes nothing);
--- `jobs` is probed.
+-- `jobs` is probed unless a HEXISTS above read it.
 if #receipts > 0 then
-  err = expect_type(jobs_key, 'hash')
+  err = not jobs_read and expect_type(jobs_key, 'hash')
   if err then return redis.error_reply(err) end
   now_ms = now_ms or server_now_ms()
   local expired = redis.call('ZCOUNT', done_key, '-inf', now_ms)
   call_chunked('ZREM', owners_key, receipts)
   call_chunked('ZREM', leased_key, receipts)
-  call_chunked('HDEL', jobs_key, ids)
-  bury(done_key, ids, expired, now_ms, keep_done_ms)
+  call_chunked('HDEL', jobs_key, acked_ids)
+  bury(done_key, acked_ids, expired, now_ms, keep_done_ms)
 end
 return status

@@ -41,10 +41,11 @@ local MAX_BATCH = 1000 -- per call at most this many jobs, receipts or ids; also
 local CHUNK = 500 -- values per unpack(); keeps every redis.call well under Lua's C stack limit
 local TRIM_BATCH = 10 -- expired tombstones are trimmed this many at a time, at least
 local MAINTENANCE_INTERVAL_MS = 50 -- while READY is busy, maintenance still runs this often
+local NONE = {} -- an empty list to read from; never written to, so no call allocates its own
 
 -- An integer argument in [lo, hi] ('^-?%d+$'), or nil and a PQ_BADARG text naming it.
 local function int_arg(value, name, lo, hi)
-  if type(value) ~= 'string' or not string.match(value, '^%-?%d+$') then
+  if type(value) ~= 'string' or not string.find(value, '^%-?%d+$') then
     return nil, 'PQ_BADARG ' .. name .. ' must be an integer, got ' .. string.format('%q', tostring(value))
   end
   local n = tonumber(value)
@@ -56,7 +57,7 @@ end
 
 -- A PQ_BADARG text unless `value` (a string) is 1..64 bytes of [A-Za-z0-9_.:-]; else nil.
 local function name_arg(value, name)
-  if #value < 1 or #value > 64 or not string.match(value, '^[%w_.:%-]+$') then
+  if #value < 1 or #value > 64 or not string.find(value, '^[%w_.:%-]+$') then
     return 'PQ_BADARG ' .. name .. ' must be 1..64 bytes of [A-Za-z0-9_.:-]'
   end
 end
@@ -71,6 +72,12 @@ end
 local function server_now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- The id of a receipt "<owner>|<call>|<fence>|<attempt>|<id>", or nil if it does not parse.
+-- The same rule as parse_receipt, without a table: acks need only the id.
+local function receipt_id(receipt)
+  return string.match(receipt, '^[%w_.:%-]+|[%w_.:%-]+|%d+|%d+|(.+)$')
 end
 
 -- "<owner>|<call>|<fence>|<attempt>|<id>" as {receipt, id, fence, attempt}, or nil.
@@ -104,8 +111,9 @@ end
 
 -- HMGET of any number of fields, in CHUNK-sized calls; no call for no fields.
 local function hmget(key, fields)
+  if #fields == 0 then return {} end
+  if #fields <= CHUNK then return redis.call('HMGET', key, unpack(fields)) end
   local out = {}
-  if #fields == 0 then return out end
   for i = 1, #fields, CHUNK do
     local part = redis.call('HMGET', key, unpack(fields, i, math.min(i + CHUNK - 1, #fields)))
     for j = 1, #part do out[i + j - 1] = part[j] end
@@ -118,9 +126,14 @@ local function bury(key, ids, expired, now_ms, keep_done_ms)
   if expired >= TRIM_BATCH then
     redis.call('ZREMRANGEBYRANK', key, 0, math.min(expired, #ids + TRIM_BATCH) - 1)
   end
-  if keep_done_ms > 0 then
+  local kept_until = now_ms + keep_done_ms
+  if keep_done_ms == 0 then
+    return
+  elseif #ids == 1 then
+    redis.call('ZADD', key, kept_until, ids[1])
+  else
     local args = {}
-    for i, id in ipairs(ids) do args[2 * i - 1], args[2 * i] = now_ms + keep_done_ms, id end
+    for i, id in ipairs(ids) do args[2 * i - 1], args[2 * i] = kept_until, id end
     call_chunked('ZADD', key, args)
   end
 end
@@ -138,14 +151,14 @@ end
 local now_ms
 now_ms, err = now_arg(ARGV[1])
 if err then return redis.error_reply(err) end
-local ids, payloads, delays, maxes = {}, {}, {}, {}
+local ids, delays, maxes = {}, {}, {}
 for i = 1, n do
-  local base = 2 + 4 * (i - 1)
+  local base = 4 * i - 2
   local id = ARGV[base + 1]
   if #id < 1 or #id > 256 or string.find(id, '%c') then
     return redis.error_reply('PQ_BADARG id must be 1..256 bytes without control characters, job ' .. i)
   end
-  ids[i], payloads[i] = id, ARGV[base + 2]
+  ids[i] = id
   delays[i], err = int_arg(ARGV[base + 3], 'delay_ms', 0, 2 ^ 40)
   if err then return redis.error_reply(err) end
   maxes[i], err = int_arg(ARGV[base + 4], 'max_attempts', 1, 10000)
@@ -158,36 +171,42 @@ local existing = redis.call('HMGET', jobs_key, unpack(ids))
 local tombstones = redis.call('ZMSCORE', done_key, unpack(ids))
 now_ms = now_ms or server_now_ms()
 
-local flags, records, ready_ids, scheduled_args = {}, {}, {}, {}
-local seen, added, duplicates = {}, 0, 0
+-- The reply is {added, duplicates, flag_1 .. flag_n}; the two counts are set at the end.
+local reply = { 0, 0 }
+local records, ready_ids, scheduled_args = {}, {}, NONE
+local seen = n > 1 and {} or nil -- an id repeated in this call is added once
+local added, duplicates = 0, 0
 for i = 1, n do
   local id = ids[i]
   local kept_until = tombstones[i] and tonumber(tombstones[i])
-  if existing[i] or seen[id] or kept_until and kept_until > now_ms then
-    flags[i] = 0
+  if existing[i] or seen and seen[id] or kept_until and kept_until > now_ms then
+    reply[2 + i] = 0
     duplicates = duplicates + 1
   else
-    seen[id] = true
-    flags[i] = 1
+    if seen then seen[id] = true end
+    reply[2 + i] = 1
     added = added + 1
     local due_ms = now_ms + delays[i]
-    records[#records + 1] = id
-    records[#records + 1] = string.format('0|%d|%d|', maxes[i], due_ms) .. payloads[i]
+    records[2 * added - 1] = id
+    records[2 * added] = string.format('0|%d|%d|', maxes[i], due_ms) .. ARGV[4 * i]
     if delays[i] == 0 then
       ready_ids[#ready_ids + 1] = id
     else
+      if scheduled_args == NONE then scheduled_args = {} end
       scheduled_args[#scheduled_args + 1] = due_ms
       scheduled_args[#scheduled_args + 1] = id
     end
   end
 end
+reply[1], reply[2] = added, duplicates
 
 -- 3. Prove every key we are about to write holds the right type. `counters` needs no
--- probe: HINCRBY is the first write, so if it fails nothing has been written.
+-- probe: HINCRBY is the first write, so if it fails nothing has been written. `wake` is
+-- proven by reading the marker, which also spares the write when it is already up.
 if #ready_ids > 0 then err = expect_type(ready_key, 'list') end
 if not err and #scheduled_args > 0 then err = expect_type(scheduled_key, 'zset') end
-if not err and added > 0 then err = expect_type(wake_key, 'zset') end
 if err then return redis.error_reply(err) end
+local raised = added > 0 and redis.call('ZSCORE', wake_key, 'wake')
 
 -- 4. Write.
 if duplicates > 0 then redis.call('HINCRBY', counters_key, 'duplicates', duplicates) end
@@ -197,9 +216,6 @@ if added > 0 then
   if #ready_ids > 0 then call_chunked('RPUSH', ready_key, ready_ids) end
   if #scheduled_args > 0 then call_chunked('ZADD', scheduled_key, scheduled_args) end
   -- A delayed job also wakes a worker: it may have to shorten its blocking wait.
-  redis.call('ZADD', wake_key, 0, 'wake')
+  if not raised then redis.call('ZADD', wake_key, 0, 'wake') end
 end
-
-local reply = { added, duplicates }
-for i = 1, n do reply[i + 2] = flags[i] end
 return reply

@@ -27,10 +27,11 @@ local MAX_BATCH = 1000 -- per call at most this many jobs, receipts or ids; also
 local CHUNK = 500 -- values per unpack(); keeps every redis.call well under Lua's C stack limit
 local TRIM_BATCH = 10 -- expired tombstones are trimmed this many at a time, at least
 local MAINTENANCE_INTERVAL_MS = 50 -- while READY is busy, maintenance still runs this often
+local NONE = {} -- an empty list to read from; never written to, so no call allocates its own
 
 -- An integer argument in [lo, hi] ('^-?%d+$'), or nil and a PQ_BADARG text naming it.
 local function int_arg(value, name, lo, hi)
-  if type(value) ~= 'string' or not string.match(value, '^%-?%d+$') then
+  if type(value) ~= 'string' or not string.find(value, '^%-?%d+$') then
     return nil, 'PQ_BADARG ' .. name .. ' must be an integer, got ' .. string.format('%q', tostring(value))
   end
   local n = tonumber(value)
@@ -42,7 +43,7 @@ end
 
 -- A PQ_BADARG text unless `value` (a string) is 1..64 bytes of [A-Za-z0-9_.:-]; else nil.
 local function name_arg(value, name)
-  if #value < 1 or #value > 64 or not string.match(value, '^[%w_.:%-]+$') then
+  if #value < 1 or #value > 64 or not string.find(value, '^[%w_.:%-]+$') then
     return 'PQ_BADARG ' .. name .. ' must be 1..64 bytes of [A-Za-z0-9_.:-]'
   end
 end
@@ -57,6 +58,12 @@ end
 local function server_now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- The id of a receipt "<owner>|<call>|<fence>|<attempt>|<id>", or nil if it does not parse.
+-- The same rule as parse_receipt, without a table: acks need only the id.
+local function receipt_id(receipt)
+  return string.match(receipt, '^[%w_.:%-]+|[%w_.:%-]+|%d+|%d+|(.+)$')
 end
 
 -- "<owner>|<call>|<fence>|<attempt>|<id>" as {receipt, id, fence, attempt}, or nil.
@@ -90,8 +97,9 @@ end
 
 -- HMGET of any number of fields, in CHUNK-sized calls; no call for no fields.
 local function hmget(key, fields)
+  if #fields == 0 then return {} end
+  if #fields <= CHUNK then return redis.call('HMGET', key, unpack(fields)) end
   local out = {}
-  if #fields == 0 then return out end
   for i = 1, #fields, CHUNK do
     local part = redis.call('HMGET', key, unpack(fields, i, math.min(i + CHUNK - 1, #fields)))
     for j = 1, #part do out[i + j - 1] = part[j] end
@@ -104,9 +112,14 @@ local function bury(key, ids, expired, now_ms, keep_done_ms)
   if expired >= TRIM_BATCH then
     redis.call('ZREMRANGEBYRANK', key, 0, math.min(expired, #ids + TRIM_BATCH) - 1)
   end
-  if keep_done_ms > 0 then
+  local kept_until = now_ms + keep_done_ms
+  if keep_done_ms == 0 then
+    return
+  elseif #ids == 1 then
+    redis.call('ZADD', key, kept_until, ids[1])
+  else
     local args = {}
-    for i, id in ipairs(ids) do args[2 * i - 1], args[2 * i] = now_ms + keep_done_ms, id end
+    for i, id in ipairs(ids) do args[2 * i - 1], args[2 * i] = kept_until, id end
     call_chunked('ZADD', key, args)
   end
 end

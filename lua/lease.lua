@@ -59,10 +59,11 @@ local MAX_BATCH = 1000 -- per call at most this many jobs, receipts or ids; also
 local CHUNK = 500 -- values per unpack(); keeps every redis.call well under Lua's C stack limit
 local TRIM_BATCH = 10 -- expired tombstones are trimmed this many at a time, at least
 local MAINTENANCE_INTERVAL_MS = 50 -- while READY is busy, maintenance still runs this often
+local NONE = {} -- an empty list to read from; never written to, so no call allocates its own
 
 -- An integer argument in [lo, hi] ('^-?%d+$'), or nil and a PQ_BADARG text naming it.
 local function int_arg(value, name, lo, hi)
-  if type(value) ~= 'string' or not string.match(value, '^%-?%d+$') then
+  if type(value) ~= 'string' or not string.find(value, '^%-?%d+$') then
     return nil, 'PQ_BADARG ' .. name .. ' must be an integer, got ' .. string.format('%q', tostring(value))
   end
   local n = tonumber(value)
@@ -74,7 +75,7 @@ end
 
 -- A PQ_BADARG text unless `value` (a string) is 1..64 bytes of [A-Za-z0-9_.:-]; else nil.
 local function name_arg(value, name)
-  if #value < 1 or #value > 64 or not string.match(value, '^[%w_.:%-]+$') then
+  if #value < 1 or #value > 64 or not string.find(value, '^[%w_.:%-]+$') then
     return 'PQ_BADARG ' .. name .. ' must be 1..64 bytes of [A-Za-z0-9_.:-]'
   end
 end
@@ -89,6 +90,12 @@ end
 local function server_now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- The id of a receipt "<owner>|<call>|<fence>|<attempt>|<id>", or nil if it does not parse.
+-- The same rule as parse_receipt, without a table: acks need only the id.
+local function receipt_id(receipt)
+  return string.match(receipt, '^[%w_.:%-]+|[%w_.:%-]+|%d+|%d+|(.+)$')
 end
 
 -- "<owner>|<call>|<fence>|<attempt>|<id>" as {receipt, id, fence, attempt}, or nil.
@@ -122,8 +129,9 @@ end
 
 -- HMGET of any number of fields, in CHUNK-sized calls; no call for no fields.
 local function hmget(key, fields)
+  if #fields == 0 then return {} end
+  if #fields <= CHUNK then return redis.call('HMGET', key, unpack(fields)) end
   local out = {}
-  if #fields == 0 then return out end
   for i = 1, #fields, CHUNK do
     local part = redis.call('HMGET', key, unpack(fields, i, math.min(i + CHUNK - 1, #fields)))
     for j = 1, #part do out[i + j - 1] = part[j] end
@@ -136,9 +144,14 @@ local function bury(key, ids, expired, now_ms, keep_done_ms)
   if expired >= TRIM_BATCH then
     redis.call('ZREMRANGEBYRANK', key, 0, math.min(expired, #ids + TRIM_BATCH) - 1)
   end
-  if keep_done_ms > 0 then
+  local kept_until = now_ms + keep_done_ms
+  if keep_done_ms == 0 then
+    return
+  elseif #ids == 1 then
+    redis.call('ZADD', key, kept_until, ids[1])
+  else
     local args = {}
-    for i, id in ipairs(ids) do args[2 * i - 1], args[2 * i] = now_ms + keep_done_ms, id end
+    for i, id in ipairs(ids) do args[2 * i - 1], args[2 * i] = kept_until, id end
     call_chunked('ZADD', key, args)
   end
 end
@@ -163,48 +176,59 @@ keep_done_ms, err = int_arg(ARGV[7], 'keep_done_ms', 0, 2 ^ 40)
 if err then return redis.error_reply(err) end
 now_ms, err = now_arg(ARGV[1])
 if err then return redis.error_reply(err) end
-if #ARGV - 7 > MAX_BATCH then return redis.error_reply('PQ_BADARG at most 1000 receipts per call') end
-local acks = {}
-for i = 8, #ARGV do
-  local lease = parse_receipt(ARGV[i])
-  if not lease then return redis.error_reply('PQ_BADARG malformed receipt ' .. string.format('%q', ARGV[i])) end
-  acks[#acks + 1] = lease
-end
-
--- Keys proven to hold the right type by a read; others are probed before the first write.
-local verified = {}
-
--- 2. Read what the acks need: a receipt still in `leased` is the current lease.
-local ack_status, to_ack, all_acked = {}, {}, true
-local acking = {}
-for i, lease in ipairs(acks) do
-  local current = redis.call('ZSCORE', leased_key, lease.receipt)
-  verified[leased_key] = true
-  if current and not acking[lease.receipt] then
-    ack_status[i] = 'ok'
-    acking[lease.receipt] = true
-    to_ack[#to_ack + 1] = lease
-  else
-    all_acked = false
-    verified[jobs_key] = true
-    ack_status[i] = (redis.call('HEXISTS', jobs_key, lease.id) == 1 and not acking[lease.receipt]) and 'stale' or 'gone'
+local n_acks = #ARGV - 7
+if n_acks > MAX_BATCH then return redis.error_reply('PQ_BADARG at most 1000 receipts per call') end
+local ack_ids = {}
+for i = 1, n_acks do
+  ack_ids[i] = receipt_id(ARGV[7 + i])
+  if not ack_ids[i] then
+    return redis.error_reply('PQ_BADARG malformed receipt ' .. string.format('%q', ARGV[7 + i]))
   end
 end
 
+-- Which keys a read has proven to hold the right type; a key written but not read is
+-- probed before the first write (6). The busy path reads every key it writes.
+local jobs_read, ready_read, scheduled_read, leased_read, owners_read = false, false, false, n_acks > 0, false
+
+-- 2. Read what the acks need: a receipt still in `leased` is the current lease. The
+-- reply is built as we go: statuses now, jobs at the end.
+local reply = { 0, -1, n_acks }
+local to_ack, acked_ids, all_acked = {}, {}, true -- receipts acked 'ok', and their ids
+local acking = n_acks > 1 and {} or nil -- a receipt repeated in this call is acked once
+for i = 1, n_acks do
+  local receipt, status = ARGV[7 + i], 'gone'
+  if acking and acking[receipt] then
+    all_acked = false
+  elseif redis.call('ZSCORE', leased_key, receipt) then
+    status = 'ok'
+    to_ack[#to_ack + 1], acked_ids[#acked_ids + 1] = receipt, ack_ids[i]
+    if acking then acking[receipt] = true end
+  else
+    all_acked = false
+    jobs_read = true
+    if redis.call('HEXISTS', jobs_key, ack_ids[i]) == 1 then status = 'stale' end
+  end
+  reply[3 + i] = status
+end
+reply[4 + n_acks] = 0 -- the count of jobs, set at the end; a placeholder keeps the reply one array
+
 -- 3. Replay check. A call whose acks all succeeded cannot be a replay (the first run would
 -- have removed them), so the busy path skips this read.
-local prior = {}
-if count > 0 and not all_acked or #acks == 0 and count > 0 then
+local prior = NONE
+if count > 0 and (n_acks == 0 or not all_acked) then
   prior = redis.call('ZRANGEBYLEX', owners_key, '[' .. owner .. '|' .. call .. '|', '(' .. owner .. '|' .. call .. '}', 'LIMIT', 0, count)
-  verified[owners_key] = true
+  owners_read = true
 end
 
 now_ms = now_ms or server_now_ms()
+reply[1] = now_ms
 -- Expired tombstones, counted before any write (ZCOUNT also proves `done` is a zset).
 local expired_done = #to_ack > 0 and redis.call('ZCOUNT', done_key, '-inf', now_ms) or 0
 
-local leased = {} -- leases to hand out: {receipt, id, payload, fence, attempt, max, deadline}
-local next_due_ms = -1
+local m = 0 -- jobs leased (or handed back again by a replay)
+-- Their 7 values each go straight into the reply, after the count m at index 4 + n_acks:
+-- receipt, id, payload, fence, attempt, max_attempts, deadline_ms.
+local at0 = 4 + n_acks
 
 if #prior > 0 then
   -- A replay: hand back the leases the first run made, unchanged.
@@ -222,41 +246,45 @@ if #prior > 0 then
     if not attempts or not deadlines[i] then
       return redis.error_reply('PQ_CORRUPT ' .. owners_key .. ' lists a lease without a valid job or deadline')
     end
-    leased[#leased + 1] = { lease.receipt, lease.id, string.sub(records[i], at), lease.fence, lease.attempt,
-      max_attempts, tonumber(deadlines[i]) }
+    local o = at0 + 7 * m
+    reply[o + 1], reply[o + 2], reply[o + 3] = lease.receipt, lease.id, string.sub(records[i], at)
+    reply[o + 4], reply[o + 5], reply[o + 6], reply[o + 7] = lease.fence, lease.attempt, max_attempts,
+      tonumber(deadlines[i])
+    m = m + 1
   end
-  -- Every key written below was read above, so its type is proven.
+  -- Every key written below was read above (`owners` by the replay check), so its type
+  -- is proven.
   if #to_ack > 0 then
-    local receipts, job_ids = {}, {}
-    for i, lease in ipairs(to_ack) do receipts[i], job_ids[i] = lease.receipt, lease.id end
-    call_chunked('ZREM', owners_key, receipts)
-    call_chunked('ZREM', leased_key, receipts)
-    call_chunked('HDEL', jobs_key, job_ids)
-    bury(done_key, job_ids, expired_done, now_ms, keep_done_ms)
+    call_chunked('ZREM', owners_key, to_ack)
+    call_chunked('ZREM', leased_key, to_ack)
+    call_chunked('HDEL', jobs_key, acked_ids)
+    bury(done_key, acked_ids, expired_done, now_ms, keep_done_ms)
   end
 else
   -- 4. Read the rest of the plan: counters, the head of READY, maintenance candidates.
   local counters = redis.call('HMGET', counters_key, 'leased', 'next_maintenance_ms')
-  verified[counters_key] = true
   local fence0 = tonumber(counters[1] or '0') or 0
   local maintenance_due = tonumber(counters[2] or '0') or 0
-  local ready_head = {}
+  local ready_head = NONE
   if count > 0 then
     ready_head = redis.call('LRANGE', ready_key, 0, count) -- one extra: is more work waiting?
-    verified[ready_key] = true
+    ready_read = true
   end
 
-  local promoted, reclaimed, to_dead, stopped_at_limit = {}, {}, {}, false
+  local promoted, reclaimed, to_dead, stopped_at_limit = NONE, NONE, NONE, false
   local maintain = (count > 0 and #ready_head < count) or now_ms >= maintenance_due
   if maintain then
+    reclaimed, to_dead = {}, {}
     promoted = redis.call('ZRANGEBYSCORE', scheduled_key, '-inf', now_ms, 'LIMIT', 0, limit)
-    verified[scheduled_key] = true
+    scheduled_read = true
     local expired = redis.call('ZRANGEBYSCORE', leased_key, '-inf', now_ms, 'LIMIT', 0, limit + #to_ack)
-    verified[leased_key] = true
+    leased_read = true
     stopped_at_limit = #promoted == limit
+    local acked_now = {}
+    for _, receipt in ipairs(to_ack) do acked_now[receipt] = true end
     local candidates, ids = {}, {}
     for _, receipt in ipairs(expired) do
-      if not acking[receipt] and #candidates < limit then
+      if not acked_now[receipt] and #candidates < limit then
         local lease = parse_receipt(receipt)
         if not lease then return redis.error_reply('PQ_CORRUPT malformed receipt in ' .. leased_key) end
         candidates[#candidates + 1] = lease
@@ -265,7 +293,7 @@ else
     end
     if #candidates == limit then stopped_at_limit = true end
     local records = hmget(jobs_key, ids)
-    if #ids > 0 then verified[jobs_key] = true end
+    if #ids > 0 then jobs_read = true end
     for i, lease in ipairs(candidates) do
       local attempts, max_attempts, _, at = parse_record(records[i] or '')
       lease.record = records[i]
@@ -285,79 +313,107 @@ else
 
   -- 5. Choose what to lease: READY after maintenance would read
   -- reclaimed (earliest deadline first) ++ current READY ++ promoted.
-  local order = {}
-  for _, lease in ipairs(reclaimed) do
-    if not lease.orphan then order[#order + 1] = { id = lease.id, from = 'reclaimed', lease = lease } end
+  -- Items 1..n_back are reclaimed leases (back_leases), then READY's head, then promoted.
+  local order, back_leases = ready_head, NONE
+  if #reclaimed > 0 then
+    back_leases = {}
+    for _, lease in ipairs(reclaimed) do
+      if not lease.orphan then back_leases[#back_leases + 1] = lease end
+    end
   end
-  for _, id in ipairs(ready_head) do order[#order + 1] = { id = id, from = 'ready' } end
-  for _, id in ipairs(promoted) do order[#order + 1] = { id = id, from = 'promoted' } end
+  local n_back = #back_leases
+  if n_back + #promoted > 0 then
+    order = {}
+    for i, lease in ipairs(back_leases) do order[i] = lease.id end
+    for _, id in ipairs(ready_head) do order[#order + 1] = id end
+    for _, id in ipairs(promoted) do order[#order + 1] = id end
+  end
   local take = math.min(count, #order)
-  local need_ids, need_at = {}, {}
-  for i = 1, take do
-    if order[i].from ~= 'reclaimed' then
-      need_ids[#need_ids + 1] = order[i].id
-      need_at[#need_ids] = i
-    end
+  -- Records of the jobs to lease that maintenance has not read already.
+  local records = NONE
+  if take > n_back then
+    local need = {}
+    for i = n_back + 1, take do need[i - n_back] = order[i] end
+    records = hmget(jobs_key, need)
+    jobs_read = true
   end
-  if #need_ids > 0 then
-    local records = hmget(jobs_key, need_ids)
-    verified[jobs_key] = true
-    for j, record in ipairs(need_ids) do order[need_at[j]].record = records[j] end
-  end
+  -- Receipts and reply values of the leases, all decided before the first write: a
+  -- corrupt record is an error while nothing is written yet.
+  local deadline_ms = now_ms + lease_ms
+  local leased_args, owner_args = {}, {}
   for i = 1, take do
-    local item = order[i]
-    local record = item.lease and item.lease.record or item.record
-    local attempts, max_attempts, _, at = parse_record(record or '')
-    if item.from ~= 'reclaimed' and not attempts and record then
-      return redis.error_reply('PQ_CORRUPT unparsable record for job in ' .. jobs_key)
+    local id, record, attempt, max_attempts, at, _ = order[i]
+    if i <= n_back then
+      -- The record is rewritten below with the expired lease's attempt.
+      local lease = back_leases[i]
+      record, attempt, max_attempts, at = lease.record, lease.attempt + 1, lease.max, lease.payload_at
+    else
+      record = records[i - n_back]
+      local attempts
+      attempts, max_attempts, _, at = parse_record(record or '')
+      if record and not attempts then
+        return redis.error_reply('PQ_CORRUPT unparsable record for job in ' .. jobs_key)
+      end
+      attempt = attempts and attempts + 1
     end
-    item.attempts, item.max, item.at = attempts, max_attempts, at
-    -- A reclaimed job's record is rewritten below with the expired lease's attempt.
-    if item.from == 'reclaimed' then item.attempts = item.lease.attempt end
+    -- An id in READY without a record (removed by another program) is popped and dropped.
+    if attempt then
+      m = m + 1
+      local fence = fence0 + m
+      local receipt = string.format('%s|%s|%d|%d|', owner, call, fence, attempt) .. id
+      local o = at0 + 7 * (m - 1)
+      reply[o + 1], reply[o + 2], reply[o + 3] = receipt, id, string.sub(record, at)
+      reply[o + 4], reply[o + 5], reply[o + 6], reply[o + 7] = fence, attempt, max_attempts, deadline_ms
+      leased_args[2 * m - 1], leased_args[2 * m] = deadline_ms, receipt
+      owner_args[2 * m - 1], owner_args[2 * m] = 0, receipt
+    end
   end
   -- Wake another worker when work is left over after a plain lease: the wake marker woke
   -- one worker only. A worker that acks and leases is busy and comes back by itself.
-  local wake = #acks == 0 and #order > take
-  -- next_due_ms is read from SCHEDULED after the writes when fewer than count are leased.
-  local read_scheduled_after = take < count and not stopped_at_limit
+  local wake = n_acks == 0 and #order > take
+  -- next_due_ms is read from SCHEDULED and LEASED after the writes when fewer than count
+  -- are leased, so those reads must be proven too.
+  local read_after = m < count and not stopped_at_limit
 
-  -- 6. Prove the types of keys we will write but have not read. When this call acks,
-  -- its first write is ZREM on `owners`: if that key held another type, the error would
-  -- come before anything was written, so it needs no probe (one command less per job).
-  local writes = { [jobs_key] = 'hash', [ready_key] = 'list', [leased_key] = 'zset', [owners_key] = 'zset' }
-  if #to_ack > 0 then writes[owners_key] = nil end
-  if #to_dead > 0 then writes[dead_key] = 'zset'; writes[errors_key] = 'hash' end
-  if wake then writes[wake_key] = 'zset' end
-  if read_scheduled_after then writes[scheduled_key] = 'zset' end
-  for key, want in pairs(writes) do
-    if not verified[key] then
-      err = expect_type(key, want)
-      if err then return redis.error_reply(err) end
-    end
-  end
+  -- 6. Prove the types of keys we will write (or read after writing) but have not read.
+  -- `owners` needs no probe when this call acks: ZREM on it is then the first write, and
+  -- if that key held another type, the error would come before anything was written
+  -- (one command less per job).
+  local write_jobs = #to_ack > 0 or #reclaimed + #to_dead > 0
+  local write_ready = take > 0 or n_back + #promoted > 0
+  local write_leased = #to_ack > 0 or m > 0 or #reclaimed + #to_dead > 0 or read_after
+  local write_owners = #to_ack == 0 and (m > 0 or #reclaimed + #to_dead > 0)
+  err = write_jobs and not jobs_read and expect_type(jobs_key, 'hash')
+    or write_ready and not ready_read and expect_type(ready_key, 'list')
+    or write_leased and not leased_read and expect_type(leased_key, 'zset')
+    or write_owners and not owners_read and expect_type(owners_key, 'zset')
+    or read_after and not scheduled_read and expect_type(scheduled_key, 'zset')
+    or #to_dead > 0 and (expect_type(dead_key, 'zset') or expect_type(errors_key, 'hash'))
+    or nil
+  if err then return redis.error_reply(err) end
+  -- The marker's read proves `wake` a zset, and spares the write when it is already up.
+  wake = wake and not redis.call('ZSCORE', wake_key, 'wake')
 
   -- Which READY ids this call pops, and which maintenance moves go back to READY.
-  local from_ready, head_back, tail_back = 0, {}, {}
-  for i, item in ipairs(order) do
-    if i <= take then
-      if item.from == 'ready' then from_ready = from_ready + 1 end
-    elseif item.from == 'reclaimed' then
-      head_back[#head_back + 1] = item.id
-    elseif item.from == 'promoted' then
-      tail_back[#tail_back + 1] = item.id
-    end
+  local from_ready = math.max(0, math.min(take, n_back + #ready_head) - n_back)
+  local head_back, tail_back = NONE, NONE
+  if take < n_back then
+    head_back = {}
+    for i = take + 1, n_back do head_back[#head_back + 1] = order[i] end
+  end
+  if #promoted > 0 and #order > math.max(take, n_back + #ready_head) then
+    tail_back = {}
+    for i = math.max(take, n_back + #ready_head) + 1, #order do tail_back[#tail_back + 1] = order[i] end
   end
 
-  -- 7. Write: acks (first ZREM on `owners`, see 6), then the pop from READY. The first
-  -- write removes something, so at its memory limit Redis still runs the call (it
+  -- 7. Write: the acks, then the pop from READY. ZREM on `owners` is the first write
+  -- (see 6). It removes something, so at its memory limit Redis still runs the call (it
   -- refuses only a growing first write): a full server keeps draining.
   if #to_ack > 0 then
-    local receipts, job_ids = {}, {}
-    for i, lease in ipairs(to_ack) do receipts[i], job_ids[i] = lease.receipt, lease.id end
-    call_chunked('ZREM', owners_key, receipts)
-    call_chunked('ZREM', leased_key, receipts)
-    call_chunked('HDEL', jobs_key, job_ids)
-    bury(done_key, job_ids, expired_done, now_ms, keep_done_ms)
+    call_chunked('ZREM', owners_key, to_ack)
+    call_chunked('ZREM', leased_key, to_ack)
+    call_chunked('HDEL', jobs_key, acked_ids)
+    bury(done_key, acked_ids, expired_done, now_ms, keep_done_ms)
   end
   if from_ready > 0 then redis.call('LTRIM', ready_key, from_ready, -1) end
 
@@ -412,47 +468,27 @@ else
   if #tail_back > 0 then call_chunked('RPUSH', ready_key, tail_back) end
 
   -- Lease.
-  local deadline_ms = now_ms + lease_ms
-  local leased_args, owner_args, fence = {}, {}, fence0
-  for i = 1, take do
-    local item = order[i]
-    if item.at then
-      fence = fence + 1
-      local attempt = item.attempts + 1
-      local receipt = string.format('%s|%s|%d|%d|', owner, call, fence, attempt) .. item.id
-      local record = item.lease and item.lease.record or item.record
-      leased[#leased + 1] = { receipt, item.id, string.sub(record, item.at), fence, attempt, item.max, deadline_ms }
-      leased_args[#leased_args + 1] = deadline_ms
-      leased_args[#leased_args + 1] = receipt
-      owner_args[#owner_args + 1] = 0
-      owner_args[#owner_args + 1] = receipt
-    end
-    -- An id in READY without a record (removed by another program) is popped and dropped.
-  end
-  if #leased > 0 then
-    redis.call('HINCRBY', counters_key, 'leased', #leased)
+  if m > 0 then
+    redis.call('HINCRBY', counters_key, 'leased', m)
     call_chunked('ZADD', leased_key, leased_args)
     call_chunked('ZADD', owners_key, owner_args)
   end
 
   if wake then redis.call('ZADD', wake_key, 0, 'wake') end
 
-  if #leased < count then
+  if m < count then
     if stopped_at_limit then
-      next_due_ms = now_ms
+      reply[2] = now_ms
     else
+      local next_due_ms = -1
       local s = redis.call('ZRANGE', scheduled_key, 0, 0, 'WITHSCORES')
       local l = redis.call('ZRANGE', leased_key, 0, 0, 'WITHSCORES')
       if s[2] then next_due_ms = tonumber(s[2]) end
       if l[2] and (next_due_ms < 0 or tonumber(l[2]) < next_due_ms) then next_due_ms = tonumber(l[2]) end
+      reply[2] = next_due_ms
     end
   end
 end
 
-local reply = { now_ms, next_due_ms, #acks }
-for i = 1, #acks do reply[#reply + 1] = ack_status[i] end
-reply[#reply + 1] = #leased
-for _, job in ipairs(leased) do
-  for _, v in ipairs(job) do reply[#reply + 1] = v end
-end
+reply[at0] = m
 return reply

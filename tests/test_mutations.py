@@ -47,8 +47,8 @@ MUTANTS = [
     Mutant(
         "ack_accepts_any_receipt_of_an_existing_job",
         "ack",
-        "if not acking[lease.receipt] and redis.call('ZSCORE', leased_key, lease.receipt) then",
-        "if not acking[lease.receipt] and redis.call('HEXISTS', jobs_key, lease.id) == 1 then",
+        "elseif redis.call('ZSCORE', leased_key, receipt) then",
+        "elseif redis.call('HEXISTS', jobs_key, ids[i]) == 1 then",
     ),
     Mutant(
         "lease_reclaims_only_after_the_deadline_not_at_it",
@@ -71,20 +71,20 @@ MUTANTS = [
     Mutant(
         "lease_buries_acked_ids_one_ms_short",
         "lease",
-        "args[2 * i - 1], args[2 * i] = now_ms + keep_done_ms, id",
-        "args[2 * i - 1], args[2 * i] = now_ms + keep_done_ms - 1, id",
+        "local kept_until = now_ms + keep_done_ms",
+        "local kept_until = now_ms + keep_done_ms - 1",
     ),
     Mutant(
         "lease_has_no_replay_check",
         "lease",
-        "if count > 0 and not all_acked or #acks == 0 and count > 0 then",
+        "if count > 0 and (n_acks == 0 or not all_acked) then",
         "if false then",
     ),
     Mutant(
         "lease_does_not_count_the_attempt_of_a_lease_it_reclaims_and_leases_again",
         "lease",
-        "if item.from == 'reclaimed' then item.attempts = item.lease.attempt end",
-        "",
+        "record, attempt, max_attempts, at = lease.record, lease.attempt + 1, lease.max, lease.payload_at",
+        "record, attempt, max_attempts, at = lease.record, lease.attempt, lease.max, lease.payload_at",
     ),
     Mutant(
         "lease_runs_maintenance_on_every_call",
@@ -150,8 +150,8 @@ MUTANTS = [
     Mutant(
         "enqueue_skips_the_duplicate_check",
         "enqueue",
-        "if existing[i] or seen[id] or kept_until",
-        "if seen[id] or kept_until",
+        "if existing[i] or seen and seen[id] or kept_until",
+        "if seen and seen[id] or kept_until",
     ),
     Mutant(
         "scrub_leaves_receipts_in_the_owners_index",
