@@ -26,10 +26,11 @@ client and closes it on ``aclose()`` or when its ``async with`` block ends.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Union
+from typing import Any, Generic, TypeVar, Union
 
 import redis
 import redis.asyncio
@@ -38,12 +39,29 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.commands.core import AsyncScript
 
 from pyqueue.clients import client_settings, embedded_server, eviction_problems, log
-from pyqueue.core import Arg, AsyncDriver, Keys, Pipelined, ScriptCall, Step
+from pyqueue.core import (
+    MAX_BATCH,
+    Arg,
+    AsyncDriver,
+    Batching,
+    Commands,
+    Keys,
+    Pipelined,
+    ScriptCall,
+    Step,
+    coalescable,
+    enqueue_size,
+    merge_enqueues,
+    split_enqueue_reply,
+)
 from pyqueue.errors import InvalidArgument, map_redis_error
 from pyqueue.models import Peeked
 from pyqueue.partitioned import PartitionedCore
 from pyqueue.queue import QueueCore, plan_peek_many
 from pyqueue.scripts import CLUSTER_WEATHER, DEFAULT_WEATHER_BUDGET_S, SCRIPT_KEYS, ScriptTable, Weather, lua_source
+
+I = TypeVar("I")
+R = TypeVar("R")
 
 #: What the async driver accepts wherever it takes a client.
 AsyncClient = Union[redis.asyncio.Redis, AsyncRedisCluster]
@@ -98,6 +116,53 @@ def _undecoded(client: AsyncClient) -> AsyncClient:
     return client
 
 
+@dataclass
+class _Member(Generic[I, R]):
+    item: I
+    turn: asyncio.Future[bool]  # True: lead the next call; False: the answer is in
+    result: R | None = None
+    error: BaseException | None = None
+
+
+class AsyncBatcher(Generic[I, R]):
+    """Items submitted by tasks at about the same time share calls of ``send`` (the
+    asyncio counterpart of :class:`pyqueue.batching.ThreadBatcher`, same contract)."""
+
+    def __init__(
+        self,
+        send: Callable[[list[I]], Awaitable[list[R]]],
+        weigh: Callable[[I], int] = lambda item: 1,
+        limit: int = MAX_BATCH,
+    ) -> None:
+        self._send_batch, self._weigh, self._limit = send, weigh, limit
+        #: Who leads; also counts the calls sent and the items they carried.
+        self.state: Batching[_Member[I, R]] = Batching()
+
+    async def submit(self, item: I) -> R:
+        """Send ``item`` in the next call (now, if none is in flight); its result."""
+        me: _Member[I, R] = _Member(item, asyncio.get_running_loop().create_future())
+        if self.state.join(me) or await me.turn:
+            await self._send()
+        if me.error is not None:
+            raise me.error
+        return me.result  # type: ignore[return-value]  # set with the batch's results
+
+    async def _send(self) -> None:
+        batch = self.state.take(lambda m: self._weigh(m.item), self._limit)
+        try:
+            for member, result in zip(batch, await self._send_batch([m.item for m in batch])):
+                member.result = result
+        except BaseException as exc:  # a cancelled leader too: its batch learns it
+            for member in batch:
+                member.error = exc
+        leader = self.state.hand_over()
+        if leader is not None:
+            leader.turn.set_result(True)
+        for member in batch:
+            if not member.turn.done():
+                member.turn.set_result(False)
+
+
 class AsyncScripts(ScriptTable):
     """Every script registered on one asyncio client: runs the steps of plans
     (:mod:`pyqueue.core`), with the re-sending and ``wait_replicas`` policies of
@@ -111,17 +176,31 @@ class AsyncScripts(ScriptTable):
         weather_budget_s: float = DEFAULT_WEATHER_BUDGET_S,
         wait_replicas: int = 0,
         wait_timeout_ms: int = 1000,
+        coalesce: bool = False,
     ) -> None:
         cluster = isinstance(client, AsyncRedisCluster)
         if cluster and wait_replicas:
             # WAIT must follow the call on its connection; redis.asyncio's cluster
             # client does not let a caller pin one.
             raise InvalidArgument("wait_replicas is not supported by the async driver on a Redis Cluster")
-        super().__init__(cluster, weather_budget_s, wait_replicas, wait_timeout_ms)
+        super().__init__(cluster, weather_budget_s, wait_replicas, wait_timeout_ms, coalesce)
         self.client = client
         self._scripts: dict[str, AsyncScript] = {
             name: client.register_script(lua_source(name, directory)) for name in SCRIPT_KEYS
         }
+        self._enqueues: dict[Keys, AsyncBatcher[ScriptCall, Any]] = {}
+        self._commands_in_flight: dict[tuple[str, tuple[Any, ...]], asyncio.Future[Any]] = {}
+
+    def _enqueue_batcher(self, keys: Keys) -> AsyncBatcher[ScriptCall, Any]:
+        batcher = self._enqueues.get(keys)
+        if batcher is None:
+
+            async def send(steps: list[ScriptCall]) -> list[Any]:
+                merged = merge_enqueues(steps)
+                return split_enqueue_reply(await self.run("enqueue", merged.keys, merged.args), steps)
+
+            batcher = self._enqueues[keys] = AsyncBatcher(send, enqueue_size)
+        return batcher
 
     async def run(self, name: str, keys: Keys, args: Sequence[Arg]) -> Any:
         """Run script ``name`` once (EVALSHA, reloaded on NOSCRIPT); raw reply, redis-py
@@ -177,18 +256,35 @@ class AsyncScripts(ScriptTable):
     async def execute(self, step: Step) -> Any:
         """Run one step of a plan; redis-py errors are raised as pyqueue errors."""
         try:
+            if self.coalesce and coalescable(step):
+                return await self._enqueue_batcher(step.keys).submit(step)
             if isinstance(step, ScriptCall):
                 return await self.run(step.script, step.keys, step.args)
             if isinstance(step, Pipelined):
                 return await self.run_pipelined(step.script, step.calls)
-            if self.cluster:  # every command names step.key: each goes to its primary
-                return [await self.client.execute_command(*command) for command in step.commands]
-            pipe: Any = self.client.pipeline(transaction=False)
-            for command in step.commands:
-                pipe.execute_command(*command)
-            return await pipe.execute()
+            return await self._commands(step)
         except redis.exceptions.RedisError as exc:
             raise map_redis_error(exc) from exc
+
+    async def _commands(self, step: Commands) -> Any:
+        """Plain commands (a queue object's first-call check of its partition count).
+        Tasks that ask the same while it is in flight share its answer: a burst of first
+        calls (a hundred tasks starting at once) costs one round trip, not a connection
+        each."""
+        key = (step.key, tuple(step.commands))
+        shared = self._commands_in_flight.get(key)
+        if shared is None:
+            shared = self._commands_in_flight[key] = asyncio.ensure_future(self._send_commands(step))
+            shared.add_done_callback(lambda _: self._commands_in_flight.pop(key, None))
+        return await asyncio.shield(shared)
+
+    async def _send_commands(self, step: Commands) -> Any:
+        if self.cluster:  # every command names step.key: each goes to its primary
+            return [await self.client.execute_command(*command) for command in step.commands]
+        pipe: Any = self.client.pipeline(transaction=False)
+        for command in step.commands:
+            pipe.execute_command(*command)
+        return await pipe.execute()
 
 
 class AsyncQueue(QueueCore, AsyncDriver):
@@ -214,7 +310,11 @@ class AsyncQueue(QueueCore, AsyncDriver):
     def open_transport(self, redis: Any, lua_directory: Path | None) -> None:
         self.redis = _undecoded(redis if redis is not None else embedded_redis())
         self.scripts = AsyncScripts(
-            self.redis, lua_directory, wait_replicas=self.wait_replicas, wait_timeout_ms=self.wait_timeout_ms
+            self.redis,
+            lua_directory,
+            wait_replicas=self.wait_replicas,
+            wait_timeout_ms=self.wait_timeout_ms,
+            coalesce=self.coalesce_enqueues,
         )
 
     async def execute(self, step: Step) -> Any:

@@ -19,35 +19,25 @@ the first run leased.
 from __future__ import annotations
 
 import secrets
-import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
-from pyqueue.core import MAX_BATCH
+from pyqueue.batching import ThreadBatcher
 from pyqueue.models import Job, Outcome
 from pyqueue.queue import Queue
 
 T = TypeVar("T")
+
+#: One finished job, and whether its handler slot wants a job in its place.
+Finished = tuple[Job, bool]
+#: What the batch answers it: the ack's outcome, and the job leased for it, if any.
+Answer = tuple[Outcome, "Job | None"]
 
 
 class Retrying(Protocol):
     """Runs a replay-safe call until it answers (the worker's retry policy)."""
 
     def __call__(self, call: Callable[[], T]) -> T: ...
-
-
-@dataclass
-class _Member:
-    """One finished job waiting in a batch, and what its batch answers it."""
-
-    job: Job
-    wants_job: bool
-    done: threading.Event = field(default_factory=threading.Event)
-    lead: bool = False  # woken to send the next batch rather than with an answer
-    outcome: Outcome | None = None
-    next_job: Job | None = None
-    error: BaseException | None = None
 
 
 class GroupCommit:
@@ -69,14 +59,19 @@ class GroupCommit:
         self.lease_ms = lease_ms
         self._retrying = retrying
         self._on_leased = on_leased
-        self._lock = threading.Lock()
-        self._waiting: list[_Member] = []
-        self._in_flight = False
-        #: Calls sent and jobs they acked: batch sizes are acked / calls.
-        self.calls = 0
-        self.acked = 0
+        self._batcher: ThreadBatcher[Finished, Answer] = ThreadBatcher(self.send)
 
-    def commit(self, job: Job, *, wants_job: bool) -> tuple[Outcome, Job | None]:
+    @property
+    def calls(self) -> int:
+        """Calls sent so far."""
+        return self._batcher.state.calls
+
+    @property
+    def acked(self) -> int:
+        """Jobs those calls acked (any outcome): their mean batch is acked / calls."""
+        return self._batcher.state.items
+
+    def commit(self, job: Job, *, wants_job: bool) -> Answer:
         """Ack ``job`` (its handler succeeded) and, if ``wants_job``, lease one job in
         its place, together with whatever other handlers of the queue finish meanwhile.
         Returns the ack's outcome and the job leased for this caller, if any.
@@ -85,56 +80,20 @@ class GroupCommit:
             what the call raised after the retry policy gave up (every member of the
             batch gets the same error).
         """
-        me = _Member(job, wants_job)
-        with self._lock:
-            self._waiting.append(me)
-            lead = not self._in_flight
-            self._in_flight = True
-        if not lead:
-            me.done.wait()
-        if lead or me.lead:
-            self._send()
-        if me.error is not None:
-            raise me.error
-        assert me.outcome is not None
-        return me.outcome, me.next_job
+        return self._batcher.submit((job, wants_job))
 
-    def _send(self) -> None:
-        """Send one call with the waiting jobs (this thread's own among them), answer
-        every member, and hand the lead to the first job that arrived meanwhile."""
-        with self._lock:
-            batch, self._waiting = self._waiting[:MAX_BATCH], self._waiting[MAX_BATCH:]
-        try:
-            self._call(batch)
-        except BaseException as exc:  # every member learns it; the caller re-raises
-            for member in batch:
-                member.error = exc
-        with self._lock:
-            if self._waiting:
-                self._waiting[0].lead = True
-                self._waiting[0].done.set()
-            else:
-                self._in_flight = False
-        for member in batch:
-            member.done.set()
-
-    def _call(self, batch: list[_Member]) -> None:
-        jobs = [m.job for m in batch]
-        wanted = [m for m in batch if m.wants_job]
-        if wanted:
-            call = secrets.token_hex(8)  # the same token on every retry: one effect
-
-            leased = self._retrying(
-                lambda: self.queue.lease_call(ack=jobs, count=len(wanted), lease_ms=self.lease_ms, call=call)
-            )
-            outcomes, new_jobs = leased.acks, leased.jobs
-            if new_jobs:
-                self._on_leased(new_jobs)
-            for member, new_job in zip(wanted, new_jobs):
-                member.next_job = new_job
-        else:
-            outcomes = self._retrying(lambda: self.queue.ack_many(jobs))
-        for member, outcome in zip(batch, outcomes):
-            member.outcome = outcome
-        self.calls += 1
-        self.acked += len(batch)
+    def send(self, batch: list[Finished]) -> list[Answer]:
+        """One call for ``batch``: lease.lua acking them all and leasing one job for
+        each that wants one (as many as are ready), or ack.lua when none does."""
+        jobs = [job for job, _ in batch]
+        wanted = sum(1 for _, wants in batch if wants)
+        if not wanted:
+            return [(outcome, None) for outcome in self._retrying(lambda: self.queue.ack_many(jobs))]
+        call = secrets.token_hex(8)  # the same token on every retry: one effect
+        leased = self._retrying(
+            lambda: self.queue.lease_call(ack=jobs, count=wanted, lease_ms=self.lease_ms, call=call)
+        )
+        if leased.jobs:
+            self._on_leased(leased.jobs)
+        handed = iter(leased.jobs)
+        return [(outcome, next(handed, None) if wants else None) for outcome, (_, wants) in zip(leased.acks, batch)]

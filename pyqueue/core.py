@@ -27,7 +27,7 @@ import os
 from binascii import crc_hqx
 from collections.abc import Callable, Coroutine, Generator, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, Union, overload
+from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeGuard, TypeVar, Union, overload
 
 from pyqueue.errors import InvalidArgument, PyQueueError
 from pyqueue.models import Job, NewJob
@@ -318,6 +318,85 @@ class Verb(Generic[P, T]):
 
         verb.__name__, verb.__doc__ = self.name, self.__doc__
         return verb
+
+
+# -- batching: group commit and coalesced enqueues -----------------------------------
+
+M = TypeVar("M")
+
+
+class Batching(Generic[M]):
+    """Who sends the next call of a batching scheme, and with what (no I/O, no locks:
+    the sync users hold a lock around it, the async ones run on one loop).
+
+    Members join; the first to join while no call is in flight leads: it takes the
+    waiting members (itself among them) and sends one call for them all. Members that
+    join while that call is in flight wait; when it ends, the first of them leads the
+    next call. So a lone member is sent at once, and a burst shares calls."""
+
+    def __init__(self) -> None:
+        self.waiting: list[M] = []
+        self.in_flight = False
+        #: Batches taken so far, and the members they carried.
+        self.calls = self.items = 0
+
+    def join(self, member: M) -> bool:
+        """Add ``member``; whether it leads (sends now) rather than waits."""
+        self.waiting.append(member)
+        lead = not self.in_flight
+        self.in_flight = True
+        return lead
+
+    def take(self, weigh: Callable[[M], int], limit: int) -> list[M]:
+        """The leader's batch: waiting members in order, while their weights sum to at
+        most ``limit`` (always at least one)."""
+        total, count = 0, 0
+        for member in self.waiting:
+            total += weigh(member)
+            if count and total > limit:
+                break
+            count += 1
+        batch, self.waiting = self.waiting[:count], self.waiting[count:]
+        self.calls, self.items = self.calls + 1, self.items + count
+        return batch
+
+    def hand_over(self) -> M | None:
+        """After a call: the member that leads the next one, or None (idle again)."""
+        if self.waiting:
+            return self.waiting[0]
+        self.in_flight = False
+        return None
+
+
+def enqueue_size(step: ScriptCall) -> int:
+    """How many jobs an enqueue call carries."""
+    return int(step.args[1])
+
+
+def coalescable(step: Step) -> TypeGuard[ScriptCall]:
+    """Whether a step may share its call with others: an enqueue on the server clock."""
+    return isinstance(step, ScriptCall) and step.script == "enqueue" and step.args[0] == ""
+
+
+def merge_enqueues(steps: Sequence[ScriptCall]) -> ScriptCall:
+    """One enqueue call carrying the jobs of ``steps`` (same keys, server clock), in
+    order: what each would have done alone, done in one script run. A job whose id an
+    earlier step of the batch used is a duplicate, as it would be sent after it."""
+    args: list[Arg] = ["", sum(enqueue_size(s) for s in steps)]
+    for step in steps:
+        args += step.args[2:]
+    return ScriptCall("enqueue", steps[0].keys, args)
+
+
+def split_enqueue_reply(reply: Sequence[Any], steps: Sequence[ScriptCall]) -> list[list[Any]]:
+    """Each step's own reply ``{added, duplicates, flags...}`` from a merged call's."""
+    out, at = [], 2
+    for step in steps:
+        flags = list(reply[at : at + enqueue_size(step)])
+        at += len(flags)
+        added = sum(int(f) for f in flags)
+        out.append([added, len(flags) - added, *flags])
+    return out
 
 
 # -- the script ABI: one builder per lua/*.lua, ARGV in header order ------------------

@@ -101,6 +101,8 @@ __all__ = [  # what other modules import from here (the core's names are re-expo
 ]
 
 log = logging.getLogger("pyqueue")
+#: Whether enqueues made at the same moment share a script call (``coalesce_enqueues``).
+DEFAULT_COALESCE_ENQUEUES = True
 Q = TypeVar("Q", bound="QueueCore")
 
 
@@ -142,6 +144,12 @@ class QueueCore:
             window in which a failover loses an acknowledged write, it does not close it
             (see :class:`~pyqueue.scripts.Scripts`). Works on one server with replicas
             and on a cluster.
+        coalesce_enqueues: enqueues of this queue object made while one of its enqueue
+            calls is in flight (by other threads or tasks) share the next call: one
+            script run for them all, each caller still getting its own answer (added or
+            duplicate) and the error of the call that carried its jobs. A lone enqueue
+            is sent at once, never held back. Default on (see README, "Coalesced
+            enqueues", for the figures behind that choice).
         lua_directory: tests only: load the scripts from another directory (the
             mutation tests load deliberately broken copies).
     """
@@ -172,6 +180,7 @@ class QueueCore:
         partitions: int = 1,
         wait_replicas: int = 0,
         wait_timeout_ms: int = 1000,
+        coalesce_enqueues: bool = DEFAULT_COALESCE_ENQUEUES,
         lua_directory: Path | None = None,
     ) -> None:
         self.name = check_name(name, "queue name")
@@ -184,6 +193,9 @@ class QueueCore:
         self.keep_done_ms = check_int(keep_done_ms, "keep_done_ms", 0, 2**40)
         self.wait_replicas = check_int(wait_replicas, "wait_replicas", 0, 100)
         self.wait_timeout_ms = check_int(wait_timeout_ms, "wait_timeout_ms", 1, 86_400_000)  # 0 would wait forever
+        if not isinstance(coalesce_enqueues, bool):
+            raise InvalidArgument(f"coalesce_enqueues must be a bool, got {coalesce_enqueues!r}")
+        self.coalesce_enqueues = coalesce_enqueues
         self.open_transport(redis, lua_directory)
 
     def open_transport(self, redis: Any, lua_directory: Path | None) -> None:
@@ -613,7 +625,11 @@ class Queue(QueueCore, SyncDriver):
     def open_transport(self, redis: Any, lua_directory: Path | None) -> None:
         self.redis = bytes_client(redis if redis is not None else embedded_redis())
         self.scripts = Scripts(
-            self.redis, lua_directory, wait_replicas=self.wait_replicas, wait_timeout_ms=self.wait_timeout_ms
+            self.redis,
+            lua_directory,
+            wait_replicas=self.wait_replicas,
+            wait_timeout_ms=self.wait_timeout_ms,
+            coalesce=self.coalesce_enqueues,
         )
 
     def execute(self, step: Step) -> Any:

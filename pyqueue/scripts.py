@@ -31,7 +31,18 @@ import redis
 from redis.commands.core import Script
 
 from pyqueue.clients import Client, is_cluster, node_for_key
-from pyqueue.core import Arg, Commands, Keys, Pipelined, ScriptCall, Step
+from pyqueue.batching import ThreadBatcher
+from pyqueue.core import (
+    Arg,
+    Keys,
+    Pipelined,
+    ScriptCall,
+    Step,
+    coalescable,
+    enqueue_size,
+    merge_enqueues,
+    split_enqueue_reply,
+)
 from pyqueue.errors import NotReplicated, map_redis_error
 
 
@@ -154,8 +165,11 @@ class ScriptTable:
     write can be lost, and it costs the replicas' round trip on every write.
     """
 
-    def __init__(self, cluster: bool, weather_budget_s: float, wait_replicas: int, wait_timeout_ms: int) -> None:
+    def __init__(
+        self, cluster: bool, weather_budget_s: float, wait_replicas: int, wait_timeout_ms: int, coalesce: bool
+    ) -> None:
         self.cluster = cluster
+        self.coalesce = coalesce
         self.weather_budget_s = weather_budget_s
         self.wait_replicas = wait_replicas
         self.wait_timeout_ms = wait_timeout_ms
@@ -205,12 +219,27 @@ class Scripts(ScriptTable):
         weather_budget_s: float = DEFAULT_WEATHER_BUDGET_S,
         wait_replicas: int = 0,
         wait_timeout_ms: int = 1000,
+        coalesce: bool = False,
     ) -> None:
-        super().__init__(is_cluster(client), weather_budget_s, wait_replicas, wait_timeout_ms)
+        super().__init__(is_cluster(client), weather_budget_s, wait_replicas, wait_timeout_ms, coalesce)
         self.client = client
         self._scripts: dict[str, Script] = {
             name: client.register_script(lua_source(name, directory)) for name in SCRIPT_KEYS
         }
+        self._enqueues: dict[Keys, ThreadBatcher[ScriptCall, Any]] = {}
+        self._enqueues_lock = threading.Lock()
+
+    def _enqueue_batcher(self, keys: Keys) -> ThreadBatcher[ScriptCall, Any]:
+        with self._enqueues_lock:
+            batcher = self._enqueues.get(keys)
+            if batcher is None:
+
+                def send(steps: list[ScriptCall]) -> list[Any]:
+                    merged = merge_enqueues(steps)
+                    return split_enqueue_reply(self.run("enqueue", merged.keys, merged.args), steps)
+
+                batcher = self._enqueues[keys] = ThreadBatcher(send, enqueue_size)
+            return batcher
 
     def sha(self, name: str) -> str:
         """The SHA1 a script is called by (EVALSHA)."""
@@ -295,6 +324,8 @@ class Scripts(ScriptTable):
         """Run one step of a plan (:mod:`pyqueue.core`); redis-py errors are raised as
         pyqueue errors."""
         try:
+            if self.coalesce and coalescable(step):
+                return self._enqueue_batcher(step.keys).submit(step)
             if isinstance(step, ScriptCall):
                 return self.run(step.script, step.keys, step.args)
             if isinstance(step, Pipelined):

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from pyqueue import Job, Leased, NewJob, Outcome, OutcomeUnknown, Queue
-from pyqueue.commit import GroupCommit, _Member
+from pyqueue.commit import GroupCommit
 
 T = TypeVar("T")
 T0 = 1_000_000
@@ -57,7 +57,7 @@ def test_handlers_that_finish_during_a_call_share_the_next_one(q: Queue) -> None
     for t in threads[1:]:
         t.start()
     deadline = time.monotonic() + 5
-    while len(commit._waiting) < 7 and time.monotonic() < deadline:  # ... while the rest finish
+    while len(commit._batcher.state.waiting) < 7 and time.monotonic() < deadline:  # ... while the rest finish
         time.sleep(0.01)
     gate.set()
     for t in threads:
@@ -74,13 +74,12 @@ def test_a_batch_whose_reply_is_lost_is_sent_again_and_has_one_effect(q: Queue) 
     jobs = q.lease(count=3)
     lossy = LoseFirstReply(q)
     commit = GroupCommit(lossy, 30_000, retry_forever, lambda leased: None)  # type: ignore[arg-type]
-    batch = [_Member(job, True) for job in jobs]
-    commit._call(batch)
+    answers = commit.send([(job, True) for job in jobs])
     assert lossy.sent == 2  # sent, reply lost, sent again with the same token
     stats = q.stats()
     assert stats.acked == 3 and stats.leased_total == 6 and stats.leased == 3 and stats.ready == 0
     # The replay hands back the first run's jobs: the ones the server holds leased.
-    assert sorted(m.next_job.id for m in batch if m.next_job) == sorted(j.id for j in lossy.first_jobs)
+    assert sorted(j.id for _, j in answers if j) == sorted(j.id for j in lossy.first_jobs)
 
 
 def test_a_stale_receipt_in_a_batch_does_not_stop_the_others(q: Queue) -> None:
@@ -90,9 +89,8 @@ def test_a_stale_receipt_in_a_batch_does_not_stop_the_others(q: Queue) -> None:
     q.enqueue_many([NewJob(b"", job_id=f"ok{i}") for i in range(3)], now_ms=T0 + 100)
     fresh = q.lease(count=3, now_ms=T0 + 100)
     commit = GroupCommit(q, 30_000, retry_forever, lambda leased: None)
-    batch = [_Member(job, True) for job in [late, *fresh]]
-    commit._call(batch)
-    assert [m.outcome for m in batch] == [Outcome.STALE, Outcome.OK, Outcome.OK, Outcome.OK]
+    answers = commit.send([(job, True) for job in [late, *fresh]])
+    assert [outcome for outcome, _ in answers] == [Outcome.STALE, Outcome.OK, Outcome.OK, Outcome.OK]
 
 
 class SlowFirstCall:

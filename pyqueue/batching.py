@@ -1,0 +1,78 @@
+"""Batching for threads: the members of :class:`pyqueue.core.Batching` are threads
+that wait on events. Used by group commit (:mod:`pyqueue.commit`) and by coalesced
+enqueues (:class:`pyqueue.scripts.Scripts`); the asyncio counterpart is in
+:mod:`pyqueue.aio`."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from pyqueue.core import MAX_BATCH, Batching
+
+I = TypeVar("I")
+R = TypeVar("R")
+
+
+@dataclass
+class _Member(Generic[I, R]):
+    item: I
+    woken: threading.Event = field(default_factory=threading.Event)
+    lead: bool = False  # woken to send the next call rather than with an answer
+    result: R | None = None
+    error: BaseException | None = None
+
+
+class ThreadBatcher(Generic[I, R]):
+    """Items submitted by threads at about the same time share calls of ``send``.
+
+    ``send`` takes a batch of items and returns one result per item, in order, or
+    raises (then every item of the batch gets that error). ``weigh`` and ``limit``
+    bound a batch (default: at most 1000 items). Thread-safe."""
+
+    def __init__(
+        self,
+        send: Callable[[list[I]], list[R]],
+        weigh: Callable[[I], int] = lambda item: 1,
+        limit: int = MAX_BATCH,
+    ) -> None:
+        self._send_batch, self._weigh, self._limit = send, weigh, limit
+        self._lock = threading.Lock()
+        #: Who leads; also counts the calls sent and the items they carried.
+        self.state: Batching[_Member[I, R]] = Batching()
+
+    def submit(self, item: I) -> R:
+        """Send ``item`` in the next call (now, if none is in flight); its result.
+
+        Raises:
+            what ``send`` raised for the batch that carried it.
+        """
+        me: _Member[I, R] = _Member(item)
+        with self._lock:
+            lead = self.state.join(me)
+        if not lead:
+            me.woken.wait()
+        if lead or me.lead:
+            self._send()
+        if me.error is not None:
+            raise me.error
+        return me.result  # type: ignore[return-value]  # set with the batch's results
+
+    def _send(self) -> None:
+        with self._lock:
+            batch = self.state.take(lambda m: self._weigh(m.item), self._limit)
+        try:
+            for member, result in zip(batch, self._send_batch([m.item for m in batch])):
+                member.result = result
+        except BaseException as exc:  # each member raises it in its own thread
+            for member in batch:
+                member.error = exc
+        with self._lock:
+            leader = self.state.hand_over()
+        if leader is not None:
+            leader.lead = True
+            leader.woken.set()
+        for member in batch:
+            member.woken.set()
