@@ -39,3 +39,8 @@ def hold(job: Job) -> None:
     """Marks the job started, then holds it (the recovery figure kills this worker)."""
     _redis().rpush("bench:{started}", job.id)
     time.sleep(float(os.environ.get("BENCH_HOLD_S", "600")))
+
+
+async def noop_async(job: Job) -> None:
+    """Does nothing, as an ``async def`` handler: ``pyqueue worker`` runs it on the
+    AsyncWorker (the async drain figures)."""
