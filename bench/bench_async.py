@@ -225,6 +225,7 @@ def main() -> None:
                 f"raw_evalsha_async_{args.tasks}": raw_evalsha_async(url, admin, args.tasks, n),
                 "sync_1": enqueue_sync(url, admin, n),
                 "async_1": enqueue_async(url, admin, 1, n),
+                "async_1_not_coalesced": enqueue_async(url, admin, 1, n, False),
                 f"async_{args.tasks}_coalesced": enqueue_async(url, admin, args.tasks, n, True),
                 f"async_{args.tasks}_not_coalesced": enqueue_async(url, admin, args.tasks, n, False),
             },

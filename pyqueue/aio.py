@@ -78,24 +78,16 @@ def embedded_redis() -> redis.asyncio.Redis:
     return client
 
 
-def connect(
-    url: str,
-    *,
-    retries: int = 3,
-    socket_timeout_s: float = 10.0,
-    socket_connect_timeout_s: float = 5.0,
-    cluster: bool | None = None,
-) -> AsyncClient:
+def connect(url: str, **options: Any) -> AsyncClient:
     """An asyncio client configured as :func:`pyqueue.clients.connect` configures a
-    blocking one (same URL schemes, retries, timeouts). Connections open lazily, at the
-    first call; only a plain ``redis://`` URL with ``cluster=None`` asks the server
-    once, now and blocking, whether it is a cluster (pass ``redis+cluster://`` or
-    ``cluster=`` to skip that)."""
+    blocking one, with the same URL schemes and options (``retries``,
+    ``socket_timeout_s``, ``socket_connect_timeout_s``, ``cluster``). Connections open
+    lazily, at the first call; only a plain ``redis://`` URL with ``cluster=None`` asks
+    the server once, now and blocking, whether it is a cluster (pass
+    ``redis+cluster://`` or ``cluster=`` to skip that)."""
     if url in ("embedded", "fakeredis://"):
         return embedded_redis()
-    url, is_cluster, settings = client_settings(
-        url, retries, socket_timeout_s, socket_connect_timeout_s, cluster, AsyncRetry
-    )
+    url, is_cluster, settings = client_settings(url, retry_class=AsyncRetry, **options)
     if is_cluster:
         return AsyncRedisCluster.from_url(url, **settings)
     # redis.asyncio retries on connection errors and timeouts by default.
@@ -168,28 +160,20 @@ class AsyncScripts(ScriptTable):
     (:mod:`pyqueue.core`), with the re-sending and ``wait_replicas`` policies of
     :class:`~pyqueue.scripts.ScriptTable`."""
 
-    def __init__(
-        self,
-        client: AsyncClient,
-        directory: Path | None = None,
-        *,
-        weather_budget_s: float = DEFAULT_WEATHER_BUDGET_S,
-        wait_replicas: int = 0,
-        wait_timeout_ms: int = 1000,
-        coalesce: bool = False,
-    ) -> None:
-        cluster = isinstance(client, AsyncRedisCluster)
-        if cluster and wait_replicas:
+    client: AsyncClient
+
+    def __init__(self, client: AsyncClient, directory: Path | None = None, **settings: Any) -> None:
+        super().__init__(client, directory, **settings)
+        if self.cluster and self.wait_replicas:
             # WAIT must follow the call on its connection; redis.asyncio's cluster
             # client does not let a caller pin one.
             raise InvalidArgument("wait_replicas is not supported by the async driver on a Redis Cluster")
-        super().__init__(cluster, weather_budget_s, wait_replicas, wait_timeout_ms, coalesce)
-        self.client = client
-        self._scripts: dict[str, AsyncScript] = {
-            name: client.register_script(lua_source(name, directory)) for name in SCRIPT_KEYS
-        }
         self._enqueues: dict[Keys, AsyncBatcher[ScriptCall, Any]] = {}
         self._commands_in_flight: dict[tuple[str, tuple[Any, ...]], asyncio.Future[Any]] = {}
+
+    @staticmethod
+    def is_cluster(client: Any) -> bool:
+        return isinstance(client, AsyncRedisCluster)
 
     def _enqueue_batcher(self, keys: Keys) -> AsyncBatcher[ScriptCall, Any]:
         batcher = self._enqueues.get(keys)
@@ -307,15 +291,11 @@ class AsyncQueue(QueueCore, AsyncDriver):
     def single_class(cls) -> type[QueueCore]:
         return AsyncQueue
 
-    def open_transport(self, redis: Any, lua_directory: Path | None) -> None:
-        self.redis = _undecoded(redis if redis is not None else embedded_redis())
-        self.scripts = AsyncScripts(
-            self.redis,
-            lua_directory,
-            wait_replicas=self.wait_replicas,
-            wait_timeout_ms=self.wait_timeout_ms,
-            coalesce=self.coalesce_enqueues,
-        )
+    transport_class = AsyncScripts
+
+    @staticmethod
+    def driver_client(redis: Any) -> AsyncClient:
+        return _undecoded(redis if redis is not None else embedded_redis())
 
     async def execute(self, step: Step) -> Any:
         return await self.scripts.execute(step)

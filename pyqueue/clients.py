@@ -101,7 +101,13 @@ def connect(
     """
     if url in ("embedded", "fakeredis://"):
         return embedded_redis()
-    url, cluster, settings = client_settings(url, retries, socket_timeout_s, socket_connect_timeout_s, cluster)
+    url, cluster, settings = client_settings(
+        url,
+        retries=retries,
+        socket_timeout_s=socket_timeout_s,
+        socket_connect_timeout_s=socket_connect_timeout_s,
+        cluster=cluster,
+    )
     if cluster:
         return RedisCluster.from_url(url, **settings)
     return redis_lib.Redis.from_url(url, **settings, **ONE_SERVER_SETTINGS)
@@ -117,10 +123,11 @@ ONE_SERVER_SETTINGS: dict[str, Any] = {
 
 def client_settings(
     url: str,
-    retries: int,
-    socket_timeout_s: float,
-    socket_connect_timeout_s: float,
-    cluster: bool | None,
+    *,
+    retries: int = 3,
+    socket_timeout_s: float = 10.0,
+    socket_connect_timeout_s: float = 5.0,
+    cluster: bool | None = None,
     retry_class: Any = Retry,
 ) -> tuple[str, bool, dict[str, Any]]:
     """What both drivers' ``connect`` derive from a URL and pyqueue's settings: the URL

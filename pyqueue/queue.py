@@ -198,8 +198,24 @@ class QueueCore:
         self.coalesce_enqueues = coalesce_enqueues
         self.open_transport(redis, lua_directory)
 
+    #: The driver's transport: its scripts on its client (set by each driver).
+    transport_class: Any = None
+
     def open_transport(self, redis: Any, lua_directory: Path | None) -> None:
-        """Set up the driver's client and scripts (each driver its own)."""
+        """Set up the driver's client and its transport with this queue's settings."""
+        self.redis = self.driver_client(redis)
+        self.scripts = self.transport_class(
+            self.redis,
+            lua_directory,
+            wait_replicas=self.wait_replicas,
+            wait_timeout_ms=self.wait_timeout_ms,
+            coalesce=self.coalesce_enqueues,
+        )
+
+    @staticmethod
+    def driver_client(redis: Any) -> Any:
+        """The client this driver talks through: ``redis``, checked or adapted, or the
+        embedded default for ``None``."""
         raise NotImplementedError
 
     def physical(self, name: str) -> Any:
@@ -622,15 +638,11 @@ class Queue(QueueCore, SyncDriver):
     def single_class(cls) -> type[QueueCore]:
         return Queue
 
-    def open_transport(self, redis: Any, lua_directory: Path | None) -> None:
-        self.redis = bytes_client(redis if redis is not None else embedded_redis())
-        self.scripts = Scripts(
-            self.redis,
-            lua_directory,
-            wait_replicas=self.wait_replicas,
-            wait_timeout_ms=self.wait_timeout_ms,
-            coalesce=self.coalesce_enqueues,
-        )
+    transport_class = Scripts
+
+    @staticmethod
+    def driver_client(redis: Any) -> Client:
+        return bytes_client(redis if redis is not None else embedded_redis())
 
     def execute(self, step: Step) -> Any:
         return self.scripts.execute(step)

@@ -166,15 +166,32 @@ class ScriptTable:
     """
 
     def __init__(
-        self, cluster: bool, weather_budget_s: float, wait_replicas: int, wait_timeout_ms: int, coalesce: bool
+        self,
+        client: Any,
+        directory: Path | None = None,
+        *,
+        weather_budget_s: float = DEFAULT_WEATHER_BUDGET_S,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 1000,
+        coalesce: bool = False,
     ) -> None:
-        self.cluster = cluster
-        self.coalesce = coalesce
+        self.client = client
+        self.cluster = self.is_cluster(client)
         self.weather_budget_s = weather_budget_s
         self.wait_replicas = wait_replicas
         self.wait_timeout_ms = wait_timeout_ms
+        self.coalesce = coalesce
+        # Both redis-py clients register scripts alike (EVALSHA, reloaded on NOSCRIPT).
+        self._scripts: dict[str, Any] = {
+            name: client.register_script(lua_source(name, directory)) for name in SCRIPT_KEYS
+        }
         # (script, keys) -> the KEYS list: built once, not formatted on every call.
         self._key_lists: dict[tuple[str, Keys], list[str]] = {}
+
+    @staticmethod
+    def is_cluster(client: Any) -> bool:
+        """Whether ``client`` is a cluster client (each transport knows its own)."""
+        raise NotImplementedError
 
     def key_list(self, name: str, keys: Keys) -> list[str]:
         """The keys script ``name`` takes, in header order."""
@@ -211,23 +228,20 @@ class Scripts(ScriptTable):
     """Every script registered on one blocking client (see :class:`ScriptTable` for
     the settings). Thread-safe as the client is."""
 
-    def __init__(
-        self,
-        client: Client,
-        directory: Path | None = None,
-        *,
-        weather_budget_s: float = DEFAULT_WEATHER_BUDGET_S,
-        wait_replicas: int = 0,
-        wait_timeout_ms: int = 1000,
-        coalesce: bool = False,
-    ) -> None:
-        super().__init__(is_cluster(client), weather_budget_s, wait_replicas, wait_timeout_ms, coalesce)
-        self.client = client
-        self._scripts: dict[str, Script] = {
-            name: client.register_script(lua_source(name, directory)) for name in SCRIPT_KEYS
-        }
+    client: Client
+
+    def __init__(self, client: Client, directory: Path | None = None, **settings: Any) -> None:
+        super().__init__(client, directory, **settings)
         self._enqueues: dict[Keys, ThreadBatcher[ScriptCall, Any]] = {}
         self._enqueues_lock = threading.Lock()
+
+    @staticmethod
+    def is_cluster(client: Any) -> bool:
+        return is_cluster(client)
+
+    def sha(self, name: str) -> str:
+        """The SHA1 a script is called by (EVALSHA)."""
+        return str(self._scripts[name].sha)
 
     def _enqueue_batcher(self, keys: Keys) -> ThreadBatcher[ScriptCall, Any]:
         with self._enqueues_lock:
@@ -240,10 +254,6 @@ class Scripts(ScriptTable):
 
                 batcher = self._enqueues[keys] = ThreadBatcher(send, enqueue_size)
             return batcher
-
-    def sha(self, name: str) -> str:
-        """The SHA1 a script is called by (EVALSHA)."""
-        return str(self._scripts[name].sha)
 
     def run(self, name: str, keys: Keys, args: Sequence[Arg], client: Any = None) -> Any:
         """Run script `name` with the keys its header lists and raw ARGV (tests, tools)."""
