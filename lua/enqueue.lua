@@ -202,11 +202,12 @@ reply[1], reply[2] = added, duplicates
 
 -- 3. Prove every key we are about to write holds the right type. `counters` needs no
 -- probe: HINCRBY is the first write, so if it fails nothing has been written. `wake` is
--- proven by reading the marker, which also spares the write when it is already up.
+-- proven by reading the marker, which also spares the write when it is already up
+-- (ZMSCORE rather than ZSCORE: the producer's ACL role already grants it, for `done`).
 if #ready_ids > 0 then err = expect_type(ready_key, 'list') end
 if not err and #scheduled_args > 0 then err = expect_type(scheduled_key, 'zset') end
 if err then return redis.error_reply(err) end
-local raised = added > 0 and redis.call('ZSCORE', wake_key, 'wake')
+local raised = added > 0 and redis.call('ZMSCORE', wake_key, 'wake')[1]
 
 -- 4. Write.
 if duplicates > 0 then redis.call('HINCRBY', counters_key, 'duplicates', duplicates) end
