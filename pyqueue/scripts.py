@@ -19,6 +19,7 @@ script did not run, and every script is replay-safe for the cases where it may h
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -85,8 +86,17 @@ def lua_dir() -> Path:
 
 def lua_source(name: str, directory: Path | None = None) -> str:
     """The source text of ``lua/<name>.lua``, byte for byte as other languages load it
-    (from ``directory`` instead, for tests that load altered copies)."""
-    return ((directory or lua_dir()) / f"{name}.lua").read_text(encoding="utf-8")
+    (from ``directory`` instead, for tests that load altered copies). The installed
+    scripts are read once per process: a process that opens many queues (the metrics
+    exporter, the dashboard) does not read 17 files for each."""
+    if directory is None:
+        return _installed_source(name)
+    return (directory / f"{name}.lua").read_text(encoding="utf-8")
+
+
+@functools.lru_cache(maxsize=None)
+def _installed_source(name: str) -> str:
+    return (lua_dir() / f"{name}.lua").read_text(encoding="utf-8")
 
 
 #: What a cluster answers while it moves slots or fails over: the call did not run, or
