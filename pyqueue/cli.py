@@ -160,6 +160,26 @@ def cmd_dead(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_job(args: argparse.Namespace) -> int:
+    """One job's state and what is known of it (Queue.get); exit 1 if it is unknown."""
+    info = open_queue(connect(args.url), args.queue, args.prefix).get(args.id, with_payload=args.payload)
+    rows: list[list[object]] = [["queue", info.queue], ["id", info.id], ["state", info.state]]
+    if info.exists:
+        rows += [["attempts", f"{info.attempts}/{info.max_attempts}"], ["payload", f"{info.payload_bytes} bytes"]]
+        by_state: dict[str, list[list[object]]] = {
+            "scheduled": [["due in", _ms(info.due_ms - info.now_ms)]],
+            "leased": [["owner", info.owner], ["fence", info.fence], ["deadline in", _ms(info.deadline_ms - info.now_ms)]],
+            "dead": [["died", f"{_ms(info.now_ms - info.due_ms)} ago"], ["error", info.error]],
+        }
+        rows += by_state.get(info.state, [])
+        if info.payload is not None:
+            rows.append(["payload bytes", info.payload.decode("utf-8", "replace")])
+    elif info.state == "done":
+        rows.append(["duplicate for", _ms(info.done_until_ms - info.now_ms)])
+    print(table(rows, ["field", "value"]))
+    return 0 if info.state != "unknown" else 1
+
+
 def _dead_everywhere(client: Client, prefix: str) -> int:
     """Dead letters per queue, for every queue of every primary (SCAN-based discovery),
     with the oldest one's error."""
@@ -275,6 +295,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=100)
     p.add_argument("--offset", type=int, default=0)
     p.set_defaults(func=cmd_dead)
+
+    p = sub.add_parser("job", help="where is a job: its state, attempts, lease or last error")
+    p.add_argument("queue")
+    p.add_argument("id")
+    p.add_argument("--payload", action="store_true", help="print the payload too (it may hold personal data)")
+    p.set_defaults(func=cmd_job)
 
     p = sub.add_parser("metrics", help="serve Prometheus metrics on /metrics (needs pyqueue[metrics])")
     p.add_argument("--port", type=int, default=9808, help="default 9808; 0 picks a free port")

@@ -469,6 +469,11 @@ def peek_call(keys: Keys, now_ms: int | None) -> ScriptCall:
     return ScriptCall("peek", keys, [now_arg(now_ms)])
 
 
+def get_call(keys: Keys, now_ms: int | None, job_id: str, with_payload: bool) -> ScriptCall:
+    """lua/get.lua."""
+    return ScriptCall("get", keys, [now_arg(now_ms), job_id, int(with_payload)])
+
+
 def dead_list_call(keys: Keys, offset: int, limit: int) -> ScriptCall:
     """lua/dead_list.lua."""
     return ScriptCall("dead_list", keys, [offset, limit])

@@ -197,3 +197,37 @@ class DeadPage:
 
     total: int
     jobs: list[DeadJob]
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """What ``get`` knows of one job (lua/get.lua), read atomically.
+
+    ``state`` is one of ``ready``, ``scheduled``, ``leased``, ``dead``, ``done`` (acked,
+    its id a duplicate until ``done_until_ms``) or ``unknown`` (never enqueued, purged,
+    or acked with its tombstone gone). Fields a state does not have are -1, '' or None.
+    """
+
+    id: str
+    queue: str
+    state: str
+    now_ms: int
+    attempts: int
+    max_attempts: int
+    #: scheduled: when it is due; dead: when it died; else the record's due time.
+    due_ms: int
+    payload_bytes: int
+    #: The payload only when asked for (``with_payload=True``): it may hold personal data.
+    payload: bytes | None
+    #: dead: its last error.
+    error: str
+    #: leased: the current lease's deadline, owner (a service) and fence.
+    deadline_ms: int
+    owner: str
+    fence: int
+    done_until_ms: int
+
+    @property
+    def exists(self) -> bool:
+        """Whether the job is in the queue (not done, not unknown)."""
+        return self.state not in ("done", "unknown")

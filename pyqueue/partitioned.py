@@ -38,6 +38,7 @@ from pyqueue.core import (
     Plan,
     Verb,
     check_int,
+    check_job_id,
     partition_name,
     partition_of,
     plan_each,
@@ -49,6 +50,7 @@ from pyqueue.models import (
     Enqueued,
     Extended,
     Job,
+    JobInfo,
     Leased,
     Nacked,
     Outcome,
@@ -271,6 +273,11 @@ class PartitionedCore(QueueCore):
             each = yield from plan_peek_many(self.parts)
         due = [p.next_due_ms for p in each if p.next_due_ms >= 0]
         return Peeked(min(p.now_ms for p in each), sum(p.ready for p in each), min(due) if due else -1)
+
+    def plan_get(self, job_id: str, *, with_payload: bool = False, now_ms: int | None = None) -> Plan[JobInfo]:
+        """As :meth:`QueueCore.plan_get`, in the id's partition (``queue`` names it)."""
+        part: QueueCore = self.parts[partition_of(check_job_id(job_id), self.partitions)]
+        return (yield from part.plan_get(job_id, with_payload=with_payload, now_ms=now_ms))
 
     def plan_dead_list(self, offset: int = 0, limit: int = 100) -> Plan[DeadPage]:
         """One page of DEAD over all partitions, oldest first (merged by time of death;

@@ -60,6 +60,7 @@ from pyqueue.core import (
     dead_replay_call,
     enqueue_call,
     extend_call,
+    get_call,
     lease_call,
     nack_call,
     new_batch,
@@ -82,6 +83,7 @@ from pyqueue.models import (
     Enqueued,
     Extended,
     Job,
+    JobInfo,
     Leased,
     Nacked,
     NewJob,
@@ -557,6 +559,26 @@ class QueueCore:
         return Peeked(int(now), int(ready), int(next_due))
 
     peek = Verb(plan_peek)
+
+    def plan_get(self, job_id: str, *, with_payload: bool = False, now_ms: int | None = None) -> Plan[JobInfo]:
+        """Where job ``job_id`` is, and what is known of it, read atomically
+        (lua/get.lua): its state, attempts, due time, payload size (the payload itself
+        only ``with_payload``), a dead job's last error, a leased job's deadline, owner
+        and fence, an acked job's tombstone. O(1), but O(current leases) for a ready or
+        leased job (the lease is found by its receipt); never O(queue length)."""
+        check_job_id(job_id)
+        check_now(now_ms)
+        reply = yield from self._run(get_call(self.keys, now_ms, job_id, bool(with_payload)))
+        now, state, attempts, max_attempts, due, size, payload, error, deadline, owner, fence, until = reply
+        return JobInfo(
+            id=job_id, queue=self.name, state=text(state), now_ms=int(now), attempts=int(attempts),
+            max_attempts=int(max_attempts), due_ms=int(due), payload_bytes=int(size),
+            payload=bytes(payload) if with_payload and text(state) not in ("done", "unknown") else None,
+            error=bytes(error).decode("utf-8", "replace"), deadline_ms=int(deadline), owner=text(owner),
+            fence=int(fence), done_until_ms=int(until),
+        )
+
+    get = Verb(plan_get)
 
     def plan_dead_list(self, offset: int = 0, limit: int = 100) -> Plan[DeadPage]:
         """One page of DEAD jobs, oldest first (lua/dead_list.lua)."""

@@ -58,6 +58,7 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "promote": ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake"),
     "stats": ("jobs", "ready", "scheduled", "leased", "dead", "counters", "done"),
     "peek": ("ready", "scheduled", "leased"),
+    "get": ("jobs", "scheduled", "leased", "dead", "errors", "done"),
     "dead_list": ("jobs", "dead", "errors"),
     "dead_replay": ("jobs", "ready", "dead", "errors", "counters", "wake"),
     "dead_purge": ("jobs", "dead", "errors", "counters"),
@@ -132,7 +133,7 @@ def _node_pool() -> ThreadPoolExecutor:
 
 
 #: Scripts that write nothing: wait_replicas sends no WAIT after them.
-READ_ONLY = frozenset({"stats", "peek", "dead_list"})
+READ_ONLY = frozenset({"stats", "peek", "dead_list", "get"})
 
 #: How long a cluster call keeps retrying weather before it raises.
 DEFAULT_WEATHER_BUDGET_S = 30.0

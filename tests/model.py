@@ -40,7 +40,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
-from pyqueue import Job, NewJob, Outcome, Queue, ServiceLost
+from pyqueue import Job, JobInfo, NewJob, Outcome, Queue, ServiceLost
 from pyqueue.keys import QueueKeys, ServiceKeys
 from pyqueue.models import (
     DeadJob,
@@ -176,6 +176,27 @@ class QueueModel:
         if any(lease.id == job_id for lease in self.leases.values()):
             return "leased"
         return None
+
+    def get(self, job_id: str, now: int) -> JobInfo:
+        """get.lua: the job's state and what each state knows (payload included)."""
+        none = dict(attempts=-1, max_attempts=-1, due_ms=-1, payload_bytes=-1, payload=None, error="",
+                    deadline_ms=-1, owner="", fence=-1, done_until_ms=-1)
+        record = self.jobs.get(job_id)
+        if record is None:
+            until = self.done.get(job_id, -1)
+            state = "done" if until > now else "unknown"
+            return JobInfo(job_id, self.name, state, now, **{**none, "done_until_ms": until if until > now else -1})
+        known = {**none, "attempts": record.attempts, "max_attempts": record.max_attempts, "due_ms": record.due_ms,
+                 "payload_bytes": len(record.payload), "payload": record.payload}
+        state = self.state_of(job_id)
+        if state == "dead":
+            known.update(due_ms=self.dead[job_id], error=self.errors.get(job_id, b"").decode("utf-8", "replace"))
+        elif state == "scheduled":
+            known.update(due_ms=self.scheduled[job_id])
+        elif state == "leased":
+            lease = next(lease for lease in self.leases.values() if lease.id == job_id)
+            known.update(deadline_ms=lease.deadline_ms, owner=lease.receipt.split("|", 1)[0], fence=lease.fence)
+        return JobInfo(job_id, self.name, str(state), now, **known)  # type: ignore[arg-type]
 
     def next_due_ms(self) -> int:
         """The earliest due_ms in SCHEDULED or deadline in LEASED; -1 if neither."""
@@ -1414,6 +1435,14 @@ class LifecycleMachine(RuleBasedStateMachine):
         stats = self.q.stats(now_ms=self.now)
         assert stats == self.model.stats(self.now), f"stats {stats} != model {self.model.stats(self.now)}"
         assert stats.acked == self.model.acked_ok == sum(self.ok_acks.values())
+
+        # get agrees for three ids a step (rotating over all of them, and one never enqueued).
+        looked_up = IDS + (NEVER_ENQUEUED,)
+        for i in range(3):
+            job_id = looked_up[(self.steps * 3 + i) % len(looked_up)]
+            got, expected = self.q.get(job_id, with_payload=True, now_ms=self.now), self.model.get(job_id, self.now)
+            assert got == expected, f"get({job_id!r}) answered {got}, model {expected}"
+        self.steps += 1
 
         # peek (the many-queue worker's probe) agrees: READY's length and the next due time.
         peeked = self.q.peek(now_ms=self.now)

@@ -47,6 +47,21 @@ def test_enqueue_stats_and_dead_commands(url: str, capsys: pytest.CaptureFixture
     assert capsys.readouterr().out.strip() == "purged 1"
 
 
+def test_job_command_says_where_a_job_is(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    q = Queue.from_url(url, "emails")
+    q.enqueue(b"secret", job_id="j1", max_attempts=1)
+    assert main(["--url", url, "job", "emails", "j1"]) == 0
+    out = capsys.readouterr().out
+    assert "ready" in out and "6 bytes" in out and "secret" not in out  # the payload only when asked
+    (job,) = q.lease()
+    q.nack(job, "broken")
+    assert main(["--url", url, "job", "emails", "j1", "--payload"]) == 0
+    out = capsys.readouterr().out
+    assert "dead" in out and "broken" in out and "secret" in out
+    assert main(["--url", url, "job", "emails", "nope"]) == 1
+    assert "unknown" in capsys.readouterr().out
+
+
 def test_services_and_stop_commands(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     services = Services(connect(url))
     service = services.register(["emails", "sms"], host="box", pid=99)

@@ -187,6 +187,7 @@ CASES: dict[str, Case] = {
     "service_forget_dead": Case("service_deregister", lambda q, s, w: s.forget_dead(2, "dead", now_ms=NOW)),
     "service_stop": Case("service_stop", lambda q, s, w: s.stop(w.service.id, now_ms=NOW)),
     "peek": Case("peek", lambda q, s, w: q.peek(now_ms=NOW)),
+    "get": Case("get", lambda q, s, w: q.get("j0", with_payload=True, now_ms=NOW)),
 }
 
 

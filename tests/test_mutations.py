@@ -232,6 +232,12 @@ MUTANTS = [
         "if false",
     ),
     Mutant(
+        "get_takes_a_lease_of_another_id_ending_in_this_one",
+        "get",
+        "    if job_id == id then",
+        "    if job_id then",
+    ),
+    Mutant(
         "service_stop_moves_the_time_of_an_earlier_stop",
         "service_stop",
         "if not fields[2] then redis.call('HSET', service_key, 'stop', now_ms) end",

@@ -1,0 +1,199 @@
+--[[ get: where is job `id`, and what do we know of it? Read only.
+
+The answer a user asks for in an incident ("where is job X?"): its state and record,
+its lease if it is leased, its last error if it is dead, its tombstone if it was acked.
+
+KEYS (6), all <prefix>:{<queue>}:<role>
+  1 jobs       hash  id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
+  2 scheduled  zset  id -> due_ms
+  3 leased     zset  receipt -> deadline_ms
+  4 dead       zset  id -> dead_ms
+  5 errors     hash  id -> last error text of a dead job
+  6 done       zset  id -> ms until which an acked id stays a duplicate (tombstones)
+
+ARGV (3)
+  1  now_ms        '' (use the server clock) or integer >= 0; tests only
+  2  id            1..256 bytes, no control characters
+  3  with_payload  0 or 1: return the payload itself (it may hold personal data)
+
+Returns  {now_ms, state, attempts, max_attempts, due_ms, payload_bytes, payload, error,
+         deadline_ms, owner, fence, done_until_ms}
+         state: 'ready', 'scheduled' (due at due_ms), 'leased' (deadline_ms, owner and
+         fence of its current lease), 'dead' (error: its last error; due_ms: when it
+         died), 'done' (acked; its id stays a duplicate until done_until_ms), or
+         'unknown' (never enqueued, purged, or acked and its tombstone expired).
+         payload is '' unless with_payload is 1; missing numbers are -1, missing
+         strings ''.
+Errors   PQ_BADARG, PQ_CORRUPT (the record does not parse), WRONGTYPE. Writes nothing.
+Cost     O(1) but for a job that is neither scheduled nor dead: then O(L) in the
+         number of leases L (one ZSCAN of LEASED for the receipt ending in the id),
+         which is bounded by the workers' total concurrency, not by the queue's length.
+Replay   read only.
+]]
+
+-- >>> pyqueue prelude: the same in every script; source tests/lua_prelude.lua, copied by tests/lua_prelude.py
+-- Edit tests/lua_prelude.lua, then run `python tests/lua_prelude.py --write`; never edit a copy.
+-- Every helper is in every script; an unused one is harmless and calls nothing.
+
+local MAX_BATCH = 1000 -- per call at most this many jobs, receipts or ids; also the most count/limit
+local CHUNK = 500 -- values per unpack(); keeps every redis.call well under Lua's C stack limit
+local TRIM_BATCH = 10 -- expired tombstones are trimmed this many at a time, at least
+local MAINTENANCE_INTERVAL_MS = 50 -- while READY is busy, maintenance still runs this often
+local NONE = {} -- an empty list to read from; never written to, so no call allocates its own
+
+-- An integer argument in [lo, hi] ('^-?%d+$'), or nil and a PQ_BADARG text naming it.
+local function int_arg(value, name, lo, hi)
+  if type(value) ~= 'string' or not string.find(value, '^%-?%d+$') then
+    return nil, 'PQ_BADARG ' .. name .. ' must be an integer, got ' .. string.format('%q', tostring(value))
+  end
+  local n = tonumber(value)
+  if n < lo or n > hi then
+    return nil, string.format('PQ_BADARG %s must be in [%d, %d], got %s', name, lo, hi, value)
+  end
+  return n
+end
+
+-- A PQ_BADARG text unless `value` (a string) is 1..64 bytes of [A-Za-z0-9_.:-]; else nil.
+local function name_arg(value, name)
+  if #value < 1 or #value > 64 or not string.find(value, '^[%w_.:%-]+$') then
+    return 'PQ_BADARG ' .. name .. ' must be 1..64 bytes of [A-Za-z0-9_.:-]'
+  end
+end
+
+-- ARGV now_ms: nil for '' (read the clock later, with server_now_ms), else as int_arg.
+local function now_arg(value)
+  if value == '' then return nil end
+  return int_arg(value, 'now_ms', 0, 2 ^ 53)
+end
+
+-- The server clock in ms. One TIME call: call it only where the script needs the time.
+local function server_now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- The id of a receipt "<owner>|<call>|<fence>|<attempt>|<id>", or nil if it does not parse.
+-- The same rule as parse_receipt, without a table: acks need only the id.
+local function receipt_id(receipt)
+  return string.match(receipt, '^[%w_.:%-]+|[%w_.:%-]+|%d+|%d+|(.+)$')
+end
+
+-- "<owner>|<call>|<fence>|<attempt>|<id>" as {receipt, id, fence, attempt}, or nil.
+local function parse_receipt(receipt)
+  local owner, call, fence, attempt, id = string.match(receipt, '^([%w_.:%-]+)|([%w_.:%-]+)|(%d+)|(%d+)|(.+)$')
+  if not owner then return nil end
+  return { receipt = receipt, id = id, fence = tonumber(fence), attempt = tonumber(attempt) }
+end
+
+-- "<attempts>|<max_attempts>|<due_ms>|<payload>" as the 3 numbers and the payload's index, or nil.
+local function parse_record(record)
+  local attempts, max_attempts, due_ms, at = string.match(record, '^(%d+)|(%d+)|(%d+)|()')
+  if not attempts then return nil end
+  return tonumber(attempts), tonumber(max_attempts), tonumber(due_ms), at
+end
+
+-- A WRONGTYPE text if `key` exists with another type than `want`; else nil. One TYPE call.
+local function expect_type(key, want)
+  local got = redis.call('TYPE', key).ok
+  if got ~= 'none' and got ~= want then
+    return 'WRONGTYPE ' .. key .. ' holds a ' .. got .. ', expected a ' .. want
+  end
+end
+
+-- redis.call(cmd, key, values...) in CHUNK-sized calls (none when `values` is empty).
+local function call_chunked(cmd, key, values)
+  for i = 1, #values, CHUNK do
+    redis.call(cmd, key, unpack(values, i, math.min(i + CHUNK - 1, #values)))
+  end
+end
+
+-- HMGET of any number of fields, in CHUNK-sized calls; no call for no fields.
+local function hmget(key, fields)
+  if #fields == 0 then return {} end
+  if #fields <= CHUNK then return redis.call('HMGET', key, unpack(fields)) end
+  local out = {}
+  for i = 1, #fields, CHUNK do
+    local part = redis.call('HMGET', key, unpack(fields, i, math.min(i + CHUNK - 1, #fields)))
+    for j = 1, #part do out[i + j - 1] = part[j] end
+  end
+  return out
+end
+
+-- Tombstone acked ids in `key` (done; ack.lua). Trim the `expired` lowest ranks first: ZADD may re-rank them.
+local function bury(key, ids, expired, now_ms, keep_done_ms)
+  if expired >= TRIM_BATCH then
+    redis.call('ZREMRANGEBYRANK', key, 0, math.min(expired, #ids + TRIM_BATCH) - 1)
+  end
+  local kept_until = now_ms + keep_done_ms
+  if keep_done_ms == 0 then
+    return
+  elseif #ids == 1 then
+    redis.call('ZADD', key, kept_until, ids[1])
+  else
+    local args = {}
+    for i, id in ipairs(ids) do args[2 * i - 1], args[2 * i] = kept_until, id end
+    call_chunked('ZADD', key, args)
+  end
+end
+-- <<< pyqueue prelude
+
+local jobs_key, scheduled_key, leased_key, dead_key, errors_key, done_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+
+local now_ms, err = now_arg(ARGV[1])
+if err then return redis.error_reply(err) end
+local id = ARGV[2]
+if type(id) ~= 'string' or #id < 1 or #id > 256 or string.find(id, '[%c]') then
+  return redis.error_reply('PQ_BADARG id must be 1..256 bytes without control characters')
+end
+local with_payload
+with_payload, err = int_arg(ARGV[3], 'with_payload', 0, 1)
+if err then return redis.error_reply(err) end
+now_ms = now_ms or server_now_ms()
+
+-- Every answer has the same shape; `fill` sets what a state knows.
+local function answer(state, fill)
+  local out = { now_ms, state, -1, -1, -1, -1, '', '', -1, '', -1, -1 }
+  for i, v in pairs(fill or NONE) do out[i] = v end
+  return out
+end
+
+local record = redis.call('HGET', jobs_key, id)
+if not record then
+  local until_ms = tonumber(redis.call('ZSCORE', done_key, id))
+  if until_ms and until_ms > now_ms then return answer('done', { [12] = until_ms }) end
+  return answer('unknown')
+end
+local attempts, max_attempts, due_ms, at = parse_record(record)
+if not attempts then return redis.error_reply('PQ_CORRUPT job ' .. id .. ' has an unreadable record') end
+local known = { [3] = attempts, [4] = max_attempts, [5] = due_ms, [6] = #record - at + 1 }
+if with_payload == 1 then known[7] = string.sub(record, at) end
+
+local dead_ms = tonumber(redis.call('ZSCORE', dead_key, id))
+if dead_ms then
+  known[5], known[8] = dead_ms, redis.call('HGET', errors_key, id) or ''
+  return answer('dead', known)
+end
+local scheduled_ms = tonumber(redis.call('ZSCORE', scheduled_key, id))
+if scheduled_ms then
+  known[5] = scheduled_ms
+  return answer('scheduled', known)
+end
+
+-- Leased or ready: a lease names the id at the end of its receipt. MATCH narrows the
+-- scan ('*' and the other glob characters of the id escaped); the exact parse decides
+-- (another id may end with this one after a '|').
+local pattern = '*|' .. string.gsub(id, '([%*%?%[%]\\])', '\\%1')
+local cursor = '0'
+repeat
+  local page = redis.call('ZSCAN', leased_key, cursor, 'MATCH', pattern, 'COUNT', 1000)
+  cursor = page[1]
+  local entries = page[2]
+  for i = 1, #entries, 2 do
+    local owner, fence, job_id = string.match(entries[i], '^([%w_.:%-]+)|[%w_.:%-]+|(%d+)|%d+|(.+)$')
+    if job_id == id then
+      known[9], known[10], known[11] = tonumber(entries[i + 1]), owner, tonumber(fence)
+      return answer('leased', known)
+    end
+  end
+until cursor == '0'
+return answer('ready', known)
