@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from pyqueue.core import MAX_BATCH, Batching
@@ -16,13 +15,18 @@ I = TypeVar("I")
 R = TypeVar("R")
 
 
-@dataclass
 class _Member(Generic[I, R]):
-    item: I
-    woken: threading.Event = field(default_factory=threading.Event)
-    lead: bool = False  # woken to send the next call rather than with an answer
-    result: R | None = None
-    error: BaseException | None = None
+    """One submitted item and what its call answers it. Its event is made only for a
+    member that has to wait: a lone caller, the common case, never needs one."""
+
+    __slots__ = ("item", "woken", "lead", "result", "error")
+
+    def __init__(self, item: I) -> None:
+        self.item = item
+        self.woken: threading.Event | None = None
+        self.lead = False  # woken to send the next call rather than with an answer
+        self.result: R | None = None
+        self.error: BaseException | None = None
 
 
 class ThreadBatcher(Generic[I, R]):
@@ -52,7 +56,9 @@ class ThreadBatcher(Generic[I, R]):
         me: _Member[I, R] = _Member(item)
         with self._lock:
             lead = self.state.join(me)
-        if not lead:
+            if not lead:
+                me.woken = threading.Event()
+        if me.woken is not None:
             me.woken.wait()
         if lead or me.lead:
             self._send()
@@ -73,6 +79,8 @@ class ThreadBatcher(Generic[I, R]):
             leader = self.state.hand_over()
         if leader is not None:
             leader.lead = True
+            assert leader.woken is not None  # it joined while a call was in flight
             leader.woken.set()
         for member in batch:
-            member.woken.set()
+            if member.woken is not None:
+                member.woken.set()

@@ -317,6 +317,9 @@ class Verb(Generic[P, T]):
                 return obj.drive(plan(*args, **kwargs))
 
         verb.__name__, verb.__doc__ = self.name, self.__doc__
+        # Cached on the instance (a Verb is a non-data descriptor, so the instance's
+        # entry wins from now on): a verb call costs no descriptor work after the first.
+        obj.__dict__[self.name] = verb
         return verb
 
 
@@ -382,15 +385,20 @@ def merge_enqueues(steps: Sequence[ScriptCall]) -> ScriptCall:
     """One enqueue call carrying the jobs of ``steps`` (same keys, server clock), in
     order: what each would have done alone, done in one script run. A job whose id an
     earlier step of the batch used is a duplicate, as it would be sent after it."""
+    if len(steps) == 1:
+        return steps[0]
     args: list[Arg] = ["", sum(enqueue_size(s) for s in steps)]
     for step in steps:
         args += step.args[2:]
     return ScriptCall("enqueue", steps[0].keys, args)
 
 
-def split_enqueue_reply(reply: Sequence[Any], steps: Sequence[ScriptCall]) -> list[list[Any]]:
+def split_enqueue_reply(reply: Sequence[Any], steps: Sequence[ScriptCall]) -> list[Any]:
     """Each step's own reply ``{added, duplicates, flags...}`` from a merged call's."""
-    out, at = [], 2
+    if len(steps) == 1:
+        return [reply]
+    out: list[Any] = []
+    at = 2
     for step in steps:
         flags = list(reply[at : at + enqueue_size(step)])
         at += len(flags)

@@ -225,7 +225,8 @@ class QueueCore:
         shares this object's transport and settings, and never records or checks a
         partition count of its own (its logical queue, if any, does)."""
         part = object.__new__(self.single_class())
-        part.__dict__.update(self.__dict__)  # the same client, scripts and settings
+        # The same client, scripts and settings; not the verbs cached for this object.
+        part.__dict__.update((k, v) for k, v in self.__dict__.items() if not isinstance(getattr(type(self), k, None), Verb))
         part.name, part.keys = check_name(name, "queue name"), QueueKeys(self.keys.prefix, name)
         part.owner = self.owner
         part._partition_guard, part._partitions_checked = part, True

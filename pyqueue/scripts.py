@@ -255,6 +255,9 @@ class Scripts(ScriptTable):
         return str(self._scripts[name].sha)
 
     def _enqueue_batcher(self, keys: Keys) -> ThreadBatcher[ScriptCall, Any]:
+        batcher = self._enqueues.get(keys)
+        if batcher is not None:
+            return batcher
         with self._enqueues_lock:
             batcher = self._enqueues.get(keys)
             if batcher is None:
