@@ -111,7 +111,8 @@ def _undecoded(client: AsyncClient) -> AsyncClient:
 @dataclass
 class _Member(Generic[I, R]):
     item: I
-    turn: asyncio.Future[bool]  # True: lead the next call; False: the answer is in
+    #: Made only for a member that waits: True, lead the next call; False, the answer is in.
+    turn: asyncio.Future[bool] | None = None
     result: R | None = None
     error: BaseException | None = None
 
@@ -132,8 +133,12 @@ class AsyncBatcher(Generic[I, R]):
 
     async def submit(self, item: I) -> R:
         """Send ``item`` in the next call (now, if none is in flight); its result."""
-        me: _Member[I, R] = _Member(item, asyncio.get_running_loop().create_future())
-        if self.state.join(me) or await me.turn:
+        me: _Member[I, R] = _Member(item)
+        lead = self.state.join(me)
+        if not lead:
+            me.turn = asyncio.get_running_loop().create_future()
+            lead = await me.turn
+        if lead:
             await self._send()
         if me.error is not None:
             raise me.error
@@ -148,10 +153,10 @@ class AsyncBatcher(Generic[I, R]):
             for member in batch:
                 member.error = exc
         leader = self.state.hand_over()
-        if leader is not None:
+        if leader is not None and leader.turn is not None:  # it joined while a call was in flight
             leader.turn.set_result(True)
         for member in batch:
-            if not member.turn.done():
+            if member.turn is not None and not member.turn.done():
                 member.turn.set_result(False)
 
 
