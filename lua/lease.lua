@@ -14,6 +14,8 @@ Order inside the call:
      `leased` counter, deadline = now + lease_ms, receipt recorded in `leased` and
      `owners`.
 A lease past its deadline stays valid until maintenance reclaims it.
+While the queue is paused (pause.lua), step 4 leases nothing: acks, the replay check and
+maintenance run as usual, and next_due_ms is -1 (resume.lua wakes the workers).
 
 KEYS (10), all <prefix>:{<queue>}:<role>
   1 jobs       hash  id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
@@ -23,7 +25,8 @@ KEYS (10), all <prefix>:{<queue>}:<role>
   5 owners     zset  receipt -> 0 (lexicographic index: receipts by owner, then call)
   6 dead       zset  id -> dead_ms
   7 errors     hash  id -> last error text of a dead job
-  8 counters   hash  counter name -> integer; also next_maintenance_ms
+  8 counters   hash  counter name -> integer; also next_maintenance_ms, and `paused`
+                   (pause.lua) while the queue is paused
   9 wake       zset  the single member "wake" while workers should wake up
  10 done       zset  id -> ms until which an acked id stays a duplicate (tombstones)
 
@@ -262,9 +265,15 @@ if #prior > 0 then
   end
 else
   -- 4. Read the rest of the plan: counters, the head of READY, maintenance candidates.
-  local counters = redis.call('HMGET', counters_key, 'leased', 'next_maintenance_ms')
+  -- `paused` (pause.lua) comes with the fields read anyway: an unpaused queue pays for
+  -- the pause check with no command of its own.
+  local counters = redis.call('HMGET', counters_key, 'leased', 'next_maintenance_ms', 'paused')
   local fence0 = tonumber(counters[1] or '0') or 0
   local maintenance_due = tonumber(counters[2] or '0') or 0
+  local paused = counters[3] ~= false
+  -- Paused: lease nothing (acks, promotion and reclaim go on) and answer next_due_ms -1:
+  -- workers wait for the marker that resume.lua raises.
+  if paused then count = 0 end
   local ready_head = NONE
   if count > 0 then
     ready_head = redis.call('LRANGE', ready_key, 0, count) -- one extra: is more work waiting?
@@ -370,7 +379,7 @@ else
   end
   -- Wake another worker when work is left over after a plain lease: the wake marker woke
   -- one worker only. A worker that acks and leases is busy and comes back by itself.
-  local wake = n_acks == 0 and #order > take
+  local wake = n_acks == 0 and #order > take and not paused
   -- next_due_ms is read from SCHEDULED and LEASED after the writes when fewer than count
   -- are leased, so those reads must be proven too.
   local read_after = m < count and not stopped_at_limit

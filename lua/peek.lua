@@ -6,10 +6,11 @@ higher-priority queue. An idle worker also peeks once per block period, so it le
 of lease deadlines set after it went to sleep and reclaims expired leases (through
 `lease`) even when no wake marker is raised.
 
-KEYS (3), all <prefix>:{<queue>}:<role>
+KEYS (4), all <prefix>:{<queue>}:<role>
   1 ready      list  job ids, head = next to lease
   2 scheduled  zset  id -> due_ms
   3 leased     zset  receipt -> deadline_ms
+  4 counters   hash  counter name -> integer; `paused` while the queue is paused
 
 ARGV (1)
   1  now_ms   '' (use the server clock) or integer >= 0; tests only
@@ -17,7 +18,9 @@ ARGV (1)
 Returns  {now_ms, ready, next_due_ms}: the length of READY, and the earliest due_ms in
          SCHEDULED or deadline in LEASED (-1 if neither). The queue has work for a
          `lease` call now when ready > 0 or 0 <= next_due_ms <= now_ms (a due job to
-         promote or an expired lease to reclaim).
+         promote or an expired lease to reclaim). A paused queue reports ready = 0: it
+         has nothing to lease (due jobs and expired leases still count, as `lease`
+         still promotes and reclaims).
 Errors   PQ_BADARG, WRONGTYPE. Writes nothing.
 Replay   read only.
 ]]
@@ -128,13 +131,14 @@ local function bury(key, ids, expired, now_ms, keep_done_ms)
 end
 -- <<< pyqueue prelude
 
-local ready_key, scheduled_key, leased_key = KEYS[1], KEYS[2], KEYS[3]
+local ready_key, scheduled_key, leased_key, counters_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 
 local now_ms, err = now_arg(ARGV[1])
 if err then return redis.error_reply(err) end
 now_ms = now_ms or server_now_ms()
 
 local ready = redis.call('LLEN', ready_key)
+if redis.call('HEXISTS', counters_key, 'paused') == 1 then ready = 0 end
 local next_due_ms = -1
 local s = redis.call('ZRANGE', scheduled_key, 0, 0, 'WITHSCORES')
 local l = redis.call('ZRANGE', leased_key, 0, 0, 'WITHSCORES')

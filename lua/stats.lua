@@ -19,7 +19,8 @@ Returns  a flat list of name, integer pairs, in this order:
   READY, or the earliest due scheduled job, whichever is older, has been due; 0 if
   none), then the counters: enqueued, duplicates, leased_total (the `leased` counter),
   acked, nacked, promoted, reclaimed, scrubbed, released, dead_total (the `dead`
-  counter), replayed, purged. `acked` is derived:
+  counter), replayed, purged, and paused_ms (when the queue was paused; 0 if it is not).
+  `acked` is derived:
   leased - nacked - reclaimed - scrubbed - released - (leases outstanding), because every
   lease ends in exactly one of those ways.
 Errors   PQ_BADARG, WRONGTYPE. Writes nothing.
@@ -160,7 +161,7 @@ end
 local lag_ms = oldest_due_ms and math.max(0, now_ms - oldest_due_ms) or 0
 
 local names = { 'enqueued', 'duplicates', 'leased', 'nacked', 'promoted', 'reclaimed', 'scrubbed', 'released',
-  'dead', 'replayed', 'purged' }
+  'dead', 'replayed', 'purged', 'paused' }
 local values = redis.call('HMGET', counters_key, unpack(names))
 local c = {}
 for i, name in ipairs(names) do c[name] = tonumber(values[i] or '0') or 0 end
@@ -170,4 +171,5 @@ return { 'now_ms', now_ms, 'ready', ready, 'scheduled', scheduled, 'due', due, '
   'expired', expired, 'dead', dead, 'done', done, 'lag_ms', lag_ms,
   'enqueued', c.enqueued, 'duplicates', c.duplicates, 'leased_total', c.leased, 'acked', acked,
   'nacked', c.nacked, 'promoted', c.promoted, 'reclaimed', c.reclaimed, 'scrubbed', c.scrubbed,
-  'released', c.released, 'dead_total', c.dead, 'replayed', c.replayed, 'purged', c.purged }
+  'released', c.released, 'dead_total', c.dead, 'replayed', c.replayed, 'purged', c.purged,
+  'paused_ms', c.paused }

@@ -113,9 +113,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
     for q in logical_queues(client, args.prefix, args.queue):
         label = f"{q.name} ({q.partitions} partitions)" if q.partitions > 1 else q.name
         for name, s in [(label, q.stats())] + [(f"  {part.name}", part.stats()) for part in getattr(q, "parts", [])]:
-            rows.append([name, s.ready, s.scheduled, s.leased, s.dead, s.done, _ms(s.lag_ms), s.enqueued, s.acked,
-                         s.nacked, s.reclaimed, s.scrubbed, s.dead_total])
-    header = ["queue", "ready", "scheduled", "leased", "dead", "done", "lag", "enqueued", "acked", "nacked",
+            rows.append([name, "paused" if s.paused else "running", s.ready, s.scheduled, s.leased, s.dead, s.done,
+                         _ms(s.lag_ms), s.enqueued, s.acked, s.nacked, s.reclaimed, s.scrubbed, s.dead_total])
+    header = ["queue", "state", "ready", "scheduled", "leased", "dead", "done", "lag", "enqueued", "acked", "nacked",
               "reclaimed", "scrubbed", "dead_total"]
     print(table(rows, header) if rows else "no queues")
     return 0
@@ -157,6 +157,17 @@ def cmd_dead(args: argparse.Namespace) -> int:
         print(f"replayed {q.dead_replay(ids, limit=args.limit)}")
     else:
         print(f"purged {q.dead_purge(ids, limit=args.limit)}")
+    return 0
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    """Pause or resume a queue (Queue.pause / Queue.resume)."""
+    q = open_queue(connect(args.url), args.queue, args.prefix)
+    if args.command == "pause":
+        print(f"{args.queue}: {'paused' if q.pause() else 'was paused already'}; enqueue goes on, nothing is leased "
+              "until pyqueue resume")
+    else:
+        print(f"{args.queue}: {'resumed' if q.resume() else 'was not paused'}")
     return 0
 
 
@@ -295,6 +306,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=100)
     p.add_argument("--offset", type=int, default=0)
     p.set_defaults(func=cmd_dead)
+
+    for command, text in (("pause", "stop a queue from handing out jobs (enqueue goes on)"),
+                          ("resume", "let a paused queue hand out jobs again")):
+        p = sub.add_parser(command, help=text)
+        p.add_argument("queue")
+        p.set_defaults(func=cmd_pause, command=command)
 
     p = sub.add_parser("job", help="where is a job: its state, attempts, lease or last error")
     p.add_argument("queue")

@@ -482,6 +482,16 @@ def get_call(keys: Keys, now_ms: int | None, job_id: str, with_payload: bool) ->
     return ScriptCall("get", keys, [now_arg(now_ms), job_id, int(with_payload)])
 
 
+def pause_call(keys: Keys, now_ms: int | None) -> ScriptCall:
+    """lua/pause.lua."""
+    return ScriptCall("pause", keys, [now_arg(now_ms)])
+
+
+def resume_call(keys: Keys, now_ms: int | None) -> ScriptCall:
+    """lua/resume.lua."""
+    return ScriptCall("resume", keys, [now_arg(now_ms)])
+
+
 def dead_list_call(keys: Keys, offset: int, limit: int) -> ScriptCall:
     """lua/dead_list.lua."""
     return ScriptCall("dead_list", keys, [offset, limit])

@@ -18,7 +18,7 @@ every script-kept counter as a counter (``pyqueue_<name>_total``: enqueued, dupl
 leased, acked, nacked, promoted, reclaimed, scrubbed, released, dead, replayed, purged);
 the jobs in each state as a gauge (``pyqueue_jobs{state=ready|scheduled|leased|dead|
 done}``); due-but-unpromoted jobs and expired leases; the lag of the oldest due job in
-seconds; the partition count. Per service namespace (label ``namespace``): the live
+seconds; the partition count; whether it is paused. Per service namespace (label ``namespace``): the live
 workers and those stopping.
 """
 
@@ -96,6 +96,7 @@ class PyQueueCollector(Collector):
         lag = GaugeMetricFamily("pyqueue_lag_seconds", "how long the oldest due job has been waiting",
                                 labels=["queue"])
         partitions = GaugeMetricFamily("pyqueue_partitions", "partitions of the queue", labels=["queue"])
+        paused = GaugeMetricFamily("pyqueue_paused", "1 while the queue is paused (it leases nothing)", labels=["queue"])
         for q in logical_queues(self.redis, self.prefix, self.queue_names):
             stats = q.stats()
             for name, (field, _) in COUNTERS.items():
@@ -106,8 +107,9 @@ class PyQueueCollector(Collector):
             expired.add_metric([q.name], stats.expired)
             lag.add_metric([q.name], stats.lag_ms / 1000)
             partitions.add_metric([q.name], q.partitions)
+            paused.add_metric([q.name], int(stats.paused))
         yield from counters.values()
-        yield from (jobs, due, expired, lag, partitions)
+        yield from (jobs, due, expired, lag, partitions, paused)
 
         workers = GaugeMetricFamily("pyqueue_workers", "registered workers by state (alive, stopping)",
                                     labels=["namespace", "state"])

@@ -177,6 +177,13 @@ class Stats:
     dead_total: int
     replayed: int
     purged: int
+    #: When the queue was paused (``pause``); 0 while it is not.
+    paused_ms: int = 0
+
+    @property
+    def paused(self) -> bool:
+        """Whether the queue is paused: it leases nothing until ``resume``."""
+        return self.paused_ms > 0
 
 
 @dataclass(frozen=True)

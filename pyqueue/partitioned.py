@@ -262,6 +262,7 @@ class PartitionedCore(QueueCore):
         summed = {f.name: sum(getattr(s, f.name) for s in each) for f in fields(Stats)}
         summed["lag_ms"] = max(s.lag_ms for s in each)
         summed["now_ms"] = max(s.now_ms for s in each)
+        summed["paused_ms"] = max(s.paused_ms for s in each)
         return Stats(**summed)
 
     def plan_peek(self, *, now_ms: int | None = None) -> Plan[Peeked]:
@@ -273,6 +274,14 @@ class PartitionedCore(QueueCore):
             each = yield from plan_peek_many(self.parts)
         due = [p.next_due_ms for p in each if p.next_due_ms >= 0]
         return Peeked(min(p.now_ms for p in each), sum(p.ready for p in each), min(due) if due else -1)
+
+    def plan_pause(self, *, now_ms: int | None = None) -> Plan[bool]:
+        """As :meth:`QueueCore.plan_pause`, every partition (True if any was running)."""
+        return any((yield from plan_each(part.plan_pause(now_ms=now_ms) for part in self.parts)))
+
+    def plan_resume(self, *, now_ms: int | None = None) -> Plan[bool]:
+        """As :meth:`QueueCore.plan_resume`, every partition (True if any was paused)."""
+        return any((yield from plan_each(part.plan_resume(now_ms=now_ms) for part in self.parts)))
 
     def plan_get(self, job_id: str, *, with_payload: bool = False, now_ms: int | None = None) -> Plan[JobInfo]:
         """As :meth:`QueueCore.plan_get`, in the id's partition (``queue`` names it)."""

@@ -64,6 +64,7 @@ from pyqueue.core import (
     lease_call,
     nack_call,
     new_batch,
+    pause_call,
     new_job,
     partition_name,
     partition_of,
@@ -71,6 +72,7 @@ from pyqueue.core import (
     promote_call,
     receipts_of,
     release_call,
+    resume_call,
     scrub_call,
     stats_call,
     text,
@@ -580,6 +582,26 @@ class QueueCore:
         )
 
     get = Verb(plan_get)
+
+    def plan_pause(self, *, now_ms: int | None = None) -> Plan[bool]:
+        """Stop the queue from handing out jobs (lua/pause.lua); returns whether this
+        call paused it (False: it was paused already). Enqueue, ack, nack, extend and
+        the reclaim of expired leases go on; running jobs run to their end; workers
+        wait on the wake marker, without polling, until :meth:`resume`."""
+        check_now(now_ms)
+        _paused_ms, changed = yield from self._run(pause_call(self.keys, now_ms))
+        return bool(changed)
+
+    pause = Verb(plan_pause)
+
+    def plan_resume(self, *, now_ms: int | None = None) -> Plan[bool]:
+        """Let a paused queue hand out jobs again and wake its workers
+        (lua/resume.lua); returns whether this call resumed it (False: not paused)."""
+        check_now(now_ms)
+        _paused_ms, changed = yield from self._run(resume_call(self.keys, now_ms))
+        return bool(changed)
+
+    resume = Verb(plan_resume)
 
     def plan_dead_list(self, offset: int = 0, limit: int = 100) -> Plan[DeadPage]:
         """One page of DEAD jobs, oldest first (lua/dead_list.lua)."""

@@ -163,6 +163,8 @@ class QueueModel:
         self.epoch: Counter[str] = Counter()
         #: How many times `ok` was answered to an ack (ack, ack_many, ack-and-lease).
         self.acked_ok = 0
+        #: pause.lua: when the queue was paused; None while it runs.
+        self.paused_ms: int | None = None
 
     # -- queries ---------------------------------------------------------------------
 
@@ -317,6 +319,8 @@ class QueueModel:
             return LeaseAnswer(status, jobs, -1, replayed=True)
 
         fence = self.counters["leased"]
+        if self.paused_ms is not None:
+            count = 0  # a paused queue leases nothing; acks and maintenance go on
         maintain = (count > 0 and len(self.ready) < count) or now >= (self.next_maintenance_ms or 0)
         promoted: list[str] = []
         reclaimed: list[Lease] = []
@@ -334,7 +338,7 @@ class QueueModel:
         order_length = len(reclaimed) + ready_seen + len(promoted)
         take = min(count, order_length)
         from_ready = max(0, min(take, len(reclaimed) + ready_seen) - len(reclaimed))
-        wake = not acks and order_length > take
+        wake = not acks and order_length > take and self.paused_ms is None
 
         self._ack(to_ack, now, keep_done_ms)
         if maintain:
@@ -366,6 +370,20 @@ class QueueModel:
         if len(jobs) < count:
             next_due = now if stopped_at_limit else self.next_due_ms()
         return LeaseAnswer(status, jobs, next_due, replayed=False)
+
+    def pause(self, now: int) -> bool:
+        """pause.lua: whether this call paused the queue (the first time stands)."""
+        if self.paused_ms is not None:
+            return False
+        self.paused_ms = now
+        return True
+
+    def resume(self) -> bool:
+        """resume.lua: whether this call resumed the queue; it raises the wake marker."""
+        if self.paused_ms is None:
+            return False
+        self.paused_ms, self.wake = None, True
+        return True
 
     def nack(
         self, receipt: str, error: bytes, delay_ms: int | None, base_ms: int, cap_ms: int, now: int
@@ -540,6 +558,7 @@ class QueueModel:
             dead_total=c["dead"],
             replayed=c["replayed"],
             purged=c["purged"],
+            paused_ms=self.paused_ms or 0,
         )
 
     def keyspace(self, keys: QueueKeys) -> dict[str, Any]:
@@ -548,6 +567,8 @@ class QueueModel:
         counters[b"partitions"] = b"1"  # recorded by the machine's first queue object at start
         if self.next_maintenance_ms is not None:
             counters[b"next_maintenance_ms"] = str(self.next_maintenance_ms).encode()
+        if self.paused_ms is not None:
+            counters[b"paused"] = str(self.paused_ms).encode()
         out: dict[str, Any] = {
             keys.jobs: {i.encode(): record.encode() for i, record in self.jobs.items()},
             keys.ready: [i.encode() for i in self.ready],
@@ -1246,6 +1267,17 @@ class LifecycleMachine(RuleBasedStateMachine):
                 if not got.more:
                     break
 
+    @rule(pause=st.booleans(), sent_twice=SENT_TWICE)
+    def pause_or_resume(self, pause: bool, sent_twice: bool) -> None:
+        """Pause the queue (it leases nothing until resumed) or resume it; a re-send
+        changes nothing more."""
+        for _ in range(1 + sent_twice):
+            if pause:
+                got, expected = self.q.pause(now_ms=self.now), self.model.pause(self.now)
+            else:
+                got, expected = self.q.resume(now_ms=self.now), self.model.resume()
+            assert got == expected, f"{'pause' if pause else 'resume'} answered {got}, model {expected}"
+
     @rule(owner=st.sampled_from(OWNERS), limit=LIMITS, sent_twice=SENT_TWICE)
     def scrub(self, owner: str, limit: int, sent_twice: bool) -> None:
         for _ in range(1 + sent_twice):
@@ -1446,7 +1478,8 @@ class LifecycleMachine(RuleBasedStateMachine):
 
         # peek (the many-queue worker's probe) agrees: READY's length and the next due time.
         peeked = self.q.peek(now_ms=self.now)
-        assert peeked == Peeked(self.now, len(self.model.ready), self.model.next_due_ms()), f"peek {peeked}"
+        ready = 0 if self.model.paused_ms is not None else len(self.model.ready)  # paused: nothing to lease
+        assert peeked == Peeked(self.now, ready, self.model.next_due_ms()), f"peek {peeked}"
 
 
 def machine_for(backend: Backend, lua_directory: Path | None = None) -> type[LifecycleMachine]:

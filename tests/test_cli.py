@@ -62,6 +62,17 @@ def test_job_command_says_where_a_job_is(url: str, capsys: pytest.CaptureFixture
     assert "unknown" in capsys.readouterr().out
 
 
+def test_pause_and_resume_commands(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    q = Queue.from_url(url, "emails")
+    q.enqueue(b"x")
+    assert main(["--url", url, "pause", "emails"]) == 0
+    assert "paused" in capsys.readouterr().out and q.stats().paused and q.lease() == []
+    assert main(["--url", url, "stats"]) == 0
+    assert "paused" in capsys.readouterr().out
+    assert main(["--url", url, "resume", "emails"]) == 0
+    assert "resumed" in capsys.readouterr().out and len(q.lease()) == 1
+
+
 def test_services_and_stop_commands(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     services = Services(connect(url))
     service = services.register(["emails", "sms"], host="box", pid=99)

@@ -80,7 +80,7 @@ def build(r: redis.Redis) -> World:
 
     READY r1..r3; LEASED held, retry (9 attempts), last (max 1 attempt), all until
     T0 + 100 s, r0 by the dead service ns.7, and 'expired' (deadline T0 + 5); SCHEDULED
-    'due' (T0 + 10); DEAD 'corpse'; service ns.1 serving q, alive, and ns.2, dead and not
+    'due' (T0 + 10); DEAD 'corpse'; a second queue 'held', paused; service ns.1 serving q, alive, and ns.2, dead and not
     yet forgotten.
     """
     q = Queue("q", r, owner="setup")
@@ -95,6 +95,7 @@ def build(r: redis.Redis) -> World:
     q.enqueue_many([NewJob(b"r", job_id=f"r{i}") for i in range(4)], now_ms=T0)
     Queue("q", r, owner="ns.7").lease_call(call="s4", count=1, lease_ms=100_000, now_ms=T0)
     q.enqueue(b"d", job_id="due", delay_ms=10, now_ms=T0)
+    Queue("held", r).pause(now_ms=T0)  # a paused queue, for the resume case
     services = Services(r, namespace="ns")
     service = services.register(["q"], host="h", pid=1, registration="live", now_ms=T0)
     dead = services.register(["q"], host="h", pid=2, expire_ms=1000, registration="dead", now_ms=T0 - 5000)
@@ -187,6 +188,8 @@ CASES: dict[str, Case] = {
     "service_forget_dead": Case("service_deregister", lambda q, s, w: s.forget_dead(2, "dead", now_ms=NOW)),
     "service_stop": Case("service_stop", lambda q, s, w: s.stop(w.service.id, now_ms=NOW)),
     "peek": Case("peek", lambda q, s, w: q.peek(now_ms=NOW)),
+    "pause": Case("pause", lambda q, s, w: q.pause(now_ms=NOW), replayed=lambda a: False),
+    "resume": Case("resume", lambda q, s, w: q.physical("held").resume(now_ms=NOW), replayed=lambda a: False),
     "get": Case("get", lambda q, s, w: q.get("j0", with_payload=True, now_ms=NOW)),
 }
 

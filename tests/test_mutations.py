@@ -238,6 +238,24 @@ MUTANTS = [
         "    if job_id then",
     ),
     Mutant(
+        "lease_ignores_a_pause",
+        "lease",
+        "  if paused then count = 0 end",
+        "",
+    ),
+    Mutant(
+        "pause_moves_the_time_of_an_earlier_pause",
+        "pause",
+        "redis.call('HSETNX', counters_key, 'paused', now_ms)",
+        "redis.call('HSET', counters_key, 'paused', now_ms)",
+    ),
+    Mutant(
+        "resume_forgets_to_wake_the_workers",
+        "resume",
+        "redis.call('ZADD', wake_key, 0, 'wake')\n",
+        "\n",
+    ),
+    Mutant(
         "service_stop_moves_the_time_of_an_earlier_stop",
         "service_stop",
         "if not fields[2] then redis.call('HSET', service_key, 'stop', now_ms) end",
