@@ -1,11 +1,13 @@
 """The dashboard without a browser: its JSON against the driver's own answers, dead
-letters and their actions, the token, CSRF and Host rules, the sampler's history, and
-``pyqueue dashboard`` / ``pyqueue demo --dashboard`` as commands. (The page in a real
+letters and their actions, pause and resume, the job lookup, the token, CSRF and Host
+rules, the sampler's history, and ``pyqueue dashboard`` / ``pyqueue demo --dashboard``
+as commands. (The page in a real
 browser: tests/test_dashboard_browser.py.)"""
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import os
 import re
@@ -116,6 +118,7 @@ def test_the_overview_numbers_are_the_driver_stats_with_a_partitioned_queue_once
                       "reclaimed", "scrubbed", "leased_total"):
             assert row[field] == getattr(stats, field), (queue.name, field)
         assert 0 <= row["lag_ms"] <= stats.lag_ms
+        assert row["paused_ms"] == stats.paused_ms == 0
     assert by_name["orders"]["dead"] == 4 and by_name["emails"]["dead"] == 3
     assert overview["error"] == "" and overview["now_ms"] > 0
 
@@ -130,7 +133,7 @@ def test_the_page_inlines_the_same_figures_and_a_csrf_token_that_matches_its_coo
                          .group(1))  # type: ignore[union-attr]
     assert [row["name"] for row in initial["overview"]["queues"]] == ["emails", "orders"]
     assert initial["overview"]["queues"][0]["ready"] == Queue("emails", r).stats().ready
-    assert initial["config"]["actions"] == ["dead_purge", "dead_replay"]
+    assert initial["config"]["actions"] == ["dead_purge", "dead_replay", "pause", "resume"]
     assert "redis://db.example:6379/0" in page and token in page
     # Every asset comes from the package, none from another host.
     assert not re.search(r'(src|href)="(https?:)?//', page)
@@ -229,6 +232,86 @@ def test_unknown_queues_actions_and_malformed_bodies_are_refused_and_change_noth
     assert q.stats().dead == 3 and q.stats().replayed == 0
 
 
+def test_pausing_and_resuming_a_queue_from_the_dashboard(r: Any, open_dashboard: Any) -> None:
+    q, p = busy(r)
+    client = open_dashboard(r)
+    token = csrf_of(client)
+    paused = post(client, "emails", "pause", {}, token)
+    assert paused.status_code == 200, paused.text
+    assert (paused.json()["count"], paused.json()["message"]) == (1, "emails paused")
+    assert q.stats().paused and q.lease() == []
+    q.enqueue(b"", job_id="while-paused")  # enqueue goes on
+    row = client.get("/api/overview").json()["queues"][0]
+    assert row["name"] == "emails" and row["paused_ms"] == q.stats().paused_ms > 0
+    again = post(client, "emails", "pause", {}, token).json()
+    assert (again["count"], again["message"]) == (0, "emails was paused already")
+    resumed = post(client, "emails", "resume", {}, token).json()
+    assert (resumed["count"], resumed["message"]) == (1, "emails resumed")
+    assert not q.stats().paused and len(q.lease()) == 1
+    assert post(client, "emails", "resume", {}, token).json()["message"] == "emails was not paused"
+    # A partitioned queue, by its logical name: every partition.
+    assert post(client, "orders", "pause", {"ids": ["ignored"]}, token).json()["count"] == 1
+    assert p.stats().paused and p.lease(count=10) == [] and not q.stats().paused
+    assert post(client, "orders", "resume", {}, token).json()["count"] == 1
+    assert not p.stats().paused and len(p.lease()) == 1
+
+
+def expected_info(q: Queue, job_id: str, with_payload: bool = False) -> dict[str, Any]:
+    """What the lookup should answer: ``Queue.get`` as JSON, but ``now_ms``."""
+    info = q.get(job_id, with_payload=with_payload)
+    want = {**dataclasses.asdict(info), "exists": info.exists, "error_truncated": False}
+    del want["payload"], want["now_ms"]
+    return want
+
+
+def test_a_job_lookup_answers_what_queue_get_does_in_every_state(r: Any, open_dashboard: Any) -> None:
+    q, p = busy(r)
+    client = open_dashboard(r)
+    states = {}
+    for job_id in ("j2", "j1", "d1", "nope", "j0", "later", "a/b?c#d é"):
+        answer = client.get("/api/queues/emails/job", params={"id": job_id})
+        assert answer.status_code == 200, answer.text
+        got = answer.json()
+        assert "payload" not in got and got.pop("now_ms") > 0
+        assert got == expected_info(q, job_id), job_id
+        states[job_id] = got["state"]
+    assert states == {"j2": "ready", "j1": "leased", "d1": "dead", "nope": "unknown", "j0": "done",
+                      "later": "scheduled", "a/b?c#d é": "unknown"}
+    dead = client.get("/api/queues/emails/job?id=d1").json()
+    assert dead["error"] == "ValueError: no such mailbox for d1" and dead["payload_bytes"] == 28
+    leased = client.get("/api/queues/emails/job?id=j1").json()
+    assert leased["deadline_ms"] > 0 and leased["fence"] >= 0 and leased["exists"] is True
+    # A partitioned queue: the id's partition answers, and names itself.
+    o1 = client.get("/api/queues/orders/job?id=o1").json()
+    assert o1["state"] == "dead" and o1["queue"].startswith("orders") and o1["queue"] != "orders"
+    assert o1["queue"] == p.get("o1").queue
+    # Bad ids are the caller's (400), an unknown queue is not found (404).
+    for bad in ("", "x\x01y", "x" * 257):
+        assert client.get("/api/queues/emails/job", params={"id": bad}).status_code == 400, bad
+    assert client.get("/api/queues/emails/job").status_code == 400
+    assert client.get("/api/queues/nowhere/job?id=d1").status_code == 404
+
+
+def test_a_lookup_shows_the_payload_only_with_show_payloads_as_text(open_dashboard: Any) -> None:
+    r = fake()
+    q, _ = busy(r)
+    q.enqueue(b"\xff\xfeok", job_id="binary")
+    hidden = open_dashboard(r).get("/api/queues/emails/job?id=d1").json()
+    assert "payload" not in hidden and hidden["payload_bytes"] == len(b'{"email": "ada@example.com"}')
+    client = open_dashboard(r, show_payloads=True)
+    shown = client.get("/api/queues/emails/job?id=d1").json()
+    assert shown["payload"] == '{"email": "ada@example.com"}' and shown["payload_truncated"] is False
+    shown.pop("now_ms"), shown.pop("payload"), shown.pop("payload_truncated")
+    assert shown == expected_info(q, "d1", with_payload=True)
+    assert client.get("/api/queues/emails/job?id=binary").json()["payload"] == "\ufffd\ufffdok"
+    assert client.get("/api/queues/emails/job?id=nope").json()["payload"] is None  # unknown: none to show
+    # Clipped at 4,096 characters, not bytes: 3,000 two-byte characters are shown whole.
+    q.enqueue_many([NewJob("é" * 3000, job_id="short"), NewJob("é" * 5000, job_id="long")])
+    short, long = (client.get(f"/api/queues/emails/job?id={i}").json() for i in ("short", "long"))
+    assert (short["payload"], short["payload_truncated"]) == ("é" * 3000, False)
+    assert (long["payload"], long["payload_truncated"]) == ("é" * 4096, True)
+
+
 # -- who may do what -------------------------------------------------------------------------
 
 
@@ -240,7 +323,8 @@ def test_with_a_token_every_request_without_it_is_refused_with_a_basic_challenge
     r = fake()
     busy(r)
     client = open_dashboard(r, token=TOKEN)
-    for path in ("/", "/api/overview", "/api/queues/emails/dead", "/static/dashboard.js"):
+    for path in ("/", "/api/overview", "/api/queues/emails/dead", "/api/queues/emails/job?id=d1",
+                 "/static/dashboard.js"):
         refused = client.get(path)
         assert refused.status_code == 401, path
         assert refused.headers["www-authenticate"].startswith("Basic realm=")
@@ -253,6 +337,9 @@ def test_with_a_token_every_request_without_it_is_refused_with_a_basic_challenge
     assert post(client, "emails", "dead_replay", {"all": True}, token).status_code == 401
     assert Queue("emails", r).stats().dead == 3
     assert post(client, "emails", "dead_replay", {"ids": ["d1"]}, token, headers=basic(TOKEN)).status_code == 200
+    for action in ("pause", "resume"):
+        assert post(client, "emails", action, {}, token).status_code == 401
+    assert not Queue("emails", r).stats().paused
 
 
 def test_an_action_without_a_valid_csrf_token_or_from_another_origin_is_refused(open_dashboard: Any) -> None:
@@ -275,6 +362,15 @@ def test_an_action_without_a_valid_csrf_token_or_from_another_origin_is_refused(
     assert form.status_code == 415
     assert client.get("/api/queues/emails/actions/dead_purge", headers=auth).status_code == 405
     assert q.stats().dead == 3 and q.stats().purged == 0
+    for action in ("pause", "resume"):  # the same rules for pause and resume
+        assert post(client, "emails", action, {}, None, headers=auth).status_code == 403
+        assert post(client, "emails", action, {}, token + "0", headers=auth).status_code == 403
+        assert post(client, "emails", action, {}, token, headers=evil).status_code == 403
+    assert not q.stats().paused
+    q.pause()
+    assert post(client, "emails", "resume", {}, None, headers=auth).status_code == 403
+    assert q.stats().paused
+    q.resume()
     same = {**auth, "origin": BASE}
     assert post(client, "emails", "dead_purge", {"ids": ["d1"]}, token, headers=same).json()["count"] == 1
 

@@ -7,15 +7,15 @@ skip locally and fail under ``CI=true`` (tests/run.sh installs both).
 
 The first test also saves the README's screenshot, ``docs/dashboard.png``.
 
-Not yet here (the driver has no job control yet): looking a job up by id, pausing from
-the page stops leasing, and cancelling a job -- one ACTIONS row, one button and one test
-each once ``Queue.get``, ``pause``/``resume`` and ``cancel`` exist.
+Not yet here (the driver has no ``Queue.cancel`` yet): cancelling a job from the page --
+one ACTIONS row, one button and one test once it exists.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -172,6 +172,7 @@ def test_the_page_loads_without_console_errors_and_its_numbers_match_stats(
     services.register(["reports", "orders"], host="app-2.internal", pid=1874)
     stopping = services.register(["emails"], host="app-3.internal", pid=4410)
     services.stop(stopping.id)
+    webhooks.pause()  # its endpoint is down: a paused row on the screenshot
 
     dashboard = serve(every_s=0.25, history_s=60)
     drain(r, 3.0)
@@ -183,6 +184,11 @@ def test_the_page_loads_without_console_errors_and_its_numbers_match_stats(
         stats = q.stats()
         assert shown(page, q.name) == {field: getattr(stats, field) for field in FIELDS}, q.name
     assert page.locator("#queues tbody tr").count() == 4  # orders once, not per partition
+    for q in (emails, reports, orders, webhooks):
+        cell = page.locator(f'#queues tr[data-queue="{q.name}"] td[data-field="state"]')
+        assert cell.get_attribute("data-value") == ("paused" if q.stats().paused else "running"), q.name
+    expect(page.locator('#queues tr[data-queue="webhooks"]')).to_have_class(re.compile(r"\bpaused\b"))
+    assert page.locator("#queues tr.paused").count() == 1
     assert page.locator("#workers tbody tr").count() == 3
     assert page.locator("#dead-table tbody tr").count() == 2  # emails: the first queue with dead letters
     assert "no such user" in page.locator("#dead-table").inner_text()
@@ -258,3 +264,45 @@ def test_without_the_token_the_page_and_its_actions_are_refused(browser: Any, r:
     assert [job.id for job in q.dead_list().jobs] == ["d2"]
     # The fetch refused above logged its 403; nothing else went wrong.
     assert [e for e in console.errors if "403" not in e] == []
+
+
+def test_pausing_from_the_page_stops_leasing_until_resume(browser: Any, r: Any, serve: Callable[..., Any]) -> None:
+    q, other = Queue("emails", r), Queue("reports", r)
+    q.enqueue_many([NewJob(b"{}") for _ in range(3)])
+    other.enqueue_many([NewJob(b"{}") for _ in range(3)])
+    page, console = open_page(browser, serve().url)
+    row = page.locator('#queues tr[data-queue="emails"]')
+    expect(row.locator('td[data-field="state"]')).to_have_text(re.compile(r"^running"))
+    row.get_by_role("button", name="Pause").click()
+    expect(page.locator("#queue-message")).to_have_text("emails paused")
+    assert q.stats().paused and q.lease() == []
+    assert len(other.lease()) == 1  # the other queue goes on
+    expect(row.locator('td[data-field="state"] span')).to_have_text("paused")
+    expect(row).to_have_class(re.compile(r"\bpaused\b"))
+    row.get_by_role("button", name="Resume").click()
+    expect(page.locator("#queue-message")).to_have_text("emails resumed")
+    assert not q.stats().paused and len(q.lease()) == 1
+    expect(row.locator('td[data-field="state"] span')).to_have_text("running")
+    assert console.errors == []
+
+
+def test_looking_a_job_up_from_the_page_shows_its_state(browser: Any, r: Any, serve: Callable[..., Any]) -> None:
+    q = Queue("emails", r)
+    kill(q, ["d1"], "boom {id}")
+    q.enqueue(b"{}", job_id="l1")
+    assert [job.id for job in q.lease()] == ["l1"]
+    q.enqueue(b"{}", job_id="r1")
+    page, console = open_page(browser, serve().url)
+    result = page.locator("#lookup-result")
+    for job_id, state in (("d1", "dead"), ("l1", "leased"), ("r1", "ready"), ("no/such id", "unknown")):
+        page.locator("#lookup-id").fill(job_id)
+        page.get_by_role("button", name="Look up").click()
+        expect(result.locator('tr[data-field="id"] td')).to_have_text(job_id)
+        expect(result.locator('tr[data-field="state"] td')).to_have_text(state)
+        assert q.get(job_id).state == state
+        if state == "dead":
+            expect(result.locator('tr[data-field="error"] td')).to_have_text("boom d1")
+            assert "example.com" not in result.inner_text()  # payloads hidden without --show-payloads
+        if state == "leased":
+            expect(result.locator('tr[data-field="deadline_ms"] td')).to_have_text(re.compile(r"^in "))
+    assert console.errors == []

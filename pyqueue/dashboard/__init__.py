@@ -1,9 +1,10 @@
 """The web dashboard (``pyqueue dashboard``): queues with their counts and charts of
-throughput, lag and backlog over the last minutes, the registered workers, and dead
-letters to read, replay and purge. A client like any other (DESIGN §12): it calls the
-same driver verbs as the CLI, serves its own assets from this package (no CDN), binds
-loopback by default and asks for a token elsewhere, protects actions with CSRF tokens,
-and shows payloads only when started with ``--show-payloads``.
+throughput, lag and backlog over the last minutes, the registered workers, dead
+letters to read, replay and purge, queues to pause and resume, and jobs to look up by
+id. A client like any other (DESIGN §12): it calls the same driver verbs as the CLI,
+serves its own assets from this package (no CDN), binds loopback by default and asks
+for a token elsewhere, protects actions with CSRF tokens, and shows payloads only when
+started with ``--show-payloads``.
 
 Needs the ``dashboard`` extra (``pip install "pyqueue[dashboard]"``): Starlette, Jinja2
 and uvicorn. Importing this package does not import them; :func:`require_web_stack`

@@ -6,13 +6,16 @@ Routes (all relative, so the app also works behind a proxy under a path prefix):
 ``GET /``                                              the page, with the first data inlined
 ``GET /api/overview?since=<ms>``                       queues (stats), workers, history after ``since``
 ``GET /api/queues/<queue>/dead?offset=&limit=``        one page of dead letters (``Queue.dead_list``)
+``GET /api/queues/<queue>/job?id=<id>``                one job by id (``Queue.get``)
 ``POST /api/queues/<queue>/actions/<action>``          one entry of :data:`ACTIONS` (JSON body)
 ``GET /static/...``                                    the page's own CSS, JS and icon
 =====================================================  ==========================================
 
 Every state change is a row of :data:`ACTIONS`: a name, whether it takes job ids, and
-the driver call. Job control (``Queue.pause``, ``resume``, ``cancel``) is to be one row
-each, plus a button in ``static/dashboard.js``; a job lookup by id one ``GET`` route.
+the driver call, plus a button in ``static/dashboard.js``: dead-letter replay and purge,
+a queue's pause and resume. (Cancelling a job, once the driver has ``Queue.cancel``, is
+to be one more row.) The job id of a lookup is a query parameter, not a path segment: an
+id may hold any character but control characters, ``/`` included.
 """
 
 from __future__ import annotations
@@ -123,8 +126,15 @@ class Action:
     name: str
     takes_ids: bool
     run: Callable[[Queue, list[str] | None], tuple[int, bool]]
-    #: The page's message: "<count> <done>".
+    #: The page's message: "<count> <done>"; for an action without ids, "<queue>
+    #: <done>", or "<queue> <unchanged>" when it changed nothing (count 0).
     done: str
+    unchanged: str = ""
+
+    def message(self, queue: str, count: int, more: bool) -> str:
+        if not self.takes_ids:
+            return f"{queue} {self.done if count else self.unchanged}"
+        return f"{count} {self.done}" + (" (more remain: ask again)" if more else "")
 
 
 def _some_or_all(verb: str) -> Callable[[Queue, list[str] | None], tuple[int, bool]]:
@@ -153,8 +163,10 @@ ACTIONS: dict[str, Action] = {
     for action in (
         Action("dead_replay", True, _some_or_all("dead_replay"), "replayed"),
         Action("dead_purge", True, _some_or_all("dead_purge"), "purged"),
-        # Job control, when the driver has it, is one row each, e.g.:
-        # Action("pause", False, lambda q, _: (int(q.pause()), False), "paused"),
+        # A partitioned queue pauses and resumes every partition (count 1 if any changed).
+        Action("pause", False, lambda q, _: (int(q.pause()), False), "paused", "was paused already"),
+        Action("resume", False, lambda q, _: (int(q.resume()), False), "resumed", "was not paused"),
+        # Cancelling, once the driver has it, is one more row, e.g.:
         # Action("cancel", True, lambda q, ids: (sum(...q.cancel(i)...), False), "cancelled"),
     )
 }
@@ -198,6 +210,14 @@ def _clip(text: str) -> tuple[str, bool]:
     return (text[:TEXT_LIMIT], True) if len(text) > TEXT_LIMIT else (text, False)
 
 
+def _clip_bytes(data: bytes) -> tuple[str, bool]:
+    """A payload as text (invalid UTF-8 replaced), clipped to :data:`TEXT_LIMIT`
+    characters. A character is at most 4 bytes and an invalid byte becomes one, so the
+    first ``4 * TEXT_LIMIT + 4`` bytes decode to more than the limit whenever there is
+    more than that."""
+    return _clip(data[: 4 * TEXT_LIMIT + 4].decode("utf-8", "replace"))
+
+
 def dead_page(queue: Queue, offset: int, limit: int, show_payloads: bool) -> dict[str, Any]:
     """One page of a queue's dead letters; payloads only when the dashboard shows them."""
     page = queue.dead_list(offset, limit)
@@ -208,9 +228,25 @@ def dead_page(queue: Queue, offset: int, limit: int, show_payloads: bool) -> dic
                                 "max_attempts": job.max_attempts, "error": error, "error_truncated": error_cut,
                                 "payload_bytes": len(job.payload)}
         if show_payloads:
-            item["payload"], item["payload_truncated"] = _clip(job.payload[: TEXT_LIMIT + 1].decode("utf-8", "replace"))
+            item["payload"], item["payload_truncated"] = _clip_bytes(job.payload)
         jobs.append(item)
     return {"queue": queue.name, "total": page.total, "offset": offset, "limit": limit, "jobs": jobs}
+
+
+def job_info(queue: Queue, job_id: str, show_payloads: bool) -> dict[str, Any]:
+    """One job as ``Queue.get`` reads it (``queue``: the partition that holds it), plus
+    ``exists``. Its error clipped as a dead letter's is; its payload as text, only when
+    the dashboard shows payloads (null for a job that is done or unknown), else only
+    ``payload_bytes``."""
+    info = queue.get(job_id, with_payload=show_payloads)
+    item = dataclasses.asdict(info)
+    item["exists"] = info.exists
+    item["error"], item["error_truncated"] = _clip(info.error)
+    del item["payload"]
+    if show_payloads:
+        shown = (None, False) if info.payload is None else _clip_bytes(info.payload)
+        item["payload"], item["payload_truncated"] = shown
+    return item
 
 
 # -- the request guard -------------------------------------------------------------------
@@ -350,6 +386,18 @@ def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> St
         return JSONResponse(body, headers={"cache-control": "no-store"})
 
     @_handles_errors
+    async def api_job(request: Request) -> Response:
+        job_id = request.query_params.get("id")
+        if job_id is None:
+            raise InvalidArgument("name the job: ?id=<job id>")
+        try:
+            queue = await run_in_threadpool(queue_or_404, request.path_params["queue"])
+        except LookupError:
+            return _json_error(f"no queue {request.path_params['queue']!r}", 404)
+        body = await run_in_threadpool(job_info, queue, job_id, config.show_payloads)
+        return JSONResponse(body, headers={"cache-control": "no-store"})
+
+    @_handles_errors
     async def api_action(request: Request) -> Response:
         # Authentication happened in Guard; what is left is whether this browser meant it.
         if request.scope.get("state", {}).get("auth") != "bearer":
@@ -374,7 +422,7 @@ def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> St
         count, more = await run_in_threadpool(action.run, queue, ids)
         sampler.invalidate()
         return JSONResponse({"action": action.name, "queue": queue.name, "count": count, "more": more,
-                             "message": f"{count} {action.done}" + (" (more remain: ask again)" if more else "")})
+                             "message": action.message(queue.name, count, more)})
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -389,6 +437,7 @@ def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> St
             Route("/", page),
             Route("/api/overview", api_overview),
             Route("/api/queues/{queue:path}/dead", api_dead),
+            Route("/api/queues/{queue:path}/job", api_job),
             Route("/api/queues/{queue:path}/actions/{action}", api_action, methods=["POST"]),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ],

@@ -24,6 +24,7 @@
     deadOffset: 0,
     deadTotal: -1,
     deadSelected: new Set(),
+    lookupQueues: "",      // the queue names the lookup's select was built from
     pollTimer: null,
   };
 
@@ -68,6 +69,12 @@
     if (!ms) return { text: "–", title: "" };
     const age = Math.max(0, serverNow() - ms);
     return { text: fmtMs(age) + " ago", title: new Date(ms).toISOString() };
+  }
+
+  // A time before or after ``now`` (both server ms).
+  function when(ms, now) {
+    const d = ms - now;
+    return { text: d >= 0 ? "in " + fmtMs(d) : fmtMs(-d) + " ago", title: new Date(ms).toISOString() };
   }
 
   function api(path) { return "api/" + path; }
@@ -227,8 +234,9 @@
       nameButton.addEventListener("click", () => { state.focus = state.focus === q.name ? null : q.name; renderQueues(); drawCharts(); });
       const nameCell = el("td", { class: "text" }, nameButton);
       if (q.partitions > 1) nameCell.append(el("small", { text: ` ${q.partitions} partitions` }));
-      const tr = el("tr", { "data-queue": q.name }, nameCell);
-      if (state.focus === q.name) tr.className = "focus";
+      const tr = el("tr", { "data-queue": q.name }, nameCell, stateCell(q));
+      if (state.focus === q.name) tr.classList.add("focus");
+      if (q.paused_ms > 0) tr.classList.add("paused");
       for (const field of QUEUE_FIELDS) {
         let text;
         if (field === "lag_ms") text = fmtMs(q.lag_ms);
@@ -249,6 +257,23 @@
       return tr;
     });
     body.replaceChildren(...rows);
+  }
+
+  // "paused" or "running", and the button that changes it (the pause / resume actions).
+  function stateCell(q) {
+    const paused = q.paused_ms > 0;
+    const since = ago(q.paused_ms);
+    const td = el("td", { class: "text state-cell", "data-field": "state", "data-value": paused ? "paused" : "running" },
+      el("span", { class: paused ? "state-paused" : "state-running", text: paused ? "paused" : "running",
+        title: paused ? `paused ${since.text} (${since.title}): nothing is leased, enqueue goes on` : "" }));
+    const action = paused ? "resume" : "pause";
+    if (config.actions.includes(action)) {
+      const button = el("button", { type: "button", text: paused ? "Resume" : "Pause",
+        title: paused ? `let ${q.name} hand out jobs again` : `stop ${q.name} from handing out jobs (enqueue goes on)` });
+      button.addEventListener("click", () => act(action, {}, { queue: q.name, where: "queue-message" }));
+      td.append(button);
+    }
+    return td;
   }
 
   function renderWorkers() {
@@ -353,16 +378,18 @@
     for (const button of document.querySelectorAll('#dead [data-scope="all"]')) button.disabled = !state.deadQueue || state.deadTotal === 0;
   }
 
-  function say(text, bad) {
-    const message = document.getElementById("dead-message");
+  function say(text, bad, where) {
+    const message = document.getElementById(where || "dead-message");
     message.textContent = text;
     message.className = "message" + (bad ? " bad" : "");
   }
 
   // One POST per action (see ACTIONS in app.py); a new action needs only a button
-  // with data-action, or a call of act() with its body.
-  async function act(action, body) {
-    const name = state.deadQueue;
+  // with data-action, or a call of act() with its body. ``target``: the queue and the
+  // message element, when not the dead letters' (a queue's pause and resume).
+  async function act(action, body, target) {
+    const name = target ? target.queue : state.deadQueue;
+    const where = target ? target.where : "dead-message";
     if (!name) return;
     if (action === "dead_purge") {
       const what = body.all ? `every dead job of ${name}` : `${body.ids.length} dead job(s) of ${name}`;
@@ -377,12 +404,13 @@
         body: JSON.stringify(body),
       });
     } catch (error) {
-      say("The dashboard server did not answer: " + error.message, true);
+      say("The dashboard server did not answer: " + error.message, true, where);
       return;
     }
     const answer = await response.json().catch(() => ({}));
-    if (!response.ok) { say(answer.error || `HTTP ${response.status}`, true); return; }
-    say(answer.message, false);
+    if (!response.ok) { say(answer.error || `HTTP ${response.status}`, true, where); return; }
+    say(answer.message, false, where);
+    if (target) { await poll(true); return; }
     state.deadSelected.clear();
     await poll(true);
     await loadDead();
@@ -412,6 +440,73 @@
     });
   }
 
+  // -- job lookup --------------------------------------------------------------------
+
+  function renderLookupSelect() {
+    const select = document.getElementById("lookup-queue");
+    const names = state.overview.queues.map((q) => q.name);
+    if (names.join("\n") === state.lookupQueues) return;   // rebuilt only when the queues change
+    state.lookupQueues = names.join("\n");
+    const chosen = names.includes(select.value) ? select.value : names[0];
+    select.replaceChildren(...names.map((name) => el("option", { value: name, text: name, selected: name === chosen })));
+  }
+
+  async function lookup(event) {
+    event.preventDefault();
+    const name = document.getElementById("lookup-queue").value;
+    const id = document.getElementById("lookup-id").value;
+    const table = document.getElementById("lookup-result");
+    if (!name || !id) return;
+    let response, info;
+    try {
+      response = await fetch(api(`${queuePath(name)}/job?id=${encodeURIComponent(id)}`), { credentials: "same-origin" });
+      info = await response.json();
+    } catch (error) {
+      say("Looking the job up failed: " + error.message, true, "lookup-message");
+      return;
+    }
+    if (!response.ok) { say(info.error || `HTTP ${response.status}`, true, "lookup-message"); table.hidden = true; return; }
+    say("", false, "lookup-message");
+    renderJob(info);
+  }
+
+  // The answer of api/queues/<queue>/job as label / value rows (text only; fields a
+  // state has not are -1 or "", and are left out).
+  function renderJob(info) {
+    const rows = [];
+    const row = (field, label, ...value) => rows.push(el("tr", { "data-field": field }, el("th", { text: label }),
+      el("td", {}, ...value)));
+    const time = (ms) => { const t = when(ms, info.now_ms); return el("span", { text: t.text, title: t.title }); };
+    row("id", "id", el("span", { class: "id", text: info.id }));
+    row("queue", "queue", info.queue);
+    row("state", "state", el("span", { class: "job-state state-" + info.state, text: info.state }));
+    if (info.state === "unknown") {
+      row("note", "", el("span", { class: "muted",
+        text: "not in this queue: never enqueued, purged, or acked long enough ago that its id is forgotten" }));
+    }
+    if (info.attempts >= 0) row("attempts", "attempts", `${info.attempts}/${info.max_attempts}`);
+    if (info.due_ms > 0) row("due_ms", info.state === "dead" ? "died" : "due", time(info.due_ms));
+    if (info.deadline_ms > 0) row("deadline_ms", "lease deadline", time(info.deadline_ms));
+    if (info.owner) row("owner", "lease owner", info.owner);
+    if (info.fence >= 0 && info.state === "leased") row("fence", "fence", String(info.fence));
+    if (info.done_until_ms > 0) row("done_until_ms", "a duplicate until", time(info.done_until_ms));
+    if (info.payload_bytes >= 0) {
+      if ("payload" in info && info.payload !== null) {
+        row("payload", "payload", el("pre", { class: "payload", text: info.payload + (info.payload_truncated ? " …" : "") }));
+      }
+      row("payload_bytes", "payload size", el("span", { text: `${fmtInt(info.payload_bytes)} bytes`,
+        title: "payload" in info ? "" : "payloads are hidden: start the dashboard with --show-payloads to see them" }));
+    }
+    if (info.error) row("error", "last error", el("pre", { class: "error", text: info.error + (info.error_truncated ? " …" : "") }));
+    const table = document.getElementById("lookup-result");
+    table.querySelector("tbody").replaceChildren(...rows);
+    table.hidden = false;
+  }
+
+  function wireLookup() {
+    document.getElementById("lookup-form").addEventListener("submit", lookup);
+  }
+
   // -- polling -----------------------------------------------------------------------
 
   function apply(overview) {
@@ -422,6 +517,7 @@
     renderQueues();
     renderWorkers();
     renderDeadSelect();
+    renderLookupSelect();
     drawCharts();
     const status = document.getElementById("status");
     status.textContent = "updated " + new Date().toLocaleTimeString();
@@ -446,6 +542,7 @@
 
   function start() {
     wireDead();
+    wireLookup();
     apply(initial.overview);
     loadDead();
     window.addEventListener("resize", drawCharts);
