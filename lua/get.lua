@@ -25,9 +25,11 @@ Returns  {now_ms, state, attempts, max_attempts, due_ms, payload_bytes, payload,
          payload is '' unless with_payload is 1; missing numbers are -1, missing
          strings ''.
 Errors   PQ_BADARG, PQ_CORRUPT (the record does not parse), WRONGTYPE. Writes nothing.
-Cost     O(1) but for a job that is neither scheduled nor dead: then O(L) in the
-         number of leases L (one ZSCAN of LEASED for the receipt ending in the id),
-         which is bounded by the workers' total concurrency, not by the queue's length.
+Cost     O(1) but for a job that is neither scheduled nor dead: then a ZSCAN of LEASED
+         for the receipt ending in the id, O(L) in the number of leases L (which the
+         workers' total concurrency bounds, not the queue's length), and at most
+         MAX_SCAN_PAGES pages of 1000: past 10,000 leases a job not found among them
+         is answered 'ready_or_leased'. Bounded work, like every script.
 Replay   read only.
 ]]
 
@@ -182,9 +184,11 @@ end
 -- Leased or ready: a lease names the id at the end of its receipt. MATCH narrows the
 -- scan ('*' and the other glob characters of the id escaped); the exact parse decides
 -- (another id may end with this one after a '|').
+local MAX_SCAN_PAGES = 10
 local pattern = '*|' .. string.gsub(id, '([%*%?%[%]\\])', '\\%1')
-local cursor = '0'
+local cursor, pages = '0', 0
 repeat
+  pages = pages + 1
   local page = redis.call('ZSCAN', leased_key, cursor, 'MATCH', pattern, 'COUNT', 1000)
   cursor = page[1]
   local entries = page[2]
@@ -195,5 +199,5 @@ repeat
       return answer('leased', known)
     end
   end
-until cursor == '0'
-return answer('ready', known)
+until cursor == '0' or pages == MAX_SCAN_PAGES
+return answer(cursor == '0' and 'ready' or 'ready_or_leased', known)

@@ -211,8 +211,10 @@ class JobInfo:
     """What ``get`` knows of one job (lua/get.lua), read atomically.
 
     ``state`` is one of ``ready``, ``scheduled``, ``leased``, ``dead``, ``done`` (acked,
-    its id a duplicate until ``done_until_ms``) or ``unknown`` (never enqueued, purged,
-    or acked with its tombstone gone). Fields a state does not have are -1, '' or None.
+    its id a duplicate until ``done_until_ms``), ``unknown`` (never enqueued, purged,
+    or acked with its tombstone gone), or ``ready_or_leased`` (the queue holds more than
+    10,000 leases, more than one call scans for the job's). Fields a state does not have
+    are -1, '' or None.
     """
 
     id: str

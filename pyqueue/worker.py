@@ -361,8 +361,19 @@ class Worker:
 
         With ``burst``, return once no job is ready, no handler runs and nothing is due
         within ``block_ms`` (for tests and batch jobs)."""
-        self._with_retries(self._check_partitions)
-        self.service = self._register()
+        # Signals first: a SIGTERM that lands just after registration must drain and
+        # deregister, not kill the process and leave the registration to expire.
+        previous: dict[int, Any] = {}
+        if install_signal_handlers and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, self._on_signal)
+        try:
+            self._with_retries(self._check_partitions)
+            self.service = self._register()
+        except BaseException:
+            for signum, old_handler in previous.items():
+                signal.signal(signum, old_handler)
+            raise
         self._crash.at("after_register")
         check_server(self.redis)
         for q in self.logical + self.queues:
@@ -371,10 +382,6 @@ class Worker:
             "service %s started: queues %s, concurrency %d, host %s pid %d",
             self.service.owner, ",".join(self.queue_names), self.concurrency, os.uname().nodename, os.getpid(),
         )
-        previous: dict[int, Any] = {}
-        if install_signal_handlers and threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                previous[sig] = signal.signal(sig, self._on_signal)
         # Start-up garbage collection (the seed's): scrub dead services before leasing, so
         # even a short burst run recovers what they held.
         self._heartbeat_duty("renew", self._renew_and_scrub)
