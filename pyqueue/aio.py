@@ -54,7 +54,7 @@ from pyqueue.core import (
     merge_enqueues,
     split_enqueue_reply,
 )
-from pyqueue.errors import InvalidArgument, map_redis_error
+from pyqueue.errors import InvalidArgument, OutcomeUnknown, map_redis_error
 from pyqueue.models import Peeked
 from pyqueue.partitioned import PartitionedCore
 from pyqueue.queue import QueueCore, plan_peek_many
@@ -149,9 +149,14 @@ class AsyncBatcher(Generic[I, R]):
         try:
             for member, result in zip(batch, await self._send_batch([m.item for m in batch])):
                 member.result = result
-        except BaseException as exc:  # a cancelled leader too: its batch learns it
+        except BaseException as exc:  # each member raises it in its own task
             for member in batch:
                 member.error = exc
+            if isinstance(exc, asyncio.CancelledError):
+                # The sending task (batch[0], this one) was cancelled, not the others:
+                # for them the call may or may not have run.
+                for member in batch[1:]:
+                    member.error = OutcomeUnknown("the task that sent this enqueue with others was cancelled")
         leader = self.state.hand_over()
         if leader is not None and leader.turn is not None:  # it joined while a call was in flight
             leader.turn.set_result(True)

@@ -35,11 +35,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import inspect
 import signal
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from pyqueue.errors import InvalidArgument
 from pyqueue.models import Job
 from pyqueue.worker import Worker, is_async_handler
 
@@ -60,7 +62,15 @@ class AsyncWorker(Worker):
         self._tasks_lock = threading.Lock()
 
     def check_handler(self, handler: object) -> None:
-        is_async_handler(handler)  # refuses what is not callable; async and plain both run
+        # Coroutine functions and plain functions run; is_async_handler refuses what is
+        # not callable. An async generator would yield, not run, its job: refused.
+        is_async_handler(handler)
+        call = getattr(type(handler), "__call__", None)
+        if any(inspect.isasyncgenfunction(c) for c in (handler, call)):
+            raise InvalidArgument(
+                f"handler {getattr(handler, '__qualname__', handler)!r} is an async generator function: "
+                "give the worker an async def function that runs the job"
+            )
 
     def call_handler(self, job: Job) -> object:
         if not is_async_handler(self.handler):

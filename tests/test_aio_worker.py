@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from typing import Any
 
 import pytest
 import redis
@@ -85,6 +86,12 @@ def test_handlers_that_finish_together_are_acked_in_fewer_calls_than_jobs(r: red
     assert q.stats().acked == 200
 
 
-def test_something_not_callable_is_refused() -> None:
+def test_something_not_callable_or_an_async_generator_is_refused() -> None:
     with pytest.raises(InvalidArgument, match="callable"):
         AsyncWorker(["q"], "not a function")  # type: ignore[arg-type]
+
+    async def yields(job: Job) -> Any:
+        yield job
+
+    with pytest.raises(InvalidArgument, match="async generator"):
+        AsyncWorker(["q"], yields)
