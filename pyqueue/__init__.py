@@ -1,7 +1,10 @@
 """pyqueue: an atomic job queue on Redis. Every state transition is one Lua script in
-``lua/``; this package is a thin typed driver over them plus a blocking worker.
+``lua/``; this package is a thin typed driver over them, in two transports over one
+I/O-free core (:mod:`pyqueue.core`), plus the workers.
 
-Start with :class:`Queue`. Delivery semantics are stated in :mod:`pyqueue.queue`.
+Start with :class:`Queue` (blocking) or :class:`pyqueue.aio.AsyncQueue` (asyncio);
+workers: :class:`pyqueue.worker.Worker`, :class:`pyqueue.aio_worker.AsyncWorker`.
+Delivery semantics are stated in :mod:`pyqueue.queue`.
 """
 
 from importlib.metadata import PackageNotFoundError, version
