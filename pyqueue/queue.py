@@ -1,4 +1,9 @@
-"""``Queue``: the driver's API for one queue. Each method runs exactly one script call.
+"""``QueueCore``: every verb of one queue, written once as a plan (see
+:mod:`pyqueue.core`); ``Queue``: those plans over redis-py's blocking client
+(``pyqueue.aio.AsyncQueue`` runs the same plans over redis.asyncio). Each verb runs one
+script call (``dead_replay``/``dead_purge`` without ids list first; a partitioned
+queue's, one per partition involved; a queue object's first call also checks the
+partition count).
 
 Delivery semantics, in one place:
 
@@ -15,8 +20,9 @@ Delivery semantics, in one place:
 * **Replay safety.** Every call can be sent twice with the same arguments (redis-py does
   so after a connection error) and has the effect of one call.
 
-Threads: a ``Queue`` holds no mutable state beyond its redis-py client, whose
-connection pool is thread-safe, so one ``Queue`` may be shared by threads.
+Threads: a ``Queue`` holds no mutable state beyond its redis-py client (whose
+connection pool is thread-safe) and the enqueues it coalesces (under a lock), so one
+``Queue`` may be shared by threads.
 """
 
 from __future__ import annotations
