@@ -2,9 +2,10 @@
 
 :class:`PyQueueCollector` is a custom collector (prometheus_client): at every scrape it
 runs ``stats`` once per queue (lua/stats.lua, one atomic read of the queue's counters
-and state counts) and lists each service namespace's workers, so a scrape costs
-O(queues) script calls, never O(jobs), and there is no second set of counters to keep
-in sync. An app that already serves ``/metrics`` adds pyqueue's with::
+and state counts; all of them pipelined, one round trip per primary) and lists each
+service namespace's workers, so a scrape costs O(queues) script calls, never O(jobs),
+and there is no second set of counters to keep in sync. An app that already serves
+``/metrics`` adds pyqueue's with::
 
     from prometheus_client import REGISTRY
     from pyqueue.metrics import PyQueueCollector
@@ -30,8 +31,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from pyqueue.clients import Client, bytes_client
-from pyqueue.discovery import logical_queues
-from pyqueue.queue import DEFAULT_PREFIX
+from pyqueue.discovery import discover_queues, logical_queues
+from pyqueue.queue import DEFAULT_PREFIX, Queue, stats_many
 from pyqueue.service import DEFAULT_NAMESPACE, Services
 
 #: Counter name (without _total) -> the Stats field it comes from, and its help text.
@@ -78,10 +79,24 @@ class PyQueueCollector(Collector):
         self.redis = bytes_client(redis)
         self.queue_names = list(queues) if queues else None
         self.prefix = prefix
+        self._opened: dict[str, Queue] = {}
         self.services = [
             Services(services_redis if services_redis is not None else self.redis, namespace=ns, prefix=prefix)
             for ns in namespaces
         ]
+
+    def _queues(self) -> list[Queue]:
+        """The queues to report, each opened once and kept between scrapes (opening one
+        reads its recorded partition count: a round trip). Found again at each scrape
+        unless named; a queue gone from Redis drops out."""
+        names = self.queue_names or discover_queues(self.redis, self.prefix)
+        fresh = [name for name in names if name not in self._opened]
+        if fresh:
+            for q in logical_queues(self.redis, self.prefix, fresh):
+                self._opened[q.name] = q
+        partitions = {part.name for q in self._opened.values() for part in getattr(q, "parts", [])}
+        wanted = set(names)
+        return [q for name, q in sorted(self._opened.items()) if name in wanted and name not in partitions]
 
     def collect(self) -> Iterator[Metric]:
         counters = {
@@ -97,8 +112,8 @@ class PyQueueCollector(Collector):
                                 labels=["queue"])
         partitions = GaugeMetricFamily("pyqueue_partitions", "partitions of the queue", labels=["queue"])
         paused = GaugeMetricFamily("pyqueue_paused", "1 while the queue is paused (it leases nothing)", labels=["queue"])
-        for q in logical_queues(self.redis, self.prefix, self.queue_names):
-            stats = q.stats()
+        queues = self._queues()
+        for q, stats in zip(queues, stats_many(queues)):
             for name, (field, _) in COUNTERS.items():
                 counters[name].add_metric([q.name], getattr(stats, field))
             for state in STATES:

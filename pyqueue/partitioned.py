@@ -26,7 +26,6 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import fields
 from typing import Any
 
 from pyqueue.core import (
@@ -59,7 +58,7 @@ from pyqueue.models import (
     Scrubbed,
     Stats,
 )
-from pyqueue.queue import Queue, QueueCore, plan_peek_many
+from pyqueue.queue import Queue, QueueCore, plan_peek_many, sum_stats
 
 
 class PartitionedCore(QueueCore):
@@ -258,12 +257,7 @@ class PartitionedCore(QueueCore):
     def plan_stats(self, *, now_ms: int | None = None) -> Plan[Stats]:
         """The sum over the partitions (not read atomically across them); ``lag_ms`` is
         the largest and ``now_ms`` the latest."""
-        each = yield from self.plan_partition_stats(now_ms=now_ms)
-        summed = {f.name: sum(getattr(s, f.name) for s in each) for f in fields(Stats)}
-        summed["lag_ms"] = max(s.lag_ms for s in each)
-        summed["now_ms"] = max(s.now_ms for s in each)
-        summed["paused_ms"] = max(s.paused_ms for s in each)
-        return Stats(**summed)
+        return sum_stats((yield from self.plan_partition_stats(now_ms=now_ms)))
 
     def plan_peek(self, *, now_ms: int | None = None) -> Plan[Peeked]:
         """Whether any partition has work, and the earliest next due time of all."""

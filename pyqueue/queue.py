@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from dataclasses import fields
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -555,8 +556,7 @@ class QueueCore:
     def plan_stats(self, *, now_ms: int | None = None) -> Plan[Stats]:
         """Counts per state, lag and counters, read atomically (lua/stats.lua)."""
         check_now(now_ms)
-        reply = yield from self._run(stats_call(self.keys, now_ms))
-        return Stats(**{text(reply[i]): int(reply[i + 1]) for i in range(0, len(reply), 2)})
+        return parse_stats((yield from self._run(stats_call(self.keys, now_ms))))
 
     stats = Verb(plan_stats)
 
@@ -748,6 +748,49 @@ def plan_peek_many(queues: Sequence[QueueCore]) -> Plan[list[Peeked]]:
         now, ready, next_due = reply
         out.append(Peeked(int(now), int(ready), int(next_due)))
     return out
+
+
+def parse_stats(reply: Sequence[Any]) -> Stats:
+    """lua/stats.lua's name/value pairs as :class:`Stats`."""
+    return Stats(**{text(reply[i]): int(reply[i + 1]) for i in range(0, len(reply), 2)})
+
+
+def sum_stats(each: Sequence[Stats]) -> Stats:
+    """The figures of several partitions as one queue's: sums, but the largest
+    ``lag_ms``, the latest ``now_ms`` and the latest ``paused_ms``."""
+    summed = {f.name: sum(getattr(s, f.name) for s in each) for f in fields(Stats)}
+    for latest in ("lag_ms", "now_ms", "paused_ms"):
+        summed[latest] = max(getattr(s, latest) for s in each)
+    return Stats(**summed)
+
+
+def plan_stats_many(queues: Sequence[QueueCore]) -> Plan[list[Stats]]:
+    """``stats`` of every queue (a partitioned one summed over its partitions) in one
+    round trip per server: a pipeline of lua/stats.lua calls, one per physical queue.
+    For exporters that read many queues at once.
+
+    Raises:
+        the mapped error of the first call that failed (read-only: nothing was written).
+    """
+    parts = [getattr(q, "parts", [q]) for q in queues]
+    physical = [part for group in parts for part in group]
+    if not physical:
+        return []
+    replies = iter((yield Pipelined("stats", [(p.keys, [""]) for p in physical])))
+    out = []
+    for group in parts:
+        each = []
+        for reply in (next(replies) for _ in group):
+            if isinstance(reply, Exception):
+                raise map_redis_error(reply) from reply
+            each.append(parse_stats(reply))
+        out.append(each[0] if len(each) == 1 else sum_stats(each))
+    return out
+
+
+def stats_many(queues: Sequence[Queue]) -> list[Stats]:
+    """:func:`plan_stats_many` on the queues' shared client."""
+    return queues[0].drive(plan_stats_many(queues)) if queues else []
 
 
 def peek_many(queues: Sequence[Queue]) -> list[Peeked]:

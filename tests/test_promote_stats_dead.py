@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pyqueue import NewJob, Queue
+from pyqueue.queue import stats_many
 
 #: Also on the Redis Cluster backend (conftest.BACKENDS).
 ON_CLUSTER = True
@@ -87,3 +90,13 @@ def test_dead_purge_deletes_jobs_for_good(q: Queue) -> None:
     s = q.stats(now_ms=T0)
     assert (s.dead, s.purged) == (0, 3)
     assert q.enqueue(b"", job_id="d0", now_ms=T0).added
+
+
+def test_stats_many_reads_every_queue_in_one_pipeline_as_stats_does(make_queue: Any) -> None:
+    plain, parted = make_queue("plain"), make_queue("parted", partitions=3)
+    plain.enqueue_many([b"a", b"b"], now_ms=T0)
+    parted.enqueue_many([NewJob(b"", job_id=f"j{i}") for i in range(7)], now_ms=T0)
+    parted.pause(now_ms=T0)
+    both = stats_many([plain, parted])
+    assert [s.ready for s in both] == [2, 7] and both[1].paused_ms == T0
+    assert both[0] == plain.stats(now_ms=both[0].now_ms) and stats_many([]) == []
