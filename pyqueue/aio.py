@@ -210,14 +210,21 @@ class AsyncScripts(ScriptTable):
                 await asyncio.sleep(weather.pause())
 
     async def _run_and_wait(self, script: AsyncScript, key_list: list[str], args: Sequence[Arg]) -> Any:
-        """EVALSHA then WAIT on one connection (one server only, see ``__init__``)."""
+        """EVALSHA then WAIT, pipelined on one connection (one server only, see
+        ``__init__``): one round trip, and a second only after NOSCRIPT (a restarted or
+        flushed server), once the script is loaded."""
         client: Any = self.client
-        if not await client.script_exists(script.sha) == [True]:
+
+        async def send() -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            pipe.evalsha(script.sha, len(key_list), *key_list, *args)
+            pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
+            return list(await pipe.execute(raise_on_error=False))
+
+        reply, replicas = await send()
+        if isinstance(reply, redis.exceptions.NoScriptError):
             await client.script_load(script.script)
-        pipe = client.pipeline(transaction=False)
-        pipe.evalsha(script.sha, len(key_list), *key_list, *args)
-        pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
-        reply, replicas = await pipe.execute(raise_on_error=False)
+            reply, replicas = await send()
         return self.replicated(reply, replicas)
 
     async def call(self, step: ScriptCall) -> Any:

@@ -43,7 +43,7 @@ from typing import Any
 
 from pyqueue.errors import InvalidArgument
 from pyqueue.models import Job
-from pyqueue.worker import Worker, is_async_handler
+from pyqueue.worker import Worker, handler_functions, is_async_handler
 
 #: A handler: an ``async def`` function of a Job, or a plain one.
 AsyncHandler = Callable[[Job], Awaitable[object]] | Callable[[Job], object]
@@ -62,11 +62,9 @@ class AsyncWorker(Worker):
         self._tasks_lock = threading.Lock()
 
     def check_handler(self, handler: object) -> None:
-        # Coroutine functions and plain functions run; is_async_handler refuses what is
-        # not callable. An async generator would yield, not run, its job: refused.
-        is_async_handler(handler)
-        call = getattr(type(handler), "__call__", None)
-        if any(inspect.isasyncgenfunction(c) for c in (handler, call)):
+        # Coroutine functions and plain functions run (handler_functions refuses what is
+        # not callable). An async generator would yield, not run, its job: refused.
+        if any(inspect.isasyncgenfunction(c) for c in handler_functions(handler)):
             raise InvalidArgument(
                 f"handler {getattr(handler, '__qualname__', handler)!r} is an async generator function: "
                 "give the worker an async def function that runs the job"

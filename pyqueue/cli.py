@@ -311,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
                           ("resume", "let a paused queue hand out jobs again")):
         p = sub.add_parser(command, help=text)
         p.add_argument("queue")
-        p.set_defaults(func=cmd_pause, command=command)
+        p.set_defaults(func=cmd_pause)  # args.command names which (the subparsers' dest)
 
     p = sub.add_parser("job", help="where is a job: its state, attempts, lease or last error")
     p.add_argument("queue")

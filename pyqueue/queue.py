@@ -336,8 +336,8 @@ class QueueCore:
         from json import dumps
 
         payload = dumps(obj, separators=(",", ":"), ensure_ascii=False)
-        new = NewJob(payload, job_id, delay_ms, max_attempts)
-        return (yield from self.plan_enqueue_many([new], now_ms=now_ms))[0]
+        plan = self.plan_enqueue(payload, job_id=job_id, delay_ms=delay_ms, max_attempts=max_attempts, now_ms=now_ms)
+        return (yield from plan)
 
     enqueue_json = Verb(plan_enqueue_json)
 

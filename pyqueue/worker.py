@@ -148,10 +148,19 @@ def is_async_handler(handler: object) -> bool:
     Raises:
         InvalidArgument: not callable.
     """
+    return any(inspect.iscoroutinefunction(c) or inspect.isasyncgenfunction(c) for c in handler_functions(handler))
+
+
+def handler_functions(handler: object) -> tuple[object, object]:
+    """``handler`` and its class's ``__call__`` (what an instance handler runs): the two
+    places an ``async def`` may hide.
+
+    Raises:
+        InvalidArgument: not callable.
+    """
     if not callable(handler):
         raise InvalidArgument(f"handler must be callable, got {type(handler).__name__}")
-    call = getattr(type(handler), "__call__", None)
-    return any(inspect.iscoroutinefunction(c) or inspect.isasyncgenfunction(c) for c in (handler, call))
+    return handler, getattr(type(handler), "__call__", None)
 
 
 class _Crasher:
@@ -597,8 +606,7 @@ class Worker:
     # -- handler threads -------------------------------------------------------------
 
     def _track(self, job: Job) -> None:
-        with self._running_lock:
-            self._running[job.receipt] = job
+        self._track_all([job])
 
     def _track_all(self, jobs: list[Job]) -> None:
         with self._running_lock:

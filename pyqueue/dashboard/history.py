@@ -26,7 +26,7 @@ from pyqueue.clients import Client, bytes_client
 from pyqueue.discovery import logical_queues
 from pyqueue.errors import PyQueueError
 from pyqueue.models import Stats
-from pyqueue.queue import Queue
+from pyqueue.queue import Queue, stats_many
 from pyqueue.service import Services, ServiceInfo
 
 log = logging.getLogger("pyqueue.dashboard")
@@ -170,7 +170,8 @@ class Sampler:
         started = time.monotonic()
         try:
             self._discover()
-            stats = [(q, q.stats()) for q in self._queues.values()]
+            queues = list(self._queues.values())
+            stats = list(zip(queues, stats_many(queues)))  # one pipelined round trip per primary
             workers = [WorkerRow(s.namespace, info) for s in self.services for info in s.list()]
             now_ms = max((s.now_ms for _, s in stats), default=0) or _server_ms(self.redis)
         except (PyQueueError, redis_lib.RedisError) as exc:
