@@ -25,6 +25,7 @@ from pyqueue.clients import Client, connect
 from pyqueue.discovery import logical_queues, open_queue
 from pyqueue.keys import check_name
 from pyqueue.queue import DEFAULT_KEEP_DONE_MS, DEFAULT_LEASE_MS
+from pyqueue.schedules import parse_schedule
 from pyqueue.service import DEFAULT_EXPIRE_MS, DEFAULT_NAMESPACE, Services
 from pyqueue.aio_worker import AsyncWorker
 from pyqueue.worker import Worker, is_async_handler
@@ -70,6 +71,8 @@ def _ms(value: int) -> str:
 def cmd_worker(args: argparse.Namespace) -> int:
     client = connect(args.url)
     handler = load_handler(args.handler)
+    schedules = [parse_schedule(spec, args.queue[0], "every") for spec in args.every or ()]
+    schedules += [parse_schedule(spec, args.queue[0], "cron") for spec in args.cron or ()]
     # An async def handler runs as tasks of an event loop (AsyncWorker); a plain one in
     # the thread-pool Worker. Both keep the same lifecycle and exit codes.
     worker = (AsyncWorker if is_async_handler(handler) else Worker)(
@@ -87,6 +90,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         keep_done_ms=args.keep_done_ms,
         partitions=parse_partitions(args.partitions),
         wait_replicas=args.wait_replicas,
+        schedules=schedules,
     )
     if isinstance(worker, AsyncWorker):
         code = asyncio.run(worker.run(burst=args.burst))
@@ -277,6 +281,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a partitioned queue's partition count (repeat per queue; must match its producers')")
     p.add_argument("--wait-replicas", type=int, default=0, metavar="N",
                    help="after every write, WAIT for N replicas (opt-in durability; default 0)")
+    p.add_argument("--every", action="append", metavar="NAME[@QUEUE]=INTERVAL",
+                   help="a periodic job: enqueue job NAME:<tick> every INTERVAL (60s, 5m, 1h, 90000ms; whole "
+                        "seconds, aligned to the unix epoch) into QUEUE (default: the first -q). Repeat for more. "
+                        "Any number of workers may carry it: each tick is enqueued once")
+    p.add_argument("--cron", action="append", metavar="NAME[@QUEUE]=EXPR",
+                   help="a periodic job on a cron expression in UTC, e.g. 'report=0 * * * *' (six fields: seconds "
+                        "first); otherwise as --every")
     p.add_argument("--burst", action="store_true", help="drain the queues, then exit")
     p.set_defaults(func=cmd_worker)
 

@@ -70,6 +70,7 @@ from pyqueue.queue import (
     peek_many,
     physical_queue,
 )
+from pyqueue.schedules import Schedule, Scheduler, check_schedules
 from pyqueue.scripts import lua_source
 from pyqueue.scripts import CLUSTER_WEATHER
 from pyqueue.service import DEFAULT_EXPIRE_MS, DEFAULT_NAMESPACE, Service, Services
@@ -228,6 +229,11 @@ class Worker:
             (InvalidArgument) before the worker registers.
         wait_replicas: every ack, nack and lease waits for this many replicas (see
             :class:`~pyqueue.Queue`); a call they do not confirm in time is re-sent.
+        schedules: periodic jobs (:class:`~pyqueue.schedules.Schedule`, each of one of
+            ``queues``) this worker enqueues, one job ``<name>:<tick>`` per tick, from a
+            scheduler thread that runs while the worker is registered. Any number of
+            workers may carry the same schedules: each tick is enqueued once (see
+            :mod:`pyqueue.schedules`; refused with ``keep_done_ms=0``).
 
     Partitioned queues keep their place in the priority order; within one, each lease
     round starts at the next partition (round robin), and a handler thread acks and
@@ -255,6 +261,7 @@ class Worker:
         keep_done_ms: int = DEFAULT_KEEP_DONE_MS,
         partitions: Mapping[str, int] | None = None,
         wait_replicas: int = 0,
+        schedules: Sequence[Schedule] = (),
     ) -> None:
         if not queues or len(set(queues)) != len(queues):
             raise InvalidArgument("a worker serves one or more distinct queues")
@@ -287,6 +294,9 @@ class Worker:
             )
             for name in queues
         ]
+        #: Periodic jobs this worker enqueues (its Scheduler runs while it is registered).
+        self.schedules = check_schedules(schedules, self.queue_names, self.keep_done_ms)
+        self._scheduler: Scheduler | None = None
         #: Per logical queue, the queues a lease call goes to: its partitions, or itself.
         self.groups: list[list[Queue]] = [getattr(q, "parts", [q]) for q in self.logical]
         #: Every queue leased from, in priority order (partitions in partition order).
@@ -396,6 +406,10 @@ class Worker:
         self._heartbeat_duty("renew", self._renew_and_scrub)
         heartbeat = threading.Thread(target=self._heartbeat_loop, name="pyqueue-heartbeat", daemon=True)
         heartbeat.start()
+        if self.schedules:
+            # Stopped by the worker's stop event: on stop, drain, kill or a lost registration.
+            self._scheduler = Scheduler(self.schedules, {q.name: q for q in self.logical}, self.keep_done_ms, self._stop)
+            self._scheduler.start()
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="pyqueue-handler")
         try:
             self._fetch_loop(pool, burst)
@@ -406,6 +420,8 @@ class Worker:
                 pool.shutdown(wait=False)
             self._hard_stop.set()
             heartbeat.join(5)
+            if self._scheduler is not None:
+                self._scheduler.join(5)
             for signum, old_handler in previous.items():
                 signal.signal(signum, old_handler)
         return self.exit_code
