@@ -19,10 +19,10 @@ Returns  a flat list of name, integer pairs, in this order:
   READY, or the earliest due scheduled job, whichever is older, has been due; 0 if
   none), then the counters: enqueued, duplicates, leased_total (the `leased` counter),
   acked, nacked, promoted, reclaimed, scrubbed, released, dead_total (the `dead`
-  counter), replayed, purged, and paused_ms (when the queue was paused; 0 if it is not).
-  `acked` is derived:
-  leased - nacked - reclaimed - scrubbed - released - (leases outstanding), because every
-  lease ends in exactly one of those ways.
+  counter), replayed, purged, paused_ms (when the queue was paused; 0 if it is not), and
+  cancelled (jobs cancel.lua ended, in any state). `acked` is derived:
+  leased - nacked - reclaimed - scrubbed - released - cancelled_leased - (leases
+  outstanding), because every lease ends in exactly one of those ways.
 Errors   PQ_BADARG, WRONGTYPE. Writes nothing.
 ]]
 
@@ -161,15 +161,15 @@ end
 local lag_ms = oldest_due_ms and math.max(0, now_ms - oldest_due_ms) or 0
 
 local names = { 'enqueued', 'duplicates', 'leased', 'nacked', 'promoted', 'reclaimed', 'scrubbed', 'released',
-  'dead', 'replayed', 'purged', 'paused' }
+  'dead', 'replayed', 'purged', 'paused', 'cancelled', 'cancelled_leased' }
 local values = redis.call('HMGET', counters_key, unpack(names))
 local c = {}
 for i, name in ipairs(names) do c[name] = tonumber(values[i] or '0') or 0 end
-local acked = c.leased - c.nacked - c.reclaimed - c.scrubbed - c.released - leased
+local acked = c.leased - c.nacked - c.reclaimed - c.scrubbed - c.released - c.cancelled_leased - leased
 
 return { 'now_ms', now_ms, 'ready', ready, 'scheduled', scheduled, 'due', due, 'leased', leased,
   'expired', expired, 'dead', dead, 'done', done, 'lag_ms', lag_ms,
   'enqueued', c.enqueued, 'duplicates', c.duplicates, 'leased_total', c.leased, 'acked', acked,
   'nacked', c.nacked, 'promoted', c.promoted, 'reclaimed', c.reclaimed, 'scrubbed', c.scrubbed,
   'released', c.released, 'dead_total', c.dead, 'replayed', c.replayed, 'purged', c.purged,
-  'paused_ms', c.paused }
+  'paused_ms', c.paused, 'cancelled', c.cancelled }

@@ -25,6 +25,7 @@ from pyqueue.errors import (
 )
 from pyqueue.keys import QueueKeys
 from pyqueue.models import (
+    Cancelled,
     DeadJob,
     DeadPage,
     Enqueued,
@@ -48,6 +49,7 @@ except PackageNotFoundError:  # running from a checkout that was never installed
     __version__ = "0+unknown"
 
 __all__ = [
+    "Cancelled",
     "CorruptRecord",
     "DeadJob",
     "DeadPage",

@@ -482,6 +482,11 @@ def get_call(keys: Keys, now_ms: int | None, job_id: str, with_payload: bool) ->
     return ScriptCall("get", keys, [now_arg(now_ms), job_id, int(with_payload)])
 
 
+def cancel_call(keys: Keys, now_ms: int | None, job_id: str, keep_done_ms: int) -> ScriptCall:
+    """lua/cancel.lua."""
+    return ScriptCall("cancel", keys, [now_arg(now_ms), job_id, keep_done_ms])
+
+
 def pause_call(keys: Keys, now_ms: int | None) -> ScriptCall:
     """lua/pause.lua."""
     return ScriptCall("pause", keys, [now_arg(now_ms)])

@@ -179,6 +179,8 @@ class Stats:
     purged: int
     #: When the queue was paused (``pause``); 0 while it is not.
     paused_ms: int = 0
+    #: Jobs ``cancel`` ended, in any state.
+    cancelled: int = 0
 
     @property
     def paused(self) -> bool:
@@ -204,6 +206,25 @@ class DeadPage:
 
     total: int
     jobs: list[DeadJob]
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """What ``cancel`` did (lua/cancel.lua).
+
+    ``state`` is the state the job was cancelled in (``ready``, ``scheduled``,
+    ``leased`` or ``dead``), or, with nothing changed, ``done`` (it had already ended
+    and its tombstone is in force) or ``unknown`` (no such job).
+    """
+
+    id: str
+    queue: str
+    state: str
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether this call ended the job."""
+        return self.state in ("ready", "scheduled", "leased", "dead")
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from pyqueue.core import (
 )
 from pyqueue.errors import InvalidArgument
 from pyqueue.models import (
+    Cancelled,
     DeadJob,
     DeadPage,
     Enqueued,
@@ -281,6 +282,11 @@ class PartitionedCore(QueueCore):
         """As :meth:`QueueCore.plan_get`, in the id's partition (``queue`` names it)."""
         part: QueueCore = self.parts[partition_of(check_job_id(job_id), self.partitions)]
         return (yield from part.plan_get(job_id, with_payload=with_payload, now_ms=now_ms))
+
+    def plan_cancel(self, job_id: str, *, now_ms: int | None = None) -> Plan[Cancelled]:
+        """As :meth:`QueueCore.plan_cancel`, in the id's partition (``queue`` names it)."""
+        part: QueueCore = self.parts[partition_of(check_job_id(job_id), self.partitions)]
+        return (yield from part.plan_cancel(job_id, now_ms=now_ms))
 
     def plan_dead_list(self, offset: int = 0, limit: int = 100) -> Plan[DeadPage]:
         """One page of DEAD over all partitions, oldest first (merged by time of death;

@@ -67,6 +67,7 @@ from pyqueue.core import (
     dead_replay_call,
     enqueue_call,
     extend_call,
+    cancel_call,
     get_call,
     lease_call,
     nack_call,
@@ -87,6 +88,7 @@ from pyqueue.core import (
 from pyqueue.errors import InvalidArgument, map_redis_error
 from pyqueue.keys import QueueKeys, check_name
 from pyqueue.models import (
+    Cancelled,
     DeadJob,
     DeadPage,
     Enqueued,
@@ -588,6 +590,38 @@ class QueueCore:
         )
 
     get = Verb(plan_get)
+
+    def plan_cancel(self, job_id: str, *, now_ms: int | None = None) -> Plan[Cancelled]:
+        """End job ``job_id`` now, in whatever state it is, so that it never runs
+        (again) (lua/cancel.lua).
+
+        A ready, scheduled or dead job is removed. A leased job's lease ends at once:
+        nothing can retry it, dead-letter it or reclaim it, whatever its handler then
+        returns (its ack or nack answers ``gone``). The handler itself is told at its
+        worker's next lease extension, within a third of ``lease_ms``: ``job.cancelled``
+        is set for a sync handler, an ``async def`` handler's task is cancelled. Until
+        it stops, the handler may still be working: cancelling running code is
+        cooperative.
+
+        Duplicates: the cancelled id stays a duplicate for ``keep_done_ms``, like an
+        acked one, so a producer's retried enqueue does not bring the job back.
+
+        Cost: O(1) for a scheduled or dead job; for a ready or leased one a scan of the
+        queue's current leases (O(workers' concurrency)), and for a ready one an
+        O(position) removal from READY.
+
+        Returns:
+            :class:`Cancelled`: ``state`` is where the job was cancelled from, or
+            ``done`` / ``unknown`` with nothing changed (it already ended, or never
+            existed). A re-sent call answers ``done`` (or ``unknown`` with
+            ``keep_done_ms=0``): one cancel.
+        """
+        check_job_id(job_id)
+        check_now(now_ms)
+        (state,) = yield from self._run(cancel_call(self.keys, now_ms, job_id, self.keep_done_ms))
+        return Cancelled(id=job_id, queue=self.name, state=text(state))
+
+    cancel = Verb(plan_cancel)
 
     def plan_pause(self, *, now_ms: int | None = None) -> Plan[bool]:
         """Stop the queue from handing out jobs (lua/pause.lua); returns whether this

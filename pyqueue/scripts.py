@@ -59,6 +59,7 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "stats": ("jobs", "ready", "scheduled", "leased", "dead", "counters", "done"),
     "peek": ("ready", "scheduled", "leased", "counters"),
     "get": ("jobs", "scheduled", "leased", "dead", "errors", "done"),
+    "cancel": ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "done"),
     "pause": ("counters",),
     "resume": ("counters", "wake"),
     "dead_list": ("jobs", "dead", "errors"),

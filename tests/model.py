@@ -265,8 +265,16 @@ class QueueModel:
         least TRIM_BATCH at a time, at most TRIM_BATCH more than acked), then bury."""
         if not receipts:
             return
+        ids = [self.leases[receipt].id for receipt in receipts]
+        self._bury(ids, now, keep_done_ms)
+        self._end_leases(receipts)
+        self.acked_ok += len(receipts)
+
+    def _bury(self, ids: Sequence[str], now: int, keep_done_ms: int) -> None:
+        """Delete the jobs' records and tombstone their ids (the prelude's bury): trim
+        expired tombstones first (counted before any write, at least TRIM_BATCH at a
+        time, at most TRIM_BATCH more than buried)."""
         expired = sum(1 for until in self.done.values() if until <= now)
-        ids = [self.leases.pop(receipt).id for receipt in receipts]
         for job_id in ids:
             del self.jobs[job_id]
         if expired >= TRIM_BATCH:
@@ -274,7 +282,6 @@ class QueueModel:
                 del self.done[job_id]
         if keep_done_ms > 0:
             self.done.update((job_id, now + keep_done_ms) for job_id in ids)
-        self.acked_ok += len(receipts)
 
     def _fail(self, lease: Lease, now: int, due_ms: int | None = None) -> Record:
         """Persist a failed lease's attempt in the record (due_ms = now unless given)."""
@@ -370,6 +377,26 @@ class QueueModel:
         if len(jobs) < count:
             next_due = now if stopped_at_limit else self.next_due_ms()
         return LeaseAnswer(status, jobs, next_due, replayed=False)
+
+    def cancel(self, job_id: str, now: int, keep_done_ms: int) -> str:
+        """cancel.lua: the state the job was cancelled in, or done / unknown."""
+        if job_id not in self.jobs:
+            return "done" if self.done.get(job_id, -1) > now else "unknown"
+        state = self.state_of(job_id)
+        assert state is not None, f"{job_id} has a record but no state"
+        if state == "dead":
+            del self.dead[job_id]
+            self.errors.pop(job_id, None)
+        elif state == "scheduled":
+            del self.scheduled[job_id]
+        elif state == "ready":
+            self.ready.remove(job_id)
+        else:
+            self._end_leases([r for r, lease in self.leases.items() if lease.id == job_id])
+            self.counters["cancelled_leased"] += 1
+        self._bury([job_id], now, keep_done_ms)
+        self.counters["cancelled"] += 1
+        return state
 
     def pause(self, now: int) -> bool:
         """pause.lua: whether this call paused the queue (the first time stands)."""
@@ -549,7 +576,8 @@ class QueueModel:
             enqueued=c["enqueued"],
             duplicates=c["duplicates"],
             leased_total=c["leased"],
-            acked=c["leased"] - c["nacked"] - c["reclaimed"] - c["scrubbed"] - c["released"] - len(self.leases),
+            acked=c["leased"] - c["nacked"] - c["reclaimed"] - c["scrubbed"] - c["released"] - c["cancelled_leased"]
+            - len(self.leases),
             nacked=c["nacked"],
             promoted=c["promoted"],
             reclaimed=c["reclaimed"],
@@ -559,6 +587,7 @@ class QueueModel:
             replayed=c["replayed"],
             purged=c["purged"],
             paused_ms=self.paused_ms or 0,
+            cancelled=c["cancelled"],
         )
 
     def keyspace(self, keys: QueueKeys) -> dict[str, Any]:
@@ -1266,6 +1295,15 @@ class LifecycleMachine(RuleBasedStateMachine):
                 assert got == expected, f"promote answered {got}, model {expected}"
                 if not got.more:
                     break
+
+    @rule(job_id=st.sampled_from(IDS + (NEVER_ENQUEUED,)), sent_twice=SENT_TWICE)
+    def cancel(self, job_id: str, sent_twice: bool) -> None:
+        """Cancel a job in whatever state it is (a leased one's lease ends with it); a
+        re-send finds it done."""
+        for _ in range(1 + sent_twice):
+            got = self.q.cancel(job_id, now_ms=self.now)
+            expected = self.model.cancel(job_id, self.now, self.q.keep_done_ms)
+            assert got.state == expected, f"cancel {job_id!r} answered {got.state}, model {expected}"
 
     @rule(pause=st.booleans(), sent_twice=SENT_TWICE)
     def pause_or_resume(self, pause: bool, sent_twice: bool) -> None:

@@ -52,7 +52,7 @@ from pyqueue.worker import Retry, Worker
 RECIPE = """\
 ACL SETUSER pq-producer reset on >producer-secret resetchannels ~pq:{emails}:* -@all +ping +evalsha +script|load +script|exists +multi +exec +time +type +hget +hmget +hset +hsetnx +hincrby +rpush +lindex +llen +zadd +zcard +zcount +zrange +zmscore
 ACL SETUSER pq-worker reset on >worker-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +bzpopmin +time +type +exists +get +incr +pexpire +del +hget +hmget +hexists +hset +hsetnx +hincrby +hdel +llen +lrange +ltrim +lpush +rpush +lrem +zadd +zrem +zscore +zcard +zcount +zrange +zrangebyscore +zrangebylex +zremrangebyrank
-ACL SETUSER pq-admin reset on >admin-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +time +type +pexpire +pttl +hget +hgetall +hmget +hset +hsetnx +hincrby +hdel +rpush +lindex +llen +lrem +zadd +zrem +zscore +zscan +zcard +zcount +zrange +zrangebyscore
+ACL SETUSER pq-admin reset on >admin-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +time +type +pexpire +pttl +hget +hgetall +hmget +hset +hsetnx +hincrby +hdel +rpush +lindex +llen +lrem +zadd +zrem +zscore +zscan +zcard +zcount +zrange +zrangebyscore +zremrangebyrank
 """
 
 ROLES = ("producer", "worker", "admin")
@@ -64,7 +64,7 @@ ROLE_SCRIPTS: dict[str, tuple[str, ...]] = {
         "lease", "ack", "nack", "extend", "release", "promote", "scrub", "peek",
         "service_register", "service_renew", "service_deregister",
     ),
-    "admin": ("stats", "get", "pause", "resume", "dead_list", "dead_replay", "dead_purge", "service_stop"),
+    "admin": ("stats", "get", "cancel", "pause", "resume", "dead_list", "dead_replay", "dead_purge", "service_stop"),
 }
 
 #: The commands each role's driver code sends itself, outside any script, and why.
@@ -530,6 +530,7 @@ def script_calls(root: redis.Redis) -> dict[str, tuple[str, Any, list[Any]]]:
     calls["scrub"] = ("scrub", q.keys, [now, q.owner, 100])
     calls["peek"] = ("peek", q.keys, [now])
     calls["get"] = ("get", q.keys, [now, "held", 1])  # a leased job: its lease is found with ZSCAN
+    calls["cancel"] = ("cancel", q.keys, [now, "held", 0])  # a leased job: its lease is found with ZSCAN
     calls["pause"] = ("pause", q.keys, [now])
     calls["resume"] = ("resume", q.keys, [now])  # after pause: it finds the queue paused
     live = Services(root).register([QUEUE], now_ms=T0)

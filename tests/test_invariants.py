@@ -254,9 +254,12 @@ def test_bounded_work_no_script_scans_the_keyspace() -> None:
         body = path.read_text()
         assert not re.search(r"""redis\.call\(\s*['"](KEYS|SCAN|HSCAN|SSCAN|HGETALL|HKEYS|HVALS|SMEMBERS)['"]""",
                              body, re.I), path
-        # One key's ZSCAN only where the loop has a fixed page limit (get: its lease).
+        # One key's ZSCAN only where the loop has a fixed page limit (get and cancel: a
+        # job's lease).
         if re.search(r"""redis\.call\(\s*['"]ZSCAN['"]""", body, re.I):
-            assert path.name == "get.lua" and re.search(r"until .* or pages == MAX_SCAN_PAGES", body), path
+            assert path.name in ("get.lua", "cancel.lua"), path
+            assert re.search(r"local MAX_SCAN_PAGES\b.* = \d+", body), path
+            assert re.search(r"until .* or pages == (MAX_SCAN_PAGES|stop_at)", body), path
         assert not re.search(r"ZRANGE[A-Z]*['\"],[^)]*,\s*0,\s*-1", body), f"{path}: unbounded range"
 
 

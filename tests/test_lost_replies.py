@@ -188,6 +188,9 @@ CASES: dict[str, Case] = {
     "service_forget_dead": Case("service_deregister", lambda q, s, w: s.forget_dead(2, "dead", now_ms=NOW)),
     "service_stop": Case("service_stop", lambda q, s, w: s.stop(w.service.id, now_ms=NOW)),
     "peek": Case("peek", lambda q, s, w: q.peek(now_ms=NOW)),
+    "cancel": Case(
+        "cancel", lambda q, s, w: q.cancel("held", now_ms=NOW), replayed=lambda a: dataclasses.replace(a, state="done")
+    ),
     "pause": Case("pause", lambda q, s, w: q.pause(now_ms=NOW), replayed=lambda a: False),
     "resume": Case("resume", lambda q, s, w: q.physical("held").resume(now_ms=NOW), replayed=lambda a: False),
     "get": Case("get", lambda q, s, w: q.get("j0", with_payload=True, now_ms=NOW)),

@@ -238,6 +238,24 @@ MUTANTS = [
         "    if job_id then",
     ),
     Mutant(
+        "cancel_leaves_a_leased_jobs_lease_in_place",
+        "cancel",
+        "    redis.call('ZREM', leased_key, receipt)\n",
+        "\n",
+    ),
+    Mutant(
+        "cancel_leaves_no_tombstone",
+        "cancel",
+        "bury(done_key, { id }, expired, now_ms, keep_done_ms)",
+        "",
+    ),
+    Mutant(
+        "cancel_does_not_count_the_lease_it_ends",
+        "cancel",
+        "    redis.call('HINCRBY', counters_key, 'cancelled_leased', 1)\n",
+        "\n",
+    ),
+    Mutant(
         "lease_ignores_a_pause",
         "lease",
         "  if paused then count = 0 end",

@@ -1,0 +1,233 @@
+--[[ cancel: end job `id` now, whatever its state, so that it never runs (again).
+
+A ready, scheduled or dead job is removed. A leased job's lease ends here too: its
+receipt leaves `leased` and `owners`, so its worker learns it at its next extend (the
+receipt is 'gone'), its ack or nack then changes nothing, and no reclaim can bring it
+back. The handler may still be running: cancelling a running job is cooperative (the
+worker tells the handler; see pyqueue.Job.cancelled).
+The job's record is deleted and its id is tombstoned in `done` like an acked one, for
+keep_done_ms: while the tombstone lives a producer's retried enqueue of the id is a
+duplicate, so a cancelled job does not come back.
+
+KEYS (9), all <prefix>:{<queue>}:<role>
+  1 jobs       hash  id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
+  2 ready      list  job ids
+  3 scheduled  zset  id -> due_ms
+  4 leased     zset  receipt -> deadline_ms
+  5 owners     zset  receipt -> 0
+  6 dead       zset  id -> dead_ms
+  7 errors     hash  id -> last error text of a dead job
+  8 counters   hash  counter name -> integer ('cancelled'; 'cancelled_leased' for the
+                   leases it ended, which stats.lua needs to derive `acked`)
+  9 done       zset  id -> ms until which an ended id stays a duplicate (tombstones)
+
+ARGV (3)
+  1  now_ms        '' (use the server clock) or integer >= 0; tests only
+  2  id            1..256 bytes, no control characters
+  3  keep_done_ms  integer 0..2^40: how long the cancelled id stays a duplicate
+
+Returns  {state}: the state the job was cancelled in, 'ready', 'scheduled', 'leased' or
+         'dead'; or, with nothing written, 'done' (it already ended: acked or cancelled,
+         tombstone in force) or 'unknown' (no such job).
+Errors   PQ_BADARG, PQ_CORRUPT (the record does not parse, or the job is in no state),
+         WRONGTYPE. Nothing written.
+Cost     O(1) for a scheduled or dead job. Otherwise a ZSCAN of LEASED for the receipt
+         ending in the id (O(L), L leases: the workers' total concurrency bounds it);
+         past 10,000 leases without a match, an LREM on READY (O(position)) first, then
+         the rest of the scan. A ready job costs the scan of L and the LREM.
+Replay   a re-sent call finds the job gone ('done' or 'unknown') and writes nothing.
+]]
+
+-- >>> pyqueue prelude: the same in every script; source tests/lua_prelude.lua, copied by tests/lua_prelude.py
+-- Edit tests/lua_prelude.lua, then run `python tests/lua_prelude.py --write`; never edit a copy.
+-- Every helper is in every script; an unused one is harmless and calls nothing.
+
+local MAX_BATCH = 1000 -- per call at most this many jobs, receipts or ids; also the most count/limit
+local CHUNK = 500 -- values per unpack(); keeps every redis.call well under Lua's C stack limit
+local TRIM_BATCH = 10 -- expired tombstones are trimmed this many at a time, at least
+local MAINTENANCE_INTERVAL_MS = 50 -- while READY is busy, maintenance still runs this often
+local NONE = {} -- an empty list to read from; never written to, so no call allocates its own
+
+-- An integer argument in [lo, hi] ('^-?%d+$'), or nil and a PQ_BADARG text naming it.
+local function int_arg(value, name, lo, hi)
+  if type(value) ~= 'string' or not string.find(value, '^%-?%d+$') then
+    return nil, 'PQ_BADARG ' .. name .. ' must be an integer, got ' .. string.format('%q', tostring(value))
+  end
+  local n = tonumber(value)
+  if n < lo or n > hi then
+    return nil, string.format('PQ_BADARG %s must be in [%d, %d], got %s', name, lo, hi, value)
+  end
+  return n
+end
+
+-- A PQ_BADARG text unless `value` (a string) is 1..64 bytes of [A-Za-z0-9_.:-]; else nil.
+local function name_arg(value, name)
+  if #value < 1 or #value > 64 or not string.find(value, '^[%w_.:%-]+$') then
+    return 'PQ_BADARG ' .. name .. ' must be 1..64 bytes of [A-Za-z0-9_.:-]'
+  end
+end
+
+-- ARGV now_ms: nil for '' (read the clock later, with server_now_ms), else as int_arg.
+local function now_arg(value)
+  if value == '' then return nil end
+  return int_arg(value, 'now_ms', 0, 2 ^ 53)
+end
+
+-- The server clock in ms. One TIME call: call it only where the script needs the time.
+local function server_now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- The id of a receipt "<owner>|<call>|<fence>|<attempt>|<id>", or nil if it does not parse.
+-- The same rule as parse_receipt, without a table: acks need only the id.
+local function receipt_id(receipt)
+  return string.match(receipt, '^[%w_.:%-]+|[%w_.:%-]+|%d+|%d+|(.+)$')
+end
+
+-- "<owner>|<call>|<fence>|<attempt>|<id>" as {receipt, id, fence, attempt}, or nil.
+local function parse_receipt(receipt)
+  local owner, call, fence, attempt, id = string.match(receipt, '^([%w_.:%-]+)|([%w_.:%-]+)|(%d+)|(%d+)|(.+)$')
+  if not owner then return nil end
+  return { receipt = receipt, id = id, fence = tonumber(fence), attempt = tonumber(attempt) }
+end
+
+-- "<attempts>|<max_attempts>|<due_ms>|<payload>" as the 3 numbers and the payload's index, or nil.
+local function parse_record(record)
+  local attempts, max_attempts, due_ms, at = string.match(record, '^(%d+)|(%d+)|(%d+)|()')
+  if not attempts then return nil end
+  return tonumber(attempts), tonumber(max_attempts), tonumber(due_ms), at
+end
+
+-- A WRONGTYPE text if `key` exists with another type than `want`; else nil. One TYPE call.
+local function expect_type(key, want)
+  local got = redis.call('TYPE', key).ok
+  if got ~= 'none' and got ~= want then
+    return 'WRONGTYPE ' .. key .. ' holds a ' .. got .. ', expected a ' .. want
+  end
+end
+
+-- redis.call(cmd, key, values...) in CHUNK-sized calls (none when `values` is empty).
+local function call_chunked(cmd, key, values)
+  for i = 1, #values, CHUNK do
+    redis.call(cmd, key, unpack(values, i, math.min(i + CHUNK - 1, #values)))
+  end
+end
+
+-- HMGET of any number of fields, in CHUNK-sized calls; no call for no fields.
+local function hmget(key, fields)
+  if #fields == 0 then return {} end
+  if #fields <= CHUNK then return redis.call('HMGET', key, unpack(fields)) end
+  local out = {}
+  for i = 1, #fields, CHUNK do
+    local part = redis.call('HMGET', key, unpack(fields, i, math.min(i + CHUNK - 1, #fields)))
+    for j = 1, #part do out[i + j - 1] = part[j] end
+  end
+  return out
+end
+
+-- Tombstone acked ids in `key` (done; ack.lua). Trim the `expired` lowest ranks first: ZADD may re-rank them.
+local function bury(key, ids, expired, now_ms, keep_done_ms)
+  if expired >= TRIM_BATCH then
+    redis.call('ZREMRANGEBYRANK', key, 0, math.min(expired, #ids + TRIM_BATCH) - 1)
+  end
+  local kept_until = now_ms + keep_done_ms
+  if keep_done_ms == 0 then
+    return
+  elseif #ids == 1 then
+    redis.call('ZADD', key, kept_until, ids[1])
+  else
+    local args = {}
+    for i, id in ipairs(ids) do args[2 * i - 1], args[2 * i] = kept_until, id end
+    call_chunked('ZADD', key, args)
+  end
+end
+-- <<< pyqueue prelude
+
+local jobs_key, ready_key, scheduled_key, leased_key, owners_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local dead_key, errors_key, counters_key, done_key = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+
+-- 1. Validate.
+local now_ms, err = now_arg(ARGV[1])
+if err then return redis.error_reply(err) end
+local id = ARGV[2]
+if type(id) ~= 'string' or #id < 1 or #id > 256 or string.find(id, '[%c]') then
+  return redis.error_reply('PQ_BADARG id must be 1..256 bytes without control characters')
+end
+local keep_done_ms
+keep_done_ms, err = int_arg(ARGV[3], 'keep_done_ms', 0, 2 ^ 40)
+if err then return redis.error_reply(err) end
+now_ms = now_ms or server_now_ms()
+
+-- 2. Read: where is the job?
+local record = redis.call('HGET', jobs_key, id)
+if not record then
+  local until_ms = tonumber(redis.call('ZSCORE', done_key, id))
+  return { until_ms and until_ms > now_ms and 'done' or 'unknown' }
+end
+if not parse_record(record) then return redis.error_reply('PQ_CORRUPT job ' .. id .. ' has an unreadable record') end
+
+local state, receipt
+if redis.call('ZSCORE', dead_key, id) then
+  state = 'dead'
+elseif redis.call('ZSCORE', scheduled_key, id) then
+  state = 'scheduled'
+end
+
+-- Leased or ready: a lease names the id at the end of its receipt (as in get.lua).
+-- MAX_SCAN_PAGES pages of 1000 cover a million leases: bounded work, like every script.
+local MAX_SCAN_PAGES, FIRST_PAGES = 1000, 10
+local pattern = '*|' .. string.gsub(id, '([%*%?%[%]\\])', '\\%1')
+local cursor, pages = '0', 0
+local function scan_leases(stop_at)
+  repeat
+    pages = pages + 1
+    local page = redis.call('ZSCAN', leased_key, cursor, 'MATCH', pattern, 'COUNT', 1000)
+    cursor = page[1]
+    local entries = page[2]
+    for i = 1, #entries, 2 do
+      if receipt_id(entries[i]) == id then return entries[i] end
+    end
+  until cursor == '0' or pages == stop_at
+end
+
+-- 3. Prove the types of keys written without being read (before the first write), and
+-- count the expired tombstones (ZCOUNT proves `done` a zset).
+err = expect_type(counters_key, 'hash') or (state == 'dead' and expect_type(errors_key, 'hash'))
+  or expect_type(owners_key, 'zset')
+if err then return redis.error_reply(err) end
+local expired = redis.call('ZCOUNT', done_key, '-inf', now_ms)
+
+-- 4. Write. The first write removes the job from its state (a removal runs even at
+-- Redis's memory limit, and a type error there writes nothing).
+if state == 'dead' then
+  redis.call('ZREM', dead_key, id)
+  redis.call('HDEL', errors_key, id)
+elseif state == 'scheduled' then
+  redis.call('ZREM', scheduled_key, id)
+else
+  receipt = scan_leases(FIRST_PAGES)
+  if receipt then
+    state = 'leased'
+  elseif redis.call('LREM', ready_key, 1, id) == 1 then
+    -- A long LEASED was not scanned to its end: READY is tried first, then the rest.
+    state = 'ready'
+  elseif cursor ~= '0' then
+    receipt = scan_leases(MAX_SCAN_PAGES)
+    state = receipt and 'leased' or nil
+  end
+  if not state then
+    -- Nothing written yet (LREM removed nothing).
+    return redis.error_reply('PQ_CORRUPT job ' .. id .. (cursor == '0' and ' has a record but is in no state'
+      or ' is not ready and not among the first million leases'))
+  end
+  if receipt then
+    redis.call('ZREM', leased_key, receipt)
+    redis.call('ZREM', owners_key, receipt)
+    redis.call('HINCRBY', counters_key, 'cancelled_leased', 1)
+  end
+end
+redis.call('HDEL', jobs_key, id)
+bury(done_key, { id }, expired, now_ms, keep_done_ms)
+redis.call('HINCRBY', counters_key, 'cancelled', 1)
+return { state }

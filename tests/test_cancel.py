@@ -1,0 +1,117 @@
+"""cancel (lua/cancel.lua): a job ends now in every state, a leased one's lease with it,
+and nothing brings it back; on both drivers and a cluster."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from pyqueue import Cancelled, InvalidArgument, NewJob, Outcome, Queue
+
+ON_CLUSTER = True
+ASYNC_TOO = True
+
+T0 = 1_000_000
+
+
+def test_each_state_is_cancelled_and_leaves_nothing_behind(q: Queue) -> None:
+    q.enqueue_many(
+        [NewJob(b"", job_id="r"), NewJob(b"", job_id="s", delay_ms=500), NewJob(b"", job_id="l"),
+         NewJob(b"", job_id="d", max_attempts=1), NewJob(b"", job_id="keep")],
+        now_ms=T0,
+    )
+    leased = q.lease(count=3, lease_ms=1000, now_ms=T0)  # r, l, d
+    q.nack(leased[2], "broke", now_ms=T0)
+    q.release([leased[0]])  # r is ready again, at the head
+    assert [q.cancel(i, now_ms=T0 + 1) for i in ("r", "s", "l", "d")] == [
+        Cancelled(i, q.name, state) for i, state in (("r", "ready"), ("s", "scheduled"), ("l", "leased"), ("d", "dead"))
+    ]
+    for i in ("r", "s", "l", "d"):
+        info = q.get(i, now_ms=T0 + 2)
+        assert (info.state, info.done_until_ms) == ("done", T0 + 1 + q.keep_done_ms)
+    s = q.stats(now_ms=T0 + 2)
+    assert (s.ready, s.scheduled, s.leased, s.dead, s.cancelled) == (1, 0, 0, 0, 4)
+    # The cancelled lease is no ack: acked is derived from how leases ended.
+    assert (s.leased_total, s.acked, s.released, s.nacked) == (3, 0, 1, 1)
+    assert [j.id for j in q.lease(count=10, now_ms=T0 + 3)] == ["keep"]
+
+
+def test_a_cancelled_lease_cannot_be_acked_nacked_extended_or_reclaimed(q: Queue) -> None:
+    q.enqueue_many([NewJob(b"", job_id="a"), NewJob(b"", job_id="b"), NewJob(b"", job_id="c")], now_ms=T0)
+    a, b, c = q.lease(count=3, lease_ms=100, now_ms=T0)
+    for job in (a, b, c):
+        assert q.cancel(job.id, now_ms=T0 + 1).state == "leased"
+    assert q.extend([a], lease_ms=100, now_ms=T0 + 2)[0].outcome is Outcome.GONE
+    assert q.ack(a, now_ms=T0 + 2) is Outcome.GONE
+    assert q.nack(b, "failed after the cancel", now_ms=T0 + 2).outcome is Outcome.GONE
+    # Past the deadlines: maintenance finds no lease to reclaim, and nothing is leased.
+    assert q.lease(count=3, now_ms=T0 + 10_000) == []
+    s = q.stats(now_ms=T0 + 10_000)
+    assert (s.reclaimed, s.dead, s.scheduled, s.acked, s.nacked, s.cancelled) == (0, 0, 0, 0, 0, 3)
+
+
+def test_a_cancelled_id_stays_a_duplicate_for_keep_done_ms(q: Queue) -> None:
+    q.enqueue(b"", job_id="x", now_ms=T0)
+    assert q.cancel("x", now_ms=T0).cancelled
+    assert not q.enqueue(b"", job_id="x", now_ms=T0 + q.keep_done_ms - 1).added
+    assert q.enqueue(b"", job_id="x", now_ms=T0 + q.keep_done_ms + 1).added
+
+
+def test_a_second_cancel_and_an_unknown_id_change_nothing(q: Queue) -> None:
+    q.enqueue(b"", job_id="x", now_ms=T0)
+    assert q.cancel("x", now_ms=T0).state == "ready"
+    again = q.cancel("x", now_ms=T0 + 1)  # a re-sent call: one cancel
+    assert (again.state, again.cancelled) == ("done", False)
+    assert q.cancel("never", now_ms=T0).state == "unknown"
+    assert q.stats(now_ms=T0 + 1).cancelled == 1
+
+
+def test_ready_jobs_around_the_cancelled_one_keep_their_order(q: Queue) -> None:
+    q.enqueue_many([NewJob(b"", job_id=f"j{i}") for i in range(6)], now_ms=T0)
+    q.cancel("j3", now_ms=T0)
+    assert [j.id for j in q.lease(count=10, now_ms=T0)] == ["j0", "j1", "j2", "j4", "j5"]
+
+
+def test_without_tombstones_the_id_is_free_at_once(make_queue: object) -> None:
+    q = make_queue("nokeep", keep_done_ms=0)  # type: ignore[operator]
+    q.enqueue(b"", job_id="x", now_ms=T0)
+    assert q.cancel("x", now_ms=T0).state == "ready"
+    assert q.cancel("x", now_ms=T0).state == "unknown"
+    assert q.enqueue(b"", job_id="x", now_ms=T0).added
+
+
+def test_a_lease_of_another_id_that_ends_with_this_one_is_not_cancelled(q: Queue) -> None:
+    q.enqueue_many([NewJob(b"", job_id="a|b"), NewJob(b"", job_id="b"), NewJob(b"", job_id="*")], now_ms=T0)
+    (ab,) = q.lease(now_ms=T0)  # its receipt ends in '|b'
+    assert q.cancel("b", now_ms=T0).state == "ready"
+    assert q.cancel("*", now_ms=T0).state == "ready"  # a glob character matches itself only
+    assert q.get("a|b", now_ms=T0).state == "leased" and q.ack(ab, now_ms=T0) is Outcome.OK
+
+
+def test_a_partitioned_queue_cancels_in_the_ids_partition(make_queue: object) -> None:
+    q = make_queue("p", partitions=4)  # type: ignore[operator]
+    q.enqueue_many([NewJob(b"x", job_id=f"j{i}") for i in range(8)], now_ms=T0)
+    results = [q.cancel(f"j{i}", now_ms=T0) for i in range(8)]
+    assert {c.state for c in results} == {"ready"} and len({c.queue for c in results}) > 1
+    assert q.stats(now_ms=T0).cancelled == 8 and q.stats(now_ms=T0).ready == 0
+
+
+def test_a_bad_id_is_refused_before_anything_is_sent(q: Queue) -> None:
+    for bad in ("", "x" * 257, "a\nb", 7):
+        with pytest.raises(InvalidArgument):
+            q.cancel(bad)  # type: ignore[arg-type]
+
+
+def test_past_ten_thousand_leases_ready_and_leased_jobs_are_still_found(q: Queue, r: redis.Redis) -> None:
+    # The first 10 pages of LEASED are scanned, then READY, then the rest of LEASED.
+    q.enqueue_many([NewJob(b"", job_id=f"l{i}") for i in range(1000)], now_ms=T0)
+    for chunk in range(11):
+        q.enqueue_many([NewJob(b"", job_id=f"l{chunk}-{i}") for i in range(1000)], now_ms=T0)
+    leased = []
+    for _ in range(12):
+        leased += q.lease(count=1000, lease_ms=60_000, now_ms=T0)
+    q.enqueue_many([NewJob(b"", job_id="ready-1"), NewJob(b"", job_id="ready-2")], now_ms=T0)
+    assert len(leased) == 12_000
+    assert q.cancel("ready-2", now_ms=T0).state == "ready"
+    assert all(q.cancel(job.id, now_ms=T0).state == "leased" for job in leased[::997])
+    assert q.stats(now_ms=T0).leased == 12_000 - len(leased[::997])
