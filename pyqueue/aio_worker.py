@@ -42,7 +42,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pyqueue.errors import InvalidArgument
-from pyqueue.models import Job
+from pyqueue.models import Job, Outcome
 from pyqueue.worker import Worker, handler_functions, is_async_handler
 
 #: A handler: an ``async def`` function of a Job, or a plain one.
@@ -83,6 +83,15 @@ class AsyncWorker(Worker):
         finally:
             with self._tasks_lock:
                 self._tasks.pop(job.receipt, None)
+
+    def lease_ended(self, job: Job, outcome: Outcome) -> None:
+        """As :meth:`Worker.lease_ended`, and an ``async def`` handler's task is
+        cancelled (it sees :class:`asyncio.CancelledError` at its next ``await``)."""
+        super().lease_ended(job, outcome)
+        with self._tasks_lock:
+            task = self._tasks.get(job.receipt)
+        if task is not None:
+            task.cancel()
 
     async def run(self, *, burst: bool = False, install_signal_handlers: bool = True) -> int:  # type: ignore[override]
         """Register, serve until stopped, shut down cleanly; the exit code (see

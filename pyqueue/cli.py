@@ -175,6 +175,19 @@ def cmd_pause(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cancel(args: argparse.Namespace) -> int:
+    """Cancel a job (Queue.cancel); exit 1 if there was nothing to cancel."""
+    result = open_queue(connect(args.url), args.queue, args.prefix).cancel(args.id)
+    what = {
+        "leased": "cancelled while running: its worker tells the handler at its next lease extension, and "
+                  "whatever the handler does the job is never retried",
+        "done": "not cancelled: it had ended already",
+        "unknown": "not cancelled: no such job",
+    }
+    print(f"{result.queue} {result.id}: {what.get(result.state, f'cancelled (it was {result.state})')}")
+    return 0 if result.cancelled else 1
+
+
 def cmd_job(args: argparse.Namespace) -> int:
     """One job's state and what is known of it (Queue.get); exit 1 if it is unknown."""
     info = open_queue(connect(args.url), args.queue, args.prefix).get(args.id, with_payload=args.payload)
@@ -323,6 +336,11 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(command, help=text)
         p.add_argument("queue")
         p.set_defaults(func=cmd_pause)  # args.command names which (the subparsers' dest)
+
+    p = sub.add_parser("cancel", help="cancel a job: removed now, or stopped at its worker's next extension")
+    p.add_argument("queue")
+    p.add_argument("id")
+    p.set_defaults(func=cmd_cancel)
 
     p = sub.add_parser("job", help="where is a job: its state, attempts, lease or last error")
     p.add_argument("queue")

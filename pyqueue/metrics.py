@@ -16,7 +16,8 @@ and ``pyqueue metrics --port 9808`` serves them alone. Needs the ``metrics`` ext
 
 Per queue (label ``queue``; a partitioned queue once, summed over its partitions):
 every script-kept counter as a counter (``pyqueue_<name>_total``: enqueued, duplicates,
-leased, acked, nacked, promoted, reclaimed, scrubbed, released, dead, replayed, purged);
+leased, acked, nacked, promoted, reclaimed, scrubbed, released, dead, replayed, purged,
+cancelled);
 the jobs in each state as a gauge (``pyqueue_jobs{state=ready|scheduled|leased|dead|
 done}``); due-but-unpromoted jobs and expired leases; the lag of the oldest due job in
 seconds; the partition count; whether it is paused. Per service namespace (label ``namespace``): the live
@@ -49,6 +50,7 @@ COUNTERS: dict[str, tuple[str, str]] = {
     "dead": ("dead_total", "jobs that entered the dead letters"),
     "replayed": ("replayed", "dead jobs replayed to ready"),
     "purged": ("purged", "dead jobs deleted"),
+    "cancelled": ("cancelled", "jobs ended by cancel, in any state"),
 }
 #: The ``state`` label of pyqueue_jobs -> the Stats field.
 STATES = ("ready", "scheduled", "leased", "dead", "done")

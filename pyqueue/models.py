@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -47,6 +48,13 @@ class Job:
     max_attempts: int
     deadline_ms: int
     receipt: str
+    #: Set by the worker when it learns, at a lease extension (every third of
+    #: ``lease_ms``), that this lease ended without it: the job was cancelled
+    #: (``Queue.cancel``), or the lease was lost (reclaimed after its deadline, or
+    #: scrubbed). Either way what the handler returns no longer matters: the worker
+    #: neither acks nor nacks it. A long handler checks ``job.cancelled.is_set()``
+    #: between steps, or waits on it instead of sleeping.
+    cancelled: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
 
     def text(self) -> str:
         """The payload decoded as UTF-8."""

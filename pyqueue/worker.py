@@ -671,6 +671,11 @@ class Worker:
             # stale, and another worker may be running it.
             log.warning("job %s finished after its lease was released at shutdown", job.id)
             return None
+        if job.cancelled.is_set():
+            # Cancelled (or its lease lost): its end is decided already; an ack or nack
+            # would answer GONE or STALE and change nothing.
+            log.info("job %s ended as cancelled (its handler %s)", job.id, "failed" if error else "returned")
+            return None
         if error is None:
             self._crash.at("before_ack")
             if self._crash.armed("ack_sent"):
@@ -783,7 +788,18 @@ class Worker:
                         still_running = job.receipt in self._running
                     # A job acked meanwhile answers GONE: only a running job lost its lease.
                     if not extended.outcome and still_running:
-                        log.warning("job %s lost its lease (%s) while running", job.id, extended.outcome.value)
+                        self.lease_ended(job, extended.outcome)
+
+    def lease_ended(self, job: Job, outcome: Outcome) -> None:
+        """A running job's lease ended without this worker (extend answered ``outcome``):
+        GONE, the job was cancelled (or removed); STALE, the lease was lost and another
+        worker may hold the job. Tell the handler (``job.cancelled``); its result will be
+        neither acked nor nacked."""
+        if outcome is Outcome.GONE:
+            log.info("job %s was cancelled while running: telling its handler", job.id)
+        else:
+            log.warning("job %s lost its lease (%s) while running: telling its handler", job.id, outcome.value)
+        job.cancelled.set()
 
     def _renew_and_scrub(self) -> None:
         assert self.service is not None

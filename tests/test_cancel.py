@@ -3,10 +3,16 @@ and nothing brings it back; on both drivers and a cluster."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
+
 import pytest
 import redis
 
-from pyqueue import Cancelled, InvalidArgument, NewJob, Outcome, Queue
+from pyqueue import Cancelled, InvalidArgument, Job, NewJob, Outcome, Queue
+from pyqueue.aio_worker import AsyncWorker
+from pyqueue.worker import Worker
 
 ON_CLUSTER = True
 ASYNC_TOO = True
@@ -115,3 +121,74 @@ def test_past_ten_thousand_leases_ready_and_leased_jobs_are_still_found(q: Queue
     assert q.cancel("ready-2", now_ms=T0).state == "ready"
     assert all(q.cancel(job.id, now_ms=T0).state == "leased" for job in leased[::997])
     assert q.stats(now_ms=T0).leased == 12_000 - len(leased[::997])
+
+
+# -- a running job: its worker learns the cancel at the next extension ------------------
+
+LEASE_MS = 600  # extended every 200 ms
+
+
+def cancel_when_running(q: Queue, job_id: str, running: threading.Event) -> float:
+    assert running.wait(10), "the handler never started"
+    assert q.cancel(job_id).state == "leased"
+    return time.monotonic()
+
+
+def test_a_sync_handler_sees_the_cancel_and_its_job_ends_as_cancelled(r: redis.Redis) -> None:
+    q = Queue("w", r)
+    q.enqueue(b"", job_id="long")
+    running, seen = threading.Event(), []
+
+    def handle(job: Job) -> None:
+        running.set()
+        seen.append(job.cancelled.wait(10))
+        raise RuntimeError("stopped half-way")  # whatever it does now, the job stays cancelled
+
+    worker = Worker(["w"], handle, redis=r, lease_ms=LEASE_MS, block_ms=100)
+    thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False}, daemon=True)
+    thread.start()
+    try:
+        cancelled_at = cancel_when_running(q, "long", running)
+        deadline = cancelled_at + 5
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert seen == [True]
+        assert time.monotonic() - cancelled_at < LEASE_MS / 1000 + 1  # the next extension, not the deadline
+        time.sleep(LEASE_MS / 1000)
+        s = q.stats()
+        assert (s.cancelled, s.nacked, s.dead, s.scheduled, s.ready, s.leased, s.acked) == (1, 0, 0, 0, 0, 0, 0)
+        assert q.get("long").state == "done"
+    finally:
+        worker.stop("test finished")
+        thread.join(10)
+
+
+def test_an_async_handlers_task_is_cancelled(r: redis.Redis) -> None:
+    q = Queue("w", r)
+    q.enqueue(b"", job_id="long")
+    running, seen = threading.Event(), []
+
+    async def handle(job: Job) -> None:
+        running.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            seen.append(job.cancelled.is_set())
+            raise
+
+    worker = AsyncWorker(["w"], handle, redis=r, lease_ms=LEASE_MS, block_ms=100)
+    thread = threading.Thread(
+        target=lambda: asyncio.run(worker.run(install_signal_handlers=False)), daemon=True
+    )
+    thread.start()
+    try:
+        cancelled_at = cancel_when_running(q, "long", running)
+        while not seen and time.monotonic() < cancelled_at + 5:
+            time.sleep(0.01)
+        assert seen == [True]
+        time.sleep(LEASE_MS / 1000)
+        s = q.stats()
+        assert (s.cancelled, s.nacked, s.scheduled, s.ready, s.leased) == (1, 0, 0, 0, 0)
+    finally:
+        worker.stop("test finished")
+        thread.join(10)

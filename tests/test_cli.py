@@ -73,6 +73,17 @@ def test_pause_and_resume_commands(url: str, capsys: pytest.CaptureFixture[str])
     assert "resumed" in capsys.readouterr().out and len(q.lease()) == 1
 
 
+def test_cancel_command(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    q = Queue.from_url(url, "emails")
+    q.enqueue(b"x", job_id="j1")
+    assert main(["--url", url, "cancel", "emails", "j1"]) == 0
+    assert "cancelled (it was ready)" in capsys.readouterr().out and q.stats().ready == 0
+    assert main(["--url", url, "cancel", "emails", "j1"]) == 1
+    assert "ended already" in capsys.readouterr().out
+    assert main(["--url", url, "cancel", "emails", "nope"]) == 1
+    assert "no such job" in capsys.readouterr().out
+
+
 def test_services_and_stop_commands(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     services = Services(connect(url))
     service = services.register(["emails", "sms"], host="box", pid=99)

@@ -133,7 +133,7 @@ def test_the_page_inlines_the_same_figures_and_a_csrf_token_that_matches_its_coo
                          .group(1))  # type: ignore[union-attr]
     assert [row["name"] for row in initial["overview"]["queues"]] == ["emails", "orders"]
     assert initial["overview"]["queues"][0]["ready"] == Queue("emails", r).stats().ready
-    assert initial["config"]["actions"] == ["dead_purge", "dead_replay", "pause", "resume"]
+    assert initial["config"]["actions"] == ["cancel", "dead_purge", "dead_replay", "pause", "resume"]
     assert "redis://db.example:6379/0" in page and token in page
     # Every asset comes from the package, none from another host.
     assert not re.search(r'(src|href)="(https?:)?//', page)
@@ -230,6 +230,17 @@ def test_unknown_queues_actions_and_malformed_bodies_are_refused_and_change_noth
     assert client.get("/api/queues/emails/dead?limit=0").status_code == 400
     assert client.get("/api/queues/emails/dead?offset=x").status_code == 400
     assert q.stats().dead == 3 and q.stats().replayed == 0
+
+
+def test_cancelling_jobs_from_the_dashboard(r: Any, open_dashboard: Any) -> None:
+    q = Queue("emails", r)
+    q.enqueue_many([NewJob(b"{}", job_id=f"j{i}") for i in range(3)])
+    client = open_dashboard(r)
+    token = csrf_of(client)
+    answer = post(client, "emails", "cancel", {"ids": ["j0", "j2", "nope"]}, token)
+    assert answer.status_code == 200 and answer.json()["message"] == "2 cancelled"
+    assert post(client, "emails", "cancel", {"all": True}, token).status_code == 400  # never "every job"
+    assert [job.id for job in q.lease(count=5)] == ["j1"] and q.stats().cancelled == 2
 
 
 def test_pausing_and_resuming_a_queue_from_the_dashboard(r: Any, open_dashboard: Any) -> None:

@@ -306,3 +306,25 @@ def test_looking_a_job_up_from_the_page_shows_its_state(browser: Any, r: Any, se
         if state == "leased":
             expect(result.locator('tr[data-field="deadline_ms"] td')).to_have_text(re.compile(r"^in "))
     assert console.errors == []
+
+
+def test_cancelling_a_looked_up_job_from_the_page(browser: Any, r: Any, serve: Callable[..., Any]) -> None:
+    q = Queue("emails", r)
+    q.enqueue(b"{}", job_id="l1")
+    (running,) = q.lease()
+    q.enqueue(b"{}", job_id="r1")
+    page, console = open_page(browser, serve().url)
+    page.on("dialog", lambda dialog: dialog.accept())  # the confirm() before a cancel
+    result = page.locator("#lookup-result")
+    for job_id, state in (("r1", "ready"), ("l1", "leased")):
+        page.locator("#lookup-id").fill(job_id)
+        page.get_by_role("button", name="Look up").click()
+        expect(result.locator('tr[data-field="state"] td')).to_have_text(state)
+        page.get_by_role("button", name="Cancel job").click()
+        expect(page.locator("#lookup-message")).to_have_text("1 cancelled")
+        expect(result.locator('tr[data-field="state"] td')).to_have_text("done")
+        expect(page.get_by_role("button", name="Cancel job")).to_have_count(0)  # nothing left to cancel
+    s = q.stats()
+    assert (s.cancelled, s.ready, s.leased) == (2, 0, 0)
+    assert q.ack(running).value == "gone"  # the running job's lease ended with the cancel
+    assert console.errors == []

@@ -13,8 +13,7 @@ Routes (all relative, so the app also works behind a proxy under a path prefix):
 
 Every state change is a row of :data:`ACTIONS`: a name, whether it takes job ids, and
 the driver call, plus a button in ``static/dashboard.js``: dead-letter replay and purge,
-a queue's pause and resume. (Cancelling a job, once the driver has ``Queue.cancel``, is
-to be one more row.) The job id of a lookup is a query parameter, not a path segment: an
+a queue's pause and resume, and a looked-up job's cancel. The job id of a lookup is a query parameter, not a path segment: an
 id may hold any character but control characters, ``/`` included.
 """
 
@@ -137,6 +136,14 @@ class Action:
         return f"{count} {self.done}" + (" (more remain: ask again)" if more else "")
 
 
+def _cancel(queue: Queue, ids: list[str] | None) -> int:
+    """Cancel the jobs named (never "every job": there is no such button); how many
+    this call ended."""
+    if ids is None:
+        raise InvalidArgument('name the jobs to cancel: {"ids": [...]}')
+    return sum(queue.cancel(job_id).cancelled for job_id in ids)
+
+
 def _some_or_all(verb: str) -> Callable[[Queue, list[str] | None], tuple[int, bool]]:
     """The dead-letter verb ``verb`` (looked up on the queue, so a partitioned queue's
     own runs) on the ids given, or on every dead job: batches of
@@ -166,8 +173,7 @@ ACTIONS: dict[str, Action] = {
         # A partitioned queue pauses and resumes every partition (count 1 if any changed).
         Action("pause", False, lambda q, _: (int(q.pause()), False), "paused", "was paused already"),
         Action("resume", False, lambda q, _: (int(q.resume()), False), "resumed", "was not paused"),
-        # Cancelling, once the driver has it, is one more row, e.g.:
-        # Action("cancel", True, lambda q, ids: (sum(...q.cancel(i)...), False), "cancelled"),
+        Action("cancel", True, lambda q, ids: (_cancel(q, ids), False), "cancelled"),
     )
 }
 

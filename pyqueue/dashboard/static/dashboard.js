@@ -467,12 +467,21 @@
     }
     if (!response.ok) { say(info.error || `HTTP ${response.status}`, true, "lookup-message"); table.hidden = true; return; }
     say("", false, "lookup-message");
-    renderJob(info);
+    renderJob(info, name);
+  }
+
+  // Cancel the looked-up job (the cancel action), then show where it is now.
+  async function cancelJob(name, id) {
+    if (!window.confirm(`Cancel job ${id} of ${name}? It will not run (again).`)) return;
+    await act("cancel", { ids: [id] }, { queue: name, where: "lookup-message" });
+    const message = document.getElementById("lookup-message").textContent;
+    await lookup({ preventDefault() {} });
+    say(message, false, "lookup-message");
   }
 
   // The answer of api/queues/<queue>/job as label / value rows (text only; fields a
   // state has not are -1 or "", and are left out).
-  function renderJob(info) {
+  function renderJob(info, name) {
     const rows = [];
     const row = (field, label, ...value) => rows.push(el("tr", { "data-field": field }, el("th", { text: label }),
       el("td", {}, ...value)));
@@ -498,6 +507,13 @@
         title: "payload" in info ? "" : "payloads are hidden: start the dashboard with --show-payloads to see them" }));
     }
     if (info.error) row("error", "last error", el("pre", { class: "error", text: info.error + (info.error_truncated ? " …" : "") }));
+    if (["ready", "scheduled", "leased", "dead"].includes(info.state)) {
+      const button = el("button", { type: "button", id: "lookup-cancel", text: "Cancel job",
+        title: info.state === "leased" ? "end its lease now; its worker tells the handler at the next extension"
+          : "remove it now: it will not run" });
+      button.addEventListener("click", () => cancelJob(name, info.id));
+      row("cancel", "", button);
+    }
     const table = document.getElementById("lookup-result");
     table.querySelector("tbody").replaceChildren(...rows);
     table.hidden = false;
