@@ -16,6 +16,9 @@ Order inside the call:
 A lease past its deadline stays valid until maintenance reclaims it.
 While the queue is paused (pause.lua), step 4 leases nothing: acks, the replay check and
 maintenance run as usual, and next_due_ms is -1 (resume.lua wakes the workers).
+Under a rate limit (limit.lua), step 4 leases at most the permits due now (GCRA: one per
+period_ms/count, up to `burst` at once) and advances `rate_tat` by the jobs leased; when
+the limit cut the count and every permit was used, next_due_ms is when the next is due.
 
 KEYS (10), all <prefix>:{<queue>}:<role>
   1 jobs       hash  id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
@@ -25,8 +28,9 @@ KEYS (10), all <prefix>:{<queue>}:<role>
   5 owners     zset  receipt -> 0 (lexicographic index: receipts by owner, then call)
   6 dead       zset  id -> dead_ms
   7 errors     hash  id -> last error text of a dead job
-  8 counters   hash  counter name -> integer; also next_maintenance_ms, and `paused`
-                   (pause.lua) while the queue is paused
+  8 counters   hash  counter name -> integer; also next_maintenance_ms, `paused`
+                   (pause.lua) while the queue is paused, and `rate_limit` / `rate_tat`
+                   (limit.lua) while it is rate limited
   9 wake       zset  the single member "wake" while workers should wake up
  10 done       zset  id -> ms until which an acked id stays a duplicate (tombstones)
 
@@ -47,7 +51,9 @@ Returns  {now_ms, next_due_ms, r, ack_status_1 .. ack_status_r, m, job_1 .. job_
          ack_status: 'ok' (acked), 'stale' (the job exists under another lease or in
          another state), 'gone' (no such job: acked before, purged, or never enqueued).
          next_due_ms: when m < count, the earliest due_ms in SCHEDULED or deadline in
-         LEASED (now_ms if maintenance stopped at its limit), -1 if neither; else -1.
+         LEASED (now_ms if maintenance stopped at its limit), -1 if neither; when the
+         rate limit allowed fewer than count and all were leased, when the next permit
+         is due; else -1.
          A replayed call answers -1 (wait at most one block period).
          job: 7 values: receipt, id, payload, fence, attempt, max_attempts, deadline_ms.
 Errors   PQ_BADARG (nothing written), PQ_CORRUPT (a record does not parse; nothing
@@ -267,13 +273,27 @@ else
   -- 4. Read the rest of the plan: counters, the head of READY, maintenance candidates.
   -- `paused` (pause.lua) comes with the fields read anyway: an unpaused queue pays for
   -- the pause check with no command of its own.
-  local counters = redis.call('HMGET', counters_key, 'leased', 'next_maintenance_ms', 'paused')
+  -- So are the rate limit's fields: an unlimited queue pays nothing more either.
+  local counters = redis.call('HMGET', counters_key, 'leased', 'next_maintenance_ms', 'paused', 'rate_limit', 'rate_tat')
   local fence0 = tonumber(counters[1] or '0') or 0
   local maintenance_due = tonumber(counters[2] or '0') or 0
   local paused = counters[3] ~= false
   -- Paused: lease nothing (acks, promotion and reclaim go on) and answer next_due_ms -1:
   -- workers wait for the marker that resume.lua raises.
   if paused then count = 0 end
+  -- Rate limited (GCRA): a permit every `spacing` ms; `tat` is when the next would be
+  -- due if none were banked; up to `burst` are banked after a quiet spell.
+  local spacing, tat, burst_ms, rate_cut
+  if counters[4] and count > 0 then
+    local per, period_ms, burst = string.match(counters[4], '^(%d+)/(%d+)/(%d+)$')
+    if not per then return redis.error_reply('PQ_CORRUPT unparsable rate_limit in ' .. counters_key) end
+    spacing = tonumber(period_ms) / tonumber(per)
+    burst_ms = tonumber(burst) * spacing
+    tat = math.max(tonumber(counters[5] or '0') or 0, now_ms)
+    -- The small epsilon keeps float rounding from losing a whole permit.
+    local permits = math.max(0, math.floor((now_ms + burst_ms - tat) / spacing + 1e-9))
+    if permits < count then count, rate_cut = permits, true end
+  end
   local ready_head = NONE
   if count > 0 then
     ready_head = redis.call('LRANGE', ready_key, 0, count) -- one extra: is more work waiting?
@@ -379,7 +399,7 @@ else
   end
   -- Wake another worker when work is left over after a plain lease: the wake marker woke
   -- one worker only. A worker that acks and leases is busy and comes back by itself.
-  local wake = n_acks == 0 and #order > take and not paused
+  local wake = n_acks == 0 and #order > take and not paused and not rate_cut
   -- next_due_ms is read from SCHEDULED and LEASED after the writes when fewer than count
   -- are leased, so those reads must be proven too.
   local read_after = m < count and not stopped_at_limit
@@ -484,8 +504,16 @@ else
   end
 
   if wake then redis.call('ZADD', wake_key, 0, 'wake') end
+  -- Spend the permits. Written after the leases (never a growing first write).
+  if spacing and m > 0 then
+    tat = tat + m * spacing
+    redis.call('HSET', counters_key, 'rate_tat', string.format('%.3f', tat))
+  end
 
-  if m < count then
+  if rate_cut and m == count then
+    -- Every permit due was used: the next one is due when tat is within a burst of now.
+    reply[2] = math.ceil(tat + spacing - burst_ms)
+  elseif m < count then
     if stopped_at_limit then
       reply[2] = now_ms
     else

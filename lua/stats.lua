@@ -20,7 +20,9 @@ Returns  a flat list of name, integer pairs, in this order:
   none), then the counters: enqueued, duplicates, leased_total (the `leased` counter),
   acked, nacked, promoted, reclaimed, scrubbed, released, dead_total (the `dead`
   counter), replayed, purged, paused_ms (when the queue was paused; 0 if it is not), and
-  cancelled (jobs cancel.lua ended, in any state). `acked` is derived:
+  cancelled (jobs cancel.lua ended, in any state), and the rate limit (limit.lua):
+  rate_limit leases per rate_period_ms, rate_burst at once (0, 0, 0 when none).
+  `acked` is derived:
   leased - nacked - reclaimed - scrubbed - released - cancelled_leased - (leases
   outstanding), because every lease ends in exactly one of those ways.
 Errors   PQ_BADARG, WRONGTYPE. Writes nothing.
@@ -161,10 +163,11 @@ end
 local lag_ms = oldest_due_ms and math.max(0, now_ms - oldest_due_ms) or 0
 
 local names = { 'enqueued', 'duplicates', 'leased', 'nacked', 'promoted', 'reclaimed', 'scrubbed', 'released',
-  'dead', 'replayed', 'purged', 'paused', 'cancelled', 'cancelled_leased' }
+  'dead', 'replayed', 'purged', 'paused', 'cancelled', 'cancelled_leased', 'rate_limit' }
 local values = redis.call('HMGET', counters_key, unpack(names))
 local c = {}
 for i, name in ipairs(names) do c[name] = tonumber(values[i] or '0') or 0 end
+local per, period_ms, burst = string.match(values[#names] or '', '^(%d+)/(%d+)/(%d+)$')
 local acked = c.leased - c.nacked - c.reclaimed - c.scrubbed - c.released - c.cancelled_leased - leased
 
 return { 'now_ms', now_ms, 'ready', ready, 'scheduled', scheduled, 'due', due, 'leased', leased,
@@ -172,4 +175,5 @@ return { 'now_ms', now_ms, 'ready', ready, 'scheduled', scheduled, 'due', due, '
   'enqueued', c.enqueued, 'duplicates', c.duplicates, 'leased_total', c.leased, 'acked', acked,
   'nacked', c.nacked, 'promoted', c.promoted, 'reclaimed', c.reclaimed, 'scrubbed', c.scrubbed,
   'released', c.released, 'dead_total', c.dead, 'replayed', c.replayed, 'purged', c.purged,
-  'paused_ms', c.paused, 'cancelled', c.cancelled }
+  'paused_ms', c.paused, 'cancelled', c.cancelled, 'rate_limit', tonumber(per) or 0,
+  'rate_period_ms', tonumber(period_ms) or 0, 'rate_burst', tonumber(burst) or 0 }

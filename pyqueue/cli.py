@@ -175,6 +175,34 @@ def cmd_pause(args: argparse.Namespace) -> int:
     return 0
 
 
+_PERIODS_MS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000}
+
+
+def parse_rate(value: str) -> tuple[int, int]:
+    """``100/s``, ``5/m``, ``1/h``, ``20/500ms`` or ``off`` as (count, period_ms); off is (0, 1000)."""
+    if value == "off":
+        return 0, 1000
+    count, sep, period = value.partition("/")
+    number = period.rstrip("abcdefghijklmnopqrstuvwxyz") or "1"
+    unit = period[len(number) if period[:1].isdigit() else 0 :]
+    if not sep or not count.isdigit() or not number.isdigit() or unit not in _PERIODS_MS or int(count) == 0:
+        raise PyQueueError(f"a rate is COUNT/PERIOD (100/s, 5/m, 1/h, 20/500ms) or off, got {value!r}")
+    return int(count), int(number) * _PERIODS_MS[unit]
+
+
+def cmd_limit(args: argparse.Namespace) -> int:
+    """Set or lift a queue's rate limit (Queue.limit)."""
+    count, period_ms = parse_rate(args.rate)
+    q = open_queue(connect(args.url), args.queue, args.prefix)
+    changed = q.limit(count, period_ms, burst=args.burst)
+    if count == 0:
+        print(f"{args.queue}: {'rate limit lifted' if changed else 'had no rate limit'}")
+    else:
+        print(f"{args.queue}: at most {count} leases per {_ms(period_ms)} across all workers, "
+              f"{args.burst} at once{'' if changed else ' (unchanged)'}")
+    return 0
+
+
 def cmd_cancel(args: argparse.Namespace) -> int:
     """Cancel a job (Queue.cancel); exit 1 if there was nothing to cancel."""
     result = open_queue(connect(args.url), args.queue, args.prefix).cancel(args.id)
@@ -336,6 +364,14 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(command, help=text)
         p.add_argument("queue")
         p.set_defaults(func=cmd_pause)  # args.command names which (the subparsers' dest)
+
+    p = sub.add_parser("limit", help="cap how fast a queue hands out jobs, across all workers (or: off)")
+    p.add_argument("queue")
+    p.add_argument("rate", help="COUNT/PERIOD: 100/s, 5/m, 1/h, 20/500ms; or off")
+    p.add_argument("--burst", type=int, default=1,
+                   help="leases at once after a quiet spell (default 1: evenly spaced, never more than COUNT "
+                        "in any PERIOD)")
+    p.set_defaults(func=cmd_limit)
 
     p = sub.add_parser("cancel", help="cancel a job: removed now, or stopped at its worker's next extension")
     p.add_argument("queue")

@@ -487,6 +487,11 @@ def cancel_call(keys: Keys, now_ms: int | None, job_id: str, keep_done_ms: int) 
     return ScriptCall("cancel", keys, [now_arg(now_ms), job_id, keep_done_ms])
 
 
+def limit_call(keys: Keys, count: int, period_ms: int, burst: int) -> ScriptCall:
+    """lua/limit.lua."""
+    return ScriptCall("limit", keys, [count, period_ms, burst])
+
+
 def pause_call(keys: Keys, now_ms: int | None) -> ScriptCall:
     """lua/pause.lua."""
     return ScriptCall("pause", keys, [now_arg(now_ms)])

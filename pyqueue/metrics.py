@@ -20,7 +20,7 @@ leased, acked, nacked, promoted, reclaimed, scrubbed, released, dead, replayed, 
 cancelled);
 the jobs in each state as a gauge (``pyqueue_jobs{state=ready|scheduled|leased|dead|
 done}``); due-but-unpromoted jobs and expired leases; the lag of the oldest due job in
-seconds; the partition count; whether it is paused. Per service namespace (label ``namespace``): the live
+seconds; the partition count; whether it is paused; its rate limit in leases per second. Per service namespace (label ``namespace``): the live
 workers and those stopping.
 """
 
@@ -114,6 +114,8 @@ class PyQueueCollector(Collector):
                                 labels=["queue"])
         partitions = GaugeMetricFamily("pyqueue_partitions", "partitions of the queue", labels=["queue"])
         paused = GaugeMetricFamily("pyqueue_paused", "1 while the queue is paused (it leases nothing)", labels=["queue"])
+        rate = GaugeMetricFamily("pyqueue_rate_limit_per_second",
+                                 "the queue's lease rate limit in leases per second (0: none)", labels=["queue"])
         queues = self._queues()
         for q, stats in zip(queues, stats_many(queues)):
             for name, (field, _) in COUNTERS.items():
@@ -125,8 +127,9 @@ class PyQueueCollector(Collector):
             lag.add_metric([q.name], stats.lag_ms / 1000)
             partitions.add_metric([q.name], q.partitions)
             paused.add_metric([q.name], int(stats.paused))
+            rate.add_metric([q.name], stats.rate_limit * 1000 / stats.rate_period_ms if stats.rate_limit else 0)
         yield from counters.values()
-        yield from (jobs, due, expired, lag, partitions, paused)
+        yield from (jobs, due, expired, lag, partitions, paused, rate)
 
         workers = GaugeMetricFamily("pyqueue_workers", "registered workers by state (alive, stopping)",
                                     labels=["namespace", "state"])

@@ -189,6 +189,11 @@ class Stats:
     paused_ms: int = 0
     #: Jobs ``cancel`` ended, in any state.
     cancelled: int = 0
+    #: The rate limit (``limit``): at most ``rate_limit`` leases per
+    #: ``rate_period_ms``, ``rate_burst`` at once; 0 when the queue has none.
+    rate_limit: int = 0
+    rate_period_ms: int = 0
+    rate_burst: int = 0
 
     @property
     def paused(self) -> bool:

@@ -283,6 +283,14 @@ class PartitionedCore(QueueCore):
         part: QueueCore = self.parts[partition_of(check_job_id(job_id), self.partitions)]
         return (yield from part.plan_get(job_id, with_payload=with_payload, now_ms=now_ms))
 
+    def plan_limit(self, count: int, period_ms: int = 1000, *, burst: int = 1) -> Plan[bool]:
+        """Refused: a cap on the logical queue would have to be shared out between its
+        partitions, and a share per partition would slow a backlog that sits in one."""
+        raise InvalidArgument(
+            f"{self.name} has {self.partitions} partitions: a rate limit applies to an unpartitioned queue only"
+        )
+        yield  # a generator, like every plan
+
     def plan_cancel(self, job_id: str, *, now_ms: int | None = None) -> Plan[Cancelled]:
         """As :meth:`QueueCore.plan_cancel`, in the id's partition (``queue`` names it)."""
         part: QueueCore = self.parts[partition_of(check_job_id(job_id), self.partitions)]

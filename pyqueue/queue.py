@@ -69,6 +69,7 @@ from pyqueue.core import (
     extend_call,
     cancel_call,
     get_call,
+    limit_call,
     lease_call,
     nack_call,
     new_batch,
@@ -623,6 +624,28 @@ class QueueCore:
 
     cancel = Verb(plan_cancel)
 
+    def plan_limit(self, count: int, period_ms: int = 1000, *, burst: int = 1) -> Plan[bool]:
+        """Cap the rate at which this queue hands out jobs, across all workers
+        (lua/limit.lua): at most ``count`` leases per ``period_ms``, spaced evenly on
+        the Redis server's clock, with up to ``burst`` at once after a quiet spell; so
+        in any window of ``period_ms`` at most ``count + burst - 1`` leases start (with
+        the default burst 1, at most ``count``). Enforced inside lease.lua; workers wait
+        for the next permit (the lease answer says when) instead of polling.
+        ``count=0`` lifts the cap. Every lease counts, retries and reclaims included.
+        Returns whether this call changed the cap.
+
+        Raises:
+            InvalidArgument: count not in 0..1,000,000, period_ms not in
+                1..86,400,000, burst not in 1..1,000,000.
+        """
+        check_int(count, "count", 0, 1_000_000)
+        check_int(period_ms, "period_ms", 1, 86_400_000)
+        check_int(burst, "burst", 1, 1_000_000)
+        *_, changed = yield from self._run(limit_call(self.keys, count, period_ms, burst))
+        return bool(changed)
+
+    limit = Verb(plan_limit)
+
     def plan_pause(self, *, now_ms: int | None = None) -> Plan[bool]:
         """Stop the queue from handing out jobs (lua/pause.lua); returns whether this
         call paused it (False: it was paused already). Enqueue, ack, nack, extend and
@@ -793,7 +816,7 @@ def sum_stats(each: Sequence[Stats]) -> Stats:
     """The figures of several partitions as one queue's: sums, but the largest
     ``lag_ms``, the latest ``now_ms`` and the latest ``paused_ms``."""
     summed = {f.name: sum(getattr(s, f.name) for s in each) for f in fields(Stats)}
-    for latest in ("lag_ms", "now_ms", "paused_ms"):
+    for latest in ("lag_ms", "now_ms", "paused_ms", "rate_limit", "rate_period_ms", "rate_burst"):
         summed[latest] = max(getattr(s, latest) for s in each)
     return Stats(**summed)
 

@@ -60,6 +60,7 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "peek": ("ready", "scheduled", "leased", "counters"),
     "get": ("jobs", "scheduled", "leased", "dead", "errors", "done"),
     "cancel": ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "done"),
+    "limit": ("counters", "wake"),
     "pause": ("counters",),
     "resume": ("counters", "wake"),
     "dead_list": ("jobs", "dead", "errors"),

@@ -165,6 +165,10 @@ class QueueModel:
         self.acked_ok = 0
         #: pause.lua: when the queue was paused; None while it runs.
         self.paused_ms: int | None = None
+        #: limit.lua: (count, period_ms, burst) while rate limited; lease.lua's GCRA
+        #: time, as the "%.3f" text it stores.
+        self.rate_limit: tuple[int, int, int] | None = None
+        self.rate_tat: str | None = None
 
     # -- queries ---------------------------------------------------------------------
 
@@ -328,6 +332,16 @@ class QueueModel:
         fence = self.counters["leased"]
         if self.paused_ms is not None:
             count = 0  # a paused queue leases nothing; acks and maintenance go on
+        # The rate limit (GCRA), with the script's float operations in the same order.
+        spacing, rate_cut, tat, burst_ms = None, False, 0.0, 0.0
+        if self.rate_limit is not None and count > 0:
+            per, period_ms, burst = self.rate_limit
+            spacing = period_ms / per
+            burst_ms = burst * spacing
+            tat = max(float(self.rate_tat or "0"), now)
+            permits = max(0, math.floor((now + burst_ms - tat) / spacing + 1e-9))
+            if permits < count:
+                count, rate_cut = permits, True
         maintain = (count > 0 and len(self.ready) < count) or now >= (self.next_maintenance_ms or 0)
         promoted: list[str] = []
         reclaimed: list[Lease] = []
@@ -345,7 +359,7 @@ class QueueModel:
         order_length = len(reclaimed) + ready_seen + len(promoted)
         take = min(count, order_length)
         from_ready = max(0, min(take, len(reclaimed) + ready_seen) - len(reclaimed))
-        wake = not acks and order_length > take and self.paused_ms is None
+        wake = not acks and order_length > take and self.paused_ms is None and not rate_cut
 
         self._ack(to_ack, now, keep_done_ms)
         if maintain:
@@ -373,8 +387,14 @@ class QueueModel:
             jobs.append(self.job(receipt, self.name))
         self.counters["leased"] += len(jobs)
         self.wake = self.wake or wake
+        if spacing is not None and jobs:
+            tat += len(jobs) * spacing
+            self.rate_tat = "%.3f" % tat
         next_due = -1
-        if len(jobs) < count:
+        if rate_cut and len(jobs) == count:
+            assert spacing is not None
+            next_due = math.ceil(tat + spacing - burst_ms)
+        elif len(jobs) < count:
             next_due = now if stopped_at_limit else self.next_due_ms()
         return LeaseAnswer(status, jobs, next_due, replayed=False)
 
@@ -397,6 +417,17 @@ class QueueModel:
         self._bury([job_id], now, keep_done_ms)
         self.counters["cancelled"] += 1
         return state
+
+    def limit(self, count: int, period_ms: int, burst: int) -> bool:
+        """limit.lua: whether this call changed the cap; a change raises the wake marker."""
+        new = (count, period_ms, burst) if count > 0 else None
+        if new == self.rate_limit:
+            return False
+        self.rate_limit = new
+        if new is None:
+            self.rate_tat = None
+        self.wake = True
+        return True
 
     def pause(self, now: int) -> bool:
         """pause.lua: whether this call paused the queue (the first time stands)."""
@@ -588,6 +619,9 @@ class QueueModel:
             purged=c["purged"],
             paused_ms=self.paused_ms or 0,
             cancelled=c["cancelled"],
+            rate_limit=self.rate_limit[0] if self.rate_limit else 0,
+            rate_period_ms=self.rate_limit[1] if self.rate_limit else 0,
+            rate_burst=self.rate_limit[2] if self.rate_limit else 0,
         )
 
     def keyspace(self, keys: QueueKeys) -> dict[str, Any]:
@@ -598,6 +632,10 @@ class QueueModel:
             counters[b"next_maintenance_ms"] = str(self.next_maintenance_ms).encode()
         if self.paused_ms is not None:
             counters[b"paused"] = str(self.paused_ms).encode()
+        if self.rate_limit is not None:
+            counters[b"rate_limit"] = "/".join(map(str, self.rate_limit)).encode()
+        if self.rate_tat is not None:
+            counters[b"rate_tat"] = self.rate_tat.encode()
         out: dict[str, Any] = {
             keys.jobs: {i.encode(): record.encode() for i, record in self.jobs.items()},
             keys.ready: [i.encode() for i in self.ready],
@@ -1304,6 +1342,16 @@ class LifecycleMachine(RuleBasedStateMachine):
             got = self.q.cancel(job_id, now_ms=self.now)
             expected = self.model.cancel(job_id, self.now, self.q.keep_done_ms)
             assert got.state == expected, f"cancel {job_id!r} answered {got.state}, model {expected}"
+
+    @rule(
+        count=st.sampled_from([0, 1, 3, 10]), period_ms=st.sampled_from([100, 1000, 5000]),
+        burst=st.sampled_from([1, 2, 5]), sent_twice=SENT_TWICE,
+    )
+    def limit(self, count: int, period_ms: int, burst: int, sent_twice: bool) -> None:
+        """Cap the lease rate (count 0 lifts the cap); a re-send changes nothing more."""
+        for _ in range(1 + sent_twice):
+            got, expected = self.q.limit(count, period_ms, burst=burst), self.model.limit(count, period_ms, burst)
+            assert got == expected, f"limit answered {got}, model {expected}"
 
     @rule(pause=st.booleans(), sent_twice=SENT_TWICE)
     def pause_or_resume(self, pause: bool, sent_twice: bool) -> None:

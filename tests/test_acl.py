@@ -64,7 +64,7 @@ ROLE_SCRIPTS: dict[str, tuple[str, ...]] = {
         "lease", "ack", "nack", "extend", "release", "promote", "scrub", "peek",
         "service_register", "service_renew", "service_deregister",
     ),
-    "admin": ("stats", "get", "cancel", "pause", "resume", "dead_list", "dead_replay", "dead_purge", "service_stop"),
+    "admin": ("stats", "get", "cancel", "limit", "pause", "resume", "dead_list", "dead_replay", "dead_purge", "service_stop"),
 }
 
 #: The commands each role's driver code sends itself, outside any script, and why.
@@ -531,6 +531,7 @@ def script_calls(root: redis.Redis) -> dict[str, tuple[str, Any, list[Any]]]:
     calls["peek"] = ("peek", q.keys, [now])
     calls["get"] = ("get", q.keys, [now, "held", 1])  # a leased job: its lease is found with ZSCAN
     calls["cancel"] = ("cancel", q.keys, [now, "held", 0])  # a leased job: its lease is found with ZSCAN
+    calls["limit"] = ("limit", q.keys, [50, 1000, 1])
     calls["pause"] = ("pause", q.keys, [now])
     calls["resume"] = ("resume", q.keys, [now])  # after pause: it finds the queue paused
     live = Services(root).register([QUEUE], now_ms=T0)

@@ -73,6 +73,22 @@ def test_pause_and_resume_commands(url: str, capsys: pytest.CaptureFixture[str])
     assert "resumed" in capsys.readouterr().out and len(q.lease()) == 1
 
 
+def test_limit_command(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    q = Queue.from_url(url, "emails")
+    q.enqueue_many([b"x"] * 5)
+    assert main(["--url", url, "limit", "emails", "2/h"]) == 0
+    assert "at most 2 leases per 3600 s" in capsys.readouterr().out
+    assert (q.stats().rate_limit, q.stats().rate_period_ms) == (2, 3_600_000)
+    assert len(q.lease(count=5)) == 1 and q.lease(count=5) == []
+    assert main(["--url", url, "limit", "emails", "20/500ms", "--burst", "3"]) == 0
+    assert (q.stats().rate_limit, q.stats().rate_period_ms, q.stats().rate_burst) == (20, 500, 3)
+    assert main(["--url", url, "limit", "emails", "off"]) == 0
+    assert "lifted" in capsys.readouterr().out and q.stats().rate_limit == 0
+    for bad in ("0/s", "5", "5/fortnight", "x/s"):
+        assert main(["--url", url, "limit", "emails", bad]) == 2
+    assert q.stats().rate_limit == 0
+
+
 def test_cancel_command(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     q = Queue.from_url(url, "emails")
     q.enqueue(b"x", job_id="j1")

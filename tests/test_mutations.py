@@ -256,6 +256,24 @@ MUTANTS = [
         "\n",
     ),
     Mutant(
+        "lease_ignores_the_rate_limit",
+        "lease",
+        "if permits < count then count, rate_cut = permits, true end",
+        "",
+    ),
+    Mutant(
+        "lease_does_not_spend_its_permits",
+        "lease",
+        "    redis.call('HSET', counters_key, 'rate_tat', string.format('%.3f', tat))\n",
+        "\n",
+    ),
+    Mutant(
+        "limit_forgets_to_wake_the_workers",
+        "limit",
+        "if not up then redis.call('ZADD', wake_key, 0, 'wake') end",
+        "",
+    ),
+    Mutant(
         "lease_ignores_a_pause",
         "lease",
         "  if paused then count = 0 end",

@@ -210,7 +210,7 @@ class Queue {
     return (await this.run('release', receipts)).map(str);
   }
 
-  // 23 name/value pairs, in a fixed order (README §4.2).
+  // 26 name/value pairs, in a fixed order (README §4.2).
   async stats() {
     const reply = await this.run('stats', ['']);
     const out = {};

@@ -1,0 +1,161 @@
+--[[ limit: cap how fast the queue hands out jobs (at most `count` leases per `period_ms`
+across all workers), or lift the cap.
+
+The cap is a GCRA (the generic cell rate algorithm, a token bucket kept as one number):
+leases are spaced period_ms/count apart on the server clock, with up to `burst` of them
+at once after a quiet spell. So in any window of period_ms at most count + burst - 1
+leases start; with burst 1 (the default) at most `count`, evenly spaced. lease.lua
+enforces it in the call that leases: it reads the cap with the counters it reads anyway
+(HMGET), leases no more than the permits due, and answers next_due_ms = when the next
+permit is due, so workers wait for it instead of polling.
+
+KEYS (2), all <prefix>:{<queue>}:<role>
+  1 counters   hash  `rate_limit` -> "<count>/<period_ms>/<burst>"; `rate_tat` -> the
+                   GCRA's theoretical arrival time in ms ("%.3f"), written by lease.lua
+  2 wake       zset  the single member "wake" while workers should wake up
+
+ARGV (3)
+  1  count      integer 0..1000000 leases per period; 0 lifts the cap
+  2  period_ms  integer 1..86400000 (ignored when count is 0)
+  3  burst      integer 1..1000000, at most leases at once (ignored when count is 0)
+
+Returns  {count, period_ms, burst, changed}: the cap now in force (0, 0, 0 when none),
+         and 1 if this call changed it. Changing a cap keeps `rate_tat` (leases
+         already made still count); lifting it deletes both fields. A change raises the
+         wake marker, so waiting workers look again at once.
+Errors   PQ_BADARG, WRONGTYPE (nothing written).
+Replay   a re-sent call finds the same cap and changes nothing.
+]]
+
+-- >>> pyqueue prelude: the same in every script; source tests/lua_prelude.lua, copied by tests/lua_prelude.py
+-- Edit tests/lua_prelude.lua, then run `python tests/lua_prelude.py --write`; never edit a copy.
+-- Every helper is in every script; an unused one is harmless and calls nothing.
+
+local MAX_BATCH = 1000 -- per call at most this many jobs, receipts or ids; also the most count/limit
+local CHUNK = 500 -- values per unpack(); keeps every redis.call well under Lua's C stack limit
+local TRIM_BATCH = 10 -- expired tombstones are trimmed this many at a time, at least
+local MAINTENANCE_INTERVAL_MS = 50 -- while READY is busy, maintenance still runs this often
+local NONE = {} -- an empty list to read from; never written to, so no call allocates its own
+
+-- An integer argument in [lo, hi] ('^-?%d+$'), or nil and a PQ_BADARG text naming it.
+local function int_arg(value, name, lo, hi)
+  if type(value) ~= 'string' or not string.find(value, '^%-?%d+$') then
+    return nil, 'PQ_BADARG ' .. name .. ' must be an integer, got ' .. string.format('%q', tostring(value))
+  end
+  local n = tonumber(value)
+  if n < lo or n > hi then
+    return nil, string.format('PQ_BADARG %s must be in [%d, %d], got %s', name, lo, hi, value)
+  end
+  return n
+end
+
+-- A PQ_BADARG text unless `value` (a string) is 1..64 bytes of [A-Za-z0-9_.:-]; else nil.
+local function name_arg(value, name)
+  if #value < 1 or #value > 64 or not string.find(value, '^[%w_.:%-]+$') then
+    return 'PQ_BADARG ' .. name .. ' must be 1..64 bytes of [A-Za-z0-9_.:-]'
+  end
+end
+
+-- ARGV now_ms: nil for '' (read the clock later, with server_now_ms), else as int_arg.
+local function now_arg(value)
+  if value == '' then return nil end
+  return int_arg(value, 'now_ms', 0, 2 ^ 53)
+end
+
+-- The server clock in ms. One TIME call: call it only where the script needs the time.
+local function server_now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- The id of a receipt "<owner>|<call>|<fence>|<attempt>|<id>", or nil if it does not parse.
+-- The same rule as parse_receipt, without a table: acks need only the id.
+local function receipt_id(receipt)
+  return string.match(receipt, '^[%w_.:%-]+|[%w_.:%-]+|%d+|%d+|(.+)$')
+end
+
+-- "<owner>|<call>|<fence>|<attempt>|<id>" as {receipt, id, fence, attempt}, or nil.
+local function parse_receipt(receipt)
+  local owner, call, fence, attempt, id = string.match(receipt, '^([%w_.:%-]+)|([%w_.:%-]+)|(%d+)|(%d+)|(.+)$')
+  if not owner then return nil end
+  return { receipt = receipt, id = id, fence = tonumber(fence), attempt = tonumber(attempt) }
+end
+
+-- "<attempts>|<max_attempts>|<due_ms>|<payload>" as the 3 numbers and the payload's index, or nil.
+local function parse_record(record)
+  local attempts, max_attempts, due_ms, at = string.match(record, '^(%d+)|(%d+)|(%d+)|()')
+  if not attempts then return nil end
+  return tonumber(attempts), tonumber(max_attempts), tonumber(due_ms), at
+end
+
+-- A WRONGTYPE text if `key` exists with another type than `want`; else nil. One TYPE call.
+local function expect_type(key, want)
+  local got = redis.call('TYPE', key).ok
+  if got ~= 'none' and got ~= want then
+    return 'WRONGTYPE ' .. key .. ' holds a ' .. got .. ', expected a ' .. want
+  end
+end
+
+-- redis.call(cmd, key, values...) in CHUNK-sized calls (none when `values` is empty).
+local function call_chunked(cmd, key, values)
+  for i = 1, #values, CHUNK do
+    redis.call(cmd, key, unpack(values, i, math.min(i + CHUNK - 1, #values)))
+  end
+end
+
+-- HMGET of any number of fields, in CHUNK-sized calls; no call for no fields.
+local function hmget(key, fields)
+  if #fields == 0 then return {} end
+  if #fields <= CHUNK then return redis.call('HMGET', key, unpack(fields)) end
+  local out = {}
+  for i = 1, #fields, CHUNK do
+    local part = redis.call('HMGET', key, unpack(fields, i, math.min(i + CHUNK - 1, #fields)))
+    for j = 1, #part do out[i + j - 1] = part[j] end
+  end
+  return out
+end
+
+-- Tombstone acked ids in `key` (done; ack.lua). Trim the `expired` lowest ranks first: ZADD may re-rank them.
+local function bury(key, ids, expired, now_ms, keep_done_ms)
+  if expired >= TRIM_BATCH then
+    redis.call('ZREMRANGEBYRANK', key, 0, math.min(expired, #ids + TRIM_BATCH) - 1)
+  end
+  local kept_until = now_ms + keep_done_ms
+  if keep_done_ms == 0 then
+    return
+  elseif #ids == 1 then
+    redis.call('ZADD', key, kept_until, ids[1])
+  else
+    local args = {}
+    for i, id in ipairs(ids) do args[2 * i - 1], args[2 * i] = kept_until, id end
+    call_chunked('ZADD', key, args)
+  end
+end
+-- <<< pyqueue prelude
+
+local counters_key, wake_key = KEYS[1], KEYS[2]
+
+local count, period_ms, burst, err
+count, err = int_arg(ARGV[1], 'count', 0, 1000000)
+if err then return redis.error_reply(err) end
+period_ms, err = int_arg(ARGV[2], 'period_ms', 1, 86400000)
+if err then return redis.error_reply(err) end
+burst, err = int_arg(ARGV[3], 'burst', 1, 1000000)
+if err then return redis.error_reply(err) end
+
+-- The HGET proves `counters` a hash; the wake marker's ZSCORE proves `wake` a zset.
+local old = redis.call('HGET', counters_key, 'rate_limit')
+local new = count > 0 and string.format('%d/%d/%d', count, period_ms, burst) or false
+local up = redis.call('ZSCORE', wake_key, 'wake')
+if old == new then
+  if not new then return { 0, 0, 0, 0 } end
+  return { count, period_ms, burst, 0 }
+end
+if new then
+  redis.call('HSET', counters_key, 'rate_limit', new)
+else
+  redis.call('HDEL', counters_key, 'rate_limit', 'rate_tat')
+end
+if not up then redis.call('ZADD', wake_key, 0, 'wake') end
+if not new then return { 0, 0, 0, 1 } end
+return { count, period_ms, burst, 1 }
