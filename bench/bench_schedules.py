@@ -6,8 +6,9 @@ again every 20..40 s. Expected: exactly one job per tick.
 Figures (bench/results/schedules.json):
 
 * ticks expected: the 5 s ticks from the moment all workers ran to the end of the run;
-* ticks enqueued: distinct tick ids that exist (any state, or acked: a tombstone), and
-  the queue's ``enqueued`` counter: equal when no tick was added twice;
+* ticks enqueued: distinct tick ids that exist (any state, or acked less than
+  keep_done_ms ago: a tombstone) or ran, and the queue's ``enqueued`` counter: equal when
+  no tick was added twice;
 * enqueue duplicates: the ``duplicates`` counter (every worker sends every tick; all but
   the first send are duplicates);
 * ticks missing: expected ticks with no job;
@@ -157,6 +158,8 @@ def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
     every = args.every_s
     stats = q.stats()
     first, last = start_ms // 1000 - every, end_ms // 1000 + every
+    # A tick's job exists while it waits, runs or is dead, and for keep_done_ms after its
+    # ack (the tombstone); older acked ticks are known by their runs.
     present = [t for t in range(first - first % every, last + 1, every)
                if q.get(f"tick:{t}").state != "unknown"]
     expected = [t for t in range(covered_from_ms // 1000 - (covered_from_ms // 1000) % every + every,
@@ -165,6 +168,7 @@ def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
     for item in client.lrange(RUNS_KEY, 0, -1):
         job_id, at = item.decode().split()
         runs.setdefault(job_id, []).append(int(at))
+    present = sorted(set(present) | {int(job_id.split(":")[1]) for job_id in runs})
     # Over the window's ticks (the first workers' first round enqueues a tick that was already past).
     lateness = [min(runs[f"tick:{t}"]) - t * 1000 for t in expected if f"tick:{t}" in runs]
     logs = "".join(p.read_text(errors="replace") for p in sorted(log_dir.glob("*.log")))

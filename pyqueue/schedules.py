@@ -78,8 +78,8 @@ from pyqueue.queue import Queue
 
 log = logging.getLogger("pyqueue.schedules")
 
-_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_DURATION = re.compile(r"^(\d+)(ms|s|m|h|d)$")
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")
 _UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 #: Longest interval accepted (366 days).
@@ -124,7 +124,7 @@ class Schedule:
     max_attempts: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not _NAME.match(self.name):
+        if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
             raise InvalidArgument(
                 f"schedule name must be 1..64 characters of [A-Za-z0-9_.-] (':' separates the name from the tick "
                 f"in job ids), got {self.name!r}"
@@ -243,7 +243,7 @@ def parse_duration_ms(text: str) -> int:
     Raises:
         InvalidArgument: another form.
     """
-    match = _DURATION.match(text.strip())
+    match = _DURATION.fullmatch(text.strip())
     if not match:
         raise InvalidArgument(f"an interval is a whole number with a unit ms, s, m, h or d (60s, 5m), got {text!r}")
     return int(match.group(1)) * _UNIT_MS[match.group(2)]
@@ -268,7 +268,7 @@ def parse_schedule(spec: str, default_queue: str, kind: Literal["every", "cron",
     if at and not queue:
         raise InvalidArgument(f"a schedule is NAME=WHEN or NAME@QUEUE=WHEN, got {spec!r}")
     queue = queue or default_queue
-    if kind == "every" or (kind == "auto" and _DURATION.match(when.strip())):
+    if kind == "every" or (kind == "auto" and _DURATION.fullmatch(when.strip())):
         return Schedule(name, queue, every_ms=parse_duration_ms(when))
     return Schedule(name, queue, cron=when.strip())
 

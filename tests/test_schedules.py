@@ -89,6 +89,7 @@ def test_the_command_line_forms() -> None:
         ("a:b=60s", "auto", "separates the name"),
         ("a b=60s", "auto", "schedule name"),
         ("x" * 65 + "=60s", "auto", "schedule name"),
+        ("r\n=60s", "auto", "schedule name"),
         ("r=1500ms", "every", "whole number of seconds"),
         ("r=500ms", "every", r"every_ms must be in \[1000"),
         ("r=0s", "every", r"every_ms must be in \[1000"),
