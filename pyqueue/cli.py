@@ -9,6 +9,7 @@ cannot see it).
 from __future__ import annotations
 
 import argparse
+import json
 import asyncio
 import importlib
 import logging
@@ -91,6 +92,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         partitions=parse_partitions(args.partitions),
         wait_replicas=args.wait_replicas,
         schedules=schedules,
+        keep_results_ms=args.keep_results_ms,
     )
     if isinstance(worker, AsyncWorker):
         code = asyncio.run(worker.run(burst=args.burst))
@@ -201,6 +203,22 @@ def cmd_limit(args: argparse.Namespace) -> int:
         print(f"{args.queue}: at most {count} leases per {_ms(period_ms)} across all workers, "
               f"{args.burst} at once{'' if changed else ' (unchanged)'}")
     return 0
+
+
+def cmd_result(args: argparse.Namespace) -> int:
+    """A job's outcome (Queue.result, or Queue.wait_result with --wait-ms); exit 0 if it
+    finished with a result, 1 otherwise."""
+    q = open_queue(connect(args.url), args.queue, args.prefix)
+    got = q.wait_result(args.id, args.wait_ms) if args.wait_ms else q.result(args.id)
+    if got.state == "ok":
+        value = got.value
+        print(value.decode("utf-8", "replace") if isinstance(value, bytes) else
+              value if isinstance(value, str) else json.dumps(value))
+        return 0
+    print({"dead": f"dead: {got.error}", "pending": "pending: not finished yet",
+           "done": "done: it ended without a kept result (acked without one, cancelled, or expired)",
+           "unknown": "unknown: no such job"}[got.state])
+    return 1
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -329,6 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cron", action="append", metavar="NAME[@QUEUE]=EXPR",
                    help="a periodic job on a cron expression in UTC, e.g. 'report=0 * * * *' (six fields: seconds "
                         "first); otherwise as --every")
+    p.add_argument("--keep-results-ms", type=int, default=None, metavar="MS",
+                   help="keep each handler's return value as its job's result for MS (default: only results the "
+                        "handler wraps in pyqueue.Result)")
     p.add_argument("--burst", action="store_true", help="drain the queues, then exit")
     p.set_defaults(func=cmd_worker)
 
@@ -372,6 +393,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="leases at once after a quiet spell (default 1: evenly spaced, never more than COUNT "
                         "in any PERIOD)")
     p.set_defaults(func=cmd_limit)
+
+    p = sub.add_parser("result", help="a job's result, or its last error if it died")
+    p.add_argument("queue")
+    p.add_argument("id")
+    p.add_argument("--wait-ms", type=int, default=0, help="wait this long for it while it is pending")
+    p.set_defaults(func=cmd_result)
 
     p = sub.add_parser("cancel", help="cancel a job: removed now, or stopped at its worker's next extension")
     p.add_argument("queue")

@@ -22,6 +22,7 @@ per ``lua/*.lua``, keys and ARGV in header order).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from binascii import crc_hqx
@@ -29,7 +30,7 @@ from collections.abc import Callable, Coroutine, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeGuard, TypeVar, Union, overload
 
-from pyqueue.errors import InvalidArgument, PyQueueError
+from pyqueue.errors import CorruptRecord, InvalidArgument, PyQueueError
 from pyqueue.models import Job, NewJob
 
 T = TypeVar("T")
@@ -52,6 +53,11 @@ MAX_ID_BYTES = 256
 MAX_PARTITIONS = 1024
 MAX_ERROR_BYTES = 65536
 MAX_LEASE_MS = 604_800_000
+#: How long a job's result is kept (ack_result), and how many results a queue keeps.
+DEFAULT_RESULT_TTL_MS = 3_600_000
+DEFAULT_MAX_RESULTS = 10_000
+#: The largest result lua/ack_result.lua stores, encoded (see :func:`encode_result`).
+MAX_RESULT_BYTES = 524_288
 
 Arg = Union[bytes, str, int]
 
@@ -442,6 +448,63 @@ def lease_call(
 def ack_call(keys: Keys, now_ms: int | None, keep_done_ms: int, receipts: Sequence[str]) -> ScriptCall:
     """lua/ack.lua."""
     return ScriptCall("ack", keys, [now_arg(now_ms), keep_done_ms, *receipts])
+
+
+def ack_result_call(
+    keys: Keys, now_ms: int | None, keep_done_ms: int, result_ttl_ms: int, max_results: int,
+    pairs: Sequence[tuple[str, bytes]],
+) -> ScriptCall:
+    """lua/ack_result.lua: ``pairs`` of (receipt, encoded result)."""
+    args: list[Arg] = [now_arg(now_ms), keep_done_ms, result_ttl_ms, max_results]
+    for receipt, value in pairs:
+        args += [receipt, value]
+    return ScriptCall("ack_result", keys, args)
+
+
+def result_call(keys: Keys, now_ms: int | None, job_id: str) -> ScriptCall:
+    """lua/result.lua."""
+    return ScriptCall("result", keys, [now_arg(now_ms), job_id])
+
+
+def encode_result(value: object) -> bytes:
+    """A handler's return value as lua/ack_result.lua stores it: one kind byte, then
+    ``b`` + the bytes, ``s`` + UTF-8 text, or ``j`` + JSON (anything else JSON-able;
+    None is ``j`` + ``null``). Other languages read and write the same encoding.
+
+    Raises:
+        InvalidArgument: not bytes, str or JSON-able, or over MAX_RESULT_BYTES encoded.
+    """
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        encoded = b"b" + bytes(value)
+    elif isinstance(value, str):
+        encoded = b"s" + value.encode("utf-8")
+    else:
+        try:
+            encoded = b"j" + json.dumps(value, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgument(f"a result must be bytes, str or JSON-able: {exc}") from None
+    if len(encoded) > MAX_RESULT_BYTES:
+        raise InvalidArgument(f"a result may hold at most {MAX_RESULT_BYTES} bytes encoded, got {len(encoded)}")
+    return encoded
+
+
+def decode_result(encoded: bytes) -> object:
+    """The value :func:`encode_result` encoded.
+
+    Raises:
+        CorruptRecord: an unknown kind byte, or text or JSON that does not parse.
+    """
+    kind, body = encoded[:1], encoded[1:]
+    try:
+        if kind == b"b":
+            return body
+        if kind == b"s":
+            return body.decode("utf-8")
+        if kind == b"j":
+            return json.loads(body)
+    except ValueError as exc:
+        raise CorruptRecord(f"a stored result does not parse: {exc}") from None
+    raise CorruptRecord(f"a stored result has an unknown kind {kind!r}")
 
 
 def nack_call(

@@ -89,6 +89,21 @@ class QueueKeys:
         """zset: id -> ms until which an acked id stays a duplicate for enqueue (tombstones)."""
         return self._key("done")
 
+    @property
+    def results(self) -> str:
+        """hash: id -> "<finished_ms>|<value>", the results ack_result keeps."""
+        return self._key("results")
+
+    @property
+    def result_expiry(self) -> str:
+        """zset: id -> ms at which its result is deleted."""
+        return self._key("result_expiry")
+
+    @property
+    def finished(self) -> str:
+        """stream: one entry {id: <job id>} per result stored; wait_result blocks on it."""
+        return self._key("finished")
+
     def role(self, name: str) -> str:
         """The key for a role by name (as listed in a script header)."""
         if name not in ROLES:
@@ -101,7 +116,8 @@ class QueueKeys:
 
 
 #: Every role of a queue key, in the order lua/README.md lists them.
-ROLES = ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake", "done")
+ROLES = ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake", "done", "results",
+         "result_expiry", "finished")
 
 
 @dataclass(frozen=True)

@@ -222,6 +222,41 @@ class DeadPage:
 
 
 @dataclass(frozen=True)
+class Result:
+    """What a handler returns to have its job's result kept for ``ttl_ms`` (default:
+    the worker's ``keep_results_ms``, else one hour), whatever the worker's default;
+    ``value`` is bytes, str or anything JSON-able."""
+
+    value: Any
+    ttl_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """A job's outcome (``result`` / ``wait_result``; lua/result.lua).
+
+    ``state``: ``ok`` (finished; ``value`` is what its handler returned, kept for the
+    result's time to live), ``dead`` (``error`` is its last error), ``pending`` (not
+    finished: ready, scheduled or leased; after ``wait_result``, its time ran out),
+    ``done`` (ended with no result kept: acked without one, cancelled, or its result
+    expired or was trimmed), or ``unknown``.
+    """
+
+    id: str
+    queue: str
+    state: str
+    value: Any
+    error: str
+    #: When it finished (ok) or died (dead); -1 otherwise.
+    finished_ms: int
+
+    @property
+    def finished(self) -> bool:
+        """Whether waiting longer can change nothing (any state but pending)."""
+        return self.state != "pending"
+
+
+@dataclass(frozen=True)
 class Cancelled:
     """What ``cancel`` did (lua/cancel.lua).
 

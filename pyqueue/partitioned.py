@@ -31,6 +31,8 @@ from typing import Any
 from pyqueue.core import (
     DEFAULT_LEASE_MS,
     DEFAULT_MAINTENANCE_LIMIT,
+    DEFAULT_MAX_RESULTS,
+    DEFAULT_RESULT_TTL_MS,
     MAX_BATCH,
     MAX_PARTITIONS,
     JobTuple,
@@ -51,6 +53,7 @@ from pyqueue.models import (
     Extended,
     Job,
     JobInfo,
+    JobResult,
     Leased,
     Nacked,
     Outcome,
@@ -207,6 +210,27 @@ class PartitionedCore(QueueCore):
     def plan_ack_many(self, jobs: Iterable[Job], *, now_ms: int | None = None) -> Plan[list[Outcome]]:
         """As :meth:`QueueCore.plan_ack_many`; one call per partition involved."""
         return (yield from self._per_partition(jobs, lambda part, group: part.plan_ack_many(group, now_ms=now_ms)))
+
+    def plan_ack_result(
+        self, job: Job, value: object, *, result_ttl_ms: int = DEFAULT_RESULT_TTL_MS,
+        max_results: int = DEFAULT_MAX_RESULTS, now_ms: int | None = None,
+    ) -> Plan[Outcome]:
+        """As :meth:`QueueCore.plan_ack_result`, in the job's partition (its results
+        and their bound are per partition)."""
+        plan = self.part_of(job).plan_ack_result(
+            job, value, result_ttl_ms=result_ttl_ms, max_results=max_results, now_ms=now_ms
+        )
+        return (yield from plan)
+
+    def plan_result(self, job_id: str, *, now_ms: int | None = None) -> Plan[JobResult]:
+        """As :meth:`QueueCore.plan_result`, in the id's partition."""
+        part: QueueCore = self.parts[partition_of(check_job_id(job_id), self.partitions)]
+        return (yield from part.plan_result(job_id, now_ms=now_ms))
+
+    def plan_wait_result(self, job_id: str, timeout_ms: int, *, now_ms: int | None = None) -> Plan[JobResult]:
+        """As :meth:`QueueCore.plan_wait_result`, in the id's partition."""
+        part: QueueCore = self.parts[partition_of(check_job_id(job_id), self.partitions)]
+        return (yield from part.plan_wait_result(job_id, timeout_ms, now_ms=now_ms))
 
     def plan_extend(
         self, jobs: Iterable[Job], lease_ms: int = DEFAULT_LEASE_MS, *, now_ms: int | None = None

@@ -28,7 +28,9 @@ connection pool is thread-safe) and the enqueues it coalesces (under a lock), so
 from __future__ import annotations
 
 import logging
+import math
 import secrets
+import time
 from dataclasses import fields
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -42,7 +44,9 @@ from pyqueue.core import (
     DEFAULT_LEASE_MS,
     DEFAULT_MAINTENANCE_LIMIT,
     DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_RESULTS,
     DEFAULT_PREFIX,
+    DEFAULT_RESULT_TTL_MS,
     MAX_BATCH,
     MAX_ERROR_BYTES,
     MAX_ID_BYTES,
@@ -56,7 +60,9 @@ from pyqueue.core import (
     SyncDriver,
     Verb,
     ack_call,
+    ack_result_call,
     as_payload,
+    cancel_call,
     check_ids,
     check_int,
     check_job_id,
@@ -65,22 +71,24 @@ from pyqueue.core import (
     dead_list_call,
     dead_purge_call,
     dead_replay_call,
+    decode_result,
+    encode_result,
     enqueue_call,
     extend_call,
-    cancel_call,
     get_call,
-    limit_call,
     lease_call,
+    limit_call,
     nack_call,
     new_batch,
-    pause_call,
     new_job,
     partition_name,
     partition_of,
+    pause_call,
     peek_call,
     promote_call,
     receipts_of,
     release_call,
+    result_call,
     resume_call,
     scrub_call,
     stats_call,
@@ -96,6 +104,7 @@ from pyqueue.models import (
     Extended,
     Job,
     JobInfo,
+    JobResult,
     Leased,
     Nacked,
     NewJob,
@@ -117,6 +126,9 @@ __all__ = [  # what other modules import from here (the core's names are re-expo
 log = logging.getLogger("pyqueue")
 #: Whether enqueues made at the same moment share a script call (``coalesce_enqueues``).
 DEFAULT_COALESCE_ENQUEUES = True
+#: wait_result blocks at most this long at a time; a slice in which no result was stored
+#: ends with a fresh read of the job's state (a death adds no stream entry).
+WAIT_SLICE_MS = 2_000
 Q = TypeVar("Q", bound="QueueCore")
 
 
@@ -401,6 +413,32 @@ class QueueCore:
 
     ack_many = Verb(plan_ack_many)
 
+    def plan_ack_result(
+        self, job: Job, value: object, *, result_ttl_ms: int = DEFAULT_RESULT_TTL_MS,
+        max_results: int = DEFAULT_MAX_RESULTS, now_ms: int | None = None,
+    ) -> Plan[Outcome]:
+        """``ack`` the job and keep ``value`` (bytes, str or JSON-able) as its result
+        for ``result_ttl_ms``, in one atomic call (lua/ack_result.lua): a result is
+        stored exactly when the ack answers OK. :meth:`result` and :meth:`wait_result`
+        read it. The queue keeps at most ``max_results`` results (the oldest-expiring
+        go first), each at most 512 KiB encoded: memory stays bounded.
+
+        Raises:
+            InvalidArgument: a value that is not bytes, str or JSON-able, or too large.
+        """
+        receipt = receipts_of([job])[0]
+        encoded = encode_result(value)
+        check_int(result_ttl_ms, "result_ttl_ms", 1, 2**40)
+        check_int(max_results, "max_results", 1, 10_000_000)
+        check_now(now_ms)
+        step = ack_result_call(
+            self.keys, now_ms, self.keep_done_ms, result_ttl_ms, max_results, [(receipt, encoded)]
+        )
+        (status,) = yield from self._run(step)
+        return Outcome(text(status))
+
+    ack_result = Verb(plan_ack_result)
+
     def plan_ack_and_lease(
         self,
         job: Job,
@@ -591,6 +629,55 @@ class QueueCore:
         )
 
     get = Verb(plan_get)
+
+    def plan_result(self, job_id: str, *, now_ms: int | None = None) -> Plan[JobResult]:
+        """Job ``job_id``'s outcome now, without waiting (lua/result.lua): its kept
+        result (``ok``), its last error (``dead``), ``pending``, ``done`` (ended with no
+        result kept) or ``unknown``; see :class:`JobResult`."""
+        info, _ = yield from self._read_result(check_job_id(job_id), now_ms)
+        return info
+
+    result = Verb(plan_result)
+
+    def plan_wait_result(self, job_id: str, timeout_ms: int, *, now_ms: int | None = None) -> Plan[JobResult]:
+        """Job ``job_id``'s outcome, waiting up to ``timeout_ms`` while it is pending.
+
+        Blocks on the queue's ``finished`` stream (``XREAD BLOCK``, a key in the queue's
+        hash tag), from the entry that lua/result.lua reported with the pending state,
+        so a result stored in between is not missed: it wakes when a result is stored,
+        not by polling. Deaths add no stream entry, so after each
+        :data:`WAIT_SLICE_MS` without any result in the queue it reads the state again:
+        a job that went dead is seen within that slice. Returns the outcome, still
+        ``pending`` if the time ran out.
+        """
+        check_job_id(job_id)
+        check_int(timeout_ms, "timeout_ms", 0, 86_400_000)
+        end = time.monotonic() + timeout_ms / 1000
+        info, last_id = yield from self._read_result(job_id, now_ms)
+        while not info.finished:
+            left_ms = math.ceil((end - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                break
+            block = ("XREAD", "BLOCK", min(left_ms, WAIT_SLICE_MS), "STREAMS", self.keys.finished, last_id)
+            entries = stream_entries((yield Commands(self.keys.finished, [block]))[0])
+            if entries and job_id not in (job for _, job in entries):
+                last_id = entries[-1][0]  # other jobs' results: wait on
+                continue
+            info, last_id = yield from self._read_result(job_id, now_ms)
+        return info
+
+    wait_result = Verb(plan_wait_result)
+
+    def _read_result(self, job_id: str, now_ms: int | None) -> Plan[tuple[JobResult, str]]:
+        """lua/result.lua: the outcome, and the newest entry of the finished stream."""
+        check_now(now_ms)
+        _now, state, finished_ms, value, last_id = yield from self._run(result_call(self.keys, now_ms, job_id))
+        state = text(state)
+        info = JobResult(
+            id=job_id, queue=self.name, state=state, value=decode_result(bytes(value)) if state == "ok" else None,
+            error=bytes(value).decode("utf-8", "replace") if state == "dead" else "", finished_ms=int(finished_ms),
+        )
+        return info, text(last_id)
 
     def plan_cancel(self, job_id: str, *, now_ms: int | None = None) -> Plan[Cancelled]:
         """End job ``job_id`` now, in whatever state it is, so that it never runs
@@ -804,6 +891,22 @@ def plan_peek_many(queues: Sequence[QueueCore]) -> Plan[list[Peeked]]:
             raise map_redis_error(reply) from reply
         now, ready, next_due = reply
         out.append(Peeked(int(now), int(ready), int(next_due)))
+    return out
+
+
+def stream_entries(reply: Any) -> list[tuple[str, str]]:
+    """(entry id, job id) of each entry of an XREAD reply on the finished stream, oldest
+    first; [] when the read timed out. Takes redis-py's RESP2 and RESP3 shapes."""
+    if not reply:
+        return []
+    streams = list(reply.values()) if isinstance(reply, dict) else [stream[1] for stream in reply]
+    out = []
+    for entries in streams:
+        for entry_id, fields in entries:
+            if not isinstance(fields, dict):
+                fields = dict(zip(fields[::2], fields[1::2]))
+            job = fields.get(b"id", fields.get("id", b""))
+            out.append((text(entry_id), text(job)))
     return out
 
 

@@ -52,6 +52,7 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "enqueue": ("jobs", "ready", "scheduled", "counters", "wake", "done"),
     "lease": ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake", "done"),
     "ack": ("jobs", "leased", "owners", "done"),
+    "ack_result": ("jobs", "leased", "owners", "done", "results", "result_expiry", "finished"),
     "nack": ("jobs", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake"),
     "extend": ("jobs", "leased"),
     "release": ("jobs", "ready", "leased", "owners", "counters", "wake"),
@@ -59,6 +60,7 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "stats": ("jobs", "ready", "scheduled", "leased", "dead", "counters", "done"),
     "peek": ("ready", "scheduled", "leased", "counters"),
     "get": ("jobs", "scheduled", "leased", "dead", "errors", "done"),
+    "result": ("jobs", "dead", "errors", "done", "results", "result_expiry", "finished"),
     "cancel": ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "done"),
     "limit": ("counters", "wake"),
     "pause": ("counters",),
@@ -137,7 +139,7 @@ def _node_pool() -> ThreadPoolExecutor:
 
 
 #: Scripts that write nothing: wait_replicas sends no WAIT after them.
-READ_ONLY = frozenset({"stats", "peek", "dead_list", "get"})
+READ_ONLY = frozenset({"stats", "peek", "dead_list", "get", "result"})
 
 #: How long a cluster call keeps retrying weather before it raises.
 DEFAULT_WEATHER_BUDGET_S = 30.0

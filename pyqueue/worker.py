@@ -58,7 +58,8 @@ import redis as redis_lib
 from pyqueue.commit import GroupCommit
 from pyqueue.clients import Client, bytes_client, check_server, embedded_redis, node_for_key
 from pyqueue.errors import InvalidArgument, OutcomeUnknown, OutOfMemory, PyQueueError, ServiceLost
-from pyqueue.models import Job, Outcome
+from pyqueue.core import DEFAULT_MAX_RESULTS, DEFAULT_RESULT_TTL_MS, encode_result
+from pyqueue.models import Job, Outcome, Result
 from pyqueue.queue import (
     DEFAULT_BACKOFF_BASE_MS,
     DEFAULT_BACKOFF_CAP_MS,
@@ -229,6 +230,11 @@ class Worker:
             (InvalidArgument) before the worker registers.
         wait_replicas: every ack, nack and lease waits for this many replicas (see
             :class:`~pyqueue.Queue`); a call they do not confirm in time is re-sent.
+        keep_results_ms: keep what each handler returns as its job's result for this
+            long (``Queue.ack_result``: stored atomically with the ack; read with
+            ``Queue.result`` / ``wait_result``). None (default): results are kept only
+            for handlers that return :class:`~pyqueue.Result` (per job).
+        max_results: most results kept per queue (the oldest-expiring go first).
         schedules: periodic jobs (:class:`~pyqueue.schedules.Schedule`, each of one of
             ``queues``) this worker enqueues, one job ``<name>:<tick>`` per tick, from a
             scheduler thread that runs while the worker is registered. Any number of
@@ -262,6 +268,8 @@ class Worker:
         partitions: Mapping[str, int] | None = None,
         wait_replicas: int = 0,
         schedules: Sequence[Schedule] = (),
+        keep_results_ms: int | None = None,
+        max_results: int = DEFAULT_MAX_RESULTS,
     ) -> None:
         if not queues or len(set(queues)) != len(queues):
             raise InvalidArgument("a worker serves one or more distinct queues")
@@ -282,6 +290,10 @@ class Worker:
         self.queue_names = list(queues)
         # Validates the names now; owners are set once the service id is known.
         self.keep_done_ms = check_int(keep_done_ms, "keep_done_ms", 0, 2**40)
+        self.keep_results_ms = None if keep_results_ms is None else check_int(
+            keep_results_ms, "keep_results_ms", 1, 2**40
+        )
+        self.max_results = check_int(max_results, "max_results", 1, 10_000_000)
         partitions = dict(partitions or {})
         unknown = sorted(set(partitions) - set(self.queue_names))
         if unknown:
@@ -676,6 +688,17 @@ class Worker:
             # would answer GONE or STALE and change nothing.
             log.info("job %s ended as cancelled (its handler %s)", job.id, "failed" if error else "returned")
             return None
+        keep = self._result_to_keep(result) if error is None else None
+        if isinstance(keep, Exception):
+            error, keep = keep, None  # a result that cannot be stored fails the job, loudly
+        if keep is not None:
+            value, ttl_ms = keep
+            self._crash.at("before_ack")
+            outcome = self._with_retries(
+                lambda: queue.ack_result(job, value, result_ttl_ms=ttl_ms, max_results=self.max_results)
+            )
+            self._log_ack(job, outcome)
+            return None
         if error is None:
             self._crash.at("before_ack")
             if self._crash.armed("ack_sent"):
@@ -702,6 +725,24 @@ class Worker:
         elif not nacked.outcome:
             log.warning("job %s: nack found the lease %s", job.id, nacked.outcome.value)
         return None
+
+    def _result_to_keep(self, returned: object) -> tuple[object, int] | Exception | None:
+        """(value, ttl_ms) to store with the ack: a :class:`Result` always, any other
+        return value when the worker keeps results; None to ack without one; the
+        InvalidArgument when the value cannot be stored (not bytes, str or JSON-able,
+        or too large), which fails the job."""
+        if isinstance(returned, Result):
+            value, ttl_ms = returned.value, returned.ttl_ms or self.keep_results_ms or DEFAULT_RESULT_TTL_MS
+        elif self.keep_results_ms is not None:
+            value, ttl_ms = returned, self.keep_results_ms
+        else:
+            return None
+        try:
+            encode_result(value)
+            check_int(ttl_ms, "Result.ttl_ms", 1, 2**40)
+        except InvalidArgument as exc:
+            return exc
+        return value, ttl_ms
 
     def _refuse_awaitable(self, queue: Queue, job: Job, result: object) -> None:
         """The handler returned a coroutine (or another awaitable) instead of doing the

@@ -89,6 +89,17 @@ def test_limit_command(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert q.stats().rate_limit == 0
 
 
+def test_result_command(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    q = Queue.from_url(url, "emails")
+    q.enqueue_many([b"x", b"y"])
+    first, second = q.lease(count=2)
+    q.ack_result(first, {"sent": 1})
+    assert main(["--url", url, "result", "emails", first.id]) == 0
+    assert capsys.readouterr().out.strip() == '{"sent": 1}'
+    assert main(["--url", url, "result", "emails", second.id, "--wait-ms", "50"]) == 1
+    assert "pending" in capsys.readouterr().out
+
+
 def test_cancel_command(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     q = Queue.from_url(url, "emails")
     q.enqueue(b"x", job_id="j1")

@@ -180,7 +180,7 @@ def test_exactly_once_ack_answer_when_two_workers_hold_the_same_job_in_turn(q: Q
     assert [q.ack(b), q.ack(a), q.ack(b)] == [Outcome.OK, Outcome.GONE, Outcome.GONE]
 
 
-@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("role", SCRIPT_KEYS["lease"])
 def test_check_before_write_a_failing_call_wrote_nothing(q: Queue, r: redis.Redis, role: str) -> None:
     # The exhaustive table is in test_bad_input.py; this runs lease, the widest script,
     # with each of its keys broken (the tombstones' key only matters when it acks).

@@ -1,0 +1,164 @@
+--[[ result: a job's outcome, read without waiting. Read only.
+
+KEYS (7), all <prefix>:{<queue>}:<role>
+  1 jobs           hash    id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
+  2 dead           zset    id -> dead_ms
+  3 errors         hash    id -> last error text of a dead job
+  4 done           zset    id -> ms until which an acked id stays a duplicate
+  5 results        hash    id -> "<finished_ms>|<value>" (ack_result.lua)
+  6 result_expiry  zset    id -> ms at which its result is deleted
+  7 finished       stream  one entry per result stored (ack_result.lua)
+
+ARGV (2)
+  1  now_ms  '' (use the server clock) or integer >= 0; tests only
+  2  id      1..256 bytes, no control characters
+
+Returns  {now_ms, state, finished_ms, value, last_id}
+         state: 'pending' (the job is ready, scheduled or leased), 'ok' (finished with a
+         kept result: value, finished_ms), 'dead' (value: its last error; finished_ms:
+         when it died), 'done' (ended without a result kept: acked without one,
+         cancelled, or its result was trimmed; the tombstone is in force), 'unknown'.
+         finished_ms is -1 and value '' where a state has none.
+         last_id: the newest entry of `finished` ('0-0' if none): a waiter that finds
+         the job pending blocks with XREAD BLOCK .. STREAMS finished <last_id>, so no
+         result stored after this read is missed.
+Errors   PQ_BADARG, WRONGTYPE. Writes nothing.
+Replay   read only.
+]]
+
+-- >>> pyqueue prelude: the same in every script; source tests/lua_prelude.lua, copied by tests/lua_prelude.py
+-- Edit tests/lua_prelude.lua, then run `python tests/lua_prelude.py --write`; never edit a copy.
+-- Every helper is in every script; an unused one is harmless and calls nothing.
+
+local MAX_BATCH = 1000 -- per call at most this many jobs, receipts or ids; also the most count/limit
+local CHUNK = 500 -- values per unpack(); keeps every redis.call well under Lua's C stack limit
+local TRIM_BATCH = 10 -- expired tombstones are trimmed this many at a time, at least
+local MAINTENANCE_INTERVAL_MS = 50 -- while READY is busy, maintenance still runs this often
+local NONE = {} -- an empty list to read from; never written to, so no call allocates its own
+
+-- An integer argument in [lo, hi] ('^-?%d+$'), or nil and a PQ_BADARG text naming it.
+local function int_arg(value, name, lo, hi)
+  if type(value) ~= 'string' or not string.find(value, '^%-?%d+$') then
+    return nil, 'PQ_BADARG ' .. name .. ' must be an integer, got ' .. string.format('%q', tostring(value))
+  end
+  local n = tonumber(value)
+  if n < lo or n > hi then
+    return nil, string.format('PQ_BADARG %s must be in [%d, %d], got %s', name, lo, hi, value)
+  end
+  return n
+end
+
+-- A PQ_BADARG text unless `value` (a string) is 1..64 bytes of [A-Za-z0-9_.:-]; else nil.
+local function name_arg(value, name)
+  if #value < 1 or #value > 64 or not string.find(value, '^[%w_.:%-]+$') then
+    return 'PQ_BADARG ' .. name .. ' must be 1..64 bytes of [A-Za-z0-9_.:-]'
+  end
+end
+
+-- ARGV now_ms: nil for '' (read the clock later, with server_now_ms), else as int_arg.
+local function now_arg(value)
+  if value == '' then return nil end
+  return int_arg(value, 'now_ms', 0, 2 ^ 53)
+end
+
+-- The server clock in ms. One TIME call: call it only where the script needs the time.
+local function server_now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- The id of a receipt "<owner>|<call>|<fence>|<attempt>|<id>", or nil if it does not parse.
+-- The same rule as parse_receipt, without a table: acks need only the id.
+local function receipt_id(receipt)
+  return string.match(receipt, '^[%w_.:%-]+|[%w_.:%-]+|%d+|%d+|(.+)$')
+end
+
+-- "<owner>|<call>|<fence>|<attempt>|<id>" as {receipt, id, fence, attempt}, or nil.
+local function parse_receipt(receipt)
+  local owner, call, fence, attempt, id = string.match(receipt, '^([%w_.:%-]+)|([%w_.:%-]+)|(%d+)|(%d+)|(.+)$')
+  if not owner then return nil end
+  return { receipt = receipt, id = id, fence = tonumber(fence), attempt = tonumber(attempt) }
+end
+
+-- "<attempts>|<max_attempts>|<due_ms>|<payload>" as the 3 numbers and the payload's index, or nil.
+local function parse_record(record)
+  local attempts, max_attempts, due_ms, at = string.match(record, '^(%d+)|(%d+)|(%d+)|()')
+  if not attempts then return nil end
+  return tonumber(attempts), tonumber(max_attempts), tonumber(due_ms), at
+end
+
+-- A WRONGTYPE text if `key` exists with another type than `want`; else nil. One TYPE call.
+local function expect_type(key, want)
+  local got = redis.call('TYPE', key).ok
+  if got ~= 'none' and got ~= want then
+    return 'WRONGTYPE ' .. key .. ' holds a ' .. got .. ', expected a ' .. want
+  end
+end
+
+-- redis.call(cmd, key, values...) in CHUNK-sized calls (none when `values` is empty).
+local function call_chunked(cmd, key, values)
+  for i = 1, #values, CHUNK do
+    redis.call(cmd, key, unpack(values, i, math.min(i + CHUNK - 1, #values)))
+  end
+end
+
+-- HMGET of any number of fields, in CHUNK-sized calls; no call for no fields.
+local function hmget(key, fields)
+  if #fields == 0 then return {} end
+  if #fields <= CHUNK then return redis.call('HMGET', key, unpack(fields)) end
+  local out = {}
+  for i = 1, #fields, CHUNK do
+    local part = redis.call('HMGET', key, unpack(fields, i, math.min(i + CHUNK - 1, #fields)))
+    for j = 1, #part do out[i + j - 1] = part[j] end
+  end
+  return out
+end
+
+-- Tombstone acked ids in `key` (done; ack.lua). Trim the `expired` lowest ranks first: ZADD may re-rank them.
+local function bury(key, ids, expired, now_ms, keep_done_ms)
+  if expired >= TRIM_BATCH then
+    redis.call('ZREMRANGEBYRANK', key, 0, math.min(expired, #ids + TRIM_BATCH) - 1)
+  end
+  local kept_until = now_ms + keep_done_ms
+  if keep_done_ms == 0 then
+    return
+  elseif #ids == 1 then
+    redis.call('ZADD', key, kept_until, ids[1])
+  else
+    local args = {}
+    for i, id in ipairs(ids) do args[2 * i - 1], args[2 * i] = kept_until, id end
+    call_chunked('ZADD', key, args)
+  end
+end
+-- <<< pyqueue prelude
+
+local jobs_key, dead_key, errors_key, done_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local results_key, expiry_key, finished_key = KEYS[5], KEYS[6], KEYS[7]
+
+local now_ms, err = now_arg(ARGV[1])
+if err then return redis.error_reply(err) end
+local id = ARGV[2]
+if type(id) ~= 'string' or #id < 1 or #id > 256 or string.find(id, '[%c]') then
+  return redis.error_reply('PQ_BADARG id must be 1..256 bytes without control characters')
+end
+now_ms = now_ms or server_now_ms()
+
+local newest = redis.call('XREVRANGE', finished_key, '+', '-', 'COUNT', 1)
+local last_id = newest[1] and newest[1][1] or '0-0'
+
+-- The job itself first: an id enqueued again after an earlier result is pending.
+if redis.call('HEXISTS', jobs_key, id) == 1 then
+  local dead_ms = redis.call('ZSCORE', dead_key, id)
+  if dead_ms then
+    return { now_ms, 'dead', tonumber(dead_ms), redis.call('HGET', errors_key, id) or '', last_id }
+  end
+  return { now_ms, 'pending', -1, '', last_id }
+end
+local expires_ms = tonumber(redis.call('ZSCORE', expiry_key, id))
+if expires_ms and expires_ms > now_ms then
+  local record = redis.call('HGET', results_key, id)
+  local finished_ms, at = string.match(record or '', '^(%d+)|()')
+  if finished_ms then return { now_ms, 'ok', tonumber(finished_ms), string.sub(record, at), last_id } end
+end
+local until_ms = tonumber(redis.call('ZSCORE', done_key, id))
+return { now_ms, until_ms and until_ms > now_ms and 'done' or 'unknown', -1, '', last_id }
