@@ -139,7 +139,7 @@ end
 -- <<< pyqueue prelude
 
 local jobs_key, leased_key, owners_key, done_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local results_key, expiry_key, finished_key = KEYS[5], KEYS[6], KEYS[7]
+local results_key, result_expiry_key, finished_key = KEYS[5], KEYS[6], KEYS[7]
 local MAX_RESULT_BYTES, STREAM_LENGTH = 524288, 1000
 
 -- 1. Validate.
@@ -193,11 +193,11 @@ err = (not jobs_read and expect_type(jobs_key, 'hash')) or expect_type(results_k
   or expect_type(finished_key, 'stream')
 if err then return redis.error_reply(err) end
 local expired = redis.call('ZCOUNT', done_key, '-inf', now_ms)
-local trim = redis.call('ZRANGEBYSCORE', expiry_key, '-inf', now_ms, 'LIMIT', 0, n + TRIM_BATCH)
-local over = redis.call('ZCARD', expiry_key) - #trim + #stored - max_results
+local trim = redis.call('ZRANGEBYSCORE', result_expiry_key, '-inf', now_ms, 'LIMIT', 0, n + TRIM_BATCH)
+local over = redis.call('ZCARD', result_expiry_key) - #trim + #stored - max_results
 if over > 0 then
   -- The oldest-expiring after the expired ones (ranks #trim ..), at most n + 10 more.
-  local oldest = redis.call('ZRANGE', expiry_key, #trim, #trim + math.min(over, n + TRIM_BATCH) - 1)
+  local oldest = redis.call('ZRANGE', result_expiry_key, #trim, #trim + math.min(over, n + TRIM_BATCH) - 1)
   for _, id in ipairs(oldest) do trim[#trim + 1] = id end
 end
 
@@ -208,7 +208,7 @@ call_chunked('HDEL', jobs_key, acked_ids)
 bury(done_key, acked_ids, expired, now_ms, keep_done_ms)
 if #trim > 0 then
   call_chunked('HDEL', results_key, trim)
-  call_chunked('ZREM', expiry_key, trim)
+  call_chunked('ZREM', result_expiry_key, trim)
 end
 local fields, expiries = {}, {}
 for _, pair in ipairs(stored) do
@@ -217,5 +217,5 @@ for _, pair in ipairs(stored) do
   redis.call('XADD', finished_key, 'MAXLEN', STREAM_LENGTH, '*', 'id', pair[1])
 end
 call_chunked('HSET', results_key, fields)
-call_chunked('ZADD', expiry_key, expiries)
+call_chunked('ZADD', result_expiry_key, expiries)
 return status

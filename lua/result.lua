@@ -133,7 +133,7 @@ end
 -- <<< pyqueue prelude
 
 local jobs_key, dead_key, errors_key, done_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local results_key, expiry_key, finished_key = KEYS[5], KEYS[6], KEYS[7]
+local results_key, result_expiry_key, finished_key = KEYS[5], KEYS[6], KEYS[7]
 
 local now_ms, err = now_arg(ARGV[1])
 if err then return redis.error_reply(err) end
@@ -146,15 +146,16 @@ now_ms = now_ms or server_now_ms()
 local newest = redis.call('XREVRANGE', finished_key, '+', '-', 'COUNT', 1)
 local last_id = newest[1] and newest[1][1] or '0-0'
 
--- The job itself first: an id enqueued again after an earlier result is pending.
-if redis.call('HEXISTS', jobs_key, id) == 1 then
+-- The job itself first: an id enqueued again after an earlier result is pending. (HGET,
+-- not HEXISTS: the ACL recipe's producer and admin roles read hashes with HGET only.)
+if redis.call('HGET', jobs_key, id) then
   local dead_ms = redis.call('ZSCORE', dead_key, id)
   if dead_ms then
     return { now_ms, 'dead', tonumber(dead_ms), redis.call('HGET', errors_key, id) or '', last_id }
   end
   return { now_ms, 'pending', -1, '', last_id }
 end
-local expires_ms = tonumber(redis.call('ZSCORE', expiry_key, id))
+local expires_ms = tonumber(redis.call('ZSCORE', result_expiry_key, id))
 if expires_ms and expires_ms > now_ms then
   local record = redis.call('HGET', results_key, id)
   local finished_ms, at = string.match(record or '', '^(%d+)|()')

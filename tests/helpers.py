@@ -57,6 +57,8 @@ def calls_touching_every_key(q: Queue, h: dict[str, Any]) -> dict[str, tuple[str
         "lease": ("lease", [now, "w", "c1", 2, 1000, 100, 1000]),
         "ack_and_lease": ("lease", [now, "w", "c1", 2, 1000, 100, 1000, held, "w|x|9|9|r0"]),
         "ack": ("ack", [now, 1000, held, "w|c|99|1|r1"]),
+        "ack_result": ("ack_result", [now, 1000, 3_600_000, 10, held, b"sdone", "w|c|99|1|r1", b"j1"]),
+        "result": ("result", [now, "nope"]),
         "nack_to_scheduled": ("nack", [now, retry, "e", "", 100, 1000]),
         "nack_to_dead": ("nack", [now, h["last"].receipt, "e", "", 100, 1000]),
         "extend": ("extend", [now, 5000, held, "w|c|99|1|r1"]),
@@ -121,6 +123,9 @@ def contents(client: redis.Redis) -> dict[bytes, object]:
             out[key] = client.smembers(key)
         elif kind == b"zset":
             out[key] = client.zrange(key, 0, -1, withscores=True)
+        elif kind == b"stream":
+            # The entries' fields, in order; their ids carry the server's clock.
+            out[key] = (kind, [fields for _, fields in client.xrange(key)])
         else:
             out[key] = (kind, client.dump(key))
     return out

@@ -40,7 +40,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
-from pyqueue import Job, JobInfo, NewJob, Outcome, Queue, ServiceLost
+from pyqueue import Job, JobInfo, JobResult, NewJob, Outcome, Queue, ServiceLost
+from pyqueue.core import decode_result, encode_result
 from pyqueue.keys import QueueKeys, ServiceKeys
 from pyqueue.models import (
     DeadJob,
@@ -65,6 +66,8 @@ T0 = 1_700_000_000_000
 MAINTENANCE_INTERVAL_MS = 50
 #: ack.lua / lease.lua trim expired tombstones once at least this many have expired.
 TRIM_BATCH = 10
+#: ack_result.lua: the finished stream keeps this many entries.
+STREAM_LENGTH = 1000
 #: keep_done_ms of each worker's Queue: none, short, the default (expiry at the clock
 #: steps the machine takes is where `<` versus `<=` bugs live).
 KEEP_DONE_MS = {"solo": 50, "ns.1.r": 0, "ns.1.r0": 1000, "ns.2.r": 300_000}
@@ -169,6 +172,11 @@ class QueueModel:
         #: time, as the "%.3f" text it stores.
         self.rate_limit: tuple[int, int, int] | None = None
         self.rate_tat: str | None = None
+        #: ack_result.lua: id -> "<finished_ms>|<encoded value>", id -> expiry ms, and
+        #: the ids of the finished stream's entries (at most STREAM_LENGTH).
+        self.results: dict[str, bytes] = {}
+        self.result_expiry: dict[str, int] = {}
+        self.finished: list[str] = []
 
     # -- queries ---------------------------------------------------------------------
 
@@ -397,6 +405,45 @@ class QueueModel:
         elif len(jobs) < count:
             next_due = now if stopped_at_limit else self.next_due_ms()
         return LeaseAnswer(status, jobs, next_due, replayed=False)
+
+    def ack_result(
+        self, pairs: Sequence[tuple[str, bytes]], now: int, keep_done_ms: int, ttl_ms: int, max_results: int
+    ) -> list[str]:
+        """ack_result.lua: ack as ack.lua; keep each acked job's result; trim the
+        expired (n + TRIM_BATCH at most), then the oldest-expiring beyond the cap."""
+        status, ok = self.statuses([receipt for receipt, _ in pairs])
+        if not ok:
+            return status
+        value_of = {}
+        for receipt, value in pairs:
+            value_of.setdefault(receipt, value)
+        stored = [(self.leases[receipt].id, value_of[receipt]) for receipt in ok]
+        bound = len(pairs) + TRIM_BATCH
+        ranked = zsorted(self.result_expiry)
+        trim = [i for i in ranked if self.result_expiry[i] <= now][:bound]
+        over = len(self.result_expiry) - len(trim) + len(stored) - max_results
+        if over > 0:
+            trim += ranked[len(trim) : len(trim) + min(over, bound)]
+        self._ack(ok, now, keep_done_ms)
+        for job_id in trim:
+            self.results.pop(job_id, None)
+            self.result_expiry.pop(job_id, None)
+        for job_id, value in stored:
+            self.results[job_id] = str(now).encode() + b"|" + value
+            self.result_expiry[job_id] = now + ttl_ms
+            self.finished = (self.finished + [job_id])[-STREAM_LENGTH:]
+        return status
+
+    def result(self, job_id: str, now: int) -> tuple[str, int, bytes]:
+        """result.lua: (state, finished_ms, value or error)."""
+        if job_id in self.jobs:
+            if job_id in self.dead:
+                return "dead", self.dead[job_id], self.errors.get(job_id, b"")
+            return "pending", -1, b""
+        if self.result_expiry.get(job_id, -1) > now and job_id in self.results:
+            finished, _, value = self.results[job_id].partition(b"|")
+            return "ok", int(finished), value
+        return ("done" if self.done.get(job_id, -1) > now else "unknown"), -1, b""
 
     def cancel(self, job_id: str, now: int, keep_done_ms: int) -> str:
         """cancel.lua: the state the job was cancelled in, or done / unknown."""
@@ -647,6 +694,9 @@ class QueueModel:
             keys.counters: counters,
             keys.wake: {b"wake": 0.0} if self.wake else {},
             keys.done: {i.encode(): float(until) for i, until in self.done.items()},
+            keys.results: {i.encode(): record for i, record in self.results.items()},
+            keys.result_expiry: {i.encode(): float(at) for i, at in self.result_expiry.items()},
+            keys.finished: [i.encode() for i in self.finished],
         }
         return {key: value for key, value in out.items() if value}
 
@@ -782,9 +832,10 @@ def read_keyspace(client: redis.Redis, queue_keys: QueueKeys, service_keys: Serv
     """Every key in Redis with its value (hash: dict, list: list, zset: member -> score,
     string: bytes), read with ``KEYS *`` and one pipeline. A key that is not one of the
     queue's or the namespace's is reported under ``<unexpected>``."""
-    hashes = {queue_keys.jobs, queue_keys.errors, queue_keys.counters, service_keys.role("queues")}
+    hashes = {queue_keys.jobs, queue_keys.errors, queue_keys.counters, queue_keys.results, service_keys.role("queues")}
     lists = {queue_keys.ready, service_keys.role("ids")}
-    zsets = {queue_keys.scheduled, queue_keys.leased, queue_keys.owners, queue_keys.dead, queue_keys.wake, queue_keys.done}
+    zsets = {queue_keys.scheduled, queue_keys.leased, queue_keys.owners, queue_keys.dead, queue_keys.wake, queue_keys.done,
+             queue_keys.result_expiry}
     zsets.add(service_keys.role("expiry"))
     strings = {service_keys.role("seq")}
     service_prefix = service_keys.role("seq")[: -len("seq")]
@@ -802,13 +853,17 @@ def read_keyspace(client: redis.Redis, queue_keys: QueueKeys, service_keys: Serv
             pipe.zrange(key, 0, -1, withscores=True)
         elif key in strings:
             pipe.get(key)
+        elif key == queue_keys.finished:
+            pipe.xrange(key)  # read as the job ids of its entries (their ids carry the clock)
         else:
             unexpected.append(key)
             continue
         read.append(key)
     out: dict[str, Any] = {}
     for key, value in zip(read, pipe.execute()):
-        if isinstance(value, list) and value and isinstance(value[0], (tuple, list)) and key not in lists:
+        if key == queue_keys.finished:
+            value = [fields[b"id"] for _, fields in value]
+        elif isinstance(value, list) and value and isinstance(value[0], (tuple, list)) and key not in lists:
             value = {member: float(score) for member, score in value}
         out[key] = value
     if unexpected:
@@ -1333,6 +1388,33 @@ class LifecycleMachine(RuleBasedStateMachine):
                 assert got == expected, f"promote answered {got}, model {expected}"
                 if not got.more:
                     break
+
+    @rule(
+        data=st.data(), value=st.sampled_from([b"raw", "text", {"n": 1}, None]),
+        ttl_ms=st.sampled_from([10, 1000, 100_000]), max_results=st.sampled_from([1, 2, 1000]), sent_twice=SENT_TWICE,
+    )
+    def ack_result(self, data: st.DataObject, value: object, ttl_ms: int, max_results: int, sent_twice: bool) -> None:
+        """Ack one lease keeping its result (small caps and short lives, so trimming
+        happens); then its result reads back as the model says."""
+        job = self.draw_job(data)
+        for _ in range(1 + sent_twice):
+            got = self.q.ack_result(job, value, result_ttl_ms=ttl_ms, max_results=max_results, now_ms=self.now)
+            expected = self.model.ack_result(
+                [(job.receipt, encode_result(value))], self.now, KEEP_DONE_MS["solo"], ttl_ms, max_results
+            )
+            self.check_acks([job], [got], expected)
+        self.check_result(job.id)
+
+    @rule(job_id=st.sampled_from(IDS + (NEVER_ENQUEUED,)))
+    def check_result(self, job_id: str) -> None:
+        """result answers as the model: ok with the value, dead, pending, done, unknown."""
+        got = self.q.result(job_id, now_ms=self.now)
+        state, finished_ms, value = self.model.result(job_id, self.now)
+        expected = JobResult(
+            job_id, QUEUE, state, decode_result(value) if state == "ok" else None,
+            value.decode("utf-8", "replace") if state == "dead" else "", finished_ms,
+        )
+        assert got == expected, f"result {got} != model {expected}"
 
     @rule(job_id=st.sampled_from(IDS + (NEVER_ENQUEUED,)), sent_twice=SENT_TWICE)
     def cancel(self, job_id: str, sent_twice: bool) -> None:

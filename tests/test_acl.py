@@ -50,21 +50,22 @@ from pyqueue.worker import Retry, Worker
 #: it implies ``resetkeys`` and ``-@all``); ``resetchannels`` also holds when
 #: ``acl-pubsub-default`` is ``allchannels``.
 RECIPE = """\
-ACL SETUSER pq-producer reset on >producer-secret resetchannels ~pq:{emails}:* -@all +ping +evalsha +script|load +script|exists +multi +exec +time +type +hget +hmget +hset +hsetnx +hincrby +rpush +lindex +llen +zadd +zcard +zcount +zrange +zmscore
-ACL SETUSER pq-worker reset on >worker-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +bzpopmin +time +type +exists +get +incr +pexpire +del +hget +hmget +hexists +hset +hsetnx +hincrby +hdel +llen +lrange +ltrim +lpush +rpush +lrem +zadd +zrem +zscore +zcard +zcount +zrange +zrangebyscore +zrangebylex +zremrangebyrank
-ACL SETUSER pq-admin reset on >admin-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +time +type +pexpire +pttl +hget +hgetall +hmget +hset +hsetnx +hincrby +hdel +rpush +lindex +llen +lrem +zadd +zrem +zscore +zscan +zcard +zcount +zrange +zrangebyscore +zremrangebyrank
+ACL SETUSER pq-producer reset on >producer-secret resetchannels ~pq:{emails}:* -@all +ping +evalsha +script|load +script|exists +multi +exec +time +type +hget +hmget +hset +hsetnx +hincrby +rpush +lindex +llen +zadd +zcard +zcount +zrange +zmscore +xread +xrevrange +zscore
+ACL SETUSER pq-worker reset on >worker-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +bzpopmin +time +type +exists +get +incr +pexpire +del +hget +hmget +hexists +hset +hsetnx +hincrby +hdel +llen +lrange +ltrim +lpush +rpush +lrem +zadd +zrem +zscore +zcard +zcount +zrange +zrangebyscore +zrangebylex +zremrangebyrank +xadd +zmscore
+ACL SETUSER pq-admin reset on >admin-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +time +type +pexpire +pttl +hget +hgetall +hmget +hset +hsetnx +hincrby +hdel +rpush +lindex +llen +lrem +zadd +zrem +zscore +zscan +zcard +zcount +zrange +zrangebyscore +zremrangebyrank +xrevrange +xadd
 """
 
 ROLES = ("producer", "worker", "admin")
 
 #: The scripts each role runs through the driver.
 ROLE_SCRIPTS: dict[str, tuple[str, ...]] = {
-    "producer": ("enqueue", "stats"),
+    "producer": ("enqueue", "stats", "result"),
     "worker": (
-        "lease", "ack", "nack", "extend", "release", "promote", "scrub", "peek",
+        # enqueue: the periodic jobs a worker's schedules enqueue (pyqueue.schedules).
+        "enqueue", "lease", "ack", "ack_result", "nack", "extend", "release", "promote", "scrub", "peek",
         "service_register", "service_renew", "service_deregister",
     ),
-    "admin": ("stats", "get", "cancel", "limit", "pause", "resume", "dead_list", "dead_replay", "dead_purge", "service_stop"),
+    "admin": ("stats", "get", "result", "cancel", "limit", "pause", "resume", "dead_list", "dead_replay", "dead_purge", "service_stop"),
 }
 
 #: The commands each role's driver code sends itself, outside any script, and why.
@@ -78,6 +79,7 @@ SENT_BY_DRIVER: dict[str, dict[str, str]] = {
         "exec": "transactional pipelines",
         "hsetnx": "records the queue's partition count at a queue object's first call",
         "hget": "reads the recorded partition count back",
+        "xread": "wait_result blocks on the queue's finished stream",
     },
     "worker": {
         "ping": "redis-py health checks",
@@ -105,8 +107,9 @@ SENT_BY_DRIVER: dict[str, dict[str, str]] = {
 #: script whose other commands a role holds must not stop half-way on a refused one:
 #: dead_replay and dead_purge call nothing a worker lacks but ZCARD, after their
 #: writes; service_renew calls nothing an admin lacks but ZRANGEBYSCORE, after its
-#: writes; service_deregister nothing an admin lacks but LREM, after its first DEL.
-CLOSURE: dict[str, set[str]] = {"producer": set(), "worker": {"zcard"}, "admin": {"zrangebyscore", "lrem"}}
+#: writes; service_deregister nothing an admin lacks but LREM, after its first DEL;
+#: ack_result nothing an admin lacks but XADD, after the ack's writes.
+CLOSURE: dict[str, set[str]] = {"producer": set(), "worker": {"zcard"}, "admin": {"zrangebyscore", "lrem", "xadd"}}
 
 QUEUE, NAMESPACE = "emails", "workers"
 PASSWORDS = {role: f"{role}-secret" for role in ROLES}

@@ -139,6 +139,16 @@ MALFORMED: list[tuple[str, list[Any]]] = [
     ("limit", ["5", "86400001", "1"]),
     ("limit", ["5", "1000", "0"]),
     ("limit", ["x", "1000", "1"]),
+    ("ack_result", ["", "0", "1000", "10"]),  # no receipt
+    ("ack_result", ["", "0", "1000", "10", "w|c|1|1|j"]),  # a receipt without its value
+    ("ack_result", ["", "0", "0", "10", "w|c|1|1|j", "v"]),
+    ("ack_result", ["", "0", "1000", "0", "w|c|1|1|j", "v"]),
+    ("ack_result", ["", "-1", "1000", "10", "w|c|1|1|j", "v"]),
+    ("ack_result", ["", "0", "1000", "10", "not a receipt", "v"]),
+    ("ack_result", ["", "0", "1000", "10", "w|c|1|1|j", "x" * 524_289]),
+    ("result", ["", ""]),
+    ("result", ["", "a\nb"]),
+    ("result", ["x", "j"]),
     ("pause", ["x"]),
     ("pause", ["-1"]),
     ("resume", ["x"]),

@@ -25,7 +25,7 @@ def test_header_keys_agree_with_the_python_wrapper(name: str) -> None:
     m = re.search(r"^KEYS \((\d+)\)", text, re.M)
     assert m, f"{name}.lua: no 'KEYS (n)' line"
     block = text[m.end():].split("\n\n", 1)[0]
-    roles = re.findall(r"^\s+(\d+)\s+(\w+)\s+(hash|list|zset|string|set)\b", block, re.M)
+    roles = re.findall(r"^\s+(\d+)\s+(\w+)\s+(hash|list|zset|string|set|stream)\b", block, re.M)
     assert [int(i) for i, _, _ in roles] == list(range(1, len(roles) + 1))
     assert int(m.group(1)) == len(roles) == len(SCRIPT_KEYS[name])
     assert tuple(role for _, role, _ in roles) == SCRIPT_KEYS[name]

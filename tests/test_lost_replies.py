@@ -188,6 +188,10 @@ CASES: dict[str, Case] = {
     "service_forget_dead": Case("service_deregister", lambda q, s, w: s.forget_dead(2, "dead", now_ms=NOW)),
     "service_stop": Case("service_stop", lambda q, s, w: s.stop(w.service.id, now_ms=NOW)),
     "peek": Case("peek", lambda q, s, w: q.peek(now_ms=NOW)),
+    "ack_result": Case(
+        "ack_result", lambda q, s, w: q.ack_result(w.held, {"n": 1}, now_ms=NOW), replayed=lambda a: Outcome.GONE
+    ),
+    "result": Case("result", lambda q, s, w: q.result("corpse", now_ms=NOW)),
     "cancel": Case(
         "cancel", lambda q, s, w: q.cancel("held", now_ms=NOW), replayed=lambda a: dataclasses.replace(a, state="done")
     ),

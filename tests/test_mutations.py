@@ -186,8 +186,8 @@ MUTANTS = [
     Mutant(
         "stats_acked_forgets_scrubbed_leases",
         "stats",
-        "c.leased - c.nacked - c.reclaimed - c.scrubbed - c.released - leased",
-        "c.leased - c.nacked - c.reclaimed - c.released - leased",
+        "c.leased - c.nacked - c.reclaimed - c.scrubbed - c.released - c.cancelled_leased - leased",
+        "c.leased - c.nacked - c.reclaimed - c.released - c.cancelled_leased - leased",
     ),
     Mutant(
         "service_register_forgets_live_services",
@@ -254,6 +254,24 @@ MUTANTS = [
         "cancel",
         "    redis.call('HINCRBY', counters_key, 'cancelled_leased', 1)\n",
         "\n",
+    ),
+    Mutant(
+        "ack_result_keeps_more_than_max_results",
+        "ack_result",
+        "if over > 0 then",
+        "if false then",
+    ),
+    Mutant(
+        "ack_result_adds_no_stream_entry",
+        "ack_result",
+        "  redis.call('XADD', finished_key, 'MAXLEN', STREAM_LENGTH, '*', 'id', pair[1])\n",
+        "\n",
+    ),
+    Mutant(
+        "result_answers_an_expired_result",
+        "result",
+        "if expires_ms and expires_ms > now_ms then",
+        "if expires_ms then",
     ),
     Mutant(
         "lease_ignores_the_rate_limit",
