@@ -25,7 +25,14 @@ One trial:
 3. Stop: SIGTERM the survivors; then a final drain by one clean worker (no crash
    points), run until the queue is settled and its renewals have scrubbed and
    forgotten every dead worker, then stopped with SIGTERM (it deregisters).
-4. Check (:func:`check_trial`): every enqueued id executed and acked exactly once, the
+   Meanwhile the harness cancels every ``cancel_every``-th job at a random moment
+   (whatever its state: ready, leased, scheduled), and every chaos worker carries the
+   periodic job ``tick`` (``--every tick=<tick_every_s>s``), so ticks are enqueued by
+   whichever workers are alive, across the kills.
+4. Check (:func:`check_trial`): every enqueued id executed and acked exactly once but
+   for those whose cancel ended them (never acked, gone from the queue, counted in
+   ``stats.cancelled``); every tick enqueued once (``stats.enqueued`` counts one add
+   per distinct tick that ran), run, and acked once; the
    poison DEAD after 3 attempts with its error text, redeliveries within the bound the
    kills imply, and no key left but the expected ones (a stopped worker's leaked
    private wake key, which expires by its TTL, is counted apart; ``--strict-keys`` makes it
@@ -68,6 +75,9 @@ if str(TESTS) not in sys.path:  # run as a script: make crash_handlers importabl
     sys.path.insert(0, str(TESTS))
 
 from crash_handlers import POISON_PREFIX  # noqa: E402
+
+#: The periodic job every chaos worker carries: its ids are tick:<unix seconds>.
+TICK_PREFIX = "tick:"
 
 from pyqueue import DeadJob, NewJob, Queue, Stats  # noqa: E402
 from pyqueue.worker import CRASH_POINTS  # noqa: E402
@@ -240,6 +250,10 @@ class Config:
     trial_timeout_s: float | None = None
     #: a stopped worker's leaked private wake key is a violation (see unexpected_keys)
     strict_keys: bool = False
+    #: every this many jobs one is cancelled during the chaos (0: none)
+    cancel_every: int = 25
+    #: the chaos workers' periodic job ``tick`` runs every this many seconds (0: none)
+    tick_every_s: int = 1
     #: seeds the harness's own choices (kill times, slow jobs); the workers' dice and the
     #: timing are not reproducible, so a seed narrows a rerun but does not replay it
     seed: int | None = None
@@ -315,6 +329,8 @@ class Observations:
     lost_leases: int
     timed_out: bool = False
     worker_problems: list[str] = dataclasses.field(default_factory=list)
+    #: ids whose cancel ended them (the cancel answered a live state)
+    cancelled: list[str] = dataclasses.field(default_factory=list)
     #: count a stopped worker's private wake key holding just the stop marker as a
     #: violation (see unexpected_keys); off by default, since it expires by its TTL
     strict_keys: bool = False
@@ -345,6 +361,9 @@ class TrialReport:
     deaths: dict[str, int] = dataclasses.field(default_factory=dict)
     evictions: int = 0
     lost_leases: int = 0
+    cancelled: int = 0
+    #: distinct periodic ticks that ran
+    ticks: int = 0
     workers: int = 0
     seconds: float = 0.0
     violations: list[str] = dataclasses.field(default_factory=list)
@@ -380,15 +399,22 @@ def check_trial(trial: int, obs: Observations) -> TrialReport:
     if len(enqueued) != len(obs.enqueued):
         v.append("the harness enqueued an id twice")
     everything = enqueued | {obs.poison_id}
+    cancelled = set(obs.cancelled)
+    report.cancelled = len(cancelled)
+    if cancelled - enqueued:
+        v.append(f"cancelled ids the harness never enqueued: {sorted(cancelled - enqueued)[:5]}")
+    finishing = enqueued - cancelled  # the jobs that must end acked
 
     runs_per_id = collections.Counter(job_id for job_id, _ in obs.runs)
+    ticks = {job_id for job_id in runs_per_id if job_id.startswith(TICK_PREFIX)}
+    report.ticks = len(ticks)
     report.executions = len(obs.runs)
     report.poison_runs = runs_per_id.get(obs.poison_id, 0)
-    unexpected = set(runs_per_id) - everything
+    unexpected = set(runs_per_id) - everything - ticks
     report.unexpected = len(unexpected)
     if unexpected:
         v.append(f"unexpected: {len(unexpected)} executed ids were never enqueued, e.g. {sorted(unexpected)[:5]}")
-    never = enqueued - set(runs_per_id)
+    never = finishing - set(runs_per_id)
     report.never_executed = len(never)
     if never:
         v.append(f"never executed: {len(never)} ids, e.g. {sorted(never)[:5]}")
@@ -399,14 +425,16 @@ def check_trial(trial: int, obs: Observations) -> TrialReport:
 
     # Lost: enqueued, and not (executed and gone from the queue). The poison must be DEAD.
     present = set(obs.states)
-    lost = {i for i in enqueued if i in present or i not in runs_per_id}
+    lost = {i for i in finishing if i in present or i not in runs_per_id}
     report.lost = len(lost)
     if lost:
         sample = {i: obs.states.get(i, ["gone, never executed"]) for i in sorted(lost)[:5]}
         v.append(f"lost: {len(lost)} ids not acked, e.g. {sample}")
+    if cancelled & present:
+        v.append(f"cancelled jobs still in the queue: {sorted(cancelled & present)[:5]}")
     stray = present - everything
     if stray:
-        v.append(f"ids in the queue that were never enqueued: {sorted(stray)[:5]}")
+        v.append(f"ids left in the queue that the harness never enqueued (ticks?): {sorted(stray)[:5]}")
 
     # Acked exactly once: the worker-side log of ok answers, and the server's count.
     acks_per_id = collections.Counter(job_id for job_id, _ in obs.acks)
@@ -415,20 +443,27 @@ def check_trial(trial: int, obs: Observations) -> TrialReport:
     if report.acked_twice:
         twice = [i for i, n in acks_per_id.items() if n > 1]
         v.append(f"acked twice: {len(twice)} ids answered ok more than once, e.g. {twice[:5]}")
-    acked_unknown = set(acks_per_id) - everything
+    acked_unknown = set(acks_per_id) - everything - ticks
     if acked_unknown:
         v.append(f"acks of ids never enqueued: {sorted(acked_unknown)[:5]}")
     if obs.poison_id in acks_per_id:
         v.append("the poison job was acked")
+    if cancelled & set(acks_per_id):
+        v.append(f"cancelled jobs acked: {sorted(cancelled & set(acks_per_id))[:5]}")
     s = obs.stats
     report.acked_server = s.acked
-    if s.acked != len(enqueued):
-        v.append(f"stats.acked = {s.acked}, expected {len(enqueued)} (each job acked exactly once)")
+    if s.acked != len(finishing) + len(ticks):
+        v.append(f"stats.acked = {s.acked}, expected {len(finishing) + len(ticks)} (each job not cancelled, and "
+                 "each tick, acked exactly once)")
+    if s.cancelled != len(cancelled):
+        v.append(f"stats.cancelled = {s.cancelled}, expected {len(cancelled)}")
     if (s.ready, s.scheduled, s.leased, s.dead) != (0, 0, 0, 1):
         v.append(f"final counts ready/scheduled/leased/dead = {(s.ready, s.scheduled, s.leased, s.dead)}, "
                  "expected (0, 0, 0, 1)")
-    if s.enqueued != len(everything):
-        v.append(f"stats.enqueued = {s.enqueued}, expected {len(everything)}")
+    # One add per job, and one per tick: a tick enqueued twice would be counted twice.
+    if s.enqueued != len(everything) + len(ticks):
+        v.append(f"stats.enqueued = {s.enqueued}, expected {len(everything) + len(ticks)} "
+                 f"({len(everything)} jobs + {len(ticks)} ticks that ran, each added once)")
 
     # The poison: DEAD after exactly its attempts, with the text of a worker death.
     report.poison_dead = obs.states.get(obs.poison_id) == ["dead"]
@@ -522,6 +557,7 @@ class Trial:
         self.poison_id = f"{POISON_PREFIX}-{number}"
         self.workers: list[WorkerRun] = []
         self.problems: list[str] = []
+        self.cancelled: list[str] = []
 
     # worker processes
 
@@ -543,6 +579,8 @@ class Trial:
                 "worker", self.handler_of(len(self.workers)), "-q", self.queue, "--concurrency", str(cfg.concurrency),
                 "--lease-ms", str(cfg.lease_ms), "--renew-ms", str(cfg.renew_ms), "--expire-ms", str(cfg.expire_ms),
                 "--block-ms", str(cfg.block_ms)]
+        if cfg.tick_every_s and role == "chaos":  # the drain worker adds none: it must settle
+            argv += ["--every", f"tick={cfg.tick_every_s}s"]
         index = len(self.workers)
         log_path = self.workdir / f"worker-{index}-{role}-{point or 'clean'}.log"
         with open(log_path, "wb") as log_file:
@@ -644,6 +682,9 @@ class Trial:
             added = []
             for i in range(0, len(first), 1000):
                 added += q.enqueue_many(first[i : i + 1000])
+            # The jobs to cancel, each once it is enqueued, one per round of the loop.
+            to_cancel = [i for n, i in enumerate(ids) if cfg.cancel_every and n % cfg.cancel_every == 7]
+            self.rng.shuffle(to_cancel)
             deadline = time.monotonic() + cfg.timeout_s()
             next_kill = time.monotonic() + self.rng.uniform(*cfg.external_kill_s)
             timed_out = False
@@ -656,6 +697,12 @@ class Trial:
                 if pending:  # the second half arrives while workers run (wake-ups)
                     added += q.enqueue_many(pending[:250])
                     pending = pending[250:]
+                enqueued_ids = {a.job_id for a in added}
+                target = next((i for i in to_cancel if i in enqueued_ids), None)
+                if target is not None:
+                    to_cancel.remove(target)
+                    if q.cancel(target).cancelled:  # else it had been acked already: no change
+                        self.cancelled.append(target)
                 now = time.monotonic()
                 if now >= next_kill:
                     # Spare a worker whose crash point was never hit yet: let it get there.
@@ -749,7 +796,7 @@ class Trial:
             dead=q.dead_list(0, 1000).jobs, keys=keys, wake_members=wake_members, service_wakes=service_wakes,
             deaths=dict(deaths), strict_keys=self.cfg.strict_keys,
             evictions=sum(w.evicted for w in self.workers), lost_leases=sum(w.lost_leases for w in self.workers),
-            timed_out=timed_out, worker_problems=list(self.problems),
+            timed_out=timed_out, worker_problems=list(self.problems), cancelled=list(self.cancelled),
         )
 
 
@@ -816,8 +863,9 @@ class Summary:
             f"lost: {self.total('lost')}; unexpected: {self.total('unexpected')}; acked twice: "
             f"{self.total('acked_twice')}; never executed: {self.total('never_executed')}; leases run twice: "
             f"{self.total('fence_run_twice')}",
-            f"acked (server count): {self.total('acked_server')} of {self.total('jobs')}; ok answers seen by "
-            f"workers: {self.total('acked_observed')}",
+            f"acked (server count): {self.total('acked_server')} of {self.total('jobs')} jobs, less "
+            f"{self.total('cancelled')} cancelled, plus {self.total('ticks')} periodic ticks (each enqueued once); "
+            f"ok answers seen by workers: {self.total('acked_observed')}",
             f"poison: DEAD in {poison_ok}/{len(reports)} trials, runs {self.total('poison_runs')}; errors: {errors}",
             "leftover keys: " + ("none unexpected" if not self.total_leftovers() else
                                  f"{self.total_leftovers()} unexpected (see violations)")
