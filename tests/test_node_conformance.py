@@ -644,3 +644,24 @@ def test_a_paused_node_service_loses_its_registration_its_late_ack_is_fenced_and
     print(f"service/pause: {check.count} checks; node {reg['owner']} paused past its expiry holding 'zombie': "
           f"python scrubbed it and ran the job (attempt 2); node resumed, lost by {out['lost_by']}, its ack "
           f"answered gone, exit 75")
+
+
+def test_job_control_from_node_cancel_limit_and_a_result_python_reads(server: RedisServer, client: redis.Redis) -> None:
+    q = Queue("control", client)
+    q.enqueue_many([NewJob(b"", job_id="held"), NewJob(b"", job_id="waiting"), NewJob(b"", job_id="r1"),
+                    NewJob(b"", job_id="r2")])
+    (held,) = q.lease()  # Python holds 'held'; Node cancels it under Python's worker
+    node = run_node("control", server, {"queue": "control", "ready_id": "waiting", "leased_id": "held"})
+    assert (node["cancel_ready"], node["cancel_leased"], node["cancel_again"]) == ("ready", "leased", "done")
+    assert node["limit"] == {"count": 1, "periodMs": 60000, "burst": 1, "changed": True}
+    # Under the cap Node got one job, and the next permit is a minute away.
+    assert [j["id"] for j in node["leased"]] == ["r1"]
+    assert node["limited"]["jobs"] == 0 and node["limited"]["next_due_ms"] - node["limited"]["now_ms"] > 50_000
+    assert node["ack_result"] == ["ok"] and node["result"]["state"] == "ok"
+    # Python reads Node's result with its own decoding; Python's late ack of the
+    # cancelled job changes nothing.
+    assert q.result("r1").value == {"from": "node", "n": 7}
+    assert q.ack(held) is Outcome.GONE
+    s = q.stats()
+    assert (s.cancelled, s.rate_limit, s.acked, s.ready) == (2, 0, 1, 1)
+    assert node["unlimit"]["changed"] is True and node["stats"]["cancelled"] == 2

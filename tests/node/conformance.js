@@ -18,6 +18,8 @@
 //            one JSON event per line while it runs ({"event": "registered", ...},
 //            {"event": "running", ...}), then the result. A job whose payload is
 //            "sleep:<ms>" takes that long.
+//   control  job control on a queue Python filled: cancel, limit, ack with a result,
+//            read the result back
 
 const readline = require('readline');
 const {
@@ -308,6 +310,27 @@ async function service(_q, opts, redis) {
   return { ...report, id: svc.id, registration: svc.registration, owner: svc.owner, reloads: runner.reloads };
 }
 
+// Job control from Node on a queue Python filled: cancel a ready and a leased job, cap
+// the lease rate, ack a job with a result Python reads, read it back, lift the cap.
+async function control(q, opts) {
+  const out = {};
+  out.cancel_ready = await q.cancel(opts.ready_id);
+  out.cancel_leased = await q.cancel(opts.leased_id);
+  out.cancel_again = await q.cancel(opts.ready_id);
+  out.limit = await q.limit(1, 60000, 1);
+  const first = await q.lease({ count: 5 });
+  const second = await q.lease({ count: 5 });
+  out.leased = first.jobs.map(jobJson);
+  out.limited = { jobs: second.jobs.length, next_due_ms: second.nextDueMs, now_ms: second.nowMs };
+  const job = first.jobs[0];
+  out.ack_result = await q.ackResult([[job.receipt, `j${JSON.stringify({ from: 'node', n: 7 })}`]]);
+  const read = await q.result(text(job.id));
+  out.result = { state: read.state, value: text(read.value), finished_ms: read.finishedMs };
+  out.unlimit = await q.limit(0);
+  out.stats = await q.stats();
+  return out;
+}
+
 async function main() {
   const [scenario, target] = process.argv.slice(2);
   if (scenario === 'keys') {
@@ -322,7 +345,7 @@ async function main() {
   const redis = connect(target);
   try {
     const q = new Queue(redis, opts.queue);
-    const scenarios = { produce, consume, share, service };
+    const scenarios = { produce, consume, share, service, control };
     if (!scenarios[scenario]) throw new Error(`unknown scenario ${scenario}`);
     const result = await scenarios[scenario](q, opts, redis, input);
     result.reloads ??= q.reloads;

@@ -23,6 +23,10 @@ const SCRIPT_KEYS = {
   release: ['jobs', 'ready', 'leased', 'owners', 'counters', 'wake'],
   stats: ['jobs', 'ready', 'scheduled', 'leased', 'dead', 'counters', 'done'],
   scrub: ['jobs', 'ready', 'leased', 'owners', 'dead', 'errors', 'counters', 'wake'],
+  cancel: ['jobs', 'ready', 'scheduled', 'leased', 'owners', 'dead', 'errors', 'counters', 'done'],
+  limit: ['counters', 'wake'],
+  ack_result: ['jobs', 'leased', 'owners', 'done', 'results', 'result_expiry', 'finished'],
+  result: ['jobs', 'dead', 'errors', 'done', 'results', 'result_expiry', 'finished'],
 };
 
 // The service scripts' KEYS (README §7): namespace keys <prefix>:{<ns>}:service:<role>,
@@ -216,6 +220,35 @@ class Queue {
     const out = {};
     for (let i = 0; i < reply.length; i += 2) out[str(reply[i])] = reply[i + 1];
     return out;
+  }
+
+  // End a job in any state (README §4.2 cancel): the state it was cancelled in, or
+  // 'done' / 'unknown' with nothing changed.
+  async cancel(id) {
+    const [state] = await this.run('cancel', ['', id, int(this.keepDoneMs, 'keep_done_ms', 0, 2 ** 40)]);
+    return str(state);
+  }
+
+  // At most `count` leases per `periodMs` across all workers (0 lifts the cap).
+  async limit(count, periodMs = 1000, burst = 1) {
+    const [c, p, b, changed] = await this.run('limit', [
+      int(count, 'count', 0, 1000000), int(periodMs, 'period_ms', 1, 86400000), int(burst, 'burst', 1, 1000000),
+    ]);
+    return { count: c, periodMs: p, burst: b, changed: changed === 1 };
+  }
+
+  // Ack with results: pairs of [receipt, value]; a value is pyqueue's encoding (README
+  // §2 `results`): 'b' + bytes, 's' + UTF-8 text, or 'j' + JSON.
+  async ackResult(pairs, { resultTtlMs = 3600000, maxResults = 10000 } = {}) {
+    const args = ['', int(this.keepDoneMs, 'keep_done_ms', 0, 2 ** 40), int(resultTtlMs, 'result_ttl_ms', 1, 2 ** 40),
+      int(maxResults, 'max_results', 1, 10000000)];
+    for (const [receipt, value] of pairs) args.push(receipt, Buffer.from(value));
+    return (await this.run('ack_result', args)).map(str);
+  }
+
+  async result(id) {
+    const [nowMs, state, finishedMs, value, lastId] = await this.run('result', ['', id]);
+    return { nowMs, state: str(state), finishedMs, value, lastId: str(lastId) };
   }
 
   // End every lease of a dead service's owner in this queue (README §7): each job goes
