@@ -20,13 +20,13 @@ from typing import Any
 
 import redis
 
-from pyqueue.errors import PyQueueError, map_redis_error
+from pyqueue.errors import InvalidArgument, PyQueueError, map_redis_error
 from pyqueue.models import Job
 from pyqueue.clients import Client, connect
 from pyqueue.discovery import logical_queues, open_queue
 from pyqueue.keys import check_name
 from pyqueue.queue import DEFAULT_KEEP_DONE_MS, DEFAULT_LEASE_MS
-from pyqueue.schedules import parse_schedule
+from pyqueue.schedules import parse_duration_ms, parse_schedule
 from pyqueue.service import DEFAULT_EXPIRE_MS, DEFAULT_NAMESPACE, Services
 from pyqueue.aio_worker import AsyncWorker
 from pyqueue.worker import Worker, is_async_handler
@@ -177,19 +177,18 @@ def cmd_pause(args: argparse.Namespace) -> int:
     return 0
 
 
-_PERIODS_MS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000}
-
-
 def parse_rate(value: str) -> tuple[int, int]:
-    """``100/s``, ``5/m``, ``1/h``, ``20/500ms`` or ``off`` as (count, period_ms); off is (0, 1000)."""
+    """``100/s``, ``5/m``, ``1/h``, ``20/500ms`` or ``off`` as (count, period_ms); off is (0, 1000).
+    The period is a duration as ``--every`` takes it, its number optional (``s`` is ``1s``)."""
     if value == "off":
         return 0, 1000
     count, sep, period = value.partition("/")
-    number = period.rstrip("abcdefghijklmnopqrstuvwxyz") or "1"
-    unit = period[len(number) if period[:1].isdigit() else 0 :]
-    if not sep or not count.isdigit() or not number.isdigit() or unit not in _PERIODS_MS or int(count) == 0:
-        raise PyQueueError(f"a rate is COUNT/PERIOD (100/s, 5/m, 1/h, 20/500ms) or off, got {value!r}")
-    return int(count), int(number) * _PERIODS_MS[unit]
+    try:
+        if not sep or not count.isdigit() or int(count) == 0:
+            raise InvalidArgument("no COUNT/")
+        return int(count), parse_duration_ms(period if period[:1].isdigit() else "1" + period)
+    except InvalidArgument:
+        raise PyQueueError(f"a rate is COUNT/PERIOD (100/s, 5/m, 1/h, 20/500ms) or off, got {value!r}") from None
 
 
 def cmd_limit(args: argparse.Namespace) -> int:

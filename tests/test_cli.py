@@ -84,7 +84,7 @@ def test_limit_command(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert (q.stats().rate_limit, q.stats().rate_period_ms, q.stats().rate_burst) == (20, 500, 3)
     assert main(["--url", url, "limit", "emails", "off"]) == 0
     assert "lifted" in capsys.readouterr().out and q.stats().rate_limit == 0
-    for bad in ("0/s", "5", "5/fortnight", "x/s"):
+    for bad in ("0/s", "5", "5/fortnight", "x/s", "5/0.5s"):
         assert main(["--url", url, "limit", "emails", bad]) == 2
     assert q.stats().rate_limit == 0
 
