@@ -8,7 +8,10 @@ check, narrows a strategy) so that a planted bug goes unnoticed, the mutant's te
 and so does CI. The unmutated copy must pass, so a mutant fails because of its mutation.
 
 The search is derandomized (the same examples every run) and does not shrink: a mutant
-is caught at the first failing example. ``PYQUEUE_MUTANT_EXAMPLES`` sets the budget per
+is caught at the first failing example. A mutant whose bug needs no job-control rule
+(cancel, limit, pause, results) runs the machine without those rules
+(``Mutant.job_control``): every rule is drawn as often as any other, so leaving out the
+ones a bug cannot need finds it in fewer examples. ``PYQUEUE_MUTANT_EXAMPLES`` sets the budget per
 mutant (default 500 examples of 50 steps). The budget costs time only when a mutant
 survives: each is caught within a few dozen examples here (about 300 at worst over six
 random seeds, the slowest being promote's limit and the ns.1/ns.10 scrub range).
@@ -24,7 +27,7 @@ from pathlib import Path
 import pytest
 import redis
 from hypothesis import Phase
-from model import FakeBackend, model_settings, run_machine
+from model import JOB_CONTROL_RULES, FakeBackend, model_settings, run_machine
 
 from pyqueue import PyQueueError
 from pyqueue.scripts import SCRIPT_KEYS, lua_dir
@@ -41,6 +44,9 @@ class Mutant:
     script: str
     old: str
     new: str
+    #: The bug needs job control's rules (cancel, limit, pause, results) to show; the
+    #: others run without them (model.JOB_CONTROL_RULES), which finds them sooner.
+    job_control: bool = False
 
 
 MUTANTS = [
@@ -242,72 +248,84 @@ MUTANTS = [
         "cancel",
         "    redis.call('ZREM', leased_key, receipt)\n",
         "\n",
+        job_control=True,
     ),
     Mutant(
         "cancel_leaves_no_tombstone",
         "cancel",
         "bury(done_key, { id }, expired, now_ms, keep_done_ms)",
         "",
+        job_control=True,
     ),
     Mutant(
         "cancel_does_not_count_the_lease_it_ends",
         "cancel",
         "    redis.call('HINCRBY', counters_key, 'cancelled_leased', 1)\n",
         "\n",
+        job_control=True,
     ),
     Mutant(
         "ack_result_keeps_more_than_max_results",
         "ack_result",
         "if over > 0 then",
         "if false then",
+        job_control=True,
     ),
     Mutant(
         "ack_result_adds_no_stream_entry",
         "ack_result",
         "  redis.call('XADD', finished_key, 'MAXLEN', STREAM_LENGTH, '*', 'id', pair[1])\n",
         "\n",
+        job_control=True,
     ),
     Mutant(
         "result_answers_an_expired_result",
         "result",
         "if expires_ms and expires_ms > now_ms then",
         "if expires_ms then",
+        job_control=True,
     ),
     Mutant(
         "lease_ignores_the_rate_limit",
         "lease",
         "if permits < count then count, rate_cut = permits, true end",
         "",
+        job_control=True,
     ),
     Mutant(
         "lease_does_not_spend_its_permits",
         "lease",
         "    redis.call('HSET', counters_key, 'rate_tat', string.format('%.3f', tat))\n",
         "\n",
+        job_control=True,
     ),
     Mutant(
         "limit_forgets_to_wake_the_workers",
         "limit",
         "if not up then redis.call('ZADD', wake_key, 0, 'wake') end",
         "",
+        job_control=True,
     ),
     Mutant(
         "lease_ignores_a_pause",
         "lease",
         "  if paused then count = 0 end",
         "",
+        job_control=True,
     ),
     Mutant(
         "pause_moves_the_time_of_an_earlier_pause",
         "pause",
         "redis.call('HSETNX', counters_key, 'paused', now_ms)",
         "redis.call('HSET', counters_key, 'paused', now_ms)",
+        job_control=True,
     ),
     Mutant(
         "resume_forgets_to_wake_the_workers",
         "resume",
         "redis.call('ZADD', wake_key, 0, 'wake')\n",
         "\n",
+        job_control=True,
     ),
     Mutant(
         "service_stop_moves_the_time_of_an_earlier_stop",
@@ -332,7 +350,7 @@ def plant(mutant: Mutant, directory: Path) -> Path:
     return directory
 
 
-def run_model(lua_directory: Path, examples: int) -> BaseException | None:
+def run_model(lua_directory: Path, examples: int, *, job_control: bool = True) -> BaseException | None:
     """Run the model test against ``lua_directory``; the failure it found, or None."""
     settings = model_settings(
         examples,
@@ -344,7 +362,7 @@ def run_model(lua_directory: Path, examples: int) -> BaseException | None:
         print_blob=False,
     )
     try:
-        run_machine(FakeBackend(), settings, lua_directory)
+        run_machine(FakeBackend(), settings, lua_directory, without=() if job_control else JOB_CONTROL_RULES)
     except (AssertionError, PyQueueError, redis.RedisError) as failure:
         return failure
     return None
@@ -373,5 +391,19 @@ def test_the_model_test_passes_on_an_unmutated_copy(tmp_path: Path) -> None:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
 def test_the_model_test_catches_the_planted_bug(mutant: Mutant, tmp_path: Path) -> None:
-    failure = run_model(plant(mutant, tmp_path), EXAMPLES)
+    failure = run_model(plant(mutant, tmp_path), EXAMPLES, job_control=mutant.job_control)
     assert failure is not None, f"the model test did not catch {mutant.name} in {EXAMPLES} examples x {STEPS} steps"
+
+
+def test_a_mutant_without_job_control_runs_the_machine_without_those_rules() -> None:
+    import inspect
+
+    from hypothesis.stateful import RULE_MARKER
+    from model import machine_for
+
+    def rules(machine: type) -> set[str]:  # as Hypothesis collects them
+        return {name for name, member in inspect.getmembers(machine) if getattr(member, RULE_MARKER, None)}
+
+    full, without = rules(machine_for(FakeBackend())), rules(machine_for(FakeBackend(), without=JOB_CONTROL_RULES))
+    assert {"cancel", "limit", "pause_or_resume", "ack_result", "check_result"} <= full
+    assert full - without == set(JOB_CONTROL_RULES) and {"lease", "ack", "nack"} <= without
