@@ -211,7 +211,9 @@ class Worker:
             the error text (retry with backoff, DEAD at max attempts). An ``async def``
             handler is refused here (InvalidArgument); one that returns an awaitable
             anyway gets its job released unrun and stops the worker with
-            :data:`EXIT_MISCONFIGURED`.
+            :data:`EXIT_MISCONFIGURED`. A job cancelled while it runs (or whose lease
+            was lost) has ``job.cancelled`` set at the next lease extension; whatever
+            its handler then returns or raises is neither acked nor nacked.
         redis: the queues' server; ``None`` is the embedded fakeredis.
         service_redis: the server of the service namespace (default: ``redis``).
         concurrency: handler threads.
