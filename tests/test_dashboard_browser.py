@@ -328,3 +328,12 @@ def test_cancelling_a_looked_up_job_from_the_page(browser: Any, r: Any, serve: C
     assert (s.cancelled, s.ready, s.leased) == (2, 0, 0)
     assert q.ack(running).value == "gone"  # the running job's lease ended with the cancel
     assert console.errors == []
+
+
+def test_a_rate_limited_queue_shows_its_limit(browser: Any, r: Any, serve: Callable[..., Any]) -> None:
+    Queue("emails", r).limit(50, 1000)
+    Queue("reports", r).enqueue(b"{}")
+    page, console = open_page(browser, serve().url)
+    expect(page.locator('#queues tr[data-queue="emails"] [data-field="rate_limit"]')).to_have_text("50/s")
+    expect(page.locator('#queues tr[data-queue="reports"] [data-field="rate_limit"]')).to_have_count(0)
+    assert console.errors == []

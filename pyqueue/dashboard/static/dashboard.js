@@ -266,6 +266,12 @@
     const td = el("td", { class: "text state-cell", "data-field": "state", "data-value": paused ? "paused" : "running" },
       el("span", { class: paused ? "state-paused" : "state-running", text: paused ? "paused" : "running",
         title: paused ? `paused ${since.text} (${since.title}): nothing is leased, enqueue goes on` : "" }));
+    if (q.rate_limit > 0) {  // the rate limit (pyqueue limit): leases per period, burst
+      const per = q.rate_period_ms === 1000 ? "s" : `${fmtInt(q.rate_period_ms)} ms`;
+      td.append(el("span", { class: "rate-limit", "data-field": "rate_limit", text: `${fmtInt(q.rate_limit)}/${per}`,
+        title: `at most ${q.rate_limit} leases per ${fmtInt(q.rate_period_ms)} ms across all workers, ` +
+          `${q.rate_burst} at once` }));
+    }
     const action = paused ? "resume" : "pause";
     if (config.actions.includes(action)) {
       const button = el("button", { type: "button", text: paused ? "Resume" : "Pause",
