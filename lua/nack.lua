@@ -8,7 +8,7 @@ delay_ms when given, else exponential backoff with jitter computed here:
 with jitter in [0, 1) derived from the fence, so retries of different jobs spread out
 and a re-sent call computes the same jitter.
 
-KEYS (8), all <prefix>:{<queue>}:<role>
+KEYS (9), all <prefix>:{<queue>}:<role>
   1 jobs       hash  id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
   2 scheduled  zset  id -> due_ms
   3 leased     zset  receipt -> deadline_ms
@@ -17,6 +17,8 @@ KEYS (8), all <prefix>:{<queue>}:<role>
   6 errors     hash  id -> last error text of a dead job
   7 counters   hash  counter name -> integer ('nacked', 'dead')
   8 wake       zset  the single member "wake" while workers should wake up
+  9 finished   stream  a job that goes to DEAD adds an entry {id = <job id>} (at most
+                   1000 kept): result waiters (ack_result.lua) wake for its outcome
 
 ARGV (6)
   1  now_ms     '' (use the server clock) or integer >= 0; tests only
@@ -140,7 +142,7 @@ end
 -- <<< pyqueue prelude
 
 local jobs_key, scheduled_key, leased_key, owners_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local dead_key, errors_key, counters_key, wake_key = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local dead_key, errors_key, counters_key, wake_key, finished_key = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 
 -- 1. Validate.
 local err, now_ms, delay_ms, base_ms, cap_ms
@@ -171,6 +173,7 @@ now_ms = now_ms or server_now_ms()
 local to_dead = attempt >= max_attempts
 if to_dead then
   err = expect_type(owners_key, 'zset') or expect_type(dead_key, 'zset') or expect_type(errors_key, 'hash')
+    or expect_type(finished_key, 'stream')
 else
   err = expect_type(owners_key, 'zset') or expect_type(scheduled_key, 'zset') or expect_type(wake_key, 'zset')
 end
@@ -189,6 +192,8 @@ if to_dead then
   redis.call('HSET', jobs_key, id, string.format('%d|%d|%d|', attempt, max_attempts, now_ms) .. payload)
   redis.call('ZADD', dead_key, now_ms, id)
   redis.call('HSET', errors_key, id, error_text)
+  -- Its outcome is known now: wake whoever waits for it (wait_result).
+  redis.call('XADD', finished_key, 'MAXLEN', 1000, '*', 'id', id)
   return { 'ok', 'dead', now_ms }
 end
 if delay_ms == nil then

@@ -126,8 +126,9 @@ __all__ = [  # what other modules import from here (the core's names are re-expo
 log = logging.getLogger("pyqueue")
 #: Whether enqueues made at the same moment share a script call (``coalesce_enqueues``).
 DEFAULT_COALESCE_ENQUEUES = True
-#: wait_result blocks at most this long at a time; a slice in which no result was stored
-#: ends with a fresh read of the job's state (a death adds no stream entry).
+#: wait_result blocks at most this long at a time; a slice in which nothing finished
+#: ends with a fresh read of the job's state (a death by lease expiry or scrub adds no
+#: stream entry).
 WAIT_SLICE_MS = 2_000
 Q = TypeVar("Q", bound="QueueCore")
 
@@ -644,10 +645,11 @@ class QueueCore:
 
         Blocks on the queue's ``finished`` stream (``XREAD BLOCK``, a key in the queue's
         hash tag), from the entry that lua/result.lua reported with the pending state,
-        so a result stored in between is not missed: it wakes when a result is stored,
-        not by polling. Deaths add no stream entry, so after each
-        :data:`WAIT_SLICE_MS` without any result in the queue it reads the state again:
-        a job that went dead is seen within that slice. Returns the outcome, still
+        so an outcome written in between is not missed: it wakes when the result is
+        stored, or when a nack sends the job to DEAD, not by polling. A job that dies
+        by lease expiry or scrub (its worker crashed on its last attempt) adds no
+        entry, so after each :data:`WAIT_SLICE_MS` in which nothing finished in the
+        queue the waiter reads the state again. Returns the outcome, still
         ``pending`` if the time ran out.
         """
         check_job_id(job_id)

@@ -53,7 +53,7 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "lease": ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake", "done"),
     "ack": ("jobs", "leased", "owners", "done"),
     "ack_result": ("jobs", "leased", "owners", "done", "results", "result_expiry", "finished"),
-    "nack": ("jobs", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake"),
+    "nack": ("jobs", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake", "finished"),
     "extend": ("jobs", "leased"),
     "release": ("jobs", "ready", "leased", "owners", "counters", "wake"),
     "promote": ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake"),

@@ -502,6 +502,7 @@ class QueueModel:
         if lease.attempt >= record.max_attempts:
             self._fail(lease, now)
             self._to_dead(lease.id, now, error)
+            self.finished = (self.finished + [lease.id])[-STREAM_LENGTH:]  # waiters wake for it
             return Nacked(Outcome.OK, "dead", now)
         if delay_ms is None:
             delay_ms = backoff_delay_ms(lease.attempt, lease.fence, base_ms, cap_ms)

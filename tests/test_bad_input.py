@@ -193,6 +193,7 @@ PLANTERS = {
 ROLE_TYPES = {
     "jobs": "hash", "ready": "list", "scheduled": "zset", "leased": "zset", "owners": "zset",
     "dead": "zset", "errors": "hash", "counters": "hash", "wake": "zset", "done": "zset",
+    "results": "hash", "result_expiry": "zset", "finished": "stream",
 }
 WRONG_TYPE_CASES = [
     (variant, role, planted)
@@ -200,7 +201,7 @@ WRONG_TYPE_CASES = [
         "enqueue": "enqueue", "lease": "lease", "ack_and_lease": "lease", "ack": "ack",
         "nack_to_scheduled": "nack", "nack_to_dead": "nack", "extend": "extend", "release": "release",
         "promote": "promote", "stats": "stats", "dead_list": "dead_list", "dead_replay": "dead_replay",
-        "dead_purge": "dead_purge",
+        "dead_purge": "dead_purge", "ack_result": "ack_result", "result": "result",
     }.items()
     for role in SCRIPT_KEYS[script]
     for planted in PLANTERS
@@ -218,6 +219,11 @@ UNTOUCHED = {
     ("nack_to_dead", "wake"),
     ("nack_to_scheduled", "dead"),
     ("nack_to_scheduled", "errors"),
+    ("nack_to_scheduled", "finished"),
+    # result of an id that is neither a job nor a kept result reads no more than it must.
+    ("result", "dead"),
+    ("result", "errors"),
+    ("result", "results"),
 }
 
 

@@ -279,6 +279,13 @@ MUTANTS = [
         job_control=True,
     ),
     Mutant(
+        "nack_to_dead_adds_no_stream_entry",
+        "nack",
+        "  redis.call('XADD', finished_key, 'MAXLEN', 1000, '*', 'id', id)\n",
+        "\n",
+        job_control=True,
+    ),
+    Mutant(
         "result_answers_an_expired_result",
         "result",
         "if expires_ms and expires_ms > now_ms then",

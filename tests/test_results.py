@@ -135,13 +135,24 @@ def test_wait_result_times_out_pending_and_answers_at_once_when_finished(q: Queu
     assert q.wait_result("nope", 10_000).state == "unknown"
 
 
-def test_wait_result_sees_a_death_within_a_slice(q: Queue, r: redis.Redis) -> None:
+def test_wait_result_wakes_when_a_nack_kills_the_job(q: Queue, r: redis.Redis) -> None:
     q.enqueue(b"", job_id="x", max_attempts=1)
     (job,) = q.lease()
     failer = later(0.2, r, lambda other: other.nack(job, "no luck"))
+    started = time.monotonic()
     got = q.wait_result("x", 10_000)
     failer.join(10)
     assert (got.state, got.error) == ("dead", "no luck")
+    assert time.monotonic() - started < 1.8  # the nack's stream entry, not the 2 s slice
+
+
+def test_wait_result_sees_a_death_by_lease_expiry_within_a_slice(q: Queue, r: redis.Redis) -> None:
+    q.enqueue(b"", job_id="x", max_attempts=1)
+    q.lease(lease_ms=1)  # its worker "crashes": the lease expires on the last attempt
+    reaper = later(0.2, r, lambda other: other.lease())  # maintenance sends it to DEAD, adding no entry
+    got = q.wait_result("x", 10_000)
+    reaper.join(10)
+    assert got.state == "dead" and "lease expired" in got.error
 
 
 def test_a_worker_keeps_results_when_asked(r: redis.Redis) -> None:

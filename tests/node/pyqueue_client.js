@@ -18,7 +18,7 @@ const SCRIPT_KEYS = {
   enqueue: ['jobs', 'ready', 'scheduled', 'counters', 'wake', 'done'],
   lease: ['jobs', 'ready', 'scheduled', 'leased', 'owners', 'dead', 'errors', 'counters', 'wake', 'done'],
   ack: ['jobs', 'leased', 'owners', 'done'],
-  nack: ['jobs', 'scheduled', 'leased', 'owners', 'dead', 'errors', 'counters', 'wake'],
+  nack: ['jobs', 'scheduled', 'leased', 'owners', 'dead', 'errors', 'counters', 'wake', 'finished'],
   extend: ['jobs', 'leased'],
   release: ['jobs', 'ready', 'leased', 'owners', 'counters', 'wake'],
   stats: ['jobs', 'ready', 'scheduled', 'leased', 'dead', 'counters', 'done'],
