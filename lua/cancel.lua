@@ -67,6 +67,13 @@ local function name_arg(value, name)
   end
 end
 
+-- A PQ_BADARG text unless `value` is a job id: 1..256 bytes without control characters.
+local function id_arg(value)
+  if type(value) ~= 'string' or #value < 1 or #value > 256 or string.find(value, '%c') then
+    return 'PQ_BADARG id must be 1..256 bytes without control characters'
+  end
+end
+
 -- ARGV now_ms: nil for '' (read the clock later, with server_now_ms), else as int_arg.
 local function now_arg(value)
   if value == '' then return nil end
@@ -142,6 +149,26 @@ local function bury(key, ids, expired, now_ms, keep_done_ms)
     call_chunked('ZADD', key, args)
   end
 end
+-- The current lease of job `id`: a ZSCAN of `key` (leased) for receipts ending in
+-- '|<id>'. MATCH narrows the scan (the id's glob characters escaped); the exact parse
+-- decides, since another id may end with this one after a '|'. Goes on from `cursor`
+-- ('0' to start) for at most `max_pages` pages of 1000: callers pass a constant, so the
+-- work is bounded. Returns the receipt and its deadline (nil if not found), and the
+-- cursor to go on from ('0': LEASED was scanned to its end).
+local function find_lease(key, id, cursor, max_pages)
+  local pattern = '*|' .. string.gsub(id, '([%*%?%[%]\\])', '\\%1')
+  local pages = 0
+  repeat
+    pages = pages + 1
+    local page = redis.call('ZSCAN', key, cursor, 'MATCH', pattern, 'COUNT', 1000)
+    cursor = page[1]
+    local entries = page[2]
+    for i = 1, #entries, 2 do
+      if receipt_id(entries[i]) == id then return entries[i], tonumber(entries[i + 1]), cursor end
+    end
+  until cursor == '0' or pages == max_pages
+  return nil, nil, cursor
+end
 -- <<< pyqueue prelude
 
 local jobs_key, ready_key, scheduled_key, leased_key, owners_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -151,9 +178,8 @@ local dead_key, errors_key, counters_key, done_key = KEYS[6], KEYS[7], KEYS[8], 
 local now_ms, err = now_arg(ARGV[1])
 if err then return redis.error_reply(err) end
 local id = ARGV[2]
-if type(id) ~= 'string' or #id < 1 or #id > 256 or string.find(id, '[%c]') then
-  return redis.error_reply('PQ_BADARG id must be 1..256 bytes without control characters')
-end
+err = id_arg(id)
+if err then return redis.error_reply(err) end
 local keep_done_ms
 keep_done_ms, err = int_arg(ARGV[3], 'keep_done_ms', 0, 2 ^ 40)
 if err then return redis.error_reply(err) end
@@ -174,22 +200,10 @@ elseif redis.call('ZSCORE', scheduled_key, id) then
   state = 'scheduled'
 end
 
--- Leased or ready: a lease names the id at the end of its receipt (as in get.lua).
--- MAX_SCAN_PAGES pages of 1000 cover a million leases: bounded work, like every script.
+-- Leased or ready: a lease names the id at the end of its receipt (find_lease). The
+-- first FIRST_PAGES pages, then (READY tried in between) the rest: MAX_SCAN_PAGES pages
+-- of 1000 cover a million leases, bounded work like every script.
 local MAX_SCAN_PAGES, FIRST_PAGES = 1000, 10
-local pattern = '*|' .. string.gsub(id, '([%*%?%[%]\\])', '\\%1')
-local cursor, pages = '0', 0
-local function scan_leases(stop_at)
-  repeat
-    pages = pages + 1
-    local page = redis.call('ZSCAN', leased_key, cursor, 'MATCH', pattern, 'COUNT', 1000)
-    cursor = page[1]
-    local entries = page[2]
-    for i = 1, #entries, 2 do
-      if receipt_id(entries[i]) == id then return entries[i] end
-    end
-  until cursor == '0' or pages == stop_at
-end
 
 -- 3. Prove the types of keys written without being read (before the first write), and
 -- count the expired tombstones (ZCOUNT proves `done` a zset).
@@ -206,14 +220,15 @@ if state == 'dead' then
 elseif state == 'scheduled' then
   redis.call('ZREM', scheduled_key, id)
 else
-  receipt = scan_leases(FIRST_PAGES)
+  local _, cursor
+  receipt, _, cursor = find_lease(leased_key, id, '0', FIRST_PAGES)
   if receipt then
     state = 'leased'
   elseif redis.call('LREM', ready_key, 1, id) == 1 then
     -- A long LEASED was not scanned to its end: READY is tried first, then the rest.
     state = 'ready'
   elseif cursor ~= '0' then
-    receipt = scan_leases(MAX_SCAN_PAGES)
+    receipt, _, cursor = find_lease(leased_key, id, cursor, MAX_SCAN_PAGES - FIRST_PAGES)
     state = receipt and 'leased' or nil
   end
   if not state then

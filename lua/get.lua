@@ -62,6 +62,13 @@ local function name_arg(value, name)
   end
 end
 
+-- A PQ_BADARG text unless `value` is a job id: 1..256 bytes without control characters.
+local function id_arg(value)
+  if type(value) ~= 'string' or #value < 1 or #value > 256 or string.find(value, '%c') then
+    return 'PQ_BADARG id must be 1..256 bytes without control characters'
+  end
+end
+
 -- ARGV now_ms: nil for '' (read the clock later, with server_now_ms), else as int_arg.
 local function now_arg(value)
   if value == '' then return nil end
@@ -137,16 +144,36 @@ local function bury(key, ids, expired, now_ms, keep_done_ms)
     call_chunked('ZADD', key, args)
   end
 end
+-- The current lease of job `id`: a ZSCAN of `key` (leased) for receipts ending in
+-- '|<id>'. MATCH narrows the scan (the id's glob characters escaped); the exact parse
+-- decides, since another id may end with this one after a '|'. Goes on from `cursor`
+-- ('0' to start) for at most `max_pages` pages of 1000: callers pass a constant, so the
+-- work is bounded. Returns the receipt and its deadline (nil if not found), and the
+-- cursor to go on from ('0': LEASED was scanned to its end).
+local function find_lease(key, id, cursor, max_pages)
+  local pattern = '*|' .. string.gsub(id, '([%*%?%[%]\\])', '\\%1')
+  local pages = 0
+  repeat
+    pages = pages + 1
+    local page = redis.call('ZSCAN', key, cursor, 'MATCH', pattern, 'COUNT', 1000)
+    cursor = page[1]
+    local entries = page[2]
+    for i = 1, #entries, 2 do
+      if receipt_id(entries[i]) == id then return entries[i], tonumber(entries[i + 1]), cursor end
+    end
+  until cursor == '0' or pages == max_pages
+  return nil, nil, cursor
+end
 -- <<< pyqueue prelude
 
 local jobs_key, scheduled_key, leased_key, dead_key, errors_key, done_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local MAX_SCAN_PAGES = 10 -- pages of LEASED scanned for the job's lease: 10,000 leases
 
 local now_ms, err = now_arg(ARGV[1])
 if err then return redis.error_reply(err) end
 local id = ARGV[2]
-if type(id) ~= 'string' or #id < 1 or #id > 256 or string.find(id, '[%c]') then
-  return redis.error_reply('PQ_BADARG id must be 1..256 bytes without control characters')
-end
+err = id_arg(id)
+if err then return redis.error_reply(err) end
 local with_payload
 with_payload, err = int_arg(ARGV[3], 'with_payload', 0, 1)
 if err then return redis.error_reply(err) end
@@ -181,23 +208,10 @@ if scheduled_ms then
   return answer('scheduled', known)
 end
 
--- Leased or ready: a lease names the id at the end of its receipt. MATCH narrows the
--- scan ('*' and the other glob characters of the id escaped); the exact parse decides
--- (another id may end with this one after a '|').
-local MAX_SCAN_PAGES = 10
-local pattern = '*|' .. string.gsub(id, '([%*%?%[%]\\])', '\\%1')
-local cursor, pages = '0', 0
-repeat
-  pages = pages + 1
-  local page = redis.call('ZSCAN', leased_key, cursor, 'MATCH', pattern, 'COUNT', 1000)
-  cursor = page[1]
-  local entries = page[2]
-  for i = 1, #entries, 2 do
-    local owner, fence, job_id = string.match(entries[i], '^([%w_.:%-]+)|[%w_.:%-]+|(%d+)|%d+|(.+)$')
-    if job_id == id then
-      known[9], known[10], known[11] = tonumber(entries[i + 1]), owner, tonumber(fence)
-      return answer('leased', known)
-    end
-  end
-until cursor == '0' or pages == MAX_SCAN_PAGES
+-- Leased or ready: a lease names the id at the end of its receipt (find_lease).
+local receipt, deadline_ms, cursor = find_lease(leased_key, id, '0', MAX_SCAN_PAGES)
+if receipt then
+  known[9], known[10], known[11] = deadline_ms, string.match(receipt, '^[^|]+'), parse_receipt(receipt).fence
+  return answer('leased', known)
+end
 return answer(cursor == '0' and 'ready' or 'ready_or_leased', known)

@@ -65,6 +65,13 @@ local function name_arg(value, name)
   end
 end
 
+-- A PQ_BADARG text unless `value` is a job id: 1..256 bytes without control characters.
+local function id_arg(value)
+  if type(value) ~= 'string' or #value < 1 or #value > 256 or string.find(value, '%c') then
+    return 'PQ_BADARG id must be 1..256 bytes without control characters'
+  end
+end
+
 -- ARGV now_ms: nil for '' (read the clock later, with server_now_ms), else as int_arg.
 local function now_arg(value)
   if value == '' then return nil end
@@ -139,6 +146,26 @@ local function bury(key, ids, expired, now_ms, keep_done_ms)
     for i, id in ipairs(ids) do args[2 * i - 1], args[2 * i] = kept_until, id end
     call_chunked('ZADD', key, args)
   end
+end
+-- The current lease of job `id`: a ZSCAN of `key` (leased) for receipts ending in
+-- '|<id>'. MATCH narrows the scan (the id's glob characters escaped); the exact parse
+-- decides, since another id may end with this one after a '|'. Goes on from `cursor`
+-- ('0' to start) for at most `max_pages` pages of 1000: callers pass a constant, so the
+-- work is bounded. Returns the receipt and its deadline (nil if not found), and the
+-- cursor to go on from ('0': LEASED was scanned to its end).
+local function find_lease(key, id, cursor, max_pages)
+  local pattern = '*|' .. string.gsub(id, '([%*%?%[%]\\])', '\\%1')
+  local pages = 0
+  repeat
+    pages = pages + 1
+    local page = redis.call('ZSCAN', key, cursor, 'MATCH', pattern, 'COUNT', 1000)
+    cursor = page[1]
+    local entries = page[2]
+    for i = 1, #entries, 2 do
+      if receipt_id(entries[i]) == id then return entries[i], tonumber(entries[i + 1]), cursor end
+    end
+  until cursor == '0' or pages == max_pages
+  return nil, nil, cursor
 end
 -- <<< pyqueue prelude
 

@@ -114,6 +114,15 @@ class PartitionedCore(QueueCore):
             raise InvalidArgument(f"job {job.id!r} is from queue {job.queue!r}, not a partition of {self.name!r}")
         return part
 
+    def part_for(self, job_id: str) -> QueueCore:
+        """The partition that holds job ``job_id`` (the one enqueue chose by its id).
+
+        Raises:
+            InvalidArgument: not a valid job id.
+        """
+        part: QueueCore = self.parts[partition_of(check_job_id(job_id), self.partitions)]
+        return part
+
     def _route(self, jobs: Iterable[Job]) -> dict[int, list[tuple[int, Job]]]:
         """Jobs grouped by partition index, each with its position in ``jobs``."""
         groups: dict[int, list[tuple[int, Job]]] = {}
@@ -224,13 +233,11 @@ class PartitionedCore(QueueCore):
 
     def plan_result(self, job_id: str, *, now_ms: int | None = None) -> Plan[JobResult]:
         """As :meth:`QueueCore.plan_result`, in the id's partition."""
-        part: QueueCore = self.parts[partition_of(check_job_id(job_id), self.partitions)]
-        return (yield from part.plan_result(job_id, now_ms=now_ms))
+        return (yield from self.part_for(job_id).plan_result(job_id, now_ms=now_ms))
 
     def plan_wait_result(self, job_id: str, timeout_ms: int, *, now_ms: int | None = None) -> Plan[JobResult]:
         """As :meth:`QueueCore.plan_wait_result`, in the id's partition."""
-        part: QueueCore = self.parts[partition_of(check_job_id(job_id), self.partitions)]
-        return (yield from part.plan_wait_result(job_id, timeout_ms, now_ms=now_ms))
+        return (yield from self.part_for(job_id).plan_wait_result(job_id, timeout_ms, now_ms=now_ms))
 
     def plan_extend(
         self, jobs: Iterable[Job], lease_ms: int = DEFAULT_LEASE_MS, *, now_ms: int | None = None
@@ -304,8 +311,7 @@ class PartitionedCore(QueueCore):
 
     def plan_get(self, job_id: str, *, with_payload: bool = False, now_ms: int | None = None) -> Plan[JobInfo]:
         """As :meth:`QueueCore.plan_get`, in the id's partition (``queue`` names it)."""
-        part: QueueCore = self.parts[partition_of(check_job_id(job_id), self.partitions)]
-        return (yield from part.plan_get(job_id, with_payload=with_payload, now_ms=now_ms))
+        return (yield from self.part_for(job_id).plan_get(job_id, with_payload=with_payload, now_ms=now_ms))
 
     def plan_limit(self, count: int, period_ms: int = 1000, *, burst: int = 1) -> Plan[bool]:
         """Refused: a cap on the logical queue would have to be shared out between its
@@ -317,8 +323,7 @@ class PartitionedCore(QueueCore):
 
     def plan_cancel(self, job_id: str, *, now_ms: int | None = None) -> Plan[Cancelled]:
         """As :meth:`QueueCore.plan_cancel`, in the id's partition (``queue`` names it)."""
-        part: QueueCore = self.parts[partition_of(check_job_id(job_id), self.partitions)]
-        return (yield from part.plan_cancel(job_id, now_ms=now_ms))
+        return (yield from self.part_for(job_id).plan_cancel(job_id, now_ms=now_ms))
 
     def plan_dead_list(self, offset: int = 0, limit: int = 100) -> Plan[DeadPage]:
         """One page of DEAD over all partitions, oldest first (merged by time of death;

@@ -58,7 +58,7 @@ import redis as redis_lib
 from pyqueue.commit import GroupCommit
 from pyqueue.clients import Client, bytes_client, check_server, embedded_redis, node_for_key
 from pyqueue.errors import InvalidArgument, OutcomeUnknown, OutOfMemory, PyQueueError, ServiceLost
-from pyqueue.core import DEFAULT_MAX_RESULTS, DEFAULT_RESULT_TTL_MS, encode_result
+from pyqueue.core import DEFAULT_MAX_RESULTS, DEFAULT_RESULT_TTL_MS
 from pyqueue.models import Job, Outcome, Result
 from pyqueue.queue import (
     DEFAULT_BACKOFF_BASE_MS,
@@ -691,16 +691,20 @@ class Worker:
             log.info("job %s ended as cancelled (its handler %s)", job.id, "failed" if error else "returned")
             return None
         keep = self._result_to_keep(result) if error is None else None
-        if isinstance(keep, Exception):
-            error, keep = keep, None  # a result that cannot be stored fails the job, loudly
         if keep is not None:
             value, ttl_ms = keep
             self._crash.at("before_ack")
-            outcome = self._with_retries(
-                lambda: queue.ack_result(job, value, result_ttl_ms=ttl_ms, max_results=self.max_results)
-            )
-            self._log_ack(job, outcome)
-            return None
+            try:
+                outcome = self._with_retries(
+                    lambda: queue.ack_result(job, value, result_ttl_ms=ttl_ms, max_results=self.max_results)
+                )
+            except InvalidArgument as exc:
+                # Refused before anything was sent (not bytes, str or JSON-able, too
+                # large, a bad ttl): a result that cannot be stored fails the job, loudly.
+                error = exc
+            else:
+                self._log_ack(job, outcome)
+                return None
         if error is None:
             self._crash.at("before_ack")
             if self._crash.armed("ack_sent"):
@@ -728,23 +732,14 @@ class Worker:
             log.warning("job %s: nack found the lease %s", job.id, nacked.outcome.value)
         return None
 
-    def _result_to_keep(self, returned: object) -> tuple[object, int] | Exception | None:
+    def _result_to_keep(self, returned: object) -> tuple[object, int] | None:
         """(value, ttl_ms) to store with the ack: a :class:`Result` always, any other
-        return value when the worker keeps results; None to ack without one; the
-        InvalidArgument when the value cannot be stored (not bytes, str or JSON-able,
-        or too large), which fails the job."""
+        return value when the worker keeps results; None to ack without one."""
         if isinstance(returned, Result):
-            value, ttl_ms = returned.value, returned.ttl_ms or self.keep_results_ms or DEFAULT_RESULT_TTL_MS
-        elif self.keep_results_ms is not None:
-            value, ttl_ms = returned, self.keep_results_ms
-        else:
-            return None
-        try:
-            encode_result(value)
-            check_int(ttl_ms, "Result.ttl_ms", 1, 2**40)
-        except InvalidArgument as exc:
-            return exc
-        return value, ttl_ms
+            return returned.value, returned.ttl_ms or self.keep_results_ms or DEFAULT_RESULT_TTL_MS
+        if self.keep_results_ms is not None:
+            return returned, self.keep_results_ms
+        return None
 
     def _refuse_awaitable(self, queue: Queue, job: Job, result: object) -> None:
         """The handler returned a coroutine (or another awaitable) instead of doing the

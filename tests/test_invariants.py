@@ -250,16 +250,22 @@ def test_bounded_work_one_call_reclaims_and_promotes_at_most_limit(q: Queue) -> 
 
 
 def test_bounded_work_no_script_scans_the_keyspace() -> None:
+    zscan = re.compile(r"""redis\.call\(\s*['"]ZSCAN['"]""", re.I)
+    # One key's ZSCAN only in the prelude's find_lease, whose loop stops at max_pages...
+    prelude = (Path(__file__).parent / "lua_prelude.lua").read_text()
+    assert len(zscan.findall(prelude)) == 1 and "until cursor == '0' or pages == max_pages" in prelude
     for path in lua_dir().glob("*.lua"):
         body = path.read_text()
         assert not re.search(r"""redis\.call\(\s*['"](KEYS|SCAN|HSCAN|SSCAN|HGETALL|HKEYS|HVALS|SMEMBERS)['"]""",
                              body, re.I), path
-        # One key's ZSCAN only where the loop has a fixed page limit (get and cancel: a
-        # job's lease).
-        if re.search(r"""redis\.call\(\s*['"]ZSCAN['"]""", body, re.I):
+        own = body.replace(prelude, "")
+        assert not zscan.search(own), f"{path}: ZSCAN outside find_lease"
+        # ...and every call passes a page limit fixed in the script (get and cancel).
+        for limit in re.findall(r"find_lease\([^)]*,\s*([^,)]+)\)", own):
             assert path.name in ("get.lua", "cancel.lua"), path
-            assert re.search(r"local MAX_SCAN_PAGES\b.* = \d+", body), path
-            assert re.search(r"until .* or pages == (MAX_SCAN_PAGES|stop_at)", body), path
+            assert re.fullmatch(r"[A-Z_]+( - [A-Z_]+)?", limit.strip()), f"{path}: find_lease page limit {limit}"
+            for name in re.findall(r"[A-Z_]+", limit):
+                assert re.search(rf"local [A-Z_, ]*\b{name}\b[A-Z_, ]* = [\d, ]+", own), f"{path}: {name} not a constant"
         assert not re.search(r"ZRANGE[A-Z]*['\"],[^)]*,\s*0,\s*-1", body), f"{path}: unbounded range"
 
 

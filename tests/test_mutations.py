@@ -239,9 +239,9 @@ MUTANTS = [
     ),
     Mutant(
         "get_takes_a_lease_of_another_id_ending_in_this_one",
-        "get",
-        "    if job_id == id then",
-        "    if job_id then",
+        "get",  # its copy of the prelude's find_lease
+        "      if receipt_id(entries[i]) == id then return entries[i], tonumber(entries[i + 1]), cursor end",
+        "      return entries[i], tonumber(entries[i + 1]), cursor",
     ),
     Mutant(
         "cancel_leaves_a_leased_jobs_lease_in_place",
