@@ -38,12 +38,19 @@ import concurrent.futures
 import inspect
 import signal
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pyqueue.errors import InvalidArgument
 from pyqueue.models import Job, Outcome
+from pyqueue.slots import Slot, current_slot
 from pyqueue.worker import Worker, handler_functions, is_async_handler
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    """``run_coroutine_threadsafe`` takes a coroutine: wrap any other awaitable."""
+    return await awaitable
 
 #: A handler: an ``async def`` function of a Job, or a plain one.
 AsyncHandler = Callable[[Job], Awaitable[object]] | Callable[[Job], object]
@@ -73,16 +80,34 @@ class AsyncWorker(Worker):
     def call_handler(self, job: Job) -> object:
         if not is_async_handler(self.handler):
             return self.handler(job)
+        slot = current_slot()
+        assert slot is not None
+        return self.run_awaitable(slot, self.handler(job))
+
+    def run_awaitable(self, slot: Slot, awaitable: Any) -> Any:
+        """Run ``awaitable`` as a task of the worker's event loop and wait for it in this
+        handler thread; the task is cancelled if the job's lease ends without this
+        worker (cancel, a lost lease) or at its time limit."""
         assert self._loop is not None
-        coroutine: Any = self.handler(job)
-        task = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        task = asyncio.run_coroutine_threadsafe(_awaited(awaitable), self._loop)
         with self._tasks_lock:
-            self._tasks[job.receipt] = task
+            self._tasks[slot.job.receipt] = task
         try:
             return task.result()
         finally:
             with self._tasks_lock:
-                self._tasks.pop(job.receipt, None)
+                self._tasks.pop(slot.job.receipt, None)
+
+    def interrupt(self, slot: Slot) -> None:
+        """At the time limit, an ``async def`` handler's task is cancelled; a plain
+        handler's thread gets :class:`~pyqueue.slots.TimeLimitExceeded`."""
+        with self._tasks_lock:
+            task = self._tasks.get(slot.job.receipt)
+        if task is not None:
+            slot.interrupted_at = slot.interrupted_at or time.monotonic()
+            task.cancel()
+        else:
+            slot.interrupt()
 
     def lease_ended(self, job: Job, outcome: Outcome) -> None:
         """As :meth:`Worker.lease_ended`, and an ``async def`` handler's task is

@@ -50,6 +50,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from types import FrameType
 from typing import Any, TypeVar
 
@@ -71,6 +72,7 @@ from pyqueue.queue import (
     peek_many,
     physical_queue,
 )
+from pyqueue.slots import WRITE_OFF_S, LimitEnding, Slot, TimeLimitExceeded, enter_slot
 from pyqueue.schedules import Schedule, Scheduler, check_schedules
 from pyqueue.scripts import lua_source
 from pyqueue.scripts import CLUSTER_WEATHER
@@ -119,12 +121,74 @@ CRASH_POINTS = (
 
 
 class Retry(Exception):
-    """Raise from a handler to run the job again after ``delay_ms`` (the attempt counts;
-    at max attempts the job goes to DEAD)."""
+    """Raise from a handler to run the job again later. The attempt counts; at max
+    attempts the job goes to DEAD.
 
-    def __init__(self, delay_ms: int, reason: str = "retry requested by the handler") -> None:
-        super().__init__(reason)
-        self.delay_ms = check_int(delay_ms, "delay_ms", 0, 2**40)
+    Args:
+        delay_ms: retry after this many milliseconds; None (and no ``delay``): the
+            worker's exponential backoff with jitter.
+        reason: the job's error text (kept if it dies). By default the text of the
+            exception this one was raised from (``raise Retry(delay=5) from exc``, or
+            raised while handling it), so a job that dies after its last retry keeps
+            the real error; else "retry requested by the handler".
+        delay: as ``delay_ms``, in seconds (int or float) or a ``timedelta``.
+    """
+
+    def __init__(
+        self, delay_ms: int | None = None, reason: str | None = None, *, delay: float | timedelta | None = None
+    ) -> None:
+        super().__init__(reason or "retry requested by the handler")
+        if delay is not None:
+            if delay_ms is not None:
+                raise InvalidArgument("give Retry delay_ms or delay, not both")
+            delay_ms = seconds_to_ms(delay, "delay")
+        self.delay_ms = None if delay_ms is None else check_int(delay_ms, "delay_ms", 0, 2**40)
+        self.reason = reason
+
+    def error_text(self) -> str:
+        """The job's error: ``reason``, else the exception this one was raised from."""
+        if self.reason:
+            return self.reason
+        cause = self.__cause__ or self.__context__
+        return error_text(cause) if cause is not None else str(self)
+
+
+class Fail(Exception):
+    """Raise from a handler to send its job to the dead letters now, whatever its
+    attempt count, with ``reason`` as its error (default: the exception this one was
+    raised from, as for :class:`Retry`)."""
+
+    def __init__(self, reason: str | None = None) -> None:
+        super().__init__(reason or "failed by the handler")
+        self.reason = reason
+
+    def error_text(self) -> str:
+        if self.reason:
+            return self.reason
+        cause = self.__cause__ or self.__context__
+        return error_text(cause) if cause is not None else str(self)
+
+
+def error_text(error: BaseException) -> str:
+    """An exception as a job's error text: ``Type: message``, at most 4,000 characters."""
+    return "".join(traceback.format_exception_only(type(error), error)).strip()[:4000]
+
+
+def seconds_to_ms(value: float | timedelta, name: str) -> int:
+    """A duration in seconds (int or float) or a ``timedelta``, in whole milliseconds.
+
+    Raises:
+        InvalidArgument: not a number or timedelta, negative, NaN or beyond 2^40 ms.
+    """
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise InvalidArgument(f"{name} must be seconds (int or float) or a timedelta, got {type(value).__name__}")
+    if not (0 <= seconds <= 2**40 / 1000):  # also refuses NaN
+        raise InvalidArgument(f"{name} must be between 0 and 2^40 ms, got {value!r}")
+    return round(seconds * 1000)
 
 
 def check_sync_handler(handler: object) -> None:
@@ -163,6 +227,26 @@ def handler_functions(handler: object) -> tuple[object, object]:
     if not callable(handler):
         raise InvalidArgument(f"handler must be callable, got {type(handler).__name__}")
     return handler, getattr(type(handler), "__call__", None)
+
+
+def check_worker_client(client: object) -> Client:
+    """The client a worker's machinery runs on: a blocking ``redis.Redis`` or
+    ``redis.cluster.RedisCluster``, whichever worker it is (the AsyncWorker's machinery
+    runs in threads too; only its handlers run on the event loop).
+
+    Raises:
+        InvalidArgument: an asyncio client, or something that is not a redis-py client.
+    """
+    if isinstance(client, (redis_lib.Redis, redis_lib.cluster.RedisCluster)):
+        return client
+    module = type(client).__module__
+    if module.startswith("redis.asyncio"):
+        raise InvalidArgument(
+            f"a worker needs a blocking redis-py client (redis.Redis or redis.cluster.RedisCluster), got the asyncio "
+            f"{type(client).__name__}: the worker's fetch loop and heartbeat run in threads (an AsyncWorker runs only "
+            "its handlers on the event loop). Pass pyqueue.connect(url), or redis.Redis(...) with the same settings."
+        )
+    raise InvalidArgument(f"a worker needs a redis-py client (redis.Redis or RedisCluster), got {type(client).__name__}")
 
 
 class _Crasher:
@@ -287,7 +371,7 @@ class Worker:
         self.check_handler(handler)
         self.handler = handler
         self.prefix = prefix
-        self.redis = bytes_client(redis if redis is not None else embedded_redis())
+        self.redis = bytes_client(check_worker_client(redis) if redis is not None else embedded_redis())
         self.services = Services(service_redis if service_redis is not None else self.redis, namespace=namespace, prefix=prefix)
         self.queue_names = list(queues)
         # Validates the names now; owners are set once the service id is known.
@@ -334,6 +418,12 @@ class Worker:
         self._slots = threading.Condition()
         self._free = self.concurrency
         self._running: dict[str, Job] = {}  # receipt -> job, for the heartbeat's extend
+        self._slots_running: dict[str, Slot] = {}  # receipt -> its slot, for time limits
+        #: Handler slots written off: their thread did not stop at a job's time limit.
+        self.slots_written_off = 0
+        self.slots_written_off_total = 0
+        # The latest due time of a retry this worker scheduled (a burst run waits for it).
+        self._retry_due_ms = -1
         self._running_lock = threading.Lock()
         self._woken_for_stop = False
         self._waiter: Waiter | None = None  # the fetch loop's, while it runs
@@ -507,6 +597,8 @@ class Worker:
                     # Drained: nothing ready, nothing running, nothing due within a block
                     # period (a retry with a short backoff is waited for).
                     due_soon = 0 <= next_due_ms - now_ms <= self.block_ms if next_due_ms >= 0 else False
+                    # ... nor a retry this worker scheduled, however far off.
+                    due_soon = due_soon or self._retry_due_ms >= now_ms
                     if idle and not due_soon:
                         self.stop("burst: every queue is drained")
                         break
@@ -670,25 +762,48 @@ class Worker:
         queue = self._by_name[job.queue]
         error: BaseException | None = None
         result: object = None
+        slot = Slot(self, job)
+        with self._running_lock:
+            self._slots_running[job.receipt] = slot
+        enter_slot(slot)
         try:
-            self._crash.at("in_handler")
-            result = self.call_handler(job)
-        except Exception as exc:  # the handler's failure is the job's outcome
-            error = exc
+            try:
+                self._crash.at("in_handler")
+                result = slot.call(self.call_handler, job)
+            except (Exception, TimeLimitExceeded) as exc:  # the handler's failure is the job's outcome
+                error = exc
+        finally:
+            enter_slot(None)
+            with self._running_lock:
+                self._slots_running.pop(job.receipt, None)
         if self._killed.is_set():
             return None  # a killed process acks nothing
-        if error is None and (inspect.isawaitable(result) or inspect.isasyncgen(result)):
-            self._refuse_awaitable(queue, job, result)
+        label = self.describe(slot)
+        # Untracked here, or by the heartbeat at the time limit (then `limited` is set
+        # under the same lock): exactly one of them decides how the job ends.
+        tracked = self._untrack(job)
+        if slot.limited:
+            # The heartbeat ended this lease at the time limit (a fenced nack): the job
+            # follows its retry policy already; what the handler did after is ignored.
+            if slot.written_off:
+                log.warning("%s: its thread stopped %.1fs after the time limit; the slot serves again", label,
+                            time.monotonic() - (slot.interrupted_at or slot.started))
+                with self._slots:
+                    self.slots_written_off -= 1
+            log.info("%s stopped at its time limit (%s)", label, "raised " + type(error).__name__ if error else "returned")
             return None
-        if not self._untrack(job):
+        if error is None and (inspect.isawaitable(result) or inspect.isasyncgen(result)):
+            self._refuse_awaitable(queue, job, result, tracked)
+            return None
+        if not tracked:
             # The shutdown released this job after the grace period: its receipt is
             # stale, and another worker may be running it.
-            log.warning("job %s finished after its lease was released at shutdown", job.id)
+            log.warning("%s finished after its lease was released at shutdown", label)
             return None
         if job.cancelled.is_set():
             # Cancelled (or its lease lost): its end is decided already; an ack or nack
             # would answer GONE or STALE and change nothing.
-            log.info("job %s ended as cancelled (its handler %s)", job.id, "failed" if error else "returned")
+            log.info("%s ended as cancelled (its handler %s)", label, "failed" if error else "returned")
             return None
         keep = self._result_to_keep(result) if error is None else None
         if keep is not None:
@@ -700,10 +815,12 @@ class Worker:
                 )
             except InvalidArgument as exc:
                 # Refused before anything was sent (not bytes, str or JSON-able, too
-                # large, a bad ttl): a result that cannot be stored fails the job, loudly.
-                error = exc
+                # large, a bad ttl): a result that cannot be stored fails the job, loudly
+                # and at once. A retry would run the handler's side effects again only to
+                # produce the same unstorable result.
+                error = Fail(f"the result cannot be stored: {exc}")
             else:
-                self._log_ack(job, outcome)
+                self._log_ack(label, outcome)
                 return None
         if error is None:
             self._crash.at("before_ack")
@@ -715,22 +832,60 @@ class Worker:
                 queue in self.groups[0] and may_lease and not self._stop.is_set() and self._registration_confirmed()
             )
             outcome, next_job = self._commits[queue.name].commit(job, wants_job=wants_job)
-            self._log_ack(job, outcome)
+            self._log_ack(label, outcome)
             return next_job
-        if isinstance(error, Retry):
-            retry = error
-            nacked = self._with_retries(lambda: queue.nack(job, str(retry), delay_ms=retry.delay_ms))
-        else:
-            text = "".join(traceback.format_exception_only(type(error), error)).strip()[:4000]
-            log.info("job %s attempt %d/%d failed: %s", job.id, job.attempt, job.max_attempts, text)
-            nacked = self._with_retries(
-                lambda: queue.nack(job, text, backoff_base_ms=self.backoff_base_ms, backoff_cap_ms=self.backoff_cap_ms)
-            )
-        if nacked.state == "dead":
-            log.warning("job %s is dead after %d attempts", job.id, job.attempt)
-        elif not nacked.outcome:
-            log.warning("job %s: nack found the lease %s", job.id, nacked.outcome.value)
+        self._fail(queue, job, error, label)
         return None
+
+    def _fail(self, queue: Queue, job: Job, error: BaseException, label: str) -> None:
+        """Nack a job whose handler raised: :class:`Retry` after its delay (or the
+        backoff), :class:`Fail` to the dead letters now, anything else with the backoff."""
+        final, delay_ms = False, None
+        if isinstance(error, (Retry, Fail)):
+            text = error.error_text()
+            final = isinstance(error, Fail)
+            delay_ms = error.delay_ms if isinstance(error, Retry) else None
+        else:
+            text = error_text(error)
+        if not final:
+            log.info("%s attempt %d/%d failed: %s", label, job.attempt, job.max_attempts, text)
+        nacked = self._with_retries(
+            lambda: queue.nack(
+                job, text, delay_ms=delay_ms, final=final,
+                backoff_base_ms=self.backoff_base_ms, backoff_cap_ms=self.backoff_cap_ms,
+            )
+        )
+        if nacked.state == "dead":
+            log.warning("%s is dead after %d attempts: %s", label, job.attempt, text)
+        elif not nacked.outcome:
+            log.warning("%s: nack found the lease %s", label, nacked.outcome.value)
+        elif nacked.state == "scheduled":
+            self._note_retry(nacked.at_ms)
+
+    def _note_retry(self, at_ms: int) -> None:
+        """A job this worker nacked is due again at ``at_ms``: a burst run waits for it."""
+        with self._slots:
+            self._retry_due_ms = max(self._retry_due_ms, at_ms)
+
+    def describe(self, slot: Slot) -> str:
+        """How logs name a running job: its id, and its task when the handler named one."""
+        return f"job {slot.job.id} [{slot.name}]" if slot.name else f"job {slot.job.id}"
+
+    def run_awaitable(self, slot: Slot, awaitable: Any) -> Any:
+        """Run a coroutine for the job in ``slot`` (see :meth:`Slot.run_awaitable`): this
+        sync worker has no event loop, so it refuses, loudly."""
+        close = getattr(awaitable, "close", None)
+        if callable(close):
+            close()
+        raise InvalidArgument(
+            f"{self.describe(slot)} needs an event loop (an async def task) and this sync Worker has none: "
+            "run it with pyqueue.aio_worker.AsyncWorker (pyqueue worker picks that one by itself)"
+        )
+
+    def interrupt(self, slot: Slot) -> None:
+        """Stop the work of ``slot`` at its time limit (threads: an asynchronous
+        :class:`TimeLimitExceeded`)."""
+        slot.interrupt()
 
     def _result_to_keep(self, returned: object) -> tuple[object, int] | None:
         """(value, ttl_ms) to store with the ack: a :class:`Result` always, any other
@@ -741,14 +896,14 @@ class Worker:
             return returned, self.keep_results_ms
         return None
 
-    def _refuse_awaitable(self, queue: Queue, job: Job, result: object) -> None:
+    def _refuse_awaitable(self, queue: Queue, job: Job, result: object, tracked: bool) -> None:
         """The handler returned a coroutine (or another awaitable) instead of doing the
         work: the job did not run. Give it back unrun (no attempt counted) and stop the
         worker loudly rather than ack work that never happened."""
         close = getattr(result, "close", None)
         if callable(close):
             close()  # no "coroutine was never awaited" warning: we say it louder below
-        if self._untrack(job):
+        if tracked:
             self._with_retries(lambda: queue.release([job]))
         self.stop(
             f"the handler returned {type(result).__name__} for job {job.id}: it is async, and this sync Worker "
@@ -756,9 +911,9 @@ class Worker:
             EXIT_MISCONFIGURED,
         )
 
-    def _log_ack(self, job: Job, outcome: Outcome) -> None:
+    def _log_ack(self, label: str, outcome: Outcome) -> None:
         if not outcome:
-            log.warning("job %s finished but its lease was lost (%s): it may run again", job.id, outcome.value)
+            log.warning("%s finished but its lease was lost (%s): it may run again", label, outcome.value)
 
     def _with_retries(self, call: Callable[[], T]) -> T:
         """Run a replay-safe call until it answers, backing off on connection errors
@@ -788,6 +943,8 @@ class Worker:
             # rather than being retried every tick.
             if self._stop.is_set() and not self._woken_for_stop:
                 self._wake_fetch_loop()
+            if self._slots_running:
+                self._heartbeat_duty("time limits", self._enforce_limits)
             if now >= next_extend:
                 next_extend = now + extend_every
                 self._heartbeat_duty("extend", self._extend_running)
@@ -805,6 +962,58 @@ class Worker:
             self._wake_fetch_loop()
         except (redis_lib.RedisError, PyQueueError) as exc:
             log.warning("heartbeat %s: %s", name, exc)
+
+    def _enforce_limits(self) -> None:
+        """End the jobs past their time limit, and write off the slots whose thread did
+        not stop (see :mod:`pyqueue.slots`)."""
+        now = time.monotonic()
+        with self._running_lock:
+            slots = [s for s in self._slots_running.values() if s.limit_at is not None and now >= s.limit_at]
+        for slot in slots:
+            if not slot.limited:
+                self._end_at_limit(slot)
+            elif (
+                not slot.written_off and slot.in_user_code and slot.interrupted_at is not None
+                and now - slot.interrupted_at >= WRITE_OFF_S
+            ):
+                slot.written_off = True
+                with self._slots:
+                    self.slots_written_off += 1
+                    self.slots_written_off_total += 1
+                    left = self.concurrency - self.slots_written_off
+                log.error(
+                    "%s did not stop %.1fs after its time limit (stuck outside Python code?): its slot is written "
+                    "off until the thread returns; %d of %d slots left", self.describe(slot), WRITE_OFF_S, left,
+                    self.concurrency,
+                )
+
+    def _end_at_limit(self, slot: Slot) -> None:
+        """The job of ``slot`` reached its time limit: end its lease now with a fenced nack
+        (so a late ack is refused), then stop the work."""
+        job, ending = slot.job, slot.ending
+        assert ending is not None
+        with self._running_lock:
+            if self._running.pop(job.receipt, None) is None:
+                return  # it finished (or was released) just now: its own ending stands
+            slot.limited = True
+        label = self.describe(slot)
+        log.warning("%s reached its time limit of %gs: ending its lease and stopping it", label, slot.limit_s)
+        queue = self._by_name[job.queue]
+        try:
+            nacked = queue.nack(
+                job, ending.error, delay_ms=ending.delay_ms, final=ending.final,
+                backoff_base_ms=self.backoff_base_ms, backoff_cap_ms=self.backoff_cap_ms,
+            )
+        except _RETRY_ON as exc:
+            # No longer renewed: the lease expires (a lease length at most) and is reclaimed.
+            log.warning("%s: the nack at its time limit failed (%s); its lease is left to expire", label, exc)
+        else:
+            if nacked.state == "dead":
+                log.warning("%s is dead after %d attempts: %s", label, job.attempt, ending.error)
+            elif nacked.state == "scheduled":
+                self._note_retry(nacked.at_ms)
+        job.cancelled.set()  # wakes a handler that waits on it
+        self.interrupt(slot)
 
     def _wake_fetch_loop(self) -> None:
         """End the fetch loop's wait now that the worker stops. Locally: nothing is

@@ -1,0 +1,38 @@
+"""The task layer: named functions with a policy, sent by name and run by workers.
+
+This layer sits on the engine and adds no transition of its own: every state change is
+still one of ``lua/``'s scripts (the engine never imports this package). See
+``Tasks`` to start, :mod:`pyqueue.tasks.runtime` for how a run ends, and
+:mod:`pyqueue.tasks.envelope` for the payload other languages read and write.
+"""
+
+from pyqueue.slots import TimeLimitExceeded
+from pyqueue.tasks.app import Tasks
+from pyqueue.tasks.envelope import Envelope, EnvelopeError
+from pyqueue.tasks.handle import ResultTimeout, SentTask, TaskDead, TaskError, TaskResultMissing
+from pyqueue.tasks.policy import Backoff, TaskOptions
+from pyqueue.tasks.runtime import Dispatcher, TaskRun, current_job
+from pyqueue.tasks.task import Options, Signature, Task
+from pyqueue.worker import Fail, Retry
+
+__all__ = [
+    "Backoff",
+    "Dispatcher",
+    "Envelope",
+    "EnvelopeError",
+    "Fail",
+    "Options",
+    "ResultTimeout",
+    "Retry",
+    "SentTask",
+    "Signature",
+    "Task",
+    "TaskDead",
+    "TaskError",
+    "TaskOptions",
+    "TaskResultMissing",
+    "TaskRun",
+    "Tasks",
+    "TimeLimitExceeded",
+    "current_job",
+]

@@ -1,0 +1,367 @@
+"""``pyqueue.Tasks``: the registry of tasks, their connection, and their workers."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+
+import redis as redis_lib
+
+from pyqueue.aio import AsyncQueue
+from pyqueue.aio_worker import AsyncWorker
+from pyqueue.clients import Client, connect, default_client, is_cluster
+from pyqueue.errors import InvalidArgument
+from pyqueue.queue import DEFAULT_PREFIX, Queue
+from pyqueue.tasks.handle import SentTask
+from pyqueue.tasks.policy import TaskOptions
+from pyqueue.tasks.runtime import Dispatcher
+from pyqueue.tasks.task import Signature, Task
+from pyqueue.worker import Worker
+
+if TYPE_CHECKING:
+    from pyqueue.tasks.testing import TaskTesting
+
+log = logging.getLogger("pyqueue.tasks")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+Hook = Callable[[], object]
+
+#: How long a measured offset between this process's clock and the server's is trusted.
+CLOCK_REFRESH_S = 60.0
+
+
+class Tasks:
+    """A set of tasks and the Redis they are sent to.
+
+    ``Tasks()`` connects as every entry point does: to ``PYQUEUE_URL`` when it is set,
+    else to the embedded in-process server, and logs once which (see
+    :func:`pyqueue.clients.default_client`). ``Tasks(url=...)`` names a server;
+    ``Tasks(client=...)`` takes a redis-py client, blocking or asyncio (the other kind is
+    made from its connection settings when needed: workers and ``send`` need a blocking
+    one, ``asend`` an asyncio one).
+
+    ``default_queue`` is the queue of tasks that do not name one.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        client: Any = None,
+        prefix: str = DEFAULT_PREFIX,
+        default_queue: str = "default",
+    ) -> None:
+        if url is not None and client is not None:
+            raise InvalidArgument("give Tasks a url or a client, not both")
+        self.prefix = prefix
+        self.default_queue = default_queue
+        self._url = url
+        self._given = client
+        self._client: Client | None = None
+        self._aclient: Any = None
+        if client is not None:
+            if _is_async_client(client):
+                self._aclient = client
+            elif isinstance(client, (redis_lib.Redis, redis_lib.RedisCluster)):
+                self._client = client
+            else:
+                raise InvalidArgument(f"Tasks(client=) takes a redis-py client, blocking or asyncio, got {type(client).__name__}")
+        self._tasks: dict[str, Task[Any, Any]] = {}
+        self._queues: dict[str, Queue] = {}
+        self._aqueues: dict[str, AsyncQueue] = {}
+        self._lock = threading.Lock()
+        self._offset_ms: int | None = None  # server clock minus this process's clock
+        self._offset_at = 0.0
+        self.on_start: list[Hook] = []
+        self.on_stop: list[Hook] = []
+
+    # -- registering -----------------------------------------------------------------
+
+    @overload
+    def task(self, fn: Callable[P, R], /) -> Task[P, R]: ...
+
+    @overload
+    def task(self, *, name: str | None = None, **options: Any) -> Callable[[Callable[P, R]], Task[P, R]]: ...
+
+    def task(self, fn: Any = None, /, *, name: str | None = None, **options: Any) -> Any:  # type: ignore[misc]
+        """Register a function (plain or ``async def``) as a task: ``@tasks.task`` or
+        ``@tasks.task(queue=..., max_attempts=..., backoff=..., retry_on=..., fail_on=...,
+        max_age=..., time_limit=..., unique=..., keep_result=...)``. Its name is
+        ``module.qualname`` unless ``name=`` gives one: keep it stable, since queued jobs
+        name it. Durations are seconds (int or float) or a ``timedelta``.
+
+        Raises:
+            InvalidArgument: a bad option, a name taken by another function, or a
+                function that cannot be a task (a generator, a lambda without ``name=``).
+        """
+        options.setdefault("queue", self.default_queue)
+        policy = TaskOptions.build(None, **options)
+
+        def register(fn: Callable[P, R]) -> Task[P, R]:
+            if not callable(fn) or inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+                raise InvalidArgument(f"a task is a plain or async def function, got {fn!r}")
+            task_name = name or f"{fn.__module__}.{fn.__qualname__}"
+            if "<" in task_name and name is None:
+                raise InvalidArgument(f"{fn.__qualname__} has no stable name (a lambda or a local function): give name=")
+            if not task_name or len(task_name) > 200 or any(c in task_name for c in ", \t\r\n"):
+                raise InvalidArgument(f"task name must be 1..200 characters without spaces or commas, got {task_name!r}")
+            with self._lock:
+                other = self._tasks.get(task_name)
+                if other is not None and other.fn is not fn:
+                    raise InvalidArgument(f"task name {task_name!r} is taken by {other.fn!r}")
+                task = self._tasks[task_name] = Task(self, fn, task_name, policy)
+            return task
+
+        return register(fn) if fn is not None else register
+
+    def on_worker_start(self, hook: Hook) -> Hook:
+        """Run ``hook()`` (plain or ``async def``) once in each worker process before it
+        leases its first job; an exception stops the worker before it registers."""
+        self.on_start.append(hook)
+        return hook
+
+    def on_worker_stop(self, hook: Hook) -> Hook:
+        """Run ``hook()`` once in each worker process after its last job ended."""
+        self.on_stop.append(hook)
+        return hook
+
+    @property
+    def tasks(self) -> dict[str, Task[Any, Any]]:
+        """The registered tasks by name."""
+        return dict(self._tasks)
+
+    def queue_names(self) -> list[str]:
+        """The queues the tasks name, in the order they were first named."""
+        return list(dict.fromkeys(t.policy.queue for t in self._tasks.values()))
+
+    # -- connecting ------------------------------------------------------------------
+
+    @property
+    def redis(self) -> Client:
+        """The blocking client (made on first use)."""
+        with self._lock:
+            if self._client is None:
+                if self._aclient is not None:
+                    self._client = _twin(self._aclient, redis_lib.Redis)
+                elif self._url is not None:
+                    self._client = connect(self._url)
+                else:
+                    self._client = default_client()
+            return self._client
+
+    @property
+    def aredis(self) -> Any:
+        """The asyncio client (made on first use, from the blocking one's settings)."""
+        with self._lock:
+            if self._aclient is None:
+                client = self._client if self._client is not None else None
+            else:
+                return self._aclient
+        if client is None:
+            client = self.redis
+        import redis.asyncio as aredis
+
+        with self._lock:
+            if self._aclient is None:
+                self._aclient = _twin(client, aredis.Redis)
+            return self._aclient
+
+    def queue(self, name: str) -> Queue:
+        """The :class:`~pyqueue.Queue` named ``name`` on this connection."""
+        queue = self._queues.get(name)
+        if queue is None:
+            queue = self._queues[name] = Queue(name, self.redis, prefix=self.prefix)
+        return queue
+
+    def aqueue(self, name: str) -> AsyncQueue:
+        """The :class:`~pyqueue.aio.AsyncQueue` named ``name`` on the asyncio client."""
+        queue = self._aqueues.get(name)
+        if queue is None:
+            queue = self._aqueues[name] = AsyncQueue(name, self.aredis, prefix=self.prefix)
+        return queue
+
+    def server_now_ms(self) -> int:
+        """The Redis server's clock now, as this process estimates it: its own clock
+        plus an offset read with ``TIME`` (again every minute), so within about a round
+        trip of the server's. Enqueue times and ``send_at`` use it."""
+        if self._offset_ms is None or time.monotonic() - self._offset_at > CLOCK_REFRESH_S:
+            sent = time.time()
+            seconds, micros = self.redis.time()
+            self._set_offset(sent, int(seconds) * 1000 + int(micros) // 1000)
+        assert self._offset_ms is not None
+        return int(time.time() * 1000) + self._offset_ms
+
+    async def aserver_now_ms(self) -> int:
+        """:meth:`server_now_ms` on the asyncio client."""
+        if self._offset_ms is None or time.monotonic() - self._offset_at > CLOCK_REFRESH_S:
+            sent = time.time()
+            seconds, micros = await self.aredis.time()
+            self._set_offset(sent, int(seconds) * 1000 + int(micros) // 1000)
+        assert self._offset_ms is not None
+        return int(time.time() * 1000) + self._offset_ms
+
+    def _set_offset(self, sent: float, server_ms: int) -> None:
+        local_ms = (sent + time.time()) * 500  # the middle of the round trip
+        self._offset_ms, self._offset_at = round(server_ms - local_ms), time.monotonic()
+
+    # -- sending (Task.send and friends land here) ------------------------------------
+
+    def _send_many(self, signatures: Sequence[Signature], now_ms: int, delay_ms: int = 0) -> list[SentTask[Any]]:
+        jobs = [(sig, sig.new_job(now_ms, delay_ms)) for sig in signatures]
+        by_queue: dict[str, list[int]] = {}
+        for i, (sig, _) in enumerate(jobs):
+            by_queue.setdefault(sig.options.queue, []).append(i)
+        out: list[SentTask[Any] | None] = [None] * len(jobs)
+        for queue_name, indexes in by_queue.items():
+            queue = self.queue(queue_name)
+            if len(indexes) == 1:
+                (i,) = indexes
+                new = jobs[i][1]
+                answers = [queue.enqueue(new.payload, job_id=new.job_id, delay_ms=new.delay_ms, max_attempts=new.max_attempts)]
+            else:
+                answers = queue.enqueue_many([jobs[i][1] for i in indexes])
+            for i, answer in zip(indexes, answers):
+                out[i] = self._handle(jobs[i][0], answer.job_id, answer.added)
+        return [sent for sent in out if sent is not None]
+
+    async def _asend(self, signatures: Sequence[Signature], now_ms: int, delay_ms: int) -> SentTask[Any]:
+        (sig,) = signatures
+        new = sig.new_job(now_ms, delay_ms)
+        queue = self.aqueue(sig.options.queue)
+        answer = await queue.enqueue(new.payload, job_id=new.job_id, delay_ms=new.delay_ms, max_attempts=new.max_attempts)
+        return self._handle(sig, answer.job_id, answer.added)
+
+    def _handle(self, sig: Signature, job_id: str, added: bool) -> SentTask[Any]:
+        return SentTask(job_id, sig.options.queue, sig.task.name, added, sig.options.keep_result_ms is not None, self)
+
+    # -- running ---------------------------------------------------------------------
+
+    def dispatcher(self) -> Dispatcher:
+        """The worker handler that routes jobs to these tasks by name."""
+        if not self._tasks:
+            raise InvalidArgument("this Tasks object has no tasks to serve")
+        return Dispatcher(dict(self._tasks))
+
+    def needs_event_loop(self) -> bool:
+        """Whether a task or hook is ``async def`` (its worker must be an AsyncWorker)."""
+        return any(t.is_async for t in self._tasks.values()) or any(
+            inspect.iscoroutinefunction(h) for h in self.on_start + self.on_stop
+        )
+
+    def worker(self, queues: Sequence[str] | None = None, **options: Any) -> Worker:
+        """A worker serving every task on the queues they name (or ``queues``): an
+        :class:`~pyqueue.aio_worker.AsyncWorker` if any task or hook is ``async def``,
+        else a :class:`~pyqueue.worker.Worker`. ``options`` are the worker's (concurrency,
+        lease_ms, ...). Run it with :meth:`run_worker` (or ``pyqueue worker module:tasks``),
+        which also runs the start and stop hooks."""
+        names = list(queues) if queues else self.queue_names()
+        unknown = sorted(set(names) - set(self.queue_names()))
+        if unknown:
+            log.warning("queues %s have no task of this Tasks object: their jobs will be retried, then dead", unknown)
+        options.setdefault("redis", self.redis)
+        options.setdefault("prefix", self.prefix)
+        cls = AsyncWorker if self.needs_event_loop() else Worker
+        return cls(names, self.dispatcher(), **options)
+
+    def run_worker(self, worker: Worker, *, burst: bool = False, install_signal_handlers: bool = True) -> int:
+        """Run the start hooks, ``worker`` until it stops, then the stop hooks; the
+        worker's exit code. An AsyncWorker runs in a new event loop (``asyncio.run``)."""
+        if isinstance(worker, AsyncWorker):
+            return asyncio.run(self.arun_worker(worker, burst=burst, install_signal_handlers=install_signal_handlers))
+        if self.needs_event_loop():
+            raise InvalidArgument("a task or hook is async def: run these tasks with an AsyncWorker (Tasks.worker())")
+        for hook in self.on_start:
+            hook()
+        try:
+            return worker.run(burst=burst, install_signal_handlers=install_signal_handlers)
+        finally:
+            for hook in self.on_stop:
+                hook()
+
+    async def arun_worker(self, worker: AsyncWorker, *, burst: bool = False, install_signal_handlers: bool = True) -> int:
+        """:meth:`run_worker` in the running event loop (hooks may be ``async def``)."""
+        for hook in self.on_start:
+            await _maybe_await(hook())
+        try:
+            return await worker.run(burst=burst, install_signal_handlers=install_signal_handlers)
+        finally:
+            for hook in self.on_stop:
+                await _maybe_await(hook())
+
+    # -- testing ---------------------------------------------------------------------
+
+    @contextmanager
+    def testing(self, **options: Any) -> Iterator[TaskTesting]:
+        """An isolated embedded server for the block (see :mod:`pyqueue.tasks.testing`)."""
+        from pyqueue.tasks.testing import TaskTesting
+
+        with TaskTesting(self, **options) as t:
+            yield t
+
+    def _swap_connection(self, client: Client | None, aclient: Any) -> tuple[Any, ...]:
+        """Point this object at another server (the testing helper); the old state."""
+        with self._lock:
+            old = (self._client, self._aclient, self._queues, self._aqueues, self._offset_ms, self._offset_at)
+            self._client, self._aclient, self._queues, self._aqueues = client, aclient, {}, {}
+            self._offset_ms = None
+        return old
+
+    def _restore_connection(self, old: tuple[Any, ...]) -> None:
+        with self._lock:
+            self._client, self._aclient, self._queues, self._aqueues, self._offset_ms, self._offset_at = old
+
+    def __repr__(self) -> str:
+        return f"<Tasks {len(self._tasks)} tasks on {self.queue_names()}>"
+
+
+async def _maybe_await(value: object) -> None:
+    if inspect.isawaitable(value):
+        await value
+
+
+def _is_async_client(client: object) -> bool:
+    return type(client).__module__.startswith("redis.asyncio")
+
+
+def _twin(client: Any, cls: Any) -> Any:
+    """A client of class ``cls`` (blocking or asyncio ``Redis``) with ``client``'s
+    connection settings.
+
+    Raises:
+        InvalidArgument: a cluster client (give Tasks a URL instead) or a fakeredis one
+            of the other kind (the embedded server is reached through both kinds by
+            :func:`pyqueue.clients.embedded_redis` and the async driver).
+    """
+    if is_cluster(client) or type(client).__name__ == "RedisCluster":
+        raise InvalidArgument("Tasks(client=) with a cluster client can only be used as given: pass Tasks(url=...) instead")
+    module = type(client).__module__
+    if module.startswith("fakeredis"):
+        import fakeredis
+
+        fake_server = client.connection_pool.connection_kwargs.get("server")
+        if fake_server is None:
+            raise InvalidArgument("this fakeredis client has no server to share: pass FakeRedis(server=...)")
+        return (fakeredis.FakeRedis if cls is redis_lib.Redis else fakeredis.FakeAsyncRedis)(server=fake_server)
+    pool = client.connection_pool
+    kwargs = dict(pool.connection_kwargs)
+    connection_class = pool.connection_class
+    if cls is redis_lib.Redis:
+        import redis.connection as sync_connection
+
+        connection_class = getattr(sync_connection, connection_class.__name__, sync_connection.Connection)
+        return redis_lib.Redis(connection_pool=redis_lib.ConnectionPool(connection_class=connection_class, **kwargs))
+    import redis.asyncio as aredis
+    import redis.asyncio.connection as async_connection
+
+    connection_class = getattr(async_connection, connection_class.__name__, async_connection.Connection)
+    return aredis.Redis(connection_pool=aredis.ConnectionPool(connection_class=connection_class, **kwargs))
+
+
+Awaited = Awaitable[Any]

@@ -1,0 +1,149 @@
+"""Task arguments and results as JSON: the types that travel, symmetric on both sides.
+
+Plain JSON types travel as themselves: ``None``, ``bool``, ``int``, ``float`` (finite),
+``str``, ``list`` and ``dict`` with ``str`` keys. Tuples travel as lists (and arrive as
+lists), as in every JSON-based queue. A few more types travel as *tagged* objects,
+``{"$pq": <type>, "v": <value>}``, and arrive as the type they left as:
+
+==========================  =========================================  ==============
+type                        ``v``                                      tag
+==========================  =========================================  ==============
+``datetime.datetime``       ISO 8601 (an offset if it is aware)        ``datetime``
+``datetime.date``           ISO 8601                                   ``date``
+``datetime.time``           ISO 8601                                   ``time``
+``datetime.timedelta``      seconds, a number                          ``timedelta``
+``uuid.UUID``               canonical text                             ``uuid``
+``decimal.Decimal``         text (no rounding)                         ``decimal``
+``bytes``                   base64 text                                ``bytes``
+``set`` / ``frozenset``     a list                                     ``set``
+==========================  =========================================  ==============
+
+Anything else (a dataclass, a model, a custom class) is refused *before* anything is
+sent: pass ``dataclasses.asdict(x)`` or ``model.model_dump()`` and rebuild it in the
+task; a queue that pickled it would run whatever code the payload names. A ``dict`` of
+the caller's with a ``"$pq"`` key, a key that is not a ``str``, NaN or an infinity is
+refused too (each would arrive as something else). Other languages read and write the
+same tags (``lua/README.md``, the task envelope).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import decimal
+import json
+import math
+import uuid
+from typing import Any
+
+from pyqueue.errors import InvalidArgument
+
+TAG = "$pq"
+
+
+def to_json(value: Any, where: str = "argument") -> Any:
+    """``value`` as plain JSON data, extra types tagged (see the module docstring).
+
+    Raises:
+        InvalidArgument: a value of a type that does not travel; ``where`` names it.
+    """
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return value
+    if kind is float:
+        if math.isnan(value) or math.isinf(value):
+            raise InvalidArgument(f"{where}: {value!r} is not JSON (NaN and infinities do not travel)")
+        return value
+    if kind is list or kind is tuple:
+        return [to_json(v, where) for v in value]
+    if kind is dict:
+        out = {}
+        for k, v in value.items():
+            if type(k) is not str:
+                raise InvalidArgument(f"{where}: dict keys must be str to travel as JSON, got {type(k).__name__} {k!r}")
+            if k == TAG:
+                raise InvalidArgument(f"{where}: a dict key {TAG!r} is reserved for pyqueue's tagged types")
+            out[k] = to_json(v, where)
+        return out
+    if isinstance(value, datetime.datetime):
+        return {TAG: "datetime", "v": value.isoformat()}
+    if isinstance(value, datetime.date):
+        return {TAG: "date", "v": value.isoformat()}
+    if isinstance(value, datetime.time):
+        return {TAG: "time", "v": value.isoformat()}
+    if isinstance(value, datetime.timedelta):
+        return {TAG: "timedelta", "v": value.total_seconds()}
+    if isinstance(value, uuid.UUID):
+        return {TAG: "uuid", "v": str(value)}
+    if isinstance(value, decimal.Decimal):
+        return {TAG: "decimal", "v": str(value)}
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {TAG: "bytes", "v": base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, (set, frozenset)):
+        return {TAG: "set", "v": [to_json(v, where) for v in value]}
+    # Subclasses (an IntEnum, a named tuple, a defaultdict): their plain value.
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return to_json(float(value), where)
+    if isinstance(value, (list, tuple)):
+        return [to_json(v, where) for v in value]
+    if isinstance(value, dict):
+        return to_json(dict(value), where)
+    raise InvalidArgument(
+        f"{where}: {type(value).__name__} does not travel as JSON; pass plain data (dataclasses.asdict(x), "
+        "model.model_dump()) or one of datetime, date, time, timedelta, UUID, Decimal, bytes, set"
+    )
+
+
+_DECODERS: dict[str, Any] = {
+    "datetime": datetime.datetime.fromisoformat,
+    "date": datetime.date.fromisoformat,
+    "time": datetime.time.fromisoformat,
+    "timedelta": lambda v: datetime.timedelta(seconds=v),
+    "uuid": uuid.UUID,
+    "decimal": decimal.Decimal,
+    "bytes": lambda v: base64.b64decode(v, validate=True),
+    "set": set,
+}
+
+
+def untag(obj: dict[str, Any]) -> Any:
+    """``json.loads``'s ``object_hook``: a tagged object back to its type.
+
+    Raises:
+        InvalidArgument: an unknown tag, or a value that does not parse as its tag's type.
+    """
+    tag = obj.get(TAG)
+    if tag is None:
+        return obj
+    decoder = _DECODERS.get(tag) if isinstance(tag, str) else None
+    if decoder is None or len(obj) != 2 or "v" not in obj:
+        raise InvalidArgument(f"unknown tagged value {obj!r} (known tags: {sorted(_DECODERS)})")
+    try:
+        return decoder(obj["v"])
+    except (ValueError, TypeError, decimal.InvalidOperation) as exc:
+        raise InvalidArgument(f"tagged value {obj!r} does not parse: {exc}") from None
+
+
+def from_json(value: Any) -> Any:
+    """Plain JSON data (already parsed) back to the values :func:`to_json` tagged."""
+    if isinstance(value, list):
+        return [from_json(v) for v in value]
+    if isinstance(value, dict):
+        return untag({k: from_json(v) for k, v in value.items()})
+    return value
+
+
+def dumps(value: Any) -> str:
+    """Plain JSON data as compact text (UTF-8, no NaN)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def loads(text: str | bytes) -> Any:
+    """JSON text to values, tags decoded."""
+    return json.loads(text, object_hook=untag)

@@ -1,0 +1,101 @@
+"""What a send returns: the job's id, and its result when it ends."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from pyqueue.errors import PyQueueError
+from pyqueue.models import JobResult
+from pyqueue.tasks.codec import from_json
+from pyqueue.worker import seconds_to_ms
+
+if TYPE_CHECKING:
+    from pyqueue.tasks.app import Tasks
+    from pyqueue.tasks.policy import Duration
+
+R = TypeVar("R")
+
+#: The longest one wait_result call waits; a longer timeout waits in several.
+_WAIT_CHUNK_MS = 3_600_000
+
+
+class TaskError(PyQueueError):
+    """A task job's ending that is not a result."""
+
+
+class TaskDead(TaskError):
+    """The job went to the dead letters (its last attempt failed, a ``fail_on`` error,
+    ``max_age``, a time limit on its last attempt, or an unknown task name)."""
+
+    def __init__(self, job_id: str, task: str, error: str) -> None:
+        super().__init__(f"task {task} job {job_id} is dead: {error}")
+        self.job_id, self.task, self.error = job_id, task, error
+
+
+class TaskResultMissing(TaskError):
+    """The job ended without a result to read: it was cancelled, or its result expired
+    or was trimmed (``keep_result`` too short, or ``max_results`` reached)."""
+
+
+class ResultTimeout(TaskError, TimeoutError):
+    """The job had not ended when the timeout ran out (it may still run)."""
+
+
+@dataclass(frozen=True)
+class SentTask(Generic[R]):
+    """A sent task run. ``added`` is false when ``unique`` found the job there already
+    (or acked less than ``keep_done_ms`` ago): then this handle names that job."""
+
+    id: str
+    queue: str
+    task: str
+    added: bool
+    #: Whether the run keeps its return value (``keep_result``): else ``result()``
+    #: answers None once the job is done.
+    keeps_result: bool
+    app: Tasks
+
+    def result(self, timeout: Duration | None = None) -> R:
+        """Wait for the job to end, up to ``timeout`` seconds (None: no limit), and
+        return what the task returned (decoded as it was encoded).
+
+        Raises:
+            TaskDead: it went to the dead letters; the error names its last error.
+            TaskResultMissing: it was cancelled, or its result is gone.
+            ResultTimeout: still not ended after ``timeout``.
+        """
+        queue = self.app.queue(self.queue)
+        end = None if timeout is None else time.monotonic() + seconds_to_ms(timeout, "timeout") / 1000
+        while True:
+            left_ms = _WAIT_CHUNK_MS if end is None else max(0, round((end - time.monotonic()) * 1000))
+            info = queue.wait_result(self.id, min(left_ms, _WAIT_CHUNK_MS))
+            if info.finished and info.state != "unknown":
+                return self._outcome(info)  # type: ignore[no-any-return]
+            if end is not None and time.monotonic() >= end:
+                raise ResultTimeout(f"task {self.task} job {self.id} has not ended after {timeout}s (state {info.state})")
+
+    async def aresult(self, timeout: Duration | None = None) -> R:
+        """:meth:`result` from asyncio code, on the Tasks' asyncio client."""
+        queue = self.app.aqueue(self.queue)
+        end = None if timeout is None else time.monotonic() + seconds_to_ms(timeout, "timeout") / 1000
+        while True:
+            left_ms = _WAIT_CHUNK_MS if end is None else max(0, round((end - time.monotonic()) * 1000))
+            info = await queue.wait_result(self.id, min(left_ms, _WAIT_CHUNK_MS))
+            if info.finished and info.state != "unknown":
+                return self._outcome(info)  # type: ignore[no-any-return]
+            if end is not None and time.monotonic() >= end:
+                raise ResultTimeout(f"task {self.task} job {self.id} has not ended after {timeout}s (state {info.state})")
+
+    def _outcome(self, info: JobResult) -> Any:
+        if info.state == "ok":
+            return from_json(info.value)
+        if info.state == "dead":
+            raise TaskDead(self.id, self.task, info.error)
+        if not self.keeps_result:
+            return None  # done: acked, and no result was asked for (or cancelled)
+        raise TaskResultMissing(
+            f"task {self.task} job {self.id} ended without a result to read: cancelled, or its result expired or "
+            "was trimmed"
+        )

@@ -1,0 +1,219 @@
+"""A task's policy: its options, how they travel in the envelope, and what the worker
+decides with them (retry after how long, or fail at once).
+
+Durations here are seconds (int or float) or a ``timedelta``, as in asyncio, Celery and
+arq; the engine below takes milliseconds (``_ms``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields, replace
+from datetime import timedelta
+from typing import Any
+
+from pyqueue.errors import InvalidArgument
+from pyqueue.worker import seconds_to_ms
+
+Duration = float | timedelta
+#: A job id from the call's arguments, or True for a hash of the task and its arguments.
+Unique = Callable[..., str] | bool
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """How long to wait before a retry, by attempt (1 = the first failure).
+
+    ``Backoff.fixed(5)``; ``Backoff.exponential(base=1, cap=3600)`` (base * 2^(attempt-1),
+    capped, with full jitter in its upper half, as the engine's own); or a function of
+    the attempt returning seconds (``backoff=lambda attempt: 10 * attempt``): a
+    module-level function, so a per-send override can name it in the envelope.
+    """
+
+    kind: str  # "fixed" | "exponential" | "function"
+    base_ms: int = 0
+    cap_ms: int = 0
+    function: Callable[[int], Duration] | None = None
+
+    @staticmethod
+    def fixed(delay: Duration) -> Backoff:
+        return Backoff("fixed", base_ms=seconds_to_ms(delay, "backoff"))
+
+    @staticmethod
+    def exponential(base: Duration = 1, cap: Duration = 3600) -> Backoff:
+        base_ms, cap_ms = seconds_to_ms(base, "backoff base"), seconds_to_ms(cap, "backoff cap")
+        if base_ms < 1 or cap_ms < base_ms:
+            raise InvalidArgument("exponential backoff needs 0 < base <= cap")
+        return Backoff("exponential", base_ms=base_ms, cap_ms=cap_ms)
+
+    @staticmethod
+    def of(value: object) -> Backoff | None:
+        """A task's ``backoff=`` option: None (the worker's default), a number of seconds
+        or a timedelta (fixed), a :class:`Backoff`, or a function of the attempt."""
+        if value is None or isinstance(value, Backoff):
+            return value
+        if isinstance(value, (int, float, timedelta)) and not isinstance(value, bool):
+            return Backoff.fixed(value)
+        if callable(value):
+            return Backoff("function", function=value)
+        raise InvalidArgument(f"backoff must be seconds, a timedelta, a Backoff or a function of the attempt, got {value!r}")
+
+    def delay_ms(self, attempt: int) -> int:
+        if self.kind == "fixed":
+            return self.base_ms
+        if self.kind == "exponential":
+            d: int = min(self.cap_ms, self.base_ms * 2 ** min(attempt - 1, 60))
+            return d // 2 + random.randrange(d // 2 + 1)
+        assert self.function is not None
+        return seconds_to_ms(self.function(attempt), "the backoff function's delay")
+
+    def to_json(self) -> Any:
+        if self.kind == "function":
+            return {"function": qualified_name(self.function, "a backoff function")}
+        return {self.kind: [self.base_ms, self.cap_ms]}
+
+    @staticmethod
+    def from_json(value: Any) -> Backoff:
+        ((kind, arg),) = value.items()
+        if kind == "function":
+            return Backoff("function", function=resolve(arg))
+        if kind not in ("fixed", "exponential"):
+            raise ValueError(f"unknown backoff {kind!r}")
+        return Backoff(kind, base_ms=int(arg[0]), cap_ms=int(arg[1]))
+
+
+def qualified_name(obj: object, what: str) -> str:
+    """``module:qualname`` of a module-level function or class, checked to resolve."""
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
+    if not module or "<" in qualname:
+        raise InvalidArgument(f"{what} set for one send must be importable (a module-level name), got {obj!r}")
+    return f"{module}:{qualname}"
+
+
+def resolve(name: str) -> Any:
+    """What a ``module:qualname`` names."""
+    module, _, qualname = name.partition(":")
+    target: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def exception_types(value: object, name: str) -> tuple[type[BaseException], ...]:
+    """``retry_on`` / ``fail_on``: an exception class or a tuple of them."""
+    items = value if isinstance(value, (tuple, list)) else (value,)
+    for item in items:
+        if not (isinstance(item, type) and issubclass(item, BaseException)):
+            raise InvalidArgument(f"{name} takes exception classes, got {item!r}")
+    return tuple(items)
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    """A task's policy. None means "not set": the worker's or the engine's default."""
+
+    queue: str = "default"
+    #: Runs in all (the engine's max_attempts); None: the engine's default (5... see Queue).
+    max_attempts: int | None = None
+    backoff: Backoff | None = None
+    #: Only these exceptions retry (others fail at once); None: every Exception retries.
+    retry_on: tuple[type[BaseException], ...] | None = None
+    #: These exceptions fail at once, whatever retry_on says.
+    fail_on: tuple[type[BaseException], ...] = ()
+    #: Not run when older than this (ms since it was sent): dead with a clear error.
+    max_age_ms: int | None = None
+    time_limit_ms: int | None = None
+    unique: Unique | None = None
+    #: Keep the return value as the job's result for this long; None: no result kept.
+    keep_result_ms: int | None = None
+
+    @staticmethod
+    def build(base: TaskOptions | None = None, **given: Any) -> TaskOptions:
+        """Options from a task's or a send's keyword arguments (seconds or timedelta for
+        durations), on top of ``base``.
+
+        Raises:
+            InvalidArgument: an unknown option, or a value of the wrong kind.
+        """
+        out: dict[str, Any] = {}
+        for key, value in given.items():
+            if key == "queue":
+                if not isinstance(value, str) or not value:
+                    raise InvalidArgument(f"queue must be a queue name, got {value!r}")
+                out["queue"] = value
+            elif key == "max_attempts":
+                if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 10_000):
+                    raise InvalidArgument(f"max_attempts must be an int in [1, 10000], got {value!r}")
+                out["max_attempts"] = value
+            elif key == "backoff":
+                out["backoff"] = Backoff.of(value)
+            elif key == "retry_on":
+                out["retry_on"] = None if value is None else exception_types(value, "retry_on")
+            elif key == "fail_on":
+                out["fail_on"] = exception_types(value or (), "fail_on")
+            elif key in ("max_age", "time_limit", "keep_result"):
+                ms = None if value is None else seconds_to_ms(value, key)
+                if key == "time_limit" and ms is not None and ms < 1:
+                    raise InvalidArgument("time_limit must be more than 0")
+                out[f"{key}_ms"] = ms
+            elif key == "unique":
+                if value is not None and value is not True and not callable(value):
+                    raise InvalidArgument(f"unique must be a function of the arguments giving the job id, or True, got {value!r}")
+                out["unique"] = value
+            else:
+                known = "queue, max_attempts, backoff, retry_on, fail_on, max_age, time_limit, unique, keep_result"
+                raise InvalidArgument(f"unknown task option {key!r}; known: {known}")
+        return replace(base or TaskOptions(), **out)
+
+    def fails_at_once(self, error: BaseException) -> bool:
+        """Whether ``error`` sends the job to the dead letters now instead of retrying."""
+        if self.fail_on and isinstance(error, self.fail_on):
+            return True
+        return self.retry_on is not None and not isinstance(error, self.retry_on)
+
+    def retry_delay_ms(self, attempt: int) -> int | None:
+        """The delay before the retry after failed ``attempt``; None: the worker's backoff."""
+        return None if self.backoff is None else self.backoff.delay_ms(attempt)
+
+    # -- in the envelope: only what differs from the registered task -----------------
+
+    def overrides(self, base: TaskOptions) -> dict[str, Any]:
+        """The options of this send that differ from the task's and that its worker
+        applies (queue, max_attempts and unique act at send time), as plain JSON."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(base, f.name)
+            if f.name in ("queue", "max_attempts", "unique") or mine == theirs:
+                continue
+            if f.name == "backoff":
+                out[f.name] = None if mine is None else mine.to_json()
+            elif f.name in ("retry_on", "fail_on"):
+                out[f.name] = None if mine is None else [qualified_name(t, f.name) for t in mine]
+            else:
+                out[f.name] = mine
+        return out
+
+    def with_overrides(self, opts: Mapping[str, Any]) -> TaskOptions:
+        """These options with an envelope's ``opts`` applied (the worker side).
+
+        Raises:
+            InvalidArgument: an override that does not parse or resolve.
+        """
+        out: dict[str, Any] = {}
+        try:
+            for key, value in opts.items():
+                if key == "backoff":
+                    out[key] = None if value is None else Backoff.from_json(value)
+                elif key in ("retry_on", "fail_on"):
+                    types = tuple(resolve(name) for name in value) if value is not None else None
+                    out[key] = types if key == "retry_on" else (types or ())
+                elif key in ("max_age_ms", "time_limit_ms", "keep_result_ms"):
+                    if value is not None and (type(value) is not int or value < 0):
+                        raise InvalidArgument(f"{key} must be a number of ms")
+                    out[key] = value
+                # Unknown keys come from a newer producer: ignored, as the envelope's rule says.
+        except (ImportError, AttributeError, ValueError, TypeError, KeyError) as exc:
+            raise InvalidArgument(f"a per-send option does not resolve on this worker: {exc!r}") from None
+        return replace(self, **out)

@@ -1,0 +1,183 @@
+"""Running task jobs in a worker: the handler that routes a job to its task by name and
+turns the task's policy into the engine's transitions.
+
+How a run ends, and the transition it becomes (every one a script):
+
+* it returns: ``ack`` (``ack_result`` with the value when ``keep_result`` is set);
+* it raises :class:`~pyqueue.Retry`: ``nack`` after its delay, the attempt counted;
+* it raises :class:`~pyqueue.Fail`, an exception in ``fail_on``, or one outside
+  ``retry_on``: ``nack`` to the dead letters now, the exception's type and message kept;
+* it raises anything else: ``nack`` with the task's backoff (the worker's by default),
+  dead at ``max_attempts`` with that exception as its error;
+* it reaches ``time_limit``: the worker's heartbeat nacks it (fenced) with
+  :class:`~pyqueue.TimeLimitExceeded` under the same rules, then stops the handler
+  (:mod:`pyqueue.slots`); a late ack is refused;
+* it is older than ``max_age`` when leased: dead at once, not run;
+* its task name is unknown here, or its payload is not an envelope this worker reads:
+  ``nack`` with the backoff, never ack (another worker version may know it), dead at
+  ``max_attempts`` with the error ``unknown task 'name'``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from pyqueue.errors import InvalidArgument
+from pyqueue.models import Job, Result
+from pyqueue.slots import LimitEnding, Slot, TimeLimitExceeded, current_slot
+from pyqueue.tasks import envelope
+from pyqueue.tasks.codec import to_json
+from pyqueue.tasks.policy import TaskOptions
+from pyqueue.worker import Fail, Retry, error_text
+
+if TYPE_CHECKING:
+    from pyqueue.tasks.task import Task
+
+log = logging.getLogger("pyqueue.tasks")
+
+
+@dataclass(frozen=True)
+class TaskRun:
+    """The running task job, as :func:`current_job` returns it."""
+
+    job: Job
+    task: str
+    #: When it was sent, on the server clock (ms); None if the producer did not say.
+    enqueued_ms: int | None
+    #: The time limit's deadline on the server clock (ms); None without a limit.
+    deadline_ms: int | None
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return self.job.id
+
+    @property
+    def queue(self) -> str:
+        return self.job.queue
+
+    @property
+    def attempt(self) -> int:
+        """1 on the first run, counting every failed or expired lease before."""
+        return self.job.attempt
+
+    @property
+    def max_attempts(self) -> int:
+        return self.job.max_attempts
+
+    @property
+    def fence(self) -> int:
+        """The lease's fence: pass it to stores that must reject a zombie's writes."""
+        return self.job.fence
+
+    @property
+    def enqueued_at(self) -> datetime | None:
+        return None if self.enqueued_ms is None else datetime.fromtimestamp(self.enqueued_ms / 1000, timezone.utc)
+
+    @property
+    def deadline(self) -> datetime | None:
+        return None if self.deadline_ms is None else datetime.fromtimestamp(self.deadline_ms / 1000, timezone.utc)
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether its end is decided without it: cancelled, lease lost, or time limit."""
+        return self.job.cancelled.is_set()
+
+
+_current: contextvars.ContextVar[TaskRun] = contextvars.ContextVar("pyqueue_current_job")
+
+
+def current_job() -> TaskRun:
+    """The task job this code runs in (its id, task name, attempt, enqueue time and
+    deadline), from a task function or anything it calls, sync or async.
+
+    Raises:
+        LookupError: called outside a running task.
+    """
+    try:
+        return _current.get()
+    except LookupError:
+        raise LookupError("current_job() is called outside a running task") from None
+
+
+class Dispatcher:
+    """The worker handler of a :class:`~pyqueue.tasks.Tasks` object: routes each job to
+    the task its envelope names (see the module docstring)."""
+
+    def __init__(self, tasks: Mapping[str, Task[Any, Any]]) -> None:
+        self.tasks = tasks
+        #: Advertised in the worker's service registration.
+        self.task_names = tuple(sorted(tasks))
+        #: Any task needs an event loop: the worker must be an AsyncWorker.
+        self.needs_event_loop = any(t.is_async for t in tasks.values())
+        self._overridden: dict[tuple[str, str], TaskOptions] = {}
+
+    def __call__(self, job: Job) -> object:
+        slot = current_slot()
+        try:
+            env = envelope.decode(job.payload)
+        except envelope.EnvelopeError as exc:
+            raise Retry(reason=str(exc)) from None
+        task = self.tasks.get(env.task)
+        if slot is not None:
+            slot.name = env.task
+        if task is None:
+            raise Retry(reason=f"unknown task {env.task!r}")
+        opts = task.policy
+        if env.opts:
+            try:
+                opts = opts.with_overrides(env.opts)
+            except InvalidArgument as exc:
+                raise Retry(reason=str(exc)) from None
+        now_ms = slot.server_now_ms() if slot is not None else None
+        enqueued_ms = env.enqueued_ms
+        if opts.max_age_ms is not None and enqueued_ms is not None and now_ms is not None:
+            age_ms = now_ms - enqueued_ms
+            if age_ms > opts.max_age_ms:
+                raise Fail(f"max_age exceeded: sent {age_ms / 1000:.3f}s ago, max_age is {opts.max_age_ms / 1000:g}s; not run")
+        deadline_ms = None
+        if opts.time_limit_ms is not None and slot is not None:
+            slot.limit(opts.time_limit_ms / 1000, self._limit_ending(task, opts, job))
+            deadline_ms = slot.leased_at_ms + opts.time_limit_ms
+        run = TaskRun(job, task.name, enqueued_ms, deadline_ms, env.meta)
+        token = _current.set(run)
+        try:
+            if task.is_async:
+                if slot is None:
+                    raise InvalidArgument(f"task {task.name} is async: run it in an AsyncWorker")
+                value = slot.run_awaitable(_in_context(run, task.fn(*env.args, **env.kwargs)))
+            else:
+                value = task.fn(*env.args, **env.kwargs)
+        except (Retry, Fail, TimeLimitExceeded):
+            raise
+        except Exception as exc:
+            if opts.fails_at_once(exc):
+                raise Fail() from exc
+            raise Retry(delay_ms=opts.retry_delay_ms(job.attempt)) from exc
+        finally:
+            _current.reset(token)
+        if opts.keep_result_ms is not None:
+            try:
+                encoded = to_json(value, f"{task.name} result")
+            except InvalidArgument as exc:
+                raise Fail(f"the result cannot be stored: {exc}") from None
+            return Result(encoded, opts.keep_result_ms)
+        return None
+
+    @staticmethod
+    def _limit_ending(task: Task[Any, Any], opts: TaskOptions, job: Job) -> LimitEnding:
+        error = TimeLimitExceeded(f"task {task.name} exceeded its time limit of {(opts.time_limit_ms or 0) / 1000:g}s")
+        return LimitEnding(
+            error=error_text(error), delay_ms=opts.retry_delay_ms(job.attempt), final=opts.fails_at_once(error)
+        )
+
+
+async def _in_context(run: TaskRun, coroutine: Any) -> Any:
+    """Await a task's coroutine with :func:`current_job` set (it runs on the loop's thread)."""
+    _current.set(run)  # this task's own context copy: nothing to reset
+    return await coroutine

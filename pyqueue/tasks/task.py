@@ -1,0 +1,176 @@
+"""A task: a registered function, its policy, and how to send it.
+
+Sending checks everything it can before anything reaches Redis: the arguments are bound
+to the function's signature (a wrong call raises ``TypeError`` in the caller, as calling
+the function would) and must travel as JSON (:mod:`pyqueue.tasks.codec`). Then it is
+one ``enqueue`` call: one round trip, and a duplicate id (``unique``) is the engine's
+reported no-op.
+
+Delivery: at least once, as every job (see :mod:`pyqueue.queue`). A task that must not
+repeat a side effect checks ``current_job().fence`` against its store, or is idempotent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import secrets
+from collections.abc import Callable, Iterable
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+
+from pyqueue.errors import InvalidArgument
+from pyqueue.models import NewJob
+from pyqueue.tasks import envelope
+from pyqueue.tasks.codec import dumps, to_json
+from pyqueue.tasks.handle import SentTask
+from pyqueue.tasks.policy import Duration, TaskOptions
+from pyqueue.worker import seconds_to_ms
+
+if TYPE_CHECKING:
+    from pyqueue.tasks.app import Tasks
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class Signature:
+    """One call of a task, checked and encoded, not yet sent: ``fn.s(*args, **kwargs)``.
+    ``send_many`` takes a list of them."""
+
+    def __init__(self, task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions) -> None:
+        try:
+            bound = task.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"{task.name}: {exc}") from None
+        self.task, self.options = task, options
+        self.args, self.kwargs = list(bound.args), dict(bound.kwargs)
+        where = f"{task.name} argument"
+        self.json_args = to_json(self.args, where)
+        self.json_kwargs = to_json(self.kwargs, where)
+
+    def job_id(self) -> str:
+        """The job id this call is sent under: ``unique``'s, or a random one."""
+        unique = self.options.unique
+        if unique is None or unique is False:
+            return secrets.token_hex(10)
+        if unique is True:
+            # The task and its arguments, canonically: the same call is the same job.
+            digest = hashlib.sha256(dumps([self.task.name, self.json_args, self.json_kwargs]).encode()).hexdigest()
+            return f"{self.task.name}:{digest[:32]}"
+        job_id = unique(*self.args, **self.kwargs)
+        if not isinstance(job_id, str):
+            raise InvalidArgument(f"{self.task.name}: unique must return the job id as a str, got {job_id!r}")
+        return job_id
+
+    def new_job(self, now_ms: int, delay_ms: int) -> NewJob:
+        meta: dict[str, Any] = {"enqueued_ms": now_ms}
+        opts = self.options.overrides(self.task.policy)
+        if opts:
+            meta["opts"] = opts
+        payload = envelope.encode(self.task.name, self.json_args, self.json_kwargs, meta)
+        return NewJob(payload, job_id=self.job_id(), delay_ms=delay_ms, max_attempts=self.options.max_attempts)
+
+    def __repr__(self) -> str:
+        return f"{self.task.name}.s(*{self.args!r}, **{self.kwargs!r})"
+
+
+class _Sender(Generic[P, R]):
+    """The send verbs, shared by a task and a task with per-send options."""
+
+    task: Task[P, R]
+    opts: TaskOptions
+
+    def s(self, *args: P.args, **kwargs: P.kwargs) -> Signature:
+        """This call, checked and encoded, not sent (for ``send_many``)."""
+        return Signature(self.task, args, kwargs, self.opts)
+
+    def send(self, *args: P.args, **kwargs: P.kwargs) -> SentTask[R]:
+        """Enqueue a run of the task now; returns its handle (``.id``, ``.result()``).
+
+        Raises:
+            TypeError: the arguments do not fit the function's signature.
+            InvalidArgument: an argument that does not travel as JSON, or a bad option.
+        """
+        return self._send(Signature(self.task, args, kwargs, self.opts), 0)
+
+    def send_in(self, delay: Duration, *args: P.args, **kwargs: P.kwargs) -> SentTask[R]:
+        """As :meth:`send`, to run no earlier than ``delay`` (seconds or a timedelta)
+        from now on the Redis server's clock."""
+        return self._send(Signature(self.task, args, kwargs, self.opts), seconds_to_ms(delay, "delay"))
+
+    def send_at(self, when: datetime, *args: P.args, **kwargs: P.kwargs) -> SentTask[R]:
+        """As :meth:`send`, to run no earlier than ``when`` (an aware datetime; a naive
+        one is taken as UTC), compared with the Redis server's clock."""
+        signature = Signature(self.task, args, kwargs, self.opts)
+        return self._send(signature, self._delay_until(when, self.task.app.server_now_ms()))
+
+    def send_many(self, calls: Iterable[Signature | tuple[Any, ...]]) -> list[SentTask[R]]:
+        """Enqueue many runs: each item is ``fn.s(...)`` or a tuple of positional
+        arguments. Every call is checked before any is sent; then one round trip per
+        1,000 jobs (``enqueue_many``)."""
+        signatures = [c if isinstance(c, Signature) else Signature(self.task, tuple(c), {}, self.opts) for c in calls]
+        for sig in signatures:
+            if sig.task is not self.task:
+                raise InvalidArgument(f"send_many of {self.task.name} got a call of {sig.task.name}")
+        return self.task.app._send_many(signatures, self.task.app.server_now_ms())
+
+    async def asend(self, *args: P.args, **kwargs: P.kwargs) -> SentTask[R]:
+        """:meth:`send` from asyncio code, on the Tasks' asyncio client."""
+        signature = Signature(self.task, args, kwargs, self.opts)
+        app = self.task.app
+        return await app._asend([signature], await app.aserver_now_ms(), 0)
+
+    async def asend_in(self, delay: Duration, *args: P.args, **kwargs: P.kwargs) -> SentTask[R]:
+        """:meth:`send_in` from asyncio code."""
+        signature = Signature(self.task, args, kwargs, self.opts)
+        app = self.task.app
+        return await app._asend([signature], await app.aserver_now_ms(), seconds_to_ms(delay, "delay"))
+
+    def _send(self, signature: Signature, delay_ms: int) -> SentTask[R]:
+        app = self.task.app
+        return app._send_many([signature], app.server_now_ms(), delay_ms)[0]
+
+    @staticmethod
+    def _delay_until(when: datetime, now_ms: int) -> int:
+        if not isinstance(when, datetime):
+            raise InvalidArgument(f"send_at takes a datetime, got {type(when).__name__}")
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=timezone.utc)
+        return max(0, round(when.timestamp() * 1000) - now_ms)
+
+
+class Task(_Sender[P, R]):
+    """A function registered with ``@tasks.task(...)``. Calling it runs it here, now;
+    :meth:`send` runs it on a worker. ``policy`` holds its registered options."""
+
+    def __init__(self, app: Tasks, fn: Callable[P, R], name: str, policy: TaskOptions) -> None:
+        self.app, self.fn, self.name, self.policy = app, fn, name, policy
+        self.task, self.opts = self, policy
+        self.signature = inspect.signature(fn)
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.__doc__, self.__name__, self.__qualname__ = fn.__doc__, fn.__name__, fn.__qualname__
+        self.__module__ = fn.__module__
+        self.__wrapped__ = fn
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.fn(*args, **kwargs)
+
+    def options(self, **overrides: Any) -> Options[P, R]:
+        """This task with options changed for the sends made through the result:
+        ``fn.options(time_limit=5, queue="slow").send(...)``. Same keywords as
+        ``@tasks.task``; durations in seconds or a timedelta."""
+        return Options(self, TaskOptions.build(self.policy, **overrides))
+
+    def __repr__(self) -> str:
+        return f"<task {self.name} on {self.policy.queue!r}>"
+
+
+class Options(_Sender[P, R]):
+    """A task with per-send options (``fn.options(...)``)."""
+
+    def __init__(self, task: Task[P, R], options: TaskOptions) -> None:
+        self.task, self.opts = task, options
+
+    def options(self, **overrides: Any) -> Options[P, R]:
+        return Options(self.task, TaskOptions.build(self.opts, **overrides))

@@ -1,0 +1,198 @@
+"""Testing tasks on the real engine: ``with tasks.testing() as t:``.
+
+Inside the block the :class:`~pyqueue.tasks.Tasks` object talks to a new, empty
+embedded server of its own (fakeredis with its Lua), so a test sees only its own jobs.
+``fn.send(...)`` enqueues there, through the real ``enqueue.lua``. :meth:`TaskTesting.drain`
+then runs the jobs in this thread through the real scripts (``lease``, ``ack``,
+``ack_result``, ``nack``) and the real task dispatch a worker uses, time limits
+included, until nothing is ready or due. When only scheduled jobs are left (a retry's
+backoff, ``send_in``), it moves the server's clock forward to the next one and goes on,
+so a test of a task that retries after an hour takes milliseconds. It re-raises the
+first error a task raised, unless told not to; ``t.errors`` keeps them all.
+
+There is no eager mode: a job that would fail to encode, route, retry or store its
+result in production fails here the same way.
+
+The clock: the scripts read the server's ``TIME``. :meth:`TaskTesting.advance` (and
+drain's jumps) shift the ``TIME`` of this test's server only; every other server,
+embedded or real, keeps the real clock.
+
+The pytest fixture ``pyqueue_testing`` (this package's pytest plugin) does the same
+for a test: ``t = pyqueue_testing(tasks)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import secrets
+import threading
+import time
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from pyqueue.aio_worker import AsyncWorker
+from pyqueue.models import Job, Stats
+from pyqueue.worker import Fail, Retry
+
+if TYPE_CHECKING:
+    from pyqueue.tasks.app import Tasks
+
+_clock_lock = threading.Lock()
+_clock_installed = False
+
+
+def _install_clock() -> None:
+    """Let one fakeredis server's ``TIME`` run ahead of the real clock: the server's
+    ``pyqueue_offset_ms`` attribute (absent on every other server: unchanged)."""
+    global _clock_installed
+    with _clock_lock:
+        if _clock_installed:
+            return
+        from fakeredis.commands_mixins.server_mixin import ServerCommandsMixin
+
+        original = ServerCommandsMixin.time
+
+        @functools.wraps(original)
+        def time_command(self: Any) -> list[bytes]:
+            offset_ms = getattr(self._server, "pyqueue_offset_ms", 0)
+            if not offset_ms:
+                return original(self)  # type: ignore[no-any-return]
+            now_us = round(time.time() * 1_000_000) + offset_ms * 1000
+            return [str(now_us // 1_000_000).encode(), str(now_us % 1_000_000).encode()]
+
+        ServerCommandsMixin.time = time_command  # type: ignore[method-assign]
+        _clock_installed = True
+
+
+class TaskTesting:
+    """An isolated embedded server for a :class:`~pyqueue.tasks.Tasks` object, and the
+    means to run its jobs (see the module docstring).
+
+    Args:
+        raise_errors: :meth:`drain` re-raises the first exception a task raised (after
+            the job's nack went through, as in a worker).
+        lease_ms: the lease of each job drain runs.
+        max_jobs: the most job runs one drain makes (a task that sends itself forever
+            stops there, with an error).
+    """
+
+    def __init__(self, tasks: Tasks, *, raise_errors: bool = True, lease_ms: int = 60_000, max_jobs: int = 10_000) -> None:
+        self.tasks = tasks
+        self.raise_errors, self.lease_ms, self.max_jobs = raise_errors, lease_ms, max_jobs
+        #: Every exception a task raised during drains, in order.
+        self.errors: list[BaseException] = []
+        self._old: tuple[Any, ...] | None = None
+        self.server: Any = None
+        self.client: Any = None
+
+    def __enter__(self) -> TaskTesting:
+        import fakeredis
+
+        _install_clock()
+        self.server = fakeredis.FakeServer()
+        self.server.pyqueue_offset_ms = 0
+        self.client = fakeredis.FakeRedis(server=self.server)
+        self._old = self.tasks._swap_connection(self.client, fakeredis.FakeAsyncRedis(server=self.server))
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        assert self._old is not None
+        self.tasks._restore_connection(self._old)
+
+    # -- the clock -------------------------------------------------------------------
+
+    def advance(self, seconds: float) -> None:
+        """Move this server's clock forward: scheduled jobs and retries become due,
+        results and tombstones age."""
+        if seconds < 0:
+            raise ValueError("the clock only moves forward")
+        self.server.pyqueue_offset_ms += round(seconds * 1000)
+        self.tasks._offset_ms = None  # the producer's estimate of the server clock
+
+    def now_ms(self) -> int:
+        """This server's clock."""
+        seconds, micros = self.client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    # -- running ---------------------------------------------------------------------
+
+    def stats(self, queue: str | None = None) -> Stats:
+        """``stats`` of a task queue (default: the default queue)."""
+        return self.tasks.queue(queue or self.tasks.default_queue).stats()
+
+    def drain(self, *, raise_errors: bool | None = None, advance: bool = True) -> int:
+        """Run every ready job, then every scheduled one as it becomes due (moving the
+        clock to it unless ``advance=False``), until none is left; returns how many
+        runs were made. Re-raises the first task error (see the class).
+
+        Raises:
+            RuntimeError: more than ``max_jobs`` runs (a task that keeps sending itself).
+        """
+        raise_errors = self.raise_errors if raise_errors is None else raise_errors
+        worker = self.tasks.worker(redis=self.client, concurrency=1, lease_ms=self.lease_ms, grace_ms=0)
+        dispatcher = worker.handler
+        failures: list[BaseException] = []
+
+        def recording(job: Job) -> object:
+            try:
+                return dispatcher(job)
+            except BaseException as exc:
+                cause = exc.__cause__ if isinstance(exc, (Retry, Fail)) and exc.__cause__ is not None else exc
+                failures.append(cause)
+                raise
+
+        worker.handler = recording
+        owner = "testing." + secrets.token_hex(4)
+        for q in worker.logical + worker.queues:
+            q.owner = owner
+        loop: asyncio.AbstractEventLoop | None = None
+        if isinstance(worker, AsyncWorker):
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="pyqueue-testing-loop", daemon=True).start()
+            worker._loop = loop
+        ticking = threading.Event()
+        heartbeat = threading.Thread(target=self._enforce_limits, args=(worker, ticking), daemon=True)
+        heartbeat.start()
+        runs = 0
+        try:
+            while True:
+                next_due_ms, now_ms, ran = -1, 0, False
+                for q in worker.queues:
+                    leased = q.lease_call(count=1, lease_ms=self.lease_ms, call=secrets.token_hex(8))
+                    now_ms = leased.now_ms
+                    for job in leased.jobs:
+                        runs += 1
+                        if runs > self.max_jobs:
+                            q.release([job])
+                            raise RuntimeError(f"drain ran {self.max_jobs} jobs and jobs are still coming")
+                        worker._track(job)
+                        worker._run_one(job, may_lease=False)
+                        ran = True
+                        if failures:
+                            self.errors.extend(failures)
+                            first, failures[:] = failures[0], []
+                            if raise_errors:
+                                raise first
+                    if not leased.jobs and leased.next_due_ms >= 0:
+                        next_due_ms = leased.next_due_ms if next_due_ms < 0 else min(next_due_ms, leased.next_due_ms)
+                if ran:
+                    continue
+                if advance and next_due_ms > now_ms:
+                    self.advance((next_due_ms - now_ms) / 1000)
+                    continue
+                if next_due_ms >= 0 and next_due_ms <= now_ms:
+                    continue  # due now (maintenance left it for the next call)
+                return runs
+        finally:
+            ticking.set()
+            heartbeat.join(1)
+            if loop is not None:
+                loop.call_soon_threadsafe(loop.stop)
+
+    @staticmethod
+    def _enforce_limits(worker: Any, stop: threading.Event) -> None:
+        while not stop.wait(0.02):
+            worker._enforce_limits()
