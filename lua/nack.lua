@@ -1,9 +1,10 @@
 --[[ nack: fail the current lease of a job. Fenced: a receipt no longer in `leased`
 changes nothing.
 
-The failed lease counts as an attempt. If attempts reach max_attempts the job goes to
-DEAD with the error text; otherwise to SCHEDULED at now + delay, where delay is
-delay_ms when given, else exponential backoff with jitter computed here:
+The failed lease counts as an attempt. If attempts reach max_attempts, or the call is
+final (ARGV 7 = '1': the caller knows a retry cannot succeed), the job goes to DEAD with
+the error text; otherwise to SCHEDULED at now + delay, where delay is delay_ms when
+given, else exponential backoff with jitter computed here:
   d = min(cap_ms, base_ms * 2^(attempt - 1)); delay = d/2 + jitter * d/2
 with jitter in [0, 1) derived from the fence, so retries of different jobs spread out
 and a re-sent call computes the same jitter.
@@ -20,19 +21,22 @@ KEYS (9), all <prefix>:{<queue>}:<role>
   9 finished   stream  a job that goes to DEAD adds an entry {id = <job id>} (at most
                    1000 kept): result waiters (ack_result.lua) wake for its outcome
 
-ARGV (6)
+ARGV (6 or 7)
   1  now_ms     '' (use the server clock) or integer >= 0; tests only
   2  receipt    from lease
   3  error      error text, 0..65536 bytes (kept only if the job goes to DEAD)
   4  delay_ms   '' (backoff) or integer 0..2^40
   5  base_ms    integer 1..2^40, backoff of the first retry (before jitter)
   6  cap_ms     integer 1..2^40, longest backoff
+  7  final      optional: '' or '0' (the default: DEAD only at max_attempts) or '1' (DEAD
+                now, whatever the attempt; still counted as an attempt, as 'nacked' and
+                'dead', with a finished entry, like any death by nack)
 
 Returns  {status, state, at_ms}: status 'ok', 'stale' or 'gone' (as ack.lua); when 'ok',
          state is 'scheduled' (at_ms = due time) or 'dead' (at_ms = now); else '' and 0.
 Errors   PQ_BADARG (nothing written), PQ_CORRUPT (the job record does not parse; nothing
          written), WRONGTYPE (nothing written).
-Replay   a re-sent call finds its receipt gone and changes nothing.
+Replay   a re-sent call finds its receipt gone and changes nothing (final or not).
 ]]
 
 -- >>> pyqueue prelude: the same in every script; source tests/lua_prelude.lua, copied by tests/lua_prelude.py
@@ -177,7 +181,9 @@ now_ms, err = now_arg(ARGV[1])
 if err then return redis.error_reply(err) end
 local receipt, error_text = ARGV[2], ARGV[3]
 local lease = parse_receipt(receipt or '')
-if not lease or #ARGV ~= 6 then return redis.error_reply('PQ_BADARG expected 6 arguments with a well-formed receipt') end
+if not lease or (#ARGV ~= 6 and #ARGV ~= 7) then
+  return redis.error_reply('PQ_BADARG expected 6 or 7 arguments with a well-formed receipt')
+end
 local fence, attempt, id = lease.fence, lease.attempt, lease.id
 if #error_text > 65536 then return redis.error_reply('PQ_BADARG error text longer than 65536 bytes') end
 if ARGV[4] ~= '' then
@@ -188,6 +194,10 @@ base_ms, err = int_arg(ARGV[5], 'base_ms', 1, 2 ^ 40)
 if err then return redis.error_reply(err) end
 cap_ms, err = int_arg(ARGV[6], 'cap_ms', 1, 2 ^ 40)
 if err then return redis.error_reply(err) end
+local final = ARGV[7] or ''
+if final ~= '' and final ~= '0' and final ~= '1' then
+  return redis.error_reply("PQ_BADARG final must be '', '0' or '1', got " .. string.format('%q', final))
+end
 
 -- 2. Read.
 if not redis.call('ZSCORE', leased_key, receipt) then
@@ -197,7 +207,7 @@ local record = redis.call('HGET', jobs_key, id)
 local _, max_attempts, _, payload_at = parse_record(record or '')
 if not max_attempts then return redis.error_reply('PQ_CORRUPT no valid record for job ' .. id .. ' in ' .. jobs_key) end
 now_ms = now_ms or server_now_ms()
-local to_dead = attempt >= max_attempts
+local to_dead = attempt >= max_attempts or final == '1'
 if to_dead then
   err = expect_type(owners_key, 'zset') or expect_type(dead_key, 'zset') or expect_type(errors_key, 'hash')
     or expect_type(finished_key, 'stream')

@@ -508,11 +508,19 @@ def decode_result(encoded: bytes) -> object:
 
 
 def nack_call(
-    keys: Keys, now_ms: int | None, receipt: str, error: bytes, delay_ms: int | None, base_ms: int, cap_ms: int
+    keys: Keys,
+    now_ms: int | None,
+    receipt: str,
+    error: bytes,
+    delay_ms: int | None,
+    base_ms: int,
+    cap_ms: int,
+    final: bool = False,
 ) -> ScriptCall:
-    """lua/nack.lua."""
+    """lua/nack.lua. ``final``: ARGV 7 ``1``, the job goes to DEAD now, whatever its
+    attempt (``0``: only at max_attempts)."""
     delay: Arg = "" if delay_ms is None else delay_ms
-    return ScriptCall("nack", keys, [now_arg(now_ms), receipt, error, delay, base_ms, cap_ms])
+    return ScriptCall("nack", keys, [now_arg(now_ms), receipt, error, delay, base_ms, cap_ms, int(final)])
 
 
 def extend_call(keys: Keys, now_ms: int | None, lease_ms: int, receipts: Sequence[str]) -> ScriptCall:

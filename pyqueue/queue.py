@@ -522,11 +522,14 @@ class QueueCore:
         backoff_base_ms: int = DEFAULT_BACKOFF_BASE_MS,
         backoff_cap_ms: int = DEFAULT_BACKOFF_CAP_MS,
         now_ms: int | None = None,
+        final: bool = False,
     ) -> Plan[Nacked]:
         """Fail this lease of ``job`` (lua/nack.lua); the attempt counts.
 
-        If attempts reached max_attempts the job goes to DEAD with ``error``; otherwise
-        it is scheduled again after ``delay_ms``, or after exponential backoff
+        If attempts reached max_attempts, or ``final`` is true (a retry cannot succeed),
+        the job goes to DEAD with ``error`` (state ``dead``, counted in ``nacked`` and
+        ``dead``, and its waiters woken, as any death by nack); otherwise it is
+        scheduled again after ``delay_ms``, or after exponential backoff
         ``min(cap, base * 2^(attempt-1))`` with jitter (half of it random) when
         ``delay_ms`` is None. A stale receipt changes nothing.
         """
@@ -538,8 +541,11 @@ class QueueCore:
         check_int(backoff_base_ms, "backoff_base_ms", 1, 2**40)
         check_int(backoff_cap_ms, "backoff_cap_ms", 1, 2**40)
         check_now(now_ms)
+        if not isinstance(final, bool):
+            raise InvalidArgument(f"final must be a bool, got {final!r}")
         step = nack_call(
-            self.keys, now_ms, receipt, error.encode("utf-8", "replace"), delay_ms, backoff_base_ms, backoff_cap_ms
+            self.keys, now_ms, receipt, error.encode("utf-8", "replace"), delay_ms, backoff_base_ms, backoff_cap_ms,
+            final,
         )
         status, state, at_ms = yield from self._run(step)
         outcome = Outcome(text(status))

@@ -61,6 +61,7 @@ def calls_touching_every_key(q: Queue, h: dict[str, Any]) -> dict[str, tuple[str
         "result": ("result", [now, "nope"]),
         "nack_to_scheduled": ("nack", [now, retry, "e", "", 100, 1000]),
         "nack_to_dead": ("nack", [now, h["last"].receipt, "e", "", 100, 1000]),
+        "nack_final": ("nack", [now, retry, "e", "", 100, 1000, "1"]),  # to DEAD with attempts to spare
         "extend": ("extend", [now, 5000, held, "w|c|99|1|r1"]),
         "release": ("release", [held, "w|c|99|1|r1"]),
         "promote": ("promote", [now, 100]),

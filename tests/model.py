@@ -491,15 +491,16 @@ class QueueModel:
         return True
 
     def nack(
-        self, receipt: str, error: bytes, delay_ms: int | None, base_ms: int, cap_ms: int, now: int
+        self, receipt: str, error: bytes, delay_ms: int | None, base_ms: int, cap_ms: int, now: int,
+        final: bool = False,
     ) -> Nacked:
-        """nack.lua."""
+        """nack.lua; ``final``: to DEAD whatever the attempt."""
         if receipt not in self.leases:
             return Nacked(Outcome.STALE if receipt_id(receipt) in self.jobs else Outcome.GONE, None, 0)
         lease = self.leases.pop(receipt)
         record = self.jobs[lease.id]
         self.counters["nacked"] += 1
-        if lease.attempt >= record.max_attempts:
+        if lease.attempt >= record.max_attempts or final:
             self._fail(lease, now)
             self._to_dead(lease.id, now, error)
             self.finished = (self.finished + [lease.id])[-STREAM_LENGTH:]  # waiters wake for it
@@ -1021,6 +1022,8 @@ ERRORS = st.sampled_from(["", "boom", "ünï | \n", "x" * 2000])
 NACK_DELAYS = weighted((2, st.none()), (1, st.sampled_from([0, 1, 10, 50, 1000])))  # None: backoff
 BACKOFF_BASES = st.sampled_from([1, 10, 1000])
 BACKOFF_CAPS = st.sampled_from([1, 100, 3_600_000, 2**40])
+#: A quarter of the nacks are final: to DEAD at once, whatever the attempt.
+NACK_FINALS = st.sampled_from([False, False, False, True])
 SERVICE_EXPIRES = st.sampled_from([60_000, 120_000, 3_600_000])  # >= 60 s: real TTLs never fire in a test
 #: A quarter of the calls are sent twice: the reply was lost and redis-py re-sent the
 #: identical call (DESIGN §3.6): the second send must have no further effect.
@@ -1335,6 +1338,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         delay_ms=NACK_DELAYS,
         backoff_base_ms=BACKOFF_BASES,
         backoff_cap_ms=BACKOFF_CAPS,
+        final=NACK_FINALS,
         sent_twice=SENT_TWICE,
     )
     def nack(
@@ -1344,16 +1348,19 @@ class LifecycleMachine(RuleBasedStateMachine):
         delay_ms: int | None,
         backoff_base_ms: int,
         backoff_cap_ms: int,
+        final: bool,
         sent_twice: bool,
     ) -> None:
-        """Fail a lease: explicit delay, or backoff (None)."""
+        """Fail a lease: explicit delay, or backoff (None); or final, to DEAD at once."""
         job = self.draw_job(data)
         for _ in range(1 + sent_twice):
             got = self.q.nack(
                 job, error, delay_ms=delay_ms, backoff_base_ms=backoff_base_ms, backoff_cap_ms=backoff_cap_ms,
-                now_ms=self.now,
+                now_ms=self.now, final=final,
             )
-            expected = self.model.nack(job.receipt, error.encode(), delay_ms, backoff_base_ms, backoff_cap_ms, self.now)
+            expected = self.model.nack(
+                job.receipt, error.encode(), delay_ms, backoff_base_ms, backoff_cap_ms, self.now, final
+            )
             assert got == expected, f"nack answered {got}, model {expected}"
 
     @rule(data=st.data(), lease_ms=LEASE_MS, sent_twice=SENT_TWICE)

@@ -72,6 +72,10 @@ MALFORMED: list[tuple[str, list[Any]]] = [
     ("nack", ["", RECEIPT, "e", "", 100, "big"]),
     ("nack", ["", RECEIPT, "x" * 65537, "", 100, 1000]),
     ("nack", ["", RECEIPT, "e", "", 100]),
+    ("nack", ["", RECEIPT, "e", "", 100, 1000, "2"]),
+    ("nack", ["", RECEIPT, "e", "", 100, 1000, "x"]),
+    ("nack", ["", RECEIPT, "e", "", 100, 1000, "true"]),
+    ("nack", ["", RECEIPT, "e", "", 100, 1000, "1", "extra"]),
     ("extend", ["", 1000]),
     ("extend", ["", 0, RECEIPT]),
     ("extend", ["", 1000, "oops"]),
@@ -199,7 +203,8 @@ WRONG_TYPE_CASES = [
     (variant, role, planted)
     for variant, script in {
         "enqueue": "enqueue", "lease": "lease", "ack_and_lease": "lease", "ack": "ack",
-        "nack_to_scheduled": "nack", "nack_to_dead": "nack", "extend": "extend", "release": "release",
+        "nack_to_scheduled": "nack", "nack_to_dead": "nack", "nack_final": "nack", "extend": "extend",
+        "release": "release",
         "promote": "promote", "stats": "stats", "dead_list": "dead_list", "dead_replay": "dead_replay",
         "dead_purge": "dead_purge", "ack_result": "ack_result", "result": "result",
     }.items()
@@ -220,6 +225,8 @@ UNTOUCHED = {
     ("nack_to_scheduled", "dead"),
     ("nack_to_scheduled", "errors"),
     ("nack_to_scheduled", "finished"),
+    ("nack_final", "scheduled"),
+    ("nack_final", "wake"),
     # result of an id that is neither a job nor a kept result reads no more than it must.
     ("result", "dead"),
     ("result", "errors"),
@@ -248,7 +255,8 @@ def test_a_key_of_the_wrong_type_is_an_error_and_every_key_stays_byte_identical(
 
 
 @pytest.mark.parametrize("variant", ["enqueue", "lease", "ack_and_lease", "ack", "nack_to_scheduled", "nack_to_dead",
-                                     "extend", "release", "promote", "stats", "dead_list", "dead_replay", "dead_purge"])
+                                     "nack_final", "extend", "release", "promote", "stats", "dead_list", "dead_replay",
+                                     "dead_purge"])
 def test_each_variant_succeeds_on_the_busy_queue(q: Queue, variant: str) -> None:
     # Guards the table above: each variant is a valid call, so the errors come from the planted key.
     script, args = calls_touching_every_key(q, busy_queue(q))[variant]

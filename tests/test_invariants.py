@@ -194,8 +194,8 @@ def test_check_before_write_a_failing_call_wrote_nothing(q: Queue, r: redis.Redi
     assert dump_all(r) == before
 
 
-VARIANTS = ["enqueue", "lease", "ack_and_lease", "ack", "nack_to_scheduled", "nack_to_dead", "extend", "release",
-            "promote", "stats", "dead_list", "dead_replay", "dead_purge"]
+VARIANTS = ["enqueue", "lease", "ack_and_lease", "ack", "nack_to_scheduled", "nack_to_dead", "nack_final", "extend",
+            "release", "promote", "stats", "dead_list", "dead_replay", "dead_purge"]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

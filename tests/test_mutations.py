@@ -123,6 +123,18 @@ MUTANTS = [
         "local to_dead = attempt > max_attempts",
     ),
     Mutant(
+        "nack_ignores_final",
+        "nack",
+        "local to_dead = attempt >= max_attempts or final == '1'",
+        "local to_dead = attempt >= max_attempts",
+    ),
+    Mutant(
+        "nack_takes_final_0_for_final",
+        "nack",
+        "attempt >= max_attempts or final == '1'",
+        "attempt >= max_attempts or final ~= ''",
+    ),
+    Mutant(
         "nack_backoff_doubles_from_the_first_attempt",
         "nack",
         "base_ms * 2 ^ math.min(attempt - 1, 60)",

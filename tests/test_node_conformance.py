@@ -662,6 +662,11 @@ def test_job_control_from_node_cancel_limit_and_a_result_python_reads(server: Re
     # cancelled job changes nothing.
     assert q.result("r1").value == {"from": "node", "n": 7}
     assert q.ack(held) is Outcome.GONE
+    # Node's final nack sent r2 to DEAD on attempt 1 of 5, with its error.
+    assert (node["nack_final"]["status"], node["nack_final"]["state"], node["nack_final"]["id"]) == ("ok", "dead", "r2")
+    info = q.get("r2")
+    assert (info.state, info.attempts, info.max_attempts, info.error) == ("dead", 1, 5, "node gives up")
+    assert q.result("r2").state == "dead"
     s = q.stats()
-    assert (s.cancelled, s.rate_limit, s.acked, s.ready) == (2, 0, 1, 1)
+    assert (s.cancelled, s.rate_limit, s.acked, s.ready, s.dead, s.nacked) == (2, 0, 1, 0, 1, 1)
     assert node["unlimit"]["changed"] is True and node["stats"]["cancelled"] == 2

@@ -19,7 +19,7 @@
 //            {"event": "running", ...}), then the result. A job whose payload is
 //            "sleep:<ms>" takes that long.
 //   control  job control on a queue Python filled: cancel, limit, ack with a result,
-//            read the result back
+//            read the result back, nack the last job final (to DEAD at once)
 
 const readline = require('readline');
 const {
@@ -311,7 +311,8 @@ async function service(_q, opts, redis) {
 }
 
 // Job control from Node on a queue Python filled: cancel a ready and a leased job, cap
-// the lease rate, ack a job with a result Python reads, read it back, lift the cap.
+// the lease rate, ack a job with a result Python reads, read it back, lift the cap,
+// and nack the last job final: DEAD on its first attempt.
 async function control(q, opts) {
   const out = {};
   out.cancel_ready = await q.cancel(opts.ready_id);
@@ -327,6 +328,10 @@ async function control(q, opts) {
   const read = await q.result(text(job.id));
   out.result = { state: read.state, value: text(read.value), finished_ms: read.finishedMs };
   out.unlimit = await q.limit(0);
+  // A final nack: the next job goes to DEAD on its first attempt (Python reads it).
+  const last = await q.lease({ count: 1 });
+  out.nack_final = await q.nack(last.jobs[0].receipt, 'node gives up', { final: true });
+  out.nack_final.id = text(last.jobs[0].id);
   out.stats = await q.stats();
   return out;
 }

@@ -195,10 +195,14 @@ class Queue {
   }
 
   // delayMs null: the script's backoff with jitter (base/cap as the Python defaults).
-  async nack(receipt, error, { delayMs = null, baseMs = 1000, capMs = 3600000 } = {}) {
+  // final: the job goes to DEAD now, whatever its attempt (ARGV 7 '1'); without it the
+  // call sends the 6 ARGV nack has always taken.
+  async nack(receipt, error, { delayMs = null, baseMs = 1000, capMs = 3600000, final = false } = {}) {
+    if (typeof final !== 'boolean') throw new TypeError('final must be a boolean');
     const delay = delayMs === null ? '' : int(delayMs, 'delay_ms', 0, 2 ** 40);
     const [status, state, atMs] = await this.run('nack', [
       '', receipt, Buffer.from(error), delay, int(baseMs, 'base_ms', 1, 2 ** 40), int(capMs, 'cap_ms', 1, 2 ** 40),
+      ...(final ? ['1'] : []),
     ]);
     return { status: str(status), state: str(state), atMs };
   }
