@@ -34,15 +34,44 @@ from pyqueue.worker import Worker, is_async_handler
 log = logging.getLogger("pyqueue.cli")
 
 
-def load_handler(target: str) -> Callable[[Job], object]:
-    """Import ``module:function``."""
+def load_target(target: str) -> object:
+    """Import ``module:attribute`` (a handler function, or a :class:`pyqueue.Tasks`), with
+    the current directory on the import path, as other workers do.
+
+    Raises:
+        InvalidArgument: a malformed target, a module that does not import, or a missing
+            attribute (``pyqueue`` prints it as one line and exits 2).
+    """
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
-        raise SystemExit(f"handler must be module:function, got {target!r}")
-    handler = getattr(importlib.import_module(module_name), attr)
+        raise InvalidArgument(f"the worker's target must be module:function or module:tasks, got {target!r}")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InvalidArgument(f"cannot import {module_name!r} (from {os.getcwd()}): {exc}") from None
+    except Exception as exc:  # the module itself raised while importing
+        raise InvalidArgument(f"importing {module_name!r} raised {type(exc).__name__}: {exc}") from exc
+    try:
+        found: object = module
+        for part in attr.split("."):
+            found = getattr(found, part)
+    except AttributeError:
+        raise InvalidArgument(f"module {module_name!r} has no attribute {attr!r}") from None
+    return found
+
+
+def load_handler(target: str) -> Callable[[Job], object]:
+    """Import ``module:function``, a job handler.
+
+    Raises:
+        InvalidArgument: as :func:`load_target`, or not callable.
+    """
+    handler = load_target(target)
     if not callable(handler):
-        raise SystemExit(f"{target} is not callable")
-    return handler  # type: ignore[no-any-return]
+        raise InvalidArgument(f"{target} is a {type(handler).__name__}, not a function of a Job or a pyqueue.Tasks")
+    return handler
 
 
 def table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
@@ -70,16 +99,20 @@ def _ms(value: int) -> str:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    client = connect(args.url)
-    handler = load_handler(args.handler)
-    schedules = [parse_schedule(spec, args.queue[0], "every") for spec in args.every or ()]
-    schedules += [parse_schedule(spec, args.queue[0], "cron") for spec in args.cron or ()]
-    # An async def handler runs as tasks of an event loop (AsyncWorker); a plain one in
-    # the thread-pool Worker. Both keep the same lifecycle and exit codes.
-    worker = (AsyncWorker if is_async_handler(handler) else Worker)(
-        args.queue,
-        handler,
-        redis=client,
+    from pyqueue.tasks import Tasks  # the task layer sits above the engine: imported only here
+
+    target = load_target(args.handler)
+    queues = list(args.queue or []) + [q for spec in args.queues or () for q in spec.split(",") if q]
+    if isinstance(target, Tasks):
+        if not target.tasks:
+            raise InvalidArgument(f"{args.handler} has no tasks registered (is the module that defines them imported?)")
+        queues = queues or target.queue_names()
+    elif not queues:
+        raise InvalidArgument("a handler function serves the queues given with -q/--queue (or --queues a,b)")
+    schedules = [parse_schedule(spec, queues[0], "every") for spec in args.every or ()]
+    schedules += [parse_schedule(spec, queues[0], "cron") for spec in args.cron or ()]
+    options: dict[str, Any] = dict(
+        redis=connect(args.url),
         prefix=args.prefix,
         namespace=args.namespace,
         concurrency=args.concurrency,
@@ -94,10 +127,20 @@ def cmd_worker(args: argparse.Namespace) -> int:
         schedules=schedules,
         keep_results_ms=args.keep_results_ms,
     )
-    if isinstance(worker, AsyncWorker):
-        code = asyncio.run(worker.run(burst=args.burst))
+    if isinstance(target, Tasks):
+        # Every task on the queues they name (or those given); async tasks or hooks make
+        # it an AsyncWorker. The start and stop hooks run around it.
+        worker = target.worker(queues, **options)
+        code = target.run_worker(worker, burst=args.burst)
     else:
-        code = worker.run(burst=args.burst)
+        handler = load_handler(args.handler)
+        # An async def handler runs as tasks of an event loop (AsyncWorker); a plain one in
+        # the thread-pool Worker. Both keep the same lifecycle and exit codes.
+        worker = (AsyncWorker if is_async_handler(handler) else Worker)(queues, handler, **options)
+        if isinstance(worker, AsyncWorker):
+            code = asyncio.run(worker.run(burst=args.burst))
+        else:
+            code = worker.run(burst=args.burst)
     # Leave even if a handler is stuck past the grace period (its job was released to
     # other workers): the executor's threads would otherwise keep the process alive.
     sys.stdout.flush()
@@ -324,9 +367,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("worker", help="run a worker: module:function receives each Job")
-    p.add_argument("handler", help="module:function")
-    p.add_argument("-q", "--queue", action="append", required=True, help="queue to serve; repeat, highest priority first")
+    p = sub.add_parser("worker", help="run a worker: of the tasks of module:tasks (a pyqueue.Tasks), or of a "
+                                      "module:function that receives each Job")
+    p.add_argument("handler", metavar="module:tasks|module:function",
+                   help="a pyqueue.Tasks (serves its tasks on the queues they name), or a function of a Job; "
+                        "imported with the current directory on the path")
+    p.add_argument("-q", "--queue", action="append", help="queue to serve; repeat, highest priority first (a "
+                   "function handler needs one; a Tasks object defaults to its tasks' queues)")
+    p.add_argument("--queues", action="append", metavar="A,B", help="queues to serve, comma-separated (as -q)")
     p.add_argument("--concurrency", type=int, default=1)
     p.add_argument("--lease-ms", type=int, default=DEFAULT_LEASE_MS)
     p.add_argument("--block-ms", type=int, default=10_000)

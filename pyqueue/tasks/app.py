@@ -265,6 +265,12 @@ class Tasks:
         unknown = sorted(set(names) - set(self.queue_names()))
         if unknown:
             log.warning("queues %s have no task of this Tasks object: their jobs will be retried, then dead", unknown)
+        given = options.get("redis")
+        with self._lock:
+            if given is not None and self._client is None and self._aclient is None and self._url is None:
+                # Not connected yet and told nothing (`pyqueue worker --url`): tasks that
+                # send tasks send them where this worker serves.
+                self._client = given
         options.setdefault("redis", self.redis)
         options.setdefault("prefix", self.prefix)
         cls = AsyncWorker if self.needs_event_loop() else Worker
