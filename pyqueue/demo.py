@@ -1,6 +1,7 @@
 """``pyqueue demo``: the project's main job, end to end.
 
-Enqueues a few thousand jobs into two queues, runs workers on them, kills one worker
+Sends a few thousand runs of two tasks (``send_email`` and ``build_report``, each on
+its own queue), runs workers on them, kills one worker
 mid-way, shows its jobs recovered by the others (scrubbed, long before their leases
 would expire), and checks the promises at the end: nothing lost, nothing acked twice.
 
@@ -22,10 +23,10 @@ from typing import Any
 
 import redis as redis_lib
 
-from pyqueue.models import Job, NewJob
 from pyqueue.clients import Client, connect
 from pyqueue.queue import Queue
 from pyqueue.service import Services
+from pyqueue.tasks import Tasks, current_job
 from pyqueue.worker import Worker
 
 QUEUES = ("demo-emails", "demo-reports")
@@ -42,13 +43,31 @@ def executions_key(prefix: str) -> str:
     return f"{prefix}:{{demo}}:executions"
 
 
-def handle(job: Job) -> None:
-    """The demo's handler: 10 ms of "work", then a durable record of the run."""
+#: The demo's tasks; ``pyqueue worker pyqueue.demo:tasks`` serves them.
+tasks = Tasks()
+
+
+def _record_run() -> None:
+    """10 ms of "work", then a durable record of the run (the job's id)."""
     global _client
     if _client is None:
         _client = connect(os.environ["PYQUEUE_URL"])
     time.sleep(0.01)
-    _client.rpush(executions_key(os.environ.get("PYQUEUE_PREFIX", "pq")), job.id)
+    _client.rpush(executions_key(os.environ.get("PYQUEUE_PREFIX", "pq")), current_job().id)
+
+
+# Each run's job id is the queue and its number (`unique=`), so the checks at the end
+# can name every run that should have happened.
+@tasks.task(queue=QUEUES[0], unique=lambda n, to: f"{QUEUES[0]}-{n}")
+def send_email(n: int, to: str) -> None:
+    """Pretend to send an email."""
+    _record_run()
+
+
+@tasks.task(queue=QUEUES[1], unique=lambda n: f"{QUEUES[1]}-{n}")
+def build_report(n: int) -> None:
+    """Pretend to build a report."""
+    _record_run()
 
 
 class _Say:
@@ -101,11 +120,13 @@ def run_demo(
         dashboard = start_demo_dashboard(client, url=url, prefix=prefix, queues=QUEUES, namespace=NAMESPACE,
                                          port=dashboard_port, say=say.line)
     split = {QUEUES[0]: jobs * 2 // 3, QUEUES[1]: jobs - jobs * 2 // 3}
-    for q in queues:
-        batch = [NewJob(f'{{"n":{i}}}', job_id=f"{q.name}-{i}") for i in range(split[q.name])]
-        for i in range(0, len(batch), 500):
-            q.enqueue_many(batch[i : i + 500])
-        say.line(f"  enqueued {split[q.name]} jobs into {q.name}")
+    tasks.bind(client, prefix=prefix)
+    for start in range(0, split[QUEUES[0]], 500):
+        send_email.send_many([send_email.s(n, f"user{n}@example.com") for n in range(start, min(start + 500, split[QUEUES[0]]))])
+    say.line(f"  sent {split[QUEUES[0]]} send_email tasks to {QUEUES[0]}")
+    for start in range(0, split[QUEUES[1]], 500):
+        build_report.send_many([(n,) for n in range(start, min(start + 500, split[QUEUES[1]]))])
+    say.line(f"  sent {split[QUEUES[1]]} build_report tasks to {QUEUES[1]}")
 
     pool = _ThreadWorkers(client, prefix) if url == "embedded" else _ProcessWorkers(url, prefix)
     for _ in range(workers):
@@ -213,9 +234,9 @@ class _ThreadWorkers(_Workers):
         logging.getLogger("pyqueue.worker").setLevel(logging.WARNING)
 
     def start(self) -> None:
-        worker = Worker(QUEUES, handle, redis=self.client, prefix=self.prefix, namespace=NAMESPACE,
-                        concurrency=CONCURRENCY, lease_ms=LEASE_MS, renew_ms=RENEW_MS, expire_ms=EXPIRE_MS,
-                        block_ms=1_000)
+        worker = tasks.worker(QUEUES, redis=self.client, prefix=self.prefix, namespace=NAMESPACE,
+                              concurrency=CONCURRENCY, lease_ms=LEASE_MS, renew_ms=RENEW_MS, expire_ms=EXPIRE_MS,
+                              block_ms=1_000)
         thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False}, daemon=True)
         thread.start()
         self.workers.append(worker)
@@ -253,7 +274,7 @@ class _ProcessWorkers(_Workers):
     def start(self) -> None:
         before = {i.id for i in self.services.list()}
         args = [sys.executable, "-m", "pyqueue", "--url", self.url, "--prefix", self.prefix, "--namespace", NAMESPACE,
-                "worker", "pyqueue.demo:handle", "--concurrency", str(CONCURRENCY), "--lease-ms", str(LEASE_MS),
+                "worker", "pyqueue.demo:tasks", "--concurrency", str(CONCURRENCY), "--lease-ms", str(LEASE_MS),
                 "--renew-ms", str(RENEW_MS), "--expire-ms", str(EXPIRE_MS), "--block-ms", "1000"]
         for name in QUEUES:
             args += ["-q", name]

@@ -301,6 +301,19 @@ class Tasks:
             for hook in self.on_stop:
                 await _maybe_await(hook())
 
+    def bind(self, client: Any, *, prefix: str | None = None) -> None:
+        """Send and serve through ``client`` (blocking or asyncio) from now on, and under
+        ``prefix`` if given: for a program that makes its client from its own settings
+        after the module defining the tasks was imported."""
+        self._restore_connection((None, None, {}, {}, None, 0.0))
+        if prefix is not None:
+            self.prefix = prefix
+        with self._lock:
+            if _is_async_client(client):
+                self._aclient = client
+            else:
+                self._client = client
+
     # -- testing ---------------------------------------------------------------------
 
     @contextmanager
