@@ -21,10 +21,11 @@ KEYS (5), all <prefix>:{<namespace>}:service:<role>
                       and the queues it serves, comma-separated
   5 service   hash    <prefix>:{<namespace>}:service:<id>, the service's own key:
                       host, pid, started, renewed (ms, server clock), renewal (token),
-                      registration, queues; stop (ms) once a remote stop asked it to
-                      stop (service_stop.lua); expires after expire_ms
+                      registration, queues, tasks (when ARGV 11 is not ''); stop (ms)
+                      once a remote stop asked it to stop (service_stop.lua); expires
+                      after expire_ms
 
-ARGV (10)
+ARGV (10 or 11)
   1  now_ms       '' (use the server clock) or integer >= 0; tests only
   2  id           integer >= 1, the id the client expects (counter + 1)
   3  host         1..255 bytes
@@ -35,6 +36,9 @@ ARGV (10)
   8  gc_limit     integer 0..1000, most expired ids forgotten from the list per call
   9  renewal      1..64 bytes of [A-Za-z0-9_.:-]: token the first renewal must show
  10  registration 1..16 bytes of [A-Za-z0-9]: random, fixed for this registration
+ 11  tasks        optional: '' (the default) or the names of the tasks the service runs,
+                  comma-separated, each 1..200 bytes of [A-Za-z0-9_.:<>-], at most 65536
+                  bytes in all; kept as the field `tasks` of the service key (none for '')
 
 Returns  {'ok', id, started_ms} or {'retry', next_id}.
 Errors   PQ_BADARG, PQ_EXISTS (the new id's key already exists: another program writes
@@ -185,7 +189,8 @@ now_ms, err = now_arg(ARGV[1])
 if err then return redis.error_reply(err) end
 id, err = int_arg(ARGV[2], 'id', 1, 2 ^ 53)
 if err then return redis.error_reply(err) end
-local host, queues, renewal, registration = ARGV[3], ARGV[5], ARGV[9], ARGV[10]
+if #ARGV ~= 10 and #ARGV ~= 11 then return redis.error_reply('PQ_BADARG expected 10 or 11 arguments') end
+local host, queues, renewal, registration, tasks = ARGV[3], ARGV[5], ARGV[9], ARGV[10], ARGV[11] or ''
 if #host < 1 or #host > 255 then return redis.error_reply('PQ_BADARG host must be 1..255 bytes') end
 pid, err = int_arg(ARGV[4], 'pid', 0, 2 ^ 31)
 if err then return redis.error_reply(err) end
@@ -202,6 +207,14 @@ if not registration or #registration > 16 or not string.match(registration, '^%w
   return redis.error_reply('PQ_BADARG registration must be 1..16 bytes of [A-Za-z0-9]')
 end
 if string.find(queues, ' ', 1, true) then return redis.error_reply('PQ_BADARG queues must not contain spaces') end
+if #tasks > 65536 then return redis.error_reply('PQ_BADARG tasks must be at most 65536 bytes') end
+if tasks ~= '' then
+  for name in string.gmatch(tasks .. ',', '([^,]*),') do
+    if #name < 1 or #name > 200 or not string.find(name, '^[%w_.:<>%-]+$') then
+      return redis.error_reply('PQ_BADARG tasks must be comma-separated names, each 1..200 bytes of [A-Za-z0-9_.:<>-]')
+    end
+  end
+end
 if string.sub(service_key, -(#ARGV[2] + 1)) ~= ':' .. ARGV[2] then
   return redis.error_reply('PQ_BADARG the service key must end with :<id>')
 end
@@ -228,6 +241,7 @@ if err then return redis.error_reply(err) end
 redis.call('INCR', seq_key)
 redis.call('HSET', service_key, 'host', host, 'pid', pid, 'started', now_ms, 'renewed', now_ms,
   'renewal', renewal, 'registration', registration, 'queues', queues)
+if tasks ~= '' then redis.call('HSET', service_key, 'tasks', tasks) end
 redis.call('PEXPIRE', service_key, expire_ms)
 for _, listed in ipairs(forget) do redis.call('LREM', ids_key, -1, listed) end
 redis.call('LPUSH', ids_key, id)

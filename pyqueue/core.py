@@ -611,10 +611,12 @@ def service_register_call(
     gc_limit: int,
     renewal: str,
     registration: str,
+    tasks: str = "",
 ) -> ScriptCall:
-    """lua/service_register.lua; ``keys.id`` is the id the caller expects."""
+    """lua/service_register.lua; ``keys.id`` is the id the caller expects. ``tasks``:
+    the task names the service runs, comma-separated (ARGV 11; '' for none)."""
     args: list[Arg] = [
-        now_arg(now_ms), keys.id or 0, host, pid, queues, expire_ms, capacity, gc_limit, renewal, registration
+        now_arg(now_ms), keys.id or 0, host, pid, queues, expire_ms, capacity, gc_limit, renewal, registration, tasks
     ]
     return ScriptCall("service_register", keys, args)
 

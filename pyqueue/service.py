@@ -23,8 +23,10 @@ A registration ends in one of three ways, which a worker tells apart:
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +53,10 @@ DEAD_LIMIT = 20
 #: Lease owners are ``<namespace>.<id>.<registration>`` and at most 64 bytes: a
 #: namespace of up to 40 bytes leaves room for a 14-digit id and the 8-byte token.
 MAX_NAMESPACE = 40
+#: A task name a service advertises (lua/service_register.lua, ARGV 11).
+TASK_NAME = re.compile(r"[A-Za-z0-9_.:<>-]{1,200}")
+#: The most bytes of all task names of one service, comma-separated.
+MAX_TASKS_BYTES = 65536
 
 
 @dataclass
@@ -115,6 +121,27 @@ class ServiceInfo:
     pid: int = 0
     started_ms: int = 0
     renewed_ms: int = 0
+    #: The task names it said it runs when it registered (``register(tasks=...)``), in
+    #: that order; empty when it named none, or once its key expired.
+    tasks: tuple[str, ...] = ()
+
+
+def check_tasks(tasks: Sequence[str]) -> str:
+    """``tasks`` as ARGV 11 of lua/service_register.lua: the names, comma-separated.
+
+    Raises:
+        InvalidArgument: not a sequence of names of 1..200 characters of
+            ``[A-Za-z0-9_.:<>-]``, or more than MAX_TASKS_BYTES in all.
+    """
+    if isinstance(tasks, (str, bytes)) or not isinstance(tasks, Sequence):
+        raise InvalidArgument(f"tasks must be a sequence of task names, got {tasks!r}")
+    for name in tasks:
+        if not isinstance(name, str) or not TASK_NAME.fullmatch(name):
+            raise InvalidArgument(f"a task name must be 1..200 characters of [A-Za-z0-9_.:<>-], got {name!r}")
+    joined = ",".join(tasks)
+    if len(joined) > MAX_TASKS_BYTES:
+        raise InvalidArgument(f"the task names may hold at most {MAX_TASKS_BYTES} bytes comma-separated, got {len(joined)}")
+    return joined
 
 
 class Services:
@@ -148,12 +175,17 @@ class Services:
         host: str | None = None,
         pid: int | None = None,
         registration: str | None = None,
+        tasks: Sequence[str] = (),
         now_ms: int | None = None,
     ) -> Service:
         """Register this process (lua/service_register.lua): a new id, its key written
         and expiring after ``expire_ms`` unless renewed.
 
         ``registration``: tests only (deterministic owners); default 8 random hex digits.
+        ``tasks``: the names of the tasks this process runs, kept in its key and shown
+        by :meth:`list` (:attr:`ServiceInfo.tasks`), so callers can tell which task
+        names the live workers of a queue serve; each 1..200 characters of
+        ``[A-Za-z0-9_.:<>-]``.
 
         Raises:
             ServiceExists: the new id's key exists already (another program writes in
@@ -171,6 +203,7 @@ class Services:
         registration = secrets.token_hex(4) if registration is None else registration
         if not 1 <= len(registration) <= 16 or not (registration.isascii() and registration.isalnum()):
             raise InvalidArgument("registration must be 1..16 characters of [A-Za-z0-9]")
+        served_tasks = check_tasks(tasks)
         expected = int(self.redis.get(self.keys.role("seq")) or 0) + 1
         for _ in range(100):
             keys = self.keys.of(expected)
@@ -186,6 +219,7 @@ class Services:
                 GC_LIMIT,
                 renewal,
                 registration,
+                served_tasks,
                 )
             )
             status = reply[0].decode()
@@ -294,6 +328,7 @@ class Services:
                     pid=int(fields.get(b"pid", 0)),
                     started_ms=int(fields.get(b"started", 0)),
                     renewed_ms=int(fields.get(b"renewed", 0)),
+                    tasks=tuple(t for t in fields.get(b"tasks", b"").decode().split(",") if t),
                 )
             )
         return out

@@ -713,6 +713,8 @@ class ServiceRecord:
     alive: bool = True
     #: When a remote stop marked the key (service_stop.lua), if it did.
     stop_ms: int | None = None
+    #: The task names it registered with (the key's `tasks` field, absent when none).
+    tasks: tuple[str, ...] = ()
 
 
 @dataclass
@@ -726,7 +728,7 @@ class ServicesModel:
     services: dict[int, ServiceRecord] = field(default_factory=dict)
     stopped: set[int] = field(default_factory=set)  # ids whose private wake marker is set
 
-    def register(self, expire_ms: int, renewal: str, now: int) -> int:
+    def register(self, expire_ms: int, renewal: str, now: int, tasks: tuple[str, ...] = ()) -> int:
         service_id = self.seq + 1
         for listed in self.ids[-GC_LIMIT:]:
             expires = self.expiry.get(listed)
@@ -736,7 +738,7 @@ class ServicesModel:
         self.ids.insert(0, service_id)
         self.expiry[service_id] = now + expire_ms
         self.queues[service_id] = f"{REGISTRATION} {QUEUE}"
-        self.services[service_id] = ServiceRecord(now, now, renewal)
+        self.services[service_id] = ServiceRecord(now, now, renewal, tasks=tasks)
         return service_id
 
     def alive(self, service_id: int) -> bool:
@@ -822,6 +824,8 @@ class ServicesModel:
                     b"registration": REGISTRATION.encode(),
                     b"queues": QUEUE.encode(),
                 }
+                if record.tasks:
+                    fields[b"tasks"] = ",".join(record.tasks).encode()
                 if record.stop_ms is not None:
                     fields[b"stop"] = str(record.stop_ms).encode()
                 out[keys.of(service_id).role("service")] = fields
@@ -1030,6 +1034,8 @@ SERVICE_EXPIRES = st.sampled_from([60_000, 120_000, 3_600_000])  # >= 60 s: real
 SENT_TWICE = st.sampled_from([False, False, False, True])
 DEAD_IDS = st.lists(st.sampled_from(IDS + (NEVER_ENQUEUED,)), min_size=0, max_size=4)
 SERVICE_ENDINGS = st.sampled_from(["deregister", "stop", "forget"])
+#: The task names a service registers with (none, as plain workers do, or some).
+SERVICE_TASKS = st.sampled_from([(), (), ("emails.send",), ("a.b:<locals>.f", "reports-monthly")])
 
 
 def forged_jobs() -> st.SearchStrategy[Job]:
@@ -1499,15 +1505,16 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     # -- rules: services ----------------------------------------------------------------
 
-    @rule(expire_ms=SERVICE_EXPIRES)
-    def register_a_service(self, expire_ms: int) -> None:
+    @rule(expire_ms=SERVICE_EXPIRES, tasks=SERVICE_TASKS)
+    def register_a_service(self, expire_ms: int, tasks: tuple[str, ...] = ()) -> None:
         service = self.services.register(
-            [QUEUE], expire_ms=expire_ms, host=HOST, pid=PID, registration=REGISTRATION, now_ms=self.now
+            [QUEUE], expire_ms=expire_ms, host=HOST, pid=PID, registration=REGISTRATION, tasks=tasks, now_ms=self.now
         )
-        service_id = self.svc.register(expire_ms, service.renewal, self.now)
+        service_id = self.svc.register(expire_ms, service.renewal, self.now, tasks)
         assert (service.id, service.started_ms, service.owner) == (
             service_id, self.now, f"{NAMESPACE}.{service_id}.{REGISTRATION}"
         )
+        assert {i.id: i.tasks for i in self.services.list(now_ms=self.now)}[service_id] == tasks
         self.service_handles[service.id] = service
 
     @precondition(lambda self: self.service_handles)

@@ -3,13 +3,15 @@ and scrub."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import redis
 from conftest import all_keys
 from helpers import T0, dump_all
 
 from pyqueue.core import service_register_call, service_renew_call
-from pyqueue import NewJob, Outcome, Queue, ServiceExists, ServiceLost
+from pyqueue import InvalidArgument, NewJob, Outcome, Queue, ServiceExists, ServiceLost
 from pyqueue.service import Renewed, Services
 
 #: Also on the Redis Cluster backend (conftest.BACKENDS).
@@ -158,6 +160,70 @@ def test_list_shows_live_and_dead_services(services: Services) -> None:
     services.register(["q"], host="h1", pid=7)
     infos = services.list()
     assert [(i.id, i.alive, i.host, i.pid, i.queues) for i in infos] == [(1, True, "h1", 7, ["q"])]
+
+
+def test_a_service_advertises_the_tasks_it_runs_and_list_shows_them(services: Services, r: redis.Redis) -> None:
+    names = ["emails.send", "reports:<monthly>", "a-b_c.d", "x" * 200]
+    a = services.register(["q1", "q2"], tasks=names, now_ms=T0)
+    b = services.register(["q1"], now_ms=T0)  # names none: no field
+    assert r.hget(a.keys.role("service"), "tasks") == ",".join(names).encode()
+    assert not r.hexists(b.keys.role("service"), "tasks")
+    infos = {i.id: i for i in services.list(now_ms=T0)}
+    assert (infos[a.id].tasks, infos[a.id].queues) == (tuple(names), ["q1", "q2"])
+    assert infos[b.id].tasks == ()
+    # Which task names the live workers of q1 serve, as a caller computes it.
+    assert {t for i in services.list(now_ms=T0) if i.alive and "q1" in i.queues for t in i.tasks} == set(names)
+    # Renewal keeps them; an expired service shows none (its key is gone).
+    services.renew(a, now_ms=T0 + 1)
+    assert r.hget(a.keys.role("service"), "tasks") == ",".join(names).encode()
+    r.delete(a.keys.role("service"))
+    assert {i.id: i.tasks for i in services.list(now_ms=T0 + 1)}[a.id] == ()
+
+
+@pytest.mark.parametrize(
+    "tasks",
+    [["ok", ""], ["a,b"], ["sp ace"], ["x" * 201], ["é"], [5], "one-string", b"bytes", ["t" * 200] * 327],
+    ids=repr,
+)
+def test_bad_task_names_are_refused_before_anything_is_sent(services: Services, r: redis.Redis, tasks: Any) -> None:
+    before = dump_all(r)
+    with pytest.raises(InvalidArgument):
+        services.register(["q"], tasks=tasks)
+    assert dump_all(r) == before
+
+
+@pytest.mark.parametrize(
+    "tasks", ["a,", ",a", "a,,b", ",", "sp ace", "a\nb", "x" * 201, "\u00e9", "a;b", ",".join(["t" * 200] * 327)]
+)
+def test_the_script_refuses_bad_task_names_with_pq_badarg_and_writes_nothing(
+    services: Services, r: redis.Redis, tasks: str
+) -> None:
+    services.register(["q"], now_ms=T0)
+    before = dump_all(r)
+    keys = services.keys.of(2)
+    with pytest.raises(redis.ResponseError, match=r"^PQ_BADARG "):
+        services.scripts.run("service_register", keys, ["", 2, "h", 1, "q", 60_000, 100, 10, "tok", "reg", tasks])
+    assert dump_all(r) == before
+
+
+def test_an_old_style_ten_argument_register_still_works(services: Services, r: redis.Redis) -> None:
+    # Clients written before ARGV 11 (the Node example among them) send 10 values.
+    reply = services.scripts.run(
+        "service_register", services.keys.of(1), [T0, 1, "h", 1, "q", 60_000, 100, 10, "tok", "reg"]
+    )
+    assert reply == [b"ok", 1, T0]
+    assert not r.hexists("pq:{ns}:service:1", "tasks")
+    (info,) = services.list(now_ms=T0)
+    assert (info.id, info.alive, info.queues, info.tasks) == (1, True, ["q"], ())
+    # An 11th value of '' is the same; more than 11 is refused.
+    assert services.scripts.run(
+        "service_register", services.keys.of(2), [T0, 2, "h", 1, "q", 60_000, 100, 10, "tok", "reg", ""]
+    )[:2] == [b"ok", 2]
+    assert not r.hexists("pq:{ns}:service:2", "tasks")
+    with pytest.raises(redis.ResponseError, match=r"^PQ_BADARG "):
+        services.scripts.run(
+            "service_register", services.keys.of(3), [T0, 3, "h", 1, "q", 60_000, 100, 10, "tok", "reg", "", "x"]
+        )
 
 
 def test_scrub_returns_a_dead_owners_leases_to_the_head_at_once(r: redis.Redis) -> None:
