@@ -42,7 +42,7 @@ from pyqueue.models import (
     Result,
     Stats,
 )
-from pyqueue.clients import connect, embedded_redis
+from pyqueue.clients import connect, default_client, embedded_redis
 from pyqueue.queue import Queue
 
 try:
@@ -83,5 +83,6 @@ __all__ = [
     "WrongTypeError",
     "__version__",
     "connect",
+    "default_client",
     "embedded_redis",
 ]

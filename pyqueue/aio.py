@@ -10,10 +10,11 @@
 
 Every verb is the plan :class:`pyqueue.queue.QueueCore` defines (validation, ARGV,
 reply parsing: :mod:`pyqueue.core`), run by :class:`AsyncScripts` over
-``redis.asyncio``: a one-server ``Redis``, a ``RedisCluster``, or (``redis=None``) the
-process-wide embedded fakeredis, the same server the sync driver's embedded default
-uses. Delivery semantics are those stated in :mod:`pyqueue.queue`, word for word: the
-scripts are the same, and so is the code that calls them.
+``redis.asyncio``: a one-server ``Redis``, a ``RedisCluster``, or (``redis=None``,
+:func:`default_client`) a client of ``PYQUEUE_URL``'s server, else of the process-wide
+embedded fakeredis, the same server the sync driver's embedded default uses. Delivery
+semantics are those stated in :mod:`pyqueue.queue`, word for word: the scripts are the
+same, and so is the code that calls them.
 
 Tasks: one ``AsyncQueue`` may be shared by any number of tasks of one event loop (its
 client's connection pool hands each concurrent call its own connection).
@@ -38,7 +39,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.commands.core import AsyncScript
 
-from pyqueue.clients import client_settings, embedded_server, eviction_problems, log
+from pyqueue.clients import URL_VARIABLE, client_settings, default_url, embedded_server, eviction_problems, log, redact_url
 from pyqueue.core import (
     MAX_BATCH,
     Arg,
@@ -66,7 +67,10 @@ R = TypeVar("R")
 #: What the async driver accepts wherever it takes a client.
 AsyncClient = Union[redis.asyncio.Redis, AsyncRedisCluster]
 
-__all__ = ["AsyncClient", "AsyncPartitionedQueue", "AsyncQueue", "AsyncScripts", "connect", "embedded_redis", "peek_many"]
+__all__ = [
+    "AsyncClient", "AsyncPartitionedQueue", "AsyncQueue", "AsyncScripts", "connect", "default_client", "embedded_redis",
+    "peek_many",
+]
 
 
 def embedded_redis() -> redis.asyncio.Redis:
@@ -92,6 +96,27 @@ def connect(url: str, **options: Any) -> AsyncClient:
         return AsyncRedisCluster.from_url(url, **settings)
     # redis.asyncio retries on connection errors and timeouts by default.
     return redis.asyncio.Redis.from_url(url, **settings, health_check_interval=30)
+
+
+def default_client() -> AsyncClient:
+    """The client of an :class:`AsyncQueue` made without one, as
+    :func:`pyqueue.clients.default_client` chooses for the sync driver: a client of the
+    server named by ``PYQUEUE_URL`` (:func:`connect`), else of the embedded fakeredis;
+    the choice is logged once per process. Unlike the sync default, each call makes a
+    client of its own (an asyncio client's connections belong to the event loop that
+    opened them, so one client cannot be shared by every queue of a process): the
+    queue that asked for it owns it and closes it on ``aclose()``.
+
+    Raises:
+        InvalidArgument: ``PYQUEUE_URL`` is not a URL pyqueue can connect to.
+    """
+    url = default_url()
+    if url == "embedded":
+        return embedded_redis()
+    try:
+        return connect(url)
+    except ValueError as exc:  # redis-py's word on a URL it cannot parse
+        raise InvalidArgument(f"{URL_VARIABLE}={redact_url(url)!r}: {exc}") from exc
 
 
 def _undecoded(client: AsyncClient) -> AsyncClient:
@@ -290,9 +315,10 @@ class AsyncScripts(ScriptTable):
 
 class AsyncQueue(QueueCore, AsyncDriver):
     """One named queue, driven with ``redis.asyncio`` (arguments: see
-    :class:`~pyqueue.queue.QueueCore`; ``redis`` is an asyncio client or ``None`` for
-    the embedded fakeredis). Every verb of :class:`pyqueue.Queue` is here, awaited, with
-    the same semantics; ``AsyncQueue(name, partitions=K)`` with K > 1 returns an
+    :class:`~pyqueue.queue.QueueCore`; ``redis`` is an asyncio client, or ``None`` for
+    :func:`default_client`: ``PYQUEUE_URL``'s server, else the embedded fakeredis).
+    Every verb of :class:`pyqueue.Queue` is here, awaited, with the same semantics;
+    ``AsyncQueue(name, partitions=K)`` with K > 1 returns an
     :class:`AsyncPartitionedQueue`."""
 
     redis: AsyncClient
@@ -312,7 +338,12 @@ class AsyncQueue(QueueCore, AsyncDriver):
 
     @staticmethod
     def driver_client(redis: Any) -> AsyncClient:
-        return _undecoded(redis if redis is not None else embedded_redis())
+        return _undecoded(redis if redis is not None else default_client())
+
+    def open_transport(self, redis: Any, lua_directory: Path | None) -> None:
+        if redis is None:  # a client of its own (see default_client): this queue closes it
+            redis, self.owns_client = default_client(), True
+        super().open_transport(redis, lua_directory)
 
     async def execute(self, step: Step) -> Any:
         return await self.scripts.execute(step)
@@ -345,7 +376,8 @@ class AsyncQueue(QueueCore, AsyncDriver):
         return problems
 
     async def aclose(self) -> None:
-        """Close the client if this queue made it (``from_url``)."""
+        """Close the client if this queue made it (``from_url``, or made without a
+        client)."""
         if self.owns_client:
             await self.redis.aclose()
 

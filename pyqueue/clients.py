@@ -13,6 +13,9 @@ Every other module takes a :data:`Client` (a ``redis.Redis`` or a
   settings (no reply decoding; a socket timeout that outlasts a blocking wait).
 * :func:`primaries` lists one plain client per primary: for what must ask every node
   (SCAN-based discovery, configuration checks).
+* :func:`default_client` is what ``Queue(name)`` talks through when given no client:
+  the server named by ``PYQUEUE_URL``, else the embedded fakeredis (:func:`default_url`
+  reads the variable; the async driver's ``pyqueue.aio.default_client`` does the same).
 
 On a cluster every script call names keys of one hash tag, so redis-py routes it to the
 slot's primary and follows MOVED and ASK itself; :mod:`pyqueue.scripts` retries the
@@ -22,13 +25,18 @@ transient answers of a cluster in motion (TRYAGAIN, CLUSTERDOWN, a node lost).
 from __future__ import annotations
 
 import logging
+import os
+import re
 import threading
 from typing import Any, Union
+from urllib.parse import urlsplit
 
 import redis as redis_lib
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
+
+from pyqueue.errors import InvalidArgument
 
 log = logging.getLogger("pyqueue")
 
@@ -39,6 +47,17 @@ CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
 _embedded_lock = threading.Lock()
 _embedded_server: Any = None  # a fakeredis.FakeServer, created on first use
+
+#: The environment variable that names the server every entry point uses by default.
+URL_VARIABLE = "PYQUEUE_URL"
+#: The URL schemes :func:`connect` takes (besides ``embedded``).
+URL_SCHEMES = ("redis", "rediss", "unix", *CLUSTER_SCHEMES)
+
+# default_client's clients, one per URL (under _default_lock), and the URLs whose choice
+# has been logged ("embedded" included); emptied by reset_default_clients.
+_default_lock = threading.Lock()
+_default_clients: dict[str, Client] = {}
+_default_announced: set[str] = set()
 
 # Connection settings a cluster client keeps per node that must not be copied into a
 # new client's constructor: redis-py sets them itself, and refuses `db` (a URL's "/0").
@@ -72,6 +91,94 @@ def embedded_server() -> Any:
         if _embedded_server is None:
             _embedded_server = fakeredis.FakeServer()
         return _embedded_server
+
+
+def default_url() -> str:
+    """The URL a queue made without a client uses: ``PYQUEUE_URL`` if it is set (and not
+    empty), else ``embedded``. The first time each choice is made in a process it is
+    logged at INFO on the ``pyqueue`` logger, a password in the URL hidden.
+
+    Raises:
+        InvalidArgument: ``PYQUEUE_URL`` is not a URL :func:`connect` takes (the message
+            names the variable).
+    """
+    url = os.environ.get(URL_VARIABLE, "").strip()
+    if url in ("embedded", "fakeredis://"):
+        _announce("embedded", f"{URL_VARIABLE}={url}: using the embedded in-process server (fakeredis)")
+        return "embedded"
+    if not url:
+        _announce(
+            "embedded",
+            f"no {URL_VARIABLE}: using the embedded in-process server (fakeredis); "
+            f"set {URL_VARIABLE} to share queues between processes",
+        )
+        return "embedded"
+    scheme, sep, _ = url.partition("://")
+    if not sep or scheme not in URL_SCHEMES:
+        raise InvalidArgument(
+            f"{URL_VARIABLE}={redact_url(url)!r} is not a URL pyqueue can connect to: it must start with "
+            + ", ".join(f"{s}://" for s in URL_SCHEMES)
+            + ", or be 'embedded'"
+        )
+    _announce(url, f"using {URL_VARIABLE}={redact_url(url)} (from the environment)")
+    return url
+
+
+def default_client() -> Client:
+    """The client of a queue (or partitioned queue) made without one: a client of the
+    server named by ``PYQUEUE_URL`` (see :func:`default_url`), made once per URL and
+    process with :func:`connect`'s settings and shared by every such queue (one
+    connection pool; the server's eviction policy is checked once, as ``from_url``
+    does); without the variable a client of the embedded fakeredis, as before.
+
+    Raises:
+        InvalidArgument: ``PYQUEUE_URL`` is not a URL pyqueue can connect to.
+    """
+    url = default_url()
+    if url == "embedded":
+        return embedded_redis()
+    with _default_lock:
+        client = _default_clients.get(url)
+        if client is None:
+            try:
+                client = connect(url)
+            except ValueError as exc:  # redis-py's word on a URL it cannot parse
+                raise InvalidArgument(f"{URL_VARIABLE}={redact_url(url)!r}: {exc}") from exc
+            check_server(client)
+            _default_clients[url] = client
+        return client
+
+
+def reset_default_clients() -> None:
+    """Forget :func:`default_client`'s clients (closing them) and which choices were
+    logged, as in a new process. For tests."""
+    with _default_lock:
+        clients = list(_default_clients.values())
+        _default_clients.clear()
+        _default_announced.clear()
+    for client in clients:
+        client.close()
+
+
+def _announce(key: str, message: str) -> None:
+    """Log ``message`` at INFO unless the choice ``key`` was announced before."""
+    with _default_lock:
+        if key in _default_announced:
+            return
+        _default_announced.add(key)
+    log.info(message)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password, if any, replaced by ``***`` (in the user part and in a
+    ``password=`` query parameter): fit for a log line or an error message."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # unparsable (a bad IPv6 host): show nothing but the scheme
+        return url.partition("://")[0] + "://..."
+    if parts.password is not None:  # the netloc comes first after "<scheme>://"
+        url = url.replace(parts.netloc, f"{parts.username or ''}:***@{parts.netloc.rpartition('@')[2]}", 1)
+    return re.sub(r"([?&]password=)[^&#]*", r"\1***", url)
 
 
 def connect(
@@ -161,7 +268,7 @@ def _server_is_cluster(url: str, settings: dict[str, Any]) -> bool:
         return bool(probe.info("cluster").get("cluster_enabled"))
     except redis_lib.RedisError as exc:
         log.info("could not ask whether %s is a cluster (%s): taking it as one server; "
-                 "use redis+cluster:// for a cluster", url, exc)
+                 "use redis+cluster:// for a cluster", redact_url(url), exc)
         return False
     finally:
         probe.close()

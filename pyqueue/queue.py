@@ -36,7 +36,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pyqueue.clients import Client, bytes_client, check_server, connect, embedded_redis
+from pyqueue.clients import Client, bytes_client, check_server, connect, default_client
 from pyqueue.core import (
     DEFAULT_BACKOFF_BASE_MS,
     DEFAULT_BACKOFF_CAP_MS,
@@ -142,9 +142,13 @@ class QueueCore:
         name: the queue name (1..128 printable ASCII characters, no spaces or braces).
         redis: a client of one server or a Redis Cluster: for :class:`Queue` a
             redis-py ``Redis`` or ``RedisCluster``, for :class:`~pyqueue.aio.AsyncQueue`
-            their ``redis.asyncio`` counterparts. ``None`` uses the process-wide
-            embedded fakeredis. A client with ``decode_responses=True`` works too (see
-            :func:`pyqueue.clients.bytes_client`).
+            their ``redis.asyncio`` counterparts. ``None`` uses the server named by the
+            environment variable ``PYQUEUE_URL`` if it is set (one client per URL,
+            shared by every such :class:`Queue` of the process; an
+            :class:`~pyqueue.aio.AsyncQueue` gets a client of its own, closed by
+            ``aclose``), else the process-wide embedded fakeredis; which one is logged
+            once (see :func:`pyqueue.clients.default_client`). A client with
+            ``decode_responses=True`` works too (see :func:`pyqueue.clients.bytes_client`).
         prefix: the first part of every key, ``<prefix>:{<name>}:<role>``.
         owner: who holds this queue object's leases, 1..64 of ``[A-Za-z0-9_.:-]``.
             Workers pass their service id so a dead worker's leases can be scrubbed;
@@ -845,7 +849,7 @@ class Queue(QueueCore, SyncDriver):
 
     @staticmethod
     def driver_client(redis: Any) -> Client:
-        return bytes_client(redis if redis is not None else embedded_redis())
+        return bytes_client(redis if redis is not None else default_client())
 
     def execute(self, step: Step) -> Any:
         return self.scripts.execute(step)

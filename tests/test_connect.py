@@ -1,0 +1,147 @@
+"""A queue made without a client (``Queue(name)``, ``AsyncQueue(name)``) talks to the
+server named by ``PYQUEUE_URL``, and only without it to the embedded fakeredis; the
+choice is logged once, a password hidden (pyqueue.clients.default_client, DESIGN §17)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+
+import fakeredis
+import pytest
+
+from pyqueue import InvalidArgument, Queue
+from pyqueue.aio import AsyncQueue
+from pyqueue.clients import embedded_redis, embedded_server, redact_url, reset_default_clients
+from pyqueue.partitioned import PartitionedQueue
+
+from conftest import RedisServer, free_ports
+
+
+@pytest.fixture(autouse=True)
+def fresh_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No PYQUEUE_URL unless a test sets one, and default_client's clients and log
+    memory emptied before and after each test, as in a new process."""
+    monkeypatch.delenv("PYQUEUE_URL", raising=False)
+    reset_default_clients()
+    yield
+    reset_default_clients()
+
+
+@pytest.fixture
+def server(redis_server: RedisServer) -> RedisServer:
+    redis_server.client().flushall()
+    return redis_server
+
+
+def choices(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The INFO lines of logger "pyqueue" that tell which server a default queue uses."""
+    return [
+        rec.getMessage() for rec in caplog.records
+        if rec.name == "pyqueue" and rec.levelno == logging.INFO and "PYQUEUE_URL" in rec.getMessage()
+    ]
+
+
+def test_with_pyqueue_url_a_queue_without_a_client_writes_to_that_server(
+    server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYQUEUE_URL", server.url())
+    q = Queue("q")
+    assert q.enqueue(b"hello", job_id="j1").added
+    real = server.client()
+    assert real.hexists(q.keys.jobs, "j1")
+    assert not embedded_redis().exists(q.keys.jobs)
+    # Every such queue of the process shares one client (one connection pool) ...
+    assert Queue("other").redis is q.redis
+    # ... a partitioned one too, through the same constructor.
+    p = Queue("p", partitions=2)
+    assert isinstance(p, PartitionedQueue) and p.redis is q.redis
+    p.enqueue(b"", job_id="k")
+    assert sum(real.hlen(part.keys.jobs) for part in p.parts) == 1
+    # A client passed explicitly still wins.
+    fake = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    assert Queue("q", fake).redis is fake
+
+
+def test_without_pyqueue_url_a_queue_uses_the_embedded_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    q = Queue("embedded-default-q")
+    assert isinstance(q.redis, fakeredis.FakeRedis)
+    assert q.redis.connection_pool.connection_kwargs["server"] is embedded_server()
+    q.enqueue(b"", job_id="e1")
+    assert embedded_redis().hexists(q.keys.jobs, "e1")
+    q.cancel("e1")
+    for value in ("", "  ", "embedded"):  # empty, or asking for it by name: the same
+        monkeypatch.setenv("PYQUEUE_URL", value)
+        assert Queue("embedded-default-q").redis.connection_pool.connection_kwargs["server"] is embedded_server()
+
+
+def test_the_choice_is_logged_once_per_process(
+    server: RedisServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, "pyqueue"):
+        for name in ("a", "b", "c"):
+            Queue(name)
+        assert choices(caplog) == [
+            "no PYQUEUE_URL: using the embedded in-process server (fakeredis); "
+            "set PYQUEUE_URL to share queues between processes"
+        ]
+        caplog.clear()
+        monkeypatch.setenv("PYQUEUE_URL", server.url())
+        for name in ("a", "b", "c"):
+            Queue(name)
+        assert choices(caplog) == [f"using PYQUEUE_URL={server.url()} (from the environment)"]
+
+
+def test_the_log_line_hides_a_password(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    (port,) = free_ports(1)  # nothing listens: making the queue sends nothing that must succeed
+    monkeypatch.setenv("PYQUEUE_URL", f"redis://:s3cret@127.0.0.1:{port}/0")
+    with caplog.at_level(logging.INFO, "pyqueue"):
+        Queue("q")
+    assert choices(caplog) == [f"using PYQUEUE_URL=redis://:***@127.0.0.1:{port}/0 (from the environment)"]
+    assert "s3cret" not in caplog.text
+
+
+@pytest.mark.parametrize("url", ["http://localhost:6379", "localhost:6379", "redis:/localhost", "sentinel://h:1"])
+def test_a_pyqueue_url_pyqueue_cannot_use_is_a_clear_error_naming_the_variable(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYQUEUE_URL", url)
+    with pytest.raises(InvalidArgument, match="PYQUEUE_URL") as raised:
+        Queue("q")
+    assert "redis://" in str(raised.value)  # it says what would do
+    with pytest.raises(InvalidArgument, match="PYQUEUE_URL"):
+        AsyncQueue("q")
+
+
+def test_an_unparsable_url_of_a_known_scheme_is_a_clear_error_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYQUEUE_URL", "redis://:s3cret@localhost:notaport/0")
+    with pytest.raises(InvalidArgument, match="PYQUEUE_URL") as raised:
+        Queue("q")
+    assert "s3cret" not in str(raised.value)
+
+
+def test_redact_url_hides_only_passwords() -> None:
+    assert redact_url("redis://user:pw@h:6379/0") == "redis://user:***@h:6379/0"
+    assert redact_url("rediss+cluster://:p%40ss@h:7000") == "rediss+cluster://:***@h:7000"
+    assert redact_url("unix:///tmp/r.sock?db=1&password=pw") == "unix:///tmp/r.sock?db=1&password=***"
+    assert redact_url("unix://:pw@/tmp/r.sock") == "unix://:***@/tmp/r.sock"
+    for plain in ("redis://h:6379/0", "unix:///tmp/r.sock", "redis://user@h"):
+        assert redact_url(plain) == plain
+
+
+def test_the_async_driver_honours_pyqueue_url_too(server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def main() -> None:
+        async with AsyncQueue("aq") as q:  # a client of its own, closed at the end
+            assert q.owns_client
+            assert (await q.enqueue(b"", job_id="a1")).added
+        monkeypatch.delenv("PYQUEUE_URL")
+        embedded = AsyncQueue("aq-embedded")
+        assert isinstance(embedded.redis, fakeredis.FakeAsyncRedis)
+        await embedded.enqueue(b"", job_id="e1")
+        await embedded.cancel("e1")
+        await embedded.aclose()
+
+    monkeypatch.setenv("PYQUEUE_URL", server.url())
+    asyncio.run(main())
+    assert server.client().hexists(Queue("aq", server.client()).keys.jobs, "a1")
