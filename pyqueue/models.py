@@ -239,7 +239,8 @@ class JobResult:
     result's time to live), ``dead`` (``error`` is its last error), ``pending`` (not
     finished: ready, scheduled or leased; after ``wait_result``, its time ran out),
     ``done`` (ended with no result kept: acked without one, cancelled, or its result
-    expired or was trimmed), or ``unknown``.
+    expired or was trimmed), or ``unknown`` (no trace of the id: not enqueued yet, or
+    long gone; after ``wait_result``, nothing appeared in its time).
     """
 
     id: str
@@ -252,8 +253,10 @@ class JobResult:
 
     @property
     def finished(self) -> bool:
-        """Whether waiting longer can change nothing (any state but pending)."""
-        return self.state != "pending"
+        """Whether the job has ended (``ok``, ``dead`` or ``done``), so that waiting
+        longer can change nothing; ``pending`` and ``unknown`` (perhaps not enqueued
+        yet) have not."""
+        return self.state in ("ok", "dead", "done")
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ import logging
 import math
 import secrets
 import time
-from dataclasses import fields
+from dataclasses import fields, replace
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -126,9 +126,12 @@ __all__ = [  # what other modules import from here (the core's names are re-expo
 log = logging.getLogger("pyqueue")
 #: Whether enqueues made at the same moment share a script call (``coalesce_enqueues``).
 DEFAULT_COALESCE_ENQUEUES = True
-#: wait_result blocks at most this long at a time; a slice in which nothing finished
-#: ends with a fresh read of the job's state (a death by lease expiry or scrub adds no
-#: stream entry).
+#: wait_result reads the job's state again this long after its first read, then after
+#: twice as long each time, up to WAIT_SLICE_MS apart: the endings that add no entry to
+#: the finished stream (an ack without a result, a cancel, a death by lease expiry or
+#: scrub) are seen within about the time already waited, and at most WAIT_SLICE_MS late.
+WAIT_REREAD_FIRST_MS = 50
+#: The longest time between two reads of the job's state in wait_result.
 WAIT_SLICE_MS = 2_000
 Q = TypeVar("Q", bound="QueueCore")
 
@@ -651,32 +654,58 @@ class QueueCore:
     result = Verb(plan_result)
 
     def plan_wait_result(self, job_id: str, timeout_ms: int, *, now_ms: int | None = None) -> Plan[JobResult]:
-        """Job ``job_id``'s outcome, waiting up to ``timeout_ms`` while it is pending.
+        """Job ``job_id``'s outcome, waiting up to ``timeout_ms`` while it is pending or
+        not there yet (the same on :class:`Queue` and :class:`~pyqueue.aio.AsyncQueue`).
 
-        Blocks on the queue's ``finished`` stream (``XREAD BLOCK``, a key in the queue's
-        hash tag), from the entry that lua/result.lua reported with the pending state,
-        so an outcome written in between is not missed: it wakes when the result is
-        stored, or when a nack sends the job to DEAD, not by polling. A job that dies
-        by lease expiry or scrub (its worker crashed on its last attempt) adds no
-        entry, so after each :data:`WAIT_SLICE_MS` in which nothing finished in the
-        queue the waiter reads the state again. Returns the outcome, still
-        ``pending`` if the time ran out.
+        Returns at once when the outcome is final: ``ok``, ``dead``, or ``done`` (acked
+        without a result, cancelled, or its result expired). An id that is ``unknown``
+        (not enqueued yet: the producer may ask before its enqueue's reply, or for a job
+        another process enqueues) is waited for like a pending one, until the timeout;
+        it answers ``unknown`` only if nothing appeared by then. So an id with no trace
+        at all (never enqueued, or finished so long ago that its result and tombstone
+        expired) costs the whole timeout. A job seen pending that then vanishes without
+        a trace (acked with ``keep_done_ms=0``, which leaves no tombstone) answers
+        ``done``. Otherwise, when the time runs out: ``pending`` (or ``unknown``).
+
+        How it waits: on the queue's ``finished`` stream (``XREAD BLOCK``, a key in the
+        queue's hash tag), from the entry that lua/result.lua reported with the state, so
+        an outcome written in between is not missed: it wakes when a result is stored,
+        or when a nack sends the job to DEAD, not by polling. The other endings add no
+        entry (an ack without a result, a cancel, a death by lease expiry or scrub), nor
+        does an enqueue, so the waiter also reads the state again
+        :data:`WAIT_REREAD_FIRST_MS` after its first read, then after twice as long each
+        time, at most :data:`WAIT_SLICE_MS` apart, whatever other jobs finish meanwhile:
+        such an ending is seen within about the time already waited (a short job's
+        answer comes soon after it ends) and at most 2 s late, for about 6 reads in the
+        first 2 s and one per 2 s after.
         """
         check_job_id(job_id)
         check_int(timeout_ms, "timeout_ms", 0, 86_400_000)
         end = time.monotonic() + timeout_ms / 1000
         info, last_id = yield from self._read_result(job_id, now_ms)
-        while not info.finished:
-            left_ms = math.ceil((end - time.monotonic()) * 1000)
-            if left_ms <= 0:
-                break
-            block = ("XREAD", "BLOCK", min(left_ms, WAIT_SLICE_MS), "STREAMS", self.keys.finished, last_id)
-            entries = stream_entries((yield Commands(self.keys.finished, [block]))[0])
-            if entries and job_id not in (job for _, job in entries):
-                last_id = entries[-1][0]  # other jobs' results: wait on
-                continue
+        seen = False  # whether the job was seen pending
+        pause = WAIT_REREAD_FIRST_MS / 1000
+        read_at = time.monotonic() + pause  # the next read of the state
+        while True:
+            if info.state == "pending":
+                seen = True
+            elif info.state != "unknown":
+                return info  # ok, dead, done: final
+            elif seen:
+                return replace(info, state="done")  # it ended and left no trace
+            now = time.monotonic()
+            if now >= end:
+                return info
+            block_ms = math.ceil((min(end, read_at) - now) * 1000)
+            if block_ms > 0:  # (BLOCK 0 would block until an entry comes, maybe forever)
+                block = ("XREAD", "BLOCK", block_ms, "STREAMS", self.keys.finished, last_id)
+                entries = stream_entries((yield Commands(self.keys.finished, [block]))[0])
+                if entries and job_id not in (job for _, job in entries):
+                    last_id = entries[-1][0]  # other jobs' outcomes: wait on until the next read
+                    continue
             info, last_id = yield from self._read_result(job_id, now_ms)
-        return info
+            pause = min(pause * 2, WAIT_SLICE_MS / 1000)
+            read_at = time.monotonic() + pause
 
     wait_result = Verb(plan_wait_result)
 

@@ -128,11 +128,80 @@ def test_wait_result_returns_when_the_result_is_stored(q: Queue, r: redis.Redis)
 
 
 def test_wait_result_times_out_pending_and_answers_at_once_when_finished(q: Queue) -> None:
-    q.enqueue(b"", job_id="x")
+    q.enqueue_many([NewJob(b"", job_id=i) for i in ("x", "plain", "kept")])
     started = time.monotonic()
     assert q.wait_result("x", 200).state == "pending"
     assert 0.15 < time.monotonic() - started < 2
-    assert q.wait_result("nope", 10_000).state == "unknown"
+    plain, kept = q.lease(count=3)[1:]
+    q.ack(plain)
+    q.ack_result(kept, 7)
+    started = time.monotonic()
+    assert q.wait_result("plain", 10_000).state == "done"  # the tombstone: final
+    assert q.wait_result("kept", 10_000).value == 7
+    assert time.monotonic() - started < 1
+
+
+def test_wait_result_answers_soon_after_an_ack_without_a_result(q: Queue, r: redis.Redis) -> None:
+    q.enqueue(b"", job_id="x")
+    (job,) = q.lease()
+    acker = later(0.3, r, lambda other: other.ack(job))  # adds no stream entry
+    started = time.monotonic()
+    got = q.wait_result("x", 10_000)
+    acker.join(10)
+    assert got.state == "done"
+    assert time.monotonic() - started < 1.5  # a re-read soon after, not the timeout nor a 2 s slice
+
+
+def test_wait_result_sees_a_silent_ending_while_other_jobs_keep_finishing(q: Queue, r: redis.Redis) -> None:
+    """Other jobs' results wake the waiter again and again: its re-reads still come."""
+    q.enqueue_many([NewJob(b"", job_id="x")] + [NewJob(b"", job_id=f"o{i}") for i in range(40)])
+    mine, *others = q.lease(count=41)
+
+    def busy(other: Queue) -> None:
+        for i, job in enumerate(others):
+            if i == 3:
+                other.ack(mine)
+            other.ack_result(job, i)
+            time.sleep(0.1)
+
+    worker = later(0, r, busy)
+    started = time.monotonic()
+    got = q.wait_result("x", 10_000)
+    waited = time.monotonic() - started
+    worker.join(20)
+    assert got.state == "done"
+    assert waited < 2.5  # not the 10 s timeout
+
+
+def test_wait_result_answers_done_for_a_job_that_ended_without_a_trace(q: Queue, r: redis.Redis) -> None:
+    q.enqueue(b"", job_id="x")
+    (job,) = q.lease()
+    # keep_done_ms=0: the ack leaves no tombstone, so the id reads "unknown" afterwards
+    acker = later(0.3, r, lambda other: Queue(other.name, other.redis, keep_done_ms=0).ack(job))
+    got = q.wait_result("x", 10_000)
+    acker.join(10)
+    assert got.state == "done" and q.result("x").state == "unknown"
+
+
+def test_wait_result_waits_for_an_id_that_is_not_enqueued_yet(q: Queue, r: redis.Redis) -> None:
+    def produce_and_finish(other: Queue) -> None:
+        other.enqueue(b"", job_id="late")
+        (job,) = other.lease()
+        other.ack_result(job, {"n": 1})
+
+    producer = later(0.3, r, produce_and_finish)
+    started = time.monotonic()
+    got = q.wait_result("late", 10_000)
+    producer.join(10)
+    assert (got.state, got.value) == ("ok", {"n": 1})
+    assert 0.25 < time.monotonic() - started < 2
+
+
+def test_wait_result_on_an_id_that_never_comes_answers_unknown_at_the_timeout(q: Queue) -> None:
+    started = time.monotonic()
+    assert q.wait_result("nope", 300).state == "unknown"
+    assert 0.25 < time.monotonic() - started < 2
+    assert q.wait_result("nope", 0).state == "unknown"  # no wait: one read
 
 
 def test_wait_result_wakes_when_a_nack_kills_the_job(q: Queue, r: redis.Redis) -> None:
