@@ -2,10 +2,14 @@
 ``lua/``; this package is a thin typed driver over them, in two transports over one
 I/O-free core (:mod:`pyqueue.core`), plus the workers.
 
-Start with :class:`Queue` (blocking) or :class:`pyqueue.aio.AsyncQueue` (asyncio);
-workers: :class:`pyqueue.worker.Worker`, :class:`pyqueue.aio_worker.AsyncWorker`.
-Delivery semantics are stated in :mod:`pyqueue.queue`.
+Most code starts with :class:`Tasks` (the task layer, :mod:`pyqueue.tasks`): named
+functions sent by name and run by ``pyqueue worker module:tasks``. Under it, the engine:
+:class:`Queue` (blocking) or :class:`pyqueue.aio.AsyncQueue` (asyncio); workers:
+:class:`pyqueue.worker.Worker`, :class:`pyqueue.aio_worker.AsyncWorker`. Delivery
+semantics are stated in :mod:`pyqueue.queue`.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from importlib.metadata import PackageNotFoundError, version
 
@@ -44,6 +48,23 @@ from pyqueue.models import (
 )
 from pyqueue.clients import connect, default_client, embedded_redis
 from pyqueue.queue import Queue
+from pyqueue.slots import TimeLimitExceeded
+from pyqueue.worker import Fail, Retry
+
+if TYPE_CHECKING:
+    from pyqueue.tasks import Tasks, current_job
+
+#: Names of the task layer, imported on first use: ``import pyqueue`` for the engine
+#: alone does not load it (the engine never imports the task layer).
+_TASK_LAYER = ("Tasks", "current_job")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TASK_LAYER:
+        import pyqueue.tasks
+
+        return getattr(pyqueue.tasks, name)
+    raise AttributeError(f"module 'pyqueue' has no attribute {name!r}")
 
 try:
     __version__ = version("pyqueue")
@@ -55,6 +76,7 @@ __all__ = [
     "CorruptRecord",
     "DeadJob",
     "DeadPage",
+    "Fail",
     "Enqueued",
     "Extended",
     "InvalidArgument",
@@ -75,14 +97,18 @@ __all__ = [
     "Queue",
     "QueueKeys",
     "Result",
+    "Retry",
     "ScriptError",
     "ServiceError",
     "ServiceExists",
     "ServiceLost",
     "Stats",
+    "Tasks",
+    "TimeLimitExceeded",
     "WrongTypeError",
     "__version__",
     "connect",
+    "current_job",
     "default_client",
     "embedded_redis",
 ]

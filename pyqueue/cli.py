@@ -167,6 +167,15 @@ def cmd_stats(args: argparse.Namespace) -> int:
     header = ["queue", "state", "ready", "scheduled", "leased", "dead", "done", "lag", "enqueued", "acked", "nacked",
               "reclaimed", "scrubbed", "dead_total"]
     print(table(rows, header) if rows else "no queues")
+    # Task names with jobs waiting that no live worker advertises (a sample of each queue).
+    from pyqueue.tasks.census import unserved_tasks  # the task layer, above the engine
+
+    services = Services(client, namespace=args.namespace, prefix=args.prefix).list()
+    unserved = [(q.name, name, n) for q in logical_queues(client, args.prefix, args.queue)
+                for name, n in sorted(unserved_tasks(q, services).items())]
+    if unserved:
+        print("\ntasks with jobs waiting and no live worker serving them (a sample of each queue):")
+        print(table(unserved, ["queue", "task", "jobs sampled"]))
     return 0
 
 

@@ -34,7 +34,7 @@ import redis as redis_lib
 
 from pyqueue.errors import InvalidArgument, ServiceExists, ServiceLost
 from pyqueue.keys import ServiceKeys, check_name
-from pyqueue.clients import Client, bytes_client, embedded_redis
+from pyqueue.clients import Client, bytes_client, default_client
 from pyqueue.queue import check_int
 from pyqueue.core import (
     ScriptCall,
@@ -160,7 +160,7 @@ class Services:
                 f"namespace must be 1..{MAX_NAMESPACE} characters of [A-Za-z0-9_.:-] (it is part of lease owners)"
             )
         self.keys = ServiceKeys(check_name(prefix, "prefix"), namespace)
-        self.redis = bytes_client(redis if redis is not None else embedded_redis())
+        self.redis = bytes_client(redis if redis is not None else default_client())
         self.scripts = Scripts(self.redis)
 
     def _call(self, step: ScriptCall) -> Any:

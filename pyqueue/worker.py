@@ -57,7 +57,7 @@ from typing import Any, TypeVar
 import redis as redis_lib
 
 from pyqueue.commit import GroupCommit
-from pyqueue.clients import Client, bytes_client, check_server, embedded_redis, node_for_key
+from pyqueue.clients import Client, bytes_client, check_server, default_client, node_for_key
 from pyqueue.errors import InvalidArgument, OutcomeUnknown, OutOfMemory, PyQueueError, ServiceLost
 from pyqueue.core import DEFAULT_MAX_RESULTS, DEFAULT_RESULT_TTL_MS
 from pyqueue.models import Job, Outcome, Result
@@ -197,9 +197,11 @@ def check_sync_handler(handler: object) -> None:
     coroutine that nobody awaits, and the job would be acked without having run.
 
     Raises:
-        InvalidArgument: not callable, or a coroutine or async generator function.
+        InvalidArgument: not callable, a coroutine or async generator function, or a
+            handler that says it runs coroutines (``needs_event_loop``: the task
+            layer's dispatcher of ``async def`` tasks).
     """
-    if is_async_handler(handler):
+    if is_async_handler(handler) or getattr(handler, "needs_event_loop", False) is True:
         raise InvalidArgument(
             f"handler {getattr(handler, '__qualname__', handler)!r} is an async function: this sync Worker "
             "would never await it, so its jobs would be acked without running. Give it a plain function, or "
@@ -298,7 +300,8 @@ class Worker:
             :data:`EXIT_MISCONFIGURED`. A job cancelled while it runs (or whose lease
             was lost) has ``job.cancelled`` set at the next lease extension; whatever
             its handler then returns or raises is neither acked nor nacked.
-        redis: the queues' server; ``None`` is the embedded fakeredis.
+        redis: the queues' server; ``None``: ``PYQUEUE_URL``'s, else the embedded fakeredis
+            (:func:`pyqueue.clients.default_client`).
         service_redis: the server of the service namespace (default: ``redis``).
         concurrency: handler threads.
         lease_ms: lease length; running jobs are extended every third of it.
@@ -370,8 +373,11 @@ class Worker:
         self.backoff_base_ms, self.backoff_cap_ms = backoff_base_ms, backoff_cap_ms
         self.check_handler(handler)
         self.handler = handler
+        #: The task names this worker runs, advertised in its service registration: what
+        #: the handler says it serves (its ``task_names``; a task-layer dispatcher has them).
+        self.task_names: tuple[str, ...] = tuple(getattr(handler, "task_names", ()))
         self.prefix = prefix
-        self.redis = bytes_client(check_worker_client(redis) if redis is not None else embedded_redis())
+        self.redis = bytes_client(check_worker_client(redis) if redis is not None else default_client())
         self.services = Services(service_redis if service_redis is not None else self.redis, namespace=namespace, prefix=prefix)
         self.queue_names = list(queues)
         # Validates the names now; owners are set once the service id is known.
@@ -536,7 +542,9 @@ class Worker:
             try:
                 sent_at = time.monotonic()
                 # The names leased from: a reaper scrubs each of them (partitions too).
-                service = self.services.register([q.name for q in self.queues], expire_ms=self.expire_ms)
+                service = self.services.register(
+                    [q.name for q in self.queues], expire_ms=self.expire_ms, tasks=self.task_names
+                )
                 self._renewed_at = self._checked_at = sent_at
                 return service
             except _RETRY_ON as exc:

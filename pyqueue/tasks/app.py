@@ -17,6 +17,7 @@ from pyqueue.aio import AsyncQueue
 from pyqueue.aio_worker import AsyncWorker
 from pyqueue.clients import Client, connect, default_client, is_cluster
 from pyqueue.errors import InvalidArgument
+from pyqueue.models import Job
 from pyqueue.queue import DEFAULT_PREFIX, Queue
 from pyqueue.tasks.handle import SentTask
 from pyqueue.tasks.policy import TaskOptions
@@ -35,6 +36,9 @@ Hook = Callable[[], object]
 
 #: How long a measured offset between this process's clock and the server's is trusted.
 CLOCK_REFRESH_S = 60.0
+#: The longest task name, in UTF-8 bytes: ``unique=True`` job ids are the name and 33
+#: more characters, within the engine's 256-byte job ids.
+MAX_NAME_BYTES = 200
 
 
 class Tasks:
@@ -79,6 +83,7 @@ class Tasks:
         self._lock = threading.Lock()
         self._offset_ms: int | None = None  # server clock minus this process's clock
         self._offset_at = 0.0
+        self._raw: Callable[[Job], object] | None = None
         self.on_start: list[Hook] = []
         self.on_stop: list[Hook] = []
 
@@ -107,11 +112,10 @@ class Tasks:
         def register(fn: Callable[P, R]) -> Task[P, R]:
             if not callable(fn) or inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
                 raise InvalidArgument(f"a task is a plain or async def function, got {fn!r}")
-            task_name = name or f"{fn.__module__}.{fn.__qualname__}"
+            task_name = name if name is not None else f"{fn.__module__}.{fn.__qualname__}"
             if "<" in task_name and name is None:
                 raise InvalidArgument(f"{fn.__qualname__} has no stable name (a lambda or a local function): give name=")
-            if not task_name or len(task_name) > 200 or any(c in task_name for c in ", \t\r\n"):
-                raise InvalidArgument(f"task name must be 1..200 characters without spaces or commas, got {task_name!r}")
+            _check_name(task_name)
             with self._lock:
                 other = self._tasks.get(task_name)
                 if other is not None and other.fn is not fn:
@@ -120,6 +124,14 @@ class Tasks:
             return task
 
         return register(fn) if fn is not None else register
+
+    def raw_handler(self, handler: Callable[[Job], object]) -> Callable[[Job], object]:
+        """Register a handler (``handler(job)``, plain or ``async def``) for the jobs in
+        these tasks' queues whose payload is not a task envelope: raw jobs, while a queue
+        moves from the handler API to tasks. Without one such jobs are retried, then
+        dead with the error "not a task envelope"."""
+        self._raw = handler
+        return handler
 
     def on_worker_start(self, hook: Hook) -> Hook:
         """Run ``hook()`` (plain or ``async def``) once in each worker process before it
@@ -247,11 +259,11 @@ class Tasks:
         """The worker handler that routes jobs to these tasks by name."""
         if not self._tasks:
             raise InvalidArgument("this Tasks object has no tasks to serve")
-        return Dispatcher(dict(self._tasks))
+        return Dispatcher(dict(self._tasks), self._raw)
 
     def needs_event_loop(self) -> bool:
         """Whether a task or hook is ``async def`` (its worker must be an AsyncWorker)."""
-        return any(t.is_async for t in self._tasks.values()) or any(
+        return self.dispatcher().needs_event_loop or any(
             inspect.iscoroutinefunction(h) for h in self.on_start + self.on_stop
         )
 
@@ -340,13 +352,33 @@ class Tasks:
         return f"<Tasks {len(self._tasks)} tasks on {self.queue_names()}>"
 
 
+def _check_name(name: object) -> None:
+    """A task name: 1..MAX_NAME_BYTES bytes of UTF-8, no space, comma or control character.
+
+    Raises:
+        InvalidArgument: any other name.
+    """
+    try:
+        size = len(name.encode("utf-8")) if isinstance(name, str) else 0
+    except UnicodeEncodeError:
+        size = 0
+    if not 1 <= size <= MAX_NAME_BYTES or any(c in ", " or ord(c) < 32 or ord(c) == 127 for c in str(name)):
+        raise InvalidArgument(
+            f"task name must be 1..{MAX_NAME_BYTES} UTF-8 bytes without spaces, commas or control characters, got {name!r}"
+        )
+
+
 async def _maybe_await(value: object) -> None:
     if inspect.isawaitable(value):
         await value
 
 
 def _is_async_client(client: object) -> bool:
-    return type(client).__module__.startswith("redis.asyncio")
+    """Whether ``client`` is an asyncio redis-py client (fakeredis's ``FakeAsyncRedis``
+    is one: it subclasses ``redis.asyncio.Redis``)."""
+    import redis.asyncio as aredis
+
+    return isinstance(client, (aredis.Redis, aredis.RedisCluster))
 
 
 def _twin(client: Any, cls: Any) -> Any:
@@ -369,18 +401,45 @@ def _twin(client: Any, cls: Any) -> Any:
             raise InvalidArgument("this fakeredis client has no server to share: pass FakeRedis(server=...)")
         return (fakeredis.FakeRedis if cls is redis_lib.Redis else fakeredis.FakeAsyncRedis)(server=fake_server)
     pool = client.connection_pool
-    kwargs = dict(pool.connection_kwargs)
-    connection_class = pool.connection_class
+    # Only the settings both kinds mean the same way: the rest (the parser, the retry
+    # object, maintenance handlers, registries) are objects of one kind, and the other
+    # kind breaks on them.
+    kwargs = {k: v for k, v in pool.connection_kwargs.items() if k in _SHARED_SETTINGS}
+    old_retry = pool.connection_kwargs.get("retry")
+    name = pool.connection_class.__name__
     if cls is redis_lib.Redis:
         import redis.connection as sync_connection
+        from redis.retry import Retry as SyncRetry
 
-        connection_class = getattr(sync_connection, connection_class.__name__, sync_connection.Connection)
+        _carry_retry(old_retry, SyncRetry, kwargs)
+        connection_class = getattr(sync_connection, name, sync_connection.Connection)
         return redis_lib.Redis(connection_pool=redis_lib.ConnectionPool(connection_class=connection_class, **kwargs))
     import redis.asyncio as aredis
     import redis.asyncio.connection as async_connection
+    from redis.asyncio.retry import Retry as AsyncRetry
 
-    connection_class = getattr(async_connection, connection_class.__name__, async_connection.Connection)
+    _carry_retry(old_retry, AsyncRetry, kwargs)
+    connection_class = getattr(async_connection, name, async_connection.Connection)
     return aredis.Redis(connection_pool=aredis.ConnectionPool(connection_class=connection_class, **kwargs))
+
+
+#: Connection settings a twin client takes over (plain values, the same in both kinds).
+_SHARED_SETTINGS = frozenset({
+    "host", "port", "path", "db", "username", "password", "credential_provider",
+    "socket_timeout", "socket_connect_timeout", "socket_keepalive", "socket_keepalive_options",
+    "retry_on_timeout", "retry_on_error", "encoding", "encoding_errors", "decode_responses",
+    "socket_read_size", "health_check_interval", "client_name", "lib_name", "lib_version", "protocol",
+    "ssl_keyfile", "ssl_certfile", "ssl_cert_reqs", "ssl_ca_certs", "ssl_ca_data", "ssl_ca_path",
+    "ssl_check_hostname", "ssl_password", "ssl_min_version", "ssl_ciphers",
+})
+
+
+def _carry_retry(retry: Any, retry_class: Any, kwargs: dict[str, Any]) -> None:
+    """The retry policy of one kind of client as the other kind's ``Retry`` (the same
+    backoff and count: pyqueue's re-sends are what make a lost reply safe)."""
+    backoff, retries = getattr(retry, "_backoff", None), getattr(retry, "_retries", None)
+    if backoff is not None and isinstance(retries, int):
+        kwargs["retry"] = retry_class(backoff, retries)
 
 
 Awaited = Awaitable[Any]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -33,7 +33,7 @@ from pyqueue.slots import LimitEnding, Slot, TimeLimitExceeded, current_slot
 from pyqueue.tasks import envelope
 from pyqueue.tasks.codec import to_json
 from pyqueue.tasks.policy import TaskOptions
-from pyqueue.worker import Fail, Retry, error_text
+from pyqueue.worker import Fail, Retry, error_text, is_async_handler
 
 if TYPE_CHECKING:
     from pyqueue.tasks.task import Task
@@ -109,20 +109,30 @@ class Dispatcher:
     """The worker handler of a :class:`~pyqueue.tasks.Tasks` object: routes each job to
     the task its envelope names (see the module docstring)."""
 
-    def __init__(self, tasks: Mapping[str, Task[Any, Any]]) -> None:
+    def __init__(self, tasks: Mapping[str, Task[Any, Any]], raw: Callable[[Job], object] | None = None) -> None:
         self.tasks = tasks
+        #: Runs the jobs whose payload is not a task envelope (a queue moving from raw
+        #: jobs to tasks); None: they are retried, then dead, as an unknown task.
+        self.raw = raw
         #: Advertised in the worker's service registration.
         self.task_names = tuple(sorted(tasks))
         #: Any task needs an event loop: the worker must be an AsyncWorker.
-        self.needs_event_loop = any(t.is_async for t in tasks.values())
-        self._overridden: dict[tuple[str, str], TaskOptions] = {}
+        self.needs_event_loop = any(t.is_async for t in tasks.values()) or (
+            raw is not None and is_async_handler(raw)
+        )
 
     def __call__(self, job: Job) -> object:
         slot = current_slot()
         try:
             env = envelope.decode(job.payload)
         except envelope.EnvelopeError as exc:
-            raise Retry(reason=str(exc)) from None
+            if self.raw is None:
+                raise Retry(reason=str(exc)) from None
+            if is_async_handler(self.raw):
+                if slot is None:
+                    raise InvalidArgument("an async raw handler runs in an AsyncWorker") from None
+                return slot.run_awaitable(self.raw(job))  # type: ignore[arg-type]
+            return self.raw(job)
         task = self.tasks.get(env.task)
         if slot is not None:
             slot.name = env.task
