@@ -412,7 +412,7 @@ def _twin(client: Any, cls: Any) -> Any:
         from redis.retry import Retry as SyncRetry
 
         _carry_retry(old_retry, SyncRetry, kwargs)
-        connection_class = getattr(sync_connection, name, sync_connection.Connection)
+        connection_class: Any = getattr(sync_connection, name, sync_connection.Connection)
         return redis_lib.Redis(connection_pool=redis_lib.ConnectionPool(connection_class=connection_class, **kwargs))
     import redis.asyncio as aredis
     import redis.asyncio.connection as async_connection

@@ -15,14 +15,18 @@ type                        ``v``                                      tag
 ``uuid.UUID``               canonical text                             ``uuid``
 ``decimal.Decimal``         text (no rounding)                         ``decimal``
 ``bytes``                   base64 text                                ``bytes``
-``set`` / ``frozenset``     a list                                     ``set``
+``set`` / ``frozenset``     a list, sorted by each item's JSON text    ``set``
 ==========================  =========================================  ==============
+
+A set arrives as a ``set`` whose items are hashable again: an item that left as a
+tuple arrives as a tuple, one that left as a frozenset as a frozenset.
 
 Anything else (a dataclass, a model, a custom class) is refused *before* anything is
 sent: pass ``dataclasses.asdict(x)`` or ``model.model_dump()`` and rebuild it in the
 task; a queue that pickled it would run whatever code the payload names. A ``dict`` of
 the caller's with a ``"$pq"`` key, a key that is not a ``str``, NaN or an infinity is
-refused too (each would arrive as something else). Other languages read and write the
+refused too (each would arrive as something else), and so is data nested more than
+:data:`MAX_DEPTH` levels deep (a list that contains itself). Other languages read and write the
 same tags (``lua/README.md``, the task envelope).
 """
 
@@ -41,13 +45,22 @@ from pyqueue.errors import InvalidArgument
 TAG = "$pq"
 
 
-def to_json(value: Any, where: str = "argument") -> Any:
+#: How deeply values may nest (a list in a dict in a list...): deeper is refused, as a
+#: cycle (a list that contains itself) would otherwise recurse until RecursionError.
+MAX_DEPTH = 100
+
+
+def to_json(value: Any, where: str = "argument", _depth: int = 0) -> Any:
     """``value`` as plain JSON data, extra types tagged (see the module docstring).
 
     Raises:
-        InvalidArgument: a value of a type that does not travel; ``where`` names it.
+        InvalidArgument: a value of a type that does not travel, or nested more than
+            :data:`MAX_DEPTH` levels deep (a cycle); ``where`` names it.
     """
     kind = type(value)
+    if _depth > MAX_DEPTH:
+        raise InvalidArgument(f"{where}: nested more than {MAX_DEPTH} levels deep (a list or dict that contains itself?)")
+    depth = _depth + 1
     if kind is str or kind is int or kind is bool or value is None:
         return value
     if kind is float:
@@ -55,15 +68,15 @@ def to_json(value: Any, where: str = "argument") -> Any:
             raise InvalidArgument(f"{where}: {value!r} is not JSON (NaN and infinities do not travel)")
         return value
     if kind is list or kind is tuple:
-        return [to_json(v, where) for v in value]
+        return [to_json(v, where, depth) for v in value]
     if kind is dict:
         out = {}
         for k, v in value.items():
-            if type(k) is not str:
+            if not isinstance(k, str):
                 raise InvalidArgument(f"{where}: dict keys must be str to travel as JSON, got {type(k).__name__} {k!r}")
             if k == TAG:
                 raise InvalidArgument(f"{where}: a dict key {TAG!r} is reserved for pyqueue's tagged types")
-            out[k] = to_json(v, where)
+            out[str(k)] = to_json(v, where, depth)
         return out
     if isinstance(value, datetime.datetime):
         return {TAG: "datetime", "v": value.isoformat()}
@@ -80,7 +93,9 @@ def to_json(value: Any, where: str = "argument") -> Any:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return {TAG: "bytes", "v": base64.b64encode(bytes(value)).decode("ascii")}
     if isinstance(value, (set, frozenset)):
-        return {TAG: "set", "v": [to_json(v, where) for v in value]}
+        # In a canonical order: the same set is the same payload (and the same
+        # ``unique=True`` job id) in every process, whatever its hash seed.
+        return {TAG: "set", "v": sorted((to_json(v, where, depth) for v in value), key=canonical)}
     # Subclasses (an IntEnum, a named tuple, a defaultdict): their plain value.
     if isinstance(value, bool):
         return bool(value)
@@ -89,15 +104,25 @@ def to_json(value: Any, where: str = "argument") -> Any:
     if isinstance(value, int):
         return int(value)
     if isinstance(value, float):
-        return to_json(float(value), where)
+        return to_json(float(value), where, _depth)
     if isinstance(value, (list, tuple)):
-        return [to_json(v, where) for v in value]
+        return [to_json(v, where, depth) for v in value]
     if isinstance(value, dict):
-        return to_json(dict(value), where)
+        return to_json(dict(value), where, _depth)
     raise InvalidArgument(
         f"{where}: {type(value).__name__} does not travel as JSON; pass plain data (dataclasses.asdict(x), "
         "model.model_dump()) or one of datetime, date, time, timedelta, UUID, Decimal, bytes, set"
     )
+
+
+def _hashable(value: Any) -> Any:
+    """A set's element as it left: tuples travel as lists and frozensets as sets, and a
+    set's elements must be hashable again."""
+    if isinstance(value, list):
+        return tuple(_hashable(v) for v in value)
+    if isinstance(value, set):
+        return frozenset(value)
+    return value
 
 
 _DECODERS: dict[str, Any] = {
@@ -108,7 +133,7 @@ _DECODERS: dict[str, Any] = {
     "uuid": uuid.UUID,
     "decimal": decimal.Decimal,
     "bytes": lambda v: base64.b64decode(v, validate=True),
-    "set": set,
+    "set": lambda v: {_hashable(item) for item in v},
 }
 
 
@@ -142,6 +167,12 @@ def from_json(value: Any) -> Any:
 def dumps(value: Any) -> str:
     """Plain JSON data as compact text (UTF-8, no NaN)."""
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def canonical(value: Any) -> str:
+    """Plain JSON data as text in one canonical form (keys sorted): equal data, equal
+    text (set order, job ids of ``unique=True``)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False, sort_keys=True)
 
 
 def loads(text: str | bytes) -> Any:

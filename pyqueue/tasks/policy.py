@@ -155,8 +155,8 @@ class TaskOptions:
                 out["fail_on"] = exception_types(value or (), "fail_on")
             elif key in ("max_age", "time_limit", "keep_result"):
                 ms = None if value is None else seconds_to_ms(value, key)
-                if key == "time_limit" and ms is not None and ms < 1:
-                    raise InvalidArgument("time_limit must be more than 0")
+                if key in ("time_limit", "keep_result") and ms is not None and ms < 1:
+                    raise InvalidArgument(f"{key} must be at least 1 ms, got {value!r}")
                 out[f"{key}_ms"] = ms
             elif key == "unique":
                 if value is not None and value is not True and not callable(value):

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 from pyqueue.errors import InvalidArgument
 from pyqueue.models import NewJob
 from pyqueue.tasks import envelope
-from pyqueue.tasks.codec import dumps, to_json
+from pyqueue.tasks.codec import canonical, to_json
 from pyqueue.tasks.handle import SentTask
 from pyqueue.tasks.policy import Duration, TaskOptions
 from pyqueue.worker import seconds_to_ms
@@ -48,6 +48,7 @@ class Signature:
         where = f"{task.name} argument"
         self.json_args = to_json(self.args, where)
         self.json_kwargs = to_json(self.kwargs, where)
+        self._bound = bound
 
     def job_id(self) -> str:
         """The job id this call is sent under: ``unique``'s, or a random one."""
@@ -55,8 +56,16 @@ class Signature:
         if unique is None or unique is False:
             return secrets.token_hex(10)
         if unique is True:
-            # The task and its arguments, canonically: the same call is the same job.
-            digest = hashlib.sha256(dumps([self.task.name, self.json_args, self.json_kwargs]).encode()).hexdigest()
+            # The task and its arguments, canonically: the same call is the same job,
+            # whether an argument was given by position or keyword, or left to its
+            # default, and whatever the order of a dict's keys.
+            call = inspect.BoundArguments(self._bound.signature, self._bound.arguments.copy())
+            call.apply_defaults()
+            try:
+                args, kwargs = to_json(list(call.args)), to_json(call.kwargs)
+            except InvalidArgument:  # a default that does not travel: the call as given
+                args, kwargs = self.json_args, self.json_kwargs
+            digest = hashlib.sha256(canonical([self.task.name, args, kwargs]).encode()).hexdigest()
             return f"{self.task.name}:{digest[:32]}"
         job_id = unique(*self.args, **self.kwargs)
         if not isinstance(job_id, str):
