@@ -82,6 +82,12 @@ class Enqueued:
     job_id: str
     added: bool
 
+    @property
+    def id(self) -> str:
+        """The job's id, by the name every other record uses (``Job.id``, ``JobInfo.id``,
+        ``JobResult.id``); ``job_id`` stays for the code written against it."""
+        return self.job_id
+
 
 @dataclass(frozen=True)
 class Leased:
