@@ -862,7 +862,7 @@ def test_task_names_default_to_module_and_qualname_and_a_name_is_taken_once(task
         tasks.task(impostor)  # a local function: no stable name
     with pytest.raises(InvalidArgument, match="name="):
         tasks.task(lambda: None)
-    for bad in ("", "a b", "a,b", "x" * 201):
+    for bad in ("", "a b", "a,b", "x" * 201, "emails/send", "café", "tab\tname", "line\n"):
         with pytest.raises(InvalidArgument, match="task name"):
             tasks.task(name=bad)(impostor)
 
@@ -872,3 +872,7 @@ def test_task_names_default_to_module_and_qualname_and_a_name_is_taken_once(task
     with pytest.raises(InvalidArgument, match="plain or async def"):
         tasks.task(name="gen")(gen)
     assert tasks.tasks["billing.charge"] is named
+    widest = tasks.task(name="A-Za-z0-9_.:<>-" + "x" * 185, unique=True)(impostor)
+    handle = widest.send(1)
+    assert len(handle.id) <= 256
+    assert burst(tasks) == 0  # a worker advertises every name it serves when it registers

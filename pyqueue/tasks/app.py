@@ -19,6 +19,7 @@ from pyqueue.clients import Client, connect, default_client, is_cluster
 from pyqueue.errors import InvalidArgument
 from pyqueue.models import Job
 from pyqueue.queue import DEFAULT_PREFIX, Queue
+from pyqueue.service import TASK_NAME
 from pyqueue.tasks.handle import SentTask
 from pyqueue.tasks.policy import TaskOptions
 from pyqueue.tasks.runtime import Dispatcher
@@ -36,8 +37,8 @@ Hook = Callable[[], object]
 
 #: How long a measured offset between this process's clock and the server's is trusted.
 CLOCK_REFRESH_S = 60.0
-#: The longest task name, in UTF-8 bytes: ``unique=True`` job ids are the name and 33
-#: more characters, within the engine's 256-byte job ids.
+#: The longest task name (ASCII): ``unique=True`` job ids are the name and 33 more
+#: characters, within the engine's 256-byte job ids.
 MAX_NAME_BYTES = 200
 
 
@@ -353,19 +354,15 @@ class Tasks:
 
 
 def _check_name(name: object) -> None:
-    """A task name: 1..MAX_NAME_BYTES bytes of UTF-8, no space, comma or control character.
+    """A task name: what a worker can advertise in its registration
+    (:data:`pyqueue.service.TASK_NAME`: 1..200 characters of ``[A-Za-z0-9_.:<>-]``).
 
     Raises:
-        InvalidArgument: any other name.
+        InvalidArgument: any other name (checked here, at registration, rather than
+            when a worker of these tasks starts).
     """
-    try:
-        size = len(name.encode("utf-8")) if isinstance(name, str) else 0
-    except UnicodeEncodeError:
-        size = 0
-    if not 1 <= size <= MAX_NAME_BYTES or any(c in ", " or ord(c) < 32 or ord(c) == 127 for c in str(name)):
-        raise InvalidArgument(
-            f"task name must be 1..{MAX_NAME_BYTES} UTF-8 bytes without spaces, commas or control characters, got {name!r}"
-        )
+    if not isinstance(name, str) or not TASK_NAME.fullmatch(name):
+        raise InvalidArgument(f"task name must be 1..{MAX_NAME_BYTES} characters of [A-Za-z0-9_.:<>-], got {name!r}")
 
 
 async def _maybe_await(value: object) -> None:
