@@ -1,0 +1,51 @@
+# dramatiq's examples/time_limit, ported: two tasks that would sleep forever, stopped
+# at their time limit; the second catches TimeLimitExceeded to clean up.
+#
+#     python examples/time_limit.py
+#
+# At the limit the worker's heartbeat ends the job's lease in Redis with a fenced nack (a
+# retry after the backoff, or the dead letters on the last attempt), then raises
+# TimeLimitExceeded in the task's thread: nothing the task does afterwards, returning
+# included, changes the job's outcome (a late ack is refused).
+#
+# Code lines (non-blank, not only a comment): 28; dramatiq's example: 28 (the issue
+# counted 29, in an earlier version of it).
+
+import threading
+import time
+
+import pyqueue.tasks  # pyqueue, and pyqueue.tasks for TaskDead
+
+tasks = pyqueue.Tasks()
+
+
+@tasks.task(name="long_running", time_limit=0.5, max_attempts=2, backoff=0.1)
+def long_running() -> None:
+    while True:
+        print(f"{pyqueue.current_job().task}, attempt {pyqueue.current_job().attempt}: sleeping...")
+        time.sleep(0.1)
+
+
+@tasks.task(name="long_running_with_catch", time_limit=0.5, max_attempts=1)
+def long_running_with_catch() -> None:
+    try:
+        long_running()  # calling a task runs its function here, in this job
+    except pyqueue.TimeLimitExceeded:
+        print("long_running_with_catch: time limit exceeded, aborting...")
+
+
+def main() -> None:
+    worker = tasks.worker(concurrency=2)
+    thread = threading.Thread(target=tasks.run_worker, args=[worker], daemon=True)
+    thread.start()
+    for sent in [long_running.send(), long_running_with_catch.send()]:
+        try:
+            sent.result(timeout=10)
+        except pyqueue.tasks.TaskDead as dead:
+            print(f"{sent.task} is dead: {dead.error}")
+    worker.stop()
+    thread.join()
+
+
+if __name__ == "__main__":
+    main()
