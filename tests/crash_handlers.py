@@ -1,6 +1,7 @@
 """Handlers for the worker processes of the crash harness (tests/crash_harness.py).
 
-A worker process runs ``python -m pyqueue worker crash_handlers:record ...`` with
+A worker process runs ``python -m pyqueue worker crash_handlers:record ...`` (or
+``crash_handlers:tasks``, a Tasks object, see below) with
 ``PYTHONPATH`` including tests/. Everything a checker needs is written to Redis *before*
 the step it describes can be lost, so it survives the SIGKILL of the process:
 
@@ -37,7 +38,7 @@ import redis
 
 from pyqueue.core import Plan
 from pyqueue.queue import QueueCore
-from pyqueue import Job, Outcome, Queue, connect
+from pyqueue import Job, Outcome, Queue, Tasks, connect, current_job
 from pyqueue.models import Leased
 
 POISON_PREFIX = "poison"
@@ -58,14 +59,19 @@ def client() -> redis.Redis:
 
 def record(job: Job) -> None:
     """Log this execution durably, do a little work, or kill the worker if poisoned."""
+    run(job, int(job.payload) if job.payload.isdigit() else 0)
+
+
+def run(job: Job, slow_ms: int) -> None:
+    """``record``'s work: a slow job sleeps ``slow_ms``."""
     client().rpush(os.environ["PQ_CRASH_RUNS"], f"{job.id} {job.fence} {job.attempt} {os.getpid()}")
     if job.id.startswith(POISON_PREFIX):
         log.warning("poison job %s attempt %d: SIGKILL", job.id, job.attempt)
         os.kill(os.getpid(), signal.SIGKILL)
-    if job.payload.isdigit():
+    if slow_ms:
         # A slow job: it runs longer than a third of its lease, so the heartbeat extends
         # it while it runs (and a worker configured with in_extend dies there).
-        time.sleep(int(job.payload) / 1000)
+        time.sleep(slow_ms / 1000)
     else:
         # A random pause (sleeping releases the GIL) so handler threads overlap and crash
         # points inside and around the handler meet jobs in every phase.
@@ -77,6 +83,27 @@ async def record_async(job: Job) -> None:
     a task of the event loop per job (the recording and the pauses are the same, done
     in a thread so they block no other task)."""
     await asyncio.to_thread(record, job)
+
+
+# Task jobs mixed in: the harness sends every third job as a task envelope naming
+# TASK_NAME (its argument: the ms a slow job sleeps). Workers running `crash_handlers:tasks`
+# (or `tasks_async`, on AsyncWorker) route them through the task layer's dispatcher and
+# run the raw jobs with their raw handler; the raw-handler workers run task jobs as raw.
+TASK_NAME = "crash.work"
+tasks = Tasks()
+tasks.raw_handler(record)
+tasks_async = Tasks()
+tasks_async.raw_handler(record_async)
+
+
+@tasks.task(name=TASK_NAME)
+def work(slow_ms: int) -> None:
+    run(current_job().job, slow_ms)
+
+
+@tasks_async.task(name=TASK_NAME)
+async def work_async(slow_ms: int) -> None:
+    await asyncio.to_thread(run, current_job().job, slow_ms)
 
 
 def _log_acks(jobs: Sequence[Job], outcomes: Sequence[Outcome]) -> None:

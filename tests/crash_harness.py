@@ -16,8 +16,9 @@ One trial:
    60% of them, a poison job (max_attempts 3; its handler SIGKILLs its own worker every
    time). The first half is enqueued before any worker starts, the rest while they run.
 2. Chaos: ``workers`` worker processes (``python -m pyqueue worker
-   crash_handlers:record``, every other one ``crash_handlers:record_async`` on
-   AsyncWorker), each started with one crash point (the point with the
+   crash_handlers:record``, ``crash_handlers:record_async`` on AsyncWorker, or the task
+   layer's ``crash_handlers:tasks`` / ``tasks_async``, in turn; every third job is a
+   task job), each started with one crash point (the point with the
    fewest hits so far, so every point is hit) and a probability that makes it die
    mid-run (:meth:`Config.probability`); the harness also SIGKILLs a random worker every
    0.5..2.5 s (sparing one whose point was never hit). Every dead worker is replaced,
@@ -74,12 +75,13 @@ TESTS = Path(__file__).resolve().parent
 if str(TESTS) not in sys.path:  # run as a script: make crash_handlers importable
     sys.path.insert(0, str(TESTS))
 
-from crash_handlers import POISON_PREFIX  # noqa: E402
+from crash_handlers import POISON_PREFIX, TASK_NAME  # noqa: E402
 
 #: The periodic job every chaos worker carries: its ids are tick:<unix seconds>.
 TICK_PREFIX = "tick:"
 
 from pyqueue import DeadJob, NewJob, Queue, Stats  # noqa: E402
+from pyqueue.tasks import envelope  # noqa: E402
 from pyqueue.worker import CRASH_POINTS  # noqa: E402
 
 PREFIX = "pq"
@@ -591,9 +593,11 @@ class Trial:
 
     @staticmethod
     def handler_of(index: int) -> str:
-        """Every other worker runs the async handler (on AsyncWorker): both workers meet
-        the same crash points and the same checker."""
-        return "crash_handlers:record_async" if index % 2 else "crash_handlers:record"
+        """Workers take turns: the raw handler, the async one (on AsyncWorker), and the
+        task layer's worker of a Tasks object, sync and async (which also runs the raw
+        jobs): all meet the same crash points and the same checker."""
+        return ("crash_handlers:record", "crash_handlers:record_async", "crash_handlers:tasks",
+                "crash_handlers:tasks_async")[index % 4]
 
     def next_point(self) -> str:
         """The crash point with the fewest hits (counting workers alive with it), so that
@@ -656,10 +660,14 @@ class Trial:
     # phases
 
     def payload(self, n: int) -> bytes:
-        """Every ``slow_every``-th job is slow (its payload is how many ms it sleeps)."""
+        """Every ``slow_every``-th job is slow (its payload is how many ms it sleeps).
+        Every third job is a task job: the same, as a task envelope."""
+        slow_ms = 0
         if self.cfg.slow_every and n % self.cfg.slow_every == self.cfg.slow_every // 2:
-            return str(self.rng.randint(*self.cfg.slow_ms)).encode()
-        return b""
+            slow_ms = self.rng.randint(*self.cfg.slow_ms)
+        if n % 3 == 1:
+            return envelope.encode(TASK_NAME, [slow_ms], {}, {"enqueued_ms": 0})
+        return str(slow_ms).encode() if slow_ms else b""
 
     def settled(self, q: Queue) -> bool:
         s = q.stats()
