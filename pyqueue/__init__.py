@@ -52,11 +52,11 @@ from pyqueue.slots import TimeLimitExceeded
 from pyqueue.worker import Fail, Retry
 
 if TYPE_CHECKING:
-    from pyqueue.tasks import Tasks, current_job
+    from pyqueue.tasks import ResultTimeout, TaskDead, TaskResultMissing, Tasks, current_job
 
 #: Names of the task layer, imported on first use: ``import pyqueue`` for the engine
 #: alone does not load it (the engine never imports the task layer).
-_TASK_LAYER = ("Tasks", "current_job")
+_TASK_LAYER = ("ResultTimeout", "TaskDead", "TaskResultMissing", "Tasks", "current_job")
 
 
 def __getattr__(name: str) -> Any:
@@ -98,11 +98,14 @@ __all__ = [
     "QueueKeys",
     "Result",
     "Retry",
+    "ResultTimeout",
     "ScriptError",
     "ServiceError",
     "ServiceExists",
     "ServiceLost",
     "Stats",
+    "TaskDead",
+    "TaskResultMissing",
     "Tasks",
     "TimeLimitExceeded",
     "WrongTypeError",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -113,7 +114,7 @@ class Tasks:
         def register(fn: Callable[P, R]) -> Task[P, R]:
             if not callable(fn) or inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
                 raise InvalidArgument(f"a task is a plain or async def function, got {fn!r}")
-            task_name = name if name is not None else f"{fn.__module__}.{fn.__qualname__}"
+            task_name = name if name is not None else f"{_module_name(fn)}.{fn.__qualname__}"
             if "<" in task_name and name is None:
                 raise InvalidArgument(f"{fn.__qualname__} has no stable name (a lambda or a local function): give name=")
             _check_name(task_name)
@@ -363,6 +364,24 @@ def _check_name(name: object) -> None:
     """
     if not isinstance(name, str) or not TASK_NAME.fullmatch(name):
         raise InvalidArgument(f"task name must be 1..{MAX_NAME_BYTES} characters of [A-Za-z0-9_.:<>-], got {name!r}")
+
+
+def _module_name(fn: Callable[..., object]) -> str:
+    """The module part of a task's default name. A function of the script being run
+    (``__main__``) is named after the module ``python -m`` ran; in a script run by path
+    there is none that a worker would import, so it stays ``__main__`` and a warning says
+    to give ``name=``."""
+    module = fn.__module__
+    if module != "__main__":
+        return module
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name and spec.name != "__main__":
+        return str(spec.name)
+    log.warning(
+        "task %s is defined in the script being run: its name is __main__.%s here, and a worker that imports the "
+        "script as a module will not know it by that name; give it name=", fn.__qualname__, fn.__qualname__,
+    )
+    return module
 
 
 async def _maybe_await(value: object) -> None:

@@ -57,6 +57,11 @@ class SentTask(Generic[R]):
     keeps_result: bool
     app: Tasks
 
+    def state(self) -> str:
+        """Where the job is now: ready, scheduled, leased, dead, done or unknown
+        (``Queue.get``)."""
+        return self.app.queue(self.queue).get(self.id).state
+
     def result(self, timeout: Duration | None = None) -> R:
         """Wait for the job to end, up to ``timeout`` seconds (None: no limit), and
         return what the task returned (decoded as it was encoded).
@@ -68,6 +73,7 @@ class SentTask(Generic[R]):
         """
         queue = self.app.queue(self.queue)
         end = None if timeout is None else time.monotonic() + seconds_to_ms(timeout, "timeout") / 1000
+        self._check_known(queue.result(self.id))
         while True:
             left_ms = _WAIT_CHUNK_MS if end is None else max(0, round((end - time.monotonic()) * 1000))
             info = queue.wait_result(self.id, min(left_ms, _WAIT_CHUNK_MS))
@@ -80,6 +86,7 @@ class SentTask(Generic[R]):
         """:meth:`result` from asyncio code, on the Tasks' asyncio client."""
         queue = self.app.aqueue(self.queue)
         end = None if timeout is None else time.monotonic() + seconds_to_ms(timeout, "timeout") / 1000
+        self._check_known(await queue.result(self.id))
         while True:
             left_ms = _WAIT_CHUNK_MS if end is None else max(0, round((end - time.monotonic()) * 1000))
             info = await queue.wait_result(self.id, min(left_ms, _WAIT_CHUNK_MS))
@@ -87,6 +94,16 @@ class SentTask(Generic[R]):
                 return self._outcome(info)  # type: ignore[no-any-return]
             if end is not None and time.monotonic() >= end:
                 raise ResultTimeout(f"task {self.task} job {self.id} has not ended after {timeout}s (state {info.state})")
+
+    def _check_known(self, info: JobResult) -> None:
+        """This handle's job was enqueued before the handle existed: no trace of it
+        means it ended long ago (its result and its id's tombstone both expired), not
+        that it is still to come, so waiting would wait for nothing."""
+        if info.state == "unknown":
+            raise TaskResultMissing(
+                f"task {self.task} job {self.id} left no trace: it ended, and its result (if one was kept) and its "
+                "id's tombstone have expired"
+            )
 
     def _outcome(self, info: JobResult) -> Any:
         if info.state == "ok":
