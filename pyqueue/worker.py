@@ -120,7 +120,22 @@ CRASH_POINTS = (
 )
 
 
-class Retry(Exception):
+class _Ending(Exception):
+    """A handler's own word on how its job ends (:class:`Retry`, :class:`Fail`)."""
+
+    def __init__(self, reason: str | None, default: str) -> None:
+        super().__init__(reason or default)
+        self.reason = reason
+
+    def error_text(self) -> str:
+        """The job's error: ``reason``, else the exception this one was raised from."""
+        if self.reason:
+            return self.reason
+        cause = self.__cause__ or self.__context__
+        return error_text(cause) if cause is not None else str(self)
+
+
+class Retry(_Ending):
     """Raise from a handler to run the job again later. The attempt counts; at max
     attempts the job goes to DEAD.
 
@@ -137,36 +152,21 @@ class Retry(Exception):
     def __init__(
         self, delay_ms: int | None = None, reason: str | None = None, *, delay: float | timedelta | None = None
     ) -> None:
-        super().__init__(reason or "retry requested by the handler")
+        super().__init__(reason, "retry requested by the handler")
         if delay is not None:
             if delay_ms is not None:
                 raise InvalidArgument("give Retry delay_ms or delay, not both")
             delay_ms = seconds_to_ms(delay, "delay")
         self.delay_ms = None if delay_ms is None else check_int(delay_ms, "delay_ms", 0, 2**40)
-        self.reason = reason
-
-    def error_text(self) -> str:
-        """The job's error: ``reason``, else the exception this one was raised from."""
-        if self.reason:
-            return self.reason
-        cause = self.__cause__ or self.__context__
-        return error_text(cause) if cause is not None else str(self)
 
 
-class Fail(Exception):
+class Fail(_Ending):
     """Raise from a handler to send its job to the dead letters now, whatever its
     attempt count, with ``reason`` as its error (default: the exception this one was
     raised from, as for :class:`Retry`)."""
 
     def __init__(self, reason: str | None = None) -> None:
-        super().__init__(reason or "failed by the handler")
-        self.reason = reason
-
-    def error_text(self) -> str:
-        if self.reason:
-            return self.reason
-        cause = self.__cause__ or self.__context__
-        return error_text(cause) if cause is not None else str(self)
+        super().__init__(reason, "failed by the handler")
 
 
 def error_text(error: BaseException) -> str:
@@ -201,7 +201,12 @@ def check_sync_handler(handler: object) -> None:
             handler that says it runs coroutines (``needs_event_loop``: the task
             layer's dispatcher of ``async def`` tasks).
     """
-    if is_async_handler(handler) or getattr(handler, "needs_event_loop", False) is True:
+    if getattr(handler, "needs_event_loop", False) is True:
+        raise InvalidArgument(
+            f"handler {handler!r} runs async def tasks: this sync Worker has no event loop to run them on. Run it "
+            "with pyqueue.aio_worker.AsyncWorker (Tasks.worker() and pyqueue worker pick that one by themselves)."
+        )
+    if is_async_handler(handler):
         raise InvalidArgument(
             f"handler {getattr(handler, '__qualname__', handler)!r} is an async function: this sync Worker "
             "would never await it, so its jobs would be acked without running. Give it a plain function, or "
@@ -849,7 +854,7 @@ class Worker:
         """Nack a job whose handler raised: :class:`Retry` after its delay (or the
         backoff), :class:`Fail` to the dead letters now, anything else with the backoff."""
         final, delay_ms = False, None
-        if isinstance(error, (Retry, Fail)):
+        if isinstance(error, _Ending):
             text = error.error_text()
             final = isinstance(error, Fail)
             delay_ms = error.delay_ms if isinstance(error, Retry) else None
