@@ -65,7 +65,8 @@ class AsyncWorker(Worker):
     def __init__(self, queues: Any, handler: AsyncHandler, **options: Any) -> None:
         super().__init__(queues, handler, **options)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._tasks: dict[str, concurrent.futures.Future[object]] = {}  # receipt -> its task
+        # receipt -> its task; None while the coroutine is being handed to the loop
+        self._tasks: dict[str, concurrent.futures.Future[object] | None] = {}
         self._tasks_lock = threading.Lock()
 
     def check_handler(self, handler: object) -> None:
@@ -89,24 +90,33 @@ class AsyncWorker(Worker):
         handler thread; the task is cancelled if the job's lease ends without this
         worker (cancel, a lost lease) or at its time limit."""
         assert self._loop is not None
-        task = asyncio.run_coroutine_threadsafe(_awaited(awaitable), self._loop)
+        receipt = slot.job.receipt
         with self._tasks_lock:
-            self._tasks[slot.job.receipt] = task
+            self._tasks[receipt] = None  # from here a limit or a cancel cancels, never interrupts the thread
         try:
+            task = asyncio.run_coroutine_threadsafe(_awaited(awaitable), self._loop)
+            with self._tasks_lock:
+                self._tasks[receipt] = task
+                # The limit or the cancel came while the task was handed over: cancel it now.
+                late = slot.interrupted_at is not None or slot.job.cancelled.is_set()
+            if late:
+                task.cancel()
             return task.result()
         finally:
             with self._tasks_lock:
-                self._tasks.pop(slot.job.receipt, None)
+                self._tasks.pop(receipt, None)
 
     def interrupt(self, slot: Slot) -> None:
         """At the time limit, an ``async def`` handler's task is cancelled; a plain
         handler's thread gets :class:`~pyqueue.slots.TimeLimitExceeded`."""
         with self._tasks_lock:
+            awaiting = slot.job.receipt in self._tasks
             task = self._tasks.get(slot.job.receipt)
+            if awaiting:
+                slot.interrupted_at = slot.interrupted_at or time.monotonic()
         if task is not None:
-            slot.interrupted_at = slot.interrupted_at or time.monotonic()
             task.cancel()
-        else:
+        elif not awaiting:
             slot.interrupt()
 
     def lease_ended(self, job: Job, outcome: Outcome) -> None:
@@ -134,6 +144,6 @@ class AsyncWorker(Worker):
             for sig in installed:
                 loop.remove_signal_handler(sig)
             with self._tasks_lock:
-                abandoned = list(self._tasks.values())
+                abandoned = [task for task in self._tasks.values() if task is not None]
             for task in abandoned:  # released at the end of the grace period, or killed
                 task.cancel()

@@ -149,9 +149,11 @@ class TaskTesting:
         for q in worker.logical + worker.queues:
             q.owner = owner
         loop: asyncio.AbstractEventLoop | None = None
+        loop_thread: threading.Thread | None = None
         if isinstance(worker, AsyncWorker):
             loop = asyncio.new_event_loop()
-            threading.Thread(target=loop.run_forever, name="pyqueue-testing-loop", daemon=True).start()
+            loop_thread = threading.Thread(target=loop.run_forever, name="pyqueue-testing-loop", daemon=True)
+            loop_thread.start()
             worker._loop = loop
         ticking = threading.Event()
         heartbeat = threading.Thread(target=self._enforce_limits, args=(worker, ticking), daemon=True)
@@ -189,10 +191,25 @@ class TaskTesting:
         finally:
             ticking.set()
             heartbeat.join(1)
-            if loop is not None:
+            if loop is not None and loop_thread is not None:
                 loop.call_soon_threadsafe(loop.stop)
+                loop_thread.join(5)
+                if not loop_thread.is_alive():  # (a task blocking the loop keeps it: left to the daemon thread)
+                    _close_loop(loop)
 
     @staticmethod
     def _enforce_limits(worker: Any, stop: threading.Event) -> None:
         while not stop.wait(0.02):
             worker._enforce_limits()
+
+
+def _close_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel what is left on a stopped loop (a task cut off at its time limit that has
+    not ended yet), let it finish, and close the loop."""
+    pending = asyncio.all_tasks(loop)
+    for task in pending:
+        task.cancel()
+    if pending:
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    loop.run_until_complete(loop.shutdown_asyncgens())
+    loop.close()
