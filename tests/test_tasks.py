@@ -326,13 +326,22 @@ def test_unique_a_function_of_the_arguments_gives_the_job_id_and_a_second_send_i
     assert (other.id, other.added) == ("welcome:8", True)
     assert stats(tasks).enqueued == 2 and stats(tasks).duplicates == 1
 
+    # A send may turn it off (a random id), or name its own.
+    fresh = welcome.options(unique=False).send(7)
+    assert fresh.added and fresh.id != "welcome:7"
+    custom = welcome.options(unique=lambda user_id, **_: f"custom:{user_id}").send(7)
+    assert (custom.id, custom.added) == ("custom:7", True)
+    assert stats(tasks).enqueued == 4
+    with pytest.raises(InvalidArgument, match="unique"):
+        welcome.options(unique="welcome:7")
+
     @tasks.task(name="bad_unique", unique=lambda x: x)
     def bad_unique(x: Any) -> None:
         pass
 
     with pytest.raises(InvalidArgument, match="unique"):
         bad_unique.send(5)
-    assert stats(tasks).enqueued == 2
+    assert stats(tasks).enqueued == 4
 
 
 def test_unique_true_hashes_the_call(tasks: Tasks) -> None:
@@ -623,6 +632,22 @@ def test_retry_delay_schedules_the_retry(tasks: Tasks, serve: Callable[..., Serv
     assert 40_000 - 3_000 <= info.due_ms - info.now_ms <= 40_000
 
 
+def test_a_task_that_calls_sys_exit_fails_like_any_other_error(tasks: Tasks) -> None:
+    import sys
+
+    calls: list[int] = []
+
+    @tasks.task(name="quits", max_attempts=2)
+    def quits() -> None:
+        calls.append(1)
+        sys.exit(3)
+
+    handle = quits.send()
+    assert burst(tasks) == 0
+    assert len(calls) == 2
+    assert dead_error(tasks, handle.id) == "SystemExit: 3"
+
+
 def test_fail_sends_the_job_to_the_dead_letters_at_once_with_its_reason(tasks: Tasks) -> None:
     calls: list[int] = []
 
@@ -780,6 +805,52 @@ def test_a_sync_worker_refuses_async_tasks_and_tasks_worker_picks_an_async_worke
 
 def _noop(job: Any) -> None:
     pass
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_start_and_stop_hooks_run_once_around_the_jobs(tasks: Tasks, use_async: bool) -> None:
+    events: list[str] = []
+
+    @tasks.task(name="work")
+    def work() -> None:
+        events.append("job")
+
+    if use_async:
+
+        @tasks.on_worker_start
+        async def started() -> None:
+            events.append("start")
+
+        @tasks.on_worker_stop
+        async def stopped() -> None:
+            events.append("stop")
+
+    else:
+        tasks.on_worker_start(lambda: events.append("start"))
+        tasks.on_worker_stop(lambda: events.append("stop"))
+
+    work.send()
+    work.send()
+    assert burst(tasks) == 0
+    assert events == ["start", "job", "job", "stop"]
+    assert isinstance(tasks.worker(), AsyncWorker) is use_async  # an async hook needs the event loop
+
+
+def test_a_failing_start_hook_stops_the_worker_before_any_job(tasks: Tasks) -> None:
+    ran: list[str] = []
+
+    @tasks.task(name="work")
+    def work() -> None:
+        ran.append("job")
+
+    @tasks.on_worker_start
+    def broken() -> None:
+        raise RuntimeError("no database")
+
+    work.send()
+    with pytest.raises(RuntimeError, match="no database"):
+        burst(tasks)
+    assert ran == [] and stats(tasks).ready == 1
 
 
 # -- the send verbs and names ----------------------------------------------------------------

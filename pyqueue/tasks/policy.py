@@ -159,9 +159,12 @@ class TaskOptions:
                     raise InvalidArgument(f"{key} must be at least 1 ms, got {value!r}")
                 out[f"{key}_ms"] = ms
             elif key == "unique":
-                if value is not None and value is not True and not callable(value):
-                    raise InvalidArgument(f"unique must be a function of the arguments giving the job id, or True, got {value!r}")
-                out["unique"] = value
+                if value is not None and type(value) is not bool and not callable(value):
+                    raise InvalidArgument(
+                        f"unique must be a function of the arguments giving the job id, True, or False/None (a random id), "
+                        f"got {value!r}"
+                    )
+                out["unique"] = None if value is False else value
             else:
                 known = "queue, max_attempts, backoff, retry_on, fail_on, max_age, time_limit, unique, keep_result"
                 raise InvalidArgument(f"unknown task option {key!r}; known: {known}")

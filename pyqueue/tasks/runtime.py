@@ -165,7 +165,9 @@ class Dispatcher:
                 value = task.fn(*env.args, **env.kwargs)
         except (Retry, Fail, TimeLimitExceeded):
             raise
-        except Exception as exc:
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:
+            # SystemExit (sys.exit() in the task's code) is the task's failure like any
+            # other: let through, it would leave the job leased with nothing running it.
             if opts.fails_at_once(exc):
                 raise Fail() from exc
             raise Retry(delay_ms=opts.retry_delay_ms(job.attempt)) from exc
