@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import decimal
+import enum
 import math
 import threading
 import time
@@ -122,6 +123,16 @@ class Colour(str):
     """A str subclass: travels as its plain value."""
 
 
+class Size(str, enum.Enum):
+    """A str-mixin Enum: travels as its value ("big"), not as str() gives it ("Size.BIG")."""
+
+    BIG = "big"
+
+
+class Level(enum.IntEnum):
+    HIGH = 3
+
+
 def test_extra_types_round_trip_through_a_worker_into_the_function_and_back_as_a_result(tasks: Tasks) -> None:
     received: list[Any] = []
 
@@ -150,12 +161,15 @@ def test_extra_types_round_trip_through_a_worker_into_the_function_and_back_as_a
         "set_of_datetimes": {dt.date(2020, 1, 1), dt.date(2021, 1, 1)},
         "plain": [None, True, False, 0, -1, 2**62, 1.5, "é ☃ \u0000", {"k": []}],
         "str_subclass": Colour("red"),
+        "str_enum": Size.BIG,
+        "int_enum": Level.HIGH,
+        "enum_keys": {Size.BIG: Level.HIGH},
     }
     handle = echo.send(value, more={"when": dt.date(2000, 1, 1), "ids": {uuid.UUID(int=1)}})
     assert burst(tasks) == 0
     got = handle.result(timeout=5)
     ((arrived, more),) = received
-    expected = dict(value, frozenset={"a", "b"}, str_subclass="red")
+    expected = dict(value, frozenset={"a", "b"}, str_subclass="red", str_enum="big", int_enum=3, enum_keys={"big": 3})
     for seen in (arrived, got):
         assert seen == expected
         for key, item in expected.items():

@@ -52,8 +52,11 @@ def test_a_sync_task_in_a_busy_loop_is_stopped_at_its_limit_and_the_worker_serve
 ) -> None:
     log = Log()
 
+    leases: list[Any] = []
+
     @tasks.task(name="spin", time_limit=LIMIT, max_attempts=1, keep_result=60)
     def spin() -> str:
+        leases.append(current_job().job)
         log.mark("started")
         n = 0
         try:
@@ -82,8 +85,13 @@ def test_a_sync_task_in_a_busy_loop_is_stopped_at_its_limit_and_the_worker_serve
         spun.result(timeout=5)  # its late return was not acked, nor its result kept
     wait_for(lambda: job_state(tasks, "default", following.id).state == "done", what="the next job's ack")
     assert worker.stop() == 0
+    # Whoever sends it, an ack of the lease that ran past its limit is refused by Redis.
+    (lease,) = leases
+    assert not tasks.queue("default").ack(lease)
+    assert not tasks.queue("default").ack_result(lease, "too late")
     stats = tasks.queue("default").stats()
     assert (stats.acked, stats.nacked, stats.dead) == (1, 1, 1)  # acked: the next job only
+    assert job_state(tasks, "default", spun.id).state == "dead"
     assert worker.worker.slots_written_off == 0
 
 

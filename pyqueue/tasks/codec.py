@@ -76,7 +76,7 @@ def to_json(value: Any, where: str = "argument", _depth: int = 0) -> Any:
                 raise InvalidArgument(f"{where}: dict keys must be str to travel as JSON, got {type(k).__name__} {k!r}")
             if k == TAG:
                 raise InvalidArgument(f"{where}: a dict key {TAG!r} is reserved for pyqueue's tagged types")
-            out[str(k)] = to_json(v, where, depth)
+            out[str.__str__(k)] = to_json(v, where, depth)  # a str subclass's own text
         return out
     if isinstance(value, datetime.datetime):
         return {TAG: "datetime", "v": value.isoformat()}
@@ -96,15 +96,17 @@ def to_json(value: Any, where: str = "argument", _depth: int = 0) -> Any:
         # In a canonical order: the same set is the same payload (and the same
         # ``unique=True`` job id) in every process, whatever its hash seed.
         return {TAG: "set", "v": sorted((to_json(v, where, depth) for v in value), key=canonical)}
-    # Subclasses (an IntEnum, a named tuple, a defaultdict): their plain value.
+    # Subclasses (an IntEnum, a str-mixin Enum, a named tuple, a defaultdict): their
+    # plain value, read with the base type's method (str() of `class C(str, Enum)`
+    # is "C.RED", not its value "red").
     if isinstance(value, bool):
         return bool(value)
     if isinstance(value, str):
-        return str(value)
+        return str.__str__(value)
     if isinstance(value, int):
-        return int(value)
+        return int.__int__(value)
     if isinstance(value, float):
-        return to_json(float(value), where, _depth)
+        return to_json(float.__float__(value), where, _depth)
     if isinstance(value, (list, tuple)):
         return [to_json(v, where, depth) for v in value]
     if isinstance(value, dict):
