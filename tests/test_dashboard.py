@@ -157,6 +157,101 @@ def test_workers_are_listed_with_host_pid_queues_started_and_last_heartbeat(r: A
     assert {w["state"] for w in workers} == {"alive", "stopping"} and {w["namespace"] for w in workers} == {"workers"}
 
 
+def test_workers_are_listed_with_the_task_names_they_advertise(r: Any, open_dashboard: Any) -> None:
+    services = Services(r)
+    a = services.register(["billing"], tasks=["billing.charge", "billing.refund"])
+    b = services.register(["emails"])  # a worker of raw jobs, or of an older version: none
+    by_id = {w["id"]: w for w in open_dashboard(r).get("/api/overview").json()["workers"]}
+    assert by_id[a.id]["tasks"] == ["billing.charge", "billing.refund"]  # in the order registered
+    assert by_id[b.id]["tasks"] == []
+
+
+def task_jobs(q: Queue, task: str, count: int, **enqueue: Any) -> None:
+    """``count`` jobs of the task ``task`` in ``q`` (task envelopes, as Tasks sends them)."""
+    from pyqueue.tasks import envelope
+
+    for i in range(count):
+        q.enqueue(envelope.encode(task, [i], {}, {"enqueued_ms": 0}), **enqueue)
+
+
+def unserved(client: TestClient) -> dict[str, list[tuple[str, int]]]:
+    """Per queue, the task names with jobs waiting that no live worker serves."""
+    rows = client.get("/api/overview").json()["queues"]
+    return {row["name"]: [(t["task"], t["jobs"]) for t in row["unserved_tasks"]] for row in rows}
+
+
+def test_a_queue_lists_the_task_names_waiting_that_no_live_worker_serves(r: Any, open_dashboard: Any) -> None:
+    billing, emails, orders = Queue("billing", r), Queue("emails", r), Queue("orders", r, partitions=3)
+    task_jobs(billing, "billing.charge", 12)
+    task_jobs(billing, "billing.refund", 2)
+    task_jobs(billing, "billing.invoice", 1, delay_ms=3_600_000)  # scheduled jobs are sampled too
+    billing.enqueue(b"not an envelope")  # raw jobs are left out
+    emails.enqueue_many([NewJob(b"{}") for _ in range(5)])  # a queue of raw jobs shows nothing
+    task_jobs(orders, "orders.ship", 6)  # counted over every partition
+    services = Services(r)
+    services.register(["billing"], tasks=["billing.refund"])
+    services.register(["emails"], tasks=["billing.charge"])  # serves another queue: does not count
+    gone = services.register(["billing"], tasks=["billing.invoice"])
+    services.deregister(gone)  # no longer live
+    census_s = 1.5
+    not_before = time.monotonic()  # the census is read after this (by the first sample)...
+    client = open_dashboard(r, census_s=census_s)
+    assert unserved(client) == {"billing": [("billing.charge", 12), ("billing.invoice", 1)], "emails": [],
+                                "orders": [("orders.ship", 6)]}
+    not_after = time.monotonic()  # ...and before this
+    row = next(q for q in client.get("/api/overview").json()["queues"] if q["name"] == "billing")
+    assert 0 < row["census_ms"] <= client.get("/api/overview").json()["now_ms"]
+
+    # A worker that serves them registers: the next poll compares with it (the job
+    # sample is not read again for that; the workers are listed at every sample).
+    services.register(["billing", "orders"], tasks=["billing.charge", "billing.invoice", "orders.ship"])
+    assert unserved(client) == {"billing": [], "emails": [], "orders": []}
+
+    # Jobs of a new task: the sample is read again only after census_s.
+    task_jobs(billing, "billing.export", 3)
+    before = unserved(client)
+    assert time.monotonic() - not_before < census_s, "too slow to see the cached census"
+    assert before["billing"] == []
+    time.sleep(max(0.0, not_after + census_s - time.monotonic()) + 0.05)
+    assert unserved(client)["billing"] == [("billing.export", 3)]
+
+
+def test_the_census_of_waiting_task_names_is_read_at_most_once_per_period(redis_server: RedisServer) -> None:
+    r = redis_server.client()
+    r.flushall()
+    for i in range(3):
+        task_jobs(Queue(f"q{i}", r), "billing.charge", 5)
+    Queue("empty", r).enqueue(b"")
+    Queue("empty", r).ack(Queue("empty", r).lease()[0])  # a queue with nothing waiting
+    sampler = Sampler(r, fresh_s=0, census_s=3600)
+    first = sampler.snapshot()  # discovery, and the census of every queue with jobs waiting
+    assert {q.name: q.unserved for q in first.queues} == {
+        "empty": (), "q0": (("billing.charge", 5),), "q1": (("billing.charge", 5),), "q2": (("billing.charge", 5),)}
+    r.config_resetstat()
+    sampler.snapshot()
+    calls = {name: v["calls"] for name, v in r.info("commandstats").items()}
+    assert calls["cmdstat_evalsha"] == 4 and "cmdstat_lrange" not in calls  # stats only
+    sampler.census_s = 0  # every sample reads again: a get per sampled job, none for "empty"
+    r.config_resetstat()
+    sampler.snapshot()
+    calls = {name: v["calls"] for name, v in r.info("commandstats").items()}
+    assert calls["cmdstat_evalsha"] == 4 + 3 * 5 and calls["cmdstat_lrange"] == 3
+
+
+def test_a_sample_reads_censuses_for_at_most_its_budget_never_read_queues_first() -> None:
+    r = fake()
+    for name in ("a", "b", "c"):
+        task_jobs(Queue(name, r), f"{name}.run", 2)
+    sampler = Sampler(r, fresh_s=0, census_s=0, census_budget_s=0)  # one queue per sample
+    read: list[str] = []
+    for _ in range(4):
+        before = dict(sampler.censuses)
+        sampler.snapshot()
+        read += [name for name, census in sampler.censuses.items() if before.get(name) is not census]
+    assert read == ["a", "b", "c", "a"]  # then the oldest again
+    assert [q.unserved for q in sampler.snapshot().queues] == [(("a.run", 2),), (("b.run", 2),), (("c.run", 2),)]
+
+
 def test_dead_letters_show_their_error_text_and_hide_payloads_by_default(r: Any, open_dashboard: Any) -> None:
     busy(r)
     page = open_dashboard(r).get("/api/queues/emails/dead").json()
@@ -464,7 +559,7 @@ def test_a_sample_costs_one_stats_call_per_queue(redis_server: RedisServer) -> N
     for i in range(50):
         Queue(f"q{i}", r).enqueue(b"")
     sampler = Sampler(r, fresh_s=0)
-    sampler.snapshot()  # discovery (a SCAN), once per rediscover_s
+    sampler.snapshot()  # discovery (a SCAN), once per rediscover_s; the task census, once per census_s
     r.config_resetstat()
     assert len(sampler.snapshot().queues) == 50
     calls = {name: v["calls"] for name, v in r.info("commandstats").items()}

@@ -167,10 +167,13 @@ def test_the_page_loads_without_console_errors_and_its_numbers_match_stats(
     reports.enqueue_many([NewJob(b"{}") for _ in range(300)])
     reports.enqueue(b"{}", delay_ms=3_600_000)
     orders.enqueue_many([NewJob(b"{}") for _ in range(450)])
+    task_jobs(reports, "reports.export_pdf", 8, delay_ms=3_600_000)  # a task no worker serves yet
     services = Services(r)
-    services.register(["emails", "webhooks"], host="app-1.internal", pid=2311)
-    services.register(["reports", "orders"], host="app-2.internal", pid=1874)
-    stopping = services.register(["emails"], host="app-3.internal", pid=4410)
+    services.register(["emails", "webhooks"], host="app-1.internal", pid=2311,
+                      tasks=["emails.send_welcome", "emails.reset_password", "webhooks.deliver"])
+    services.register(["reports", "orders"], host="app-2.internal", pid=1874,
+                      tasks=["reports.build", "orders.ship", "orders.refund", "orders.invoice"])
+    stopping = services.register(["emails"], host="app-3.internal", pid=4410, tasks=["emails.send_welcome"])
     services.stop(stopping.id)
     webhooks.pause()  # its endpoint is down: a paused row on the screenshot
 
@@ -190,6 +193,9 @@ def test_the_page_loads_without_console_errors_and_its_numbers_match_stats(
     expect(page.locator('#queues tr[data-queue="webhooks"]')).to_have_class(re.compile(r"\bpaused\b"))
     assert page.locator("#queues tr.paused").count() == 1
     assert page.locator("#workers tbody tr").count() == 3
+    badges = page.locator('#queues [data-field="unserved_tasks"]')
+    expect(badges).to_have_count(1)
+    expect(badges).to_have_text("no worker for: reports.export_pdf (8)")
     assert page.locator("#dead-table tbody tr").count() == 2  # emails: the first queue with dead letters
     assert "no such user" in page.locator("#dead-table").inner_text()
     assert "@example.com\"}" not in page.content()  # payloads hidden without --show-payloads
@@ -199,6 +205,47 @@ def test_the_page_loads_without_console_errors_and_its_numbers_match_stats(
     SCREENSHOT.parent.mkdir(exist_ok=True)
     page.screenshot(path=str(SCREENSHOT), full_page=True)
     emails.release(held)
+
+
+def task_jobs(q: Queue, task: str, count: int, **enqueue: Any) -> None:
+    """``count`` jobs of the task ``task`` in ``q`` (task envelopes, as Tasks sends them)."""
+    from pyqueue.tasks import envelope
+
+    for i in range(count):
+        q.enqueue(envelope.encode(task, [i], {}, {"enqueued_ms": 0}), **enqueue)
+
+
+def test_a_queue_with_jobs_of_a_task_no_live_worker_serves_shows_a_warning_badge(
+    browser: Any, r: Any, serve: Callable[..., Any]
+) -> None:
+    billing, emails = Queue("billing", r), Queue("emails", r)
+    task_jobs(billing, "billing.charge", 12)
+    task_jobs(billing, "billing.refund", 3)
+    emails.enqueue_many([NewJob(b"{}") for _ in range(4)])  # raw jobs: no badge
+    services = Services(r)
+    refunds = services.register(["billing"], host="app-1.internal", tasks=["billing.refund"])
+    many = services.register(["emails"], host="app-2.internal", tasks=[f"emails.t{i}" for i in range(5)])
+    page, console = open_page(browser, serve(poll_s=0.5).url)
+
+    badge = page.locator('#queues tr[data-queue="billing"] [data-field="unserved_tasks"]')
+    expect(badge).to_have_text("no worker for: billing.charge (12)")
+    expect(badge).to_have_attribute("title", re.compile(r"no live worker of the queue advertises them.*\n"
+                                                        r"billing\.charge \(12\)\n", re.S))
+    expect(badge).to_be_visible()
+    expect(page.locator('#queues tr[data-queue="billing"]')).to_have_class(re.compile(r"\bunserved\b"))
+    expect(page.locator('#queues tr[data-queue="emails"] [data-field="unserved_tasks"]')).to_have_count(0)
+    # The workers table: a short list as it is, a long one as a count with the names in its title.
+    expect(page.locator(f'#workers tr[data-worker="workers.{refunds.id}"] td[data-field="tasks"]')) \
+        .to_have_text("billing.refund")
+    long_list = page.locator(f'#workers tr[data-worker="workers.{many.id}"] td[data-field="tasks"] span')
+    expect(long_list).to_have_text("5 tasks")
+    expect(long_list).to_have_attribute("title", "\n".join(f"emails.t{i}" for i in range(5)))
+
+    # A worker that serves it registers: the badge goes at the next poll.
+    services.register(["billing"], host="app-3.internal", tasks=["billing.charge", "billing.refund"])
+    expect(badge).to_have_count(0)
+    expect(page.locator("#workers tbody tr")).to_have_count(3)
+    assert console.errors == []
 
 
 def test_replaying_a_dead_job_from_the_page_moves_it_to_ready(browser: Any, r: Any, serve: Callable[..., Any]) -> None:

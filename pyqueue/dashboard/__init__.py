@@ -1,5 +1,6 @@
 """The web dashboard (``pyqueue dashboard``): queues with their counts and charts of
-throughput, lag and backlog over the last minutes, the registered workers, dead
+throughput, lag and backlog over the last minutes, the registered workers and the task
+names they serve, the task names with jobs waiting that no live worker serves, dead
 letters to read, replay and purge, queues to pause and resume, and jobs to look up by
 id. A client like any other (DESIGN §12): it calls the same driver verbs as the CLI,
 serves its own assets from this package (no CDN), binds loopback by default and asks

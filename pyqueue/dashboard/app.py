@@ -4,7 +4,7 @@ Routes (all relative, so the app also works behind a proxy under a path prefix):
 
 =====================================================  ==========================================
 ``GET /``                                              the page, with the first data inlined
-``GET /api/overview?since=<ms>``                       queues (stats), workers, history after ``since``
+``GET /api/overview?since=<ms>``                       queues (stats, unserved tasks), workers, history
 ``GET /api/queues/<queue>/dead?offset=&limit=``        one page of dead letters (``Queue.dead_list``)
 ``GET /api/queues/<queue>/job?id=<id>``                one job by id (``Queue.get``)
 ``POST /api/queues/<queue>/actions/<action>``          one entry of :data:`ACTIONS` (JSON body)
@@ -42,7 +42,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pyqueue.clients import Client
-from pyqueue.dashboard.history import SERIES, Point, Sampler, Snapshot
+from pyqueue.dashboard.history import CENSUS_S, SERIES, Point, Sampler, Snapshot
 from pyqueue.dashboard.security import (
     CSRF_COOKIE,
     CSRF_HEADER,
@@ -94,6 +94,8 @@ class DashboardConfig:
         every_s, history_s: history sampling period and length (see :class:`Sampler`).
         poll_s: how often the page asks for new data.
         fresh_s: a poll reuses a snapshot younger than this (tests: 0, read anew).
+        census_s: how often each queue's waiting task names are read again, to show
+            those no live worker serves (see :class:`Sampler`; tests: short).
         label: what the page says it is connected to (a URL without credentials).
     """
 
@@ -108,6 +110,7 @@ class DashboardConfig:
     history_s: float = 600.0
     poll_s: float = 2.0
     fresh_s: float = 1.0
+    census_s: float = CENSUS_S
     label: str = ""
 
 
@@ -182,19 +185,24 @@ ACTIONS: dict[str, Action] = {
 
 
 def overview(snapshot: Snapshot, points: list[Point]) -> dict[str, Any]:
-    """The page's data: every queue's stats (summed over partitions) and throughput,
-    the workers, and the history points given, column by column."""
+    """The page's data: every queue's stats (summed over partitions), throughput and
+    the task names with jobs waiting that no live worker serves (``unserved_tasks``:
+    ``{"task", "jobs"}`` with the sampled job count; ``census_ms``: when the sample was
+    read, 0 if not yet), the workers with the task names they advertise, and the
+    history points given, column by column."""
     queues = []
     for row in snapshot.queues:
         stats = dataclasses.asdict(row.stats)
         del stats["now_ms"]
         queues.append({"name": row.name, "partitions": row.partitions, **stats,
-                       "acked_per_s": round(row.acked_per_s, 3)})
+                       "acked_per_s": round(row.acked_per_s, 3),
+                       "unserved_tasks": [{"task": task, "jobs": jobs} for task, jobs in row.unserved],
+                       "census_ms": row.census_ms})
     workers = [
         {
             "namespace": w.namespace, "id": w.info.id,
             "state": ("stopping" if w.info.stopping else "alive") if w.info.alive else "dead",
-            "host": w.info.host, "pid": w.info.pid, "queues": w.info.queues,
+            "host": w.info.host, "pid": w.info.pid, "queues": w.info.queues, "tasks": list(w.info.tasks),
             "started_ms": w.info.started_ms, "renewed_ms": w.info.renewed_ms, "expires_ms": w.info.expires_ms,
         }
         for w in snapshot.workers
@@ -343,7 +351,7 @@ def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> St
     (``sampler``: one made already, e.g. with a shorter period for a test)."""
     sampler = sampler or Sampler(config.redis, prefix=config.prefix, queues=config.queues,
                                  namespaces=config.namespaces, every_s=config.every_s, history_s=config.history_s,
-                                 fresh_s=config.fresh_s)
+                                 fresh_s=config.fresh_s, census_s=config.census_s)
     csrf = Csrf()
     templates = jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True, undefined=jinja2.StrictUndefined

@@ -8,7 +8,15 @@ O(queues) script calls whatever the number of jobs; the sampler takes one every
 ``every_s`` seconds for the history, and a page's poll reuses the latest sample while it
 is younger than ``fresh_s``, so N tabs polling cost no more than one.
 
-This module imports no web framework, so it can be tested and reused on its own.
+The task census (which task names have jobs waiting that no live worker advertises,
+:mod:`pyqueue.tasks.census`) decodes up to 200 jobs per queue, so it is not read at every
+sample: each queue's waiting task names are read at most every ``census_s`` seconds and
+kept with the time they were read; the comparison with the live workers' advertised
+names is made anew at every sample (the workers are listed anyway), so a worker that
+registers clears its tasks at the next poll. Queues of raw jobs show nothing.
+
+This module imports no web framework, so it can be tested and reused on its own; it
+imports the task layer (:mod:`pyqueue.tasks.census`) when it samples, not when imported.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import redis as redis_lib
@@ -37,6 +45,26 @@ log = logging.getLogger("pyqueue.dashboard")
 SERIES = ("ready", "leased", "dead", "lag_ms", "acked")
 #: Throughput is measured over this window (or since the first sample, if younger).
 RATE_WINDOW_MS = 60_000
+#: A queue's waiting task names are read again after this many seconds (the census
+#: decodes up to 200 jobs per queue).
+CENSUS_S = 10.0
+#: The time after which one sample reads no more censuses (the one under way is
+#: finished, and at least one is read); queues left over are read at the next samples,
+#: those never read first, then the oldest. A poll that samples waits about this long,
+#: plus one queue's census, once per ``census_s`` at most.
+CENSUS_BUDGET_S = 0.5
+
+
+@dataclass(frozen=True)
+class Census:
+    """A queue's waiting task names as sampled (:func:`pyqueue.tasks.census.waiting_tasks`):
+    name -> how many of the sampled jobs name it, and when the sample was read."""
+
+    waiting: dict[str, int]
+    #: Server time of the sample the census was read with; 0 if never read.
+    taken_ms: int
+    #: ``time.monotonic()`` when it was read (for the period, not shown).
+    taken_at: float
 
 
 @dataclass(frozen=True)
@@ -48,6 +76,11 @@ class QueueRow:
     partitions: int
     stats: Stats
     acked_per_s: float
+    #: Task names with jobs waiting (a sample) that no live worker of the queue
+    #: advertises, with their sampled job counts: most jobs first, then by name.
+    unserved: tuple[tuple[str, int], ...] = ()
+    #: Server time when the waiting task names were read (0: not read yet).
+    census_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -95,6 +128,9 @@ class Sampler:
             ``history_s / every_s`` points, then drops the oldest).
         fresh_s: a poll reuses the latest snapshot while it is younger than this.
         rediscover_s: seconds between discoveries of new queues.
+        census_s: seconds between two reads of a queue's waiting task names (see
+            :data:`CENSUS_S`; tests: 0, read at every sample).
+        census_budget_s: the most time a sample spends reading censuses.
     """
 
     def __init__(
@@ -108,9 +144,13 @@ class Sampler:
         history_s: float = 600.0,
         fresh_s: float = 1.0,
         rediscover_s: float = 30.0,
+        census_s: float = CENSUS_S,
+        census_budget_s: float = CENSUS_BUDGET_S,
     ) -> None:
         if every_s <= 0 or history_s < every_s:
             raise PyQueueError(f"need 0 < every_s <= history_s, got every_s={every_s}, history_s={history_s}")
+        if census_s < 0 or census_budget_s < 0:
+            raise PyQueueError(f"need census_s >= 0 and census_budget_s >= 0, got {census_s}, {census_budget_s}")
         self.redis = bytes_client(redis)
         self.prefix = prefix
         self.names = list(queues) if queues else None
@@ -118,6 +158,10 @@ class Sampler:
         self.every_s = every_s
         self.fresh_s = fresh_s
         self.rediscover_s = rediscover_s
+        self.census_s = census_s
+        self.census_budget_s = census_budget_s
+        #: Queue name -> its latest census (queues no longer found are dropped).
+        self.censuses: dict[str, Census] = {}
         self.points: deque[Point] = deque(maxlen=int(history_s / every_s) + 1)
         self._queues: dict[str, Queue] = {}
         self._discovered_at = -1e18
@@ -182,14 +226,59 @@ class Sampler:
                 previous.workers if previous else [], f"{type(exc).__name__}: {exc}", taken_at=started,
             )
             return self._latest
+        self._census(stats, now_ms)
+        served = _served([w.info for w in workers])
         window = [p for p in self.points if now_ms - p.t_ms <= RATE_WINDOW_MS]
-        rows = [QueueRow(q.name, q.partitions, s, _rate(window, q.name, s.acked, now_ms)) for q, s in stats]
+        rows = []
+        for q, s in stats:
+            census = self.censuses.get(q.name)
+            rows.append(QueueRow(
+                q.name, q.partitions, s, _rate(window, q.name, s.acked, now_ms),
+                unserved=_unserved(census.waiting if census else {}, served.get(q.name, set())),
+                census_ms=census.taken_ms if census else 0,
+            ))
         rows.sort(key=lambda row: row.name)
         self._latest = Snapshot(now_ms, rows, workers, "", taken_at=started)
         if started - self._last_point_at >= self.every_s * 0.95:
             self.points.append(Point(now_ms, {r.name: tuple(getattr(r.stats, f) for f in SERIES) for r in rows}))
             self._last_point_at = started
         return self._latest
+
+    def _census(self, stats: list[tuple[Queue, Stats]], now_ms: int) -> None:
+        """Read the waiting task names of the queues whose census is older than
+        ``census_s`` (never read first, then the oldest), for at most
+        ``census_budget_s`` (at least one queue is read). A queue with nothing ready or
+        scheduled needs no read: nothing waits (the lock is held)."""
+        found = {q.name for q, _ in stats}
+        for gone in [name for name in self.censuses if name not in found]:
+            del self.censuses[gone]
+        now = time.monotonic()
+        stale: list[tuple[float, Queue]] = []
+        for q, s in stats:
+            census = self.censuses.get(q.name)
+            if s.ready + s.scheduled == 0:
+                # Known empty; read as soon as jobs wait again, not a period later.
+                self.censuses[q.name] = Census({}, now_ms, -1e18)
+            elif census is None or now - census.taken_at >= self.census_s:
+                stale.append((census.taken_at if census else -1e18, q))
+        if not stale:
+            return
+        from pyqueue.tasks.census import waiting_tasks  # the task layer, above the engine
+
+        stale.sort(key=lambda entry: entry[0])
+        deadline = now + self.census_budget_s
+        for _, q in stale:
+            try:
+                census = Census(dict(waiting_tasks(q)), now_ms, time.monotonic())
+            except (PyQueueError, redis_lib.RedisError) as exc:
+                # Keep what was read before; try again a period later, not at every poll.
+                log.warning("dashboard: reading the task names waiting in %s failed: %s", q.name, exc)
+                previous = self.censuses.get(q.name)
+                census = Census(previous.waiting if previous else {}, previous.taken_ms if previous else 0,
+                                time.monotonic())
+            self.censuses[q.name] = census
+            if time.monotonic() >= deadline:
+                break  # the rest at the next samples
 
     def history(self, since_ms: int = -1) -> list[Point]:
         """The history points taken after ``since_ms`` (server time), oldest first."""
@@ -233,6 +322,19 @@ def _rate(window: list[Point], name: str, acked: int, now_ms: int) -> float:
             # A counter that went down belongs to a queue deleted and made again.
             return max(0, acked - point.values[name][index]) * 1000 / elapsed
     return 0.0
+
+
+def _served(services: Iterable[ServiceInfo]) -> dict[str, set[str]]:
+    """Queue name -> the task names its live workers advertise."""
+    from pyqueue.tasks.census import served_tasks  # the task layer, above the engine
+
+    return served_tasks(services)
+
+
+def _unserved(waiting: dict[str, int], served: set[str]) -> tuple[tuple[str, int], ...]:
+    """The waiting task names not in ``served``, most sampled jobs first, then by name."""
+    return tuple(sorted(((name, n) for name, n in waiting.items() if name not in served),
+                        key=lambda entry: (-entry[1], entry[0])))
 
 
 def _server_ms(client: Client) -> int:

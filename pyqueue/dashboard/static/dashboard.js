@@ -234,8 +234,11 @@
       nameButton.addEventListener("click", () => { state.focus = state.focus === q.name ? null : q.name; renderQueues(); drawCharts(); });
       const nameCell = el("td", { class: "text" }, nameButton);
       if (q.partitions > 1) nameCell.append(el("small", { text: ` ${q.partitions} partitions` }));
+      const unserved = unservedBadge(q);
+      if (unserved) nameCell.append(unserved);
       const tr = el("tr", { "data-queue": q.name }, nameCell, stateCell(q));
       if (state.focus === q.name) tr.classList.add("focus");
+      if (unserved) tr.classList.add("unserved");
       if (q.paused_ms > 0) tr.classList.add("paused");
       for (const field of QUEUE_FIELDS) {
         let text;
@@ -257,6 +260,26 @@
       return tr;
     });
     body.replaceChildren(...rows);
+  }
+
+  // The task names with jobs waiting in the queue that no live worker of it advertises
+  // (a sample: pyqueue/tasks/census.py, read at most every ~10 s): "no worker for:
+  // billing.charge (12)", the first few names, every one in the title. Null if none.
+  const UNSERVED_SHOWN = 3;
+  function unservedBadge(q) {
+    const tasks = q.unserved_tasks || [];
+    if (!tasks.length) return null;
+    const named = (t) => `${t.task} (${fmtInt(t.jobs)})`;
+    const more = tasks.length > UNSERVED_SHOWN ? ` +${tasks.length - UNSERVED_SHOWN} more` : "";
+    const read = ago(q.census_ms);
+    return el("span", { class: "badge warn", "data-field": "unserved_tasks",
+      "data-value": tasks.map((t) => t.task).join(","),
+      text: "no worker for: " + tasks.slice(0, UNSERVED_SHOWN).map(named).join(", ") + more,
+      title: `Jobs of these tasks wait in ${q.name} and no live worker of the queue advertises them ` +
+        `(a worker not deployed yet, a typo, a task removed): a worker that does not know a task ` +
+        `dead-letters its jobs.\n` +
+        tasks.map(named).join("\n") +
+        `\n(job counts of a sample: the first 100 ready and 100 scheduled jobs, read ${read.text})` });
   }
 
   // "paused" or "running", and the button that changes it (the pause / resume actions).
@@ -296,9 +319,26 @@
         el("td", { text: w.host || "–" }),
         el("td", { text: w.pid ? String(w.pid) : "–" }),
         el("td", { text: w.queues.join(", ") }),
+        tasksCell(w.tasks || []),
         el("td", { text: started.text, title: started.title }),
         el("td", { text: beat.text, title: beat.title }));
     }));
+  }
+
+  // The task names a worker advertises: a short list as it is, a long one as a count
+  // with every name in the title.
+  const TASKS_LISTED = 3;
+  function tasksCell(tasks) {
+    const td = el("td", { class: "tasks", "data-field": "tasks", "data-value": String(tasks.length) });
+    if (!tasks.length) {
+      td.append(el("span", { class: "muted", text: "–", title: "advertises no task names (raw jobs, or an older worker)" }));
+    } else if (tasks.length <= TASKS_LISTED) {
+      td.textContent = tasks.join(", ");
+      td.title = tasks.join("\n");
+    } else {
+      td.append(el("span", { class: "count", text: `${fmtInt(tasks.length)} tasks`, title: tasks.join("\n") }));
+    }
+    return td;
   }
 
   // -- dead letters ------------------------------------------------------------------
