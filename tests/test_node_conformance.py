@@ -21,6 +21,18 @@ queues as the Python driver on a real redis-server.
 The produce test also starts its Python worker while delayed jobs are pending: it must
 wait for their due times without polling and run each when due.
 
+Tasks (lua/README.md §9, the task envelope; tests/node/tasks.js is written from it):
+
+* task-produce: Node sends task envelopes (tagged datetime, Decimal, bytes, set and the
+  other types, a unique id, per-send opts, extra meta) to the ``conf.*`` tasks a Python
+  worker runs, and reads each result back: equal to what Python computes from the
+  envelope it received.
+* task-work: Python sends (``fn.send``); a Node worker leases, decodes, runs its JS
+  ``conf.*`` tasks and acks with ``ack_result`` ('j' + JSON), or nacks (an unknown task
+  name final, an unknown envelope version with backoff); Python's ``handle.result()``
+  reads the values, and ``TaskDead`` with Node's errors.
+* the README's worked payload decodes and encodes again to the same bytes in both.
+
 Needs node and ``npm ci`` in tests/node (tests/run.sh does it); skipped without them,
 except under CI=true.
 """
@@ -28,6 +40,7 @@ except under CI=true.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import random
@@ -39,9 +52,14 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
+from datetime import date, datetime, timedelta, timezone
+from datetime import time as daytime
+from decimal import Decimal
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -49,8 +67,11 @@ import redis
 from conftest import IN_CI, RedisServer
 
 from pyqueue import Job, NewJob, Outcome, Queue
+from pyqueue.core import decode_result, encode_result
 from pyqueue.queue import DEFAULT_LEASE_MS
 from pyqueue.service import Services
+from pyqueue.tasks import Backoff, EnvelopeError, Task, TaskDead, Tasks, current_job, envelope
+from pyqueue.tasks.codec import canonical, from_json, to_json
 from pyqueue.worker import Worker
 
 TESTS = Path(__file__).resolve().parent
@@ -670,3 +691,302 @@ def test_job_control_from_node_cancel_limit_and_a_result_python_reads(server: Re
     s = q.stats()
     assert (s.cancelled, s.rate_limit, s.acked, s.ready, s.dead, s.nacked) == (2, 0, 1, 0, 1, 1)
     assert node["unlimit"]["changed"] is True and node["stats"]["cancelled"] == 2
+
+
+# ---- Tasks (lua/README.md §9) -------------------------------------------------------------
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def server_ms(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def conf_tasks(client: redis.Redis, queue: str) -> SimpleNamespace:
+    """The ``conf.*`` tasks on ``queue``, as tests/node/conformance.js implements them too
+    (same names, same keep_result)."""
+    tasks = Tasks(client=client, default_queue=queue)
+    flaky_runs: list[float] = []
+    logged: list[str] = []
+
+    @tasks.task(name="conf.add", keep_result=60)
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    @tasks.task(name="conf.add_once", keep_result=60, unique=True)
+    def add_once(a: int, b: int = 10) -> int:
+        return a + b
+
+    @tasks.task(name="conf.invoice", keep_result=60)
+    def invoice(when: datetime, amount: Decimal, *, days: int = 30, tags: frozenset[str] = frozenset(),
+                pdf: bytes = b"") -> dict[str, Any]:
+        return {"due": when + timedelta(days=days), "total": amount * 2, "tags": set(tags) | {"invoiced"},
+                "pdf": pdf[::-1]}
+
+    @tasks.task(name="conf.greet", keep_result=60)
+    def greet(name: str) -> str:
+        return f"hello {name}"
+
+    @tasks.task(name="conf.echo", keep_result=60)
+    def echo(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {"args": list(args), "kwargs": kwargs, "types": [type(a).__name__ for a in args],
+                "kwtypes": {k: type(v).__name__ for k, v in kwargs.items()}}
+
+    @tasks.task(name="conf.context")
+    def context() -> dict[str, Any]:
+        run = current_job()
+        return {"enqueued_ms": run.enqueued_ms, "traceparent": run.meta.get("traceparent"), "attempt": run.attempt,
+                "max_attempts": run.max_attempts, "meta_keys": sorted(run.meta)}
+
+    @tasks.task(name="conf.flaky", keep_result=60)
+    def flaky() -> int:
+        flaky_runs.append(time.monotonic())
+        if current_job().attempt == 1:
+            raise RuntimeError("the first attempt fails")
+        return current_job().attempt
+
+    @tasks.task(name="conf.log")
+    def log_message(message: str) -> None:
+        logged.append(message)
+
+    @tasks.task(name="conf.fresh", keep_result=60)
+    def fresh() -> str:
+        return "ran"
+
+    @tasks.task(name="conf.explode", max_attempts=1)
+    def explode() -> None:
+        raise ValueError("boom")
+
+    @tasks.task(name="conf.python_only", keep_result=60)
+    def python_only(x: int) -> int:
+        return x
+
+    return SimpleNamespace(
+        tasks=tasks, add=add, add_once=add_once, invoice=invoice, greet=greet, echo=echo, context=context,
+        flaky=flaky, log=log_message, fresh=fresh, explode=explode, python_only=python_only, flaky_runs=flaky_runs,
+        logged=logged,
+    )
+
+
+def stored_result(client: redis.Redis, queue: str, job_id: str) -> bytes:
+    """The raw value ack_result stored: ``results[id] = "<finished_ms>|<value>"`` (§2)."""
+    raw: Any = client.hget(f"pq:{{{queue}}}:results", job_id)
+    assert raw is not None, job_id
+    return bytes(raw).split(b"|", 1)[1]
+
+
+def test_node_sends_tasks_a_python_worker_runs_and_node_reads_their_results(
+    server: RedisServer, client: redis.Redis
+) -> None:
+    check = Checks()
+    queue = "tasks-from-node"
+    conf = conf_tasks(client, queue)
+    before_ms = server_ms(client)
+    worker = conf.tasks.worker(block_ms=200)
+    exit_code: list[int] = []
+    thread = threading.Thread(
+        target=lambda: exit_code.append(conf.tasks.run_worker(worker, install_signal_handlers=False)), daemon=True
+    )
+    thread.start()
+    try:
+        wait_until("the Python task worker to register", lambda: worker.service is not None, 10)
+        # Node sends every call, then waits for each result while the worker runs them.
+        node = run_node("task-produce", server, {"queue": queue, "timeout_ms": 20_000})
+    finally:
+        worker.stop("test finished")
+        thread.join(15)
+    after_ms = server_ms(client)
+    check.equal((thread.is_alive(), exit_code), (False, [0]), "the Python worker stopped cleanly")
+    sent = {s["name"]: s for s in node["sent"]}
+    results = node["results"]
+    check.true(all(s["added"] for s in sent.values()), f"every send added its job: {node['sent']}")
+
+    # Python reads each envelope Node wrote, and computes what the task returns for it.
+    envelopes = {name: envelope.decode(bytes.fromhex(s["payload_hex"])) for name, s in sent.items()}
+    for name, env in envelopes.items():
+        check.equal(env.task, sent[name]["task"], f"{name}: the task name")
+        check.true(env.enqueued_ms is not None and before_ms - 20 <= env.enqueued_ms <= after_ms,
+                   f"{name}: enqueued_ms {env.enqueued_ms} on the server clock, within [{before_ms}, {after_ms}]")
+        info = client.hget(f"pq:{{{queue}}}:jobs", sent[name]["id"])
+        check.equal(info, None, f"{name}: the job has ended")
+    for name in ("add", "add_once", "invoice", "greet", "echo"):
+        env = envelopes[name]
+        task: Task[Any, Any] = getattr(conf, name)
+        expected = to_json(task.fn(*env.args, **env.kwargs))
+        check.equal(results[name]["state"], "ok", f"{name}: its result is there")
+        check.equal(results[name]["value"], expected, f"{name}: node read back what python computed")
+        check.equal(results[name]["kind"], "s" if name == "greet" else "j", f"{name}: the result's kind byte")
+
+    # The types arrived as types, in Python and back in Node.
+    inv = envelopes["invoice"]
+    check.equal(inv.args, [datetime(2024, 2, 29, 23, 30, 0, 123000, tzinfo=timezone.utc), Decimal("19.99")],
+                "invoice: a Date arrives as an aware datetime, a decimal as a Decimal")
+    check.equal(inv.kwargs, {"tags": {"vip", "eu"}, "pdf": b"%PDF\x00\xff"}, "invoice: a Set and a Buffer")
+    check.equal(results["invoice"]["types"], {"due": "Tagged:datetime", "total": "Tagged:decimal", "tags": "Set",
+                                              "pdf": "Buffer"}, "invoice: node's decoded result types")
+    check.equal(results["invoice"]["due_as_date"], "2024-03-30T23:30:00.123Z", "invoice: due as a JS Date")
+    echo = envelopes["echo"]
+    check.equal(echo.args, [uuid.UUID("1b4e28ba-2fa1-11d2-883f-0016d3cca427"), date(2024, 2, 29),
+                            daytime(23, 59, 59, 1), timedelta(seconds=-1.5), Decimal("-0.50"),
+                            {(1, 2), (1, "a"), "x"}, b"", 2**53 - 1, None, True, {"nested": [{"deep": "caf\u00e9"}]}],
+                "echo: every tagged type arrives as its Python type (set items hashable)")
+    check.equal(echo.kwargs, {"when": datetime(2024, 2, 29, 12, 0), "none": None}, "echo: a naive datetime")
+
+    # unique: Node's id is Python's for the same call, so Python's send is a duplicate.
+    check.equal(sent["add_once"]["id"], conf.add_once.s(2).job_id(), "node computed python's unique id")
+    again = conf.add_once.send(2)
+    check.equal((again.id, again.added), (sent["add_once"]["id"], False), "python's send of the same call")
+    check.equal(again.result(timeout=5), 12, "python reads the result of node's send")
+
+    # Per-send opts and extra meta: a result kept though the task keeps none, the trace
+    # context handed to the task, max_attempts from the enqueue.
+    context = results["context"]
+    check.equal(context["state"], "ok", "context: kept by opts.keep_result_ms")
+    check.equal(context["value"], {"enqueued_ms": envelopes["context"].enqueued_ms, "traceparent": TRACEPARENT,
+                                   "attempt": 1, "max_attempts": 7,
+                                   "meta_keys": ["enqueued_ms", "opts", "tenant", "traceparent"]},
+                "context: what the task saw")
+    check.equal(envelopes["context"].opts, {"keep_result_ms": 60_000}, "context: the opts python read")
+    # The send's fixed backoff (1.5 s) set the retry's delay: Python's default (the
+    # script's, 0.5..1 s for attempt 1) would have retried sooner.
+    check.equal(results["flaky"], {"state": "ok", "kind": "j", "value": 2, "type": "number"}, "flaky: attempt 2")
+    check.equal(len(conf.flaky_runs), 2, "flaky ran twice")
+    gap = conf.flaky_runs[1] - conf.flaky_runs[0]
+    check.true(gap >= 1.4, f"flaky's retry waited the send's fixed backoff: {gap:.3f} s")
+    st = conf.tasks.queue(queue).stats()
+    check.equal((st.acked, st.nacked, st.dead, st.ready, st.leased, st.scheduled), (7, 1, 0, 0, 0, 0), "queue stats")
+    print(f"task-produce: {check.count} checks; node sent {len(sent)} tasks (clock offset {node['offset_ms']} ms), "
+          f"the python worker ran them, node read every result back as python computed it; "
+          f"flaky retried after {gap:.2f} s")
+
+
+def test_a_node_worker_runs_tasks_python_sent_and_python_reads_results_and_deaths(
+    server: RedisServer, client: redis.Redis
+) -> None:
+    check = Checks()
+    queue = "tasks-to-node"
+    conf = conf_tasks(client, queue)
+    q = conf.tasks.queue(queue)
+    when = datetime(2024, 2, 29, 23, 30, 0, 123456, tzinfo=timezone(timedelta(hours=5, minutes=30)))
+    sent_at = server_ms(client)
+    handles = {
+        "add": conf.add.send(2, 3),
+        "invoice": conf.invoice.options(time_limit=5).send(
+            when, Decimal("19.99"), days=1, tags={"vip", "eu"}, pdf=b"%PDF\x00\xff"
+        ),
+        "greet": conf.greet.send("Zo\u00eb \u2713"),
+        "log": conf.log.send("logged by python"),
+        "context": conf.context.options(keep_result=60, max_attempts=4).send(),
+        "unknown": conf.python_only.send(1),
+        "old": conf.fresh.options(max_age=0.001).send(),
+        "explode": conf.explode.send(),
+    }
+    v2 = b'{"v":2,"task":"conf.add","args":[1,2]}'
+    q.enqueue(v2, job_id="v2", max_attempts=1)
+    node = run_node("task-work", server, {"queue": queue})
+    by_id = {h["id"]: h for h in node["handled"]}
+    check.equal(len(by_id), len(handles) + 1, f"node handled every job once: {node['handled']}")
+    hows = {name: by_id[h.id]["how"] for name, h in handles.items()}
+    check.equal(hows, {"add": "ack_result", "invoice": "ack_result", "greet": "ack_result", "log": "ack",
+                       "context": "ack_result", "unknown": "nack final", "old": "nack final", "explode": "nack"},
+                "how node ended each job")
+    check.equal((by_id["v2"]["how"], by_id["v2"]["state"]), ("nack", "dead"), "v2: nacked, dead at max_attempts 1")
+    check.true(all(h["status"] == "ok" for h in node["handled"]), "every ending answered ok")
+
+    # Python reads the values Node stored, as what its own task would have returned.
+    check.equal(handles["add"].result(timeout=5), 5, "add")
+    invoice = handles["invoice"].result(timeout=5)
+    expected = conf.invoice.fn(when, Decimal("19.99"), days=1, tags={"vip", "eu"}, pdf=b"%PDF\x00\xff")
+    check.equal(invoice, expected, "invoice: node's result equals python's")
+    check.equal(invoice["due"].isoformat(), "2024-03-01T23:30:00.123456+05:30", "invoice: wall time and offset kept")
+    check.equal(str(invoice["total"]), "39.98", "invoice: the Decimal's exponent kept")
+    check.equal(by_id[handles["invoice"].id]["ignored"], ["time_limit_ms"], "node ignored the time limit it cannot apply")
+    check.true(any("opts.time_limit_ms" in line for line in node["log"]), f"and said so: {node['log']}")
+    check.equal(handles["greet"].result(timeout=5), "hello Zo\u00eb \u2713", "greet")
+    check.equal((handles["log"].result(timeout=5), node["logged"]), (None, ["logged by python"]), "log: acked, no value")
+    ctx = handles["context"].result(timeout=5)
+    check.true(sent_at - 20 <= ctx["enqueued_ms"] <= server_ms(client), f"context: enqueued_ms {ctx['enqueued_ms']}")
+    check.equal({k: v for k, v in ctx.items() if k != "enqueued_ms"},
+                {"traceparent": None, "attempt": 1, "max_attempts": 4, "meta_keys": ["enqueued_ms", "opts"]},
+                "context: what the JS task saw")
+    for name in ("add", "invoice", "greet", "context"):
+        check.equal(stored_result(client, queue, handles[name].id)[:1], b"j", f"{name}: stored as 'j' + JSON")
+    check.equal(decode_result(stored_result(client, queue, handles["greet"].id)), "hello Zo\u00eb \u2713",
+                "greet: a JSON string")
+
+    # Deaths, as TaskDead with Node's error texts.
+    for name, error in (("unknown", "unknown task 'conf.python_only'"), ("explode", "Error: boom")):
+        with pytest.raises(TaskDead) as dead:
+            handles[name].result(timeout=5)
+        check.equal(dead.value.error, error, f"{name}: the error")
+    with pytest.raises(TaskDead) as dead:
+        handles["old"].result(timeout=5)
+    check.true(re.fullmatch(r"max_age exceeded: sent \d+\.\d{3}s ago, max_age is 0\.001s; not run", dead.value.error),
+               f"old: {dead.value.error}")
+    info = q.get(handles["unknown"].id)
+    check.equal((info.state, info.attempts, info.max_attempts), ("dead", 1, 5), "unknown: final on attempt 1 of 5")
+    v2_result = q.result("v2")
+    check.equal((v2_result.state, v2_result.error),
+                ("dead", "task envelope version 2 is not known to this worker (it reads 1)"), "v2: node's error")
+    with pytest.raises(EnvelopeError) as refused:
+        envelope.decode(v2)
+    check.equal(str(refused.value), v2_result.error, "python refuses the v2 envelope with the same text")
+    st = q.stats()
+    check.equal((st.acked, st.dead, st.nacked, st.ready, st.leased, st.scheduled), (5, 4, 4, 0, 0, 0), "queue stats")
+    print(f"task-work: {check.count} checks; python sent {len(handles) + 1} jobs, the node worker acked 5 "
+          f"(4 with results python read), nacked 4 to DEAD (unknown task, max_age, an exception, envelope v2)")
+
+
+def test_the_readme_task_envelope_example_decodes_in_python_and_node(server: RedisServer, client: redis.Redis) -> None:
+    section = (LUA / "README.md").read_text().split("\n## 9. Task envelope\n", 1)[1]
+    m = re.search(r"```json\n(.+)\n```", section)
+    assert m, "lua/README.md §9 has no ```json payload"
+    payload = m.group(1).encode()
+    m = re.search(r"^  (j\{.+\})$", section, re.M)
+    assert m, "lua/README.md §9 has no stored result"
+    stored = m.group(1).encode()
+    m = re.search(r"Its job id is `([^`]+)`", section)
+    assert m, "lua/README.md §9 names no job id"
+    job_id = m.group(1)
+    m = re.search(r"^  (\[\"billing\.invoice\",.+\])$", section, re.M)
+    assert m, "lua/README.md §9 shows no canonical text"
+    canonical_text = m.group(1)
+
+    # The example's Python code, sent as the README says, gives that payload and id.
+    tasks = Tasks(client=client)
+
+    @tasks.task(name="billing.invoice", keep_result=3600, max_attempts=3, unique=True)
+    def invoice(customer: int, when: datetime, amount: Decimal, *, days: int = 30,
+                tags: frozenset[str] = frozenset(), pdf: bytes = b"") -> dict[str, Any]:
+        return {"due": when + timedelta(days=days), "total": amount * 2, "tags": set(tags) | {"invoiced"},
+                "pdf": pdf[::-1]}
+
+    when = datetime(2024, 2, 29, 23, 30, 0, 123456, tzinfo=timezone(timedelta(hours=5, minutes=30)))
+    sig = invoice.options(time_limit=5, backoff=Backoff.exponential(0.5, 60), keep_result=86400).s(
+        42, when, Decimal("19.99"), tags={"vip", "eu"}, pdf=b"%PDF-"
+    )
+    job = sig.new_job(1709229600123, 0)
+    meta = json.loads(job.payload)["meta"]
+    assert envelope.encode("billing.invoice", sig.json_args, sig.json_kwargs, {**meta, "traceparent": TRACEPARENT}) \
+        == payload
+    assert (job.job_id, job.max_attempts, job.delay_ms) == (job_id, 3, 0)
+    call = ["billing.invoice", to_json([42, when, Decimal("19.99")]),
+            to_json({"days": 30, "tags": {"vip", "eu"}, "pdf": b"%PDF-"})]  # the call, its default applied
+    assert canonical(call) == canonical_text
+    assert job_id == "billing.invoice:" + hashlib.sha256(canonical_text.encode()).hexdigest()[:32]
+    env = envelope.decode(payload)
+    assert env.meta["traceparent"] == TRACEPARENT
+    assert encode_result(to_json(invoice.fn(*env.args, **env.kwargs))) == stored
+    assert from_json(decode_result(stored)) == invoice.fn(*env.args, **env.kwargs)
+
+    # Node reads and writes the same bytes, and computes the same id.
+    node = run_node("task-decode", server, {"payload_hex": payload.hex(), "result": stored.decode(),
+                                            "defaults": {"days": 30}})
+    assert node["task"] == "billing.invoice"
+    assert node["arg_types"] == ["number", "Tagged:datetime", "Tagged:decimal"]
+    assert node["kwarg_types"] == {"tags": "Set", "pdf": "Buffer"}
+    assert bytes.fromhex(node["reencoded_hex"]) == payload
+    assert node["unique_id"] == job_id
+    assert node["result_types"] == {"due": "Tagged:datetime", "total": "Tagged:decimal", "tags": "Set", "pdf": "Buffer"}
+    assert node["result_reencoded"].encode() == stored

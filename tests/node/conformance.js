@@ -20,11 +20,19 @@
 //            "sleep:<ms>" takes that long.
 //   control  job control on a queue Python filled: cancel, limit, ack with a result,
 //            read the result back, nack the last job final (to DEAD at once)
+//   task-produce  send task envelopes (README §9) of the conf.* tasks a Python worker
+//            runs, then wait for and read back each result
+//   task-work  a task worker: lease the task jobs Python sent, run the JS conf.* tasks,
+//            ack with their results; nack an unknown task name final, an envelope of
+//            another version with backoff
+//   task-decode  decode a payload and a stored result, encode them again, and compute
+//            the payload's unique id (the README §9.7 example)
 
 const readline = require('readline');
 const {
   Queue, Service, ScriptRunner, SCRIPT_KEYS, SERVICE_SCRIPT_KEYS, connect, newCall, seconds, monotonicMs,
 } = require('./pyqueue_client');
+const tasks = require('./tasks');
 
 const hex = (b) => b.toString('hex');
 const text = (b) => b.toString('utf8'); // ids: the tests use UTF-8 ids, as Python requires
@@ -336,6 +344,169 @@ async function control(q, opts) {
   return out;
 }
 
+// ---- Tasks (README §9) ----------------------------------------------------------------
+
+// What a decoded value is, for the report: 'Tagged:<tag>', 'Buffer', 'Set', 'Date',
+// 'array', 'object', or the typeof of a JSON value.
+function jsType(value) {
+  if (value instanceof tasks.Tagged) return `Tagged:${value.tag}`;
+  if (Buffer.isBuffer(value)) return 'Buffer';
+  if (value instanceof Set) return 'Set';
+  if (value instanceof Date) return 'Date';
+  if (Array.isArray(value)) return 'array';
+  return value === null ? 'null' : typeof value;
+}
+
+// The calls Node sends (each {task, args, kwargs, options}): JS values, as a Node
+// program would pass them.
+function producedCalls() {
+  return [
+    { name: 'add', task: 'conf.add', args: [2, 3] },
+    // unique: every argument given, the default b=10 too (README §9.4).
+    { name: 'add_once', task: 'conf.add_once', args: [2, 10], options: { unique: true } },
+    {
+      name: 'invoice', task: 'conf.invoice',
+      args: [new Date(Date.UTC(2024, 1, 29, 23, 30, 0, 123)), new tasks.Tagged('decimal', '19.99')],
+      kwargs: { tags: new Set(['vip', 'eu']), pdf: Buffer.from([0x25, 0x50, 0x44, 0x46, 0x00, 0xff]) },
+    },
+    { name: 'greet', task: 'conf.greet', args: ['Zo\u00eb \u2713'] },
+    {
+      name: 'echo', task: 'conf.echo',
+      args: [
+        new tasks.Tagged('uuid', '1b4e28ba-2fa1-11d2-883f-0016d3cca427'), new tasks.Tagged('date', '2024-02-29'),
+        new tasks.Tagged('time', '23:59:59.000001'), new tasks.Tagged('timedelta', -1.5),
+        new tasks.Tagged('decimal', '-0.50'), new Set([[1, 2], [1, 'a'], 'x']), Buffer.alloc(0),
+        2 ** 53 - 1, null, true, { nested: [{ deep: 'caf\u00e9' }] },
+      ],
+      kwargs: { when: new tasks.Tagged('datetime', '2024-02-29T12:00:00'), none: null },
+    },
+    // Registered without keep_result: this send asks for one (meta.opts), with a trace
+    // context in meta and 7 attempts.
+    {
+      name: 'context', task: 'conf.context',
+      options: { opts: { keep_result_ms: 60000 }, maxAttempts: 7,
+        meta: { traceparent: '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01', tenant: 'acme' } },
+    },
+    // Fails its first attempt; the send's backoff (fixed 1.5 s) sets the retry's delay.
+    { name: 'flaky', task: 'conf.flaky', options: { opts: { backoff: { fixed: [1500, 0] } } } },
+  ];
+}
+
+async function taskProduce(_q, opts, redis) {
+  const client = new tasks.TaskClient(redis);
+  try {
+    const sent = [];
+    for (const call of producedCalls()) {
+      const { opts: taskOpts = null, meta = {}, unique = false, maxAttempts = 5 } = call.options ?? {};
+      const s = await client.send(call.task, call.args ?? [], call.kwargs ?? {},
+        { queue: opts.queue, opts: taskOpts, meta, unique, maxAttempts });
+      sent.push({ name: call.name, task: call.task, id: s.id, added: s.added, payload_hex: hex(s.payload),
+        max_attempts: maxAttempts });
+    }
+    const offsetMs = client.offsetMs;
+    const results = {};
+    for (const s of sent) {
+      try {
+        const r = await client.result(s.id, { queue: opts.queue, timeoutMs: opts.timeout_ms });
+        const out = { state: r.state };
+        if (r.state === 'ok') {
+          out.kind = String.fromCharCode(r.raw[0]);
+          out.value = tasks.toJson(r.value); // the decoded value, encoded again
+          out.type = jsType(r.value);
+          if (out.type === 'object') {
+            out.types = Object.fromEntries(Object.entries(r.value).map(([k, v]) => [k, jsType(v)]));
+          }
+          if (r.value?.due instanceof tasks.Tagged) out.due_as_date = r.value.due.toDate().toISOString();
+        }
+        results[s.name] = out;
+      } catch (err) {
+        if (!(err instanceof tasks.TaskDead)) throw err;
+        results[s.name] = { state: 'dead', error: err.error };
+      }
+    }
+    return { sent, results, offset_ms: offsetMs };
+  } finally {
+    client.close();
+  }
+}
+
+// Decimal text times a small integer, exactly (scaled BigInt): '19.99' * 2 = '39.98',
+// '-0.50' * 2 = '-1.00', as Python's Decimal keeps the exponent.
+function decimalTimes(tagged, factor) {
+  const m = /^(-?)(\d+)(?:\.(\d+))?$/.exec(tagged.value);
+  if (!m) throw new RangeError(`this worker multiplies plain decimals only, got ${tagged.value}`);
+  const scale = (m[3] ?? '').length;
+  const product = BigInt(`${m[1]}${m[2]}${m[3] ?? ''}`) * BigInt(factor);
+  const negative = product < 0n || (m[1] === '-' && product === 0n);
+  const digits = (product < 0n ? -product : product).toString().padStart(scale + 1, '0');
+  const whole = digits.slice(0, digits.length - scale);
+  return new tasks.Tagged('decimal', `${negative ? '-' : ''}${whole}${scale ? `.${digits.slice(-scale)}` : ''}`);
+}
+
+// A datetime plus whole days, as Python's datetime + timedelta(days=n): the same wall
+// time and offset on another date.
+function addDays(tagged, days) {
+  const m = /^(\d{4})-(\d\d)-(\d\d)(T.*)$/.exec(tagged.value);
+  if (!m) throw new RangeError(`not an ISO datetime: ${tagged.value}`);
+  const date = new Date(Date.UTC(Number(m[1]), Number(m[2]) - 1, Number(m[3]) + days));
+  return new tasks.Tagged('datetime', `${date.toISOString().slice(0, 10)}${m[4]}`);
+}
+
+// The JS implementations of the conf.* tasks Python registers (same names, same
+// keep_result), for the task-work scenario.
+function workerRegistry(logged) {
+  return {
+    'conf.add': { keepResultMs: 60000, fn: ([a, b]) => a + b },
+    'conf.invoice': {
+      keepResultMs: 60000,
+      fn: ([when, amount], { days = 30, tags = new Set(), pdf = Buffer.alloc(0) }) => ({
+        due: addDays(when, days), total: decimalTimes(amount, 2), tags: new Set([...tags, 'invoiced']),
+        pdf: Buffer.from(pdf).reverse(),
+      }),
+    },
+    'conf.greet': { keepResultMs: 60000, fn: ([name]) => `hello ${name}` },
+    'conf.log': { keepResultMs: null, fn: ([message]) => { logged.push(message); } },
+    'conf.context': {
+      keepResultMs: null,
+      fn: (_args, _kwargs, ctx) => ({
+        enqueued_ms: ctx.enqueuedMs, traceparent: ctx.meta.traceparent ?? null, attempt: ctx.attempt,
+        max_attempts: ctx.maxAttempts, meta_keys: Object.keys(ctx.meta).sort(),
+      }),
+    },
+    'conf.fresh': { keepResultMs: 60000, fn: () => 'ran' },
+    'conf.explode': { keepResultMs: null, fn: () => { throw new Error('boom'); } },
+  };
+}
+
+async function taskWork(q, opts) {
+  const logged = [];
+  const log = [];
+  const worker = new tasks.TaskWorker(q, workerRegistry(logged), { log: (line) => log.push(line) });
+  const handled = [];
+  for (let round = 0; round < (opts.max_rounds ?? 100); round += 1) {
+    const { reports, leased } = await worker.runOnce({ count: 1 });
+    handled.push(...reports);
+    if (reports.length === 0 && leased.nextDueMs === -1) break;
+  }
+  return { handled, logged, log };
+}
+
+async function taskDecode(_q, opts) {
+  const payload = Buffer.from(opts.payload_hex, 'hex');
+  const env = tasks.decodeEnvelope(payload);
+  const again = tasks.encodeEnvelope(env.task, env.args, env.kwargs, env.meta);
+  const result = tasks.decodeResult(Buffer.from(opts.result, 'utf8'));
+  return {
+    task: env.task,
+    arg_types: env.args.map(jsType),
+    kwarg_types: Object.fromEntries(Object.entries(env.kwargs).map(([k, v]) => [k, jsType(v)])),
+    reencoded_hex: hex(again),
+    unique_id: tasks.uniqueId(env.task, env.args, { ...opts.defaults, ...env.kwargs }),
+    result_types: Object.fromEntries(Object.entries(result).map(([k, v]) => [k, jsType(v)])),
+    result_reencoded: tasks.encodeResult(result, env.task).toString('utf8'),
+  };
+}
+
 async function main() {
   const [scenario, target] = process.argv.slice(2);
   if (scenario === 'keys') {
@@ -350,7 +521,10 @@ async function main() {
   const redis = connect(target);
   try {
     const q = new Queue(redis, opts.queue);
-    const scenarios = { produce, consume, share, service, control };
+    const scenarios = {
+      produce, consume, share, service, control,
+      'task-produce': taskProduce, 'task-work': taskWork, 'task-decode': taskDecode,
+    };
     if (!scenarios[scenario]) throw new Error(`unknown scenario ${scenario}`);
     const result = await scenarios[scenario](q, opts, redis, input);
     result.reloads ??= q.reloads;
