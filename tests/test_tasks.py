@@ -765,8 +765,19 @@ def test_tasks_with_a_url(redis_server: RedisServer) -> None:
 
     handle = u.send(5)
     assert Queue("default", redis_server.client()).stats().ready == 1
-    assert burst(tasks) == 0
+
+    async def from_asyncio() -> Any:
+        # The asyncio twin of pyqueue.connect's client (its settings and retry policy).
+        sent = await u.asend(7)
+        await asyncio.to_thread(burst, tasks)
+        value = await sent.aresult(timeout=5)
+        await tasks.aredis.aclose()
+        return value
+
+    assert asyncio.run(from_asyncio()) == 21
     assert handle.result(timeout=5) == 15
+    retry = tasks.aredis.connection_pool.connection_kwargs["retry"]
+    assert retry._retries == tasks.redis.connection_pool.connection_kwargs["retry"]._retries == 3
     with pytest.raises(InvalidArgument, match="not both"):
         Tasks(url=redis_server.url(), client=redis_server.client())
     with pytest.raises(InvalidArgument):

@@ -429,14 +429,15 @@ def _twin(client: Any, cls: Any) -> Any:
 
         _carry_retry(old_retry, SyncRetry, kwargs)
         connection_class: Any = getattr(sync_connection, name, sync_connection.Connection)
-        return redis_lib.Redis(connection_pool=redis_lib.ConnectionPool(connection_class=connection_class, **kwargs))
+        # from_pool: the client owns its pool, so close() disconnects it.
+        return redis_lib.Redis.from_pool(redis_lib.ConnectionPool(connection_class=connection_class, **kwargs))
     import redis.asyncio as aredis
     import redis.asyncio.connection as async_connection
     from redis.asyncio.retry import Retry as AsyncRetry
 
     _carry_retry(old_retry, AsyncRetry, kwargs)
     connection_class = getattr(async_connection, name, async_connection.Connection)
-    return aredis.Redis(connection_pool=aredis.ConnectionPool(connection_class=connection_class, **kwargs))
+    return aredis.Redis.from_pool(aredis.ConnectionPool(connection_class=connection_class, **kwargs))
 
 
 #: Connection settings a twin client takes over (plain values, the same in both kinds).

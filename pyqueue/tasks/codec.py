@@ -18,7 +18,8 @@ type                        ``v``                                      tag
 ``set`` / ``frozenset``     a list, sorted by each item's JSON text    ``set``
 ==========================  =========================================  ==============
 
-A set arrives as a ``set`` whose items are hashable again: an item that left as a
+A timedelta is exact to the microsecond up to about 136 years (2^32 s; a float's
+precision beyond that). A set arrives as a ``set`` whose items are hashable again: an item that left as a
 tuple arrives as a tuple, one that left as a frozenset as a frozenset.
 
 Anything else (a dataclass, a model, a custom class) is refused *before* anything is
