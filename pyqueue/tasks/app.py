@@ -38,6 +38,8 @@ Hook = Callable[[], object]
 
 #: How long a measured offset between this process's clock and the server's is trusted.
 CLOCK_REFRESH_S = 60.0
+#: TIME reads per measurement of that offset (the shortest round trip is kept).
+CLOCK_READS = 3
 #: The longest task name (ASCII): ``unique=True`` job ids are the name and 33 more
 #: characters, within the engine's 256-byte job ids.
 MAX_NAME_BYTES = 200
@@ -206,24 +208,32 @@ class Tasks:
         plus an offset read with ``TIME`` (again every minute), so within about a round
         trip of the server's. Enqueue times and ``send_at`` use it."""
         if self._offset_ms is None or time.monotonic() - self._offset_at > CLOCK_REFRESH_S:
-            sent = time.time()
-            seconds, micros = self.redis.time()
-            self._set_offset(sent, int(seconds) * 1000 + int(micros) // 1000)
+            reads = []
+            for _ in range(CLOCK_READS):
+                sent = time.time()
+                seconds, micros = self.redis.time()
+                reads.append((sent, time.time(), int(seconds) * 1000 + int(micros) // 1000))
+            self._set_offset(reads)
         assert self._offset_ms is not None
         return int(time.time() * 1000) + self._offset_ms
 
     async def aserver_now_ms(self) -> int:
         """:meth:`server_now_ms` on the asyncio client."""
         if self._offset_ms is None or time.monotonic() - self._offset_at > CLOCK_REFRESH_S:
-            sent = time.time()
-            seconds, micros = await self.aredis.time()
-            self._set_offset(sent, int(seconds) * 1000 + int(micros) // 1000)
+            reads = []
+            for _ in range(CLOCK_READS):
+                sent = time.time()
+                seconds, micros = await self.aredis.time()
+                reads.append((sent, time.time(), int(seconds) * 1000 + int(micros) // 1000))
+            self._set_offset(reads)
         assert self._offset_ms is not None
         return int(time.time() * 1000) + self._offset_ms
 
-    def _set_offset(self, sent: float, server_ms: int) -> None:
-        local_ms = (sent + time.time()) * 500  # the middle of the round trip
-        self._offset_ms, self._offset_at = round(server_ms - local_ms), time.monotonic()
+    def _set_offset(self, reads: list[tuple[float, float, int]]) -> None:
+        """The offset from the read with the shortest round trip (the first may include
+        connecting): the server's time against the middle of that round trip."""
+        sent, received, server_ms = min(reads, key=lambda r: r[1] - r[0])
+        self._offset_ms, self._offset_at = round(server_ms - (sent + received) * 500), time.monotonic()
 
     # -- sending (Task.send and friends land here) ------------------------------------
 

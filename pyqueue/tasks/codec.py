@@ -167,17 +167,39 @@ def from_json(value: Any) -> Any:
     return value
 
 
+# One encoder of each kind and one decoder for the process: json.dumps and json.loads
+# given options build a new encoder or decoder on every call, which costs more than
+# encoding or parsing a task's envelope (bench/bench_tasks.py). They keep no state
+# between calls, so threads share them (as json's own default ones are shared).
+_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+_encode_canonical = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False, sort_keys=True).encode
+_decode = json.JSONDecoder(object_hook=untag).decode
+
+
 def dumps(value: Any) -> str:
     """Plain JSON data as compact text (UTF-8, no NaN)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _encode(value)
 
 
 def canonical(value: Any) -> str:
     """Plain JSON data as text in one canonical form (keys sorted): equal data, equal
     text (set order, job ids of ``unique=True``)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False, sort_keys=True)
+    return _encode_canonical(value)
 
 
 def loads(text: str | bytes) -> Any:
-    """JSON text to values, tags decoded."""
-    return json.loads(text, object_hook=untag)
+    """JSON text to values, tags decoded: ``json.loads(text, object_hook=untag)``, with
+    one decoder for the process.
+
+    Raises:
+        ValueError: not JSON (``json.JSONDecodeError``), or bytes that do not decode.
+        InvalidArgument: a tagged value that does not decode (:func:`untag`).
+        TypeError: neither str nor bytes.
+    """
+    if isinstance(text, (bytes, bytearray)):
+        text = text.decode(json.detect_encoding(text), "surrogatepass")
+    elif not isinstance(text, str):
+        raise TypeError(f"the JSON object must be str, bytes or bytearray, not {text.__class__.__name__}")
+    elif text.startswith("\ufeff"):
+        raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+    return _decode(text)

@@ -11,7 +11,9 @@ One JSON object (UTF-8), documented in ``lua/README.md`` beside the scripts::
 * ``args`` / ``kwargs``: the call's arguments, JSON with pyqueue's tagged extra types
   (:mod:`pyqueue.tasks.codec`).
 * ``meta``: an object. ``enqueued_ms``: when it was sent, on the Redis server's clock as
-  the producer estimates it (its clock plus an offset read with ``TIME``). ``opts``:
+  the producer estimates it (its clock plus an offset read with ``TIME``). ``delay_ms``:
+  present when it was sent to run later, how much later (``max_age`` counts from then).
+  ``opts``:
   per-send policy overrides (``fn.options(...)``), present only when there are any.
   Any other key (``traceparent``, ``tracestate``, a tenant or request id) is kept and
   ignored by the worker: room for trace context and middleware.
@@ -19,18 +21,23 @@ One JSON object (UTF-8), documented in ``lua/README.md`` beside the scripts::
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from pyqueue.errors import InvalidArgument
-from pyqueue.tasks.codec import dumps, untag
+from pyqueue.tasks.codec import dumps, loads
 
 VERSION = 1
 
 
 class EnvelopeError(InvalidArgument):
     """A payload that is not a task envelope this worker can read."""
+
+
+class NotAnEnvelope(EnvelopeError):
+    """A payload that is no task envelope at all (not a JSON object with a ``task``):
+    a raw job, which ``Tasks.raw_handler`` may run. An envelope of an unknown version,
+    or a malformed one, is an :class:`EnvelopeError` but not this: never run as raw."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,12 @@ class Envelope:
     def enqueued_ms(self) -> int | None:
         value = self.meta.get("enqueued_ms")
         return value if type(value) is int else None
+
+    @property
+    def delay_ms(self) -> int:
+        """How long after ``enqueued_ms`` the job was due (``send_in``, ``send_at``)."""
+        value = self.meta.get("delay_ms")
+        return value if type(value) is int and value > 0 else 0
 
     @property
     def opts(self) -> dict[str, Any]:
@@ -67,12 +80,15 @@ def decode(payload: bytes) -> Envelope:
             wrong type (a raw job in a task queue, or a producer of a newer version).
     """
     try:
-        obj = json.loads(payload, object_hook=untag)
-    except (ValueError, InvalidArgument) as exc:
-        raise EnvelopeError(f"not a task envelope: {exc}") from None
+        obj = loads(payload)
+    except InvalidArgument as exc:  # JSON, with a tagged value this worker cannot read
+        raise EnvelopeError(f"task envelope with a value this worker cannot read: {exc}") from None
+    except ValueError as exc:
+        raise NotAnEnvelope(f"not a task envelope: {exc}") from None
     if not isinstance(obj, dict) or "task" not in obj:
-        raise EnvelopeError("not a task envelope: a JSON object with 'v' and 'task' is expected")
-    if obj.get("v") != VERSION:
+        raise NotAnEnvelope("not a task envelope: a JSON object with 'v' and 'task' is expected")
+    version = obj.get("v")
+    if type(version) is not int or version != VERSION:  # true and 1.0 are not 1
         raise EnvelopeError(f"task envelope version {obj.get('v')!r} is not known to this worker (it reads {VERSION})")
     task, args, kwargs, meta = obj["task"], obj.get("args", []), obj.get("kwargs", {}), obj.get("meta", {})
     if not isinstance(task, str) or not isinstance(args, list) or not isinstance(kwargs, dict) or not isinstance(

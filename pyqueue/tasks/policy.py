@@ -7,8 +7,8 @@ arq; the engine below takes milliseconds (``_ms``).
 
 from __future__ import annotations
 
-import importlib
 import random
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from datetime import timedelta
@@ -75,10 +75,16 @@ class Backoff:
         return {self.kind: [self.base_ms, self.cap_ms]}
 
     @staticmethod
-    def from_json(value: Any) -> Backoff:
+    def from_json(value: Any, functions: Mapping[str, Callable[[int], Duration]]) -> Backoff:
+        """A per-send backoff from an envelope. A function is looked up by name among
+        ``functions`` (the backoff functions the worker's tasks register): a payload
+        never names arbitrary code to call."""
         ((kind, arg),) = value.items()
         if kind == "function":
-            return Backoff("function", function=resolve(arg))
+            function = functions.get(arg)
+            if function is None:
+                raise ValueError(f"backoff function {arg!r} is not the backoff of any task of this worker")
+            return Backoff("function", function=function)
         if kind not in ("fixed", "exponential"):
             raise ValueError(f"unknown backoff {kind!r}")
         return Backoff(kind, base_ms=int(arg[0]), cap_ms=int(arg[1]))
@@ -92,12 +98,22 @@ def qualified_name(obj: object, what: str) -> str:
     return f"{module}:{qualname}"
 
 
-def resolve(name: str) -> Any:
-    """What a ``module:qualname`` names."""
+def resolve_exception(name: str) -> type[BaseException]:
+    """The exception class a ``module:qualname`` of a per-send ``retry_on``/``fail_on``
+    names, found among the modules this process has imported already: a payload never
+    makes a worker import a module, and what it names must be an exception class.
+
+    Raises:
+        ValueError: the module is not imported, the name is missing, or not an exception.
+    """
     module, _, qualname = name.partition(":")
-    target: Any = importlib.import_module(module)
+    target: Any = sys.modules.get(module)
+    if target is None:
+        raise ValueError(f"{name}: module {module!r} is not imported by this worker")
     for part in qualname.split("."):
-        target = getattr(target, part)
+        target = getattr(target, part, None)
+    if not (isinstance(target, type) and issubclass(target, BaseException)):
+        raise ValueError(f"{name} is not an exception class of this worker")
     return target
 
 
@@ -198,8 +214,11 @@ class TaskOptions:
                 out[f.name] = mine
         return out
 
-    def with_overrides(self, opts: Mapping[str, Any]) -> TaskOptions:
+    def with_overrides(
+        self, opts: Mapping[str, Any], functions: Mapping[str, Callable[[int], Duration]] = {}
+    ) -> TaskOptions:
         """These options with an envelope's ``opts`` applied (the worker side).
+        ``functions``: the backoff functions a per-send backoff may name.
 
         Raises:
             InvalidArgument: an override that does not parse or resolve.
@@ -208,13 +227,15 @@ class TaskOptions:
         try:
             for key, value in opts.items():
                 if key == "backoff":
-                    out[key] = None if value is None else Backoff.from_json(value)
+                    out[key] = None if value is None else Backoff.from_json(value, functions)
                 elif key in ("retry_on", "fail_on"):
-                    types = tuple(resolve(name) for name in value) if value is not None else None
+                    types = tuple(resolve_exception(name) for name in value) if value is not None else None
                     out[key] = types if key == "retry_on" else (types or ())
                 elif key in ("max_age_ms", "time_limit_ms", "keep_result_ms"):
-                    if value is not None and (type(value) is not int or value < 0):
-                        raise InvalidArgument(f"{key} must be a number of ms")
+                    # As build() takes them: a time limit or a result of 0 ms is refused.
+                    lowest = 0 if key == "max_age_ms" else 1
+                    if value is not None and (type(value) is not int or not lowest <= value <= 2**40):
+                        raise InvalidArgument(f"{key} must be an integer number of ms in [{lowest}, 2^40]")
                     out[key] = value
                 # Unknown keys come from a newer producer: ignored, as the envelope's rule says.
         except (ImportError, AttributeError, ValueError, TypeError, KeyError) as exc:

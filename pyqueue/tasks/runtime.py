@@ -32,7 +32,7 @@ from pyqueue.models import Job, Result
 from pyqueue.slots import LimitEnding, Slot, TimeLimitExceeded, current_slot
 from pyqueue.tasks import envelope
 from pyqueue.tasks.codec import to_json
-from pyqueue.tasks.policy import TaskOptions
+from pyqueue.tasks.policy import TaskOptions, qualified_name
 from pyqueue.worker import Fail, Retry, error_text, is_async_handler
 
 if TYPE_CHECKING:
@@ -114,6 +114,14 @@ class Dispatcher:
         #: Runs the jobs whose payload is not a task envelope (a queue moving from raw
         #: jobs to tasks); None: they are retried, then dead, as an unknown task.
         self.raw = raw
+        #: The backoff functions of the tasks, by ``module:qualname``: the only functions
+        #: a per-send ``backoff`` override may name (a payload never picks code to run).
+        self.backoff_functions = {
+            name: t.policy.backoff.function
+            for t in tasks.values()
+            if t.policy.backoff is not None and t.policy.backoff.function is not None
+            for name in [_name_of(t.policy.backoff.function)] if name
+        }
         #: Advertised in the worker's service registration.
         self.task_names = tuple(sorted(tasks))
         #: Any task needs an event loop: the worker must be an AsyncWorker.
@@ -126,7 +134,9 @@ class Dispatcher:
         try:
             env = envelope.decode(job.payload)
         except envelope.EnvelopeError as exc:
-            if self.raw is None:
+            # A raw job runs with the raw handler; an envelope of a newer version (or a
+            # malformed one) never does: retried, as another worker may read it.
+            if self.raw is None or not isinstance(exc, envelope.NotAnEnvelope):
                 raise Retry(reason=str(exc)) from None
             if is_async_handler(self.raw):
                 if slot is None:
@@ -141,15 +151,16 @@ class Dispatcher:
         opts = task.policy
         if env.opts:
             try:
-                opts = opts.with_overrides(env.opts)
+                opts = opts.with_overrides(env.opts, self.backoff_functions)
             except InvalidArgument as exc:
                 raise Retry(reason=str(exc)) from None
         now_ms = slot.server_now_ms() if slot is not None else None
         enqueued_ms = env.enqueued_ms
         if opts.max_age_ms is not None and enqueued_ms is not None and now_ms is not None:
-            age_ms = now_ms - enqueued_ms
+            # The age counts from when the job was due: a send_in(60) is not old at 60 s.
+            age_ms = now_ms - enqueued_ms - env.delay_ms
             if age_ms > opts.max_age_ms:
-                raise Fail(f"max_age exceeded: sent {age_ms / 1000:.3f}s ago, max_age is {opts.max_age_ms / 1000:g}s; not run")
+                raise Fail(f"max_age exceeded: due {age_ms / 1000:.3f}s ago, max_age is {opts.max_age_ms / 1000:g}s; not run")
         deadline_ms = None
         if opts.time_limit_ms is not None and slot is not None:
             slot.limit(opts.time_limit_ms / 1000, self._limit_ending(task, opts, job))
@@ -165,6 +176,17 @@ class Dispatcher:
                 value = task.fn(*env.args, **env.kwargs)
         except (Retry, Fail, TimeLimitExceeded):
             raise
+        except TypeError as exc:
+            # Checked only when the call failed (nothing on the happy path): arguments
+            # that do not fit the function (a producer of another version) fail at once,
+            # since a retry would fail the same way.
+            try:
+                task.signature.bind(*env.args, **env.kwargs)
+            except TypeError as bind_error:
+                raise Fail(f"the arguments do not fit task {task.name}: {bind_error}") from None
+            if opts.fails_at_once(exc):
+                raise Fail() from exc
+            raise Retry(delay_ms=opts.retry_delay_ms(job.attempt)) from exc
         except (Exception, SystemExit, KeyboardInterrupt) as exc:
             # SystemExit (sys.exit() in the task's code) is the task's failure like any
             # other: let through, it would leave the job leased with nothing running it.
@@ -187,6 +209,14 @@ class Dispatcher:
         return LimitEnding(
             error=error_text(error), delay_ms=opts.retry_delay_ms(job.attempt), final=opts.fails_at_once(error)
         )
+
+
+def _name_of(function: object) -> str:
+    """``module:qualname`` of a function, or '' for one without a stable name."""
+    try:
+        return qualified_name(function, "a backoff function")
+    except InvalidArgument:
+        return ""
 
 
 async def _in_context(run: TaskRun, coroutine: Any) -> Any:

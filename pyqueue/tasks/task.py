@@ -39,12 +39,19 @@ class Signature:
     ``send_many`` takes a list of them."""
 
     def __init__(self, task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions) -> None:
-        try:
-            bound = task.signature.bind(*args, **kwargs)
-        except TypeError as exc:
-            raise TypeError(f"{task.name}: {exc}") from None
+        bound: inspect.BoundArguments | None = None
+        if not kwargs and len(args) == task.positional_arity:
+            # Every parameter given by position: bound as given, which is what bind
+            # returns (bind costs more than the rest of a send's Python; unique=True
+            # binds when it needs to).
+            self.args, self.kwargs = list(args), {}
+        else:
+            try:
+                bound = task.signature.bind(*args, **kwargs)
+            except TypeError as exc:
+                raise TypeError(f"{task.name}: {exc}") from None
+            self.args, self.kwargs = list(bound.args), dict(bound.kwargs)
         self.task, self.options = task, options
-        self.args, self.kwargs = list(bound.args), dict(bound.kwargs)
         where = f"{task.name} argument"
         self.json_args = to_json(self.args, where)
         self.json_kwargs = to_json(self.kwargs, where)
@@ -59,7 +66,8 @@ class Signature:
             # The task and its arguments, canonically: the same call is the same job,
             # whether an argument was given by position or keyword, or left to its
             # default, and whatever the order of a dict's keys.
-            call = inspect.BoundArguments(self._bound.signature, self._bound.arguments.copy())
+            bound = self._bound if self._bound is not None else self.task.signature.bind(*self.args)
+            call = inspect.BoundArguments(bound.signature, bound.arguments.copy())
             call.apply_defaults()
             try:
                 args, kwargs = to_json(list(call.args)), to_json(call.kwargs)
@@ -74,7 +82,10 @@ class Signature:
 
     def new_job(self, now_ms: int, delay_ms: int) -> NewJob:
         meta: dict[str, Any] = {"enqueued_ms": now_ms}
-        opts = self.options.overrides(self.task.policy)
+        if delay_ms:
+            meta["delay_ms"] = delay_ms
+        # A send with the task's own options (most sends) overrides nothing.
+        opts = {} if self.options is self.task.policy else self.options.overrides(self.task.policy)
         if opts:
             meta["opts"] = opts
         payload = envelope.encode(self.task.name, self.json_args, self.json_kwargs, meta)
@@ -157,6 +168,12 @@ class Task(_Sender[P, R]):
         self.app, self.fn, self.name, self.policy = app, fn, name, policy
         self.task, self.opts = self, policy
         self.signature = inspect.signature(fn)
+        #: How many arguments a call may give by position alone when every parameter is
+        #: positional (no keyword-only ones, no ``*args`` or ``**kwargs``), else -1: a
+        #: call of exactly that many positional arguments binds as given.
+        self.positional_arity = len(self.signature.parameters) if all(
+            p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in self.signature.parameters.values()
+        ) else -1
         self.is_async = inspect.iscoroutinefunction(fn)
         self.__doc__, self.__name__, self.__qualname__ = fn.__doc__, fn.__name__, fn.__qualname__
         self.__module__ = fn.__module__
