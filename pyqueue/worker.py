@@ -1017,7 +1017,7 @@ class Worker:
                 job, ending.error, delay_ms=ending.delay_ms, final=ending.final,
                 backoff_base_ms=self.backoff_base_ms, backoff_cap_ms=self.backoff_cap_ms,
             )
-        except _RETRY_ON as exc:
+        except _NACK_AT_LIMIT_ERRORS as exc:
             # No longer renewed: the lease expires (a lease length at most) and is reclaimed.
             log.warning("%s: the nack at its time limit failed (%s); its lease is left to expire", label, exc)
         else:
@@ -1025,8 +1025,10 @@ class Worker:
                 log.warning("%s is dead after %d attempts: %s", label, job.attempt, ending.error)
             elif nacked.state == "scheduled":
                 self._note_retry(nacked.at_ms)
-        job.cancelled.set()  # wakes a handler that waits on it
-        self.interrupt(slot)
+        finally:
+            # Whatever the nack did, the work stops: the job is no longer this worker's.
+            job.cancelled.set()  # wakes a handler that waits on it
+            self.interrupt(slot)
 
     def _wake_fetch_loop(self) -> None:
         """End the fetch loop's wait now that the worker stops. Locally: nothing is
@@ -1112,6 +1114,8 @@ class Worker:
 
 #: What the worker's loops catch and test with _retryable (anything else is a bug).
 _RETRY_ON: tuple[type[BaseException], ...] = (*CLUSTER_WEATHER, PyQueueError)
+#: What a failed nack at a time limit may raise (logged; the work is stopped anyway).
+_NACK_AT_LIMIT_ERRORS: tuple[type[BaseException], ...] = (*_RETRY_ON, redis_lib.RedisError)
 
 
 def _retryable(exc: BaseException) -> bool:

@@ -317,3 +317,41 @@ def test_a_limit_reached_while_the_coroutine_is_handed_to_the_loop_still_cancels
     serve(tasks)
     wait_for(lambda: job_state(tasks, "default", handle.id).state == "dead", what="the death at the limit")
     wait_for(lambda: "cancelled" in log, timeout=3, what="the task's cancellation (else it runs on, unbounded)")
+
+
+def test_a_task_is_stopped_at_its_limit_even_when_the_nack_fails(
+    tasks: Tasks, serve: Callable[..., Serving], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = Log()
+
+    @tasks.task(name="spin", time_limit=LIMIT, max_attempts=1)
+    def spin() -> None:
+        log.mark("started")
+        try:
+            while True:
+                pass
+        except TimeLimitExceeded:
+            log.mark("cleanup")
+            raise
+
+    @tasks.task(name="next")
+    def next_job() -> None:
+        log.mark("next")
+
+    handle = spin.send()
+    next_job.send()
+    serving = serve(tasks, concurrency=1, lease_ms=1_000)
+    queue = serving.worker._by_name["default"]
+    real_nack = queue.nack
+
+    def failing_nack(*args: Any, **kwargs: Any) -> Any:
+        if "final" in kwargs and "TimeLimitExceeded" in str(args[1:2]):
+            raise redis.exceptions.ReadOnlyError("You can't write against a read only replica.")
+        return real_nack(*args, **kwargs)
+
+    monkeypatch.setattr(queue, "nack", failing_nack)
+    wait_for(lambda: "next" in log, timeout=10, what="the next job")
+    assert "cleanup" in log and log.times["cleanup"] - (log.times["started"] + LIMIT) < 1.0
+    # Not renewed, its lease expires and the job ends as an expired last attempt.
+    wait_for(lambda: tasks.queue("default").stats().acked == 1, what="the next job's ack")
+    assert tasks.queue("default").get(handle.id).state in ("leased", "dead")
