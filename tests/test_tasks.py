@@ -399,6 +399,24 @@ def test_keep_result_returns_the_decoded_value_without_it_result_is_none_once_do
     assert tasks.queue("default").result(b.id).state == "done"
 
 
+def test_result_of_a_cancelled_job_is_missing_if_a_result_was_asked_for(tasks: Tasks) -> None:
+    from pyqueue.tasks import TaskResultMissing
+
+    @tasks.task(name="kept", keep_result=60)
+    def kept() -> int:
+        return 1
+
+    @tasks.task(name="unkept")
+    def unkept() -> int:
+        return 1
+
+    a, b = kept.send(), unkept.send()
+    assert tasks.queue("default").cancel(a.id).cancelled and tasks.queue("default").cancel(b.id).cancelled
+    with pytest.raises(TaskResultMissing, match="cancelled"):
+        a.result(timeout=5)
+    assert b.result(timeout=5) is None
+
+
 def test_result_waits_for_a_running_worker_and_times_out_while_pending(
     tasks: Tasks, serve: Callable[..., Serving]
 ) -> None:
