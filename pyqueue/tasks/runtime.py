@@ -187,9 +187,10 @@ class Dispatcher:
             if opts.fails_at_once(exc):
                 raise Fail() from exc
             raise Retry(delay_ms=opts.retry_delay_ms(job.attempt)) from exc
-        except (Exception, SystemExit, KeyboardInterrupt) as exc:
+        except (Exception, SystemExit) as exc:
             # SystemExit (sys.exit() in the task's code) is the task's failure like any
             # other: let through, it would leave the job leased with nothing running it.
+            # (KeyboardInterrupt is not: in drain's thread it is the user's Ctrl-C.)
             if opts.fails_at_once(exc):
                 raise Fail() from exc
             raise Retry(delay_ms=opts.retry_delay_ms(job.attempt)) from exc
