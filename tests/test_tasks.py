@@ -237,12 +237,12 @@ def test_each_kind_of_backoff_schedules_the_retry_from_the_failure(
     wait_for(
         lambda: all(job_state(tasks, "default", h.id).state == "scheduled" for h in sent.values()), what="four retries"
     )
-    worker.stop()
     delays = {}
     for name, handle in sent.items():
         info = job_state(tasks, "default", handle.id)
         assert info.attempts == 1
         delays[name] = info.due_ms - info.now_ms  # the time left, a little less than the delay
+    worker.stop()
     assert 30_000 - 3_000 <= delays["fixed"] <= 30_000
     assert 120_000 - 3_000 <= delays["fixed_td"] <= 120_000
     assert 5_000 - 3_000 <= delays["expo"] <= 10_000  # base 10 s on the first failure, jittered in its upper half
@@ -659,9 +659,9 @@ def test_retry_delay_schedules_the_retry(tasks: Tasks, serve: Callable[..., Serv
     handle = later.send()
     worker = serve(tasks)
     wait_for(lambda: job_state(tasks, "default", handle.id).state == "scheduled", what="the retry")
-    worker.stop()
     info = job_state(tasks, "default", handle.id)
     assert 40_000 - 3_000 <= info.due_ms - info.now_ms <= 40_000
+    worker.stop()
 
 
 def test_a_task_that_calls_sys_exit_fails_like_any_other_error(tasks: Tasks) -> None:
