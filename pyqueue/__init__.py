@@ -9,7 +9,8 @@ functions sent by name and run by ``pyqueue worker module:tasks``. Under it, the
 semantics are stated in :mod:`pyqueue.queue`.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
 
 from importlib.metadata import PackageNotFoundError, version
 
@@ -51,7 +52,7 @@ from pyqueue.queue import Queue
 from pyqueue.slots import TimeLimitExceeded
 from pyqueue.worker import Fail, Retry
 
-if TYPE_CHECKING:
+if _TYPE_CHECKING:
     from pyqueue.tasks import ResultTimeout, TaskDead, TaskResultMissing, Tasks, current_job
 
 #: Names of the task layer, imported on first use: ``import pyqueue`` for the engine
@@ -59,12 +60,16 @@ if TYPE_CHECKING:
 _TASK_LAYER = ("ResultTimeout", "TaskDead", "TaskResultMissing", "Tasks", "current_job")
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _Any:
     if name in _TASK_LAYER:
         import pyqueue.tasks
 
         return getattr(pyqueue.tasks, name)
     raise AttributeError(f"module 'pyqueue' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_TASK_LAYER))
 
 try:
     __version__ = version("pyqueue")
@@ -72,13 +77,18 @@ except PackageNotFoundError:  # running from a checkout that was never installed
     __version__ = "0+unknown"
 
 __all__ = [
+    "__version__",
     "Cancelled",
+    "connect",
     "CorruptRecord",
+    "current_job",
     "DeadJob",
     "DeadPage",
-    "Fail",
+    "default_client",
+    "embedded_redis",
     "Enqueued",
     "Extended",
+    "Fail",
     "InvalidArgument",
     "Job",
     "JobInfo",
@@ -87,9 +97,9 @@ __all__ = [
     "Nacked",
     "NewJob",
     "NotReplicated",
-    "OutOfMemory",
     "Outcome",
     "OutcomeUnknown",
+    "OutOfMemory",
     "Peeked",
     "PermissionDenied",
     "Promoted",
@@ -97,8 +107,8 @@ __all__ = [
     "Queue",
     "QueueKeys",
     "Result",
-    "Retry",
     "ResultTimeout",
+    "Retry",
     "ScriptError",
     "ServiceError",
     "ServiceExists",
@@ -109,9 +119,4 @@ __all__ = [
     "Tasks",
     "TimeLimitExceeded",
     "WrongTypeError",
-    "__version__",
-    "connect",
-    "current_job",
-    "default_client",
-    "embedded_redis",
 ]

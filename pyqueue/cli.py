@@ -182,10 +182,18 @@ def cmd_stats(args: argparse.Namespace) -> int:
 def cmd_services(args: argparse.Namespace) -> int:
     services = Services(connect(args.url), namespace=args.namespace, prefix=args.prefix)
     rows = [[i.id, ("stopping" if i.stopping else "alive") if i.alive else "dead", i.host, i.pid, i.started_ms,
-             i.renewed_ms, ",".join(i.queues), i.owner] for i in services.list()]
-    header = ["id", "state", "host", "pid", "started_ms", "renewed_ms", "queues", "owner"]
+             i.renewed_ms, ",".join(i.queues), _names(i.tasks), i.owner] for i in services.list()]
+    header = ["id", "state", "host", "pid", "started_ms", "renewed_ms", "queues", "tasks", "owner"]
     print(table(rows, header) if rows else "no services")
     return 0
+
+
+def _names(names: Sequence[str], shown: int = 3) -> str:
+    """A few names, comma-separated, and how many more ('-' for none)."""
+    if not names:
+        return "-"
+    more = len(names) - shown
+    return ",".join(names[:shown]) + (f" (+{more} more)" if more > 0 else "")
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
