@@ -48,9 +48,31 @@ from pyqueue.slots import Slot, current_slot
 from pyqueue.worker import Worker, handler_functions, is_async_handler
 
 
-async def _awaited(awaitable: Awaitable[Any]) -> Any:
-    """``run_coroutine_threadsafe`` takes a coroutine: wrap any other awaitable."""
-    return await awaitable
+class _Awaiting:
+    """A handler's coroutine handed to the event loop: the future its handler thread
+    waits on, and (once it runs) its asyncio task."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.future: concurrent.futures.Future[Any] | None = None
+        self.task: asyncio.Task[Any] | None = None
+
+    async def run(self, awaitable: Awaitable[Any]) -> Any:
+        """``run_coroutine_threadsafe`` takes a coroutine: this one, around any awaitable."""
+        self.task = asyncio.current_task()
+        return await awaitable
+
+    def cancel(self) -> None:
+        """Cancel the coroutine, from any thread, as often as needed. Its asyncio task
+        is cancelled, not the future: the future (and the handler thread waiting on it)
+        ends only when the coroutine has really ended, so one that swallows the
+        cancellation keeps its slot taken (and is written off) rather than running on
+        unaccounted. Before the task has started, the future is cancelled instead."""
+        task = self.task
+        if task is not None:
+            self.loop.call_soon_threadsafe(task.cancel)
+        elif self.future is not None:
+            self.future.cancel()
 
 #: A handler: an ``async def`` function of a Job, or a plain one.
 AsyncHandler = Callable[[Job], Awaitable[object]] | Callable[[Job], object]
@@ -66,7 +88,7 @@ class AsyncWorker(Worker):
         super().__init__(queues, handler, **options)
         self._loop: asyncio.AbstractEventLoop | None = None
         # receipt -> its task; None while the coroutine is being handed to the loop
-        self._tasks: dict[str, concurrent.futures.Future[object] | None] = {}
+        self._tasks: dict[str, _Awaiting | None] = {}
         self._tasks_lock = threading.Lock()
 
     def check_handler(self, handler: object) -> None:
@@ -94,13 +116,14 @@ class AsyncWorker(Worker):
         with self._tasks_lock:
             self._tasks[receipt] = None  # from here a limit or a cancel cancels, never interrupts the thread
         try:
-            task = asyncio.run_coroutine_threadsafe(_awaited(awaitable), self._loop)
+            awaiting = _Awaiting(self._loop)
+            awaiting.future = task = asyncio.run_coroutine_threadsafe(awaiting.run(awaitable), self._loop)
             with self._tasks_lock:
-                self._tasks[receipt] = task
+                self._tasks[receipt] = awaiting
                 # The limit or the cancel came while the task was handed over: cancel it now.
                 late = slot.interrupted_at is not None or slot.job.cancelled.is_set()
             if late:
-                task.cancel()
+                awaiting.cancel()
             return task.result()
         finally:
             with self._tasks_lock:
@@ -115,6 +138,7 @@ class AsyncWorker(Worker):
             if awaiting:
                 slot.interrupted_at = slot.interrupted_at or time.monotonic()
         if task is not None:
+            slot.interrupted_at = time.monotonic()  # again: a coroutine that swallowed it is cancelled again
             task.cancel()
         elif not awaiting:
             slot.interrupt()

@@ -132,10 +132,12 @@ class Slot:
 
     def interrupt(self) -> None:
         """Stop the work at its time limit: raise :class:`TimeLimitExceeded` in the
-        thread if it is in user code (an AsyncWorker cancels the task instead)."""
+        thread if it is in user code (an AsyncWorker cancels the task instead). Called
+        again while the thread still runs (it caught the exception and went on), it
+        raises it again."""
         with self._lock:
             self.interrupted_at = time.monotonic()
-            if self._in_user_code and not self._injected:
+            if self._in_user_code:
                 self._injected = True
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(
                     ctypes.c_ulong(self.thread_id), ctypes.py_object(TimeLimitExceeded)

@@ -783,7 +783,10 @@ class Worker:
             try:
                 self._crash.at("in_handler")
                 result = slot.call(self.call_handler, job)
-            except (Exception, TimeLimitExceeded) as exc:  # the handler's failure is the job's outcome
+            # The handler's failure is the job's outcome. SystemExit too (sys.exit() in a
+            # handler thread ends only that call): let through, it would leave the job
+            # leased, extended and never ended.
+            except (Exception, SystemExit, TimeLimitExceeded) as exc:
                 error = exc
         finally:
             enter_slot(None)
@@ -975,6 +978,10 @@ class Worker:
             self._wake_fetch_loop()
         except (redis_lib.RedisError, PyQueueError) as exc:
             log.warning("heartbeat %s: %s", name, exc)
+        except Exception:
+            # A bug, not the weather: logged loudly, but the heartbeat goes on, since the
+            # renewals that keep this worker's leases its own are in the same thread.
+            log.exception("heartbeat %s failed", name)
 
     def _enforce_limits(self) -> None:
         """End the jobs past their time limit, and write off the slots whose thread did
@@ -985,10 +992,13 @@ class Worker:
         for slot in slots:
             if not slot.limited:
                 self._end_at_limit(slot)
-            elif (
-                not slot.written_off and slot.in_user_code and slot.interrupted_at is not None
-                and now - slot.interrupted_at >= WRITE_OFF_S
-            ):
+            elif slot.in_user_code and slot.interrupted_at is not None and now - slot.interrupted_at >= WRITE_OFF_S:
+                # Still running a while after the interruption: interrupt it again (it may
+                # have caught the exception and gone on, or swallowed a cancellation),
+                # and write its slot off the first time.
+                self.interrupt(slot)
+                if slot.written_off:
+                    continue
                 slot.written_off = True
                 with self._slots:
                     self.slots_written_off += 1

@@ -355,3 +355,79 @@ def test_a_task_is_stopped_at_its_limit_even_when_the_nack_fails(
     # Not renewed, its lease expires and the job ends as an expired last attempt.
     wait_for(lambda: tasks.queue("default").stats().acked == 1, what="the next job's ack")
     assert tasks.queue("default").get(handle.id).state in ("leased", "dead")
+
+
+def test_a_sync_task_that_catches_the_exception_and_goes_on_is_interrupted_again(
+    tasks: Tasks, serve: Callable[..., Serving]
+) -> None:
+    caught: list[float] = []
+
+    @tasks.task(name="stubborn", time_limit=LIMIT, max_attempts=1)
+    def stubborn() -> None:
+        while True:
+            try:
+                while True:
+                    time.sleep(0.001)
+            except TimeLimitExceeded:
+                caught.append(time.monotonic())
+                if len(caught) >= 2:
+                    raise
+
+    worker = serve(tasks, concurrency=1)
+    handle = stubborn.send()
+    with pytest.raises(TaskDead, match="TimeLimitExceeded"):
+        handle.result(timeout=10)
+    wait_for(lambda: len(caught) >= 2, what="a second interruption")
+    assert caught[1] - caught[0] >= 0.9  # again once the first had not stopped it within WRITE_OFF_S
+    wait_for(lambda: worker.worker.slots_written_off == 0, what="the slot back once the thread returned")
+    assert worker.worker.slots_written_off_total == 1
+    assert worker.stop() == 0
+
+
+def test_an_async_task_that_swallows_cancellation_keeps_its_slot_until_it_ends_and_is_cancelled_again(
+    tasks: Tasks, serve: Callable[..., Serving]
+) -> None:
+    cancels: list[float] = []
+
+    @tasks.task(name="deaf", time_limit=LIMIT, max_attempts=1)
+    async def deaf() -> None:
+        while len(cancels) < 2:
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                cancels.append(time.monotonic())
+
+    @tasks.task(name="quick", keep_result=60)
+    async def quick() -> str:
+        return "ran"
+
+    worker = serve(tasks, concurrency=1)
+    deaf.send()
+    wait_for(lambda: len(cancels) == 1, what="the first cancellation")
+    later = quick.send()
+    time.sleep(0.5)
+    # The one slot is still taken by the coroutine that swallowed its cancellation.
+    assert later.state() == "ready"
+    wait_for(lambda: len(cancels) == 2, what="the second cancellation")
+    assert cancels[1] - cancels[0] >= 0.9
+    assert worker.worker.slots_written_off_total == 1
+    assert later.result(timeout=10) == "ran"  # the coroutine ended: the slot serves again
+    assert worker.stop() == 0
+
+
+def test_a_plain_handler_that_calls_sys_exit_fails_its_job_and_the_worker_goes_on(r: redis.Redis) -> None:
+    import sys
+
+    from pyqueue import Queue
+    from pyqueue.worker import Worker
+
+    q = Queue("exits", r)
+    q.enqueue(b"x", job_id="bye", max_attempts=1)
+
+    def handler(job: Any) -> None:
+        sys.exit(3)
+
+    worker = Worker(["exits"], handler, redis=r, block_ms=100)
+    assert worker.run(burst=True, install_signal_handlers=False) == 0
+    info = q.get("bye")
+    assert info.state == "dead" and "SystemExit: 3" in info.error
