@@ -906,12 +906,13 @@ def test_send_at_schedules_on_the_server_clock(tasks: Tasks, r: Any) -> None:
 
     in_an_hour = dt.datetime.now(timezone.utc) + timedelta(hours=1)
     aware = at.send_at(in_an_hour)
-    naive = at.send_at(in_an_hour.replace(tzinfo=None))  # naive: taken as UTC
+    with pytest.raises(InvalidArgument, match="aware datetime"):
+        at.send_at(in_an_hour.replace(tzinfo=None))  # naive: local time or UTC? refused
     other_zone = at.send_at(in_an_hour.astimezone(timezone(timedelta(hours=-7))))
     past = at.send_at(dt.datetime(2000, 1, 1, tzinfo=timezone.utc))
     in_ten = at.send_in(timedelta(minutes=10))
     now = server_ms(r)
-    for handle in (aware, naive, other_zone):
+    for handle in (aware, other_zone):
         info = job_state(tasks, "default", handle.id)
         assert info.state == "scheduled"
         assert abs(info.due_ms - (now + 3_600_000)) <= 2_000
@@ -990,3 +991,30 @@ def test_task_names_default_to_module_and_qualname_and_a_name_is_taken_once(task
     handle = widest.send(1)
     assert len(handle.id) <= 256
     assert burst(tasks) == 0  # a worker advertises every name it serves when it registers
+
+
+def test_close_closes_the_clients_tasks_made_and_never_a_given_one(redis_server: RedisServer) -> None:
+    made = Tasks(url=redis_server.url())
+
+    @made.task(name="c.x")
+    def x() -> None: ...
+
+    x.send()
+    client = made.redis
+    assert client.connection_pool._created_connections >= 1  # type: ignore[union-attr]
+    made.close()
+    assert made.redis is not client  # a new connection is made on the next use
+    given = redis_server.client()
+    Tasks(client=given).close()
+    assert given.ping()
+
+    async def async_side() -> None:
+        tasks = Tasks(url=redis_server.url())
+
+        @tasks.task(name="c.y")
+        def y() -> None: ...
+
+        await y.asend()
+        await tasks.aclose()
+
+    asyncio.run(async_side())

@@ -292,3 +292,32 @@ def test_a_task_that_keeps_sending_itself_stops_at_max_jobs() -> None:
         forever.send(0)
         with pytest.raises(RuntimeError, match="20 jobs"):
             t.drain()
+
+
+def test_drain_does_not_take_a_retry_the_task_asked_for_as_an_error_but_an_unknown_task_is_one() -> None:
+    from pyqueue import Retry
+    from pyqueue.tasks.runtime import Undeliverable
+
+    tasks = Tasks()
+    polls: list[int] = []
+
+    @tasks.task(name="poll", max_attempts=5)
+    def poll() -> str:
+        polls.append(1)
+        if len(polls) < 3:
+            raise Retry(delay=30)  # not ready yet: asked for, not a failure
+        return "ready"
+
+    with tasks.testing() as t:
+        poll.send()
+        assert t.drain() == 3  # two asked-for retries, the clock moved through their delays
+        assert t.errors == []
+        other = Tasks()
+
+        @other.task(name="not.here")
+        def not_here() -> None: ...
+
+        other.bind(t.client)
+        not_here.send()
+        with pytest.raises(Undeliverable, match="unknown task 'not.here'"):
+            t.drain()

@@ -72,6 +72,7 @@ class Tasks:
         self.default_queue = default_queue
         self._url = url
         self._given = client
+        self._made: list[Any] = []  # clients this object made, and closes (close/aclose)
         self._client: Client | None = None
         self._aclient: Any = None
         if client is not None:
@@ -166,10 +167,12 @@ class Tasks:
             if self._client is None:
                 if self._aclient is not None:
                     self._client = _twin(self._aclient, redis_lib.Redis)
+                    self._made.append(self._client)
                 elif self._url is not None:
                     self._client = connect(self._url)
+                    self._made.append(self._client)
                 else:
-                    self._client = default_client()
+                    self._client = default_client()  # the process's, shared: never closed here
             return self._client
 
     @property
@@ -187,7 +190,35 @@ class Tasks:
         with self._lock:
             if self._aclient is None:
                 self._aclient = _twin(client, aredis.Redis)
+                self._made.append(self._aclient)
             return self._aclient
+
+    def close(self) -> None:
+        """Close the blocking clients this object made (from ``url=``, or twins of the
+        client it was given); a given client, and the process's default one, are the
+        caller's. Use :meth:`aclose` for asyncio ones."""
+        with self._lock:
+            made = [c for c in self._made if not _is_async_client(c)]
+            self._made = [c for c in self._made if _is_async_client(c)]
+            self._forget(made)
+        for client in made:
+            client.close()
+
+    async def aclose(self) -> None:
+        """:meth:`close`, and the asyncio clients this object made."""
+        self.close()
+        with self._lock:
+            made, self._made = self._made, []
+            self._forget(made)
+        for client in made:
+            await client.aclose()
+
+    def _forget(self, clients: list[Any]) -> None:
+        """Stop using ``clients`` (a later call connects again)."""
+        if self._client in clients:
+            self._client, self._queues = None, {}
+        if self._aclient in clients:
+            self._aclient, self._aqueues = None, {}
 
     def queue(self, name: str) -> Queue:
         """The :class:`~pyqueue.Queue` named ``name`` on this connection."""

@@ -105,6 +105,15 @@ def current_job() -> TaskRun:
         raise LookupError("current_job() is called outside a running task") from None
 
 
+class Undeliverable(Retry):
+    """A job this worker cannot run as a task: an unknown task name, an envelope it cannot
+    read, options that do not resolve. Retried with the worker's backoff (another worker
+    may run it), dead at max_attempts with the reason as its error; never acked."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason=reason)
+
+
 class Dispatcher:
     """The worker handler of a :class:`~pyqueue.tasks.Tasks` object: routes each job to
     the task its envelope names (see the module docstring)."""
@@ -137,7 +146,7 @@ class Dispatcher:
             # A raw job runs with the raw handler; an envelope of a newer version (or a
             # malformed one) never does: retried, as another worker may read it.
             if self.raw is None or not isinstance(exc, envelope.NotAnEnvelope):
-                raise Retry(reason=str(exc)) from None
+                raise Undeliverable(str(exc)) from None
             if is_async_handler(self.raw):
                 if slot is None:
                     raise InvalidArgument("an async raw handler runs in an AsyncWorker") from None
@@ -147,13 +156,13 @@ class Dispatcher:
         if slot is not None:
             slot.name = env.task
         if task is None:
-            raise Retry(reason=f"unknown task {env.task!r}")
+            raise Undeliverable(f"unknown task {env.task!r}")
         opts = task.policy
         if env.opts:
             try:
                 opts = opts.with_overrides(env.opts, self.backoff_functions)
             except InvalidArgument as exc:
-                raise Retry(reason=str(exc)) from None
+                raise Undeliverable(str(exc)) from None
         now_ms = slot.server_now_ms() if slot is not None else None
         enqueued_ms = env.enqueued_ms
         if opts.max_age_ms is not None and enqueued_ms is not None and now_ms is not None:

@@ -16,7 +16,7 @@ import hashlib
 import inspect
 import secrets
 from collections.abc import Callable, Iterable
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from pyqueue.errors import InvalidArgument
@@ -121,7 +121,7 @@ class _Sender(Generic[P, R]):
 
     def send_at(self, when: datetime, *args: P.args, **kwargs: P.kwargs) -> SentTask[R]:
         """As :meth:`send`, to run no earlier than ``when`` (an aware datetime; a naive
-        one is taken as UTC), compared with the Redis server's clock."""
+        one is refused), compared with the Redis server's clock."""
         signature = Signature(self.task, args, kwargs, self.opts)
         return self._send(signature, self._delay_until(when, self.task.app.server_now_ms()))
 
@@ -155,8 +155,13 @@ class _Sender(Generic[P, R]):
     def _delay_until(when: datetime, now_ms: int) -> int:
         if not isinstance(when, datetime):
             raise InvalidArgument(f"send_at takes a datetime, got {type(when).__name__}")
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=timezone.utc)
+        if when.tzinfo is None or when.utcoffset() is None:
+            # Python reads a naive datetime as local time, the server's clock is UTC: a
+            # guess either way would be off by the zone on some machine. Refused.
+            raise InvalidArgument(
+                f"send_at takes an aware datetime (datetime.now(timezone.utc) + ..., or with tzinfo=), got the naive "
+                f"{when.isoformat()}"
+            )
         return max(0, round(when.timestamp() * 1000) - now_ms)
 
 

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyqueue.aio_worker import AsyncWorker
 from pyqueue.models import Job, Stats
+from pyqueue.tasks.runtime import Undeliverable
 from pyqueue.worker import Fail, Retry
 
 if TYPE_CHECKING:
@@ -139,8 +140,17 @@ class TaskTesting:
         def recording(job: Job) -> object:
             try:
                 return dispatcher(job)
+            except Undeliverable as exc:
+                failures.append(exc)
+                raise
+            except Retry as exc:
+                # A task that asks for a retry (no exception behind it) is not an error;
+                # a retry after an exception is that exception's.
+                if exc.__cause__ is not None:
+                    failures.append(exc.__cause__)
+                raise
             except BaseException as exc:
-                cause = exc.__cause__ if isinstance(exc, (Retry, Fail)) and exc.__cause__ is not None else exc
+                cause = exc.__cause__ if isinstance(exc, Fail) and exc.__cause__ is not None else exc
                 failures.append(cause)
                 raise
 
