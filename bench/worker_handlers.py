@@ -23,6 +23,12 @@ def noop(job: Job) -> None:
     """Does nothing: the drain figures measure pyqueue alone."""
 
 
+def parse_json(job: Job) -> None:
+    """Parses the payload as JSON and does nothing else: the least a handler of
+    structured payloads does (bench_tasks.py's context for task jobs)."""
+    job.json()
+
+
 def stamp(job: Job) -> None:
     """Records this host's wall clock at handler start (ns) for the latency figure."""
     started_ns = time.time_ns()

@@ -197,7 +197,10 @@ def loads(text: str | bytes) -> Any:
         TypeError: neither str nor bytes.
     """
     if isinstance(text, (bytes, bytearray)):
-        text = text.decode(json.detect_encoding(text), "surrogatepass")
+        # A JSON object in UTF-8 (an envelope) shows by its first two bytes; anything
+        # else is detected as json.loads detects it.
+        encoding = "utf-8" if text[:1] == b"{" and text[1:2] != b"\x00" else json.detect_encoding(text)
+        text = text.decode(encoding, "surrogatepass")
     elif not isinstance(text, str):
         raise TypeError(f"the JSON object must be str, bytes or bytearray, not {text.__class__.__name__}")
     elif text.startswith("\ufeff"):
