@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import os
 from binascii import crc_hqx
 from collections.abc import Callable, Coroutine, Generator, Iterable, Sequence
@@ -75,12 +76,16 @@ def check_int(value: object, name: str, lo: int, hi: int) -> int:
     return value
 
 
+#: A character a job id must not hold (a control character).
+_ID_CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
 def check_job_id(value: object) -> str:
     """Return ``value`` if it is a valid job id: 1..256 UTF-8 bytes, no control chars."""
     if not isinstance(value, str):
         raise InvalidArgument(f"job id must be a str, got {type(value).__name__}")
     size = len(value.encode("utf-8", "surrogatepass"))
-    if not 1 <= size <= MAX_ID_BYTES or any(ord(c) < 32 or ord(c) == 127 for c in value):
+    if not 1 <= size <= MAX_ID_BYTES or _ID_CONTROL.search(value) is not None:
         raise InvalidArgument(f"job id must be 1..{MAX_ID_BYTES} bytes without control characters, got {value!r}")
     try:
         value.encode("utf-8")

@@ -73,6 +73,11 @@ class LimitEnding:
 class Slot:
     """One running job in one handler thread (see the module docstring)."""
 
+    __slots__ = (
+        "worker", "job", "thread_id", "leased_at_ms", "started", "name", "limit_at", "limit_s", "ending", "limited",
+        "interrupted_at", "written_off", "_lock", "_in_user_code", "_injected",
+    )
+
     def __init__(self, worker: Worker, job: Job) -> None:
         self.worker = worker
         self.job = job
@@ -95,6 +100,10 @@ class Slot:
         self._lock = threading.Lock()
         self._in_user_code = False
         self._injected = False
+
+    def __str__(self) -> str:
+        """How logs name the job: its id, and its task when the handler named one."""
+        return f"job {self.job.id} [{self.name}]" if self.name else f"job {self.job.id}"
 
     def server_now_ms(self) -> int:
         """The server clock now, as this slot knows it: the lease's time plus the time

@@ -794,7 +794,7 @@ class Worker:
                 self._slots_running.pop(job.receipt, None)
         if self._killed.is_set():
             return None  # a killed process acks nothing
-        label = self.describe(slot)
+        label = slot  # logged as str(slot): built only if a line is logged
         # Untracked here, or by the heartbeat at the time limit (then `limited` is set
         # under the same lock): exactly one of them decides how the job ends.
         tracked = self._untrack(job)
@@ -853,7 +853,7 @@ class Worker:
         self._fail(queue, job, error, label)
         return None
 
-    def _fail(self, queue: Queue, job: Job, error: BaseException, label: str) -> None:
+    def _fail(self, queue: Queue, job: Job, error: BaseException, label: object) -> None:
         """Nack a job whose handler raised: :class:`Retry` after its delay (or the
         backoff), :class:`Fail` to the dead letters now, anything else with the backoff."""
         final, delay_ms = False, None
@@ -885,7 +885,7 @@ class Worker:
 
     def describe(self, slot: Slot) -> str:
         """How logs name a running job: its id, and its task when the handler named one."""
-        return f"job {slot.job.id} [{slot.name}]" if slot.name else f"job {slot.job.id}"
+        return str(slot)
 
     def run_awaitable(self, slot: Slot, awaitable: Any) -> Any:
         """Run a coroutine for the job in ``slot`` (see :meth:`Slot.run_awaitable`): this
@@ -927,7 +927,7 @@ class Worker:
             EXIT_MISCONFIGURED,
         )
 
-    def _log_ack(self, label: str, outcome: Outcome) -> None:
+    def _log_ack(self, label: object, outcome: Outcome) -> None:
         if not outcome:
             log.warning("%s finished but its lease was lost (%s): it may run again", label, outcome.value)
 

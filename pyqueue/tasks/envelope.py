@@ -21,7 +21,6 @@ One JSON object (UTF-8), documented in ``lua/README.md`` beside the scripts::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from pyqueue.errors import InvalidArgument
@@ -40,14 +39,20 @@ class NotAnEnvelope(EnvelopeError):
     or a malformed one, is an :class:`EnvelopeError` but not this: never run as raw."""
 
 
-@dataclass(frozen=True)
 class Envelope:
-    """A decoded task envelope."""
+    """A decoded task envelope. (A plain class with slots: one is made per job.)"""
 
-    task: str
-    args: list[Any]
-    kwargs: dict[str, Any]
-    meta: dict[str, Any] = field(default_factory=dict)
+    __slots__ = ("task", "args", "kwargs", "meta")
+
+    def __init__(self, task: str, args: list[Any], kwargs: dict[str, Any], meta: dict[str, Any]) -> None:
+        self.task, self.args, self.kwargs, self.meta = task, args, kwargs, meta
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Envelope) and (self.task, self.args, self.kwargs, self.meta) == (
+            other.task, other.args, other.kwargs, other.meta)
+
+    def __repr__(self) -> str:
+        return f"Envelope(task={self.task!r}, args={self.args!r}, kwargs={self.kwargs!r}, meta={self.meta!r})"
 
     @property
     def enqueued_ms(self) -> int | None:
@@ -69,7 +74,24 @@ class Envelope:
 def encode(task: str, args: list[Any], kwargs: dict[str, Any], meta: dict[str, Any]) -> bytes:
     """The payload of a task job; ``args``, ``kwargs`` and ``meta`` are plain JSON data
     already (:func:`pyqueue.tasks.codec.to_json`)."""
-    return dumps({"v": VERSION, "task": task, "args": args, "kwargs": kwargs, "meta": meta}).encode("utf-8")
+    return Encoder(task)(args, kwargs, meta)
+
+
+class Encoder:
+    """:func:`encode` for one task name, the same bytes, faster: the envelope's head is
+    encoded once, and each send encodes only its arguments and meta (a send's JSON
+    encoding costs more than the rest of its Python)."""
+
+    def __init__(self, task: str) -> None:
+        self.head = ('{"v":%d,"task":%s,"args":' % (VERSION, dumps(task))).encode("utf-8")
+
+    def __call__(self, args: list[Any], kwargs: dict[str, Any], meta: dict[str, Any]) -> bytes:
+        kwargs_text = dumps(kwargs).encode("utf-8") if kwargs else b"{}"
+        if len(meta) == 1 and type(meta.get("enqueued_ms")) is int:  # the usual meta
+            meta_text = b'{"enqueued_ms":%d}' % meta["enqueued_ms"]
+        else:
+            meta_text = dumps(meta).encode("utf-8")
+        return b"".join((self.head, dumps(args).encode("utf-8"), b',"kwargs":', kwargs_text, b',"meta":', meta_text, b"}"))
 
 
 def decode(payload: bytes) -> Envelope:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextvars
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -41,17 +40,25 @@ if TYPE_CHECKING:
 log = logging.getLogger("pyqueue.tasks")
 
 
-@dataclass(frozen=True)
 class TaskRun:
-    """The running task job, as :func:`current_job` returns it."""
+    """The running task job, as :func:`current_job` returns it. (A plain class with
+    slots, not a dataclass: one is made per job, on the worker's hot path.)"""
 
-    job: Job
-    task: str
-    #: When it was sent, on the server clock (ms); None if the producer did not say.
-    enqueued_ms: int | None
-    #: The time limit's deadline on the server clock (ms); None without a limit.
-    deadline_ms: int | None
-    meta: Mapping[str, Any] = field(default_factory=dict)
+    __slots__ = ("job", "task", "enqueued_ms", "deadline_ms", "meta")
+
+    def __init__(
+        self, job: Job, task: str, enqueued_ms: int | None, deadline_ms: int | None, meta: Mapping[str, Any]
+    ) -> None:
+        self.job = job
+        self.task = task
+        #: When it was sent, on the server clock (ms); None if the producer did not say.
+        self.enqueued_ms = enqueued_ms
+        #: The time limit's deadline on the server clock (ms); None without a limit.
+        self.deadline_ms = deadline_ms
+        self.meta = meta
+
+    def __repr__(self) -> str:
+        return f"TaskRun(id={self.job.id!r}, task={self.task!r}, attempt={self.job.attempt})"
 
     @property
     def id(self) -> str:
@@ -163,11 +170,10 @@ class Dispatcher:
                 opts = opts.with_overrides(env.opts, self.backoff_functions)
             except InvalidArgument as exc:
                 raise Undeliverable(str(exc)) from None
-        now_ms = slot.server_now_ms() if slot is not None else None
         enqueued_ms = env.enqueued_ms
-        if opts.max_age_ms is not None and enqueued_ms is not None and now_ms is not None:
+        if opts.max_age_ms is not None and enqueued_ms is not None and slot is not None:
             # The age counts from when the job was due: a send_in(60) is not old at 60 s.
-            age_ms = now_ms - enqueued_ms - env.delay_ms
+            age_ms = slot.server_now_ms() - enqueued_ms - env.delay_ms
             if age_ms > opts.max_age_ms:
                 raise Fail(f"max_age exceeded: due {age_ms / 1000:.3f}s ago, max_age is {opts.max_age_ms / 1000:g}s; not run")
         deadline_ms = None

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 from pyqueue.errors import InvalidArgument
 from pyqueue.models import NewJob
 from pyqueue.tasks import envelope
-from pyqueue.tasks.codec import canonical, to_json
+from pyqueue.tasks.codec import canonical, to_json, to_json_args
 from pyqueue.tasks.handle import SentTask
 from pyqueue.tasks.policy import Duration, TaskOptions
 from pyqueue.worker import seconds_to_ms
@@ -53,8 +53,8 @@ class Signature:
             self.args, self.kwargs = list(bound.args), dict(bound.kwargs)
         self.task, self.options = task, options
         where = f"{task.name} argument"
-        self.json_args = to_json(self.args, where)
-        self.json_kwargs = to_json(self.kwargs, where)
+        self.json_args = to_json_args(self.args, where)
+        self.json_kwargs = to_json(self.kwargs, where) if self.kwargs else {}
         self._bound = bound
 
     def job_id(self) -> str:
@@ -88,7 +88,7 @@ class Signature:
         opts = {} if self.options is self.task.policy else self.options.overrides(self.task.policy)
         if opts:
             meta["opts"] = opts
-        payload = envelope.encode(self.task.name, self.json_args, self.json_kwargs, meta)
+        payload = self.task.encode_envelope(self.json_args, self.json_kwargs, meta)
         return NewJob(payload, job_id=self.job_id(), delay_ms=delay_ms, max_attempts=self.options.max_attempts)
 
     def __repr__(self) -> str:
@@ -180,6 +180,8 @@ class Task(_Sender[P, R]):
             p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in self.signature.parameters.values()
         ) else -1
         self.is_async = inspect.iscoroutinefunction(fn)
+        #: Encodes this task's envelopes (its head encoded once).
+        self.encode_envelope = envelope.Encoder(name)
         self.__doc__, self.__name__, self.__qualname__ = fn.__doc__, fn.__name__, fn.__qualname__
         self.__module__ = fn.__module__
         self.__wrapped__ = fn
