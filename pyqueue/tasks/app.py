@@ -269,6 +269,13 @@ class Tasks:
     # -- sending (Task.send and friends land here) ------------------------------------
 
     def _send_many(self, signatures: Sequence[Signature], now_ms: int, delay_ms: int = 0) -> list[SentTask[Any]]:
+        if len(signatures) == 1:  # a send: one enqueue, none of the grouping below
+            sig = signatures[0]
+            new = sig.new_job(now_ms, delay_ms)
+            answer = self.queue(sig.options.queue).enqueue(
+                new.payload, job_id=new.job_id, delay_ms=new.delay_ms, max_attempts=new.max_attempts
+            )
+            return [self._handle(sig, answer.job_id, answer.added)]
         jobs = [(sig, sig.new_job(now_ms, delay_ms)) for sig in signatures]
         by_queue: dict[str, list[int]] = {}
         for i, (sig, _) in enumerate(jobs):
