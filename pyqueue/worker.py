@@ -72,7 +72,7 @@ from pyqueue.queue import (
     peek_many,
     physical_queue,
 )
-from pyqueue.slots import WRITE_OFF_S, LimitEnding, Slot, TimeLimitExceeded, enter_slot
+from pyqueue.slots import WRITE_OFF_S, Slot, TimeLimitExceeded, enter_slot
 from pyqueue.schedules import Schedule, Scheduler, check_schedules
 from pyqueue.scripts import lua_source
 from pyqueue.scripts import CLUSTER_WEATHER

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyqueue.errors import InvalidArgument
 from pyqueue.models import Job, Result
-from pyqueue.slots import LimitEnding, Slot, TimeLimitExceeded, current_slot
+from pyqueue.slots import LimitEnding, TimeLimitExceeded, current_slot
 from pyqueue.tasks import envelope
 from pyqueue.tasks.codec import to_json
 from pyqueue.tasks.policy import TaskOptions, qualified_name
