@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import RedisClusterProcesses, RedisServer
+from test_cli import url  # noqa: F401 (the fixture: a real server's or a cluster node's URL)
 
 from pyqueue import Queue, Tasks, connect
 from pyqueue.cli import main
@@ -33,17 +33,6 @@ APP = textwrap.dedent(
         return text.upper()
     """
 )
-
-
-@pytest.fixture(params=["real", "cluster"])
-def url(request: pytest.FixtureRequest) -> str:
-    if request.param == "cluster":
-        cluster: RedisClusterProcesses = request.getfixturevalue("redis_cluster")
-        cluster.flushall()
-        return f"redis://127.0.0.1:{cluster.ports[0]}/0"
-    server: RedisServer = request.getfixturevalue("redis_server")
-    server.client().flushall()
-    return server.url()
 
 
 def pyqueue(*args: str, cwd: Path, url: str) -> subprocess.CompletedProcess[str]:

@@ -204,7 +204,7 @@ def test_isolation_from_the_server_the_tasks_talk_to(r: redis.Redis) -> None:
     lazy = Tasks()
     with lazy.testing():
         pass
-    assert lazy._client is None
+    assert lazy.connection._client is None
 
 
 def test_async_tasks_run_in_drain_with_current_job() -> None:

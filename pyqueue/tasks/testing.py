@@ -94,14 +94,14 @@ class TaskTesting:
         self.server = fakeredis.FakeServer()
         self.server.pyqueue_offset_ms = 0
         self.client = fakeredis.FakeRedis(server=self.server)
-        self._old = self.tasks._swap_connection(self.client, fakeredis.FakeAsyncRedis(server=self.server))
+        self._old = self.tasks.connection.swap(self.client, fakeredis.FakeAsyncRedis(server=self.server))
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         assert self._old is not None
-        self.tasks._restore_connection(self._old)
+        self.tasks.connection.restore(self._old)
 
     # -- the clock -------------------------------------------------------------------
 
@@ -111,7 +111,7 @@ class TaskTesting:
         if seconds < 0:
             raise ValueError("the clock only moves forward")
         self.server.pyqueue_offset_ms += round(seconds * 1000)
-        self.tasks._offset_ms = None  # the producer's estimate of the server clock
+        self.tasks.connection.forget_clock()  # the producer's estimate of the server clock
 
     def now_ms(self) -> int:
         """This server's clock."""
