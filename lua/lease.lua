@@ -9,7 +9,10 @@ Order inside the call:
   3. maintenance, when READY holds fewer than `count` jobs or next_maintenance_ms has
      passed: promote up to `limit` due SCHEDULED jobs to the tail of READY, and reclaim up
      to `limit` expired leases to the head of READY with the attempt counted (to DEAD
-     once attempts reach max_attempts: a poison pill cannot loop forever);
+     once attempts reach max_attempts: a poison pill cannot loop forever); a call that
+     acks nothing also trims up to 1000 expired tombstones once at least 10 have
+     expired, so that a drained queue, which gets no acks, frees them (an idle worker
+     calls lease at least every block_ms; acks trim as in ack.lua);
   4. pop up to `count` ids from the head of READY and lease them: fence = the queue's
      `leased` counter, deadline = now + lease_ms, receipt recorded in `leased` and
      `owners`.
@@ -58,6 +61,8 @@ Returns  {now_ms, next_due_ms, r, ack_status_1 .. ack_status_r, m, job_1 .. job_
          job: 7 values: receipt, id, payload, fence, attempt, max_attempts, deadline_ms.
 Errors   PQ_BADARG (nothing written), PQ_CORRUPT (a record does not parse; nothing
          written), WRONGTYPE (a key holds another Redis type; nothing written).
+Contract v2 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
+         PQ_CONTRACT, before anything is read or written.
 ]]
 
 -- >>> pyqueue prelude: the same in every script; source tests/lua_prelude.lua, copied by tests/lua_prelude.py
@@ -69,6 +74,25 @@ local CHUNK = 500 -- values per unpack(); keeps every redis.call well under Lua'
 local TRIM_BATCH = 10 -- expired tombstones are trimmed this many at a time, at least
 local MAINTENANCE_INTERVAL_MS = 50 -- while READY is busy, maintenance still runs this often
 local NONE = {} -- an empty list to read from; never written to, so no call allocates its own
+local CONTRACT_VERSION = 2 -- of the KEYS and ARGV the headers list; lua/README.md section 10
+
+-- Every script's first check, before any other check, read or write: a PQ_CONTRACT text
+-- unless the call passes `nkeys` KEYS and lo..hi ARGV (with `step`: lo plus a multiple
+-- of it), else nil. A client written for another contract version gets this answer,
+-- never a Lua error, an error about some other argument, or a write.
+local function contract(script, nkeys, lo, hi, step)
+  local expected, got
+  if #KEYS ~= nkeys then
+    expected, got = nkeys .. (nkeys == 1 and ' key' or ' keys'), #KEYS
+  elseif #ARGV < lo or #ARGV > hi or (#ARGV - lo) % (step or 1) ~= 0 then
+    expected, got = lo .. (lo == 1 and ' argument' or ' arguments'), #ARGV
+    if hi > lo then expected = lo .. '..' .. hi .. ' arguments' end
+    if step then expected = expected .. ' in steps of ' .. step end
+  else
+    return nil
+  end
+  return string.format('PQ_CONTRACT %s expects %s (contract v%d), got %d', script, expected, CONTRACT_VERSION, got)
+end
 
 -- An integer argument in [lo, hi] ('^-?%d+$'), or nil and a PQ_BADARG text naming it.
 local function int_arg(value, name, lo, hi)
@@ -155,11 +179,19 @@ local function hmget(key, fields)
   return out
 end
 
+-- Remove up to `most` of the `expired` tombstones of `key` (done), counted before any
+-- write, once at least TRIM_BATCH have expired: the lowest ranks are the earliest
+-- expiries. A removal is a write Redis allows at its memory limit, and after it the
+-- script's other writes are allowed too (tests/test_operations.py pins this down).
+local function trim_done(key, expired, most)
+  if expired >= TRIM_BATCH then
+    redis.call('ZREMRANGEBYRANK', key, 0, math.min(expired, most) - 1)
+  end
+end
+
 -- Tombstone acked ids in `key` (done; ack.lua). Trim the `expired` lowest ranks first: ZADD may re-rank them.
 local function bury(key, ids, expired, now_ms, keep_done_ms)
-  if expired >= TRIM_BATCH then
-    redis.call('ZREMRANGEBYRANK', key, 0, math.min(expired, #ids + TRIM_BATCH) - 1)
-  end
+  trim_done(key, expired, #ids + TRIM_BATCH)
   local kept_until = now_ms + keep_done_ms
   if keep_done_ms == 0 then
     return
@@ -195,6 +227,8 @@ end
 
 local jobs_key, ready_key, scheduled_key, leased_key, owners_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local dead_key, errors_key, counters_key, wake_key, done_key = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+local contract_error = contract('lease', 10, 7, 7 + MAX_BATCH)
+if contract_error then return redis.error_reply(contract_error) end
 
 -- 1. Validate every argument before touching a key.
 local err
@@ -331,6 +365,9 @@ else
   local maintain = (count > 0 and #ready_head < count) or now_ms >= maintenance_due
   if maintain then
     reclaimed, to_dead = {}, {}
+    -- Expired tombstones, trimmed below even when nothing is acked: an idle or drained
+    -- queue gets no acks, and its tombstones must not hold memory for good.
+    if #to_ack == 0 then expired_done = redis.call('ZCOUNT', done_key, '-inf', now_ms) end
     promoted = redis.call('ZRANGEBYSCORE', scheduled_key, '-inf', now_ms, 'LIMIT', 0, limit)
     scheduled_read = true
     local expired = redis.call('ZRANGEBYSCORE', leased_key, '-inf', now_ms, 'LIMIT', 0, limit + #to_ack)
@@ -470,6 +507,8 @@ else
     call_chunked('ZREM', leased_key, to_ack)
     call_chunked('HDEL', jobs_key, acked_ids)
     bury(done_key, acked_ids, expired_done, now_ms, keep_done_ms)
+  elseif maintain then
+    trim_done(done_key, expired_done, MAX_BATCH)
   end
   if from_ready > 0 then redis.call('LTRIM', ready_key, from_ready, -1) end
 

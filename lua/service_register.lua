@@ -43,9 +43,15 @@ ARGV (10 or 11)
 Returns  {'ok', id, started_ms} or {'retry', next_id}.
 Errors   PQ_BADARG, PQ_EXISTS (the new id's key already exists: another program writes
          in this namespace), WRONGTYPE; nothing is written on any error.
+Memory   at Redis's maxmemory limit a registration runs whole once the namespace has
+         had a service (its first writes are PEXPIRE and PERSIST of `seq`, which Redis
+         allows there): a worker can start on a full server, which workers drain. The
+         first registration of a new namespace is refused there (OOM; nothing written).
 Replay   a re-sent call finds the id taken and answers {'retry', id + 1}; the first
          run's registration stands (the driver, seeing its own renewal token on the key
          of the id it asked for, takes it as registered).
+Contract v2 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
+         PQ_CONTRACT, before anything is read or written.
 ]]
 
 -- >>> pyqueue prelude: the same in every script; source tests/lua_prelude.lua, copied by tests/lua_prelude.py
@@ -57,6 +63,25 @@ local CHUNK = 500 -- values per unpack(); keeps every redis.call well under Lua'
 local TRIM_BATCH = 10 -- expired tombstones are trimmed this many at a time, at least
 local MAINTENANCE_INTERVAL_MS = 50 -- while READY is busy, maintenance still runs this often
 local NONE = {} -- an empty list to read from; never written to, so no call allocates its own
+local CONTRACT_VERSION = 2 -- of the KEYS and ARGV the headers list; lua/README.md section 10
+
+-- Every script's first check, before any other check, read or write: a PQ_CONTRACT text
+-- unless the call passes `nkeys` KEYS and lo..hi ARGV (with `step`: lo plus a multiple
+-- of it), else nil. A client written for another contract version gets this answer,
+-- never a Lua error, an error about some other argument, or a write.
+local function contract(script, nkeys, lo, hi, step)
+  local expected, got
+  if #KEYS ~= nkeys then
+    expected, got = nkeys .. (nkeys == 1 and ' key' or ' keys'), #KEYS
+  elseif #ARGV < lo or #ARGV > hi or (#ARGV - lo) % (step or 1) ~= 0 then
+    expected, got = lo .. (lo == 1 and ' argument' or ' arguments'), #ARGV
+    if hi > lo then expected = lo .. '..' .. hi .. ' arguments' end
+    if step then expected = expected .. ' in steps of ' .. step end
+  else
+    return nil
+  end
+  return string.format('PQ_CONTRACT %s expects %s (contract v%d), got %d', script, expected, CONTRACT_VERSION, got)
+end
 
 -- An integer argument in [lo, hi] ('^-?%d+$'), or nil and a PQ_BADARG text naming it.
 local function int_arg(value, name, lo, hi)
@@ -143,11 +168,19 @@ local function hmget(key, fields)
   return out
 end
 
+-- Remove up to `most` of the `expired` tombstones of `key` (done), counted before any
+-- write, once at least TRIM_BATCH have expired: the lowest ranks are the earliest
+-- expiries. A removal is a write Redis allows at its memory limit, and after it the
+-- script's other writes are allowed too (tests/test_operations.py pins this down).
+local function trim_done(key, expired, most)
+  if expired >= TRIM_BATCH then
+    redis.call('ZREMRANGEBYRANK', key, 0, math.min(expired, most) - 1)
+  end
+end
+
 -- Tombstone acked ids in `key` (done; ack.lua). Trim the `expired` lowest ranks first: ZADD may re-rank them.
 local function bury(key, ids, expired, now_ms, keep_done_ms)
-  if expired >= TRIM_BATCH then
-    redis.call('ZREMRANGEBYRANK', key, 0, math.min(expired, #ids + TRIM_BATCH) - 1)
-  end
+  trim_done(key, expired, #ids + TRIM_BATCH)
   local kept_until = now_ms + keep_done_ms
   if keep_done_ms == 0 then
     return
@@ -182,6 +215,8 @@ end
 -- <<< pyqueue prelude
 
 local seq_key, ids_key, expiry_key, queues_key, service_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local contract_error = contract('service_register', 5, 10, 11)
+if contract_error then return redis.error_reply(contract_error) end
 
 -- 1. Validate.
 local err, now_ms, id, pid, expire_ms, capacity, gc_limit
@@ -237,7 +272,16 @@ end
 err = expect_type(ids_key, 'list') or expect_type(expiry_key, 'zset') or expect_type(queues_key, 'hash')
 if err then return redis.error_reply(err) end
 
--- 3. Write. INCR first: if `seq` holds another type it fails before anything else.
+-- 3. Write. At its memory limit Redis refuses a script's first write when that write
+-- may grow memory, and lets every later one through (it cannot stop a script half-way).
+-- A worker must be able to start on a full server: workers are what drain it. So when
+-- `seq` exists (the namespace has had a service), the first writes are PEXPIRE and
+-- PERSIST of `seq`, which Redis allows at the limit and which together change nothing.
+if next_id > 1 then
+  redis.call('PEXPIRE', seq_key, 86400000)
+  redis.call('PERSIST', seq_key)
+end
+-- INCR next: if `seq` holds a string that is not an integer it fails before any change.
 redis.call('INCR', seq_key)
 redis.call('HSET', service_key, 'host', host, 'pid', pid, 'started', now_ms, 'renewed', now_ms,
   'renewal', renewal, 'registration', registration, 'queues', queues)

@@ -94,7 +94,7 @@ from pyqueue.core import (
     stats_call,
     text,
 )
-from pyqueue.errors import InvalidArgument, map_redis_error
+from pyqueue.errors import InvalidArgument, OutOfMemory, map_redis_error
 from pyqueue.keys import QueueKeys, check_name
 from pyqueue.models import (
     Cancelled,
@@ -287,17 +287,26 @@ class QueueCore:
     def plan_check_partitions(self, *, record: bool = True) -> Plan[None]:
         """Refuse to go on if Redis records another partition count for this queue
         (``partitions`` in ``{<name>}``'s ``counters`` hash), and with ``record`` write
-        ours if none is recorded yet (HSETNX, then HGET: one round trip). A queue object
-        does this around its first call; a worker at start.
+        ours if none is recorded yet. A queue object does this around its first call; a
+        worker at start.
+
+        The check reads (HGET); the record is a second round trip (HSETNX, then HGET),
+        sent only while nothing is recorded. A server at its memory limit refuses that
+        write: the count then stays unrecorded, nothing is raised (the call it follows
+        has run, and a lease must not be orphaned by an error after it), and the next
+        call of this object tries again.
 
         Raises:
             InvalidArgument: producers or workers of this queue use another count.
         """
         counters = QueueKeys(self.keys.prefix, self.name).counters
-        commands: list[tuple[Any, ...]] = [("HGET", counters, "partitions")]
-        if record:
-            commands.insert(0, ("HSETNX", counters, "partitions", self.partitions))
-        recorded = (yield Commands(counters, commands))[-1]
+        read = ("HGET", counters, "partitions")
+        recorded = (yield Commands(counters, [read]))[-1]
+        if recorded is None and record:
+            try:
+                recorded = (yield Commands(counters, [("HSETNX", counters, "partitions", self.partitions), read]))[-1]
+            except OutOfMemory:
+                recorded = None
         if recorded is not None and int(recorded) != self.partitions:
             raise InvalidArgument(
                 f"queue {self.name!r} has {int(recorded)} partition(s) recorded in Redis, but this queue object "

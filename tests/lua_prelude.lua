@@ -7,6 +7,25 @@ local CHUNK = 500 -- values per unpack(); keeps every redis.call well under Lua'
 local TRIM_BATCH = 10 -- expired tombstones are trimmed this many at a time, at least
 local MAINTENANCE_INTERVAL_MS = 50 -- while READY is busy, maintenance still runs this often
 local NONE = {} -- an empty list to read from; never written to, so no call allocates its own
+local CONTRACT_VERSION = 2 -- of the KEYS and ARGV the headers list; lua/README.md section 10
+
+-- Every script's first check, before any other check, read or write: a PQ_CONTRACT text
+-- unless the call passes `nkeys` KEYS and lo..hi ARGV (with `step`: lo plus a multiple
+-- of it), else nil. A client written for another contract version gets this answer,
+-- never a Lua error, an error about some other argument, or a write.
+local function contract(script, nkeys, lo, hi, step)
+  local expected, got
+  if #KEYS ~= nkeys then
+    expected, got = nkeys .. (nkeys == 1 and ' key' or ' keys'), #KEYS
+  elseif #ARGV < lo or #ARGV > hi or (#ARGV - lo) % (step or 1) ~= 0 then
+    expected, got = lo .. (lo == 1 and ' argument' or ' arguments'), #ARGV
+    if hi > lo then expected = lo .. '..' .. hi .. ' arguments' end
+    if step then expected = expected .. ' in steps of ' .. step end
+  else
+    return nil
+  end
+  return string.format('PQ_CONTRACT %s expects %s (contract v%d), got %d', script, expected, CONTRACT_VERSION, got)
+end
 
 -- An integer argument in [lo, hi] ('^-?%d+$'), or nil and a PQ_BADARG text naming it.
 local function int_arg(value, name, lo, hi)
@@ -93,11 +112,19 @@ local function hmget(key, fields)
   return out
 end
 
+-- Remove up to `most` of the `expired` tombstones of `key` (done), counted before any
+-- write, once at least TRIM_BATCH have expired: the lowest ranks are the earliest
+-- expiries. A removal is a write Redis allows at its memory limit, and after it the
+-- script's other writes are allowed too (tests/test_operations.py pins this down).
+local function trim_done(key, expired, most)
+  if expired >= TRIM_BATCH then
+    redis.call('ZREMRANGEBYRANK', key, 0, math.min(expired, most) - 1)
+  end
+end
+
 -- Tombstone acked ids in `key` (done; ack.lua). Trim the `expired` lowest ranks first: ZADD may re-rank them.
 local function bury(key, ids, expired, now_ms, keep_done_ms)
-  if expired >= TRIM_BATCH then
-    redis.call('ZREMRANGEBYRANK', key, 0, math.min(expired, #ids + TRIM_BATCH) - 1)
-  end
+  trim_done(key, expired, #ids + TRIM_BATCH)
   local kept_until = now_ms + keep_done_ms
   if keep_done_ms == 0 then
     return

@@ -66,6 +66,8 @@ T0 = 1_700_000_000_000
 MAINTENANCE_INTERVAL_MS = 50
 #: ack.lua / lease.lua trim expired tombstones once at least this many have expired.
 TRIM_BATCH = 10
+#: The most expired tombstones a lease that acks nothing trims (the prelude's MAX_BATCH).
+MAX_BATCH = 1000
 #: ack_result.lua: the finished stream keeps this many entries.
 STREAM_LENGTH = 1000
 #: keep_done_ms of each worker's Queue: none, short, the default (expiry at the clock
@@ -286,14 +288,19 @@ class QueueModel:
         """Delete the jobs' records and tombstone their ids (the prelude's bury): trim
         expired tombstones first (counted before any write, at least TRIM_BATCH at a
         time, at most TRIM_BATCH more than buried)."""
-        expired = sum(1 for until in self.done.values() if until <= now)
         for job_id in ids:
             del self.jobs[job_id]
-        if expired >= TRIM_BATCH:
-            for job_id in zsorted(self.done)[: min(expired, len(ids) + TRIM_BATCH)]:
-                del self.done[job_id]
+        self._trim_done(now, len(ids) + TRIM_BATCH)
         if keep_done_ms > 0:
             self.done.update((job_id, now + keep_done_ms) for job_id in ids)
+
+    def _trim_done(self, now: int, most: int) -> None:
+        """The prelude's trim_done: once at least TRIM_BATCH tombstones have expired,
+        remove up to ``most`` of them, earliest expiry first."""
+        expired = sum(1 for until in self.done.values() if until <= now)
+        if expired >= TRIM_BATCH:
+            for job_id in zsorted(self.done)[: min(expired, most)]:
+                del self.done[job_id]
 
     def _fail(self, lease: Lease, now: int, due_ms: int | None = None) -> Record:
         """Persist a failed lease's attempt in the record (due_ms = now unless given)."""
@@ -370,6 +377,8 @@ class QueueModel:
         wake = not acks and order_length > take and self.paused_ms is None and not rate_cut
 
         self._ack(to_ack, now, keep_done_ms)
+        if maintain and not to_ack:
+            self._trim_done(now, MAX_BATCH)  # a drained queue gets no acks to trim for it
         if maintain:
             for job_id in promoted:
                 del self.scheduled[job_id]

@@ -31,6 +31,7 @@ from conftest import RedisServer, require_redis_server
 from helpers import contents, dump_all, restore_all
 
 from pyqueue import Job, NewJob, Outcome, OutOfMemory, Queue
+from pyqueue.cli import main as cli_main
 from pyqueue.queue import MAX_BATCH
 from pyqueue.scripts import SCRIPT_KEYS
 from pyqueue.service import Services
@@ -221,9 +222,13 @@ MUST_RUN_AT_THE_LIMIT = {
     # only first write Redis lets through at the limit), so workers keep working.
     "extend", "release", "nack (to scheduled)", "nack (to dead)", "promote", "scrub", "dead_replay", "dead_purge",
     "service_renew", "service_deregister",
+    # A worker must be able to start on a full server, which workers drain: in a
+    # namespace that has had a service, registration's first writes are PEXPIRE and
+    # PERSIST of the id counter (allowed at the limit, no net change).
+    "service_register",
 }
 #: Transitions that must be refused at the limit: they add jobs.
-MUST_BE_REFUSED_AT_THE_LIMIT = {"enqueue", "enqueue_many", "enqueue (a duplicate)", "service_register"}
+MUST_BE_REFUSED_AT_THE_LIMIT = {"enqueue", "enqueue_many", "enqueue (a duplicate)"}
 
 
 def test_past_the_memory_limit_every_transition_runs_whole_or_is_refused_having_written_nothing(
@@ -248,6 +253,60 @@ def test_past_the_memory_limit_every_transition_runs_whole_or_is_refused_having_
     request.node.user_properties.append(("outcomes at the memory limit", outcomes))
     assert {n for n, o in outcomes.items() if o == "runs"} >= MUST_RUN_AT_THE_LIMIT, outcomes
     assert {n for n, o in outcomes.items() if o == "refused"} >= MUST_BE_REFUSED_AT_THE_LIMIT, outcomes
+
+
+def over_the_limit(r: redis.Redis) -> None:
+    """Put the server past its memory limit, as other data than the queue's would (a
+    value of 1 MB, and maxmemory 1 byte)."""
+    r.set("someone-else's-data", b"x" * 1_000_000)
+    r.config_set("maxmemory", 1)
+
+
+def test_a_drained_queue_frees_its_expired_tombstones_so_a_full_server_takes_enqueues_again(r: redis.Redis) -> None:
+    """Issue #19: each ack leaves a tombstone, and only acks trimmed expired ones, so a
+    drained queue (no more acks) kept them for good and a full server stayed full. An
+    idle worker's lease now trims them, at most 1000 per call."""
+    q = Queue("q", r, keep_done_ms=200)
+    for _ in range(3):
+        q.enqueue_many([NewJob(PAYLOAD) for _ in range(MAX_BATCH)])
+    while jobs := q.lease(count=MAX_BATCH):
+        q.ack_many(jobs)
+    time.sleep(0.3)  # every tombstone has expired
+    tombstones = r.zcard(q.keys.done)
+    assert tombstones >= 2_000  # acks trim at most 10 more than they ack
+    done_bytes = r.memory_usage(q.keys.done)
+    assert done_bytes is not None
+    # Past the limit by less than the tombstones hold: freeing them makes room again.
+    r.config_set("maxmemory", r.info("memory")["used_memory"] - done_bytes // 2)
+    with pytest.raises(OutOfMemory):
+        q.enqueue(b"refused while the tombstones hold the memory")
+    for _ in range(-(-tombstones // MAX_BATCH)):  # as many idle polls as needed, no more
+        before = r.zcard(q.keys.done)
+        assert q.lease() == []  # an idle worker's poll
+        assert 0 < before - r.zcard(q.keys.done) <= MAX_BATCH  # bounded work per call
+    assert r.zcard(q.keys.done) == 0
+    assert q.enqueue(b"room again").added
+
+
+def test_at_the_memory_limit_a_fresh_queue_objects_lease_and_stats_work_and_a_worker_starts(
+    server: RedisServer, r: redis.Redis, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #19: a queue object's first call recorded the partition count with a write
+    (HSETNX) after the call itself; at the limit that write failed, so a lease raised
+    OutOfMemory with its jobs already leased (to nobody, until expiry), stats failed, and
+    a worker could not start."""
+    Queue("q", r).enqueue_many([NewJob(PAYLOAD, job_id=f"j{i}") for i in range(5)])
+    Worker(["elsewhere"], lambda job: None, redis=r, block_ms=50).run(burst=True, install_signal_handlers=False)
+    r.hdel(Queue("q", r).keys.counters, "partitions")  # as on a queue no object has recorded yet
+    over_the_limit(r)
+
+    assert [job.id for job in Queue("q", r).lease(count=2)] == ["j0", "j1"]
+    assert Queue("q", r).stats().ready == 3
+    ran: list[str] = []
+    Worker(["q"], lambda job: ran.append(job.id), redis=r, block_ms=50).run(burst=True, install_signal_handlers=False)
+    assert ran == ["j2", "j3", "j4"]
+    assert cli_main(["--url", server.url(), "stats", "q"]) == 0
+    assert "q" in capsys.readouterr().out
 
 
 # -- c. no BUSY reply at the batch limits with 100,000 jobs queued -----------------------
