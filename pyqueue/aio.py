@@ -39,7 +39,10 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.commands.core import AsyncScript
 
-from pyqueue.clients import URL_VARIABLE, client_settings, default_url, embedded_server, eviction_problems, log, redact_url
+from pyqueue.clients import (
+    URL_VARIABLE, client_settings, default_url, embedded_server, eviction_problems, is_sentinel_url, log,
+    parse_sentinel_url, redact_url, sentinel_master,
+)
 from pyqueue.core import (
     MAX_BATCH,
     Arg,
@@ -88,10 +91,14 @@ def connect(url: str, **options: Any) -> AsyncClient:
     ``socket_timeout_s``, ``socket_connect_timeout_s``, ``cluster``). Connections open
     lazily, at the first call; only a plain ``redis://`` URL with ``cluster=None`` asks
     the server once, now and blocking, whether it is a cluster (pass
-    ``redis+cluster://`` or ``cluster=`` to skip that)."""
+    ``redis+cluster://`` or ``cluster=`` to skip that). A ``redis+sentinel://`` URL gives
+    a client of ``redis.asyncio.sentinel``, which asks the sentinels where the master is."""
     if url in ("embedded", "fakeredis://"):
         return embedded_redis()
     url, is_cluster, settings = client_settings(url, retry_class=AsyncRetry, **options)
+    if is_sentinel_url(url):
+        client: AsyncClient = sentinel_master(parse_sentinel_url(url), {**settings, "health_check_interval": 30}, asyncio=True)
+        return client
     if is_cluster:
         return AsyncRedisCluster.from_url(url, **settings)
     # redis.asyncio retries on connection errors and timeouts by default.

@@ -1,5 +1,6 @@
-"""Redis clients the way pyqueue needs them: one server or a Redis Cluster, undecoded,
-with explicit retries and timeouts, and a twin for blocking waits.
+"""Redis clients the way pyqueue needs them: one server (possibly found through Redis
+Sentinel) or a Redis Cluster, undecoded, with explicit retries and timeouts, and a twin
+for blocking waits.
 
 Every other module takes a :data:`Client` (a ``redis.Redis`` or a
 ``redis.cluster.RedisCluster``) and asks this module what differs between the two:
@@ -8,7 +9,8 @@ Every other module takes a :data:`Client` (a ``redis.Redis`` or a
   ``rediss+cluster://``) asks for a cluster explicitly; a plain ``redis://`` URL is
   probed with ``INFO cluster`` and becomes a cluster client when the server is in
   cluster mode (a user not allowed to run INFO gets a one-server client: use the
-  explicit scheme then).
+  explicit scheme then). ``redis+sentinel://`` (``rediss+sentinel://``) asks Sentinel
+  where the master of a service is, and follows it across failovers (grammar below).
 * :func:`bytes_client` and :func:`blocking_twin` make siblings with other connection
   settings (no reply decoding; a socket timeout that outlasts a blocking wait).
 * :func:`primaries` lists one plain client per primary: for what must ask every node
@@ -20,6 +22,42 @@ Every other module takes a :data:`Client` (a ``redis.Redis`` or a
 On a cluster every script call names keys of one hash tag, so redis-py routes it to the
 slot's primary and follows MOVED and ASK itself; :mod:`pyqueue.scripts` retries the
 transient answers of a cluster in motion (TRYAGAIN, CLUSTERDOWN, a node lost).
+
+**URLs** (what :func:`connect`, ``Queue.from_url``, ``Tasks(url=)``, ``--url`` and
+``PYQUEUE_URL`` take)::
+
+    redis://[[user]:password@]host[:port][/db][?option=value&...]
+    rediss://...                    the same over TLS
+    unix://[[user]:password@]/path/to/redis.sock[?db=N&...]
+    redis+cluster://[[user]:password@]host[:port][?...]     (rediss+cluster://: TLS)
+    redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/service_name[?...]
+    rediss+sentinel://...           TLS to the master, its replicas and the sentinels
+    embedded                        the in-process fakeredis
+
+The options are redis-py's (``redis.connection.parse_url``): ``db``,
+``socket_timeout``, ``client_name``, ``protocol``, ... and, with ``rediss``, the TLS
+ones: ``ssl_ca_certs`` (a PEM file of the CA that signed the server's certificate),
+``ssl_certfile`` and ``ssl_keyfile`` (a client certificate and its key, for servers
+started with ``tls-auth-clients yes``), ``ssl_cert_reqs`` (``required``, the default;
+``optional``; ``none``: no verification at all), ``ssl_check_hostname``
+(``true``/``false``; default true: the certificate must name the host), ``ssl_ca_path``,
+``ssl_password``, ``ssl_min_version``, ``ssl_ciphers``. A certificate that does not
+verify raises :class:`~pyqueue.errors.TLSError` (nothing was sent, retrying does not
+help). An option in the URL wins over the keyword argument of :func:`connect` that sets
+the same thing (``socket_timeout`` over ``socket_timeout_s``).
+
+A **Sentinel URL** lists the sentinels (port 26379 when omitted; IPv6 in brackets) and
+names the service (the ``sentinel monitor <service_name> ...`` of their
+configuration). ``user:password@`` are the credentials of the master (and replicas),
+as in a ``redis://`` URL; the sentinels are asked without AUTH unless the options
+``sentinel_username=`` / ``sentinel_password=`` say otherwise (``requirepass`` or an
+ACL user in the sentinels' configuration). ``db=N`` picks the master's database (the
+path is the service name, not a database). The other options apply to the master's
+connections, and the TLS ones to the sentinels' too. The client asks the sentinels for
+the master's address at every new connection, and a connection that finds its server
+demoted to a replica (``READONLY``) is dropped and re-made, so workers follow a
+failover by themselves (calls in flight meanwhile raise
+:class:`~pyqueue.errors.OutcomeUnknown`, which a worker retries).
 """
 
 from __future__ import annotations
@@ -28,13 +66,17 @@ import logging
 import os
 import re
 import threading
+from dataclasses import dataclass, field
 from typing import Any, Union
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import redis as redis_lib
+import redis.asyncio
+from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
+from redis.sentinel import Sentinel, SentinelConnectionPool
 
 from pyqueue.errors import InvalidArgument
 
@@ -44,6 +86,10 @@ log = logging.getLogger("pyqueue")
 Client = Union[redis_lib.Redis, RedisCluster]
 
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+#: Sentinel URL schemes (see the module docstring), and the transport each means.
+SENTINEL_SCHEMES = {"redis+sentinel": "redis", "rediss+sentinel": "rediss"}
+#: The port of a sentinel a Sentinel URL names without one.
+SENTINEL_PORT = 26379
 
 _embedded_lock = threading.Lock()
 _embedded_server: Any = None  # a fakeredis.FakeServer, created on first use
@@ -51,7 +97,7 @@ _embedded_server: Any = None  # a fakeredis.FakeServer, created on first use
 #: The environment variable that names the server every entry point uses by default.
 URL_VARIABLE = "PYQUEUE_URL"
 #: The URL schemes :func:`connect` takes (besides ``embedded``).
-URL_SCHEMES = ("redis", "rediss", "unix", *CLUSTER_SCHEMES)
+URL_SCHEMES = ("redis", "rediss", "unix", *CLUSTER_SCHEMES, *SENTINEL_SCHEMES)
 
 # default_client's clients, one per URL (under _default_lock), and the URLs whose choice
 # has been logged ("embedded" included); emptied by reset_default_clients.
@@ -171,14 +217,15 @@ def _announce(key: str, message: str) -> None:
 
 def redact_url(url: str) -> str:
     """``url`` with its password, if any, replaced by ``***`` (in the user part and in a
-    ``password=`` query parameter): fit for a log line or an error message."""
+    ``password=``, ``sentinel_password=`` or ``ssl_password=`` query parameter): fit for
+    a log line or an error message."""
     try:
         parts = urlsplit(url)
     except ValueError:  # unparsable (a bad IPv6 host): show nothing but the scheme
         return url.partition("://")[0] + "://..."
     if parts.password is not None:  # the netloc comes first after "<scheme>://"
         url = url.replace(parts.netloc, f"{parts.username or ''}:***@{parts.netloc.rpartition('@')[2]}", 1)
-    return re.sub(r"([?&]password=)[^&#]*", r"\1***", url)
+    return re.sub(r"([?&](?:sentinel_|ssl_)?password=)[^&#]*", r"\1***", url)
 
 
 def connect(
@@ -193,7 +240,9 @@ def connect(
 
     Args:
         url: ``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://``,
-            ``rediss+cluster://``, or ``embedded`` (the in-process fakeredis).
+            ``rediss+cluster://``, ``redis+sentinel://``, ``rediss+sentinel://``, or
+            ``embedded`` (the in-process fakeredis); the grammar and the options are
+            in the module docstring.
         retries: redis-py re-sends a command up to this many times after a connection
             error or timeout, with jittered exponential backoff (10 ms doubling, capped
             at 1 s). Re-sending is safe because every script is replay-safe. After the
@@ -204,7 +253,11 @@ def connect(
             connection with a longer timeout (see :func:`blocking_twin`).
         cluster: ``True``/``False`` to say whether the server is a Redis Cluster;
             ``None`` (default) takes a ``+cluster`` scheme as yes and otherwise asks
-            the server (``INFO cluster``).
+            the server (``INFO cluster``). A Sentinel URL is never a cluster.
+
+    Raises:
+        InvalidArgument: ``url`` is not a URL pyqueue can connect to (an unknown scheme,
+            a malformed host or port, an option redis-py cannot read).
     """
     if url in ("embedded", "fakeredis://"):
         return embedded_redis()
@@ -215,9 +268,17 @@ def connect(
         socket_connect_timeout_s=socket_connect_timeout_s,
         cluster=cluster,
     )
-    if cluster:
-        return RedisCluster.from_url(url, **settings)
-    return redis_lib.Redis.from_url(url, **settings, **ONE_SERVER_SETTINGS)
+    try:
+        if is_sentinel_url(url):
+            client: Client = sentinel_master(parse_sentinel_url(url), {**settings, **ONE_SERVER_SETTINGS})
+            return client
+        if cluster:
+            return RedisCluster.from_url(url, **settings)
+        return redis_lib.Redis.from_url(url, **settings, **ONE_SERVER_SETTINGS)
+    except InvalidArgument:
+        raise
+    except ValueError as exc:  # redis-py's word on a URL it cannot read
+        raise InvalidArgument(f"{redact_url(url)!r} is not a URL pyqueue can connect to: {exc}") from exc
 
 
 #: What a one-server client gets beyond :func:`client_settings` (a cluster client
@@ -241,8 +302,17 @@ def client_settings(
     to pass redis-py, whether it names a cluster, and the client keyword arguments,
     the retry policy included (``retry_class``: redis-py's sync or asyncio ``Retry``)."""
     scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in URL_SCHEMES:
+        raise InvalidArgument(
+            f"{redact_url(url)!r} is not a URL pyqueue can connect to: it must start with "
+            + ", ".join(f"{s}://" for s in URL_SCHEMES) + ", or be 'embedded'"
+        )
+    _check_tls_options(url)
     if scheme in CLUSTER_SCHEMES:
         url, cluster = f"{CLUSTER_SCHEMES[scheme]}{sep}{rest}", True
+    if scheme in SENTINEL_SCHEMES:
+        parse_sentinel_url(url)  # a malformed URL fails here, before anything connects
+        cluster = False
     settings: dict[str, Any] = {
         "socket_timeout": socket_timeout_s,
         "socket_connect_timeout": socket_connect_timeout_s,
@@ -251,12 +321,148 @@ def client_settings(
     }
     if not url.startswith("unix:"):
         settings["socket_keepalive"] = True
-    if url.startswith("unix:"):
+    if url.startswith("unix:") or scheme in SENTINEL_SCHEMES:
         cluster = False
     elif cluster is None:
         probe = {k: v for k, v in settings.items() if k != "retry"}
         cluster = _server_is_cluster(url, probe)
     return url, bool(cluster), settings
+
+
+def _check_tls_options(url: str) -> None:
+    """Refuse ``ssl_*`` options in a URL without TLS (``redis://``): redis-py would fail
+    on them at the first connection, far from the mistake."""
+    scheme = url.partition("://")[0]
+    query = urlsplit(url).query if "?" in url else ""
+    named = sorted({name for name, _ in parse_qsl(query) if name.startswith("ssl_")})
+    if named and not scheme.startswith("rediss"):
+        hint = f": write {scheme.replace('redis', 'rediss', 1)}://" if scheme.startswith("redis") else ""
+        raise InvalidArgument(f"{redact_url(url)!r} sets {', '.join(named)} but {scheme}:// does not use TLS{hint}")
+
+
+@dataclass(frozen=True)
+class SentinelURL:
+    """A ``redis+sentinel://`` URL taken apart (:func:`parse_sentinel_url`)."""
+
+    #: The sentinels' (host, port), in the URL's order.
+    sentinels: list[tuple[str, int]]
+    #: The name the sentinels monitor the master under.
+    service_name: str
+    #: Connection options of the master and its replicas: the URL's credentials, ``db``,
+    #: ``ssl`` and the other options (converted as redis-py converts a URL's options).
+    master: dict[str, Any] = field(default_factory=dict)
+    #: Connection options of the sentinels: ``sentinel_username``/``sentinel_password``
+    #: (as ``username``/``password``) and the TLS options.
+    sentinel: dict[str, Any] = field(default_factory=dict)
+
+
+def is_sentinel_url(url: str) -> bool:
+    """Whether ``url`` is a ``redis+sentinel://`` or ``rediss+sentinel://`` URL."""
+    return url.partition("://")[0] in SENTINEL_SCHEMES
+
+
+def parse_sentinel_url(url: str) -> SentinelURL:
+    """Take a Sentinel URL apart (the grammar is in the module docstring).
+
+    Raises:
+        InvalidArgument: not a Sentinel URL, no sentinel or no service named, a
+            malformed host or port, an option value redis-py cannot read.
+    """
+    from redis.connection import URL_QUERY_ARGUMENT_PARSERS
+
+    scheme, sep, _ = url.partition("://")
+    shown = redact_url(url)
+    if not sep or scheme not in SENTINEL_SCHEMES:
+        raise InvalidArgument(f"{shown!r} is not a Sentinel URL (redis+sentinel:// or rediss+sentinel://)")
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise InvalidArgument(f"{shown!r} is not a Sentinel URL pyqueue can read: {exc}") from exc
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    service = unquote(parts.path[1:])
+    if not service or "/" in service:
+        raise InvalidArgument(
+            f"{shown!r} names no service: write {scheme}://host:26379[,host:26379...]/<service_name> "
+            "(the name in the sentinels' 'sentinel monitor'; a database is the option db=N)"
+        )
+    sentinels = [_sentinel_address(item, shown) for item in hosts.split(",")]
+    master: dict[str, Any] = {}
+    sentinel: dict[str, Any] = {}
+    if at:
+        username, colon, password = userinfo.partition(":")
+        if username:
+            master["username"] = unquote(username)
+        if colon and password:
+            master["password"] = unquote(password)
+    for name, value in parse_qsl(parts.query):
+        if name in ("sentinel_username", "sentinel_password"):
+            sentinel[name.removeprefix("sentinel_")] = value
+            continue
+        parser: Any = URL_QUERY_ARGUMENT_PARSERS.get(name)
+        try:
+            master[name] = parser(value) if parser else value
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgument(f"{shown!r}: invalid value for {name!r}") from exc
+        if name.startswith("ssl_"):
+            sentinel[name] = master[name]
+    if SENTINEL_SCHEMES[scheme] == "rediss":
+        master["ssl"] = sentinel["ssl"] = True
+    return SentinelURL(sentinels, service, master, sentinel)
+
+
+def _sentinel_address(item: str, shown: str) -> tuple[str, int]:
+    """``host[:port]`` or ``[ipv6][:port]`` of a Sentinel URL as (host, port)."""
+    if item.startswith("["):
+        host, bracket, port = item[1:].partition("]")
+        if not bracket or (port and not port.startswith(":")):
+            host = ""
+        port = port[1:]
+    else:
+        host, _, port = item.partition(":")
+    if not host or (port and not (port.isdigit() and 0 < int(port) < 65536)):
+        raise InvalidArgument(f"{shown!r}: {item!r} is not a sentinel's host[:port]")
+    return unquote(host), int(port) if port else SENTINEL_PORT
+
+
+class SentinelMaster(redis_lib.Redis):
+    """The client :func:`connect` makes of a Sentinel URL: a ``redis.Redis`` of the
+    master whose ``close()`` also closes its connections to the sentinels."""
+
+    def close(self) -> None:
+        super().close()
+        for sentinel in getattr(self.connection_pool, "sentinel_manager").sentinels:
+            sentinel.close()
+
+
+class AsyncSentinelMaster(redis.asyncio.Redis):
+    """:class:`SentinelMaster` of the async driver (``aclose()`` closes the sentinels'
+    connections too: they belong to the event loop)."""
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        for sentinel in getattr(self.connection_pool, "sentinel_manager").sentinels:
+            await sentinel.aclose()
+
+
+def sentinel_master(parsed: SentinelURL, settings: dict[str, Any], *, asyncio: bool = False) -> Any:
+    """A client of the master of ``parsed``'s service (blocking, or with ``asyncio`` an
+    asyncio one): redis-py's ``Sentinel`` over the sentinels, and its ``master_for``
+    with ``settings`` (the URL's options win, as in ``from_url``).
+
+    The sentinels are asked with the same socket timeouts, at most twice each (a
+    sentinel that does not answer is skipped for the next one), with the URL's
+    sentinel credentials and TLS options."""
+    retry = settings.get("retry")
+    sentinel_kwargs: dict[str, Any] = {k: v for k, v in settings.items() if k.startswith("socket_")}
+    if retry is not None:
+        sentinel_kwargs["retry"] = type(retry)(ExponentialWithJitterBackoff(base=0.01, cap=0.1), 1)
+    sentinel_kwargs.update(parsed.sentinel)
+    kwargs = {**settings, **parsed.master}
+    if asyncio:
+        manager: Any = AsyncSentinel(parsed.sentinels, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
+        return manager.master_for(parsed.service_name, redis_class=AsyncSentinelMaster, **kwargs)
+    manager = Sentinel(parsed.sentinels, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
+    return manager.master_for(parsed.service_name, redis_class=SentinelMaster, **kwargs)
 
 
 def _server_is_cluster(url: str, settings: dict[str, Any]) -> bool:
@@ -296,10 +502,22 @@ def bytes_client(client: Client) -> Client:
     pool = client.connection_pool
     if not pool.connection_kwargs.get("decode_responses"):
         return client
+    return redis_lib.Redis(connection_pool=_pool_sibling(pool, decode_responses=False))
+
+
+def _pool_sibling(pool: Any, **overrides: Any) -> Any:
+    """A new connection pool to the same server as ``pool`` with some connection
+    settings changed. A Sentinel-managed pool gets a sibling managed by the same
+    sentinels for the same service, so it follows the master across failovers too."""
     kwargs = dict(pool.connection_kwargs)
-    kwargs["decode_responses"] = False
-    twin_pool = pool.__class__(connection_class=pool.connection_class, **kwargs)
-    return redis_lib.Redis(connection_pool=twin_pool)
+    kwargs.update(overrides)
+    if isinstance(pool, SentinelConnectionPool):
+        kwargs.pop("connection_pool", None)  # the pool's own proxy, which the new pool makes anew
+        return SentinelConnectionPool(  # type: ignore[no-untyped-call]
+            pool.service_name, pool.sentinel_manager, connection_class=pool.connection_class,
+            is_master=pool.is_master, check_connection=pool.check_connection, **kwargs,
+        )
+    return pool.__class__(connection_class=pool.connection_class, **kwargs)
 
 
 def blocking_twin(client: Client, socket_timeout_s: float) -> Client:
@@ -313,11 +531,7 @@ def blocking_twin(client: Client, socket_timeout_s: float) -> Client:
         twin = _cluster_sibling(client, socket_timeout=socket_timeout_s)
         twin.retry = once
         return twin
-    pool = client.connection_pool
-    kwargs = dict(pool.connection_kwargs)
-    kwargs["socket_timeout"] = socket_timeout_s
-    kwargs["retry"] = once
-    return redis_lib.Redis(connection_pool=pool.__class__(connection_class=pool.connection_class, **kwargs))
+    return redis_lib.Redis(connection_pool=_pool_sibling(client.connection_pool, socket_timeout=socket_timeout_s, retry=once))
 
 
 def disconnect(client: Client) -> None:

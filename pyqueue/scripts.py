@@ -225,6 +225,10 @@ class ScriptTable:
         """The reply of a call followed by WAIT, once enough replicas confirmed it."""
         if isinstance(reply, Exception):
             raise reply
+        if isinstance(replicas, Exception):
+            # The call ran; WAIT itself failed: a primary demoted to a replica while the
+            # WAIT blocked answers UNBLOCKED (a Sentinel failover), so nothing confirmed it.
+            raise NotReplicated(f"the call ran, but its WAIT failed ({replicas}): send it again", 0) from replicas
         if int(replicas) < self.wait_replicas:
             raise NotReplicated(
                 f"the call ran, but {int(replicas)} of {self.wait_replicas} replicas confirmed it within "

@@ -151,9 +151,18 @@ class Services:
         redis: a client; ``None`` uses the embedded fakeredis.
         namespace: 1..128 printable ASCII characters, no spaces or braces.
         prefix: the first part of every key.
+        wait_replicas: as ``Queue(wait_replicas=)``: every registration, renewal and
+            deregistration waits for this many replicas (NotReplicated if fewer confirm).
+            A worker passes its own, so that a renewal answered by a master that was
+            just failed over (a Sentinel failover leaves the old master writable for a
+            while) is sent again instead of leaving the promoted replica an older
+            renewal token, which would make the worker's next renewal find itself lost.
     """
 
-    def __init__(self, redis: Client | None = None, *, namespace: str = DEFAULT_NAMESPACE, prefix: str = "pq") -> None:
+    def __init__(
+        self, redis: Client | None = None, *, namespace: str = DEFAULT_NAMESPACE, prefix: str = "pq",
+        wait_replicas: int = 0,
+    ) -> None:
         self.namespace = check_name(namespace, "namespace")
         if not all(c.isalnum() or c in "_.:-" for c in namespace) or len(namespace) > MAX_NAMESPACE:
             raise InvalidArgument(
@@ -161,7 +170,7 @@ class Services:
             )
         self.keys = ServiceKeys(check_name(prefix, "prefix"), namespace)
         self.redis = bytes_client(redis if redis is not None else default_client())
-        self.scripts = Scripts(self.redis)
+        self.scripts = Scripts(self.redis, wait_replicas=wait_replicas)
 
     def _call(self, step: ScriptCall) -> Any:
         return self.scripts.execute(step)

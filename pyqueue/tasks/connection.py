@@ -223,6 +223,8 @@ def _twin(client: Any, cls: Any) -> Any:
     kwargs = {k: v for k, v in pool.connection_kwargs.items() if k in _SHARED_SETTINGS}
     old_retry = pool.connection_kwargs.get("retry")
     name = pool.connection_class.__name__
+    if hasattr(pool, "sentinel_manager"):  # a redis+sentinel:// client (either kind)
+        return _sentinel_twin(pool, cls, kwargs, old_retry)
     if cls is redis_lib.Redis:
         import redis.connection as sync_connection
         from redis.retry import Retry as SyncRetry
@@ -238,6 +240,29 @@ def _twin(client: Any, cls: Any) -> Any:
     _carry_retry(old_retry, AsyncRetry, kwargs)
     connection_class = getattr(async_connection, name, async_connection.Connection)
     return aredis.Redis.from_pool(aredis.ConnectionPool(connection_class=connection_class, **kwargs))
+
+
+def _sentinel_twin(pool: Any, cls: Any, kwargs: dict[str, Any], old_retry: Any) -> Any:
+    """A client of class ``cls`` (blocking or asyncio) of the master a Sentinel-managed
+    ``pool`` serves: a Sentinel of that kind over the same sentinels, with their
+    settings taken over the same way, so the twin follows a failover too."""
+    from redis.asyncio.retry import Retry as AsyncRetry
+    from redis.retry import Retry as SyncRetry
+
+    from pyqueue.clients import SentinelURL, sentinel_master
+
+    manager = pool.sentinel_manager
+    sentinels = [
+        (s.connection_pool.connection_kwargs["host"], s.connection_pool.connection_kwargs["port"])
+        for s in manager.sentinels
+    ]
+    sentinel_kwargs = {k: v for k, v in manager.sentinel_kwargs.items() if k in _SHARED_SETTINGS or k == "ssl"}
+    kwargs["ssl"] = "SSL" in pool.connection_class.__name__
+    retry_class = SyncRetry if cls is redis_lib.Redis else AsyncRetry
+    _carry_retry(old_retry, retry_class, kwargs)
+    _carry_retry(manager.sentinel_kwargs.get("retry"), retry_class, sentinel_kwargs)
+    parsed = SentinelURL(sentinels, pool.service_name, kwargs, sentinel_kwargs)
+    return sentinel_master(parsed, {}, asyncio=cls is not redis_lib.Redis)
 
 
 #: Connection settings a twin client takes over (plain values, the same in both kinds).
