@@ -26,6 +26,7 @@ from pyqueue.errors import (
     ServiceError,
     ServiceExists,
     ServiceLost,
+    TLSError,
     WrongTypeError,
 )
 from pyqueue.keys import QueueKeys
@@ -118,5 +119,6 @@ __all__ = [
     "TaskResultMissing",
     "Tasks",
     "TimeLimitExceeded",
+    "TLSError",
     "WrongTypeError",
 ]

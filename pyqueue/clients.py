@@ -329,15 +329,24 @@ def client_settings(
     return url, bool(cluster), settings
 
 
+#: The TLS options of a URL that name a file (or, ``ssl_ca_path``, a directory).
+TLS_FILE_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_ca_path")
+
+
 def _check_tls_options(url: str) -> None:
-    """Refuse ``ssl_*`` options in a URL without TLS (``redis://``): redis-py would fail
-    on them at the first connection, far from the mistake."""
+    """Refuse ``ssl_*`` options in a URL without TLS (``redis://``), and a TLS option
+    that names a file that is not there: redis-py would fail on them only at the first
+    connection, as a lost connection (``OutcomeUnknown``), far from the mistake."""
     scheme = url.partition("://")[0]
     query = urlsplit(url).query if "?" in url else ""
-    named = sorted({name for name, _ in parse_qsl(query) if name.startswith("ssl_")})
+    options = parse_qsl(query)
+    named = sorted({name for name, _ in options if name.startswith("ssl_")})
     if named and not scheme.startswith("rediss"):
         hint = f": write {scheme.replace('redis', 'rediss', 1)}://" if scheme.startswith("redis") else ""
         raise InvalidArgument(f"{redact_url(url)!r} sets {', '.join(named)} but {scheme}:// does not use TLS{hint}")
+    for name, value in options:
+        if name in TLS_FILE_OPTIONS and not os.path.exists(value):
+            raise InvalidArgument(f"{redact_url(url)!r}: {name}={value!r}: no such file")
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@
     │   └── ServiceLost              the service key is gone or was changed (the
     │                                service_renew answer 'lost')
     ├── OutOfMemory                  Redis refused a write at its memory limit (OOM)
+    ├── TLSError                     a certificate did not verify: the server's (against
+    │                                ssl_ca_certs), or the client's (the server refused it)
     ├── ScriptError                  any other error reply from a script
     │   └── PermissionDenied         the ACL user may not use a key or a command (NOPERM)
     └── OutcomeUnknown               the connection failed during a call: the script may
@@ -28,6 +30,7 @@ matching class above.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -70,6 +73,14 @@ class ServiceLost(ServiceError):
 
 class OutOfMemory(PyQueueError):
     """Redis is at its ``maxmemory`` limit and refused the write. Nothing was written."""
+
+
+class TLSError(PyQueueError):
+    """The TLS handshake with Redis failed on a certificate: the server's did not verify
+    (not signed by a CA in ``ssl_ca_certs``, or not naming the host), or the server
+    refused the client's (``ssl_certfile``: a CA it does not trust). No command ran, and
+    sending one again fails the same way until the certificates or the URL's ``ssl_*``
+    options are fixed, so this is not an :class:`OutcomeUnknown` (README, "Deploying")."""
 
 
 class ScriptError(PyQueueError):
@@ -125,6 +136,9 @@ def map_redis_error(exc: Exception) -> PyQueueError:
     """
     if isinstance(exc, PyQueueError):
         return exc
+    certificate = tls_certificate_failure(exc)
+    if certificate is not None:
+        return TLSError(f"TLS: a certificate did not verify ({certificate}): check the URL's ssl_* options: {exc}")
     if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
         return OutcomeUnknown(f"connection failed during the call, outcome unknown: {exc}")
     if isinstance(exc, _CLUSTER_IN_MOTION):
@@ -142,6 +156,27 @@ def map_redis_error(exc: Exception) -> PyQueueError:
     if code in CODES:
         return CODES[code][0](message)
     return ScriptError(message)
+
+
+def tls_certificate_failure(exc: BaseException) -> str | None:
+    """What failed, if the connection error ``exc`` (redis-py keeps the ``ssl`` error as
+    its cause) is a certificate that did not verify: ``CERTIFICATE_VERIFY_FAILED`` here,
+    or the server's TLS alert refusing the client's certificate (``UNKNOWN_CA``,
+    ``BAD_CERTIFICATE``, ``CERTIFICATE_REQUIRED``...); else None. A server that just
+    closes the connection (as redis-server does to a client without a certificate when
+    ``tls-auth-clients yes``) is indistinguishable from a lost connection: not this."""
+    seen: BaseException | None = exc
+    for _ in range(10):  # the chain is short; never loop on a cycle
+        if seen is None:
+            return None
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return str(seen.verify_message or seen.reason or seen)
+        if isinstance(seen, ssl.SSLError) and "ALERT" in str(seen.reason) and any(
+            word in str(seen.reason) for word in ("CERTIFICATE", "UNKNOWN_CA", "ACCESS_DENIED")
+        ):
+            return f"the server refused the client certificate: {seen.reason}"
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def mapped(fn: Callable[..., T], *args: Any) -> T:
