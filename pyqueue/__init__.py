@@ -15,6 +15,7 @@ from typing import Any as _Any
 from importlib.metadata import PackageNotFoundError, version
 
 from pyqueue.errors import (
+    ContractMismatch,
     CorruptRecord,
     InvalidArgument,
     NotReplicated,
@@ -81,6 +82,7 @@ __all__ = [
     "__version__",
     "Cancelled",
     "connect",
+    "ContractMismatch",
     "CorruptRecord",
     "current_job",
     "DeadJob",

@@ -4,6 +4,8 @@
 
     PyQueueError                     base of everything pyqueue raises
     ├── InvalidArgument (ValueError) bad input, rejected before anything is written (PQ_BADARG)
+    │   └── ContractMismatch         a call with another number of KEYS or ARGV than the
+    │                                script's contract version lists (PQ_CONTRACT)
     ├── WrongTypeError               a queue key holds another Redis type (WRONGTYPE)
     ├── CorruptRecord                a job record does not parse (PQ_CORRUPT)
     ├── ServiceError                 service lifecycle (registration, renewal)
@@ -45,6 +47,13 @@ class PyQueueError(Exception):
 
 class InvalidArgument(PyQueueError, ValueError):
     """An argument is malformed or out of range. Nothing was written."""
+
+
+class ContractMismatch(InvalidArgument):
+    """A script was called with another number of KEYS or ARGV than its contract lists
+    (PQ_CONTRACT, lua/README.md section 10): the caller was written for another contract
+    version of the scripts. A refusal: the script checks the counts first, so nothing
+    was read or written, and sending the same call again gets the same answer."""
 
 
 class WrongTypeError(PyQueueError):
@@ -122,6 +131,7 @@ class NotReplicated(OutcomeUnknown):
 #: Error codes a script may return, the class each maps to, and what it means.
 CODES: dict[str, tuple[type[PyQueueError], str]] = {
     "PQ_BADARG": (InvalidArgument, "an argument is malformed or out of range"),
+    "PQ_CONTRACT": (ContractMismatch, "the call's number of KEYS or ARGV is not the one the script's contract lists"),
     "PQ_CORRUPT": (CorruptRecord, "a stored record or receipt does not parse"),
     "PQ_EXISTS": (ServiceExists, "the key of a newly allocated service id already exists"),
     "WRONGTYPE": (WrongTypeError, "a key holds another Redis type"),

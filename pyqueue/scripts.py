@@ -20,6 +20,7 @@ script did not run, and every script is replay-safe for the cases where it may h
 from __future__ import annotations
 
 import functools
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -44,7 +45,22 @@ from pyqueue.core import (
     merge_enqueues,
     split_enqueue_reply,
 )
-from pyqueue.errors import NotReplicated, map_redis_error
+from pyqueue.errors import ContractMismatch, NotReplicated, map_redis_error
+
+
+#: The version of the scripts' contract (the KEYS and ARGV of every script, lua/README.md
+#: section 10) this driver is written for: the one number to change with the scripts.
+#: Every script's header states it (a line ``Contract v2``), :class:`ScriptTable` refuses
+#: scripts whose header states another, and a script called with other counts of KEYS or
+#: ARGV answers ``PQ_CONTRACT <script> expects ... (contract v2), got ...``.
+CONTRACT_VERSION = 2
+_CONTRACT_LINE = re.compile(r"^Contract v(\d+)\b", re.M)
+
+
+def contract_version(source: str) -> int | None:
+    """The contract version a script's header comment states, or None if it states none."""
+    m = _CONTRACT_LINE.search(source.split("\n]]\n", 1)[0])
+    return int(m.group(1)) if m else None
 
 
 #: The keys each script takes, by role, in header order (tests compare with the headers).
@@ -198,10 +214,15 @@ class ScriptTable:
         self.wait_replicas = wait_replicas
         self.wait_timeout_ms = wait_timeout_ms
         self.coalesce = coalesce
+        sources = {name: lua_source(name, directory) for name in SCRIPT_KEYS}
+        for name, source in sources.items():
+            if contract_version(source) != CONTRACT_VERSION:
+                raise ContractMismatch(
+                    f"{name}.lua states contract v{contract_version(source)}, this driver speaks "
+                    f"v{CONTRACT_VERSION}: install the scripts of its own version"
+                )
         # Both redis-py clients register scripts alike (EVALSHA, reloaded on NOSCRIPT).
-        self._scripts: dict[str, Any] = {
-            name: client.register_script(lua_source(name, directory)) for name in SCRIPT_KEYS
-        }
+        self._scripts: dict[str, Any] = {name: client.register_script(source) for name, source in sources.items()}
         # (script, keys) -> the KEYS list: built once, not formatted on every call.
         self._key_lists: dict[tuple[str, Keys], list[str]] = {}
 

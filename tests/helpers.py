@@ -3,11 +3,14 @@ and snapshots of the whole keyspace."""
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from typing import Any
 
 import redis
 
 from pyqueue import NewJob, Queue
+from pyqueue.scripts import lua_source
 
 T0 = 1_000_000
 
@@ -18,6 +21,39 @@ def dump_all(client: Any) -> dict[bytes, bytes | None]:
     from conftest import all_keys
 
     return {k: client.dump(k) for k in all_keys(client)}
+
+
+@dataclass(frozen=True)
+class ArgvRule:
+    """The ARGV counts a script's header allows: lo..hi, in steps of ``step`` from lo."""
+
+    lo: int
+    hi: int
+    step: int = 1
+
+    def allows(self, n: int) -> bool:
+        return self.lo <= n <= self.hi and (n - self.lo) % self.step == 0
+
+
+def argv_rule(name: str) -> ArgvRule:
+    """The ARGV counts ``name``.lua's header allows (a call with another count is a
+    PQ_CONTRACT error): ``ARGV (3)``, ``ARGV (6 or 7)``, or a list, ``ARGV (2 + 4n)``,
+    whose length range is on its own line (``1..1000 receipts``, ``0..1000 receipts``,
+    ``integer 1..1000, number of jobs``)."""
+    text = lua_source(name).split("\n]]\n", 1)[0]
+    spec = re.search(r"^ARGV \(([^)]*)\)", text, re.M)
+    assert spec, f"{name}.lua: no 'ARGV (...)' line"
+    if m := re.fullmatch(r"(\d+)", spec.group(1)):
+        return ArgvRule(int(m.group(1)), int(m.group(1)))
+    if m := re.fullmatch(r"(\d+) or (\d+)", spec.group(1)):
+        return ArgvRule(int(m.group(1)), int(m.group(2)))
+    m = re.fullmatch(r"(?:(\d+) \+ )?(\d*)[a-z]", spec.group(1))
+    assert m, f"{name}.lua: unreadable {spec.group(0)!r}"
+    fixed, step = int(m.group(1) or 0), int(m.group(2) or 1)
+    block = text[spec.start():].split("\n\n", 1)[0]
+    items = re.search(r"\b(\d+)\.\.(\d+),? (?:receipts|job ids|number of jobs)", block)
+    assert items, f"{name}.lua: the header gives no length range of its ARGV list"
+    return ArgvRule(fixed + step * int(items.group(1)), fixed + step * int(items.group(2)), step)
 
 
 def busy_queue(q: Queue) -> dict[str, Any]:

@@ -17,6 +17,10 @@ queues as the Python driver on a real redis-server.
   once more, on the Python side. Paused (SIGSTOP) past its expiry instead, it is
   scrubbed the same way, and on SIGCONT it learns its registration was lost, finishes
   its job (whose fenced ack changes nothing), and exits 75 without writing.
+* contract: Node reads the contract version every script states (lua/README.md §10) and
+  refuses a script of another version; the calls of the earlier contract (nack with 8
+  KEYS, service_register without its registration token) are answered PQ_CONTRACT and
+  write nothing.
 
 The produce test also starts its Python worker while delayed jobs are pending: it must
 wait for their due times without polling and run each when due.
@@ -64,11 +68,12 @@ from typing import Any
 
 import pytest
 import redis
-from conftest import IN_CI, RedisServer
+from conftest import IN_CI, RedisServer, dump_all
 
 from pyqueue import Job, NewJob, Outcome, Queue
 from pyqueue.core import decode_result, encode_result
 from pyqueue.queue import DEFAULT_LEASE_MS
+from pyqueue.scripts import CONTRACT_VERSION
 from pyqueue.service import Services
 from pyqueue.tasks import Backoff, EnvelopeError, Task, TaskDead, Tasks, current_job, envelope
 from pyqueue.tasks.codec import canonical, from_json, to_json
@@ -692,6 +697,37 @@ def test_job_control_from_node_cancel_limit_and_a_result_python_reads(server: Re
     assert (s.cancelled, s.rate_limit, s.acked, s.ready, s.dead, s.nacked) == (2, 0, 1, 0, 1, 1)
     assert node["unlimit"]["changed"] is True and node["stats"]["cancelled"] == 2
 
+
+
+def test_node_reads_the_contract_version_and_calls_of_the_earlier_contract_get_pq_contract(
+    server: RedisServer, client: redis.Redis, tmp_path: Path
+) -> None:
+    q = Queue("contract", client)
+    q.enqueue(b"x", job_id="j")
+    (job,) = q.lease(lease_ms=600_000)
+    Services(client, namespace="workers").register(["contract"])
+    other = tmp_path / "lua"
+    shutil.copytree(LUA, other)
+    nack = other / "nack.lua"
+    nack.write_text(nack.read_text().replace(f"\nContract v{CONTRACT_VERSION} ", f"\nContract v{CONTRACT_VERSION + 1} ", 1))
+    before = dump_all(client)
+    node = run_node("contract", server, {"queue": "contract", "receipt": job.receipt, "namespace": "workers",
+                                         "other_dir": str(other)})
+    assert dump_all(client) == before, "a call refused with PQ_CONTRACT wrote"
+    assert node["client_version"] == CONTRACT_VERSION
+    assert node["versions"] and set(node["versions"].values()) == {CONTRACT_VERSION}
+    v = f"(contract v{CONTRACT_VERSION})"
+    assert node["calls"] == {
+        "nack_v1_keys": {"code": "PQ_CONTRACT", "message": f"PQ_CONTRACT nack expects 9 keys {v}, got 8"},
+        "nack_extra_argument": {"code": "PQ_CONTRACT", "message": f"PQ_CONTRACT nack expects 6..7 arguments {v}, got 8"},
+        "service_register_v1_arguments": {
+            "code": "PQ_CONTRACT", "message": f"PQ_CONTRACT service_register expects 10..11 arguments {v}, got 9",
+        },
+        "stats_no_keys": {"code": "PQ_CONTRACT", "message": f"PQ_CONTRACT stats expects 7 keys {v}, got 0"},
+    }
+    assert node["version_from_an_answer"] == CONTRACT_VERSION
+    assert node["other_dir"] == f"nack.lua states contract v{CONTRACT_VERSION + 1}, this client speaks v{CONTRACT_VERSION}"
+    assert q.ack(job) is Outcome.OK  # the lease Node's refused nack named is still Python's
 
 # ---- Tasks (lua/README.md §9) -------------------------------------------------------------
 

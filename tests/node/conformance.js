@@ -27,10 +27,15 @@
 //            another version with backoff
 //   task-decode  decode a payload and a stored result, encode them again, and compute
 //            the payload's unique id (the README §9.7 example)
+//   contract the contract version (README §10) every loaded script states; what the
+//            scripts answer calls of the earlier contract (nack with 8 KEYS, service_register
+//            without its registration token) and a call with no keys; and whether a script
+//            directory of another version is refused
 
 const readline = require('readline');
 const {
   Queue, Service, ScriptRunner, SCRIPT_KEYS, SERVICE_SCRIPT_KEYS, connect, newCall, seconds, monotonicMs,
+  CONTRACT_VERSION, contractVersion, loadScripts,
 } = require('./pyqueue_client');
 const tasks = require('./tasks');
 
@@ -344,6 +349,41 @@ async function control(q, opts) {
   return out;
 }
 
+// The versioned contract (README §10). Every loaded script states the version this
+// client speaks (the runner refuses others). Calls a client of the earlier contract sent
+// (nack with 8 KEYS, before `finished`; service_register with 9 ARGV, before the
+// registration token), one argument too many, and a call with no keys are each answered
+// PQ_CONTRACT naming the version, and write nothing (Python compares the keyspace).
+async function contract(q, opts, redis) {
+  const out = { client_version: CONTRACT_VERSION, versions: {}, calls: {} };
+  for (const [name, { source }] of Object.entries(q.runner.scripts)) out.versions[name] = contractVersion(source);
+  const call = async (what, name, keys, args) => {
+    try {
+      out.calls[what] = { reply: String(await q.runner.run(name, keys, args)) };
+    } catch (err) {
+      out.calls[what] = { code: err.code, message: err.message };
+    }
+  };
+  const nackKeys = SCRIPT_KEYS.nack.map((role) => q.key(role));
+  await call('nack_v1_keys', 'nack', nackKeys.slice(0, 8), ['', opts.receipt, 'v1 client', '', '1000', '60000']);
+  await call('nack_extra_argument', 'nack', nackKeys, ['', opts.receipt, 'e', '', '1000', '60000', '0', 'extra']);
+  const svc = new Service(redis, { namespace: opts.namespace, runner: q.runner });
+  const id = Number((await redis.get(svc.key('seq'))) ?? 0) + 1;
+  await call('service_register_v1_arguments', 'service_register',
+    SERVICE_SCRIPT_KEYS.service_register.map((role) => svc.key(role, id)),
+    ['', String(id), 'node-host', String(process.pid), opts.queue, '60000', '1000', '10', 'renewal1']);
+  await call('stats_no_keys', 'stats', [], ['']);
+  const answered = /\(contract v(\d+)\)/.exec(out.calls.stats_no_keys.message ?? '');
+  out.version_from_an_answer = answered ? Number(answered[1]) : null;
+  try {
+    loadScripts(opts.other_dir);
+    out.other_dir = 'loaded';
+  } catch (err) {
+    out.other_dir = err.message;
+  }
+  return out;
+}
+
 // ---- Tasks (README §9) ----------------------------------------------------------------
 
 // What a decoded value is, for the report: 'Tagged:<tag>', 'Buffer', 'Set', 'Date',
@@ -522,7 +562,7 @@ async function main() {
   try {
     const q = new Queue(redis, opts.queue);
     const scenarios = {
-      produce, consume, share, service, control,
+      produce, consume, share, service, control, contract,
       'task-produce': taskProduce, 'task-work': taskWork, 'task-decode': taskDecode,
     };
     if (!scenarios[scenario]) throw new Error(`unknown scenario ${scenario}`);

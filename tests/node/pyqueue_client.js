@@ -58,12 +58,29 @@ class PqError extends Error {
   }
 }
 
+// The contract version this client is written for (README §10): the KEYS and ARGV of
+// every script as SCRIPT_KEYS and the calls below send them.
+const CONTRACT_VERSION = 2;
+
+// The contract version a script's header states (its line "Contract v<n>"), or null.
+function contractVersion(source) {
+  const header = source.toString('latin1').split('\n]]\n', 1)[0];
+  const m = /^Contract v(\d+)\b/m.exec(header);
+  return m ? Number(m[1]) : null;
+}
+
 // Scripts as the bytes of their files: the SHA1 of those bytes is the SHA every
-// language computes (README §1), so Python and Node share one loaded copy.
-function loadScripts() {
+// language computes (README §1), so Python and Node share one loaded copy. Scripts of
+// another contract version are refused here, before any call can send them counts of
+// KEYS or ARGV they do not take.
+function loadScripts(dir = LUA_DIR) {
   const scripts = {};
   for (const name of [...Object.keys(SCRIPT_KEYS), ...Object.keys(SERVICE_SCRIPT_KEYS)]) {
-    const source = fs.readFileSync(path.join(LUA_DIR, `${name}.lua`)); // a Buffer, never decoded
+    const source = fs.readFileSync(path.join(dir, `${name}.lua`)); // a Buffer, never decoded
+    const version = contractVersion(source);
+    if (version !== CONTRACT_VERSION) {
+      throw new Error(`${name}.lua states contract v${version}, this client speaks v${CONTRACT_VERSION}`);
+    }
     scripts[name] = { source, sha: crypto.createHash('sha1').update(source).digest('hex') };
   }
   return scripts;
@@ -412,5 +429,5 @@ class Service {
 
 module.exports = {
   Queue, Service, ScriptRunner, PqError, SCRIPT_KEYS, SERVICE_SCRIPT_KEYS, SERVICE_DEFAULTS, connect, newCall,
-  loadScripts, seconds, monotonicMs,
+  loadScripts, seconds, monotonicMs, CONTRACT_VERSION, contractVersion,
 };
