@@ -224,7 +224,6 @@ WRONG_TYPE_CASES = [
 #: raises no wake marker, a lease that acks nothing leaves the tombstones alone, and each
 #: nack branch uses only its own destination keys.
 UNTOUCHED = {
-    ("lease", "done"),
     ("ack_and_lease", "wake"),
     ("nack_to_dead", "scheduled"),
     ("nack_to_dead", "wake"),

@@ -65,8 +65,8 @@ MUTANTS = [
     Mutant(
         "ack_trims_one_tombstone_still_in_force",
         "ack",
-        "math.min(expired, #ids + TRIM_BATCH) - 1)",
-        "math.min(expired, #ids + TRIM_BATCH))",
+        "math.min(expired, most) - 1)",
+        "math.min(expired, most))",
     ),
     Mutant(
         "enqueue_treats_a_tombstone_expiring_now_as_in_force",
