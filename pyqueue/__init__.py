@@ -15,6 +15,7 @@ from typing import Any as _Any
 from importlib.metadata import PackageNotFoundError, version
 
 from pyqueue.errors import (
+    AuthenticationFailed,
     ContractMismatch,
     CorruptRecord,
     InvalidArgument,
@@ -80,6 +81,7 @@ except PackageNotFoundError:  # running from a checkout that was never installed
 
 __all__ = [
     "__version__",
+    "AuthenticationFailed",
     "Cancelled",
     "connect",
     "ContractMismatch",

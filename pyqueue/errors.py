@@ -92,6 +92,14 @@ class TLSError(PyQueueError):
     options are fixed, so this is not an :class:`OutcomeUnknown` (README, "Deploying")."""
 
 
+class AuthenticationFailed(PyQueueError):
+    """Redis refused the connection's credentials: a wrong password, an unknown or
+    disabled ACL user, or none given to a server that requires one. No command ran, and
+    sending it again fails the same way until the URL's credentials are fixed, so this is
+    not an :class:`OutcomeUnknown`. A worker starting up waits out a few seconds of it (a
+    password being rotated), then exits 2."""
+
+
 class ScriptError(PyQueueError):
     """An error reply from Redis that none of the other classes describes."""
 
@@ -149,6 +157,8 @@ def map_redis_error(exc: Exception) -> PyQueueError:
     certificate = tls_certificate_failure(exc)
     if certificate is not None:
         return TLSError(f"TLS: a certificate did not verify ({certificate}): check the URL's ssl_* options: {exc}")
+    if is_authentication_failure(exc):
+        return AuthenticationFailed(f"Redis refused the credentials (check the URL's user and password): {exc}")
     if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
         return OutcomeUnknown(f"connection failed during the call, outcome unknown: {exc}")
     if isinstance(exc, _CLUSTER_IN_MOTION):
@@ -166,6 +176,19 @@ def map_redis_error(exc: Exception) -> PyQueueError:
     if code in CODES:
         return CODES[code][0](message)
     return ScriptError(message)
+
+
+#: Replies of a server refusing credentials (redis-py raises some as connection errors).
+_AUTH_REPLIES = ("WRONGPASS", "NOAUTH", "invalid username-password pair", "invalid password",
+                 "HELLO must be called with the client already authenticated", "Client sent AUTH, but no password is set")
+
+
+def is_authentication_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is Redis refusing the connection's credentials (the call never ran)."""
+    if isinstance(exc, (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError,
+                        redis.exceptions.AuthenticationWrongNumberOfArgsError)):
+        return True
+    return isinstance(exc, redis.exceptions.RedisError) and any(reply in str(exc) for reply in _AUTH_REPLIES)
 
 
 def tls_certificate_failure(exc: BaseException) -> str | None:

@@ -58,7 +58,7 @@ import redis as redis_lib
 
 from pyqueue.commit import GroupCommit
 from pyqueue.clients import Client, bytes_client, check_server, default_client, node_for_key
-from pyqueue.errors import InvalidArgument, OutcomeUnknown, OutOfMemory, PyQueueError, ServiceLost
+from pyqueue.errors import AuthenticationFailed, InvalidArgument, OutcomeUnknown, OutOfMemory, PyQueueError, ServiceLost
 from pyqueue.core import DEFAULT_MAX_RESULTS, DEFAULT_RESULT_TTL_MS
 from pyqueue.models import Job, Outcome, Result
 from pyqueue.queue import (
@@ -100,6 +100,10 @@ EXIT_MISCONFIGURED = 78
 TICK_S = 0.05
 #: Cap of the backoff after connection errors.
 MAX_BACKOFF_S = 5.0
+#: How long a starting worker waits out credentials Redis refuses before it gives up
+#: (AuthenticationFailed; ``pyqueue worker`` exits 2): long enough for a password being
+#: rotated, short enough that a wrong one is reported rather than retried for ever.
+AUTH_GRACE_S = 10.0
 #: Redis fires blocking-command timeouts from its timer, every 1/hz (100 ms at the
 #: default hz 10), so a BZPOPMIN timed to a due time may return that much late. The
 #: worker blocks on the server only until this long before a due time and waits the
@@ -506,11 +510,13 @@ class Worker:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, self._on_signal)
         try:
-            self._with_retries(self._check_partitions)
-            self.service = self._register()
-        except BaseException:
+            self._start_up(self._check_partitions, "start-up check")
+            self.service = self._start_up(self._register, "registration")
+        except BaseException as exc:
             for signum, old_handler in previous.items():
                 signal.signal(signum, old_handler)
+            if isinstance(exc, _StoppedDuringStartUp):
+                return self.exit_code
             raise
         self._crash.at("after_register")
         check_server(self.redis)
@@ -546,22 +552,37 @@ class Worker:
         return self.exit_code
 
     def _register(self) -> Service:
-        delay = 0.1
-        while True:
+        sent_at = time.monotonic()
+        # The names leased from: a reaper scrubs each of them (partitions too).
+        service = self.services.register([q.name for q in self.queues], expire_ms=self.expire_ms, tasks=self.task_names)
+        self._renewed_at = self._checked_at = sent_at
+        return service
+
+    def _start_up(self, call: Callable[[], T], what: str) -> T:
+        """``call()`` (replay-safe) until it answers, as the worker starts. It waits out,
+        with backoff, what a running worker waits out (the connection, a cluster in
+        motion, a server at its memory limit), and refused credentials for
+        :data:`AUTH_GRACE_S` (a password being rotated) before raising
+        :class:`AuthenticationFailed`. A stop (SIGTERM, SIGINT, :meth:`stop`) ends it at
+        once, also in the middle of a wait: it raises :class:`_StoppedDuringStartUp`,
+        and :meth:`run` returns the stop's exit code."""
+        delay, refused_since = 0.1, None
+        while not self._stop.is_set():
             try:
-                sent_at = time.monotonic()
-                # The names leased from: a reaper scrubs each of them (partitions too).
-                service = self.services.register(
-                    [q.name for q in self.queues], expire_ms=self.expire_ms, tasks=self.task_names
-                )
-                self._renewed_at = self._checked_at = sent_at
-                return service
+                return call()
             except _RETRY_ON as exc:
-                if self._stop.is_set() or not _retryable(exc):
+                if isinstance(exc, AuthenticationFailed):
+                    refused_since = refused_since if refused_since is not None else time.monotonic()
+                    if time.monotonic() - refused_since >= AUTH_GRACE_S:
+                        raise
+                elif not _retryable(exc):
                     raise
-                log.warning("registration failed (%s); retrying in %.1fs", exc, delay)
-                time.sleep(delay)
+                if self._stop.is_set():
+                    break
+                log.warning("%s failed (%s); retrying in %.1fs", what, exc, delay)
+                self._stop.wait(delay)
                 delay = min(delay * 2, MAX_BACKOFF_S)
+        raise _StoppedDuringStartUp
 
     def _fetch_loop(self, pool: ThreadPoolExecutor, burst: bool) -> None:
         assert self.service is not None
@@ -1130,6 +1151,10 @@ class Worker:
 _RETRY_ON: tuple[type[BaseException], ...] = (*CLUSTER_WEATHER, PyQueueError)
 #: What a failed nack at a time limit may raise (logged; the work is stopped anyway).
 _NACK_AT_LIMIT_ERRORS: tuple[type[BaseException], ...] = (*_RETRY_ON, redis_lib.RedisError)
+
+
+class _StoppedDuringStartUp(Exception):
+    """A stop was requested while the worker was still starting (Worker._start_up)."""
 
 
 def _retryable(exc: BaseException) -> bool:
