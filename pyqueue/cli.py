@@ -377,8 +377,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pyqueue", description="An atomic job queue on Redis.")
     parser.add_argument("--url", default=os.environ.get("PYQUEUE_URL", "embedded"),
-                        help="redis://, rediss://, unix:// or redis+cluster:// URL (a redis:// URL of a cluster node "
-                             "is found to be a cluster), or 'embedded' (default; env PYQUEUE_URL)")
+                        help="redis://, rediss://, unix://, redis+cluster:// or redis+sentinel://host:26379,.../service "
+                             "URL (a redis:// URL of a cluster node is found to be a cluster; README, Deploying), or "
+                             "'embedded' (default; env PYQUEUE_URL)")
     parser.add_argument("--prefix", default="pq", help="key prefix (default pq)")
     parser.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="service namespace (default workers)")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")

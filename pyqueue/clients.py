@@ -66,6 +66,7 @@ import logging
 import os
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Union
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -76,7 +77,7 @@ from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
-from redis.sentinel import Sentinel, SentinelConnectionPool
+from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection, SentinelManagedSSLConnection
 
 from pyqueue.errors import InvalidArgument
 
@@ -433,6 +434,70 @@ def _sentinel_address(item: str, shown: str) -> tuple[str, int]:
     return unquote(host), int(port) if port else SENTINEL_PORT
 
 
+class _DemotionAware:
+    """How a Sentinel-managed connection of pyqueue's sees that its server was demoted.
+
+    redis-py drops a master's connection when a write answers ``READONLY``; but a call
+    that writes nothing there (a replayed renewal finding its own token) is answered,
+    and only its ``WAIT`` says ``WAIT cannot be used with replica instances``. Without
+    this the connection would stay on the demoted server, every call answered
+    NotReplicated, until a write happened to go through it. Taken the same way: the
+    connection is dropped and the call (replay-safe) is sent again, to the master the
+    sentinels name now."""
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().read_response(*args, **kwargs)  # type: ignore[misc]
+        except redis_lib.ResponseError as exc:
+            if str(exc).startswith("WAIT cannot be used with replica") and getattr(self, "connection_pool").is_master:
+                getattr(self, "disconnect")()
+                raise redis_lib.ConnectionError("the master is now a replica (WAIT refused)") from exc
+            raise
+
+
+class _SentinelConnection(_DemotionAware, SentinelManagedConnection):
+    pass
+
+
+class _SentinelSSLConnection(_DemotionAware, SentinelManagedSSLConnection):
+    pass
+
+
+#: How often a Sentinel client asks where the master is (besides at every new connection).
+SENTINEL_CHECK_S = 1.0
+#: ... and how long it waits after no sentinel answered.
+SENTINEL_RECHECK_S = 5.0
+#: The longest a sentinel may take to accept a connection or answer.
+SENTINEL_TIMEOUT_S = 1.0
+
+
+class _SentinelPool(SentinelConnectionPool):
+    """redis-py's Sentinel pool, which asks the sentinels only for a new connection, so
+    its pooled connections stay on a master that ``SENTINEL FAILOVER`` left behind until
+    the sentinels demote it, about 10 s later (every write there is lost then). This one
+    also asks at most once per :data:`SENTINEL_CHECK_S` when it hands out a connection:
+    if the master moved, redis-py drops the idle connections at once and the others
+    when they come back (``owns_connection``). A check no sentinel answered is tried
+    again only after :data:`SENTINEL_RECHECK_S`: while the sentinels are away the
+    master's clients keep working."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+        self._next_check = 0.0
+
+    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        now = time.monotonic()
+        if self.is_master and now >= self._next_check:
+            self._next_check = now + SENTINEL_RECHECK_S
+            try:
+                self.get_master_address()  # type: ignore[no-untyped-call]
+                self._next_check = now + SENTINEL_CHECK_S
+            except (redis_lib.ConnectionError, redis_lib.TimeoutError) as exc:  # MasterNotFoundError too
+                log.info("sentinels of %s not answering (%s): checking again in %.0f s",
+                         self.service_name, exc, SENTINEL_RECHECK_S)
+        return super().get_connection(*args, **kwargs)
+
+
 class SentinelMaster(redis_lib.Redis):
     """The client :func:`connect` makes of a Sentinel URL: a ``redis.Redis`` of the
     master whose ``close()`` also closes its connections to the sentinels."""
@@ -458,11 +523,14 @@ def sentinel_master(parsed: SentinelURL, settings: dict[str, Any], *, asyncio: b
     asyncio one): redis-py's ``Sentinel`` over the sentinels, and its ``master_for``
     with ``settings`` (the URL's options win, as in ``from_url``).
 
-    The sentinels are asked with the same socket timeouts, at most twice each (a
-    sentinel that does not answer is skipped for the next one), with the URL's
-    sentinel credentials and TLS options."""
+    The sentinels are asked at most twice each, with socket timeouts of at most
+    :data:`SENTINEL_TIMEOUT_S` (a sentinel that does not answer is skipped for the next
+    one), with the URL's sentinel credentials and TLS options; the blocking client's
+    pool also re-checks the master's address every second (``_SentinelPool``)."""
     retry = settings.get("retry")
     sentinel_kwargs: dict[str, Any] = {k: v for k, v in settings.items() if k.startswith("socket_")}
+    for name in ("socket_timeout", "socket_connect_timeout"):
+        sentinel_kwargs[name] = min(float(sentinel_kwargs.get(name) or SENTINEL_TIMEOUT_S), SENTINEL_TIMEOUT_S)
     if retry is not None:
         sentinel_kwargs["retry"] = type(retry)(ExponentialWithJitterBackoff(base=0.01, cap=0.1), 1)
     sentinel_kwargs.update(parsed.sentinel)
@@ -471,14 +539,18 @@ def sentinel_master(parsed: SentinelURL, settings: dict[str, Any], *, asyncio: b
         manager: Any = AsyncSentinel(parsed.sentinels, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
         return manager.master_for(parsed.service_name, redis_class=AsyncSentinelMaster, **kwargs)
     manager = Sentinel(parsed.sentinels, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
-    return manager.master_for(parsed.service_name, redis_class=SentinelMaster, **kwargs)
+    kwargs["connection_class"] = _SentinelSSLConnection if kwargs.get("ssl") else _SentinelConnection
+    return manager.master_for(parsed.service_name, redis_class=SentinelMaster, connection_pool_class=_SentinelPool, **kwargs)
 
 
 def _server_is_cluster(url: str, settings: dict[str, Any]) -> bool:
     """Ask the server at ``url`` whether it runs in cluster mode (``INFO cluster``).
     A server that refuses (an ACL user without INFO) or cannot be reached now is taken
     as one server, so that connecting stays lazy: the first call reports the error."""
-    probe = redis_lib.Redis.from_url(url, **settings)
+    try:
+        probe = redis_lib.Redis.from_url(url, **settings)
+    except ValueError as exc:  # redis-py's word on a URL it cannot read (a port not a number)
+        raise InvalidArgument(f"{redact_url(url)!r} is not a URL pyqueue can connect to: {exc}") from exc
     try:
         return bool(probe.info("cluster").get("cluster_enabled"))
     except redis_lib.RedisError as exc:
@@ -522,7 +594,7 @@ def _pool_sibling(pool: Any, **overrides: Any) -> Any:
     kwargs.update(overrides)
     if isinstance(pool, SentinelConnectionPool):
         kwargs.pop("connection_pool", None)  # the pool's own proxy, which the new pool makes anew
-        return SentinelConnectionPool(  # type: ignore[no-untyped-call]
+        return type(pool)(
             pool.service_name, pool.sentinel_manager, connection_class=pool.connection_class,
             is_master=pool.is_master, check_connection=pool.check_connection, **kwargs,
         )

@@ -720,14 +720,15 @@ class RedisSentinelGroup:
                 return False
         return True
 
-    def failover(self, timeout_s: float = 30) -> tuple[float, int]:
+    def failover(self, timeout_s: float = 30, *, demote: bool = True) -> tuple[float, int]:
         """``SENTINEL FAILOVER`` (re-sent while a sentinel answers INPROG or NOGOODSLAVE,
         as it does just after a previous failover): the replica is promoted. The old
         master stays a writable master until the sentinels reconfigure it, which they
         do only about 10 s later (after four hello periods); this does it as soon as
         the sentinels name the new master (``REPLICAOF``, what they will send anyway),
-        and waits until everyone agrees. Returns the ``time.monotonic()`` at which the
-        command was accepted and the new master's port."""
+        and waits until everyone agrees (``demote=False``: leaves it to the sentinels).
+        Returns the ``time.monotonic()`` at which the command was accepted and the new
+        master's port."""
         old = self.master_port()
         new = next(p for p in self.node_ports if p != old)
         deadline = time.monotonic() + timeout_s
@@ -744,11 +745,12 @@ class RedisSentinelGroup:
             finally:
                 client.close()
         _wait_until(f"the sentinels did not switch to {new}", lambda: self._switched(new), timeout_s)
-        demoted = self.node(old)
-        try:
-            demoted.replicaof("127.0.0.1", new)
-        finally:
-            demoted.close()
+        if demote:
+            demoted = self.node(old)
+            try:
+                demoted.replicaof("127.0.0.1", new)
+            finally:
+                demoted.close()
         self.wait_stable(new, max(1.0, deadline - time.monotonic()))
         return sent_at, new
 

@@ -16,11 +16,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from urllib.parse import urlsplit, urlunsplit
 
 import uvicorn
 
-from pyqueue.clients import Client
+from pyqueue.clients import Client, redact_url
 from pyqueue.dashboard.app import DashboardConfig, create_app
 from pyqueue.dashboard.history import Sampler
 from pyqueue.dashboard.security import DashboardRefused, check_bind, is_loopback, loopback_hosts
@@ -43,14 +42,11 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def public_label(url: str) -> str:
-    """The URL without its password, for the page's header."""
+    """The URL without its passwords (also a Sentinel URL's ``sentinel_password=``), for
+    the page's header."""
     if url == "embedded":
         return "embedded fakeredis"
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = (f"{parts.username}:***@" if parts.username else ":***@") + parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=netloc))
+    return redact_url(url)
 
 
 class RunningDashboard:
