@@ -54,7 +54,7 @@ from pyqueue.core import (
     ScriptCall,
     Step,
     coalescable,
-    enqueue_size,
+    enqueue_weight,
     merge_enqueues,
     split_enqueue_reply,
 )
@@ -225,7 +225,7 @@ class AsyncScripts(ScriptTable):
                 merged = merge_enqueues(steps)
                 return split_enqueue_reply(await self.run("enqueue", merged.keys, merged.args), steps)
 
-            batcher = self._enqueues[keys] = AsyncBatcher(send, enqueue_size)
+            batcher = self._enqueues[keys] = AsyncBatcher(send, enqueue_weight)
         return batcher
 
     async def run(self, name: str, keys: Keys, args: Sequence[Arg]) -> Any:

@@ -31,7 +31,7 @@ from collections.abc import Callable, Coroutine, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeGuard, TypeVar, Union, overload
 
-from pyqueue.errors import CorruptRecord, InvalidArgument, PyQueueError
+from pyqueue.errors import CorruptRecord, InvalidArgument, PayloadTooLarge, PyQueueError
 from pyqueue.models import Job, NewJob
 
 T = TypeVar("T")
@@ -59,6 +59,20 @@ DEFAULT_RESULT_TTL_MS = 3_600_000
 DEFAULT_MAX_RESULTS = 10_000
 #: The largest result lua/ack_result.lua stores, encoded (see :func:`encode_result`).
 MAX_RESULT_BYTES = 524_288
+#: The largest payload a queue object sends unless it is told otherwise
+#: (``max_payload_bytes``). Redis takes values up to 512 MB, but one that size stalls
+#: the server for every client while it is read and copied, and one over it makes
+#: Redis drop the connection (after redis-py has sent it again three times): a payload
+#: this large belongs in object storage, with its key as the payload.
+DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
+#: The most payload bytes one enqueue call carries, one batch or coalesced enqueues
+#: together (and the most ``max_payload_bytes`` may be): Redis closes a client whose
+#: request passes its client-query-buffer-limit (1 GiB by default).
+MAX_CALL_PAYLOAD_BYTES = 256 * 1024 * 1024
+#: Coalesced enqueues weigh a job by its payload in these units (at least 1), and a
+#: call carries at most MAX_BATCH units: at most MAX_BATCH jobs and about
+#: MAX_CALL_PAYLOAD_BYTES.
+_PAYLOAD_UNIT = MAX_CALL_PAYLOAD_BYTES // MAX_BATCH
 
 Arg = Union[bytes, str, int]
 
@@ -122,23 +136,34 @@ def as_payload(value: object) -> bytes:
 JobTuple = tuple[str, bytes, int, int]
 
 
-def new_job(item: NewJob | bytes | str) -> JobTuple:
+def new_job(item: NewJob | bytes | str, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> JobTuple:
     """Validate one job to enqueue (a random id when none is given). Raises
-    InvalidArgument before anything is sent."""
+    InvalidArgument (PayloadTooLarge for a payload over ``max_payload_bytes``) before
+    anything is sent."""
     new = item if isinstance(item, NewJob) else NewJob(item)
+    payload = as_payload(new.payload)
+    if len(payload) > max_payload_bytes:
+        raise PayloadTooLarge(
+            f"payload of {len(payload)} bytes is over this queue's max_payload_bytes ({max_payload_bytes}): "
+            "store large data elsewhere (object storage) and enqueue its key"
+        )
     return (
         check_job_id(new.job_id) if new.job_id is not None else os.urandom(16).hex(),
-        as_payload(new.payload),
+        payload,
         check_int(new.delay_ms, "delay_ms", 0, 2**40),
         check_int(DEFAULT_MAX_ATTEMPTS if new.max_attempts is None else new.max_attempts, "max_attempts", 1, 10_000),
     )
 
 
-def new_batch(jobs: Iterable[NewJob | bytes | str]) -> list[JobTuple]:
-    """Validate 1..1000 jobs to enqueue in one call."""
-    batch = [new_job(item) for item in jobs]
+def new_batch(jobs: Iterable[NewJob | bytes | str], max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> list[JobTuple]:
+    """Validate 1..1000 jobs to enqueue in one call, their payloads together at most
+    MAX_CALL_PAYLOAD_BYTES."""
+    batch = [new_job(item, max_payload_bytes) for item in jobs]
     if not 1 <= len(batch) <= MAX_BATCH:
         raise InvalidArgument(f"1..{MAX_BATCH} jobs per call, got {len(batch)}")
+    if len(batch) > 1 and sum(len(job[1]) for job in batch) > MAX_CALL_PAYLOAD_BYTES:
+        raise PayloadTooLarge(f"the payloads of one enqueue_many call must total at most {MAX_CALL_PAYLOAD_BYTES} "
+                              "bytes: send them in several calls")
     return batch
 
 
@@ -385,6 +410,14 @@ class Batching(Generic[M]):
 def enqueue_size(step: ScriptCall) -> int:
     """How many jobs an enqueue call carries."""
     return int(step.args[1])
+
+
+def enqueue_weight(step: ScriptCall) -> int:
+    """What an enqueue call weighs when enqueues are coalesced: one unit per job, plus
+    one per _PAYLOAD_UNIT bytes of their payloads, so that a coalesced call of at most
+    MAX_BATCH units carries at most MAX_BATCH jobs and MAX_CALL_PAYLOAD_BYTES."""
+    payload_bytes = sum(len(payload) for payload in step.args[3::4] if isinstance(payload, bytes))
+    return int(step.args[1]) + payload_bytes // _PAYLOAD_UNIT
 
 
 def coalescable(step: Step) -> TypeGuard[ScriptCall]:

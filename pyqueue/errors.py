@@ -56,6 +56,12 @@ class ContractMismatch(InvalidArgument):
     was read or written, and sending the same call again gets the same answer."""
 
 
+class PayloadTooLarge(InvalidArgument):
+    """A payload over the queue object's ``max_payload_bytes`` (64 MiB by default), or
+    one ``enqueue_many`` call's payloads over 256 MiB together. Refused before anything
+    is sent: nothing was written."""
+
+
 class WrongTypeError(PyQueueError):
     """A key of the queue holds another Redis type (planted by another program).
 

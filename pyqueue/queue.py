@@ -44,10 +44,12 @@ from pyqueue.core import (
     DEFAULT_LEASE_MS,
     DEFAULT_MAINTENANCE_LIMIT,
     DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_MAX_RESULTS,
     DEFAULT_PREFIX,
     DEFAULT_RESULT_TTL_MS,
     MAX_BATCH,
+    MAX_CALL_PAYLOAD_BYTES,
     MAX_ERROR_BYTES,
     MAX_ID_BYTES,
     MAX_LEASE_MS,
@@ -184,6 +186,11 @@ class QueueCore:
             duplicate) and the error of the call that carried its jobs. A lone enqueue
             is sent at once, never held back. Default on (see README, "Coalesced
             enqueues", for the figures behind that choice).
+        max_payload_bytes: enqueue refuses a larger payload (PayloadTooLarge, an
+            InvalidArgument) before sending anything; 1 byte .. 256 MiB, default 64 MiB.
+            Redis would take up to 512 MB, but drops the connection past that (an
+            OutcomeUnknown, after sending it again three times), and a value that large
+            stalls the server for every client: keep large data in object storage.
         lua_directory: tests only: load the scripts from another directory (the
             mutation tests load deliberately broken copies).
     """
@@ -215,6 +222,7 @@ class QueueCore:
         wait_replicas: int = 0,
         wait_timeout_ms: int = 1000,
         coalesce_enqueues: bool = DEFAULT_COALESCE_ENQUEUES,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         lua_directory: Path | None = None,
     ) -> None:
         self.name = check_name(name, "queue name")
@@ -230,6 +238,7 @@ class QueueCore:
         if not isinstance(coalesce_enqueues, bool):
             raise InvalidArgument(f"coalesce_enqueues must be a bool, got {coalesce_enqueues!r}")
         self.coalesce_enqueues = coalesce_enqueues
+        self.max_payload_bytes = check_int(max_payload_bytes, "max_payload_bytes", 1, MAX_CALL_PAYLOAD_BYTES)
         self.open_transport(redis, lua_directory)
 
     #: The driver's transport: its scripts on its client (set by each driver).
@@ -382,7 +391,7 @@ class QueueCore:
         Raises:
             InvalidArgument (nothing sent), WrongTypeError, OutcomeUnknown.
         """
-        batch = new_batch(jobs)
+        batch = new_batch(jobs, self.max_payload_bytes)
         check_now(now_ms)
         return (yield from self.plan_enqueue_batch(batch, now_ms))
 

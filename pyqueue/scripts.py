@@ -41,7 +41,7 @@ from pyqueue.core import (
     ScriptCall,
     Step,
     coalescable,
-    enqueue_size,
+    enqueue_weight,
     merge_enqueues,
     split_enqueue_reply,
 )
@@ -297,7 +297,7 @@ class Scripts(ScriptTable):
                     merged = merge_enqueues(steps)
                     return split_enqueue_reply(self.run("enqueue", merged.keys, merged.args), steps)
 
-                batcher = self._enqueues[keys] = ThreadBatcher(send, enqueue_size)
+                batcher = self._enqueues[keys] = ThreadBatcher(send, enqueue_weight)
             return batcher
 
     def run(self, name: str, keys: Keys, args: Sequence[Arg], client: Any = None) -> Any:

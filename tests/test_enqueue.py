@@ -7,7 +7,11 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from pyqueue import InvalidArgument, NewJob, Outcome, Queue
+from helpers import dump_all
+
+from pyqueue import InvalidArgument, NewJob, Outcome, PayloadTooLarge, Queue, core
+from pyqueue.core import DEFAULT_MAX_PAYLOAD_BYTES, MAX_CALL_PAYLOAD_BYTES
+from pyqueue.keys import QueueKeys
 
 #: Also on the Redis Cluster backend (conftest.BACKENDS).
 ON_CLUSTER = True
@@ -110,3 +114,52 @@ def test_str_payloads_are_utf8_and_json_helpers_round_trip(q: Queue) -> None:
     first, second = q.lease(count=2, now_ms=T0)
     assert first.text() == "čaj"
     assert second.json() == {"to": "a@b.c", "n": [1, 2]}
+
+
+def test_a_payload_over_max_payload_bytes_is_refused_before_anything_is_sent(
+    make_queue: Callable[..., Queue], r: redis.Redis
+) -> None:
+    """Issue #19: a payload Redis cannot take (over 512 MB) made it drop the connection,
+    and redis-py sent it three more times before an OutcomeUnknown said "may have run".
+    The driver refuses it first, with its own limit (64 MiB by default)."""
+    q = make_queue("q", max_payload_bytes=1000)
+    before = dump_all(r)
+    with pytest.raises(PayloadTooLarge, match="max_payload_bytes"):
+        q.enqueue(b"x" * 1001)
+    with pytest.raises(PayloadTooLarge):
+        q.enqueue_many([b"small", "y" * 1001])
+    assert dump_all(r) == before
+    assert q.enqueue(b"x" * 1000).added
+    assert Queue("q2", r).max_payload_bytes == DEFAULT_MAX_PAYLOAD_BYTES == 64 * 1024 * 1024
+    for bad in (0, MAX_CALL_PAYLOAD_BYTES + 1, "1"):
+        with pytest.raises(InvalidArgument, match="max_payload_bytes"):
+            make_queue("q", max_payload_bytes=bad)
+
+
+def test_one_enqueue_many_call_carries_at_most_max_call_payload_bytes(
+    q: Queue, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(core, "MAX_CALL_PAYLOAD_BYTES", 1000)
+    before = dump_all(r)
+    with pytest.raises(PayloadTooLarge, match="several calls"):
+        q.enqueue_many([b"x" * 600, b"y" * 600])
+    assert dump_all(r) == before
+    assert q.enqueue_many([b"x" * 500, b"y" * 500])[1].added
+
+
+def test_coalesced_enqueues_weigh_payload_bytes_so_a_call_stays_under_max_call_payload_bytes() -> None:
+    keys = QueueKeys("pq", "q")
+
+    def call(*sizes: int) -> core.ScriptCall:
+        return core.enqueue_call(keys, None, [(f"id{i}", b"x" * size, 0, 1) for i, size in enumerate(sizes)])
+
+    unit = core.MAX_CALL_PAYLOAD_BYTES // core.MAX_BATCH
+    assert core.enqueue_weight(call(0, 10, 100)) == 3  # small jobs weigh one each
+    assert core.enqueue_weight(call(unit - 1, unit)) == 2 + 1  # plus one per unit of their payloads
+    assert core.enqueue_weight(call(64 * 1024 * 1024)) == 1 + 64 * 1024 * 1024 // unit  # a 64 MiB job: 251
+    # Batches of such calls, cut at MAX_BATCH units, never pass MAX_CALL_PAYLOAD_BYTES.
+    batching: core.Batching[core.ScriptCall] = core.Batching()
+    for _ in range(10):
+        batching.join(call(64 * 1024 * 1024))
+    batch = batching.take(core.enqueue_weight, core.MAX_BATCH)
+    assert len(batch) == 3 and sum(64 * 1024 * 1024 for _ in batch) <= core.MAX_CALL_PAYLOAD_BYTES
