@@ -233,6 +233,7 @@ class AsyncScripts(ScriptTable):
         errors."""
         script, key_list = self._scripts[name], self.key_list(name, keys)
         weather = Weather(self.weather_budget_s if self.cluster else 0.0)
+        noscript: Weather | None = None
         while True:
             try:
                 if self.waits(name):
@@ -240,6 +241,9 @@ class AsyncScripts(ScriptTable):
                 return await script(keys=key_list, args=args)
             except CLUSTER_WEATHER:
                 await asyncio.sleep(weather.pause())
+            except redis.exceptions.NoScriptError:  # flushed again: see scripts.NOSCRIPT_BUDGET_S
+                noscript = noscript or self.noscript_weather()
+                await asyncio.sleep(noscript.pause())
 
     async def _run_and_wait(self, script: AsyncScript, key_list: list[str], args: Sequence[Arg]) -> Any:
         """EVALSHA then WAIT, pipelined on one connection (one server only, see

@@ -159,6 +159,11 @@ READ_ONLY = frozenset({"stats", "peek", "dead_list", "get", "result"})
 
 #: How long a cluster call keeps retrying weather before it raises.
 DEFAULT_WEATHER_BUDGET_S = 30.0
+#: How long a call keeps re-sending while the server answers NOSCRIPT although the
+#: script was just loaded (SCRIPT FLUSH again and again, a failover storm): redis-py
+#: loads and re-sends once; every further NOSCRIPT is paused, reloaded and re-sent here,
+#: within this budget, on one server as on a cluster. Replay-safe, as every script is.
+NOSCRIPT_BUDGET_S = 30.0
 _WEATHER_BACKOFF_CAP_S = 1.0
 
 
@@ -258,6 +263,12 @@ class ScriptTable:
             )
         return reply
 
+    @staticmethod
+    def noscript_weather() -> Weather:
+        """The pauses of a call answered NOSCRIPT again after redis-py's own reload,
+        within NOSCRIPT_BUDGET_S (both drivers' ``run``)."""
+        return Weather(NOSCRIPT_BUDGET_S)
+
     def resend(self, reply: Any) -> bool:
         """Whether a pipelined call's reply asks for the call to be sent again alone: a
         NOSCRIPT (a restarted or flushed server), or on a cluster a redirect or weather."""
@@ -307,11 +318,17 @@ class Scripts(ScriptTable):
             return script(keys=key_list, args=args, client=client)
         waits = self.waits(name)
         weather = Weather(self.weather_budget_s if self.cluster else 0.0)
+        noscript: Weather | None = None
         while True:
             try:
                 return self._run_and_wait(script, key_list, args) if waits else script(keys=key_list, args=args)
             except CLUSTER_WEATHER:
                 time.sleep(weather.pause())
+            except redis.exceptions.NoScriptError:
+                # Flushed again after redis-py's own reload: pause, then the next call
+                # reloads it (Script.__call__) and sends it again.
+                noscript = noscript or self.noscript_weather()
+                time.sleep(noscript.pause())
 
     def _run_and_wait(self, script: Script, key_list: list[str], args: Sequence[Arg]) -> Any:
         """EVALSHA then WAIT, pipelined on one connection of the keys' server (WAIT
