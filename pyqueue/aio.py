@@ -40,7 +40,7 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.commands.core import AsyncScript
 
 from pyqueue.clients import (
-    URL_VARIABLE, client_settings, default_url, embedded_server, eviction_problems, is_sentinel_url, log,
+    URL_VARIABLE, claim_server_check, client_settings, default_url, embedded_server, eviction_problems, is_sentinel_url, log,
     parse_sentinel_url, redact_url, sentinel_master,
 )
 from pyqueue.core import (
@@ -373,6 +373,8 @@ class AsyncQueue(QueueCore, AsyncDriver):
         """:func:`pyqueue.clients.check_server` for this queue's client: the problems
         with the server's settings (logged as warnings)."""
         client: Any = self.redis
+        if not claim_server_check(client):  # once per process and server, never the embedded one
+            return []
         try:
             if self.scripts.cluster:
                 policies = (await client.config_get("maxmemory-policy", target_nodes="primaries")).values()

@@ -652,22 +652,73 @@ def node_for_key(client: Client, key: str) -> redis_lib.Redis:
     return client
 
 
+# The servers check_server has asked (server_identity), so that every entry point
+# (a Queue, a worker, the CLI, the dashboard, the exporter) warns once per process.
+_checked_lock = threading.Lock()
+_checked_servers: set[str] = set()
+
+
+def server_identity(client: Any) -> str | None:
+    """Which server (or cluster) ``client`` talks to, as a string; None for the embedded
+    fakeredis, which has no settings to check."""
+    manager = getattr(client, "nodes_manager", None)  # a cluster client, sync or asyncio
+    if manager is not None:
+        return "cluster:" + ",".join(sorted(manager.startup_nodes))
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", {})
+    if "server" in kwargs or type(client).__module__.startswith("fakeredis"):
+        return None
+    service = getattr(pool, "service_name", None)  # a Sentinel pool: the service it follows
+    if service is not None:
+        return f"sentinel:{service}"
+    return f"{kwargs.get('path') or kwargs.get('host')}:{kwargs.get('port')}"
+
+
+def claim_server_check(client: Any) -> bool:
+    """Whether this process should check ``client``'s server now: not the embedded one,
+    and not one already checked (thread-safe; see :func:`check_server`)."""
+    identity = server_identity(client)
+    if identity is None:
+        return False
+    with _checked_lock:
+        if identity in _checked_servers:
+            return False
+        _checked_servers.add(identity)
+        return True
+
+
+def forget_server_checks() -> None:
+    """Check every server again (tests)."""
+    with _checked_lock:
+        _checked_servers.clear()
+
+
 def check_server(client: Client) -> list[str]:
     """Warn (log) about server settings that break pyqueue's promises; return them.
+    Once per process and server: later calls for a server already asked return [] (and
+    the embedded fakeredis is never asked).
 
     Any ``maxmemory-policy`` but ``noeviction`` lets Redis evict keys at its memory
     limit, silently dropping jobs. Every primary of a cluster is asked. A client not
-    allowed to run CONFIG (a least-privilege ACL user) skips the check.
+    allowed to run CONFIG (a least-privilege ACL user) skips the check; one that cannot
+    reach the server now leaves it for a later call.
     """
+    if not claim_server_check(client):
+        return []
     problems: list[str] = []
-    for node in primaries(client):
-        try:
+    try:
+        for node in primaries(client):
+            kwargs = node.get_connection_kwargs()
             policy = node.config_get("maxmemory-policy").get("maxmemory-policy")
-        except redis_lib.RedisError as exc:
-            log.info("could not check maxmemory-policy (%s); it must be 'noeviction'", exc)
-            return problems
-        kwargs = node.get_connection_kwargs()
-        problems += eviction_problems(policy, f"{kwargs.get('host')}:{kwargs.get('port')}" if is_cluster(client) else "")
+            problems += eviction_problems(policy, f"{kwargs.get('host')}:{kwargs.get('port')}" if is_cluster(client) else "")
+    except (redis_lib.ConnectionError, redis_lib.TimeoutError) as exc:
+        with _checked_lock:
+            _checked_servers.discard(server_identity(client) or "")
+        log.debug("could not check maxmemory-policy yet (%s)", exc)
+        return []
+    except redis_lib.RedisError as exc:
+        log.info("could not check maxmemory-policy (%s); it must be 'noeviction'", exc)
+        return []
     for problem in problems:
         log.warning(problem)
     return problems

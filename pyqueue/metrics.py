@@ -31,7 +31,7 @@ from collections.abc import Iterator, Sequence
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from pyqueue.clients import Client, bytes_client
+from pyqueue.clients import Client, bytes_client, check_server
 from pyqueue.discovery import discover_queues, logical_queues
 from pyqueue.queue import DEFAULT_PREFIX, Queue, stats_many
 from pyqueue.service import DEFAULT_NAMESPACE, Services
@@ -79,6 +79,7 @@ class PyQueueCollector(Collector):
         services_redis: Client | None = None,
     ) -> None:
         self.redis = bytes_client(redis)
+        check_server(self.redis)  # the eviction-policy warning, once per process and server
         self.queue_names = list(queues) if queues else None
         self.prefix = prefix
         self._opened: dict[str, Queue] = {}

@@ -896,7 +896,9 @@ class Queue(QueueCore, SyncDriver):
 
     @staticmethod
     def driver_client(redis: Any) -> Client:
-        return bytes_client(redis if redis is not None else default_client())
+        client = bytes_client(redis if redis is not None else default_client())
+        check_server(client)  # the eviction-policy warning: once per process and server
+        return client
 
     def execute(self, step: Step) -> Any:
         return self.scripts.execute(step)

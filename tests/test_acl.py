@@ -40,7 +40,7 @@ from helpers import T0, busy_queue, calls_touching_every_key, dump_all, restore_
 from pyqueue.core import enqueue_call, stats_call
 from pyqueue import Job, NewJob, Outcome, Queue, ScriptError
 from pyqueue.keys import ServiceKeys
-from pyqueue.clients import check_server
+from pyqueue.clients import check_server, forget_server_checks
 from pyqueue.scripts import SCRIPT_KEYS, lua_source
 from pyqueue.service import Services
 from pyqueue.worker import Retry, Worker
@@ -302,7 +302,9 @@ def test_a_producer_enqueues_pipelines_scripts_and_reads_stats(
         assert [reply[0] for reply in replies[:3]] == [1, 1, 1]
     stats = q.stats()
     assert (stats.ready, stats.scheduled, stats.enqueued, stats.duplicates) == (8, 1, 9, 1)
-    assert denied_commands(root) == set()
+    # At most the eviction-policy check a queue object makes once per process and server,
+    # which the recipe leaves out on purpose: CONFIG GET would also show the passwords.
+    assert denied_commands(root) <= {"config|get"}
 
 
 def test_a_producer_cannot_take_or_delete_jobs(root: redis.Redis, login: Callable[[str], redis.Redis]) -> None:
@@ -361,7 +363,7 @@ def test_a_worker_serves_its_queue_end_to_end_under_its_acl_user(
     # Deregistered, and the dead service forgotten: nothing of either is left.
     assert root.keys(f"pq:{{{NAMESPACE}}}:*") == [b"pq:{workers}:service:seq"]
     # The one refusal: the eviction-policy check's CONFIG GET, which the driver skips.
-    assert denied_commands(root) == {"config|get"}
+    assert denied_commands(root) <= {"config|get"}  # at most the skipped check (once per process)
     # Only the skipped eviction-policy check mentions a refusal, at INFO; nothing worse.
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING and is_permission_error(r.getMessage())]
 
@@ -405,17 +407,19 @@ def test_an_admin_reads_stats_manages_dead_letters_lists_and_stops_a_worker(
     stats = q.stats()
     assert (stats.released, stats.ready, stats.leased) == (2, 2, 0)
     assert services.list() == []
-    assert denied_commands(root) == {"config|get"}  # the worker's skipped check only
+    assert denied_commands(root) <= {"config|get"}  # at most the skipped check (once per process)
 
 
 def test_queue_from_url_with_a_producers_credentials_works_and_skips_the_server_check(
     acl_server: RedisServer, root: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     root.config_set("maxmemory-policy", "allkeys-lru")  # the check would warn about this
+    forget_server_checks()  # ask this server again, as a new process would
     try:
         q = Queue.from_url(f"unix://pq-producer:{PASSWORDS['producer']}@{acl_server.socket}", QUEUE)
         try:
             assert q.enqueue(b"x").added
+            forget_server_checks()
             assert check_server(q.redis) == []
         finally:
             q.redis.close()
@@ -600,4 +604,6 @@ def test_a_worker_user_gets_the_usual_outcomes_from_every_fenced_call(
     assert q.release([b]) == [Outcome.OK] and q.release([b]) == [Outcome.STALE]
     assert q.nack(c, "e", delay_ms=0).outcome is Outcome.OK
     assert q.promote().promoted == 1
-    assert denied_commands(root) == set()
+    # At most the eviction-policy check a queue object makes once per process and server,
+    # which the recipe leaves out on purpose: CONFIG GET would also show the passwords.
+    assert denied_commands(root) <= {"config|get"}

@@ -18,6 +18,8 @@ runs whole.
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -32,6 +34,7 @@ from helpers import contents, dump_all, restore_all
 
 from pyqueue import Job, NewJob, Outcome, OutOfMemory, Queue
 from pyqueue.cli import main as cli_main
+from pyqueue.clients import forget_server_checks
 from pyqueue.queue import MAX_BATCH
 from pyqueue.scripts import SCRIPT_KEYS
 from pyqueue.service import Services
@@ -92,9 +95,13 @@ def server_ms(client: redis.Redis) -> int:
 
 
 @pytest.mark.parametrize("policy", ["allkeys-lru", "volatile-ttl", "noeviction"])
-def test_the_driver_warns_at_start_when_the_server_may_evict_queue_keys(
+def test_every_entry_point_warns_once_per_process_when_the_server_may_evict_queue_keys(
     server: RedisServer, r: redis.Redis, caplog: pytest.LogCaptureFixture, policy: str
 ) -> None:
+    """Issue #19: on an allkeys-lru server 9,660 of 12,000 jobs were silently evicted,
+    and ``Queue(name, client)`` and ``pyqueue enqueue`` said nothing. Every entry point
+    now asks (a queue object's constructor, from_url, a worker, the exporter, the
+    dashboard, each CLI command), and a process warns once per server."""
     r.config_set("maxmemory-policy", policy)
     caplog.set_level(logging.WARNING, logger="pyqueue")
 
@@ -103,17 +110,44 @@ def test_the_driver_warns_at_start_when_the_server_may_evict_queue_keys(
         caplog.clear()
         return found
 
-    q = Queue.from_url(server.url(), "q")
-    q.redis.close()
-    from_url = eviction_warnings()
-    Worker(["q"], lambda job: None, redis=r, block_ms=100).run(burst=True, install_signal_handlers=False)
-    worker_run = eviction_warnings()
-    if policy == "noeviction":
-        assert (from_url, worker_run) == ([], [])
-    else:
-        for found in (from_url, worker_run):
-            assert len(found) == 1 and found[0].levelno == logging.WARNING
-            assert repr(policy) in found[0].getMessage() and "'noeviction'" in found[0].getMessage()
+    from pyqueue.dashboard.app import DashboardConfig, create_app
+    from pyqueue.metrics import PyQueueCollector
+
+    entry_points: dict[str, Callable[[], Any]] = {
+        "Queue(name, client)": lambda: Queue("q", server.client()),
+        "Queue.from_url": lambda: Queue.from_url(server.url(), "q").redis.close(),
+        "Worker": lambda: Worker(["q"], lambda job: None, redis=server.client(), block_ms=100).run(
+            burst=True, install_signal_handlers=False),
+        "the exporter": lambda: PyQueueCollector(server.client()),
+        "the dashboard": lambda: create_app(DashboardConfig(server.client())),
+    }
+    for name, enter in entry_points.items():
+        forget_server_checks()  # as a process of its own
+        enter()
+        first = eviction_warnings()
+        for again in entry_points.values():  # every other entry point, in the same process
+            again()
+        assert eviction_warnings() == [], f"{name}: warned more than once in a process"
+        if policy == "noeviction":
+            assert first == [], name
+        else:
+            assert len(first) == 1 and first[0].levelno == logging.WARNING, name
+            assert repr(policy) in first[0].getMessage() and "'noeviction'" in first[0].getMessage()
+    for command in (["enqueue", "q", "x"], ["stats"]):  # each command is a process: it warns once
+        done = subprocess.run([sys.executable, "-m", "pyqueue", "--url", server.url(), *command],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert done.stderr.count("maxmemory-policy") == (0 if policy == "noeviction" else 1), done.stderr
+
+
+def test_the_embedded_server_is_never_asked_about_its_settings(caplog: pytest.LogCaptureFixture) -> None:
+    """The demo printed three "could not check maxmemory-policy" lines: fakeredis has no
+    CONFIG to answer. It is in-process, with nothing to evict."""
+    caplog.set_level(logging.DEBUG, logger="pyqueue")
+    forget_server_checks()
+    Queue("q")
+    Worker(["q"], lambda job: None, block_ms=50).run(burst=True, install_signal_handlers=False)
+    assert not [rec for rec in caplog.records if "maxmemory" in rec.getMessage()]
 
 
 # -- b. at the memory limit ------------------------------------------------------------

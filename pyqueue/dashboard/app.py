@@ -41,7 +41,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from pyqueue.clients import Client
+from pyqueue.clients import Client, check_server
 from pyqueue.dashboard.history import CENSUS_S, SERIES, Point, Sampler, Snapshot
 from pyqueue.dashboard.security import (
     CSRF_COOKIE,
@@ -349,6 +349,7 @@ def _handles_errors(endpoint: Callable[[Request], Awaitable[Response]]) -> Calla
 def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> Starlette:
     """The dashboard as an ASGI app. Its lifespan starts and stops the sampler thread
     (``sampler``: one made already, e.g. with a shorter period for a test)."""
+    check_server(config.redis)  # the eviction-policy warning, once per process and server
     sampler = sampler or Sampler(config.redis, prefix=config.prefix, queues=config.queues,
                                  namespaces=config.namespaces, every_s=config.every_s, history_s=config.history_s,
                                  fresh_s=config.fresh_s, census_s=config.census_s)
