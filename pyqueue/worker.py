@@ -994,6 +994,18 @@ class Worker:
             if now >= next_renew:
                 next_renew = now + self.renew_ms / 1000
                 self._heartbeat_duty("renew", self._renew_and_scrub)
+            # No renewal got through for all of expire_ms (Redis unreachable, a node that
+            # never came back): the registration has expired, and live workers may scrub
+            # our leases. Exit 75 so that a supervisor restarts the worker, rather than
+            # retrying behind a server it cannot reach for ever (the fetch loop's and the
+            # heartbeat's warnings said why meanwhile, at least every 5 s).
+            if now - self._renewed_at > self.expire_ms / 1000 and not self._stop.is_set():
+                self.stop(
+                    f"service {self.service.owner}: no renewal got through for expire_ms ({self.expire_ms} ms), "
+                    "so its registration has expired",
+                    EXIT_REGISTRATION_LOST,
+                )
+                self._wake_fetch_loop()
 
     def _heartbeat_duty(self, name: str, duty: Callable[[], None]) -> None:
         try:
@@ -1131,14 +1143,26 @@ class Worker:
         with self._running_lock:
             leftover = list(self._running.values())
             self._running.clear()
-        for q in self.queues:
-            jobs = [j for j in leftover if j.queue == q.name]
-            if jobs:
-                outcomes = q.release(jobs)
-                log.warning("grace period over: released %d running jobs of %s (%s)", len(jobs), q.name,
-                            ",".join(o.value for o in outcomes))
-        pool.shutdown(wait=False)
-        deleted, removed = self.services.deregister(self.service)
+        # Releasing and deregistering are courtesies: if Redis cannot be reached (the
+        # reason this worker may be stopping), the leases expire and the service key
+        # expires by themselves, and live workers scrub what it held. So a failure is
+        # logged and the worker ends with its own exit code.
+        try:
+            for q in self.queues:
+                jobs = [j for j in leftover if j.queue == q.name]
+                if jobs:
+                    outcomes = q.release(jobs)
+                    log.warning("grace period over: released %d running jobs of %s (%s)", len(jobs), q.name,
+                                ",".join(o.value for o in outcomes))
+            pool.shutdown(wait=False)
+            deleted, removed = self.services.deregister(self.service)
+        except _RETRY_ON as exc:
+            if not _retryable(exc):
+                raise
+            pool.shutdown(wait=False)
+            log.warning("service %s ended: %s; could not release or deregister (%s): its leases and key expire "
+                        "by themselves", self.service.owner, self.exit_reason or "stopped", exc)
+            return
         if deleted < 0:
             log.warning("service %s ended: %s; its id now belongs to another registration, left untouched",
                         self.service.owner, self.exit_reason or "stopped")

@@ -19,6 +19,7 @@ two OK answers otherwise, and that everything that survived in Redis gets done.
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import tempfile
 import threading
@@ -33,6 +34,7 @@ from conftest import RedisClusterProcesses, require_redis_server
 from redis.crc import key_slot
 
 from pyqueue import Job, NewJob, Outcome, Queue
+from pyqueue.clients import connect, is_cluster
 from pyqueue.errors import PyQueueError
 from pyqueue.worker import EXIT_OK, Worker
 
@@ -426,3 +428,35 @@ def test_a_graceful_cluster_failover_under_load_loses_nothing_and_runs_nothing_t
     finally:
         run.close()
     faulty.failover(source)  # the original roles again
+
+
+def test_a_worker_given_one_nodes_url_follows_when_that_node_is_killed(
+    faulty: RedisClusterProcesses, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue #19: a worker whose --url named one primary (a plain redis:// URL, as users
+    copy it from their provider) served none of the jobs enqueued after that primary was
+    killed and its replica promoted, and logged nothing. It must follow the failover as a
+    worker given the seed URL does."""
+    caplog.set_level(logging.WARNING, logger="pyqueue")
+    source = faulty.primary_of_slot(key_slot(b"{busy0}"))
+    name = queue_on(faulty, source)
+    client = connect(f"redis://127.0.0.1:{source}/0")
+    assert is_cluster(client)
+    ran: list[str] = []
+    worker = Worker([name], lambda job: ran.append(job.id), redis=client, block_ms=1_000, lease_ms=5_000)
+    runner = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False})
+    runner.start()
+    try:
+        seed = faulty.client()
+        q = Queue(name, seed)
+        q.enqueue(b"", job_id="before")
+        wait_until(lambda: "before" in ran, 10, "the worker did not serve before the kill")
+        faulty.kill_node(source)
+        faulty.wait_failed_over(source)
+        after = [f"after{i}" for i in range(100)]
+        q.enqueue_many([NewJob(b"", job_id=i) for i in after])
+        wait_until(lambda: set(after) <= set(ran), 30, f"the worker served {len(set(after) & set(ran))} of 100 "
+                   "jobs enqueued after its node was killed")
+    finally:
+        worker.stop()
+        runner.join(30)

@@ -9,6 +9,7 @@ beats the block period by seconds), not a speed; speeds are measured in bench/.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import re
 import signal
@@ -524,3 +525,34 @@ def test_the_service_namespace_may_live_on_another_server(r: redis.Redis) -> Non
     assert services_server.get("pq:{workers}:service:seq") == b"1"
     assert all_keys(r, "pq:{workers}:*") == []  # nothing of the namespace on the queues' server
     services_server.close()
+
+
+def test_a_worker_cut_off_from_redis_warns_while_it_cannot_serve_and_exits_75_once_its_registration_expired(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue #19: a worker that could not reach its server served nothing, said nothing
+    and never exited. It warns at least every few seconds while it cannot serve, and once
+    no renewal got through for expire_ms it stops with exit 75 (its shutdown's release and
+    deregistration fail too, and are logged, not raised)."""
+    caplog.set_level(logging.WARNING, logger="pyqueue")
+    server = RedisServer(tmp_path)
+    try:
+        Queue("q", server.client()).enqueue(b"x")
+        worker = Worker(["q"], lambda job: None, redis=server.client(), block_ms=500, renew_ms=500, expire_ms=2_000)
+        codes: list[int] = []
+        runner = threading.Thread(target=lambda: codes.append(worker.run(install_signal_handlers=False)))
+        runner.start()
+        time.sleep(1.0)
+        server.process.kill()
+        server.process.wait()
+        cut_at = time.monotonic()
+        runner.join(90)
+        assert codes == [EXIT_REGISTRATION_LOST], worker.exit_reason
+        assert "no renewal got through" in (worker.exit_reason or "")
+        warnings = sorted(rec.created for rec in caplog.records if rec.levelno == logging.WARNING
+                          and rec.created >= time.time() - (time.monotonic() - cut_at))
+        assert warnings, "nothing was logged while the worker could not serve"
+        gaps = [b - a for a, b in zip(warnings, warnings[1:])]
+        assert max(gaps, default=0.0) < 10, gaps
+    finally:
+        server.stop()
