@@ -1431,14 +1431,19 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     @rule(job_id=st.sampled_from(IDS + (NEVER_ENQUEUED,)))
     def check_result(self, job_id: str) -> None:
-        """result answers as the model: ok with the value, dead, pending, done, unknown."""
-        got = self.q.result(job_id, now_ms=self.now)
-        state, finished_ms, value = self.model.result(job_id, self.now)
-        expected = JobResult(
-            job_id, QUEUE, state, decode_result(value) if state == "ok" else None,
-            value.decode("utf-8", "replace") if state == "dead" else "", finished_ms,
-        )
-        assert got == expected, f"result {got} != model {expected}"
+        """result answers as the model: ok with the value, dead, pending, done, unknown;
+        now, and as of the instant a kept result expires (result takes the clock as an
+        argument and writes nothing, so reading at a later time draws nothing more and
+        changes nothing)."""
+        expires_ms = self.model.result_expiry.get(job_id, -1)
+        for now in (self.now, expires_ms) if expires_ms > self.now else (self.now,):
+            got = self.q.result(job_id, now_ms=now)
+            state, finished_ms, value = self.model.result(job_id, now)
+            expected = JobResult(
+                job_id, QUEUE, state, decode_result(value) if state == "ok" else None,
+                value.decode("utf-8", "replace") if state == "dead" else "", finished_ms,
+            )
+            assert got == expected, f"result at {now} {got} != model {expected}"
 
     @rule(job_id=st.sampled_from(IDS + (NEVER_ENQUEUED,)), sent_twice=SENT_TWICE)
     def cancel(self, job_id: str, sent_twice: bool) -> None:
