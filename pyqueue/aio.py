@@ -355,8 +355,15 @@ class AsyncQueue(QueueCore, AsyncDriver):
         if redis is None:  # a client of its own (see default_client): this queue closes it
             redis, self.owns_client = default_client(), True
         super().open_transport(redis, lua_directory)
+        self._server_unchecked = True
 
     async def execute(self, step: Step) -> Any:
+        if self._server_unchecked:
+            # The eviction-policy check a sync Queue makes in its constructor; one cannot
+            # await, so the first call starts it (once per process and server), as a task
+            # of its own: it must not delay this call, nor reorder it among others.
+            self._server_unchecked = False
+            self._server_check = asyncio.ensure_future(self.check_server())
         return await self.scripts.execute(step)
 
     @classmethod

@@ -17,6 +17,7 @@ runs whole.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import subprocess
 import sys
@@ -29,10 +30,12 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio
 from conftest import RedisServer, require_redis_server
 from helpers import contents, dump_all, restore_all
 
 from pyqueue import Job, NewJob, Outcome, OutOfMemory, Queue
+from pyqueue.aio import AsyncQueue
 from pyqueue.cli import main as cli_main
 from pyqueue.clients import forget_server_checks
 from pyqueue.queue import MAX_BATCH
@@ -138,6 +141,29 @@ def test_every_entry_point_warns_once_per_process_when_the_server_may_evict_queu
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
         assert done.stderr.count("maxmemory-policy") == (0 if policy == "noeviction" else 1), done.stderr
+
+
+def test_an_async_queue_warns_at_its_first_call_once_per_process(
+    server: RedisServer, r: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """AsyncQueue's constructor cannot await: its first call asks, once per process."""
+    r.config_set("maxmemory-policy", "allkeys-lru")
+    caplog.set_level(logging.WARNING, logger="pyqueue")
+    forget_server_checks()
+
+    async def calls() -> None:
+        client = redis.asyncio.Redis(unix_socket_path=server.socket)
+        try:
+            for _ in range(2):
+                q = AsyncQueue("q", client)
+                await q.enqueue(b"x")
+                await q.stats()
+        finally:
+            await client.aclose()
+
+    asyncio.run(calls())
+    warned = [rec for rec in caplog.records if "maxmemory-policy" in rec.getMessage()]
+    assert len(warned) == 1 and "'allkeys-lru'" in warned[0].getMessage()
 
 
 def test_the_embedded_server_is_never_asked_about_its_settings(caplog: pytest.LogCaptureFixture) -> None:
