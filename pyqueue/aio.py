@@ -380,7 +380,7 @@ class AsyncQueue(QueueCore, AsyncDriver):
         """:func:`pyqueue.clients.check_server` for this queue's client: the problems
         with the server's settings (logged as warnings)."""
         client: Any = self.redis
-        if not claim_server_check(client):  # once per process and server, never the embedded one
+        if claim_server_check(client) is None:  # once per process and server, never the embedded one
             return []
         try:
             if self.scripts.cluster:

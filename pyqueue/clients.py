@@ -279,7 +279,12 @@ def connect(
     except InvalidArgument:
         raise
     except ValueError as exc:  # redis-py's word on a URL it cannot read
-        raise InvalidArgument(f"{redact_url(url)!r} is not a URL pyqueue can connect to: {exc}") from exc
+        raise unreadable_url(url, exc) from exc
+
+
+def unreadable_url(url: str, exc: ValueError) -> InvalidArgument:
+    """The error for a URL redis-py cannot read (its ValueError)."""
+    return InvalidArgument(f"{redact_url(url)!r} is not a URL pyqueue can connect to: {exc}")
 
 
 #: What a one-server client gets beyond :func:`client_settings` (a cluster client
@@ -549,8 +554,8 @@ def _server_is_cluster(url: str, settings: dict[str, Any]) -> bool:
     as one server, so that connecting stays lazy: the first call reports the error."""
     try:
         probe = redis_lib.Redis.from_url(url, **settings)
-    except ValueError as exc:  # redis-py's word on a URL it cannot read (a port not a number)
-        raise InvalidArgument(f"{redact_url(url)!r} is not a URL pyqueue can connect to: {exc}") from exc
+    except ValueError as exc:  # a port not a number, say
+        raise unreadable_url(url, exc) from exc
     try:
         return bool(probe.info("cluster").get("cluster_enabled"))
     except redis_lib.RedisError as exc:
@@ -674,17 +679,18 @@ def server_identity(client: Any) -> str | None:
     return f"{kwargs.get('path') or kwargs.get('host')}:{kwargs.get('port')}"
 
 
-def claim_server_check(client: Any) -> bool:
-    """Whether this process should check ``client``'s server now: not the embedded one,
-    and not one already checked (thread-safe; see :func:`check_server`)."""
+def claim_server_check(client: Any) -> str | None:
+    """The server identity of ``client`` if this process should check that server now
+    (not the embedded one, not one already checked), else None (thread-safe; see
+    :func:`check_server`)."""
     identity = server_identity(client)
     if identity is None:
-        return False
+        return None
     with _checked_lock:
         if identity in _checked_servers:
-            return False
+            return None
         _checked_servers.add(identity)
-        return True
+        return identity
 
 
 def forget_server_checks() -> None:
@@ -703,7 +709,8 @@ def check_server(client: Client) -> list[str]:
     allowed to run CONFIG (a least-privilege ACL user) skips the check; one that cannot
     reach the server now leaves it for a later call.
     """
-    if not claim_server_check(client):
+    identity = claim_server_check(client)
+    if identity is None:
         return []
     problems: list[str] = []
     try:
@@ -713,7 +720,7 @@ def check_server(client: Client) -> list[str]:
             problems += eviction_problems(policy, f"{kwargs.get('host')}:{kwargs.get('port')}" if is_cluster(client) else "")
     except (redis_lib.ConnectionError, redis_lib.TimeoutError) as exc:
         with _checked_lock:
-            _checked_servers.discard(server_identity(client) or "")
+            _checked_servers.discard(identity)
         log.debug("could not check maxmemory-policy yet (%s)", exc)
         return []
     except redis_lib.RedisError as exc:

@@ -290,7 +290,8 @@ class QueueCore:
             return (yield step)
         yield from guard.plan_check_partitions(record=False)
         reply = yield step
-        yield from guard.plan_check_partitions(record=True)
+        if not guard._partitions_checked:  # the check found none recorded: record ours
+            yield from guard._plan_record_partitions()
         return reply
 
     def plan_check_partitions(self, *, record: bool = True) -> Plan[None]:
@@ -299,23 +300,32 @@ class QueueCore:
         ours if none is recorded yet. A queue object does this around its first call; a
         worker at start.
 
-        The check reads (HGET); the record is a second round trip (HSETNX, then HGET),
-        sent only while nothing is recorded. A server at its memory limit refuses that
-        write: the count then stays unrecorded, nothing is raised (the call it follows
-        has run, and a lease must not be orphaned by an error after it), and the next
-        call of this object tries again.
+        The check reads (HGET); the record is a second round trip, sent only while
+        nothing is recorded (see :meth:`_plan_record_partitions`).
 
         Raises:
             InvalidArgument: producers or workers of this queue use another count.
         """
         counters = QueueKeys(self.keys.prefix, self.name).counters
-        read = ("HGET", counters, "partitions")
-        recorded = (yield Commands(counters, [read]))[-1]
-        if recorded is None and record:
-            try:
-                recorded = (yield Commands(counters, [("HSETNX", counters, "partitions", self.partitions), read]))[-1]
-            except OutOfMemory:
-                recorded = None
+        self._agree_on_partitions((yield Commands(counters, [("HGET", counters, "partitions")]))[0])
+        if record and not self._partitions_checked:
+            yield from self._plan_record_partitions()
+
+    def _plan_record_partitions(self) -> Plan[None]:
+        """Record this object's partition count unless one is (HSETNX, then HGET), and
+        check the one recorded. A server at its memory limit refuses that write: the
+        count then stays unrecorded, nothing is raised (the call it follows has run, and
+        a lease must not be orphaned by an error after it), and a later call tries again."""
+        counters = QueueKeys(self.keys.prefix, self.name).counters
+        record = [("HSETNX", counters, "partitions", self.partitions), ("HGET", counters, "partitions")]
+        try:
+            recorded = (yield Commands(counters, record))[-1]
+        except OutOfMemory:
+            return
+        self._agree_on_partitions(recorded)
+
+    def _agree_on_partitions(self, recorded: bytes | None) -> None:
+        """Refuse another recorded count (InvalidArgument); checked once one is recorded."""
         if recorded is not None and int(recorded) != self.partitions:
             raise InvalidArgument(
                 f"queue {self.name!r} has {int(recorded)} partition(s) recorded in Redis, but this queue object "
