@@ -6,23 +6,31 @@ future), is a duplicate: it is skipped and reported, nothing about the existing 
 changes. An expired tombstone is ignored and left for acks to trim (so a producer needs
 no command that removes anything).
 Jobs with delay_ms = 0 go to the tail of READY; others to SCHEDULED at now + delay_ms.
+A job with a group or a priority other than 0 gets a `meta` entry, and while READY it
+waits in `gready` (its group gets a place in `ring`), not in `ready` (section 2.1).
 
-KEYS (6), all <prefix>:{<queue>}:<role>
+KEYS (10), all <prefix>:{<queue>}:<role>
   1 jobs       hash  id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
   2 ready      list  job ids, head = next to lease
   3 scheduled  zset  id -> due_ms
   4 counters   hash  counter name -> integer
   5 wake       zset  the single member "wake" while workers should wake up
   6 done       zset  id -> ms until which an acked id stays a duplicate (tombstones)
+  7 meta       hash  id -> "<priority>|<pos>|<group>" of jobs with a group or a priority
+  8 gready     zset  "<group>|<rank>|<id>" -> 0: READY jobs with meta (lexicographic)
+  9 ring       zset  group -> turn (>= 1) or -1 (parked at its cap)
+ 10 groups     hash  r:<group>, c:<group>, cap, turn, seq, uturn
 
-ARGV (2 + 4n)
+ARGV (2 + 6n)
   1  now_ms        '' (use the server clock) or integer >= 0; tests only
   2  n             integer 1..1000, number of jobs
-  then per job, 4 values:
+  then per job, 6 values:
      id            1..256 bytes, no control characters
      payload       bytes, may be empty
      delay_ms      integer 0..2^40
      max_attempts  integer 1..10000
+     priority      '' (0) or integer -5..5: a higher level is leased sooner
+     group         '' (none) or 1..128 bytes without | or control characters
 
 Returns  {added, duplicates, flag_1 .. flag_n}; flag_i is 1 if job i was added,
          0 if it was a duplicate (of an existing job, of an acked job whose tombstone is
@@ -31,7 +39,7 @@ Errors   PQ_BADARG (nothing written), WRONGTYPE (a key holds another Redis type;
          nothing written).
 Replay   re-sending the same call finds every job present, or acked and tombstoned,
          and adds nothing (an ack with keep_done_ms = 0 leaves no tombstone).
-Contract v2 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
+Contract v3 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
          PQ_CONTRACT, before anything is read or written.
 ]]
 
@@ -44,7 +52,7 @@ local CHUNK = 500 -- values per unpack(); keeps every redis.call well under Lua'
 local TRIM_BATCH = 10 -- expired tombstones are trimmed this many at a time, at least
 local MAINTENANCE_INTERVAL_MS = 50 -- while READY is busy, maintenance still runs this often
 local NONE = {} -- an empty list to read from; never written to, so no call allocates its own
-local CONTRACT_VERSION = 2 -- of the KEYS and ARGV the headers list; lua/README.md section 10
+local CONTRACT_VERSION = 3 -- of the KEYS and ARGV the headers list; lua/README.md section 10
 
 -- Every script's first check, before any other check, read or write: a PQ_CONTRACT text
 -- unless the call passes `nkeys` KEYS and lo..hi ARGV (with `step`: lo plus a multiple
@@ -193,25 +201,192 @@ local function find_lease(key, id, cursor, max_pages)
   until cursor == '0' or pages == max_pages
   return nil, nil, cursor
 end
+-- Fair scheduling (lua/README.md section 2.1). A job enqueued with a group or with a
+-- priority other than 0 keeps a `meta` entry "<priority>|<pos>|<group>" for its whole
+-- life (group '' = none). While READY it is not in the `ready` list but in `gready`, a
+-- lexicographic zset of members "<group>|<rank>|<id>": rank is one character for the
+-- priority ('0' for 5 .. ':' for -5, so higher first) and its 16-digit position `pos`
+-- (tail: POS_MID + seq, head: POS_MID - seq). `ring` holds the groups with ready jobs:
+-- score = turn (>= 1, lowest is served next) while one is believed to have a free
+-- slot, -1 (parked) while it is at its cap. `groups` holds r:<group> (its leases
+-- running), c:<group> (its own cap), cap (the default cap; 0 or absent: none), and the
+-- counters turn, seq and uturn (the ungrouped jobs' last turn).
+local PRIORITY_MIN, PRIORITY_MAX = -5, 5
+local POS_MID = 5000000000000000
+
+-- The four fair-scheduling keys, from KEYS[first] on: the scripts that take them take them last.
+local function fair_keys(first)
+  return { meta = KEYS[first], gready = KEYS[first + 1], ring = KEYS[first + 2], groups = KEYS[first + 3] }
+end
+
+-- A job's priority ('' = 0) as a number, or nil and a PQ_BADARG text; likewise for its
+-- group ('' = none; else 1..128 bytes without '|' or control characters).
+local function fair_arg(priority, group)
+  local p, err = 0, nil
+  if priority ~= '' then
+    p, err = int_arg(priority, 'priority', PRIORITY_MIN, PRIORITY_MAX)
+    if err then return nil, err end
+  end
+  if #group > 128 or string.find(group, '[%c|]') then
+    return nil, 'PQ_BADARG group must be 1..128 bytes without | or control characters'
+  end
+  return p
+end
+
+-- The `gready` member of job `id` at position `pos` (16 digits).
+local function gready_member(group, priority, pos, id)
+  return group .. '|' .. string.char(53 - priority) .. pos .. '|' .. id
+end
+
+-- The meta of each of `ids` (one HMGET): {priority, pos, group} per id, false for an id
+-- without one; or nil and a PQ_CORRUPT text.
+local function fair_meta(F, ids)
+  local out = {}
+  if #ids == 0 then return out end
+  local values = hmget(F.meta, ids)
+  for i = 1, #ids do
+    local value = values[i]
+    if value then
+      local p, pos, g = string.match(value, '^(%-?%d+)|(%d*)|(.*)$')
+      if not p then return nil, 'PQ_CORRUPT unparsable entry in ' .. F.meta end
+      out[i] = { priority = tonumber(p), pos = pos, group = g }
+    else
+      out[i] = false
+    end
+  end
+  return out
+end
+
+-- Leases running and the cap (0: none) of `group`.
+local function group_slots(F, group)
+  local v = redis.call('HMGET', F.groups, 'r:' .. group, 'c:' .. group, 'cap')
+  return tonumber(v[1] or '0') or 0, tonumber(v[2] or v[3] or '0') or 0
+end
+
+-- Give `group`, which has ready jobs, a place in `ring` unless it has one: at the back
+-- (a new turn) with a free slot, else parked.
+local function fair_activate(F, group)
+  if redis.call('ZSCORE', F.ring, group) then return end
+  local running, cap = group_slots(F, group)
+  if cap == 0 or running < cap then
+    redis.call('ZADD', F.ring, redis.call('HINCRBY', F.groups, 'turn', 1), group)
+  else
+    redis.call('ZADD', F.ring, -1, group)
+  end
+end
+
+-- Give back one slot per entry of `metas` with a group (their leases ended): a parked
+-- group with a free slot again goes to the back of `ring`. Returns whether one did, so
+-- that the caller raises the wake marker.
+local function fair_release(F, metas)
+  local woke = false
+  for _, meta in pairs(metas) do
+    if meta and meta.group ~= '' then
+      local g = meta.group
+      local running = redis.call('HINCRBY', F.groups, 'r:' .. g, -1)
+      if running <= 0 then redis.call('HDEL', F.groups, 'r:' .. g) end
+      if tonumber(redis.call('ZSCORE', F.ring, g) or '0') < 0 then
+        local _, cap = group_slots(F, g)
+        if cap == 0 or running < cap then
+          redis.call('ZADD', F.ring, redis.call('HINCRBY', F.groups, 'turn', 1), g)
+          woke = true
+        end
+      end
+    end
+  end
+  return woke
+end
+
+-- Put the jobs of `ids` whose metas[i] is an entry in `gready`, at the head (`head`, in
+-- the order given) or the tail of their priority in their group, and give their groups
+-- a place in `ring`. Returns the other ids, which belong in the `ready` list.
+local function fair_enter(F, ids, metas, head)
+  local plain, fair = {}, {}
+  for i, id in ipairs(ids) do
+    if metas[i] then fair[#fair + 1] = i else plain[#plain + 1] = id end
+  end
+  if #fair == 0 then return plain end
+  local last = redis.call('HINCRBY', F.groups, 'seq', #fair)
+  local members, entries, activate = {}, {}, {}
+  for k, i in ipairs(fair) do
+    local meta, id = metas[i], ids[i]
+    local seq = head and last - k + 1 or last - #fair + k
+    local pos = string.format('%016.0f', head and POS_MID - seq or POS_MID + seq)
+    members[2 * k - 1], members[2 * k] = 0, gready_member(meta.group, meta.priority, pos, id)
+    entries[2 * k - 1], entries[2 * k] = id, meta.priority .. '|' .. pos .. '|' .. meta.group
+    if meta.group ~= '' and not activate[meta.group] then
+      activate[meta.group] = true
+      activate[#activate + 1] = meta.group
+    end
+  end
+  call_chunked('ZADD', F.gready, members)
+  call_chunked('HSET', F.meta, entries)
+  for _, g in ipairs(activate) do fair_activate(F, g) end
+  return plain
+end
+
+-- Make `ids` READY (metas from fair_meta): those with meta by fair_enter, the others to
+-- the head of the `ready` list (`head`, in the order given) or its tail.
+local function make_ready(ready_key, F, ids, metas, head)
+  local plain = fair_enter(F, ids, metas, head)
+  if #plain > 0 and head then
+    local reversed = {}
+    for i = #plain, 1, -1 do reversed[#reversed + 1] = plain[i] end
+    call_chunked('LPUSH', ready_key, reversed)
+  elseif #plain > 0 then
+    call_chunked('RPUSH', ready_key, plain)
+  end
+end
+
+-- Remove READY job `id` from `gready` if it is there (meta from fair_meta): 1 if it was.
+local function fair_unready(F, id, meta)
+  if not meta or meta.pos == '' then return 0 end
+  return redis.call('ZREM', F.gready, gready_member(meta.group, meta.priority, meta.pos, id))
+end
+
+-- A type error text if any fair-scheduling key holds another Redis type, else nil.
+local function fair_types(F)
+  return expect_type(F.meta, 'hash') or expect_type(F.gready, 'zset') or expect_type(F.ring, 'zset')
+    or expect_type(F.groups, 'hash')
+end
+-- Forget the meta of jobs that ended for good (acked, cancelled) and give back their
+-- slots; raise the wake marker if a parked group got one. metas[i] belongs to ids[i].
+local function fair_finish(F, ids, metas, wake_key)
+  local gone = {}
+  for i, meta in pairs(metas) do
+    if meta then gone[#gone + 1] = ids[i] end
+  end
+  if #gone == 0 then return end
+  call_chunked('HDEL', F.meta, gone)
+  if fair_release(F, metas) then redis.call('ZADD', wake_key, 0, 'wake') end
+end
+
+-- Whether any of `metas` (from fair_meta) is an entry.
+local function any_meta(metas)
+  for _, meta in pairs(metas) do
+    if meta then return true end
+  end
+  return false
+end
 -- <<< pyqueue prelude
 
 local jobs_key, ready_key, scheduled_key, counters_key, wake_key, done_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local contract_error = contract('enqueue', 6, 6, 2 + 4 * MAX_BATCH, 4)
+local contract_error = contract('enqueue', 10, 8, 2 + 6 * MAX_BATCH, 6)
 if contract_error then return redis.error_reply(contract_error) end
 
 -- 1. Validate every argument before touching a key.
 local n, err = int_arg(ARGV[2], 'n', 1, MAX_BATCH)
 if err then return redis.error_reply(err) end
-if #ARGV ~= 2 + 4 * n then
-  return redis.error_reply(string.format('PQ_BADARG expected %d arguments for %d jobs, got %d', 2 + 4 * n, n, #ARGV))
+if #ARGV ~= 2 + 6 * n then
+  return redis.error_reply(string.format('PQ_BADARG expected %d arguments for %d jobs, got %d', 2 + 6 * n, n, #ARGV))
 end
 local now_ms
 now_ms, err = now_arg(ARGV[1])
 if err then return redis.error_reply(err) end
-local ids, delays, maxes = {}, {}, {}
+local ids, delays, maxes, metas, fair = {}, {}, {}, {}, false
 for i = 1, n do
-  local base = 4 * i - 2
+  local base = 6 * i - 4
   local id = ARGV[base + 1]
   err = id_arg(id)
   if err then return redis.error_reply(err .. ', job ' .. i) end
@@ -220,6 +395,17 @@ for i = 1, n do
   if err then return redis.error_reply(err) end
   maxes[i], err = int_arg(ARGV[base + 4], 'max_attempts', 1, 10000)
   if err then return redis.error_reply(err) end
+  local priority, group = ARGV[base + 5], ARGV[base + 6]
+  metas[i] = false
+  if priority ~= '' or group ~= '' then
+    local p
+    p, err = fair_arg(priority, group)
+    if err then return redis.error_reply(err .. ', job ' .. i) end
+    if p ~= 0 or group ~= '' then
+      metas[i] = { priority = p, pos = '', group = group }
+      fair = true
+    end
+  end
 end
 
 -- 2. Read: which ids exist already, which were acked recently. HMGET and ZMSCORE also
@@ -230,7 +416,7 @@ now_ms = now_ms or server_now_ms()
 
 -- The reply is {added, duplicates, flag_1 .. flag_n}; the two counts are set at the end.
 local reply = { 0, 0 }
-local records, ready_ids, scheduled_args = {}, {}, NONE
+local records, ready_ids, ready_metas, scheduled_args, later_metas = {}, {}, {}, NONE, {}
 local seen = n > 1 and {} or nil -- an id repeated in this call is added once
 local added, duplicates = 0, 0
 for i = 1, n do
@@ -245,10 +431,15 @@ for i = 1, n do
     added = added + 1
     local due_ms = now_ms + delays[i]
     records[2 * added - 1] = id
-    records[2 * added] = string.format('0|%d|%d|', maxes[i], due_ms) .. ARGV[4 * i]
+    records[2 * added] = string.format('0|%d|%d|', maxes[i], due_ms) .. ARGV[6 * i - 2]
     if delays[i] == 0 then
       ready_ids[#ready_ids + 1] = id
+      ready_metas[#ready_ids] = metas[i]
     else
+      if metas[i] then
+        later_metas[#later_metas + 1] = id
+        later_metas[#later_metas + 1] = metas[i].priority .. '||' .. metas[i].group
+      end
       if scheduled_args == NONE then scheduled_args = {} end
       scheduled_args[#scheduled_args + 1] = due_ms
       scheduled_args[#scheduled_args + 1] = id
@@ -263,6 +454,10 @@ reply[1], reply[2] = added, duplicates
 -- (ZMSCORE rather than ZSCORE: the producer's ACL role already grants it, for `done`).
 if #ready_ids > 0 then err = expect_type(ready_key, 'list') end
 if not err and #scheduled_args > 0 then err = expect_type(scheduled_key, 'zset') end
+-- A queue that uses groups or priorities says so in `counters` (lease.lua reads it).
+local F = fair_keys(7)
+fair = fair and added > 0
+if not err and fair then err = fair_types(F) end
 if err then return redis.error_reply(err) end
 local raised = added > 0 and redis.call('ZMSCORE', wake_key, 'wake')[1]
 
@@ -271,6 +466,11 @@ if duplicates > 0 then redis.call('HINCRBY', counters_key, 'duplicates', duplica
 if added > 0 then
   redis.call('HINCRBY', counters_key, 'enqueued', added)
   call_chunked('HSET', jobs_key, records)
+  if fair then
+    redis.call('HSET', counters_key, 'fair', 1)
+    if #later_metas > 0 then call_chunked('HSET', F.meta, later_metas) end
+    ready_ids = fair_enter(F, ready_ids, ready_metas, false)
+  end
   if #ready_ids > 0 then call_chunked('RPUSH', ready_key, ready_ids) end
   if #scheduled_args > 0 then call_chunked('ZADD', scheduled_key, scheduled_args) end
   -- A delayed job also wakes a worker: it may have to shorten its blocking wait.

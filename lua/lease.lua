@@ -17,13 +17,22 @@ Order inside the call:
      `leased` counter, deadline = now + lease_ms, receipt recorded in `leased` and
      `owners`.
 A lease past its deadline stays valid until maintenance reclaims it.
+Fair queues (section 2.1: `counters` has `fair`, set by enqueue.lua for a job with a
+group or a priority, and by set_group_limit.lua): acks and maintenance are written
+first, the jobs they end give their groups' slots back and those they move go to
+`gready` or `ready` by their meta; then step 4 is the fair pick instead (fair_pick
+below: round-robin between groups, highest priority first, groups at their cap skipped
+without moving a job; O((count + skipped) log N)). Such a call also proves the type of
+every key it may write first (a few TYPE calls), and a PQ_CORRUPT record found by the
+pick leaves the acks and maintenance done (they are whole transitions of their own).
+A queue that is not fair pays nothing for this: `fair` comes with the counters read anyway.
 While the queue is paused (pause.lua), step 4 leases nothing: acks, the replay check and
 maintenance run as usual, and next_due_ms is -1 (resume.lua wakes the workers).
 Under a rate limit (limit.lua), step 4 leases at most the permits due now (GCRA: one per
 period_ms/count, up to `burst` at once) and advances `rate_tat` by the jobs leased; when
 the limit cut the count and every permit was used, next_due_ms is when the next is due.
 
-KEYS (10), all <prefix>:{<queue>}:<role>
+KEYS (14), all <prefix>:{<queue>}:<role>
   1 jobs       hash  id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
   2 ready      list  job ids, head = next to lease
   3 scheduled  zset  id -> due_ms
@@ -36,6 +45,10 @@ KEYS (10), all <prefix>:{<queue>}:<role>
                    (limit.lua) while it is rate limited
   9 wake       zset  the single member "wake" while workers should wake up
  10 done       zset  id -> ms until which an acked id stays a duplicate (tombstones)
+ 11 meta       hash  id -> "<priority>|<pos>|<group>" of jobs with a group or a priority
+ 12 gready     zset  "<group>|<rank>|<id>" -> 0: READY jobs with meta (lexicographic)
+ 13 ring       zset  group -> turn (>= 1) or -1 (parked at its cap)
+ 14 groups     hash  r:<group>, c:<group>, cap, turn, seq, uturn
 
 ARGV (7 + r)
   1  now_ms      '' (use the server clock) or integer >= 0; tests only
@@ -61,7 +74,7 @@ Returns  {now_ms, next_due_ms, r, ack_status_1 .. ack_status_r, m, job_1 .. job_
          job: 7 values: receipt, id, payload, fence, attempt, max_attempts, deadline_ms.
 Errors   PQ_BADARG (nothing written), PQ_CORRUPT (a record does not parse; nothing
          written), WRONGTYPE (a key holds another Redis type; nothing written).
-Contract v2 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
+Contract v3 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
          PQ_CONTRACT, before anything is read or written.
 ]]
 
@@ -74,7 +87,7 @@ local CHUNK = 500 -- values per unpack(); keeps every redis.call well under Lua'
 local TRIM_BATCH = 10 -- expired tombstones are trimmed this many at a time, at least
 local MAINTENANCE_INTERVAL_MS = 50 -- while READY is busy, maintenance still runs this often
 local NONE = {} -- an empty list to read from; never written to, so no call allocates its own
-local CONTRACT_VERSION = 2 -- of the KEYS and ARGV the headers list; lua/README.md section 10
+local CONTRACT_VERSION = 3 -- of the KEYS and ARGV the headers list; lua/README.md section 10
 
 -- Every script's first check, before any other check, read or write: a PQ_CONTRACT text
 -- unless the call passes `nkeys` KEYS and lo..hi ARGV (with `step`: lo plus a multiple
@@ -223,11 +236,178 @@ local function find_lease(key, id, cursor, max_pages)
   until cursor == '0' or pages == max_pages
   return nil, nil, cursor
 end
+-- Fair scheduling (lua/README.md section 2.1). A job enqueued with a group or with a
+-- priority other than 0 keeps a `meta` entry "<priority>|<pos>|<group>" for its whole
+-- life (group '' = none). While READY it is not in the `ready` list but in `gready`, a
+-- lexicographic zset of members "<group>|<rank>|<id>": rank is one character for the
+-- priority ('0' for 5 .. ':' for -5, so higher first) and its 16-digit position `pos`
+-- (tail: POS_MID + seq, head: POS_MID - seq). `ring` holds the groups with ready jobs:
+-- score = turn (>= 1, lowest is served next) while one is believed to have a free
+-- slot, -1 (parked) while it is at its cap. `groups` holds r:<group> (its leases
+-- running), c:<group> (its own cap), cap (the default cap; 0 or absent: none), and the
+-- counters turn, seq and uturn (the ungrouped jobs' last turn).
+local PRIORITY_MIN, PRIORITY_MAX = -5, 5
+local POS_MID = 5000000000000000
+
+-- The four fair-scheduling keys, from KEYS[first] on: the scripts that take them take them last.
+local function fair_keys(first)
+  return { meta = KEYS[first], gready = KEYS[first + 1], ring = KEYS[first + 2], groups = KEYS[first + 3] }
+end
+
+-- A job's priority ('' = 0) as a number, or nil and a PQ_BADARG text; likewise for its
+-- group ('' = none; else 1..128 bytes without '|' or control characters).
+local function fair_arg(priority, group)
+  local p, err = 0, nil
+  if priority ~= '' then
+    p, err = int_arg(priority, 'priority', PRIORITY_MIN, PRIORITY_MAX)
+    if err then return nil, err end
+  end
+  if #group > 128 or string.find(group, '[%c|]') then
+    return nil, 'PQ_BADARG group must be 1..128 bytes without | or control characters'
+  end
+  return p
+end
+
+-- The `gready` member of job `id` at position `pos` (16 digits).
+local function gready_member(group, priority, pos, id)
+  return group .. '|' .. string.char(53 - priority) .. pos .. '|' .. id
+end
+
+-- The meta of each of `ids` (one HMGET): {priority, pos, group} per id, false for an id
+-- without one; or nil and a PQ_CORRUPT text.
+local function fair_meta(F, ids)
+  local out = {}
+  if #ids == 0 then return out end
+  local values = hmget(F.meta, ids)
+  for i = 1, #ids do
+    local value = values[i]
+    if value then
+      local p, pos, g = string.match(value, '^(%-?%d+)|(%d*)|(.*)$')
+      if not p then return nil, 'PQ_CORRUPT unparsable entry in ' .. F.meta end
+      out[i] = { priority = tonumber(p), pos = pos, group = g }
+    else
+      out[i] = false
+    end
+  end
+  return out
+end
+
+-- Leases running and the cap (0: none) of `group`.
+local function group_slots(F, group)
+  local v = redis.call('HMGET', F.groups, 'r:' .. group, 'c:' .. group, 'cap')
+  return tonumber(v[1] or '0') or 0, tonumber(v[2] or v[3] or '0') or 0
+end
+
+-- Give `group`, which has ready jobs, a place in `ring` unless it has one: at the back
+-- (a new turn) with a free slot, else parked.
+local function fair_activate(F, group)
+  if redis.call('ZSCORE', F.ring, group) then return end
+  local running, cap = group_slots(F, group)
+  if cap == 0 or running < cap then
+    redis.call('ZADD', F.ring, redis.call('HINCRBY', F.groups, 'turn', 1), group)
+  else
+    redis.call('ZADD', F.ring, -1, group)
+  end
+end
+
+-- Give back one slot per entry of `metas` with a group (their leases ended): a parked
+-- group with a free slot again goes to the back of `ring`. Returns whether one did, so
+-- that the caller raises the wake marker.
+local function fair_release(F, metas)
+  local woke = false
+  for _, meta in pairs(metas) do
+    if meta and meta.group ~= '' then
+      local g = meta.group
+      local running = redis.call('HINCRBY', F.groups, 'r:' .. g, -1)
+      if running <= 0 then redis.call('HDEL', F.groups, 'r:' .. g) end
+      if tonumber(redis.call('ZSCORE', F.ring, g) or '0') < 0 then
+        local _, cap = group_slots(F, g)
+        if cap == 0 or running < cap then
+          redis.call('ZADD', F.ring, redis.call('HINCRBY', F.groups, 'turn', 1), g)
+          woke = true
+        end
+      end
+    end
+  end
+  return woke
+end
+
+-- Put the jobs of `ids` whose metas[i] is an entry in `gready`, at the head (`head`, in
+-- the order given) or the tail of their priority in their group, and give their groups
+-- a place in `ring`. Returns the other ids, which belong in the `ready` list.
+local function fair_enter(F, ids, metas, head)
+  local plain, fair = {}, {}
+  for i, id in ipairs(ids) do
+    if metas[i] then fair[#fair + 1] = i else plain[#plain + 1] = id end
+  end
+  if #fair == 0 then return plain end
+  local last = redis.call('HINCRBY', F.groups, 'seq', #fair)
+  local members, entries, activate = {}, {}, {}
+  for k, i in ipairs(fair) do
+    local meta, id = metas[i], ids[i]
+    local seq = head and last - k + 1 or last - #fair + k
+    local pos = string.format('%016.0f', head and POS_MID - seq or POS_MID + seq)
+    members[2 * k - 1], members[2 * k] = 0, gready_member(meta.group, meta.priority, pos, id)
+    entries[2 * k - 1], entries[2 * k] = id, meta.priority .. '|' .. pos .. '|' .. meta.group
+    if meta.group ~= '' and not activate[meta.group] then
+      activate[meta.group] = true
+      activate[#activate + 1] = meta.group
+    end
+  end
+  call_chunked('ZADD', F.gready, members)
+  call_chunked('HSET', F.meta, entries)
+  for _, g in ipairs(activate) do fair_activate(F, g) end
+  return plain
+end
+
+-- Make `ids` READY (metas from fair_meta): those with meta by fair_enter, the others to
+-- the head of the `ready` list (`head`, in the order given) or its tail.
+local function make_ready(ready_key, F, ids, metas, head)
+  local plain = fair_enter(F, ids, metas, head)
+  if #plain > 0 and head then
+    local reversed = {}
+    for i = #plain, 1, -1 do reversed[#reversed + 1] = plain[i] end
+    call_chunked('LPUSH', ready_key, reversed)
+  elseif #plain > 0 then
+    call_chunked('RPUSH', ready_key, plain)
+  end
+end
+
+-- Remove READY job `id` from `gready` if it is there (meta from fair_meta): 1 if it was.
+local function fair_unready(F, id, meta)
+  if not meta or meta.pos == '' then return 0 end
+  return redis.call('ZREM', F.gready, gready_member(meta.group, meta.priority, meta.pos, id))
+end
+
+-- A type error text if any fair-scheduling key holds another Redis type, else nil.
+local function fair_types(F)
+  return expect_type(F.meta, 'hash') or expect_type(F.gready, 'zset') or expect_type(F.ring, 'zset')
+    or expect_type(F.groups, 'hash')
+end
+-- Forget the meta of jobs that ended for good (acked, cancelled) and give back their
+-- slots; raise the wake marker if a parked group got one. metas[i] belongs to ids[i].
+local function fair_finish(F, ids, metas, wake_key)
+  local gone = {}
+  for i, meta in pairs(metas) do
+    if meta then gone[#gone + 1] = ids[i] end
+  end
+  if #gone == 0 then return end
+  call_chunked('HDEL', F.meta, gone)
+  if fair_release(F, metas) then redis.call('ZADD', wake_key, 0, 'wake') end
+end
+
+-- Whether any of `metas` (from fair_meta) is an entry.
+local function any_meta(metas)
+  for _, meta in pairs(metas) do
+    if meta then return true end
+  end
+  return false
+end
 -- <<< pyqueue prelude
 
 local jobs_key, ready_key, scheduled_key, leased_key, owners_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local dead_key, errors_key, counters_key, wake_key, done_key = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
-local contract_error = contract('lease', 10, 7, 7 + MAX_BATCH)
+local contract_error = contract('lease', 14, 7, 7 + MAX_BATCH)
 if contract_error then return redis.error_reply(contract_error) end
 
 -- 1. Validate every argument before touching a key.
@@ -254,6 +434,137 @@ for i = 1, n_acks do
   if not ack_ids[i] then
     return redis.error_reply('PQ_BADARG malformed receipt ' .. string.format('%q', ARGV[7 + i]))
   end
+end
+
+local F = fair_keys(11)
+local STALE_BUDGET = 100 -- a pick may also drop or park this many ring entries that had nothing to give
+
+-- The fair pick (queues with groups or priorities, section 2.1): up to `want` jobs,
+-- round-robin between the groups in `ring` (lowest turn first; a group served goes to
+-- the back with a new turn) and the ungrouped lane (the `ready` list and gready's ''
+-- range, which takes the turn `uturn`), the highest priority first within each. A
+-- group at its cap is parked, one with nothing ready dropped from the ring: neither
+-- consumes a pick, and no job moves. Reads everything, and every record, before its
+-- first write. Cost: O((want + skipped) * log(N)) for N ready jobs, with skipped at most
+-- STALE_BUDGET; a group leaves the ring at most once per time it entered it.
+-- Returns the picks ({id, record}), whether leasable work is left, or nil and an error.
+local function fair_pick(want)
+  local fields = redis.call('HMGET', F.groups, 'turn', 'uturn', 'cap')
+  local turn, uturn = tonumber(fields[1] or '0') or 0, tonumber(fields[2] or '0') or 0
+  local default_cap = tonumber(fields[3] or '0') or 0
+  local budget = want + STALE_BUDGET
+  local front = redis.call('ZRANGEBYSCORE', F.ring, '(0', '+inf', 'WITHSCORES', 'LIMIT', 0, budget)
+  local plain = redis.call('LRANGE', ready_key, 0, want - 1)
+  local lane = redis.call('ZRANGEBYLEX', F.gready, '[|', '(}', 'LIMIT', 0, want)
+  -- Ring entries in turn order: those read, then groups served again (their new turns
+  -- are above every turn in the ring, so the list stays in turn order).
+  local entries, state, names = {}, {}, {}
+  for i = 1, #front, 2 do
+    entries[#entries + 1] = { g = front[i], turn = tonumber(front[i + 1]) }
+    names[#names + 1] = 'r:' .. front[i]
+    names[#names + 1] = 'c:' .. front[i]
+  end
+  local slots = hmget(F.groups, names)
+  for k, e in ipairs(entries) do
+    local cap = tonumber(slots[2 * k] or '') or default_cap
+    state[e.g] = { running = tonumber(slots[2 * k - 1] or '0') or 0, cap = cap, taken = 0 }
+  end
+  local picks, qi, pi, li, steps = {}, 1, 1, 1, 0
+  while #picks < want and steps < budget do
+    steps = steps + 1
+    local e = entries[qi]
+    local ungrouped = pi <= #plain or li <= #lane
+    if not e and not ungrouped then break end
+    if ungrouped and (not e or uturn < e.turn) then
+      -- A member of the '' range is "|<rank>|<id>": rank's first character below '5' is a
+      -- priority above 0, which goes before the `ready` list (priority 0).
+      local member = lane[li]
+      if member and (string.byte(member, 2) < 53 or pi > #plain) then
+        picks[#picks + 1] = { id = string.sub(member, 20), member = member }
+        li = li + 1
+      else
+        picks[#picks + 1] = { id = plain[pi] }
+        pi = pi + 1
+      end
+      turn = turn + 1
+      uturn = turn
+    else
+      qi = qi + 1
+      local st = state[e.g]
+      if st.cap ~= 0 and st.running >= st.cap then
+        st.fate = 'park'
+      else
+        -- This group's next member and whether another follows: O(log N).
+        local two = redis.call('ZRANGEBYLEX', F.gready, '[' .. e.g .. '|', '(' .. e.g .. '}', 'LIMIT', st.taken, 2)
+        if #two == 0 then
+          st.fate = 'drop'
+        else
+          st.taken = st.taken + 1
+          st.running = st.running + 1
+          turn = turn + 1
+          picks[#picks + 1] = { id = string.sub(two[1], #e.g + 20), member = two[1], group = e.g }
+          if #two == 1 then
+            st.fate = 'drop'
+          elseif st.cap ~= 0 and st.running >= st.cap then
+            st.fate = 'park'
+          else
+            st.fate = 'turn'
+            st.turn = turn
+            entries[#entries + 1] = { g = e.g, turn = turn }
+          end
+        end
+      end
+    end
+  end
+  -- The records, before any write: a corrupt one is an error with nothing of the pick
+  -- written. An id without a record (removed by another program) is popped and dropped,
+  -- and its slot is not taken.
+  local ids = {}
+  for i, pick in ipairs(picks) do ids[i] = pick.id end
+  local records = hmget(jobs_key, ids)
+  local kept = {}
+  for i, pick in ipairs(picks) do
+    if records[i] then
+      if not parse_record(records[i]) then
+        return nil, nil, 'PQ_CORRUPT unparsable record for job in ' .. jobs_key
+      end
+      pick.record = records[i]
+      kept[#kept + 1] = pick
+    elseif pick.group then
+      local st = state[pick.group]
+      st.taken = st.taken - 1
+      st.running = st.running - 1
+      if st.fate == 'park' and st.running < st.cap then
+        turn = turn + 1
+        st.fate = 'turn'
+        st.turn = turn
+      end
+    end
+  end
+  -- Write.
+  local members, seen = {}, {}
+  for _, pick in ipairs(picks) do
+    if pick.member then members[#members + 1] = pick.member end
+  end
+  if #members > 0 then call_chunked('ZREM', F.gready, members) end
+  if pi > 1 then redis.call('LTRIM', ready_key, pi - 1, -1) end
+  for _, e in ipairs(entries) do
+    local st = state[e.g]
+    if not seen[e.g] and st.fate then
+      seen[e.g] = true
+      if st.fate == 'turn' then
+        redis.call('ZADD', F.ring, st.turn, e.g)
+      elseif st.fate == 'park' then
+        redis.call('ZADD', F.ring, -1, e.g)
+      else
+        redis.call('ZREM', F.ring, e.g)
+      end
+      if st.taken > 0 then redis.call('HINCRBY', F.groups, 'r:' .. e.g, st.taken) end
+    end
+  end
+  if steps > 0 then redis.call('HSET', F.groups, 'turn', turn, 'uturn', uturn) end
+  local left = qi <= #entries or pi <= #plain or li <= #lane or #plain == want or #front == 2 * budget
+  return kept, left, nil, steps >= budget and #picks < want
 end
 
 -- Which keys a read has proven to hold the right type; a key written but not read is
@@ -300,6 +611,11 @@ local m = 0 -- jobs leased (or handed back again by a replay)
 -- receipt, id, payload, fence, attempt, max_attempts, deadline_ms.
 local at0 = 4 + n_acks
 
+-- The meta of the acked jobs (queues with groups or priorities, section 2.1), read
+-- before any write: the replay path reads it always, the other path when `counters`
+-- says the queue is fair.
+local ack_metas, fair = NONE, false
+
 if #prior > 0 then
   -- A replay: hand back the leases the first run made, unchanged.
   local ids, deadlines = {}, {}
@@ -323,19 +639,27 @@ if #prior > 0 then
     m = m + 1
   end
   -- Every key written below was read above (`owners` by the replay check), so its type
-  -- is proven.
+  -- is proven, but for the fair-scheduling keys when an acked job has meta.
   if #to_ack > 0 then
+    ack_metas, err = fair_meta(F, acked_ids)
+    fair = ack_metas and any_meta(ack_metas)
+    err = err or fair and (fair_types(F) or expect_type(wake_key, 'zset'))
+    if err then return redis.error_reply(err) end
     call_chunked('ZREM', owners_key, to_ack)
     call_chunked('ZREM', leased_key, to_ack)
     call_chunked('HDEL', jobs_key, acked_ids)
     bury(done_key, acked_ids, expired_done, now_ms, keep_done_ms)
+    if fair then fair_finish(F, acked_ids, ack_metas, wake_key) end
   end
 else
   -- 4. Read the rest of the plan: counters, the head of READY, maintenance candidates.
   -- `paused` (pause.lua) comes with the fields read anyway: an unpaused queue pays for
   -- the pause check with no command of its own.
   -- So are the rate limit's fields: an unlimited queue pays nothing more either.
-  local counters = redis.call('HMGET', counters_key, 'leased', 'next_maintenance_ms', 'paused', 'rate_limit', 'rate_tat')
+  -- So is `fair` (enqueue.lua sets it when a job has a group or a priority): a queue
+  -- without either takes the path below unchanged, at the cost of no command.
+  local counters = redis.call('HMGET', counters_key, 'leased', 'next_maintenance_ms', 'paused', 'rate_limit', 'rate_tat',
+    'fair')
   local fence0 = tonumber(counters[1] or '0') or 0
   local maintenance_due = tonumber(counters[2] or '0') or 0
   local paused = counters[3] ~= false
@@ -355,6 +679,19 @@ else
     local permits = math.max(0, math.floor((now_ms + burst_ms - tat) / spacing + 1e-9))
     if permits < count then count, rate_cut = permits, true end
   end
+  -- A fair queue leases by fair_pick after maintenance is written: the steps below run
+  -- with count 0, and `want` is what the call asked for (after pause and rate limit).
+  fair = counters[6] ~= false
+  local want = count
+  local fair_short = false
+  if fair then
+    if #to_ack > 0 then
+      ack_metas, err = fair_meta(F, acked_ids)
+      if err then return redis.error_reply(err) end
+    end
+    if want > 0 then fair_short = redis.call('LLEN', ready_key) + redis.call('ZCARD', F.gready) < want end
+    count = 0
+  end
   local ready_head = NONE
   if count > 0 then
     ready_head = redis.call('LRANGE', ready_key, 0, count) -- one extra: is more work waiting?
@@ -362,7 +699,7 @@ else
   end
 
   local promoted, reclaimed, to_dead, stopped_at_limit = NONE, NONE, NONE, false
-  local maintain = (count > 0 and #ready_head < count) or now_ms >= maintenance_due
+  local maintain = (count > 0 and #ready_head < count) or fair_short or now_ms >= maintenance_due
   if maintain then
     reclaimed, to_dead = {}, {}
     -- Expired tombstones, trimmed below even when nothing is acked: an idle or drained
@@ -402,6 +739,19 @@ else
         reclaimed[#reclaimed + 1] = lease
       end
     end
+  end
+
+  -- In a fair queue: the meta of every job maintenance moves, read before any write.
+  local moved_metas = {}
+  if fair and #promoted + #reclaimed + #to_dead > 0 then
+    local moved = {}
+    for _, id in ipairs(promoted) do moved[#moved + 1] = id end
+    for _, lease in ipairs(reclaimed) do moved[#moved + 1] = lease.id end
+    for _, lease in ipairs(to_dead) do moved[#moved + 1] = lease.id end
+    local metas
+    metas, err = fair_meta(F, moved)
+    if err then return redis.error_reply(err) end
+    for i, id in ipairs(moved) do moved_metas[id] = metas[i] end
   end
 
   -- 5. Choose what to lease: READY after maintenance would read
@@ -483,6 +833,11 @@ else
     or read_after and not scheduled_read and expect_type(scheduled_key, 'zset')
     or #to_dead > 0 and (expect_type(dead_key, 'zset') or expect_type(errors_key, 'hash'))
     or nil
+  -- A fair queue proves every key it may write or read after writing (a few TYPE calls:
+  -- only queues with groups or priorities pay them).
+  err = err or fair and (fair_types(F) or expect_type(jobs_key, 'hash') or expect_type(ready_key, 'list')
+    or expect_type(scheduled_key, 'zset') or expect_type(leased_key, 'zset') or expect_type(owners_key, 'zset')
+    or expect_type(wake_key, 'zset'))
   if err then return redis.error_reply(err) end
   -- The marker's read proves `wake` a zset, and spares the write when it is already up.
   wake = wake and not redis.call('ZSCORE', wake_key, 'wake')
@@ -507,6 +862,7 @@ else
     call_chunked('ZREM', leased_key, to_ack)
     call_chunked('HDEL', jobs_key, acked_ids)
     bury(done_key, acked_ids, expired_done, now_ms, keep_done_ms)
+    if fair then fair_finish(F, acked_ids, ack_metas, wake_key) end
   elseif maintain then
     trim_done(done_key, expired_done, MAX_BATCH)
   end
@@ -521,6 +877,13 @@ else
     if #ended > 0 then
       call_chunked('ZREM', leased_key, ended)
       call_chunked('ZREM', owners_key, ended)
+      -- Their groups get the slots back (the jobs' meta stays: they go on).
+      if fair then
+        local ended_metas = {}
+        for _, lease in ipairs(reclaimed) do ended_metas[#ended_metas + 1] = moved_metas[lease.id] end
+        for _, lease in ipairs(to_dead) do ended_metas[#ended_metas + 1] = moved_metas[lease.id] end
+        fair_release(F, ended_metas)
+      end
     end
     -- The lease counted as an attempt: persist it in the record (due_ms = now: ready again).
     for _, lease in ipairs(reclaimed) do
@@ -555,12 +918,43 @@ else
 
   -- Unleased reclaimed jobs go to the head (earliest deadline first), unleased promoted
   -- jobs to the tail.
-  if #head_back > 0 then
+  -- In a fair queue, a job with meta goes to `gready` instead (make_ready).
+  if fair then
+    local metas = {}
+    for i, id in ipairs(head_back) do metas[i] = moved_metas[id] or false end
+    make_ready(ready_key, F, head_back, metas, true)
+    metas = {}
+    for i, id in ipairs(tail_back) do metas[i] = moved_metas[id] or false end
+    make_ready(ready_key, F, tail_back, metas, false)
+  elseif #head_back > 0 then
     local reversed = {}
     for i = #head_back, 1, -1 do reversed[#reversed + 1] = head_back[i] end
     call_chunked('LPUSH', ready_key, reversed)
   end
-  if #tail_back > 0 then call_chunked('RPUSH', ready_key, tail_back) end
+  if not fair and #tail_back > 0 then call_chunked('RPUSH', ready_key, tail_back) end
+
+  -- The fair pick, now that maintenance has made its jobs READY.
+  if fair and want > 0 then
+    local picks, left, short
+    picks, left, err, short = fair_pick(want)
+    if err then return redis.error_reply(err) end
+    for _, pick in ipairs(picks) do
+      local attempts, max_attempts, _, at = parse_record(pick.record)
+      m = m + 1
+      local fence, attempt = fence0 + m, attempts + 1
+      local receipt = string.format('%s|%s|%d|%d|', owner, call, fence, attempt) .. pick.id
+      local o = at0 + 7 * (m - 1)
+      reply[o + 1], reply[o + 2], reply[o + 3] = receipt, pick.id, string.sub(pick.record, at)
+      reply[o + 4], reply[o + 5], reply[o + 6], reply[o + 7] = fence, attempt, max_attempts, deadline_ms
+      leased_args[2 * m - 1], leased_args[2 * m] = deadline_ms, receipt
+      owner_args[2 * m - 1], owner_args[2 * m] = 0, receipt
+    end
+    stopped_at_limit = stopped_at_limit or short
+    -- Wake another worker when leasable work is left after a plain lease.
+    if n_acks == 0 and left and not paused and not rate_cut and not redis.call('ZSCORE', wake_key, 'wake') then
+      redis.call('ZADD', wake_key, 0, 'wake')
+    end
+  end
 
   -- Lease.
   if m > 0 then
@@ -576,10 +970,10 @@ else
     redis.call('HSET', counters_key, 'rate_tat', string.format('%.3f', tat))
   end
 
-  if rate_cut and m == count then
+  if rate_cut and m == want then
     -- Every permit due was used: the next one is due when tat is within a burst of now.
     reply[2] = math.ceil(tat + spacing - burst_ms)
-  elseif m < count then
+  elseif m < want then
     if stopped_at_limit then
       reply[2] = now_ms
     else

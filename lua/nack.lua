@@ -9,7 +9,7 @@ given, else exponential backoff with jitter computed here:
 with jitter in [0, 1) derived from the fence, so retries of different jobs spread out
 and a re-sent call computes the same jitter.
 
-KEYS (9), all <prefix>:{<queue>}:<role>
+KEYS (13), all <prefix>:{<queue>}:<role>
   1 jobs       hash  id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
   2 scheduled  zset  id -> due_ms
   3 leased     zset  receipt -> deadline_ms
@@ -20,6 +20,10 @@ KEYS (9), all <prefix>:{<queue>}:<role>
   8 wake       zset  the single member "wake" while workers should wake up
   9 finished   stream  a job that goes to DEAD adds an entry {id = <job id>} (at most
                    1000 kept): result waiters (ack_result.lua) wake for its outcome
+ 10 meta       hash  id -> "<priority>|<pos>|<group>" of jobs with a group or a priority
+ 11 gready     zset  "<group>|<rank>|<id>" -> 0: READY jobs with meta (lexicographic)
+ 12 ring       zset  group -> turn (>= 1) or -1 (parked at its cap)
+ 13 groups     hash  r:<group>, c:<group>, cap, turn, seq, uturn
 
 ARGV (6 or 7)
   1  now_ms     '' (use the server clock) or integer >= 0; tests only
@@ -37,7 +41,7 @@ Returns  {status, state, at_ms}: status 'ok', 'stale' or 'gone' (as ack.lua); wh
 Errors   PQ_BADARG (nothing written), PQ_CORRUPT (the job record does not parse; nothing
          written), WRONGTYPE (nothing written).
 Replay   a re-sent call finds its receipt gone and changes nothing (final or not).
-Contract v2 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
+Contract v3 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
          PQ_CONTRACT, before anything is read or written.
 ]]
 
@@ -50,7 +54,7 @@ local CHUNK = 500 -- values per unpack(); keeps every redis.call well under Lua'
 local TRIM_BATCH = 10 -- expired tombstones are trimmed this many at a time, at least
 local MAINTENANCE_INTERVAL_MS = 50 -- while READY is busy, maintenance still runs this often
 local NONE = {} -- an empty list to read from; never written to, so no call allocates its own
-local CONTRACT_VERSION = 2 -- of the KEYS and ARGV the headers list; lua/README.md section 10
+local CONTRACT_VERSION = 3 -- of the KEYS and ARGV the headers list; lua/README.md section 10
 
 -- Every script's first check, before any other check, read or write: a PQ_CONTRACT text
 -- unless the call passes `nkeys` KEYS and lo..hi ARGV (with `step`: lo plus a multiple
@@ -199,11 +203,179 @@ local function find_lease(key, id, cursor, max_pages)
   until cursor == '0' or pages == max_pages
   return nil, nil, cursor
 end
+-- Fair scheduling (lua/README.md section 2.1). A job enqueued with a group or with a
+-- priority other than 0 keeps a `meta` entry "<priority>|<pos>|<group>" for its whole
+-- life (group '' = none). While READY it is not in the `ready` list but in `gready`, a
+-- lexicographic zset of members "<group>|<rank>|<id>": rank is one character for the
+-- priority ('0' for 5 .. ':' for -5, so higher first) and its 16-digit position `pos`
+-- (tail: POS_MID + seq, head: POS_MID - seq). `ring` holds the groups with ready jobs:
+-- score = turn (>= 1, lowest is served next) while one is believed to have a free
+-- slot, -1 (parked) while it is at its cap. `groups` holds r:<group> (its leases
+-- running), c:<group> (its own cap), cap (the default cap; 0 or absent: none), and the
+-- counters turn, seq and uturn (the ungrouped jobs' last turn).
+local PRIORITY_MIN, PRIORITY_MAX = -5, 5
+local POS_MID = 5000000000000000
+
+-- The four fair-scheduling keys, from KEYS[first] on: the scripts that take them take them last.
+local function fair_keys(first)
+  return { meta = KEYS[first], gready = KEYS[first + 1], ring = KEYS[first + 2], groups = KEYS[first + 3] }
+end
+
+-- A job's priority ('' = 0) as a number, or nil and a PQ_BADARG text; likewise for its
+-- group ('' = none; else 1..128 bytes without '|' or control characters).
+local function fair_arg(priority, group)
+  local p, err = 0, nil
+  if priority ~= '' then
+    p, err = int_arg(priority, 'priority', PRIORITY_MIN, PRIORITY_MAX)
+    if err then return nil, err end
+  end
+  if #group > 128 or string.find(group, '[%c|]') then
+    return nil, 'PQ_BADARG group must be 1..128 bytes without | or control characters'
+  end
+  return p
+end
+
+-- The `gready` member of job `id` at position `pos` (16 digits).
+local function gready_member(group, priority, pos, id)
+  return group .. '|' .. string.char(53 - priority) .. pos .. '|' .. id
+end
+
+-- The meta of each of `ids` (one HMGET): {priority, pos, group} per id, false for an id
+-- without one; or nil and a PQ_CORRUPT text.
+local function fair_meta(F, ids)
+  local out = {}
+  if #ids == 0 then return out end
+  local values = hmget(F.meta, ids)
+  for i = 1, #ids do
+    local value = values[i]
+    if value then
+      local p, pos, g = string.match(value, '^(%-?%d+)|(%d*)|(.*)$')
+      if not p then return nil, 'PQ_CORRUPT unparsable entry in ' .. F.meta end
+      out[i] = { priority = tonumber(p), pos = pos, group = g }
+    else
+      out[i] = false
+    end
+  end
+  return out
+end
+
+-- Leases running and the cap (0: none) of `group`.
+local function group_slots(F, group)
+  local v = redis.call('HMGET', F.groups, 'r:' .. group, 'c:' .. group, 'cap')
+  return tonumber(v[1] or '0') or 0, tonumber(v[2] or v[3] or '0') or 0
+end
+
+-- Give `group`, which has ready jobs, a place in `ring` unless it has one: at the back
+-- (a new turn) with a free slot, else parked.
+local function fair_activate(F, group)
+  if redis.call('ZSCORE', F.ring, group) then return end
+  local running, cap = group_slots(F, group)
+  if cap == 0 or running < cap then
+    redis.call('ZADD', F.ring, redis.call('HINCRBY', F.groups, 'turn', 1), group)
+  else
+    redis.call('ZADD', F.ring, -1, group)
+  end
+end
+
+-- Give back one slot per entry of `metas` with a group (their leases ended): a parked
+-- group with a free slot again goes to the back of `ring`. Returns whether one did, so
+-- that the caller raises the wake marker.
+local function fair_release(F, metas)
+  local woke = false
+  for _, meta in pairs(metas) do
+    if meta and meta.group ~= '' then
+      local g = meta.group
+      local running = redis.call('HINCRBY', F.groups, 'r:' .. g, -1)
+      if running <= 0 then redis.call('HDEL', F.groups, 'r:' .. g) end
+      if tonumber(redis.call('ZSCORE', F.ring, g) or '0') < 0 then
+        local _, cap = group_slots(F, g)
+        if cap == 0 or running < cap then
+          redis.call('ZADD', F.ring, redis.call('HINCRBY', F.groups, 'turn', 1), g)
+          woke = true
+        end
+      end
+    end
+  end
+  return woke
+end
+
+-- Put the jobs of `ids` whose metas[i] is an entry in `gready`, at the head (`head`, in
+-- the order given) or the tail of their priority in their group, and give their groups
+-- a place in `ring`. Returns the other ids, which belong in the `ready` list.
+local function fair_enter(F, ids, metas, head)
+  local plain, fair = {}, {}
+  for i, id in ipairs(ids) do
+    if metas[i] then fair[#fair + 1] = i else plain[#plain + 1] = id end
+  end
+  if #fair == 0 then return plain end
+  local last = redis.call('HINCRBY', F.groups, 'seq', #fair)
+  local members, entries, activate = {}, {}, {}
+  for k, i in ipairs(fair) do
+    local meta, id = metas[i], ids[i]
+    local seq = head and last - k + 1 or last - #fair + k
+    local pos = string.format('%016.0f', head and POS_MID - seq or POS_MID + seq)
+    members[2 * k - 1], members[2 * k] = 0, gready_member(meta.group, meta.priority, pos, id)
+    entries[2 * k - 1], entries[2 * k] = id, meta.priority .. '|' .. pos .. '|' .. meta.group
+    if meta.group ~= '' and not activate[meta.group] then
+      activate[meta.group] = true
+      activate[#activate + 1] = meta.group
+    end
+  end
+  call_chunked('ZADD', F.gready, members)
+  call_chunked('HSET', F.meta, entries)
+  for _, g in ipairs(activate) do fair_activate(F, g) end
+  return plain
+end
+
+-- Make `ids` READY (metas from fair_meta): those with meta by fair_enter, the others to
+-- the head of the `ready` list (`head`, in the order given) or its tail.
+local function make_ready(ready_key, F, ids, metas, head)
+  local plain = fair_enter(F, ids, metas, head)
+  if #plain > 0 and head then
+    local reversed = {}
+    for i = #plain, 1, -1 do reversed[#reversed + 1] = plain[i] end
+    call_chunked('LPUSH', ready_key, reversed)
+  elseif #plain > 0 then
+    call_chunked('RPUSH', ready_key, plain)
+  end
+end
+
+-- Remove READY job `id` from `gready` if it is there (meta from fair_meta): 1 if it was.
+local function fair_unready(F, id, meta)
+  if not meta or meta.pos == '' then return 0 end
+  return redis.call('ZREM', F.gready, gready_member(meta.group, meta.priority, meta.pos, id))
+end
+
+-- A type error text if any fair-scheduling key holds another Redis type, else nil.
+local function fair_types(F)
+  return expect_type(F.meta, 'hash') or expect_type(F.gready, 'zset') or expect_type(F.ring, 'zset')
+    or expect_type(F.groups, 'hash')
+end
+-- Forget the meta of jobs that ended for good (acked, cancelled) and give back their
+-- slots; raise the wake marker if a parked group got one. metas[i] belongs to ids[i].
+local function fair_finish(F, ids, metas, wake_key)
+  local gone = {}
+  for i, meta in pairs(metas) do
+    if meta then gone[#gone + 1] = ids[i] end
+  end
+  if #gone == 0 then return end
+  call_chunked('HDEL', F.meta, gone)
+  if fair_release(F, metas) then redis.call('ZADD', wake_key, 0, 'wake') end
+end
+
+-- Whether any of `metas` (from fair_meta) is an entry.
+local function any_meta(metas)
+  for _, meta in pairs(metas) do
+    if meta then return true end
+  end
+  return false
+end
 -- <<< pyqueue prelude
 
 local jobs_key, scheduled_key, leased_key, owners_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local dead_key, errors_key, counters_key, wake_key, finished_key = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-local contract_error = contract('nack', 9, 6, 7)
+local contract_error = contract('nack', 13, 6, 7)
+local F = fair_keys(10)
 if contract_error then return redis.error_reply(contract_error) end
 
 -- 1. Validate.
@@ -237,6 +409,10 @@ end
 local record = redis.call('HGET', jobs_key, id)
 local _, max_attempts, _, payload_at = parse_record(record or '')
 if not max_attempts then return redis.error_reply('PQ_CORRUPT no valid record for job ' .. id .. ' in ' .. jobs_key) end
+-- The job's meta (section 2.1): its group gets the slot back.
+local metas
+metas, err = fair_meta(F, { id })
+if err then return redis.error_reply(err) end
 now_ms = now_ms or server_now_ms()
 local to_dead = attempt >= max_attempts or final == '1'
 if to_dead then
@@ -245,7 +421,7 @@ if to_dead then
 else
   err = expect_type(owners_key, 'zset') or expect_type(scheduled_key, 'zset') or expect_type(wake_key, 'zset')
 end
-err = err or expect_type(counters_key, 'hash')
+err = err or expect_type(counters_key, 'hash') or metas[1] and (fair_types(F) or expect_type(wake_key, 'zset'))
 if err then return redis.error_reply(err) end
 
 -- 3. Write.
@@ -254,6 +430,7 @@ if err then return redis.error_reply(err) end
 redis.call('ZREM', leased_key, receipt)
 redis.call('ZREM', owners_key, receipt)
 redis.call('HINCRBY', counters_key, 'nacked', 1)
+local woke = metas[1] and fair_release(F, metas)
 local payload = string.sub(record, payload_at)
 if to_dead then
   redis.call('HINCRBY', counters_key, 'dead', 1)
@@ -262,6 +439,7 @@ if to_dead then
   redis.call('HSET', errors_key, id, error_text)
   -- Its outcome is known now: wake whoever waits for it (wait_result).
   redis.call('XADD', finished_key, 'MAXLEN', 1000, '*', 'id', id)
+  if woke then redis.call('ZADD', wake_key, 0, 'wake') end
   return { 'ok', 'dead', now_ms }
 end
 if delay_ms == nil then

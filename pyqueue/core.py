@@ -132,14 +132,50 @@ def as_payload(value: object) -> bytes:
     raise InvalidArgument(f"payload must be bytes or str (use enqueue_json for objects), got {type(value).__name__}")
 
 
-#: What enqueue.lua takes per job: (id, payload, delay_ms, max_attempts).
-JobTuple = tuple[str, bytes, int, int]
+#: What enqueue.lua takes per job: (id, payload, delay_ms, max_attempts, priority, group),
+#: priority and group as the script takes them ('' for 0 and for none).
+JobTuple = tuple[str, bytes, int, int, int | str, str]
+
+#: Priority levels (lua/README.md section 2.1): a higher level is leased sooner.
+PRIORITY_MIN, PRIORITY_MAX = -5, 5
+#: The most bytes of a group key.
+MAX_GROUP_BYTES = 128
 
 
-def new_job(item: NewJob | bytes | str, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> JobTuple:
-    """Validate one job to enqueue (a random id when none is given). Raises
-    InvalidArgument (PayloadTooLarge for a payload over ``max_payload_bytes``) before
-    anything is sent."""
+def check_priority(value: object) -> int:
+    """Return ``value`` if it is a priority level (an int in -5..5), else raise InvalidArgument."""
+    return check_int(value, "priority", PRIORITY_MIN, PRIORITY_MAX)
+
+
+def check_group(value: object) -> str:
+    """Return ``value`` if it is a group key: a str of 1..128 UTF-8 bytes without ``|`` or
+    control characters (the ring's members and the lexicographic index need both
+    rules); else raise InvalidArgument."""
+    if not isinstance(value, str):
+        raise InvalidArgument(f"group must be a str, got {type(value).__name__}")
+    raw = value.encode("utf-8")
+    if not 1 <= len(raw) <= MAX_GROUP_BYTES or "|" in value or any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise InvalidArgument(f"group must be 1..{MAX_GROUP_BYTES} bytes without | or control characters, got {value!r}")
+    return value
+
+
+def new_id(group: str | None = None, partitions: int = 1) -> str:
+    """A random job id (128 bits in hex). On a partitioned queue, a job of a group must
+    live in its group's partition (so that the group's cap holds across the queue), and
+    a job lives in the partition of its id: the id is drawn until it falls there
+    (``partitions`` draws on average)."""
+    job_id = os.urandom(16).hex()
+    if group is not None and partitions > 1:
+        home = partition_of(group, partitions)
+        while partition_of(job_id, partitions) != home:
+            job_id = os.urandom(16).hex()
+    return job_id
+
+
+def new_job(item: NewJob | bytes | str, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES, partitions: int = 1) -> JobTuple:
+    """Validate one job to enqueue (a random id when none is given: in its group's
+    partition on a partitioned queue, :func:`new_id`). Raises InvalidArgument
+    (PayloadTooLarge for a payload over ``max_payload_bytes``) before anything is sent."""
     new = item if isinstance(item, NewJob) else NewJob(item)
     payload = as_payload(new.payload)
     if len(payload) > max_payload_bytes:
@@ -147,18 +183,24 @@ def new_job(item: NewJob | bytes | str, max_payload_bytes: int = DEFAULT_MAX_PAY
             f"payload of {len(payload)} bytes is over this queue's max_payload_bytes ({max_payload_bytes}): "
             "store large data elsewhere (object storage) and enqueue its key"
         )
+    priority = check_priority(new.priority)
+    group = None if new.group is None else check_group(new.group)
     return (
-        check_job_id(new.job_id) if new.job_id is not None else os.urandom(16).hex(),
+        check_job_id(new.job_id) if new.job_id is not None else new_id(group, partitions),
         payload,
         check_int(new.delay_ms, "delay_ms", 0, 2**40),
         check_int(DEFAULT_MAX_ATTEMPTS if new.max_attempts is None else new.max_attempts, "max_attempts", 1, 10_000),
+        priority or "",
+        group or "",
     )
 
 
-def new_batch(jobs: Iterable[NewJob | bytes | str], max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> list[JobTuple]:
+def new_batch(
+    jobs: Iterable[NewJob | bytes | str], max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES, partitions: int = 1
+) -> list[JobTuple]:
     """Validate 1..1000 jobs to enqueue in one call, their payloads together at most
     MAX_CALL_PAYLOAD_BYTES."""
-    batch = [new_job(item, max_payload_bytes) for item in jobs]
+    batch = [new_job(item, max_payload_bytes, partitions) for item in jobs]
     if not 1 <= len(batch) <= MAX_BATCH:
         raise InvalidArgument(f"1..{MAX_BATCH} jobs per call, got {len(batch)}")
     if len(batch) > 1 and sum(len(job[1]) for job in batch) > MAX_CALL_PAYLOAD_BYTES:
@@ -416,7 +458,7 @@ def enqueue_weight(step: ScriptCall) -> int:
     """What an enqueue call weighs when enqueues are coalesced: one unit per job, plus
     one per _PAYLOAD_UNIT bytes of their payloads, so that a coalesced call of at most
     MAX_BATCH units carries at most MAX_BATCH jobs and MAX_CALL_PAYLOAD_BYTES."""
-    payload_bytes = sum(len(payload) for payload in step.args[3::4] if isinstance(payload, bytes))
+    payload_bytes = sum(len(payload) for payload in step.args[3::6] if isinstance(payload, bytes))
     return int(step.args[1]) + payload_bytes // _PAYLOAD_UNIT
 
 
@@ -460,10 +502,10 @@ def now_arg(now_ms: int | None) -> Arg:
 
 
 def enqueue_call(keys: Keys, now_ms: int | None, jobs: Sequence[JobTuple]) -> ScriptCall:
-    """lua/enqueue.lua. ``jobs``: (id, payload, delay_ms, max_attempts) tuples."""
+    """lua/enqueue.lua. ``jobs``: :data:`JobTuple` s."""
     args: list[Arg] = [now_arg(now_ms), len(jobs)]
-    for job_id, payload, delay_ms, max_attempts in jobs:
-        args += [job_id, payload, delay_ms, max_attempts]
+    for job in jobs:
+        args += job
     return ScriptCall("enqueue", keys, args)
 
 
@@ -599,6 +641,12 @@ def cancel_call(keys: Keys, now_ms: int | None, job_id: str, keep_done_ms: int) 
 def limit_call(keys: Keys, count: int, period_ms: int, burst: int) -> ScriptCall:
     """lua/limit.lua."""
     return ScriptCall("limit", keys, [count, period_ms, burst])
+
+
+def set_group_limit_call(keys: Keys, group: str, cap: int | str) -> ScriptCall:
+    """lua/set_group_limit.lua: ``group`` '' is the default cap; ``cap`` '' deletes a
+    group's own cap."""
+    return ScriptCall("set_group_limit", keys, [group, cap])
 
 
 def pause_call(keys: Keys, now_ms: int | None) -> ScriptCall:

@@ -104,6 +104,26 @@ class QueueKeys:
         """stream: one entry {id: <job id>} per result stored; wait_result blocks on it."""
         return self._key("finished")
 
+    @property
+    def meta(self) -> str:
+        """hash: id -> "<priority>|<pos>|<group>" of jobs with a group or a priority."""
+        return self._key("meta")
+
+    @property
+    def gready(self) -> str:
+        """zset: "<group>|<rank>|<id>" -> 0, the READY jobs that have meta (lexicographic)."""
+        return self._key("gready")
+
+    @property
+    def ring(self) -> str:
+        """zset: group -> turn (>= 1), or -1 while the group is parked at its cap."""
+        return self._key("ring")
+
+    @property
+    def groups(self) -> str:
+        """hash: r:<group> (leases running), c:<group> (its cap), cap, turn, seq, uturn."""
+        return self._key("groups")
+
     def role(self, name: str) -> str:
         """The key for a role by name (as listed in a script header)."""
         if name not in ROLES:
@@ -117,7 +137,7 @@ class QueueKeys:
 
 #: Every role of a queue key, in the order lua/README.md lists them.
 ROLES = ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake", "done", "results",
-         "result_expiry", "finished")
+         "result_expiry", "finished", "meta", "gready", "ring", "groups")
 
 
 @dataclass(frozen=True)

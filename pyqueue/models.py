@@ -73,6 +73,10 @@ class NewJob:
     job_id: str | None = None
     delay_ms: int = 0
     max_attempts: int | None = None
+    #: -5..5; a higher level is leased sooner (``Queue.enqueue``).
+    priority: int = 0
+    #: The job's group for fair scheduling, or None (``Queue.enqueue``).
+    group: str | None = None
 
 
 @dataclass(frozen=True)
@@ -200,6 +204,10 @@ class Stats:
     rate_limit: int = 0
     rate_period_ms: int = 0
     rate_burst: int = 0
+    #: Groups with ready jobs (fair scheduling, ``enqueue(group=...)``): with a free
+    #: slot, and parked at their cap (``set_group_limit``).
+    groups_waiting: int = 0
+    groups_at_cap: int = 0
 
     @property
     def paused(self) -> bool:

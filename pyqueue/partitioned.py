@@ -150,7 +150,14 @@ class PartitionedCore(QueueCore):
         partition that receives jobs (every job was validated before anything is sent)."""
         groups: dict[int, list[int]] = {}
         for position, job in enumerate(batch):
-            groups.setdefault(partition_of(job[0], self.partitions), []).append(position)
+            part = partition_of(job[0], self.partitions)
+            if job[5] and partition_of(job[5], self.partitions) != part:
+                raise InvalidArgument(
+                    f"job {job[0]!r} of group {job[5]!r}: on a queue of {self.partitions} partitions a job of a group "
+                    "lives in its group's partition, and this id falls in another; let pyqueue choose the id "
+                    "(job_id=None), or choose one in the group's partition (pyqueue.core.partition_of)"
+                )
+            groups.setdefault(part, []).append(position)
         out: list[Enqueued | None] = [None] * len(batch)
         for p, positions in groups.items():
             answers = yield from self.parts[p].plan_enqueue_batch([batch[i] for i in positions], now_ms)
@@ -312,6 +319,13 @@ class PartitionedCore(QueueCore):
     def plan_get(self, job_id: str, *, with_payload: bool = False, now_ms: int | None = None) -> Plan[JobInfo]:
         """As :meth:`QueueCore.plan_get`, in the id's partition (``queue`` names it)."""
         return (yield from self.part_for(job_id).plan_get(job_id, with_payload=with_payload, now_ms=now_ms))
+
+    def plan_set_group_limit(self, cap: int | None, *, group: str | None = None) -> Plan[bool]:
+        """As :meth:`QueueCore.plan_set_group_limit`, in every partition: a group's jobs
+        all live in its partition, so the cap there is the group's cap across the queue
+        (True if any partition changed)."""
+        plans = (part.plan_set_group_limit(cap, group=group) for part in self.parts)
+        return any((yield from plan_each(plans)))
 
     def plan_limit(self, count: int, period_ms: int = 1000, *, burst: int = 1) -> Plan[bool]:
         """Refused: a cap on the logical queue would have to be shared out between its

@@ -80,6 +80,8 @@ from pyqueue.core import (
     get_call,
     lease_call,
     limit_call,
+    set_group_limit_call,
+    check_group,
     nack_call,
     new_batch,
     new_job,
@@ -345,6 +347,8 @@ class QueueCore:
         job_id: str | None = None,
         delay_ms: int = 0,
         max_attempts: int | None = None,
+        priority: int = 0,
+        group: str | None = None,
         now_ms: int | None = None,
     ) -> Plan[Enqueued]:
         """Add one job (lua/enqueue.lua).
@@ -358,6 +362,13 @@ class QueueCore:
             delay_ms: run no earlier than this long after now (server clock).
             max_attempts: leases that may fail (nack, expiry, scrub) before the job goes
                 to DEAD; default 5.
+            priority: -5..5, default 0. Lease takes ready jobs of a higher level first,
+                first in first out within a level (within a group, with ``group``).
+            group: a key (1..128 bytes, no ``|`` or control characters: a tenant, an
+                account) for fair scheduling: lease serves the groups with ready jobs
+                round-robin, and never more of one group at once than its cap
+                (:meth:`set_group_limit`). Jobs without a group share one turn of
+                the round, as if they were one group without a cap.
             now_ms: tests only: override the server clock.
 
         Returns:
@@ -369,7 +380,8 @@ class QueueCore:
         Raises:
             InvalidArgument, WrongTypeError, OutcomeUnknown.
         """
-        (added,) = yield from self.plan_enqueue_many([NewJob(payload, job_id, delay_ms, max_attempts)], now_ms=now_ms)
+        new = NewJob(payload, job_id, delay_ms, max_attempts, priority, group)
+        (added,) = yield from self.plan_enqueue_many([new], now_ms=now_ms)
         return added
 
     enqueue = Verb(plan_enqueue)
@@ -381,13 +393,16 @@ class QueueCore:
         job_id: str | None = None,
         delay_ms: int = 0,
         max_attempts: int | None = None,
+        priority: int = 0,
+        group: str | None = None,
         now_ms: int | None = None,
     ) -> Plan[Enqueued]:
         """``enqueue`` the JSON encoding of ``obj`` (compact, UTF-8); read it with ``Job.json()``."""
         from json import dumps
 
         payload = dumps(obj, separators=(",", ":"), ensure_ascii=False)
-        plan = self.plan_enqueue(payload, job_id=job_id, delay_ms=delay_ms, max_attempts=max_attempts, now_ms=now_ms)
+        plan = self.plan_enqueue(payload, job_id=job_id, delay_ms=delay_ms, max_attempts=max_attempts,
+                                 priority=priority, group=group, now_ms=now_ms)
         return (yield from plan)
 
     enqueue_json = Verb(plan_enqueue_json)
@@ -401,7 +416,7 @@ class QueueCore:
         Raises:
             InvalidArgument (nothing sent), WrongTypeError, OutcomeUnknown.
         """
-        batch = new_batch(jobs, self.max_payload_bytes)
+        batch = new_batch(jobs, self.max_payload_bytes, self.partitions)
         check_now(now_ms)
         return (yield from self.plan_enqueue_batch(batch, now_ms))
 
@@ -801,6 +816,31 @@ class QueueCore:
         return bool(changed)
 
     limit = Verb(plan_limit)
+
+    def plan_set_group_limit(self, cap: int | None, *, group: str | None = None) -> Plan[bool]:
+        """Cap how many jobs of one group run at once (lua/set_group_limit.lua): the
+        default cap of every group, or with ``group`` that group's own (which wins over
+        the default). ``cap=None`` (or 0) lifts the default; for one group, ``None``
+        deletes its own cap, so that the default applies to it again, and 0 exempts it.
+
+        Decided in lease.lua: a group at its cap is skipped without moving its jobs or
+        using their attempts, and other groups' jobs are leased past it. A slot is given
+        back by every ending of a lease (ack, nack, cancel, release, expiry, scrub), at
+        most once (the endings are fenced). A raised cap takes effect at once (waiting
+        workers are woken), a lowered one at the next lease: leases running above it
+        run to their end. Returns whether this call changed a cap.
+
+        Raises:
+            InvalidArgument: cap not None or in 0..1,000,000; a malformed group.
+        """
+        if cap is not None:
+            check_int(cap, "cap", 0, 1_000_000)
+        name = "" if group is None else check_group(group)
+        arg: int | str = ("" if group is not None else 0) if cap is None else cap
+        changed, _unparked = yield from self._run(set_group_limit_call(self.keys, name, arg))
+        return bool(changed)
+
+    set_group_limit = Verb(plan_set_group_limit)
 
     def plan_pause(self, *, now_ms: int | None = None) -> Plan[bool]:
         """Stop the queue from handing out jobs (lua/pause.lua); returns whether this

@@ -56,31 +56,39 @@ def argv_rule(name: str) -> ArgvRule:
     return ArgvRule(fixed + step * int(items.group(1)), fixed + step * int(items.group(2)), step)
 
 
-def busy_queue(q: Queue) -> dict[str, Any]:
+def busy_queue(q: Queue, fair: bool = False) -> dict[str, Any]:
     """Put ``q`` in a state with something in every role, and return handles:
 
     ready jobs r0..r3; a scheduled job 'due' due at T0 + 10; a lease of 'poison' at its
     last attempt, expired at T0 + 5; a current lease 'held' (deadline T0 + 100_000),
     and a current lease 'retry' with attempts to spare; a dead job 'corpse'; ten
     tombstones done0..done9 that expire at T0 + 50 (the next ack trims them).
+    With ``fair``, the queue uses fair scheduling (lua/README.md section 2.1) and holds
+    something in its keys too: every job but r3 is in group 'g' (with a cap of 9), and
+    r3 is ungrouped with priority 2.
     """
+    g = {"group": "g"} if fair else {}
     finisher = q.physical(q.name)  # the same driver and client (sync or async)
     finisher.keep_done_ms = 50
     finisher.enqueue_many([NewJob(b"", job_id=f"done{i}") for i in range(10)], now_ms=T0)
     finisher.ack_many(finisher.lease(count=10, now_ms=T0), now_ms=T0)
-    q.enqueue(b"", job_id="corpse", max_attempts=1, now_ms=T0)
+    if fair:
+        q.set_group_limit(9)
+    q.enqueue(b"", job_id="corpse", max_attempts=1, now_ms=T0, **g)
     (corpse,) = q.lease(now_ms=T0)
     q.nack(corpse, "died", now_ms=T0)
-    q.enqueue(b"p", job_id="poison", max_attempts=1, now_ms=T0)
+    q.enqueue(b"p", job_id="poison", max_attempts=1, now_ms=T0, **g)
     (poison,) = q.lease(lease_ms=5, now_ms=T0)
     q.enqueue_many(
-        [NewJob(b"h", job_id="held"), NewJob(b"t", job_id="retry", max_attempts=9), NewJob(b"l", job_id="last", max_attempts=1)],
+        [NewJob(b"h", job_id="held", **g), NewJob(b"t", job_id="retry", max_attempts=9, **g),
+         NewJob(b"l", job_id="last", max_attempts=1, **g)],
         now_ms=T0,
     )
     held, retry, last = q.lease(lease_ms=100_000, count=3, now_ms=T0)
-    q.enqueue_many([NewJob(b"r", job_id=f"r{i}") for i in range(4)], now_ms=T0)
-    q.enqueue(b"d", job_id="due", delay_ms=10, now_ms=T0)
-    return {"poison": poison, "held": held, "retry": retry, "last": last}
+    q.enqueue_many([NewJob(b"r", job_id=f"r{i}", **g) for i in range(3)], now_ms=T0)
+    q.enqueue(b"r", job_id="r3", priority=2 if fair else 0, now_ms=T0)
+    q.enqueue(b"d", job_id="due", delay_ms=10, now_ms=T0, **g)
+    return {"poison": poison, "held": held, "retry": retry, "last": last, "fair": fair}
 
 
 def calls_touching_every_key(q: Queue, h: dict[str, Any]) -> dict[str, tuple[str, list[Any]]]:
@@ -88,8 +96,9 @@ def calls_touching_every_key(q: Queue, h: dict[str, Any]) -> dict[str, tuple[str
     run at T0 + 60 on a :func:`busy_queue` (past its next maintenance, T0 + 50)."""
     now = T0 + 60
     held, retry, poison = h["held"].receipt, h["retry"].receipt, h["poison"].receipt
+    group = "g" if h.get("fair") else ""  # on a fair busy queue, n1 is a job of group g
     return {
-        "enqueue": ("enqueue", [now, 2, "n1", b"x", 0, 3, "n2", b"y", 50, 3]),
+        "enqueue": ("enqueue", [now, 2, "n1", b"x", 0, 3, "", group, "n2", b"y", 50, 3, "", ""]),
         "lease": ("lease", [now, "w", "c1", 2, 1000, 100, 1000]),
         "ack_and_lease": ("lease", [now, "w", "c1", 2, 1000, 100, 1000, held, "w|x|9|9|r0"]),
         "ack": ("ack", [now, 1000, held, "w|c|99|1|r1"]),

@@ -51,8 +51,8 @@ from pyqueue.worker import Retry, Worker
 #: ``acl-pubsub-default`` is ``allchannels``.
 RECIPE = """\
 ACL SETUSER pq-producer reset on >producer-secret resetchannels ~pq:{emails}:* -@all +ping +evalsha +script|load +script|exists +multi +exec +time +type +hget +hmget +hset +hsetnx +hincrby +rpush +lindex +llen +zadd +zcard +zcount +zrange +zmscore +xread +xrevrange +zscore
-ACL SETUSER pq-worker reset on >worker-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +bzpopmin +time +type +exists +get +incr +pexpire +persist +del +hget +hmget +hexists +hset +hsetnx +hincrby +hdel +llen +lrange +ltrim +lpush +rpush +lrem +zadd +zrem +zscore +zcard +zcount +zrange +zrangebyscore +zrangebylex +zremrangebyrank +xadd +zmscore
-ACL SETUSER pq-admin reset on >admin-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +time +type +pexpire +pttl +hget +hgetall +hmget +hset +hsetnx +hincrby +hdel +rpush +lindex +llen +lrem +zadd +zrem +zscore +zscan +zcard +zcount +zrange +zrangebyscore +zremrangebyrank +xrevrange +xadd
+ACL SETUSER pq-worker reset on >worker-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +bzpopmin +time +type +exists +get +incr +pexpire +persist +del +hget +hmget +hexists +hset +hsetnx +hincrby +hdel +llen +lrange +ltrim +lpush +rpush +lrem +zadd +zrem +zscore +zcard +zcount +zrange +zrangebyscore +zrangebylex +zlexcount +zremrangebyrank +xadd +zmscore
+ACL SETUSER pq-admin reset on >admin-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +time +type +pexpire +pttl +hget +hgetall +hmget +hexists +hset +hsetnx +hincrby +hdel +rpush +lpush +lindex +llen +lrem +zadd +zrem +zscore +zscan +zcard +zcount +zrange +zrangebyscore +zremrangebyrank +xrevrange +xadd
 """
 
 ROLES = ("producer", "worker", "admin")
@@ -65,7 +65,7 @@ ROLE_SCRIPTS: dict[str, tuple[str, ...]] = {
         "enqueue", "lease", "ack", "ack_result", "nack", "extend", "release", "promote", "scrub", "peek",
         "service_register", "service_renew", "service_deregister",
     ),
-    "admin": ("stats", "get", "result", "cancel", "limit", "pause", "resume", "dead_list", "dead_replay", "dead_purge", "service_stop"),
+    "admin": ("stats", "get", "result", "cancel", "limit", "set_group_limit", "pause", "resume", "dead_list", "dead_replay", "dead_purge", "service_stop"),
 }
 
 #: The commands each role's driver code sends itself, outside any script, and why.
@@ -296,7 +296,7 @@ def test_a_producer_enqueues_pipelines_scripts_and_reads_stats(
     for transaction in (True, False):
         pipe = q.redis.pipeline(transaction=transaction)
         for i in range(3):
-            q.scripts.call(enqueue_call(q.keys, None, [(f"p{transaction}{i}", b"x", 0, 3)]), client=pipe)
+            q.scripts.call(enqueue_call(q.keys, None, [(f"p{transaction}{i}", b"x", 0, 3, "", "")]), client=pipe)
         q.scripts.call(stats_call(q.keys, None), client=pipe)
         replies = pipe.execute()
         assert [reply[0] for reply in replies[:3]] == [1, 1, 1]
@@ -539,6 +539,7 @@ def script_calls(root: redis.Redis) -> dict[str, tuple[str, Any, list[Any]]]:
     calls["get"] = ("get", q.keys, [now, "held", 1])  # a leased job: its lease is found with ZSCAN
     calls["cancel"] = ("cancel", q.keys, [now, "held", 0])  # a leased job: its lease is found with ZSCAN
     calls["limit"] = ("limit", q.keys, [50, 1000, 1])
+    calls["set_group_limit"] = ("set_group_limit", q.keys, ["g", 3])
     calls["pause"] = ("pause", q.keys, [now])
     calls["resume"] = ("resume", q.keys, [now])  # after pause: it finds the queue paused
     live = Services(root).register([QUEUE], now_ms=T0)

@@ -26,22 +26,34 @@ RECEIPT = "w|c|1|1|job"
 MALFORMED: list[tuple[str, list[Any]]] = [
     ("enqueue", ["", 0]),
     ("enqueue", ["", 1001]),
-    ("enqueue", ["", "one", "id", b"", 0, 1]),
-    ("enqueue", ["", 1, "id", b"", 0]),  # too few values for one job
-    ("enqueue", ["", 1, "id", b"", 0, 1, "extra"]),
-    ("enqueue", ["", 1, "", b"", 0, 1]),
-    ("enqueue", ["", 1, "a\r\nb", b"", 0, 1]),
-    ("enqueue", ["", 1, "x" * 257, b"", 0, 1]),
-    ("enqueue", ["", 1, "id", b"", -1, 1]),
-    ("enqueue", ["", 1, "id", b"", "1.5", 1]),
-    ("enqueue", ["", 1, "id", b"", "1e3", 1]),
-    ("enqueue", ["", 1, "id", b"", "nan", 1]),
-    ("enqueue", ["", 1, "id", b"", 2**41, 1]),
-    ("enqueue", ["", 1, "id", b"", 0, 0]),
-    ("enqueue", ["", 1, "id", b"", 0, 10001]),
-    ("enqueue", ["", 1, "id", b"", 0, "999999999999999999999999"]),
-    ("enqueue", ["soon", 1, "id", b"", 0, 1]),
-    ("enqueue", [-5, 1, "id", b"", 0, 1]),
+    ("enqueue", ["", "one", "id", b"", 0, 1, "", ""]),
+    ("enqueue", ["", 1, "id", b"", 0, 1, ""]),  # too few values for one job
+    ("enqueue", ["", 1, "id", b"", 0, 1, "", "", "extra"]),
+    ("enqueue", ["", 1, "", b"", 0, 1, "", ""]),
+    ("enqueue", ["", 1, "a\r\nb", b"", 0, 1, "", ""]),
+    ("enqueue", ["", 1, "x" * 257, b"", 0, 1, "", ""]),
+    ("enqueue", ["", 1, "id", b"", -1, 1, "", ""]),
+    ("enqueue", ["", 1, "id", b"", "1.5", 1, "", ""]),
+    ("enqueue", ["", 1, "id", b"", "1e3", 1, "", ""]),
+    ("enqueue", ["", 1, "id", b"", "nan", 1, "", ""]),
+    ("enqueue", ["", 1, "id", b"", 2**41, 1, "", ""]),
+    ("enqueue", ["", 1, "id", b"", 0, 0, "", ""]),
+    ("enqueue", ["", 1, "id", b"", 0, 10001, "", ""]),
+    ("enqueue", ["", 1, "id", b"", 0, "999999999999999999999999", "", ""]),
+    ("enqueue", ["soon", 1, "id", b"", 0, 1, "", ""]),
+    ("enqueue", [-5, 1, "id", b"", 0, 1, "", ""]),
+    ("enqueue", ["", 1, "id", b"", 0, 1, 6, ""]),  # priority above 5
+    ("enqueue", ["", 1, "id", b"", 0, 1, -6, ""]),
+    ("enqueue", ["", 1, "id", b"", 0, 1, "1.5", ""]),
+    ("enqueue", ["", 1, "id", b"", 0, 1, "", "a|b"]),  # a group may not hold |
+    ("enqueue", ["", 1, "id", b"", 0, 1, "", "a\nb"]),
+    ("enqueue", ["", 1, "id", b"", 0, 1, "", "g" * 129]),
+    ("set_group_limit", ["a|b", 1]),
+    ("set_group_limit", ["g" * 129, 1]),
+    ("set_group_limit", ["", -1]),
+    ("set_group_limit", ["", ""]),  # the default cap cannot be deleted: 0 lifts it
+    ("set_group_limit", ["g", "x"]),
+    ("set_group_limit", ["", 1_000_001]),
     ("lease", ["", "", "c", 1, 1000, 100, 1000]),
     ("lease", ["", "a|b", "c", 1, 1000, 100, 1000]),
     ("lease", ["", "w", "c d", 1, 1000, 100, 1000]),
@@ -204,9 +216,13 @@ ROLE_TYPES = {
     "jobs": "hash", "ready": "list", "scheduled": "zset", "leased": "zset", "owners": "zset",
     "dead": "zset", "errors": "hash", "counters": "hash", "wake": "zset", "done": "zset",
     "results": "hash", "result_expiry": "zset", "finished": "stream",
+    "meta": "hash", "gready": "zset", "ring": "zset", "groups": "hash",
 }
+#: The fair-scheduling keys (lua/README.md section 2.1).
+FAIR_ROLES = {"meta", "gready", "ring", "groups"}
 WRONG_TYPE_CASES = [
-    (variant, role, planted)
+    (variant, role, planted, fair)
+    for fair in (False, True)
     for variant, script in {
         "enqueue": "enqueue", "lease": "lease", "ack_and_lease": "lease", "ack": "ack",
         "nack_to_scheduled": "nack", "nack_to_dead": "nack", "nack_final": "nack", "extend": "extend",
@@ -218,6 +234,33 @@ WRONG_TYPE_CASES = [
     for planted in PLANTERS
     if planted != ROLE_TYPES[role]
 ]
+
+
+#: On a queue without groups or priorities (busy_queue), the fair-scheduling keys a variant
+#: reads: the meta of the jobs it ends or moves (one HMGET), and stats' counts.
+FAIR_READ = {
+    (variant, role) for variant in ("ack", "ack_result", "nack_to_scheduled", "nack_to_dead", "nack_final",
+                                    "release", "promote", "dead_replay", "dead_purge") for role in ("meta",)
+} | {("stats", "gready"), ("stats", "ring")}
+#: On a fair queue (busy_queue(fair=True)), the fair-scheduling keys a variant does not
+#: touch on its branch.
+FAIR_UNTOUCHED: set[tuple[str, str]] = set()
+#: Keys an ack touches only when it gives a parked group its slot back: the wake marker.
+PLAIN_UNTOUCHED = {("ack", "wake"), ("ack_result", "wake")}
+#: On a fair queue, what a variant touches beyond UNTOUCHED: a fair lease and a nack that
+#: ends a grouped job's lease prove `wake` (they may raise it); and what it does not:
+#: stats reads a record only for the head of the `ready` list, which is empty there.
+FAIR_TOUCHED = {("ack_and_lease", "wake"), ("nack_to_dead", "wake"), ("nack_final", "wake")}
+FAIR_MODE_UNTOUCHED = {("stats", "jobs")}
+
+
+def untouched(variant: str, role: str, fair: bool) -> bool:
+    """Whether ``variant`` leaves key ``role`` alone on the busy (or busy fair) queue."""
+    if role in FAIR_ROLES:
+        return (variant, role) in FAIR_UNTOUCHED if fair else (variant, role) not in FAIR_READ
+    if fair:
+        return (variant, role) in (UNTOUCHED - FAIR_TOUCHED) | FAIR_MODE_UNTOUCHED
+    return (variant, role) in UNTOUCHED | PLAIN_UNTOUCHED
 
 
 #: Keys a variant takes but, by design, does not touch on its branch: a busy ack-and-lease
@@ -239,17 +282,17 @@ UNTOUCHED = {
 }
 
 
-@pytest.mark.parametrize(("variant", "role", "planted"), WRONG_TYPE_CASES)
+@pytest.mark.parametrize(("variant", "role", "planted", "fair"), WRONG_TYPE_CASES)
 def test_a_key_of_the_wrong_type_is_an_error_and_every_key_stays_byte_identical(
-    q: Queue, r: redis.Redis, variant: str, role: str, planted: str
+    q: Queue, r: redis.Redis, variant: str, role: str, planted: str, fair: bool
 ) -> None:
-    handles = busy_queue(q)
+    handles = busy_queue(q, fair)
     script, args = calls_touching_every_key(q, handles)[variant]
     key = q.keys.role(role)
     r.delete(key)
     PLANTERS[planted](r, key)
     before = dump_all(r)
-    if (variant, role) in UNTOUCHED:
+    if untouched(variant, role, fair):
         q.scripts.run(script, q.keys, args)
         assert r.dump(key) == before[key.encode()]
         return
@@ -262,9 +305,10 @@ def test_a_key_of_the_wrong_type_is_an_error_and_every_key_stays_byte_identical(
 @pytest.mark.parametrize("variant", ["enqueue", "lease", "ack_and_lease", "ack", "nack_to_scheduled", "nack_to_dead",
                                      "nack_final", "extend", "release", "promote", "stats", "dead_list", "dead_replay",
                                      "dead_purge"])
-def test_each_variant_succeeds_on_the_busy_queue(q: Queue, variant: str) -> None:
+@pytest.mark.parametrize("fair", [False, True])
+def test_each_variant_succeeds_on_the_busy_queue(q: Queue, variant: str, fair: bool) -> None:
     # Guards the table above: each variant is a valid call, so the errors come from the planted key.
-    script, args = calls_touching_every_key(q, busy_queue(q))[variant]
+    script, args = calls_touching_every_key(q, busy_queue(q, fair))[variant]
     q.scripts.run(script, q.keys, args)
 
 

@@ -45,6 +45,10 @@ def test_key_locals_are_bound_in_header_order(name: str) -> None:
     for names, values in re.findall(r"^local ([\w, ]+) =\s*((?:KEYS\[\d+\],?\s*)+)$", body, re.M):
         for local, index in zip([n.strip() for n in names.split(",")], re.findall(r"KEYS\[(\d+)\]", values)):
             bound[int(index)] = local
+    # The four fair-scheduling keys are bound together, as one table: `F = fair_keys(n)`.
+    for first in re.findall(r"^local F = fair_keys\((\d+)\)$", body, re.M):
+        for offset, role in enumerate(("meta", "gready", "ring", "groups")):
+            bound[int(first) + offset] = f"{role}_key"
     assert [bound[i] for i in sorted(bound)] == [f"{role}_key" for role in SCRIPT_KEYS[name]]
 
 

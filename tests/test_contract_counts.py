@@ -33,7 +33,7 @@ def test_the_header_rules_read_as_expected() -> None:
     assert argv_rule("nack") == ArgvRule(6, 7)
     assert argv_rule("service_register") == ArgvRule(10, 11)
     assert argv_rule("cancel") == ArgvRule(3, 3)
-    assert argv_rule("enqueue") == ArgvRule(6, 4002, 4)
+    assert argv_rule("enqueue") == ArgvRule(8, 6002, 6)
     assert argv_rule("ack_result") == ArgvRule(6, 2004, 2)
     assert argv_rule("lease") == ArgvRule(7, 1007)
     assert argv_rule("dead_purge") == ArgvRule(1, 1000)
@@ -60,6 +60,7 @@ def world(r: redis.Redis) -> World:
         "get": (q.keys, [NOW, "held", 1]),
         "cancel": (q.keys, [NOW, "r0", 1000]),
         "limit": (q.keys, [10, 1000, 5]),
+        "set_group_limit": (q.keys, ["g", 3]),
         "pause": (q.keys, [NOW]),
         "resume": (q.keys, [NOW]),
         "peek": (q.keys, [NOW]),
@@ -133,8 +134,8 @@ def test_the_exact_wording_of_a_contract_error(r: redis.Redis) -> None:
     keys_obj, args = w.calls["nack"]
     keys = [keys_obj.role(role) for role in SCRIPT_KEYS["nack"]]
     expect = {
-        (8, 6): f"PQ_CONTRACT nack expects 9 keys (contract v{CONTRACT_VERSION}), got 8",
-        (9, 5): f"PQ_CONTRACT nack expects 6..7 arguments (contract v{CONTRACT_VERSION}), got 5",
+        (12, 6): f"PQ_CONTRACT nack expects 13 keys (contract v{CONTRACT_VERSION}), got 12",
+        (13, 5): f"PQ_CONTRACT nack expects 6..7 arguments (contract v{CONTRACT_VERSION}), got 5",
     }
     for (n_keys, n_args), text in expect.items():
         with pytest.raises(redis.ResponseError, match=rf"^{re.escape(text)}$"):
@@ -142,10 +143,10 @@ def test_the_exact_wording_of_a_contract_error(r: redis.Redis) -> None:
     with pytest.raises(redis.ResponseError, match=r"^PQ_CONTRACT pause expects 1 key \(contract v\d+\), got 0$"):
         r.eval(lua_source("pause"), 0, NOW)
     with pytest.raises(redis.ResponseError, match=r"^PQ_CONTRACT stats expects 1 argument \(contract v\d+\), got 2$"):
-        r.eval(lua_source("stats"), 7, *[w.q.keys.role(k) for k in SCRIPT_KEYS["stats"]], NOW, NOW)
+        r.eval(lua_source("stats"), 9, *[w.q.keys.role(k) for k in SCRIPT_KEYS["stats"]], NOW, NOW)
     enqueue = [w.q.keys.role(k) for k in SCRIPT_KEYS["enqueue"]]
-    with pytest.raises(redis.ResponseError, match=r"^PQ_CONTRACT enqueue expects 6\.\.4002 arguments in steps of 4 "):
-        r.eval(lua_source("enqueue"), 6, *enqueue, NOW, 1, "id", b"", 0)
+    with pytest.raises(redis.ResponseError, match=r"^PQ_CONTRACT enqueue expects 8\.\.6002 arguments in steps of 6 "):
+        r.eval(lua_source("enqueue"), 10, *enqueue, NOW, 1, "id", b"", 0)
 
 
 def test_the_count_table_of_lua_readme_agrees_with_the_headers() -> None:

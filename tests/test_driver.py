@@ -36,7 +36,7 @@ def test_script_flush_then_a_pipeline_of_scripts_reloads_them(q: Queue, r: redis
     # (redis-py's cluster pipelines refuse EVALSHA).
     pipe = node_for_key(r, q.keys.jobs).pipeline()
     for i in range(3):
-        q.scripts.call(enqueue_call(q.keys, T0, [(f"j{i}", b"x", 0, 3)]), client=pipe)
+        q.scripts.call(enqueue_call(q.keys, T0, [(f"j{i}", b"x", 0, 3, "", "")]), client=pipe)
     q.scripts.call(stats_call(q.keys, T0), client=pipe)
     replies = pipe.execute()
     assert [reply[0] for reply in replies[:3]] == [1, 1, 1]

@@ -248,7 +248,7 @@ def test_an_idle_worker_reclaims_a_lease_that_expired_after_it_went_to_sleep(
     # In one transaction, so the worker neither takes the job nor wakes: a job enqueued
     # and leased (200 ms) by a worker that then died without a registration.
     pipe = node_for_key(r, q.keys.jobs).pipeline(transaction=True)  # one slot: fine on a cluster
-    q.scripts.call(enqueue_call(q.keys, None, [("j", b"", 0, 5)]), client=pipe)
+    q.scripts.call(enqueue_call(q.keys, None, [("j", b"", 0, 5, "", "")]), client=pipe)
     q.scripts.call(lease_call(q.keys, None, q.owner, "c1", 1, 200, 100, 0), client=pipe)
     pipe.delete(q.keys.wake)
     pipe.execute()

@@ -15,17 +15,22 @@ const LUA_DIR = path.resolve(__dirname, '..', '..', 'lua');
 // KEYS of each script, in the order its header lists them (README §4.2). A script
 // never builds a key name: the client passes every key.
 const SCRIPT_KEYS = {
-  enqueue: ['jobs', 'ready', 'scheduled', 'counters', 'wake', 'done'],
-  lease: ['jobs', 'ready', 'scheduled', 'leased', 'owners', 'dead', 'errors', 'counters', 'wake', 'done'],
-  ack: ['jobs', 'leased', 'owners', 'done'],
-  nack: ['jobs', 'scheduled', 'leased', 'owners', 'dead', 'errors', 'counters', 'wake', 'finished'],
+  enqueue: ['jobs', 'ready', 'scheduled', 'counters', 'wake', 'done', 'meta', 'gready', 'ring', 'groups'],
+  lease: ['jobs', 'ready', 'scheduled', 'leased', 'owners', 'dead', 'errors', 'counters', 'wake', 'done',
+    'meta', 'gready', 'ring', 'groups'],
+  ack: ['jobs', 'leased', 'owners', 'done', 'wake', 'meta', 'gready', 'ring', 'groups'],
+  nack: ['jobs', 'scheduled', 'leased', 'owners', 'dead', 'errors', 'counters', 'wake', 'finished',
+    'meta', 'gready', 'ring', 'groups'],
   extend: ['jobs', 'leased'],
-  release: ['jobs', 'ready', 'leased', 'owners', 'counters', 'wake'],
-  stats: ['jobs', 'ready', 'scheduled', 'leased', 'dead', 'counters', 'done'],
-  scrub: ['jobs', 'ready', 'leased', 'owners', 'dead', 'errors', 'counters', 'wake'],
-  cancel: ['jobs', 'ready', 'scheduled', 'leased', 'owners', 'dead', 'errors', 'counters', 'done'],
+  release: ['jobs', 'ready', 'leased', 'owners', 'counters', 'wake', 'meta', 'gready', 'ring', 'groups'],
+  stats: ['jobs', 'ready', 'scheduled', 'leased', 'dead', 'counters', 'done', 'gready', 'ring'],
+  scrub: ['jobs', 'ready', 'leased', 'owners', 'dead', 'errors', 'counters', 'wake', 'meta', 'gready', 'ring', 'groups'],
+  cancel: ['jobs', 'ready', 'scheduled', 'leased', 'owners', 'dead', 'errors', 'counters', 'done', 'wake',
+    'meta', 'gready', 'ring', 'groups'],
   limit: ['counters', 'wake'],
-  ack_result: ['jobs', 'leased', 'owners', 'done', 'results', 'result_expiry', 'finished'],
+  set_group_limit: ['counters', 'wake', 'ring', 'groups'],
+  ack_result: ['jobs', 'leased', 'owners', 'done', 'results', 'result_expiry', 'finished', 'wake',
+    'meta', 'gready', 'ring', 'groups'],
   result: ['jobs', 'dead', 'errors', 'done', 'results', 'result_expiry', 'finished'],
 };
 
@@ -60,7 +65,7 @@ class PqError extends Error {
 
 // The contract version this client is written for (README §10): the KEYS and ARGV of
 // every script as SCRIPT_KEYS and the calls below send them.
-const CONTRACT_VERSION = 2;
+const CONTRACT_VERSION = 3;
 
 // The contract version a script's header states (its line "Contract v<n>"), or null.
 function contractVersion(source) {
@@ -175,13 +180,15 @@ class Queue {
     return this.runner.run(name, SCRIPT_KEYS[name].map((role) => this.key(role)), args);
   }
 
-  // jobs: [{id, payload (Buffer or string), delayMs, maxAttempts}], 1..1000 per call.
+  // jobs: [{id, payload (Buffer or string), delayMs, maxAttempts, priority, group}], 1..1000
+  // per call; priority (-5..5) and group (README §2.1) are optional.
   async enqueue(jobs) {
     if (jobs.length < 1 || jobs.length > 1000) throw new RangeError('1..1000 jobs per enqueue');
     const args = ['', String(jobs.length)]; // '' = the server clock (production)
     for (const j of jobs) {
       args.push(j.id, Buffer.from(j.payload), int(j.delayMs ?? 0, 'delay_ms', 0, 2 ** 40),
-        int(j.maxAttempts ?? 5, 'max_attempts', 1, 10000));
+        int(j.maxAttempts ?? 5, 'max_attempts', 1, 10000),
+        j.priority ? int(j.priority, 'priority', -5, 5) : '', j.group ?? '');
     }
     const [added, duplicates, ...flags] = await this.run('enqueue', args);
     return { added, duplicates, flags };
@@ -256,6 +263,12 @@ class Queue {
       int(count, 'count', 0, 1000000), int(periodMs, 'period_ms', 1, 86400000), int(burst, 'burst', 1, 1000000),
     ]);
     return { count: c, periodMs: p, burst: b, changed: changed === 1 };
+  }
+
+  // Cap how many jobs of one group run at once (README §2.1): group '' is the default.
+  async setGroupLimit(cap, group = '') {
+    const [changed, unparked] = await this.run('set_group_limit', [group, int(cap, 'cap', 0, 1000000)]);
+    return { changed: changed === 1, unparked };
   }
 
   // Ack with results: pairs of [receipt, value]; a value is pyqueue's encoding (README
