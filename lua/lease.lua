@@ -689,7 +689,12 @@ else
       ack_metas, err = fair_meta(F, acked_ids)
       if err then return redis.error_reply(err) end
     end
-    if want > 0 then fair_short = redis.call('LLEN', ready_key) + redis.call('ZCARD', F.gready) < want end
+    -- Maintenance also when a lease has expired: a group at its cap gets its slot back
+    -- only when the lease is reclaimed, which must not wait for the maintenance timer.
+    if want > 0 then
+      fair_short = redis.call('LLEN', ready_key) + redis.call('ZCARD', F.gready) < want
+        or redis.call('ZCOUNT', leased_key, '-inf', now_ms) > 0
+    end
     count = 0
   end
   local ready_head = NONE

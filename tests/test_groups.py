@@ -1,0 +1,165 @@
+"""Fair scheduling (lua/README.md section 2.1): groups with per-group caps and priorities,
+decided in lease.lua. Both drivers, fakeredis and a real redis-server, and a cluster."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pyqueue import InvalidArgument, NewJob, Outcome, Queue
+
+ON_CLUSTER = True
+ASYNC_TOO = True
+
+T0 = 1_000_000
+
+
+def ids(jobs: list[Any]) -> list[str]:
+    return [job.id for job in jobs]
+
+
+def running(q: Queue, r: Any, group: str) -> int:
+    """The group's running count as the scripts keep it (r:<group> in `groups`)."""
+    value = r.hget(q.keys.groups, f"r:{group}")
+    return int(value) if value is not None else 0
+
+
+def test_lease_serves_groups_round_robin_and_a_backlog_delays_no_group_by_more_than_a_round(q: Queue) -> None:
+    q.enqueue_many([NewJob(b"", job_id=f"a{i}", group="A") for i in range(6)], now_ms=T0)
+    q.enqueue_many([NewJob(b"", job_id=f"b{i}", group="B") for i in range(2)], now_ms=T0)
+    q.enqueue(b"", job_id="c0", group="C", now_ms=T0)
+    assert ids(q.lease(count=5, now_ms=T0)) == ["a0", "b0", "c0", "a1", "b1"]
+    assert ids(q.lease(count=5, now_ms=T0)) == ["a2", "a3", "a4", "a5"]
+
+
+def test_ungrouped_jobs_take_one_turn_of_the_round_as_one_group(q: Queue) -> None:
+    q.enqueue_many([NewJob(b"", job_id=f"a{i}", group="A") for i in range(3)], now_ms=T0)
+    q.enqueue_many([NewJob(b"", job_id=f"u{i}") for i in range(3)], now_ms=T0)
+    assert ids(q.lease(count=6, now_ms=T0)) == ["u0", "a0", "u1", "a1", "u2", "a2"]
+
+
+def test_priorities_a_higher_level_first_fifo_within_a_level_with_and_without_groups(q: Queue) -> None:
+    q.enqueue_many([NewJob(b"", job_id="p0"), NewJob(b"", job_id="lo", priority=-3), NewJob(b"", job_id="hi", priority=4),
+                    NewJob(b"", job_id="p1"), NewJob(b"", job_id="hi2", priority=4)], now_ms=T0)
+    assert ids(q.lease(count=5, now_ms=T0)) == ["hi", "hi2", "p0", "p1", "lo"]
+    q.enqueue_many([NewJob(b"", job_id="g0", group="G"), NewJob(b"", job_id="g5", group="G", priority=5),
+                    NewJob(b"", job_id="gm", group="G", priority=-5)], now_ms=T0)
+    assert ids(q.lease(count=3, now_ms=T0)) == ["g5", "g0", "gm"]
+
+
+def test_a_promoted_job_keeps_its_priority_and_its_group(q: Queue, r: Any) -> None:
+    # Priority orders jobs within their group (between groups, the round decides).
+    q.enqueue(b"", job_id="early", group="G", now_ms=T0)
+    q.enqueue(b"", job_id="later", priority=2, group="G", delay_ms=10, now_ms=T0)
+    assert ids(q.lease(count=2, now_ms=T0 + 20)) == ["later", "early"]
+    assert running(q, r, "G") == 2
+
+
+def test_a_group_at_its_cap_is_skipped_without_blocking_others_or_using_attempts(q: Queue, r: Any) -> None:
+    assert q.set_group_limit(2) is True
+    assert q.set_group_limit(2) is False  # the same cap again: unchanged
+    q.enqueue_many([NewJob(b"", job_id=f"a{i}", group="A") for i in range(5)], now_ms=T0)
+    q.enqueue_many([NewJob(b"", job_id=f"b{i}", group="B") for i in range(3)], now_ms=T0)
+    first = q.lease(count=10, now_ms=T0)
+    assert ids(first) == ["a0", "b0", "a1", "b1"]  # two of each: the rest of A and B waits
+    assert q.lease(count=10, now_ms=T0) == []
+    stats = q.stats(now_ms=T0)
+    assert (stats.ready, stats.groups_at_cap, stats.groups_waiting) == (4, 2, 0)
+    q.enqueue(b"", job_id="u", now_ms=T0)  # no head-of-line blocking: an ungrouped job passes
+    assert ids(q.lease(count=10, now_ms=T0)) == ["u"]
+    assert q.ack(first[0], now_ms=T0) is Outcome.OK  # A gets a slot back
+    (a2,) = q.lease(count=10, now_ms=T0)
+    assert a2.id == "a2" and a2.attempt == 1  # waiting used no attempt
+    assert running(q, r, "A") == 2 and running(q, r, "B") == 2
+
+
+def test_a_group_cap_overrides_the_default_and_raising_a_cap_wakes_the_parked_group(q: Queue, r: Any) -> None:
+    q.set_group_limit(1)
+    q.set_group_limit(3, group="big")
+    q.enqueue_many([NewJob(b"", job_id=f"s{i}", group="small") for i in range(3)], now_ms=T0)
+    q.enqueue_many([NewJob(b"", job_id=f"g{i}", group="big") for i in range(5)], now_ms=T0)
+    assert ids(q.lease(count=10, now_ms=T0)) == ["s0", "g0", "g1", "g2"]
+    r.delete(q.keys.wake)
+    assert q.set_group_limit(2) is True  # small gets a second slot at once, and workers are woken
+    assert r.zscore(q.keys.wake, "wake") is not None
+    assert ids(q.lease(count=10, now_ms=T0)) == ["s1"]
+    assert q.set_group_limit(None, group="big") is True  # big falls back to the default, 2
+    assert q.lease(count=10, now_ms=T0) == []
+
+
+def test_every_ending_of_a_lease_gives_the_slot_back_once(q: Queue, r: Any) -> None:
+    q.set_group_limit(1)
+    q.enqueue_many([NewJob(b"", job_id=f"j{i}", group="G", max_attempts=9) for i in range(8)], now_ms=T0)
+
+    def one(at: int, lease_ms: int = 1000) -> Any:
+        (job,) = q.lease(count=5, lease_ms=lease_ms, now_ms=at)
+        assert running(q, r, "G") == 1 and q.lease(count=5, now_ms=at) == []  # at the cap
+        return job
+
+    job = one(T0)
+    assert q.ack(job, now_ms=T0) is Outcome.OK
+    assert q.ack(job, now_ms=T0) is Outcome.GONE  # a replayed ack gives nothing back again
+    assert running(q, r, "G") == 0
+    job = one(T0)
+    q.nack(job, "boom", delay_ms=0, now_ms=T0)
+    assert running(q, r, "G") == 0
+    job = one(T0)
+    q.release([job])
+    assert running(q, r, "G") == 0
+    job = one(T0)
+    assert q.cancel(job.id, now_ms=T0).state == "leased"
+    assert running(q, r, "G") == 0
+    job = one(T0, lease_ms=10)
+    promoted = q.promote(now_ms=T0 + 20)  # lease expiry: reclaimed
+    assert promoted.reclaimed == 1 and running(q, r, "G") == 0
+    job = one(T0 + 20, lease_ms=10)
+    assert ids(q.lease(count=5, now_ms=T0 + 40)) != []  # lease's own reclaim frees the slot for itself
+    assert running(q, r, "G") == 1
+
+
+def test_a_scrubbed_lease_gives_its_slot_back(q: Queue, r: Any) -> None:
+    q.set_group_limit(1)
+    q.enqueue_many([NewJob(b"", job_id=f"j{i}", group="G") for i in range(2)], now_ms=T0)
+    (job,) = q.lease(count=2, now_ms=T0)
+    assert running(q, r, "G") == 1
+    scrubbed = q.scrub(q.owner, now_ms=T0)
+    assert scrubbed.scrubbed == 1 and running(q, r, "G") == 0
+    assert ids(q.lease(count=2, now_ms=T0)) == [job.id]  # back at the head of its group
+
+
+def test_a_cancelled_ready_job_leaves_its_group_and_meta_goes_with_the_job(q: Queue, r: Any) -> None:
+    q.enqueue_many([NewJob(b"", job_id="a", group="G"), NewJob(b"", job_id="b", group="G", priority=1)], now_ms=T0)
+    assert q.cancel("a", now_ms=T0).state == "ready"
+    (b,) = q.lease(count=5, now_ms=T0)
+    assert q.ack(b, now_ms=T0) is Outcome.OK
+    assert r.hlen(q.keys.meta) == 0 and r.zcard(q.keys.gready) == 0
+
+
+def test_a_dead_job_keeps_its_group_and_a_replay_puts_it_back_in_its_group(q: Queue, r: Any) -> None:
+    q.enqueue(b"", job_id="d", group="G", max_attempts=1, now_ms=T0)
+    (job,) = q.lease(now_ms=T0)
+    q.nack(job, "bad", now_ms=T0)
+    assert running(q, r, "G") == 0 and q.dead_replay(["d"], now_ms=T0) == 1
+    assert ids(q.lease(now_ms=T0)) == ["d"] and running(q, r, "G") == 1
+
+
+def test_bad_groups_and_priorities_are_refused_before_anything_is_sent(q: Queue, r: Any) -> None:
+    for bad in ({"group": "a|b"}, {"group": ""}, {"group": "x" * 129}, {"group": "a\nb"}, {"priority": 6},
+                {"priority": -6}, {"priority": 1.5}):
+        with pytest.raises(InvalidArgument):
+            q.enqueue(b"", **bad)
+    with pytest.raises(InvalidArgument):
+        q.set_group_limit(-1)
+    with pytest.raises(InvalidArgument):
+        q.set_group_limit(1, group="a|b")
+    assert r.dbsize() == 0
+
+
+def test_a_queue_without_groups_or_priorities_writes_no_fair_scheduling_key(q: Queue, r: Any) -> None:
+    q.enqueue_many([NewJob(b"", job_id=f"j{i}") for i in range(3)], now_ms=T0)
+    jobs = q.lease(count=3, now_ms=T0)
+    q.ack_many(jobs, now_ms=T0)
+    for key in (q.keys.meta, q.keys.gready, q.keys.ring, q.keys.groups):
+        assert r.exists(key) == 0
+    assert r.hget(q.keys.counters, "fair") is None
