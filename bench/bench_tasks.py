@@ -99,6 +99,7 @@ import task_handlers  # noqa: E402  (bench/: the tasks the worker processes serv
 from pyqueue import Job, NewJob, Queue, connect  # noqa: E402
 from pyqueue.scripts import SCRIPT_KEYS, lua_source  # noqa: E402
 from pyqueue.slots import Slot, enter_slot  # noqa: E402
+from pyqueue.runtime.executor import ThreadExecutor  # noqa: E402
 from pyqueue.worker import Worker  # noqa: E402
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -479,28 +480,28 @@ def run_drain(url: str, jobs: int, repetitions: int, concurrencies: list[int], c
 
 
 class ThreadProfiles:
-    """cProfile in every handler thread of a Worker (``_serve`` runs under a profile of
-    its thread's own) and in the calling thread; merged on :meth:`stats`."""
+    """cProfile in every handler thread of a Worker (the executor's ``serve`` runs under a
+    profile of its thread's own) and in the calling thread; merged on :meth:`stats`."""
 
     def __init__(self) -> None:
         self.profiles: list[cProfile.Profile] = []
         self.lock = threading.Lock()
-        self.original = Worker._serve
+        self.original = ThreadExecutor.serve
 
     def __enter__(self) -> ThreadProfiles:
         original, profiles, lock = self.original, self.profiles, self.lock
 
-        def serve(worker: Worker, first: Job) -> None:
+        def serve(executor: ThreadExecutor, first: Job) -> None:
             profile = cProfile.Profile()
             with lock:
                 profiles.append(profile)
             profile.enable()
             try:
-                original(worker, first)
+                original(executor, first)
             finally:
                 profile.disable()
 
-        setattr(Worker, "_serve", serve)
+        setattr(ThreadExecutor, "serve", serve)
         self.main = cProfile.Profile()
         self.profiles.append(self.main)
         self.main.enable()
@@ -508,7 +509,7 @@ class ThreadProfiles:
 
     def __exit__(self, *exc: object) -> None:
         self.main.disable()
-        setattr(Worker, "_serve", self.original)
+        setattr(ThreadExecutor, "serve", self.original)
 
     def stats(self) -> pstats.Stats:
         merged = pstats.Stats(self.profiles[0])
@@ -551,11 +552,11 @@ SEND_FUNCTIONS = {
 }
 
 DRAIN_FUNCTIONS = {
-    "Worker._run_one (total per job)": ("pyqueue/worker.py", "_run_one"),
+    "ThreadExecutor.run_one (total per job)": ("pyqueue/runtime/executor.py", "run_one"),
     "Slot.call (incl. the handler)": ("pyqueue/slots.py", "call"),
     "Slot.__init__": ("pyqueue/slots.py", "__init__"),
     "enter_slot": ("pyqueue/slots.py", "enter_slot"),
-    "Worker.describe": ("pyqueue/worker.py", "describe"),
+    "Endings.end (how the run ends)": ("pyqueue/runtime/endings.py", "end"),
     "Dispatcher.__call__": ("tasks/runtime.py", "__call__"),
     "envelope.decode": ("tasks/envelope.py", "decode"),
     "codec.loads (json decode)": ("tasks/codec.py", "loads"),

@@ -32,7 +32,7 @@ from pyqueue.scripts import lua_source
 
 from pyqueue import InvalidArgument, Job, NewJob, Outcome, Queue
 from pyqueue.service import Services
-import pyqueue.worker as worker_module
+import pyqueue.runtime.fetch as fetch_module
 from pyqueue.worker import EXIT_MISCONFIGURED, EXIT_OK, EXIT_REGISTRATION_LOST, Retry, Worker
 
 #: Also on the Redis Cluster backend (conftest.BACKENDS).
@@ -283,8 +283,8 @@ def test_a_job_in_the_last_of_fifty_idle_queues_costs_one_lease_call_and_no_peek
             return _original(*args, **kwargs)
 
         queue.lease_call = spy  # type: ignore[method-assign]
-    real_peek_many = worker_module.peek_many
-    monkeypatch.setattr(worker_module, "peek_many", lambda qs: peeks.append(len(qs)) or real_peek_many(qs))
+    real_peek_many = fetch_module.peek_many
+    monkeypatch.setattr(fetch_module, "peek_many", lambda qs: peeks.append(len(qs)) or real_peek_many(qs))
     # Woken by q49's marker while the other 49 were empty: one lease call, no peek.
     Queue("q49", r).enqueue(b"")
     assert got.wait(5)

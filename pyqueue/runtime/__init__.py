@@ -1,0 +1,40 @@
+"""The worker runtime, in parts a newcomer can name (DESIGN §16). :class:`pyqueue.worker.Worker`
+composes them and stays the entry point; each part is a screenful with one job:
+
+* :mod:`~pyqueue.runtime.fetch` — the **fetch loop** (:class:`FetchLoop`): leases jobs
+  for free handler slots, from the first queue with ready jobs, and blocks on the wake
+  markers when nothing is ready. Runs in the thread that calls ``Worker.run``.
+* :mod:`~pyqueue.runtime.executor` — the **executors**: where a handler runs. One
+  interface (:class:`Executor`): run this job (``submit``), report how it ended (to the
+  :class:`Endings`), stop it (``interrupt`` at its time limit, ``lease_ended`` when the
+  lease ended without this worker, ``shutdown``). :class:`ThreadExecutor` runs handlers in
+  a thread pool; :class:`~pyqueue.runtime.aio_executor.AsyncioExecutor` runs ``async def``
+  handlers as tasks of an event loop.
+* :mod:`~pyqueue.runtime.endings` — **how a run ends**: ack (by group commit,
+  :mod:`pyqueue.commit`), ack with a result, nack (retry, backoff, dead letters), or
+  release unrun; and the handler's own words for it (:class:`Retry`, :class:`Fail`).
+* :mod:`~pyqueue.runtime.heartbeat` — the **heartbeat** thread: extends the leases of
+  running jobs, renews the registration (scrubbing the dead services it reports), ends
+  jobs at their time limit, and wakes the fetch loop when a stop is asked.
+* :mod:`~pyqueue.runtime.registration` — the service registration the other parts
+  consult: registered, renewed, confirmed recently enough to lease, stopped remotely.
+* :mod:`~pyqueue.runtime.running` — what the worker holds now: its free handler slots
+  and the jobs it leased that have not ended. The one piece of state the parts share.
+* :mod:`~pyqueue.runtime.lifecycle` — start-up retries, signals, the stop and its exit
+  code, the graceful shutdown.
+* :mod:`~pyqueue.runtime.retries` and :mod:`~pyqueue.runtime.crash` — what every part
+  waits out (the connection, a full server), and the named crash points of the
+  fault-injection tests.
+
+The **supervisor** (``pyqueue worker --processes N``, issue #21) is not built yet. Its
+place is above all of this, in a process of its own: it starts N worker processes, each
+one ``Worker`` made of the parts above, and reads their exit codes
+(:data:`~pyqueue.runtime.lifecycle.EXIT_OK`,
+:data:`~pyqueue.runtime.lifecycle.EXIT_REGISTRATION_LOST`, ...) to decide what to
+replace. A process-child executor for hard time limits would be a third
+:class:`Executor`, beside the thread and asyncio ones.
+
+Sync and async share everything here: an :class:`~pyqueue.aio_worker.AsyncWorker`
+differs from a :class:`~pyqueue.worker.Worker` only in its executor; the fetch loop,
+heartbeat, endings and lifecycle run in threads for both.
+"""

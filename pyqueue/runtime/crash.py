@@ -1,0 +1,66 @@
+"""Named crash points for fault-injection tests (tests/test_crash.py, the crash harness).
+
+With PYQUEUE_CRASH_POINT=<name> (or several, comma-separated) and
+PYQUEUE_CRASH_PROBABILITY=<p> (default 1), the worker SIGKILLs itself at that point with
+probability p. Unset in production: one set lookup per point.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+from typing import Any
+
+from pyqueue.clients import node_for_key
+from pyqueue.errors import InvalidArgument
+from pyqueue.models import Job
+from pyqueue.queue import Queue
+from pyqueue.scripts import lua_source
+
+log = logging.getLogger("pyqueue.worker")
+
+CRASH_POINTS = (
+    "after_register",  # right after registration
+    "after_lease",  # after a lease reply arrived, before any handler ran
+    "in_handler",  # while the handler runs
+    "before_ack",  # after the handler returned, before the ack is sent
+    "ack_sent",  # after the ack was sent, before its reply was read
+    "in_extend",  # during a lease extension
+)
+
+
+class Crasher:
+    """Kills this process at named points when the environment asks for it (tests)."""
+
+    def __init__(self) -> None:
+        self.points = {p for p in os.environ.get("PYQUEUE_CRASH_POINT", "").split(",") if p}
+        unknown = self.points - set(CRASH_POINTS)
+        if unknown:
+            raise InvalidArgument(f"unknown crash points {sorted(unknown)}; known: {CRASH_POINTS}")
+        self.probability = float(os.environ.get("PYQUEUE_CRASH_PROBABILITY", "1"))
+        self.rng = random.Random()
+
+    def armed(self, point: str) -> bool:
+        return point in self.points and self.rng.random() < self.probability
+
+    def at(self, point: str) -> None:
+        if self.armed(point):
+            self.die(point)
+
+    def die(self, point: str) -> None:
+        log.warning("crash point %s: SIGKILL", point)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def send_and_die(queue: Queue, job: Job, crasher: Crasher) -> None:
+    """Send lua/ack.lua for ``job`` and die before reading the reply (crash point
+    ``ack_sent``): the server may run it, the worker never learns the answer."""
+    client = node_for_key(queue.redis, queue.keys.jobs)
+    sha = queue.scripts.sha("ack")
+    client.script_load(lua_source("ack"))  # EVALSHA must not fail with NOSCRIPT
+    connection: Any = client.connection_pool.get_connection()
+    keys = [queue.keys.jobs, queue.keys.leased, queue.keys.owners]
+    connection.send_command("EVALSHA", sha, len(keys), *keys, job.receipt)
+    crasher.die("ack_sent")

@@ -1,0 +1,230 @@
+"""Executors: where a job's handler runs.
+
+Every executor has one interface (:class:`Executor`): **run this job** (:meth:`submit`,
+for a job the fetch loop leased into a free slot), **report how it ended** (to the
+:class:`~pyqueue.runtime.endings.Endings`, which sends the ack or nack), and **stop it**
+(:meth:`interrupt` at its time limit, :meth:`lease_ended` when its lease ended without
+this worker, :meth:`shutdown` when the worker ends). What each can interrupt differs,
+and is said honestly per executor (:mod:`pyqueue.slots`): the lease is the backstop.
+
+:class:`ThreadExecutor` (the sync :class:`~pyqueue.worker.Worker`'s): ``concurrency``
+**handler threads** run the handler. A thread runs a job, hands its end to group commit,
+and runs the job that commit leased in its place, if any, so a busy worker needs at most
+one round trip per job. A time limit raises :class:`~pyqueue.slots.TimeLimitExceeded`
+in the thread; a job whose lease ended gets ``job.cancelled`` set.
+
+:class:`~pyqueue.runtime.aio_executor.AsyncioExecutor` (the
+:class:`~pyqueue.aio_worker.AsyncWorker`'s) is a ThreadExecutor whose handler threads
+hand each ``async def`` handler's coroutine to the event loop and wait for it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+from pyqueue.errors import InvalidArgument
+from pyqueue.models import Job, Outcome
+from pyqueue.runtime.crash import Crasher
+from pyqueue.runtime.endings import Endings
+from pyqueue.runtime.running import Running
+from pyqueue.slots import Slot, TimeLimitExceeded, enter_slot
+
+log = logging.getLogger("pyqueue.worker")
+
+Handler = Callable[[Job], object]
+
+#: A handler thread acks and leases in the same partition of a partitioned first queue
+#: at most this many times in a row (then a lease round moves on to the next partition).
+PARTITION_STREAK = 16
+
+
+class Executor(Protocol):
+    """Runs handlers (see the module docstring)."""
+
+    #: The lease length: a slot dates its job's lease start from it.
+    lease_ms: int
+
+    def start(self) -> None:
+        """Get ready to run jobs (the worker is registered)."""
+
+    def submit(self, job: Job) -> None:
+        """Run ``job`` in the slot the fetch loop took for it; report its end to the
+        endings, then give the slot back."""
+
+    def interrupt(self, slot: Slot) -> None:
+        """Stop the work of ``slot``: it reached its time limit (its lease is ended)."""
+
+    def lease_ended(self, job: Job, outcome: Outcome) -> None:
+        """``job``'s lease ended without this worker (cancelled, or lost): tell its handler."""
+
+    def run_awaitable(self, slot: Slot, awaitable: Any) -> Any:
+        """Run a coroutine for the job of ``slot``, or refuse."""
+
+    def describe(self, slot: Slot) -> str:
+        """How logs name a running job."""
+
+    def shutdown(self) -> None:
+        """Run no more jobs; running handlers are not waited for (the worker's shutdown
+        has waited out the grace period, or the process was killed)."""
+
+
+class ThreadExecutor:
+    """Runs handlers in ``concurrency`` threads (see the module docstring).
+
+    Args:
+        handler: called with each job in a handler thread (:meth:`call_handler`).
+        slot_owner: what each job's :class:`~pyqueue.slots.Slot` answers to (the worker:
+            its ``lease_ms`` and ``run_awaitable``).
+        partitioned_first: the first queue is partitioned: a slot then leases in the
+            same partition at most :data:`PARTITION_STREAK` times in a row.
+    """
+
+    def __init__(
+        self, handler: Handler, *, concurrency: int, lease_ms: int, slot_owner: Any, running: Running,
+        endings: Endings, crash: Crasher, partitioned_first: bool,
+    ) -> None:
+        self.handler = handler
+        self.concurrency = concurrency
+        self.lease_ms = lease_ms
+        self.slot_owner = slot_owner
+        self.running = running
+        self.endings = endings
+        self.crash = crash
+        self.partitioned_first = partitioned_first
+        self._pool: ThreadPoolExecutor | None = None
+
+    @staticmethod
+    def check_handler(handler: object) -> None:
+        """Refuse a handler this executor cannot run (:func:`check_sync_handler`)."""
+        check_sync_handler(handler)
+
+    def start(self) -> None:
+        self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="pyqueue-handler")
+
+    def submit(self, job: Job) -> None:
+        assert self._pool is not None
+        self._pool.submit(self.serve, job)
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+
+    def serve(self, first: Job) -> None:
+        """Run jobs in this slot: ``first``, then whatever ack-and-lease hands back (in
+        a partitioned queue at most PARTITION_STREAK jobs in a row: then the slot goes
+        back to a lease round, which moves on to the next partition)."""
+        job: Job | None = first
+        streak = 0
+        try:
+            while job is not None:
+                streak += 1
+                job = self.run_one(job, may_lease=not self.partitioned_first or streak < PARTITION_STREAK)
+        finally:
+            self.running.give_back()
+
+    def run_one(self, job: Job, *, may_lease: bool = True) -> Job | None:
+        """Run ``job``'s handler in this thread, then end it (:meth:`Endings.end`); the
+        job leased in its place, if any."""
+        error: BaseException | None = None
+        result: object = None
+        slot = Slot(self.slot_owner, job)
+        self.running.enter(slot)
+        enter_slot(slot)
+        try:
+            try:
+                self.crash.at("in_handler")
+                result = slot.call(self.call_handler, job)
+            # The handler's failure is the job's outcome. SystemExit too (sys.exit() in a
+            # handler thread ends only that call): let through, it would leave the job
+            # leased, extended and never ended.
+            except (Exception, SystemExit, TimeLimitExceeded) as exc:
+                error = exc
+        finally:
+            enter_slot(None)
+            self.running.leave(slot)
+        return self.endings.end(job, slot, result, error, may_lease=may_lease)
+
+    def call_handler(self, job: Job) -> object:
+        """Run the handler on ``job`` in this handler thread; what it returns."""
+        return self.handler(job)
+
+    def describe(self, slot: Slot) -> str:
+        """How logs name a running job: its id, and its task when the handler named one."""
+        return str(slot)
+
+    def run_awaitable(self, slot: Slot, awaitable: Any) -> Any:
+        """Run a coroutine for the job in ``slot`` (see :meth:`Slot.run_awaitable`): this
+        sync worker has no event loop, so it refuses, loudly."""
+        close = getattr(awaitable, "close", None)
+        if callable(close):
+            close()
+        raise InvalidArgument(
+            f"{self.describe(slot)} needs an event loop (an async def task) and this sync Worker has none: "
+            "run it with pyqueue.aio_worker.AsyncWorker (pyqueue worker picks that one by itself)"
+        )
+
+    def interrupt(self, slot: Slot) -> None:
+        """Stop the work of ``slot`` at its time limit (threads: an asynchronous
+        :class:`TimeLimitExceeded`)."""
+        slot.interrupt()
+
+    def lease_ended(self, job: Job, outcome: Outcome) -> None:
+        """A running job's lease ended without this worker (extend answered ``outcome``):
+        GONE, the job was cancelled (or removed); STALE, the lease was lost and another
+        worker may hold the job. Tell the handler (``job.cancelled``); its result will be
+        neither acked nor nacked."""
+        if outcome is Outcome.GONE:
+            log.info("job %s was cancelled while running: telling its handler", job.id)
+        else:
+            log.warning("job %s lost its lease (%s) while running: telling its handler", job.id, outcome.value)
+        job.cancelled.set()
+
+
+def check_sync_handler(handler: object) -> None:
+    """Refuse a handler this thread-pool worker cannot run: an ``async def`` function
+    (or a callable whose ``__call__`` is one, or a partial of one) would return a
+    coroutine that nobody awaits, and the job would be acked without having run.
+
+    Raises:
+        InvalidArgument: not callable, a coroutine or async generator function, or a
+            handler that says it runs coroutines (``needs_event_loop``: the task
+            layer's dispatcher of ``async def`` tasks).
+    """
+    if getattr(handler, "needs_event_loop", False) is True:
+        raise InvalidArgument(
+            f"handler {handler!r} runs async def tasks: this sync Worker has no event loop to run them on. Run it "
+            "with pyqueue.aio_worker.AsyncWorker (Tasks.worker() and pyqueue worker pick that one by themselves)."
+        )
+    if is_async_handler(handler):
+        raise InvalidArgument(
+            f"handler {getattr(handler, '__qualname__', handler)!r} is an async function: this sync Worker "
+            "would never await it, so its jobs would be acked without running. Give it a plain function, or "
+            "run it with pyqueue.aio_worker.AsyncWorker (pyqueue worker picks that one by itself)."
+        )
+
+
+def is_async_handler(handler: object) -> bool:
+    """Whether ``handler`` is an ``async def`` function (or a callable whose ``__call__``
+    is one, or a partial of one), or an async generator function.
+
+    Raises:
+        InvalidArgument: not callable.
+    """
+    return any(inspect.iscoroutinefunction(c) or inspect.isasyncgenfunction(c) for c in handler_functions(handler))
+
+
+def handler_functions(handler: object) -> tuple[object, object]:
+    """``handler`` and its class's ``__call__`` (what an instance handler runs): the two
+    places an ``async def`` may hide.
+
+    Raises:
+        InvalidArgument: not callable.
+    """
+    if not callable(handler):
+        raise InvalidArgument(f"handler must be callable, got {type(handler).__name__}")
+    return handler, getattr(type(handler), "__call__", None)
+

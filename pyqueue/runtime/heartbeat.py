@@ -1,0 +1,209 @@
+"""The heartbeat: one thread that keeps what the worker holds its own.
+
+Every tick (:data:`TICK_S`) it ends the jobs past their time limit (a fenced nack, then
+the executor stops the work: :mod:`pyqueue.slots`); every third of ``lease_ms`` it
+extends the leases of running jobs (one batched call per queue), and tells the executor
+about a job whose lease ended without this worker (cancelled, or lost); every
+``renew_ms`` it renews the service registration and scrubs the leases of the dead
+services renewal reports. It also wakes the fetch loop when a stop was asked (a signal
+handler only sets the stop), and stops the worker with exit 75 when no renewal got
+through for ``expire_ms``.
+
+Each duty fails on its own (:meth:`Heartbeat.duty`): a failed extension must not skip
+the renewal, or the service would be lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+import redis as redis_lib
+
+from pyqueue.errors import PyQueueError, ServiceLost
+from pyqueue.queue import Queue
+from pyqueue.runtime.crash import Crasher
+from pyqueue.runtime.executor import Executor
+from pyqueue.runtime.lifecycle import EXIT_REGISTRATION_LOST, Control
+from pyqueue.runtime.registration import Registration
+from pyqueue.runtime.retries import NACK_AT_LIMIT_ERRORS
+from pyqueue.runtime.running import Running
+from pyqueue.slots import WRITE_OFF_S, Slot
+
+log = logging.getLogger("pyqueue.worker")
+
+#: The heartbeat thread's tick: how quickly a stop request reaches the fetch loop.
+TICK_S = 0.05
+
+
+class Heartbeat:
+    """The heartbeat of one worker (see the module docstring).
+
+    Args:
+        wake_fetch_loop: ends the fetch loop's blocking wait, locally (nothing is
+            written to Redis).
+    """
+
+    def __init__(
+        self, *, queues: Sequence[Queue], by_name: Mapping[str, Queue], running: Running, registration: Registration,
+        executor: Executor, control: Control, crash: Crasher, wake_fetch_loop: Callable[[], None],
+        lease_ms: int, renew_ms: int, expire_ms: int, backoff_base_ms: int, backoff_cap_ms: int,
+    ) -> None:
+        self.queues = list(queues)
+        self.by_name = by_name
+        self.running = running
+        self.registration = registration
+        self.executor = executor
+        self.control = control
+        self.crash = crash
+        self._wake = wake_fetch_loop
+        self.lease_ms, self.renew_ms, self.expire_ms = lease_ms, renew_ms, expire_ms
+        self.backoff_base_ms, self.backoff_cap_ms = backoff_base_ms, backoff_cap_ms
+        self.woken_for_stop = False
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.loop, name="pyqueue-heartbeat", daemon=True)
+        self._thread.start()
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def loop(self) -> None:
+        service = self.registration.service
+        assert service is not None
+        extend_every = self.lease_ms / 3000
+        next_extend = time.monotonic() + extend_every
+        next_renew = time.monotonic() + self.renew_ms / 1000  # run() renewed at start-up
+        while not self.control.hard_stop.wait(TICK_S):
+            now = time.monotonic()
+            # Each duty fails on its own: a failed extension must not skip the renewal
+            # (or the service would be lost), and a failed call waits for its next turn
+            # rather than being retried every tick.
+            if self.control.stopping.is_set() and not self.woken_for_stop:
+                self.wake_fetch_loop()
+            if self.running.slots_running:
+                self.duty("time limits", self.enforce_limits)
+            if now >= next_extend:
+                next_extend = now + extend_every
+                self.duty("extend", self.extend_running)
+            # Renewal goes on while the worker drains after a stop: its running jobs stay
+            # its own (nobody scrubs them) until it deregisters.
+            if now >= next_renew:
+                next_renew = now + self.renew_ms / 1000
+                self.renew_now()
+            # No renewal got through for all of expire_ms (Redis unreachable, a node that
+            # never came back): the registration has expired, and live workers may scrub
+            # our leases. Exit 75 so that a supervisor restarts the worker, rather than
+            # retrying behind a server it cannot reach for ever (the fetch loop's and the
+            # heartbeat's warnings said why meanwhile, at least every 5 s).
+            if now - self.registration.renewed_at > self.expire_ms / 1000 and not self.control.stopping.is_set():
+                self.control.stop(
+                    f"service {service.owner}: no renewal got through for expire_ms ({self.expire_ms} ms), "
+                    "so its registration has expired",
+                    EXIT_REGISTRATION_LOST,
+                )
+                self.wake_fetch_loop()
+
+    def duty(self, name: str, duty: Callable[[], None]) -> None:
+        try:
+            duty()
+        except ServiceLost as exc:
+            self.control.stop(str(exc), EXIT_REGISTRATION_LOST)
+            self.wake_fetch_loop()
+        except (redis_lib.RedisError, PyQueueError) as exc:
+            log.warning("heartbeat %s: %s", name, exc)
+        except Exception:
+            # A bug, not the weather: logged loudly, but the heartbeat goes on, since the
+            # renewals that keep this worker's leases its own are in the same thread.
+            log.exception("heartbeat %s failed", name)
+
+    def wake_fetch_loop(self) -> None:
+        """End the fetch loop's wait now that the worker stops. Locally: nothing is
+        written to Redis (after a lost registration, the service's id and wake key may
+        belong to another service by now)."""
+        self.woken_for_stop = True
+        self._wake()
+
+    # -- registration --------------------------------------------------------------
+
+    def renew_now(self) -> None:
+        """Renew and scrub now, as a duty (also from the fetch loop, and at start-up)."""
+        self.duty("renew", self.renew_and_scrub)
+
+    def renew_and_scrub(self) -> None:
+        service = self.registration.service
+        assert service is not None
+        renewed = self.registration.renew()
+        if renewed.stop and not self.control.stopping.is_set():
+            self.control.stop(f"service {service.owner}: remote stop requested")
+            self.wake_fetch_loop()
+        self.registration.scrub(renewed.dead)
+
+    # -- leases --------------------------------------------------------------------
+
+    def extend_running(self) -> None:
+        running = self.running.snapshot()
+        for q in self.queues:
+            jobs = [j for j in running if j.queue == q.name]
+            for i in range(0, len(jobs), 1000):
+                self.crash.at("in_extend")
+                for job, extended in zip(jobs[i : i + 1000], q.extend(jobs[i : i + 1000], self.lease_ms)):
+                    # A job acked meanwhile answers GONE: only a running job lost its lease.
+                    if not extended.outcome and self.running.is_tracked(job):
+                        self.executor.lease_ended(job, extended.outcome)
+
+    # -- time limits ---------------------------------------------------------------
+
+    def enforce_limits(self) -> None:
+        """End the jobs past their time limit, and write off the slots whose thread did
+        not stop (see :mod:`pyqueue.slots`)."""
+        now = time.monotonic()
+        for slot in self.running.past_limit(now):
+            if not slot.limited:
+                self.end_at_limit(slot)
+            elif slot.in_user_code and slot.interrupted_at is not None and now - slot.interrupted_at >= WRITE_OFF_S:
+                # Still running a while after the interruption: interrupt it again (it may
+                # have caught the exception and gone on, or swallowed a cancellation),
+                # and write its slot off the first time.
+                self.executor.interrupt(slot)
+                if slot.written_off:
+                    continue
+                slot.written_off = True
+                left = self.running.write_off()
+                log.error(
+                    "%s did not stop %.1fs after its time limit (stuck outside Python code?): its slot is written "
+                    "off until the thread returns; %d of %d slots left", self.executor.describe(slot), WRITE_OFF_S,
+                    left, self.running.concurrency,
+                )
+
+    def end_at_limit(self, slot: Slot) -> None:
+        """The job of ``slot`` reached its time limit: end its lease now with a fenced nack
+        (so a late ack is refused), then stop the work."""
+        job, ending = slot.job, slot.ending
+        assert ending is not None
+        if not self.running.claim_at_limit(slot):
+            return  # it finished (or was released) just now: its own ending stands
+        label = self.executor.describe(slot)
+        log.warning("%s reached its time limit of %gs: ending its lease and stopping it", label, slot.limit_s)
+        queue = self.by_name[job.queue]
+        try:
+            nacked = queue.nack(
+                job, ending.error, delay_ms=ending.delay_ms, final=ending.final,
+                backoff_base_ms=self.backoff_base_ms, backoff_cap_ms=self.backoff_cap_ms,
+            )
+        except NACK_AT_LIMIT_ERRORS as exc:
+            # No longer renewed: the lease expires (a lease length at most) and is reclaimed.
+            log.warning("%s: the nack at its time limit failed (%s); its lease is left to expire", label, exc)
+        else:
+            if nacked.state == "dead":
+                log.warning("%s is dead after %d attempts: %s", label, job.attempt, ending.error)
+            elif nacked.state == "scheduled":
+                self.running.note_retry(nacked.at_ms)
+        finally:
+            # Whatever the nack did, the work stops: the job is no longer this worker's.
+            job.cancelled.set()  # wakes a handler that waits on it
+            self.executor.interrupt(slot)

@@ -1,0 +1,145 @@
+"""What a worker holds right now: its handler slots (how many are free) and the jobs it
+leased that have not ended. The one piece of state the parts of a worker share.
+
+Who touches it, from which thread: the fetch loop takes free slots and tracks the jobs it
+leased; the handler threads (and group commit, for the jobs it leases in their place)
+track and untrack jobs and give their slot back; the heartbeat reads the jobs to extend
+their leases and the slots to enforce time limits; the shutdown takes what is left.
+
+Two locks, as before the split: ``slots`` (a Condition) guards the free count, the
+written-off count and the latest retry due time, and is what the fetch loop and the
+shutdown wait on; ``lock`` guards the two maps, and is taken on every job twice (track,
+untrack), never while waiting.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from pyqueue.models import Job
+from pyqueue.slots import Slot
+
+
+class Running:
+    """The slots and jobs of one worker (see the module docstring). Thread-safe."""
+
+    def __init__(self, concurrency: int) -> None:
+        self.concurrency = concurrency
+        self.slots = threading.Condition()
+        self.free = concurrency
+        self.lock = threading.Lock()
+        #: receipt -> job, for the heartbeat's extend and the shutdown's release.
+        self.jobs: dict[str, Job] = {}
+        #: receipt -> its slot, for time limits.
+        self.slots_running: dict[str, Slot] = {}
+        #: Handler slots written off: their thread did not stop at a job's time limit.
+        self.written_off = 0
+        self.written_off_total = 0
+        #: The latest due time of a retry this worker scheduled (a burst run waits for it).
+        self.retry_due_ms = -1
+
+    # -- slots (under `slots`) ------------------------------------------------------
+
+    def wait_for_free(self, stopping: threading.Event) -> int:
+        """Wait until a slot is free (or a stop); how many are."""
+        with self.slots:
+            while self.free == 0 and not stopping.is_set():
+                self.slots.wait(1.0)
+            return self.free
+
+    def take(self, count: int) -> None:
+        with self.slots:
+            self.free -= count
+
+    def give_back(self) -> None:
+        """A handler thread is done with its slot."""
+        with self.slots:
+            self.free += 1
+            self.slots.notify_all()
+
+    def wake(self) -> None:
+        """Wake whoever waits on the slots (a stop was asked)."""
+        with self.slots:
+            self.slots.notify_all()
+
+    def idle_or_wait(self, timeout: float) -> bool:
+        """Whether no handler runs; if one does, wait up to ``timeout`` for a change."""
+        with self.slots:
+            idle = self.free == self.concurrency
+            if not idle:
+                self.slots.wait(timeout)
+            return idle
+
+    def wait_idle(self, deadline: float) -> None:
+        """Wait until no handler runs, or the monotonic ``deadline``."""
+        with self.slots:
+            while self.free < self.concurrency and time.monotonic() < deadline:
+                self.slots.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+
+    def note_retry(self, at_ms: int) -> None:
+        """A job this worker nacked is due again at ``at_ms``: a burst run waits for it."""
+        with self.slots:
+            self.retry_due_ms = max(self.retry_due_ms, at_ms)
+
+    def write_off(self) -> int:
+        """Count a slot written off; how many are left."""
+        with self.slots:
+            self.written_off += 1
+            self.written_off_total += 1
+            return self.concurrency - self.written_off
+
+    def written_back(self) -> None:
+        """A written-off slot's thread returned: the slot serves again."""
+        with self.slots:
+            self.written_off -= 1
+
+    # -- jobs (under `lock`) --------------------------------------------------------
+
+    def track_all(self, jobs: list[Job]) -> None:
+        with self.lock:
+            for job in jobs:
+                self.jobs[job.receipt] = job
+
+    def untrack(self, job: Job) -> bool:
+        """Whether ``job`` was still this worker's to end (and now is no longer tracked)."""
+        with self.lock:
+            return self.jobs.pop(job.receipt, None) is not None
+
+    def is_tracked(self, job: Job) -> bool:
+        with self.lock:
+            return job.receipt in self.jobs
+
+    def enter(self, slot: Slot) -> None:
+        with self.lock:
+            self.slots_running[slot.job.receipt] = slot
+
+    def leave(self, slot: Slot) -> None:
+        with self.lock:
+            self.slots_running.pop(slot.job.receipt, None)
+
+    def snapshot(self) -> list[Job]:
+        with self.lock:
+            return list(self.jobs.values())
+
+    def past_limit(self, now: float) -> list[Slot]:
+        """The running slots whose time limit is at or before ``now``."""
+        with self.lock:
+            return [s for s in self.slots_running.values() if s.limit_at is not None and now >= s.limit_at]
+
+    def claim_at_limit(self, slot: Slot) -> bool:
+        """Untrack the job of ``slot`` for the heartbeat, which ends it at its time limit,
+        and mark the slot limited, under the lock the handler thread untracks with: exactly
+        one of them decides how the job ends. False: it finished (or was released) first."""
+        with self.lock:
+            if self.jobs.pop(slot.job.receipt, None) is None:
+                return False
+            slot.limited = True
+            return True
+
+    def take_all(self) -> list[Job]:
+        """Untrack every job (the shutdown releases them)."""
+        with self.lock:
+            leftover = list(self.jobs.values())
+            self.jobs.clear()
+            return leftover
