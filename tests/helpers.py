@@ -139,6 +139,18 @@ def job_states(client: redis.Redis, q: Queue) -> dict[str, list[str]]:
     assert len(ready) == len(set(ready)), f"an id twice in READY: {ready}"
     for i in ready:
         states.setdefault(i, []).append("ready")
+    # READY jobs with meta (fair scheduling): "<group>|<rank>|<id>", rank 17 characters,
+    # and each matches its job's meta entry "<priority>|<pos>|<group>".
+    metas = {i.decode(): v.decode() for i, v in client.hgetall(k.meta).items()}
+    for raw in client.zrange(k.gready, 0, -1):
+        member = raw.decode()
+        group, rest = member.split("|", 1)
+        rank, job_id = rest[:17], rest[18:]
+        assert rest[17] == "|" and job_id in metas, f"gready member {member!r} without its meta"
+        priority, pos, meta_group = metas[job_id].split("|", 2)
+        assert (meta_group, chr(53 - int(priority)) + pos) == (group, rank), f"{member!r} != meta {metas[job_id]!r}"
+        states.setdefault(job_id, []).append("ready")
+    assert set(metas) <= {i.decode() for i in client.hkeys(k.jobs)}, "meta kept for a job that is gone"
     for raw in client.zrange(k.scheduled, 0, -1):
         states.setdefault(raw.decode(), []).append("scheduled")
     receipts = client.zrange(k.leased, 0, -1)

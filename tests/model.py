@@ -70,6 +70,10 @@ TRIM_BATCH = 10
 MAX_BATCH = 1000
 #: ack_result.lua: the finished stream keeps this many entries.
 STREAM_LENGTH = 1000
+#: The prelude's READY positions of jobs with meta: tail = POS_MID + seq, head = POS_MID - seq.
+POS_MID = 5_000_000_000_000_000
+#: lease.lua's fair pick drops or parks at most this many ring entries beyond `count`.
+STALE_BUDGET = 100
 #: keep_done_ms of each worker's Queue: none, short, the default (expiry at the clock
 #: steps the machine takes is where `<` versus `<=` bugs live).
 KEEP_DONE_MS = {"solo": 50, "ns.1.r": 0, "ns.1.r0": 1000, "ns.2.r": 300_000}
@@ -117,6 +121,22 @@ class Lease:
     fence: int
     attempt: int
     deadline_ms: int
+
+
+@dataclass
+class Meta:
+    """A job's entry in `meta` (fair scheduling): "<priority>|<pos>|<group>"."""
+
+    priority: int
+    pos: str
+    group: str
+
+    def encode(self) -> bytes:
+        return f"{self.priority}|{self.pos}|{self.group}".encode()
+
+    def member(self, job_id: str) -> str:
+        """Its member of `gready` while READY: "<group>|<rank>|<id>"."""
+        return f"{self.group}|{chr(53 - self.priority)}{self.pos}|{job_id}"
 
 
 @dataclass(frozen=True)
@@ -179,6 +199,176 @@ class QueueModel:
         self.results: dict[str, bytes] = {}
         self.result_expiry: dict[str, int] = {}
         self.finished: list[str] = []
+        #: Fair scheduling (lua/README.md section 2.1): the `fair` counter, `meta`,
+        #: `gready` (members), `ring` (group -> turn, or -1 parked) and `groups`.
+        self.fair = False
+        self.meta: dict[str, Meta] = {}
+        self.gready: set[str] = set()
+        self.ring: dict[str, int] = {}
+        self.groups: dict[str, int | str] = {}
+
+    # -- fair scheduling: the prelude's helpers -----------------------------------------
+
+    def _hincr(self, field: str, by: int) -> int:
+        value = int(self.groups.get(field, 0)) + by
+        self.groups[field] = value
+        return value
+
+    def _slots(self, group: str) -> tuple[int, int]:
+        """group_slots: running leases, and the cap (c:<group>, else `cap`; 0: none)."""
+        cap = self.groups.get(f"c:{group}", self.groups.get("cap", 0))
+        return int(self.groups.get(f"r:{group}", 0)), int(cap)
+
+    def _lex_range(self, group: str) -> list[str]:
+        """ZRANGEBYLEX gready [<group>| (<group>}: the group's READY members, in order."""
+        lo, hi = f"{group}|".encode(), f"{group}}}".encode()
+        return sorted((m for m in self.gready if lo <= m.encode() < hi), key=str.encode)
+
+    def _metas(self, ids: Sequence[str]) -> list[Meta | None]:
+        """fair_meta: a copy of each id's meta, None for an id without one."""
+        return [Meta(m.priority, m.pos, m.group) if (m := self.meta.get(i)) else None for i in ids]
+
+    def _activate(self, group: str) -> None:
+        if group in self.ring:
+            return
+        running, cap = self._slots(group)
+        self.ring[group] = self._hincr("turn", 1) if cap == 0 or running < cap else -1
+
+    def _release(self, metas: Iterable[Meta | None]) -> bool:
+        """fair_release: one slot back per meta with a group; whether a parked group
+        got a turn again."""
+        woke = False
+        for meta in metas:
+            if meta is None or meta.group == "":
+                continue
+            running = self._hincr(f"r:{meta.group}", -1)
+            if running <= 0:
+                del self.groups[f"r:{meta.group}"]
+            if self.ring.get(meta.group, 0) < 0:
+                _, cap = self._slots(meta.group)
+                if cap == 0 or running < cap:
+                    self.ring[meta.group] = self._hincr("turn", 1)
+                    woke = True
+        return woke
+
+    def _enter(self, ids: Sequence[str], metas: Sequence[Meta | None], head: bool) -> list[str]:
+        """fair_enter: the ids with meta into `gready`; returns the others."""
+        fair = [i for i, meta in enumerate(metas) if meta is not None]
+        plain = [job_id for job_id, meta in zip(ids, metas) if meta is None]
+        if not fair:
+            return plain
+        last = self._hincr("seq", len(fair))
+        activate: list[str] = []
+        for k, i in enumerate(fair, 1):
+            meta = metas[i]
+            assert meta is not None
+            seq = last - k + 1 if head else last - len(fair) + k
+            entry = Meta(meta.priority, f"{POS_MID - seq if head else POS_MID + seq:016d}", meta.group)
+            self.gready.add(entry.member(ids[i]))
+            self.meta[ids[i]] = entry
+            if entry.group and entry.group not in activate:
+                activate.append(entry.group)
+        for group in activate:
+            self._activate(group)
+        return plain
+
+    def _make_ready(self, ids: Sequence[str], head: bool) -> None:
+        """make_ready: by their meta, to `gready` or to the head or tail of `ready`."""
+        plain = self._enter(ids, self._metas(ids), head)
+        self.ready = plain + self.ready if head else self.ready + plain
+
+    def _finish(self, ids: Sequence[str]) -> None:
+        """fair_finish: jobs that ended for good lose their meta and give their slots back."""
+        metas = self._metas(ids)
+        for job_id, meta in zip(ids, metas):
+            if meta is not None:
+                del self.meta[job_id]
+        if self._release(metas):
+            self.wake = True
+
+    def _in_gready(self, job_id: str) -> bool:
+        meta = self.meta.get(job_id)
+        return meta is not None and meta.pos != "" and meta.member(job_id) in self.gready
+
+    def _fair_pick(self, want: int) -> tuple[list[str], bool, bool]:
+        """lease.lua's fair_pick: the ids picked, whether leasable work is left, and
+        whether it stopped at its budget."""
+        turn, uturn = int(self.groups.get("turn", 0)), int(self.groups.get("uturn", 0))
+        default_cap = int(self.groups.get("cap", 0))
+        budget = want + STALE_BUDGET
+        in_turn = {g: score for g, score in self.ring.items() if score > 0}
+        front = zsorted(in_turn)[:budget]
+        plain, lane = self.ready[:want], self._lex_range("")[:want]
+        entries = [(g, in_turn[g]) for g in front]
+        state = {
+            g: {"running": int(self.groups.get(f"r:{g}", 0)),
+                "cap": int(self.groups[f"c:{g}"]) if f"c:{g}" in self.groups else default_cap,
+                "taken": 0, "fate": None, "turn": 0}
+            for g in front
+        }
+        picks: list[tuple[str, str | None]] = []
+        qi = pi = li = steps = 0
+        while len(picks) < want and steps < budget:
+            steps += 1
+            entry = entries[qi] if qi < len(entries) else None
+            ungrouped = pi < len(plain) or li < len(lane)
+            if entry is None and not ungrouped:
+                break
+            if ungrouped and (entry is None or uturn < entry[1]):
+                member = lane[li] if li < len(lane) else None
+                if member is not None and (ord(member[1]) < 53 or pi >= len(plain)):
+                    picks.append((member[19:], member))
+                    li += 1
+                else:
+                    picks.append((plain[pi], None))
+                    pi += 1
+                turn += 1
+                uturn = turn
+                continue
+            qi += 1
+            g = entry[0]
+            st_ = state[g]
+            if st_["cap"] != 0 and st_["running"] >= st_["cap"]:
+                st_["fate"] = "park"
+                continue
+            two = self._lex_range(g)[st_["taken"] : st_["taken"] + 2]
+            if not two:
+                st_["fate"] = "drop"
+                continue
+            st_["taken"] += 1
+            st_["running"] += 1
+            turn += 1
+            picks.append((two[0][len(g) + 19 :], two[0]))
+            if len(two) == 1:
+                st_["fate"] = "drop"
+            elif st_["cap"] != 0 and st_["running"] >= st_["cap"]:
+                st_["fate"] = "park"
+            else:
+                st_["fate"], st_["turn"] = "turn", turn
+                entries.append((g, turn))
+        for job_id, member in picks:
+            assert job_id in self.jobs, f"the model picked {job_id!r}, which has no record"
+            if member is not None:
+                self.gready.discard(member)
+        self.ready = self.ready[pi:]
+        seen: set[str] = set()
+        for g, _ in entries:
+            st_ = state[g]
+            if g in seen or st_["fate"] is None:
+                continue
+            seen.add(g)
+            if st_["fate"] == "turn":
+                self.ring[g] = st_["turn"]
+            elif st_["fate"] == "park":
+                self.ring[g] = -1
+            else:
+                self.ring.pop(g, None)
+            if st_["taken"] > 0:
+                self._hincr(f"r:{g}", st_["taken"])
+        if steps > 0:
+            self.groups["turn"], self.groups["uturn"] = turn, uturn
+        left = qi < len(entries) or pi < len(plain) or li < len(lane) or len(plain) == want or len(front) == budget
+        return [job_id for job_id, _ in picks], left, steps >= budget and len(picks) < want
 
     # -- queries ---------------------------------------------------------------------
 
@@ -187,7 +377,7 @@ class QueueModel:
             return "scheduled"
         if job_id in self.dead:
             return "dead"
-        if job_id in self.ready:
+        if job_id in self.ready or self._in_gready(job_id):
             return "ready"
         if any(lease.id == job_id for lease in self.leases.values()):
             return "leased"
@@ -250,11 +440,19 @@ class QueueModel:
 
     # -- scripts ---------------------------------------------------------------------
 
-    def enqueue(self, batch: Sequence[tuple[str, bytes, int, int]], now: int) -> list[bool]:
-        """enqueue.lua: add each (id, payload, delay_ms, max_attempts) unless the id exists
-        or has a tombstone in force (an expired one is left for acks to trim)."""
+    def enqueue(self, batch: Sequence[tuple[Any, ...]], now: int) -> list[bool]:
+        """enqueue.lua: add each (id, payload, delay_ms, max_attempts[, priority, group])
+        unless the id exists or has a tombstone in force (an expired one is left for acks
+        to trim). A job with a group or a priority gets meta, and goes READY by it."""
         added: list[bool] = []
-        for job_id, payload, delay_ms, max_attempts in batch:
+        ready_ids: list[str] = []
+        ready_metas: list[Meta | None] = []
+        call_is_fair = False
+        for job in batch:
+            job_id, payload, delay_ms, max_attempts = job[:4]
+            priority, group = (job[4] or 0, job[5] or "") if len(job) > 4 else (0, "")
+            meta = Meta(priority, "", group) if priority or group else None
+            call_is_fair = call_is_fair or meta is not None
             if job_id in self.jobs or self.done.get(job_id, now) > now:
                 added.append(False)
                 self.counters["duplicates"] += 1
@@ -264,10 +462,17 @@ class QueueModel:
             self.epoch[job_id] += 1
             self.jobs[job_id] = Record(0, max_attempts, now + delay_ms, payload)
             if delay_ms == 0:
-                self.ready.append(job_id)
+                ready_ids.append(job_id)
+                ready_metas.append(meta)
             else:
                 self.scheduled[job_id] = now + delay_ms
+                if meta is not None:
+                    self.meta[job_id] = meta
             self.wake = True
+        if call_is_fair and any(added):
+            self.fair = True
+            ready_ids = self._enter(ready_ids, ready_metas, head=False)
+        self.ready += ready_ids
         return added
 
     def _end_leases(self, receipts: Iterable[str]) -> None:
@@ -282,6 +487,7 @@ class QueueModel:
         ids = [self.leases[receipt].id for receipt in receipts]
         self._bury(ids, now, keep_done_ms)
         self._end_leases(receipts)
+        self._finish(ids)
         self.acked_ok += len(receipts)
 
     def _bury(self, ids: Sequence[str], now: int, keep_done_ms: int) -> None:
@@ -357,7 +563,15 @@ class QueueModel:
             permits = max(0, math.floor((now + burst_ms - tat) / spacing + 1e-9))
             if permits < count:
                 count, rate_cut = permits, True
-        maintain = (count > 0 and len(self.ready) < count) or now >= (self.next_maintenance_ms or 0)
+        # A fair queue runs the steps below with count 0 and then the fair pick.
+        want, fair_short = count, False
+        if self.fair:
+            if want > 0:
+                fair_short = len(self.ready) + len(self.gready) < want or any(
+                    lease.deadline_ms <= now for lease in self.leases.values()
+                )
+            count = 0
+        maintain = (count > 0 and len(self.ready) < count) or fair_short or now >= (self.next_maintenance_ms or 0)
         promoted: list[str] = []
         reclaimed: list[Lease] = []
         to_dead: list[Lease] = []
@@ -383,6 +597,7 @@ class QueueModel:
             for job_id in promoted:
                 del self.scheduled[job_id]
             self._end_leases(lease.receipt for lease in reclaimed + to_dead)
+            self._release(self._metas([lease.id for lease in reclaimed + to_dead]))
             for lease in reclaimed:
                 self._fail(lease, now)
             for lease in to_dead:
@@ -393,8 +608,18 @@ class QueueModel:
             # Rate-limited, and written only by a call that writes something else first.
             if promoted or reclaimed or to_dead or to_ack or from_ready:
                 self.next_maintenance_ms = now + MAINTENANCE_INTERVAL_MS
-        order = [lease.id for lease in reclaimed] + self.ready + promoted
-        taken, self.ready = order[:take], order[take:]
+        if self.fair:
+            self._make_ready([lease.id for lease in reclaimed], head=True)
+            self._make_ready(promoted, head=False)
+            taken: list[str] = []
+            if want > 0:
+                taken, left, short = self._fair_pick(want)
+                stopped_at_limit = stopped_at_limit or short
+                if not acks and left and self.paused_ms is None and not rate_cut:
+                    self.wake = True
+        else:
+            order = [lease.id for lease in reclaimed] + self.ready + promoted
+            taken, self.ready = order[:take], order[take:]
         jobs = []
         for job_id in taken:
             fence += 1
@@ -408,10 +633,10 @@ class QueueModel:
             tat += len(jobs) * spacing
             self.rate_tat = "%.3f" % tat
         next_due = -1
-        if rate_cut and len(jobs) == count:
+        if rate_cut and len(jobs) == want:
             assert spacing is not None
             next_due = math.ceil(tat + spacing - burst_ms)
-        elif len(jobs) < count:
+        elif len(jobs) < want:
             next_due = now if stopped_at_limit else self.next_due_ms()
         return LeaseAnswer(status, jobs, next_due, replayed=False)
 
@@ -466,10 +691,16 @@ class QueueModel:
         elif state == "scheduled":
             del self.scheduled[job_id]
         elif state == "ready":
-            self.ready.remove(job_id)
+            if self._in_gready(job_id):
+                self.gready.discard(self.meta[job_id].member(job_id))
+            else:
+                self.ready.remove(job_id)
         else:
             self._end_leases([r for r, lease in self.leases.items() if lease.id == job_id])
             self.counters["cancelled_leased"] += 1
+            if self._release(self._metas([job_id])):
+                self.wake = True
+        self.meta.pop(job_id, None)
         self._bury([job_id], now, keep_done_ms)
         self.counters["cancelled"] += 1
         return state
@@ -509,6 +740,8 @@ class QueueModel:
         lease = self.leases.pop(receipt)
         record = self.jobs[lease.id]
         self.counters["nacked"] += 1
+        if self._release(self._metas([lease.id])):
+            self.wake = True
         if lease.attempt >= record.max_attempts or final:
             self._fail(lease, now)
             self._to_dead(lease.id, now, error)
@@ -542,8 +775,9 @@ class QueueModel:
         status, ok = self.statuses(receipts)
         ids = [self.leases[r].id for r in ok]
         self._end_leases(ok)
-        self.ready = ids + self.ready
         self.counters["released"] += len(ok)
+        self._release(self._metas(ids))
+        self._make_ready(ids, head=True)
         self.wake = self.wake or bool(ok)
         return status
 
@@ -556,10 +790,11 @@ class QueueModel:
             self.next_maintenance_ms = now + MAINTENANCE_INTERVAL_MS
         for job_id in promoted:
             del self.scheduled[job_id]
-        self.ready += promoted
+        self._make_ready(promoted, head=False)
         self.counters["promoted"] += len(promoted)
         self._end_leases(lease.receipt for lease in expired)
         self.counters["reclaimed"] += len(expired)
+        woke = self._release(self._metas([lease.id for lease in expired]))
         to_ready = []
         dead = 0
         for lease in expired:
@@ -569,8 +804,8 @@ class QueueModel:
                 self._to_dead(lease.id, now, f"lease expired on attempt {lease.attempt} of {record.max_attempts}".encode())
             else:
                 to_ready.append(lease.id)
-        self.ready = to_ready + self.ready
-        self.wake = self.wake or bool(promoted or to_ready)
+        self._make_ready(to_ready, head=True)
+        self.wake = self.wake or bool(promoted or to_ready) or woke
         more = len(promoted) == limit or len(expired) == limit
         return Promoted(len(promoted), len(expired), dead, more, self.next_due_ms())
 
@@ -581,6 +816,7 @@ class QueueModel:
             return Scrubbed(0, 0, False)
         to_ready = []
         dead = 0
+        metas = self._metas([self.leases[receipt].id for receipt in receipts])
         for receipt in receipts:
             lease = self.leases.pop(receipt)
             record = self._fail(lease, now)
@@ -591,9 +827,10 @@ class QueueModel:
                 )
             else:
                 to_ready.append(lease.id)
-        self.ready = to_ready + self.ready
+        woke = self._release(metas)
+        self._make_ready(to_ready, head=True)
         self.counters["scrubbed"] += len(receipts)
-        self.wake = self.wake or bool(to_ready)
+        self.wake = self.wake or bool(to_ready) or woke
         return Scrubbed(len(receipts), dead, len(receipts) == limit)
 
     def _dead_ids(self, ids: Sequence[str]) -> list[str]:
@@ -630,7 +867,7 @@ class QueueModel:
             del self.dead[job_id]
             self.errors.pop(job_id, None)
             self.epoch[job_id] += 1
-        self.ready += moved
+        self._make_ready(moved, head=False)
         self.counters["replayed"] += len(moved)
         self.wake = self.wake or bool(moved)
         return len(moved)
@@ -641,6 +878,7 @@ class QueueModel:
         for job_id in gone:
             del self.dead[job_id], self.jobs[job_id]
             self.errors.pop(job_id, None)
+            self.meta.pop(job_id, None)
         self.counters["purged"] += len(gone)
         return len(gone)
 
@@ -654,7 +892,7 @@ class QueueModel:
         c = self.counters
         return Stats(
             now_ms=now,
-            ready=len(self.ready),
+            ready=len(self.ready) + len(self.gready),
             scheduled=len(self.scheduled),
             due=sum(1 for due in self.scheduled.values() if due <= now),
             leased=len(self.leases),
@@ -680,7 +918,40 @@ class QueueModel:
             rate_limit=self.rate_limit[0] if self.rate_limit else 0,
             rate_period_ms=self.rate_limit[1] if self.rate_limit else 0,
             rate_burst=self.rate_limit[2] if self.rate_limit else 0,
+            groups_waiting=sum(1 for score in self.ring.values() if score > 0),
+            groups_at_cap=sum(1 for score in self.ring.values() if score < 0),
         )
+
+    def peek_ready(self) -> int:
+        """peek.lua's `ready`: what lease could hand out now (0 while paused)."""
+        if self.paused_ms is not None:
+            return 0
+        ungrouped = len(self._lex_range(""))
+        in_turn = any(score > 0 for score in self.ring.values())
+        return len(self.ready) + ungrouped + (len(self.gready) - ungrouped if in_turn else 0)
+
+    def set_group_limit(self, group: str, cap: int | str) -> tuple[int, int]:
+        """set_group_limit.lua: (changed, unparked)."""
+        field = "cap" if group == "" else f"c:{group}"
+        old = self.groups.get(field)
+        new = None if cap == "" or (group == "" and cap == 0) else str(cap)
+        parked = sorted((g for g, score in self.ring.items() if score == -1), key=str.encode)
+        if (None if old is None else str(old)) == new:
+            return 0, 0
+        if new is None:
+            del self.groups[field]
+        else:
+            self.groups[field] = new
+        self.fair = True
+        unparked = 0
+        for g in parked:
+            if group in ("", g):
+                running, limit = self._slots(g)
+                if limit == 0 or running < limit:
+                    self.ring[g] = self._hincr("turn", 1)
+                    unparked += 1
+        self.wake = self.wake or unparked > 0
+        return 1, unparked
 
     def keyspace(self, keys: QueueKeys) -> dict[str, Any]:
         """Every key of the queue as :func:`read_keyspace` reads it (empty keys absent)."""
@@ -694,6 +965,8 @@ class QueueModel:
             counters[b"rate_limit"] = "/".join(map(str, self.rate_limit)).encode()
         if self.rate_tat is not None:
             counters[b"rate_tat"] = self.rate_tat.encode()
+        if self.fair:
+            counters[b"fair"] = b"1"
         out: dict[str, Any] = {
             keys.jobs: {i.encode(): record.encode() for i, record in self.jobs.items()},
             keys.ready: [i.encode() for i in self.ready],
@@ -708,6 +981,10 @@ class QueueModel:
             keys.results: {i.encode(): record for i, record in self.results.items()},
             keys.result_expiry: {i.encode(): float(at) for i, at in self.result_expiry.items()},
             keys.finished: [i.encode() for i in self.finished],
+            keys.meta: {i.encode(): meta.encode() for i, meta in self.meta.items()},
+            keys.gready: {m.encode(): 0.0 for m in self.gready},
+            keys.ring: {g.encode(): float(score) for g, score in self.ring.items()},
+            keys.groups: {f.encode(): str(v).encode() for f, v in self.groups.items()},
         }
         return {key: value for key, value in out.items() if value}
 
@@ -847,10 +1124,11 @@ def read_keyspace(client: redis.Redis, queue_keys: QueueKeys, service_keys: Serv
     """Every key in Redis with its value (hash: dict, list: list, zset: member -> score,
     string: bytes), read with ``KEYS *`` and one pipeline. A key that is not one of the
     queue's or the namespace's is reported under ``<unexpected>``."""
-    hashes = {queue_keys.jobs, queue_keys.errors, queue_keys.counters, queue_keys.results, service_keys.role("queues")}
+    hashes = {queue_keys.jobs, queue_keys.errors, queue_keys.counters, queue_keys.results, queue_keys.meta,
+              queue_keys.groups, service_keys.role("queues")}
     lists = {queue_keys.ready, service_keys.role("ids")}
     zsets = {queue_keys.scheduled, queue_keys.leased, queue_keys.owners, queue_keys.dead, queue_keys.wake, queue_keys.done,
-             queue_keys.result_expiry}
+             queue_keys.result_expiry, queue_keys.gready, queue_keys.ring}
     zsets.add(service_keys.role("expiry"))
     strings = {service_keys.role("seq")}
     service_prefix = service_keys.role("seq")[: -len("seq")]
@@ -1676,8 +1954,56 @@ class LifecycleMachine(RuleBasedStateMachine):
 
         # peek (the many-queue worker's probe) agrees: READY's length and the next due time.
         peeked = self.q.peek(now_ms=self.now)
-        ready = 0 if self.model.paused_ms is not None else len(self.model.ready)  # paused: nothing to lease
-        assert peeked == Peeked(self.now, ready, self.model.next_due_ms()), f"peek {peeked}"
+        assert peeked == Peeked(self.now, self.model.peek_ready(), self.model.next_due_ms()), f"peek {peeked}"
+
+
+#: Fair scheduling's draws: groups whose lexicographic ranges touch ("a" and "a}": the
+#: range of "a" must not hold "a}"'s members), a non-ASCII one, and priorities at the ends.
+FAIR_GROUPS = st.sampled_from([None, "A", "A", "B", "a", "a}", "ü"])
+PRIORITIES = st.sampled_from([0, 0, 1, -1, 5, -5])
+
+
+class FairLifecycleMachine(LifecycleMachine):
+    """The machine with fair scheduling (lua/README.md section 2.1): jobs with groups and
+    priorities, and group caps, beside every rule of the plain machine. Each example
+    starts with a default cap of 1, so that groups reach their cap and park often."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        assert self.q.set_group_limit(1) is True
+        assert self.model.set_group_limit("", 1) == (1, 0)
+
+    @rule(
+        batch=st.lists(st.tuples(JOB_IDS, PAYLOADS, DELAYS, MAX_ATTEMPTS, PRIORITIES, FAIR_GROUPS), min_size=1, max_size=4),
+        sent_twice=SENT_TWICE,
+    )
+    def enqueue_fair(self, batch: list[tuple[str, bytes | str, int, int | None, int, str | None]], sent_twice: bool) -> None:
+        """Enqueue jobs with groups and priorities (and some without)."""
+        for _ in range(1 + sent_twice):
+            if len(batch) == 1:
+                job_id, payload, delay_ms, max_attempts, priority, group = batch[0]
+                got = [self.q.enqueue(payload, job_id=job_id, delay_ms=delay_ms, max_attempts=max_attempts,
+                                      priority=priority, group=group, now_ms=self.now)]
+            else:
+                got = self.q.enqueue_many(
+                    [NewJob(p, job_id=i, delay_ms=d, max_attempts=m, priority=pr, group=g) for i, p, d, m, pr, g in batch],
+                    now_ms=self.now,
+                )
+            expected = self.model.enqueue(
+                [(i, p.encode() if isinstance(p, str) else p, d, m or DEFAULT_MAX_ATTEMPTS, pr, g)
+                 for i, p, d, m, pr, g in batch],
+                self.now,
+            )
+            assert got == [Enqueued(i, added) for (i, *_), added in zip(batch, expected)], f"enqueue: {got}"
+
+    @rule(group=st.sampled_from(["", "", "A", "a}"]), cap=st.sampled_from([None, 0, 1, 2, 3]), sent_twice=SENT_TWICE)
+    def set_group_limit(self, group: str, cap: int | None, sent_twice: bool) -> None:
+        """Set, change or lift the default cap or one group's own."""
+        for _ in range(1 + sent_twice):
+            got = self.q.set_group_limit(cap, group=group or None)
+            arg: int | str = ("" if group else 0) if cap is None else cap
+            changed, _ = self.model.set_group_limit(group, arg)
+            assert got == bool(changed), f"set_group_limit answered {got}, model {changed}"
 
 
 #: The rules of job control (issue #10). A mutation test of a script they do not touch
@@ -1687,26 +2013,27 @@ JOB_CONTROL_RULES = ("cancel", "limit", "pause_or_resume", "ack_result", "check_
 
 
 def machine_for(
-    backend: Backend, lua_directory: Path | None = None, without: Sequence[str] = ()
+    backend: Backend, lua_directory: Path | None = None, without: Sequence[str] = (), fair: bool = False
 ) -> type[LifecycleMachine]:
     """The machine bound to a backend and, for mutation tests, a scripts directory;
     ``without``: rules left out (each shadowed by a plain method, which Hypothesis does
-    not collect)."""
+    not collect); ``fair``: the machine with fair scheduling's rules too."""
     unknown = set(without) - set(JOB_CONTROL_RULES)
     assert not unknown, f"only job-control rules may be left out, not {unknown}"
     shadows = {name: (lambda self, *args, **kwargs: None) for name in without}
     return type(
-        f"LifecycleMachine_{backend.name}",
-        (LifecycleMachine,),
+        f"{'Fair' if fair else ''}LifecycleMachine_{backend.name}",
+        (FairLifecycleMachine if fair else LifecycleMachine,),
         {"backend": backend, "lua_directory": lua_directory, **shadows},
     )
 
 
 def run_machine(
-    backend: Backend, options: settings, lua_directory: Path | None = None, without: Sequence[str] = ()
+    backend: Backend, options: settings, lua_directory: Path | None = None, without: Sequence[str] = (),
+    fair: bool = False,
 ) -> type[LifecycleMachine]:
     """Run the machine on ``backend`` with ``options`` (raises what the first failing
     example raised); returns the machine class, whose counters say what ran."""
-    machine = machine_for(backend, lua_directory, without)
+    machine = machine_for(backend, lua_directory, without, fair)
     run_state_machine_as_test(machine, settings=options)  # type: ignore[no-untyped-call]
     return machine

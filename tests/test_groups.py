@@ -163,3 +163,28 @@ def test_a_queue_without_groups_or_priorities_writes_no_fair_scheduling_key(q: Q
     for key in (q.keys.meta, q.keys.gready, q.keys.ring, q.keys.groups):
         assert r.exists(key) == 0
     assert r.hget(q.keys.counters, "fair") is None
+
+
+def test_tasks_carry_group_and_priority_from_the_task_or_the_send(r: Any) -> None:
+    from pyqueue import Tasks
+
+    tasks = Tasks(client=r)
+    seen: list[str] = []
+
+    @tasks.task(name="charge", group=lambda account, amount: f"acct-{account}")
+    def charge(account: int, amount: int) -> None:
+        seen.append(f"{account}:{amount}")
+
+    q = tasks.queue("default")
+    q.set_group_limit(1)
+    for amount in range(3):
+        charge.send(1, amount)
+    charge.send(2, 0)
+    charge.options(priority=5, group="vip").send(3, 0)
+    jobs = q.lease(count=10)
+    # One job of each account at once (cap 1), VIP's own group included.
+    assert sorted(r.hget(q.keys.meta, job.id).decode().split("|")[2] for job in jobs) == ["acct-1", "acct-2", "vip"]
+    with pytest.raises(InvalidArgument):
+        charge.options(group="a|b")
+    with pytest.raises(InvalidArgument):
+        charge.options(priority=9)

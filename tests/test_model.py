@@ -58,3 +58,21 @@ def test_the_scripts_behave_like_the_model_on_every_step_on_a_real_redis_server(
         report("redis-server", run_machine(RealBackend(client), model_settings(EXAMPLES, STEPS)), started)
     finally:
         client.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S)
+def test_fair_scheduling_behaves_like_the_model_on_every_step_on_fakeredis() -> None:
+    started = time.monotonic()
+    report("fakeredis-fair", run_machine(FakeBackend(), model_settings(EXAMPLES, STEPS), fair=True), started)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S)
+def test_fair_scheduling_behaves_like_the_model_on_every_step_on_a_real_redis_server(redis_server: RedisServer) -> None:
+    client = redis_server.client()
+    started = time.monotonic()
+    try:
+        report("redis-server-fair", run_machine(RealBackend(client), model_settings(EXAMPLES, STEPS), fair=True), started)
+    finally:
+        client.close()

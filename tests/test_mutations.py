@@ -47,6 +47,8 @@ class Mutant:
     #: The bug needs job control's rules (cancel, limit, pause, results) to show; the
     #: others run without them (model.JOB_CONTROL_RULES), which finds them sooner.
     job_control: bool = False
+    #: A bug of fair scheduling: the machine with groups and priorities finds it.
+    fair: bool = False
 
 
 MUTANTS = [
@@ -354,6 +356,60 @@ MUTANTS = [
     ),
 ]
 
+#: Fair scheduling's bugs (lua/README.md section 2.1), run on the machine with groups,
+#: priorities and caps (model.FairLifecycleMachine).
+MUTANTS += [
+    Mutant(
+        "lease_keeps_the_slot_of_a_lease_it_reclaims",
+        "lease",
+        "        fair_release(F, ended_metas)\n",
+        "\n",
+        fair=True,
+    ),
+    Mutant(
+        "promote_keeps_the_slot_of_a_lease_it_reclaims",
+        "promote",
+        "  woke = fair_release(F, lease_metas)\n",
+        "\n",
+        fair=True,
+    ),
+    Mutant(
+        "ack_keeps_the_slot_and_the_meta",
+        "ack",
+        "  if fair then fair_finish(F, acked_ids, metas, wake_key) end\n",
+        "\n",
+        fair=True,
+    ),
+    Mutant(
+        "lease_runs_one_job_of_a_group_beyond_its_cap",
+        "lease",
+        "          elseif st.cap ~= 0 and st.running >= st.cap then",
+        "          elseif st.cap ~= 0 and st.running > st.cap then",
+        fair=True,
+    ),
+    Mutant(
+        "lease_puts_ungrouped_priority_1_after_priority_0",
+        "lease",
+        "(string.byte(member, 2) < 53 or pi > #plain)",
+        "(string.byte(member, 2) < 52 or pi > #plain)",
+        fair=True,
+    ),
+    Mutant(
+        "release_puts_a_grouped_job_at_the_tail_of_its_group",
+        "release",
+        "  make_ready(ready_key, F, ids, metas, true)",
+        "  make_ready(ready_key, F, ids, metas, false)",
+        fair=True,
+    ),
+    Mutant(
+        "set_group_limit_leaves_parked_groups_parked_when_raised",
+        "set_group_limit",
+        "    if limit == 0 or running < limit then",
+        "    if limit == 0 and running < limit then",
+        fair=True,
+    ),
+]
+
 # Not planted, because it is equivalent (no test can tell it from the original): extend.lua
 # re-adding a receipt whether or not its ZREM removed one. It only writes receipts it has
 # just found in `leased`, so the check is a second line of defence, not behaviour.
@@ -369,7 +425,7 @@ def plant(mutant: Mutant, directory: Path) -> Path:
     return directory
 
 
-def run_model(lua_directory: Path, examples: int, *, job_control: bool = True) -> BaseException | None:
+def run_model(lua_directory: Path, examples: int, *, job_control: bool = True, fair: bool = False) -> BaseException | None:
     """Run the model test against ``lua_directory``; the failure it found, or None."""
     settings = model_settings(
         examples,
@@ -381,7 +437,7 @@ def run_model(lua_directory: Path, examples: int, *, job_control: bool = True) -
         print_blob=False,
     )
     try:
-        run_machine(FakeBackend(), settings, lua_directory, without=() if job_control else JOB_CONTROL_RULES)
+        run_machine(FakeBackend(), settings, lua_directory, without=() if job_control else JOB_CONTROL_RULES, fair=fair)
     except (AssertionError, PyQueueError, redis.RedisError) as failure:
         return failure
     return None
@@ -404,13 +460,15 @@ def test_the_model_test_passes_on_an_unmutated_copy(tmp_path: Path) -> None:
     shutil.copytree(lua_dir(), tmp_path, dirs_exist_ok=True)
     failure = run_model(tmp_path, min(EXAMPLES, 30))
     assert failure is None, f"the unmutated copy fails: {failure!r}"
+    failure = run_model(tmp_path, min(EXAMPLES, 30), fair=True)
+    assert failure is None, f"the unmutated copy fails on the fair machine: {failure!r}"
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
 def test_the_model_test_catches_the_planted_bug(mutant: Mutant, tmp_path: Path) -> None:
-    failure = run_model(plant(mutant, tmp_path), EXAMPLES, job_control=mutant.job_control)
+    failure = run_model(plant(mutant, tmp_path), EXAMPLES, job_control=mutant.job_control, fair=mutant.fair)
     assert failure is not None, f"the model test did not catch {mutant.name} in {EXAMPLES} examples x {STEPS} steps"
 
 

@@ -81,9 +81,12 @@ class Tasks:
     def task(self, fn: Any = None, /, *, name: str | None = None, **options: Any) -> Any:  # type: ignore[misc]
         """Register a function (plain or ``async def``) as a task: ``@tasks.task`` or
         ``@tasks.task(queue=..., max_attempts=..., backoff=..., retry_on=..., fail_on=...,
-        max_age=..., time_limit=..., unique=..., keep_result=...)``. Its name is
-        ``module.qualname`` unless ``name=`` gives one: keep it stable, since queued jobs
-        name it. Durations are seconds (int or float) or a ``timedelta``.
+        max_age=..., time_limit=..., unique=..., keep_result=..., priority=..., group=...)``.
+        Its name is ``module.qualname`` unless ``name=`` gives one: keep it stable, since
+        queued jobs name it. Durations are seconds (int or float) or a ``timedelta``.
+        ``priority`` (-5..5) and ``group`` (a str, or a function of the task's arguments
+        giving one, e.g. ``group=lambda account_id, **_: account_id``) are the engine's
+        fair scheduling (``Queue.enqueue``, ``Queue.set_group_limit``).
 
         Raises:
             InvalidArgument: a bad option, a name taken by another function, or a
@@ -188,7 +191,8 @@ class Tasks:
             sig = signatures[0]
             new = sig.new_job(now_ms, delay_ms)
             answer = self.queue(sig.options.queue).enqueue(
-                new.payload, job_id=new.job_id, delay_ms=new.delay_ms, max_attempts=new.max_attempts
+                new.payload, job_id=new.job_id, delay_ms=new.delay_ms, max_attempts=new.max_attempts,
+                priority=new.priority, group=new.group,
             )
             return [self._handle(sig, answer.job_id, answer.added)]
         jobs = [(sig, sig.new_job(now_ms, delay_ms)) for sig in signatures]
@@ -201,7 +205,8 @@ class Tasks:
             if len(indexes) == 1:
                 (i,) = indexes
                 new = jobs[i][1]
-                answers = [queue.enqueue(new.payload, job_id=new.job_id, delay_ms=new.delay_ms, max_attempts=new.max_attempts)]
+                answers = [queue.enqueue(new.payload, job_id=new.job_id, delay_ms=new.delay_ms, max_attempts=new.max_attempts,
+                                         priority=new.priority, group=new.group)]
             else:
                 answers = queue.enqueue_many([jobs[i][1] for i in indexes])
             for i, answer in zip(indexes, answers):
@@ -212,7 +217,8 @@ class Tasks:
         (sig,) = signatures
         new = sig.new_job(now_ms, delay_ms)
         queue = self.aqueue(sig.options.queue)
-        answer = await queue.enqueue(new.payload, job_id=new.job_id, delay_ms=new.delay_ms, max_attempts=new.max_attempts)
+        answer = await queue.enqueue(new.payload, job_id=new.job_id, delay_ms=new.delay_ms, max_attempts=new.max_attempts,
+                                     priority=new.priority, group=new.group)
         return self._handle(sig, answer.job_id, answer.added)
 
     def _handle(self, sig: Signature, job_id: str, added: bool) -> SentTask[Any]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields, replace
 from datetime import timedelta
 from typing import Any
 
+from pyqueue.core import check_group, check_priority
 from pyqueue.errors import InvalidArgument
 from pyqueue.worker import seconds_to_ms
 
@@ -144,6 +145,11 @@ class TaskOptions:
     unique: Unique | None = None
     #: Keep the return value as the job's result for this long; None: no result kept.
     keep_result_ms: int | None = None
+    #: The job's priority level, -5..5 (Queue.enqueue): a higher level is leased sooner.
+    priority: int = 0
+    #: The job's group for fair scheduling (Queue.enqueue): a str, or a function of the
+    #: task's arguments giving it (or None: no group); None: no group.
+    group: str | Callable[..., str | None] | None = None
 
     @staticmethod
     def build(base: TaskOptions | None = None, **given: Any) -> TaskOptions:
@@ -181,8 +187,15 @@ class TaskOptions:
                         f"got {value!r}"
                     )
                 out["unique"] = None if value is False else value
+            elif key == "priority":
+                out["priority"] = check_priority(value)
+            elif key == "group":
+                if value is not None and not callable(value):
+                    check_group(value)
+                out["group"] = value
             else:
-                known = "queue, max_attempts, backoff, retry_on, fail_on, max_age, time_limit, unique, keep_result"
+                known = ("queue, max_attempts, backoff, retry_on, fail_on, max_age, time_limit, unique, keep_result, "
+                         "priority, group")
                 raise InvalidArgument(f"unknown task option {key!r}; known: {known}")
         return replace(base or TaskOptions(), **out)
 
@@ -200,11 +213,12 @@ class TaskOptions:
 
     def overrides(self, base: TaskOptions) -> dict[str, Any]:
         """The options of this send that differ from the task's and that its worker
-        applies (queue, max_attempts and unique act at send time), as plain JSON."""
+        applies (queue, max_attempts, unique, priority and group act at send time), as
+        plain JSON."""
         out: dict[str, Any] = {}
         for f in fields(self):
             mine, theirs = getattr(self, f.name), getattr(base, f.name)
-            if f.name in ("queue", "max_attempts", "unique") or mine == theirs:
+            if f.name in ("queue", "max_attempts", "unique", "priority", "group") or mine == theirs:
                 continue
             if f.name == "backoff":
                 out[f.name] = None if mine is None else mine.to_json()

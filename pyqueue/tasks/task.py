@@ -89,7 +89,16 @@ class Signature:
         if opts:
             meta["opts"] = opts
         payload = self.task.encode_envelope(self.json_args, self.json_kwargs, meta)
-        return NewJob(payload, job_id=self.job_id(), delay_ms=delay_ms, max_attempts=self.options.max_attempts)
+        group = self.options.group
+        if callable(group):
+            group = group(*self.args, **self.kwargs)
+            if group is not None and not isinstance(group, str):
+                raise InvalidArgument(f"{self.task.name}: group must return the group as a str or None, got {group!r}")
+        # A grouped job without `unique` lets the engine draw its id: on a partitioned
+        # queue it must fall in the group's partition (pyqueue.core.new_id).
+        job_id = None if group is not None and self.options.unique in (None, False) else self.job_id()
+        return NewJob(payload, job_id=job_id, delay_ms=delay_ms, max_attempts=self.options.max_attempts,
+                      priority=self.options.priority, group=group)
 
     def __repr__(self) -> str:
         return f"{self.task.name}.s(*{self.args!r}, **{self.kwargs!r})"
