@@ -150,7 +150,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
     q = open_queue(connect(args.url), args.queue, args.prefix)
-    result = q.enqueue(args.payload.encode(), job_id=args.id, delay_ms=args.delay_ms, max_attempts=args.max_attempts)
+    result = q.enqueue(args.payload.encode(), job_id=args.id, delay_ms=args.delay_ms, max_attempts=args.max_attempts,
+                       priority=args.priority, group=args.group)
     print(f"{'added' if result.added else 'duplicate'} {result.job_id}")
     return 0
 
@@ -261,6 +262,41 @@ def cmd_limit(args: argparse.Namespace) -> int:
     else:
         print(f"{args.queue}: at most {count} leases per {_ms(period_ms)} across all workers, "
               f"{args.burst} at once{'' if changed else ' (unchanged)'}")
+    return 0
+
+
+def cmd_group_limit(args: argparse.Namespace) -> int:
+    """Set, lift or (for one group) reset a group cap (Queue.set_group_limit)."""
+    value = args.cap
+    cap: int | None
+    if value == "off":
+        cap = 0 if args.group else None
+    elif value == "default" and args.group:
+        cap = None
+    elif value.isdigit():
+        cap = int(value)
+    else:
+        raise PyQueueError(f"a cap is a number of jobs, off, or (with --group) default; got {value!r}")
+    q = open_queue(connect(args.url), args.queue, args.prefix)
+    changed = q.set_group_limit(cap, group=args.group)
+    who = f"group {args.group!r}" if args.group else "every group"
+    what = {None: "the default cap" if args.group else "no cap", 0: "no cap"}.get(cap, f"at most {cap} running at once")
+    print(f"{args.queue}: {who}: {what}{'' if changed else ' (unchanged)'}")
+    return 0
+
+
+def cmd_groups(args: argparse.Namespace) -> int:
+    """The groups with READY jobs of a queue (Queue.groups), the largest backlogs first."""
+    q = open_queue(connect(args.url), args.queue, args.prefix)
+    page = q.groups(0, args.limit)
+    rows = [[g.name, "parked (at cap)" if g.parked else "waiting", g.ready, g.running, g.cap or "-"]
+            + ([g.queue] if q.partitions > 1 else [])
+            for g in sorted(page.groups, key=lambda g: (-g.ready, g.name))]
+    header = ["group", "state", "ready", "running", "cap"] + (["partition"] if q.partitions > 1 else [])
+    print(table(rows, header) if rows else "no group has ready jobs")
+    shown = len(page.groups)
+    print(f"{page.total} groups with ready jobs{'' if shown >= page.total else f', {shown} shown (--limit)'}; "
+          f"default cap: {page.default_cap or 'none'}")
     return 0
 
 
@@ -424,6 +460,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--id")
     p.add_argument("--delay-ms", type=int, default=0)
     p.add_argument("--max-attempts", type=int)
+    p.add_argument("--priority", type=int, default=0, help="-5..5; a higher level is leased sooner (default 0)")
+    p.add_argument("--group", help="the job's group, for fair scheduling (see group-limit)")
     p.set_defaults(func=cmd_enqueue)
 
     p = sub.add_parser("stats", help="per-state counts, lag and counters")
@@ -458,6 +496,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="leases at once after a quiet spell (default 1: evenly spaced, never more than COUNT "
                         "in any PERIOD)")
     p.set_defaults(func=cmd_limit)
+
+    p = sub.add_parser("group-limit", help="cap how many jobs of one group run at once, for every group or one")
+    p.add_argument("queue")
+    p.add_argument("cap", help="a number of jobs; off (no cap); with --group also default (back to the default cap)")
+    p.add_argument("--group", help="only this group (its own cap wins over the default)")
+    p.set_defaults(func=cmd_group_limit)
+
+    p = sub.add_parser("groups", help="groups with ready jobs: ready and running counts, caps, parked ones")
+    p.add_argument("queue")
+    p.add_argument("--limit", type=int, default=100, help="most groups per partition (1..1000)")
+    p.set_defaults(func=cmd_groups)
 
     p = sub.add_parser("result", help="a job's result, or its last error if it died")
     p.add_argument("queue")

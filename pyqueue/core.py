@@ -643,6 +643,11 @@ def limit_call(keys: Keys, count: int, period_ms: int, burst: int) -> ScriptCall
     return ScriptCall("limit", keys, [count, period_ms, burst])
 
 
+def groups_call(keys: Keys, offset: int, limit: int) -> ScriptCall:
+    """lua/groups.lua."""
+    return ScriptCall("groups", keys, [offset, limit])
+
+
 def set_group_limit_call(keys: Keys, group: str, cap: int | str) -> ScriptCall:
     """lua/set_group_limit.lua: ``group`` '' is the default cap; ``cap`` '' deletes a
     group's own cap."""

@@ -216,6 +216,36 @@ class Stats:
 
 
 @dataclass(frozen=True)
+class GroupInfo:
+    """One group with READY jobs (``Queue.groups``)."""
+
+    name: str
+    #: Its READY jobs, and its leases running now.
+    ready: int
+    running: int
+    #: Its cap: its own, else the queue's default; 0: none.
+    cap: int
+    #: Parked: at its cap, skipped by lease until a lease of it ends.
+    parked: bool
+    #: Its place in the round: the lowest turn is served next (-1 while parked).
+    turn: int
+    #: The queue (a partition's name, on a partitioned queue).
+    queue: str = ""
+
+
+@dataclass(frozen=True)
+class GroupsPage:
+    """One page of ``Queue.groups``: the groups with READY jobs, parked ones first, then
+    in the order lease serves them."""
+
+    #: Groups with READY jobs in all (summed over partitions).
+    total: int
+    #: The default cap of every group (0: none).
+    default_cap: int
+    groups: list[GroupInfo]
+
+
+@dataclass(frozen=True)
 class DeadJob:
     """A job in DEAD, as listed by ``dead_list``."""
 

@@ -50,6 +50,7 @@ from pyqueue.models import (
     DeadJob,
     DeadPage,
     Enqueued,
+    GroupsPage,
     Extended,
     Job,
     JobInfo,
@@ -326,6 +327,17 @@ class PartitionedCore(QueueCore):
         (True if any partition changed)."""
         plans = (part.plan_set_group_limit(cap, group=group) for part in self.parts)
         return any((yield from plan_each(plans)))
+
+    def plan_groups(self, offset: int = 0, limit: int = 100) -> Plan[GroupsPage]:
+        """As :meth:`QueueCore.plan_groups`, for every partition: ``offset`` and ``limit``
+        apply in each (a group lives in one partition; ``GroupInfo.queue`` names it), and
+        ``total`` is the sum."""
+        pages = yield from plan_each(part.plan_groups(offset, limit) for part in self.parts)
+        return GroupsPage(
+            total=sum(page.total for page in pages),
+            default_cap=max(page.default_cap for page in pages),
+            groups=[group for page in pages for group in page.groups],
+        )
 
     def plan_limit(self, count: int, period_ms: int = 1000, *, burst: int = 1) -> Plan[bool]:
         """Refused: a cap on the logical queue would have to be shared out between its

@@ -81,6 +81,7 @@ from pyqueue.core import (
     lease_call,
     limit_call,
     set_group_limit_call,
+    groups_call,
     check_group,
     nack_call,
     new_batch,
@@ -105,6 +106,8 @@ from pyqueue.models import (
     DeadJob,
     DeadPage,
     Enqueued,
+    GroupInfo,
+    GroupsPage,
     Extended,
     Job,
     JobInfo,
@@ -841,6 +844,24 @@ class QueueCore:
         return bool(changed)
 
     set_group_limit = Verb(plan_set_group_limit)
+
+    def plan_groups(self, offset: int = 0, limit: int = 100) -> Plan[GroupsPage]:
+        """One page of the groups that have READY jobs (lua/groups.lua): those parked at
+        their cap first, then in the order lease serves them; each with its READY jobs,
+        its running leases and its cap. A group with leases running but nothing READY is
+        not listed. Read only."""
+        check_int(offset, "offset", 0, 2**31)
+        check_int(limit, "limit", 1, MAX_BATCH)
+        reply = yield from self._run(groups_call(self.keys, offset, limit))
+        rows = reply[2:]
+        groups = [
+            GroupInfo(name=text(rows[i]), ready=int(rows[i + 2]), running=int(rows[i + 3]), cap=int(rows[i + 4]),
+                      parked=int(rows[i + 1]) < 0, turn=int(rows[i + 1]), queue=self.name)
+            for i in range(0, len(rows), 5)
+        ]
+        return GroupsPage(total=int(reply[0]), default_cap=int(reply[1]), groups=groups)
+
+    groups = Verb(plan_groups)
 
     def plan_pause(self, *, now_ms: int | None = None) -> Plan[bool]:
         """Stop the queue from handing out jobs (lua/pause.lua); returns whether this

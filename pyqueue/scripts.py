@@ -85,6 +85,7 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
                "meta", "gready", "ring", "groups"),
     "limit": ("counters", "wake"),
     "set_group_limit": ("counters", "wake", "ring", "groups"),
+    "groups": ("gready", "ring", "groups"),
     "pause": ("counters",),
     "resume": ("counters", "wake"),
     "dead_list": ("jobs", "dead", "errors"),

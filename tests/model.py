@@ -48,6 +48,8 @@ from pyqueue.models import (
     DeadPage,
     Enqueued,
     Extended,
+    GroupInfo,
+    GroupsPage,
     Leased,
     Nacked,
     Peeked,
@@ -929,6 +931,15 @@ class QueueModel:
         ungrouped = len(self._lex_range(""))
         in_turn = any(score > 0 for score in self.ring.values())
         return len(self.ready) + ungrouped + (len(self.gready) - ungrouped if in_turn else 0)
+
+    def groups_page(self, offset: int, limit: int, queue: str) -> GroupsPage:
+        """groups.lua: the ring's groups from rank ``offset``, at most ``limit``."""
+        page = []
+        for g in zsorted(self.ring)[offset : offset + limit]:
+            running, cap = self._slots(g)
+            page.append(GroupInfo(name=g, ready=len(self._lex_range(g)), running=running, cap=cap,
+                                  parked=self.ring[g] < 0, turn=self.ring[g], queue=queue))
+        return GroupsPage(total=len(self.ring), default_cap=int(self.groups.get("cap", 0)), groups=page)
 
     def set_group_limit(self, group: str, cap: int | str) -> tuple[int, int]:
         """set_group_limit.lua: (changed, unparked)."""
@@ -1995,6 +2006,12 @@ class FairLifecycleMachine(LifecycleMachine):
                 self.now,
             )
             assert got == [Enqueued(i, added) for (i, *_), added in zip(batch, expected)], f"enqueue: {got}"
+
+    @rule(offset=st.sampled_from([0, 0, 1]), limit=st.sampled_from([1, 2, 100]))
+    def check_groups(self, offset: int, limit: int) -> None:
+        """groups (read only) answers as the model: the ring's order, counts and caps."""
+        got = self.q.groups(offset, limit)
+        assert got == self.model.groups_page(offset, limit, QUEUE), f"groups {got} != model"
 
     @rule(group=st.sampled_from(["", "", "A", "a}"]), cap=st.sampled_from([None, 0, 1, 2, 3]), sent_twice=SENT_TWICE)
     def set_group_limit(self, group: str, cap: int | None, sent_twice: bool) -> None:

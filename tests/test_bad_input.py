@@ -48,6 +48,10 @@ MALFORMED: list[tuple[str, list[Any]]] = [
     ("enqueue", ["", 1, "id", b"", 0, 1, "", "a|b"]),  # a group may not hold |
     ("enqueue", ["", 1, "id", b"", 0, 1, "", "a\nb"]),
     ("enqueue", ["", 1, "id", b"", 0, 1, "", "g" * 129]),
+    ("groups", [-1, 10]),
+    ("groups", [0, 0]),
+    ("groups", [0, 1001]),
+    ("groups", ["first", 10]),
     ("set_group_limit", ["a|b", 1]),
     ("set_group_limit", ["g" * 129, 1]),
     ("set_group_limit", ["", -1]),

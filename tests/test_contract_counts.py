@@ -61,6 +61,7 @@ def world(r: redis.Redis) -> World:
         "cancel": (q.keys, [NOW, "r0", 1000]),
         "limit": (q.keys, [10, 1000, 5]),
         "set_group_limit": (q.keys, ["g", 3]),
+        "groups": (q.keys, [0, 10]),
         "pause": (q.keys, [NOW]),
         "resume": (q.keys, [NOW]),
         "peek": (q.keys, [NOW]),

@@ -197,6 +197,7 @@ CASES: dict[str, Case] = {
     ),
     "limit": Case("limit", lambda q, s, w: q.limit(50, 1000), replayed=lambda a: False),
     "set_group_limit": Case("set_group_limit", lambda q, s, w: q.set_group_limit(3), replayed=lambda a: False),
+    "groups": Case("groups", lambda q, s, w: q.groups()),
     "pause": Case("pause", lambda q, s, w: q.pause(now_ms=NOW), replayed=lambda a: False),
     "resume": Case("resume", lambda q, s, w: q.physical("held").resume(now_ms=NOW), replayed=lambda a: False),
     "get": Case("get", lambda q, s, w: q.get("j0", with_payload=True, now_ms=NOW)),

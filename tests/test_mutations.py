@@ -402,6 +402,13 @@ MUTANTS += [
         fair=True,
     ),
     Mutant(
+        "groups_reports_the_cap_as_running_and_the_running_as_cap",
+        "groups",
+        "  local running, cap = group_slots({ groups = groups_key }, g)",
+        "  local cap, running = group_slots({ groups = groups_key }, g)",
+        fair=True,
+    ),
+    Mutant(
         "set_group_limit_leaves_parked_groups_parked_when_raised",
         "set_group_limit",
         "    if limit == 0 or running < limit then",
