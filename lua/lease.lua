@@ -246,6 +246,9 @@ end
 -- slot, -1 (parked) while it is at its cap. `groups` holds r:<group> (its leases
 -- running), c:<group> (its own cap), cap (the default cap; 0 or absent: none), and the
 -- counters turn, seq and uturn (the ungrouped jobs' last turn).
+-- Only fair_keys, fair_meta and push_ready are made on every call; the other helpers
+-- are made at their first use in a call (fair_lib, fair_enter_lib), so that a queue
+-- without groups or priorities does not pay for making their closures.
 local PRIORITY_MIN, PRIORITY_MAX = -5, 5
 local POS_MID = 5000000000000000
 
@@ -254,155 +257,175 @@ local function fair_keys(first)
   return { meta = KEYS[first], gready = KEYS[first + 1], ring = KEYS[first + 2], groups = KEYS[first + 3] }
 end
 
--- A job's priority ('' = 0) as a number, or nil and a PQ_BADARG text; likewise for its
--- group ('' = none; else 1..128 bytes without '|' or control characters).
-local function fair_arg(priority, group)
-  local p, err = 0, nil
-  if priority ~= '' then
-    p, err = int_arg(priority, 'priority', PRIORITY_MIN, PRIORITY_MAX)
-    if err then return nil, err end
-  end
-  if #group > 128 or string.find(group, '[%c|]') then
-    return nil, 'PQ_BADARG group must be 1..128 bytes without | or control characters'
-  end
-  return p
-end
-
--- The `gready` member of job `id` at position `pos` (16 digits).
-local function gready_member(group, priority, pos, id)
-  return group .. '|' .. string.char(53 - priority) .. pos .. '|' .. id
-end
-
--- The meta of each of `ids` (one HMGET): {priority, pos, group} per id, false for an id
--- without one; or nil and a PQ_CORRUPT text.
+-- The meta of each of `ids` (one HMGET, which also proves `meta` a hash): {priority,
+-- pos, group} per id, false for an id without one, and whether any id has one; or nil
+-- and a PQ_CORRUPT text.
 local function fair_meta(F, ids)
-  local out = {}
-  if #ids == 0 then return out end
+  local out, any = {}, false
+  if #ids == 0 then return out, nil, false end
   local values = hmget(F.meta, ids)
   for i = 1, #ids do
     local value = values[i]
     if value then
       local p, pos, g = string.match(value, '^(%-?%d+)|(%d*)|(.*)$')
       if not p then return nil, 'PQ_CORRUPT unparsable entry in ' .. F.meta end
-      out[i] = { priority = tonumber(p), pos = pos, group = g }
+      out[i], any = { priority = tonumber(p), pos = pos, group = g }, true
     else
       out[i] = false
     end
   end
-  return out
+  return out, nil, any
 end
 
--- Leases running and the cap (0: none) of `group`.
-local function group_slots(F, group)
-  local v = redis.call('HMGET', F.groups, 'r:' .. group, 'c:' .. group, 'cap')
-  return tonumber(v[1] or '0') or 0, tonumber(v[2] or v[3] or '0') or 0
-end
-
--- Give `group`, which has ready jobs, a place in `ring` unless it has one: at the back
--- (a new turn) with a free slot, else parked.
-local function fair_activate(F, group)
-  if redis.call('ZSCORE', F.ring, group) then return end
-  local running, cap = group_slots(F, group)
-  if cap == 0 or running < cap then
-    redis.call('ZADD', F.ring, redis.call('HINCRBY', F.groups, 'turn', 1), group)
-  else
-    redis.call('ZADD', F.ring, -1, group)
+-- Push `ids` to the head of the `ready` list (`head`, in the order given) or its tail.
+local function push_ready(ready_key, ids, head)
+  if #ids > 0 and head then
+    local reversed = {}
+    for i = #ids, 1, -1 do reversed[#reversed + 1] = ids[i] end
+    call_chunked('LPUSH', ready_key, reversed)
+  elseif #ids > 0 then
+    call_chunked('RPUSH', ready_key, ids)
   end
 end
 
--- Give back one slot per entry of `metas` with a group (their leases ended): a parked
--- group with a free slot again goes to the back of `ring`. Returns whether one did, so
--- that the caller raises the wake marker.
-local function fair_release(F, metas)
-  local woke = false
-  for _, meta in pairs(metas) do
-    if meta and meta.group ~= '' then
-      local g = meta.group
-      local running = redis.call('HINCRBY', F.groups, 'r:' .. g, -1)
-      if running <= 0 then redis.call('HDEL', F.groups, 'r:' .. g) end
-      if tonumber(redis.call('ZSCORE', F.ring, g) or '0') < 0 then
-        local _, cap = group_slots(F, g)
-        if cap == 0 or running < cap then
-          redis.call('ZADD', F.ring, redis.call('HINCRBY', F.groups, 'turn', 1), g)
-          woke = true
+-- What a producer needs (enqueue.lua): arg, member, slots, activate, enter, types.
+local fair_enter_made
+local function fair_enter_lib()
+  if fair_enter_made then return fair_enter_made end
+  local L = {}
+
+  -- A job's priority ('' = 0) as a number, or nil and a PQ_BADARG text; likewise for
+  -- its group ('' = none; else 1..128 bytes without '|' or control characters).
+  function L.arg(priority, group)
+    local p, err = 0, nil
+    if priority ~= '' then
+      p, err = int_arg(priority, 'priority', PRIORITY_MIN, PRIORITY_MAX)
+      if err then return nil, err end
+    end
+    if #group > 128 or string.find(group, '[%c|]') then
+      return nil, 'PQ_BADARG group must be 1..128 bytes without | or control characters'
+    end
+    return p
+  end
+
+  -- The `gready` member of job `id` at position `pos` (16 digits).
+  function L.member(group, priority, pos, id)
+    return group .. '|' .. string.char(53 - priority) .. pos .. '|' .. id
+  end
+
+  -- Leases running and the cap (0: none) of `group`.
+  function L.slots(F, group)
+    local v = redis.call('HMGET', F.groups, 'r:' .. group, 'c:' .. group, 'cap')
+    return tonumber(v[1] or '0') or 0, tonumber(v[2] or v[3] or '0') or 0
+  end
+
+  -- Give `group`, which has ready jobs, a place in `ring` unless it has one: at the
+  -- back (a new turn) with a free slot, else parked.
+  function L.activate(F, group)
+    if redis.call('ZSCORE', F.ring, group) then return end
+    local running, cap = L.slots(F, group)
+    if cap == 0 or running < cap then
+      redis.call('ZADD', F.ring, redis.call('HINCRBY', F.groups, 'turn', 1), group)
+    else
+      redis.call('ZADD', F.ring, -1, group)
+    end
+  end
+
+  -- Put the jobs of `ids` whose metas[i] is an entry in `gready`, at the head (`head`,
+  -- in the order given) or the tail of their priority in their group, and give their
+  -- groups a place in `ring`. Returns the other ids, which belong in the `ready` list.
+  function L.enter(F, ids, metas, head)
+    local plain, fair = {}, {}
+    for i, id in ipairs(ids) do
+      if metas[i] then fair[#fair + 1] = i else plain[#plain + 1] = id end
+    end
+    if #fair == 0 then return plain end
+    local last = redis.call('HINCRBY', F.groups, 'seq', #fair)
+    local members, entries, activate = {}, {}, {}
+    for k, i in ipairs(fair) do
+      local meta, id = metas[i], ids[i]
+      local seq = head and last - k + 1 or last - #fair + k
+      local pos = string.format('%016.0f', head and POS_MID - seq or POS_MID + seq)
+      members[2 * k - 1], members[2 * k] = 0, L.member(meta.group, meta.priority, pos, id)
+      entries[2 * k - 1], entries[2 * k] = id, meta.priority .. '|' .. pos .. '|' .. meta.group
+      if meta.group ~= '' and not activate[meta.group] then
+        activate[meta.group] = true
+        activate[#activate + 1] = meta.group
+      end
+    end
+    call_chunked('ZADD', F.gready, members)
+    call_chunked('HSET', F.meta, entries)
+    for _, g in ipairs(activate) do L.activate(F, g) end
+    return plain
+  end
+
+  -- A type error text if any fair-scheduling key holds another Redis type, else nil.
+  function L.types(F)
+    return expect_type(F.meta, 'hash') or expect_type(F.gready, 'zset') or expect_type(F.ring, 'zset')
+      or expect_type(F.groups, 'hash')
+  end
+
+  fair_enter_made = L
+  return L
+end
+
+-- Everything else (the scripts that end leases and move jobs), on top of fair_enter_lib.
+local fair_made
+local function fair_lib()
+  if fair_made then return fair_made end
+  local L = {}
+  for name, fn in pairs(fair_enter_lib()) do L[name] = fn end
+
+  -- Give back one slot per entry of `metas` with a group (their leases ended): a parked
+  -- group with a free slot again goes to the back of `ring`. Returns whether one did,
+  -- so that the caller raises the wake marker.
+  function L.release(F, metas)
+    local woke = false
+    for _, meta in ipairs(metas) do
+      if meta and meta.group ~= '' then
+        local g = meta.group
+        local running = redis.call('HINCRBY', F.groups, 'r:' .. g, -1)
+        if running <= 0 then redis.call('HDEL', F.groups, 'r:' .. g) end
+        if tonumber(redis.call('ZSCORE', F.ring, g) or '0') < 0 then
+          local _, cap = L.slots(F, g)
+          if cap == 0 or running < cap then
+            redis.call('ZADD', F.ring, redis.call('HINCRBY', F.groups, 'turn', 1), g)
+            woke = true
+          end
         end
       end
     end
+    return woke
   end
-  return woke
-end
 
--- Put the jobs of `ids` whose metas[i] is an entry in `gready`, at the head (`head`, in
--- the order given) or the tail of their priority in their group, and give their groups
--- a place in `ring`. Returns the other ids, which belong in the `ready` list.
-local function fair_enter(F, ids, metas, head)
-  local plain, fair = {}, {}
-  for i, id in ipairs(ids) do
-    if metas[i] then fair[#fair + 1] = i else plain[#plain + 1] = id end
+  -- Make `ids` READY (metas from fair_meta): those with meta by L.enter, the others to
+  -- the head of the `ready` list (`head`, in the order given) or its tail.
+  function L.ready(ready_key, F, ids, metas, head)
+    push_ready(ready_key, L.enter(F, ids, metas, head), head)
   end
-  if #fair == 0 then return plain end
-  local last = redis.call('HINCRBY', F.groups, 'seq', #fair)
-  local members, entries, activate = {}, {}, {}
-  for k, i in ipairs(fair) do
-    local meta, id = metas[i], ids[i]
-    local seq = head and last - k + 1 or last - #fair + k
-    local pos = string.format('%016.0f', head and POS_MID - seq or POS_MID + seq)
-    members[2 * k - 1], members[2 * k] = 0, gready_member(meta.group, meta.priority, pos, id)
-    entries[2 * k - 1], entries[2 * k] = id, meta.priority .. '|' .. pos .. '|' .. meta.group
-    if meta.group ~= '' and not activate[meta.group] then
-      activate[meta.group] = true
-      activate[#activate + 1] = meta.group
+
+  -- Remove READY job `id` from `gready` if it is there (meta from fair_meta): 1 if it was.
+  function L.unready(F, id, meta)
+    if not meta or meta.pos == '' then return 0 end
+    return redis.call('ZREM', F.gready, L.member(meta.group, meta.priority, meta.pos, id))
+  end
+
+  -- Forget the meta of jobs that ended for good (acked, cancelled) and give back their
+  -- slots; raise the wake marker if a parked group got one. metas[i] belongs to ids[i].
+  function L.finish(F, ids, metas, wake_key)
+    local gone = {}
+    for i, meta in ipairs(metas) do
+      if meta then gone[#gone + 1] = ids[i] end
     end
+    if #gone == 0 then return end
+    call_chunked('HDEL', F.meta, gone)
+    if L.release(F, metas) then redis.call('ZADD', wake_key, 0, 'wake') end
   end
-  call_chunked('ZADD', F.gready, members)
-  call_chunked('HSET', F.meta, entries)
-  for _, g in ipairs(activate) do fair_activate(F, g) end
-  return plain
+
+  fair_made = L
+  return L
 end
 
--- Make `ids` READY (metas from fair_meta): those with meta by fair_enter, the others to
--- the head of the `ready` list (`head`, in the order given) or its tail.
-local function make_ready(ready_key, F, ids, metas, head)
-  local plain = fair_enter(F, ids, metas, head)
-  if #plain > 0 and head then
-    local reversed = {}
-    for i = #plain, 1, -1 do reversed[#reversed + 1] = plain[i] end
-    call_chunked('LPUSH', ready_key, reversed)
-  elseif #plain > 0 then
-    call_chunked('RPUSH', ready_key, plain)
-  end
-end
-
--- Remove READY job `id` from `gready` if it is there (meta from fair_meta): 1 if it was.
-local function fair_unready(F, id, meta)
-  if not meta or meta.pos == '' then return 0 end
-  return redis.call('ZREM', F.gready, gready_member(meta.group, meta.priority, meta.pos, id))
-end
-
--- A type error text if any fair-scheduling key holds another Redis type, else nil.
-local function fair_types(F)
-  return expect_type(F.meta, 'hash') or expect_type(F.gready, 'zset') or expect_type(F.ring, 'zset')
-    or expect_type(F.groups, 'hash')
-end
--- Forget the meta of jobs that ended for good (acked, cancelled) and give back their
--- slots; raise the wake marker if a parked group got one. metas[i] belongs to ids[i].
-local function fair_finish(F, ids, metas, wake_key)
-  local gone = {}
-  for i, meta in pairs(metas) do
-    if meta then gone[#gone + 1] = ids[i] end
-  end
-  if #gone == 0 then return end
-  call_chunked('HDEL', F.meta, gone)
-  if fair_release(F, metas) then redis.call('ZADD', wake_key, 0, 'wake') end
-end
-
--- Whether any of `metas` (from fair_meta) is an entry.
-local function any_meta(metas)
-  for _, meta in pairs(metas) do
-    if meta then return true end
-  end
-  return false
-end
 -- <<< pyqueue prelude
 
 local jobs_key, ready_key, scheduled_key, leased_key, owners_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -438,134 +461,6 @@ end
 
 local F = fair_keys(11)
 local STALE_BUDGET = 100 -- a pick may also drop or park this many ring entries that had nothing to give
-
--- The fair pick (queues with groups or priorities, section 2.1): up to `want` jobs,
--- round-robin between the groups in `ring` (lowest turn first; a group served goes to
--- the back with a new turn) and the ungrouped lane (the `ready` list and gready's ''
--- range, which takes the turn `uturn`), the highest priority first within each. A
--- group at its cap is parked, one with nothing ready dropped from the ring: neither
--- consumes a pick, and no job moves. Reads everything, and every record, before its
--- first write. Cost: O((want + skipped) * log(N)) for N ready jobs, with skipped at most
--- STALE_BUDGET; a group leaves the ring at most once per time it entered it.
--- Returns the picks ({id, record}), whether leasable work is left, or nil and an error.
-local function fair_pick(want)
-  local fields = redis.call('HMGET', F.groups, 'turn', 'uturn', 'cap')
-  local turn, uturn = tonumber(fields[1] or '0') or 0, tonumber(fields[2] or '0') or 0
-  local default_cap = tonumber(fields[3] or '0') or 0
-  local budget = want + STALE_BUDGET
-  local front = redis.call('ZRANGEBYSCORE', F.ring, '(0', '+inf', 'WITHSCORES', 'LIMIT', 0, budget)
-  local plain = redis.call('LRANGE', ready_key, 0, want - 1)
-  local lane = redis.call('ZRANGEBYLEX', F.gready, '[|', '(}', 'LIMIT', 0, want)
-  -- Ring entries in turn order: those read, then groups served again (their new turns
-  -- are above every turn in the ring, so the list stays in turn order).
-  local entries, state, names = {}, {}, {}
-  for i = 1, #front, 2 do
-    entries[#entries + 1] = { g = front[i], turn = tonumber(front[i + 1]) }
-    names[#names + 1] = 'r:' .. front[i]
-    names[#names + 1] = 'c:' .. front[i]
-  end
-  local slots = hmget(F.groups, names)
-  for k, e in ipairs(entries) do
-    local cap = tonumber(slots[2 * k] or '') or default_cap
-    state[e.g] = { running = tonumber(slots[2 * k - 1] or '0') or 0, cap = cap, taken = 0 }
-  end
-  local picks, qi, pi, li, steps = {}, 1, 1, 1, 0
-  while #picks < want and steps < budget do
-    steps = steps + 1
-    local e = entries[qi]
-    local ungrouped = pi <= #plain or li <= #lane
-    if not e and not ungrouped then break end
-    if ungrouped and (not e or uturn < e.turn) then
-      -- A member of the '' range is "|<rank>|<id>": rank's first character below '5' is a
-      -- priority above 0, which goes before the `ready` list (priority 0).
-      local member = lane[li]
-      if member and (string.byte(member, 2) < 53 or pi > #plain) then
-        picks[#picks + 1] = { id = string.sub(member, 20), member = member }
-        li = li + 1
-      else
-        picks[#picks + 1] = { id = plain[pi] }
-        pi = pi + 1
-      end
-      turn = turn + 1
-      uturn = turn
-    else
-      qi = qi + 1
-      local st = state[e.g]
-      if st.cap ~= 0 and st.running >= st.cap then
-        st.fate = 'park'
-      else
-        -- This group's next member and whether another follows: O(log N).
-        local two = redis.call('ZRANGEBYLEX', F.gready, '[' .. e.g .. '|', '(' .. e.g .. '}', 'LIMIT', st.taken, 2)
-        if #two == 0 then
-          st.fate = 'drop'
-        else
-          st.taken = st.taken + 1
-          st.running = st.running + 1
-          turn = turn + 1
-          picks[#picks + 1] = { id = string.sub(two[1], #e.g + 20), member = two[1], group = e.g }
-          if #two == 1 then
-            st.fate = 'drop'
-          elseif st.cap ~= 0 and st.running >= st.cap then
-            st.fate = 'park'
-          else
-            st.fate = 'turn'
-            st.turn = turn
-            entries[#entries + 1] = { g = e.g, turn = turn }
-          end
-        end
-      end
-    end
-  end
-  -- The records, before any write: a corrupt one is an error with nothing of the pick
-  -- written. An id without a record (removed by another program) is popped and dropped,
-  -- and its slot is not taken.
-  local ids = {}
-  for i, pick in ipairs(picks) do ids[i] = pick.id end
-  local records = hmget(jobs_key, ids)
-  local kept = {}
-  for i, pick in ipairs(picks) do
-    if records[i] then
-      if not parse_record(records[i]) then
-        return nil, nil, 'PQ_CORRUPT unparsable record for job in ' .. jobs_key
-      end
-      pick.record = records[i]
-      kept[#kept + 1] = pick
-    elseif pick.group then
-      local st = state[pick.group]
-      st.taken = st.taken - 1
-      st.running = st.running - 1
-      if st.fate == 'park' and st.running < st.cap then
-        turn = turn + 1
-        st.fate = 'turn'
-        st.turn = turn
-      end
-    end
-  end
-  -- Write.
-  local members, seen = {}, {}
-  for _, pick in ipairs(picks) do
-    if pick.member then members[#members + 1] = pick.member end
-  end
-  if #members > 0 then call_chunked('ZREM', F.gready, members) end
-  if pi > 1 then redis.call('LTRIM', ready_key, pi - 1, -1) end
-  for _, e in ipairs(entries) do
-    local st = state[e.g]
-    if not seen[e.g] and st.fate then
-      seen[e.g] = true
-      if st.fate == 'turn' then
-        redis.call('ZADD', F.ring, st.turn, e.g)
-      elseif st.fate == 'park' then
-        redis.call('ZADD', F.ring, -1, e.g)
-      else
-        redis.call('ZREM', F.ring, e.g)
-      end
-      if st.taken > 0 then redis.call('HINCRBY', F.groups, 'r:' .. e.g, st.taken) end
-    end
-  end
-  if steps > 0 then redis.call('HSET', F.groups, 'turn', turn, 'uturn', uturn) end
-  local left = qi <= #entries or pi <= #plain or li <= #lane or #plain == want or #front == 2 * budget
-  return kept, left, nil, steps >= budget and #picks < want
-end
 
 -- Which keys a read has proven to hold the right type; a key written but not read is
 -- probed before the first write (6). The busy path reads every key it writes.
@@ -641,15 +536,14 @@ if #prior > 0 then
   -- Every key written below was read above (`owners` by the replay check), so its type
   -- is proven, but for the fair-scheduling keys when an acked job has meta.
   if #to_ack > 0 then
-    ack_metas, err = fair_meta(F, acked_ids)
-    fair = ack_metas and any_meta(ack_metas)
-    err = err or fair and (fair_types(F) or expect_type(wake_key, 'zset'))
+    ack_metas, err, fair = fair_meta(F, acked_ids)
+    err = err or fair and (fair_lib().types(F) or expect_type(wake_key, 'zset'))
     if err then return redis.error_reply(err) end
     call_chunked('ZREM', owners_key, to_ack)
     call_chunked('ZREM', leased_key, to_ack)
     call_chunked('HDEL', jobs_key, acked_ids)
     bury(done_key, acked_ids, expired_done, now_ms, keep_done_ms)
-    if fair then fair_finish(F, acked_ids, ack_metas, wake_key) end
+    if fair then fair_lib().finish(F, acked_ids, ack_metas, wake_key) end
   end
 else
   -- 4. Read the rest of the plan: counters, the head of READY, maintenance candidates.
@@ -840,7 +734,7 @@ else
     or nil
   -- A fair queue proves every key it may write or read after writing (a few TYPE calls:
   -- only queues with groups or priorities pay them).
-  err = err or fair and (fair_types(F) or expect_type(jobs_key, 'hash') or expect_type(ready_key, 'list')
+  err = err or fair and (fair_lib().types(F) or expect_type(jobs_key, 'hash') or expect_type(ready_key, 'list')
     or expect_type(scheduled_key, 'zset') or expect_type(leased_key, 'zset') or expect_type(owners_key, 'zset')
     or expect_type(wake_key, 'zset'))
   if err then return redis.error_reply(err) end
@@ -867,7 +761,7 @@ else
     call_chunked('ZREM', leased_key, to_ack)
     call_chunked('HDEL', jobs_key, acked_ids)
     bury(done_key, acked_ids, expired_done, now_ms, keep_done_ms)
-    if fair then fair_finish(F, acked_ids, ack_metas, wake_key) end
+    if fair then fair_lib().finish(F, acked_ids, ack_metas, wake_key) end
   elseif maintain then
     trim_done(done_key, expired_done, MAX_BATCH)
   end
@@ -887,7 +781,7 @@ else
         local ended_metas = {}
         for _, lease in ipairs(reclaimed) do ended_metas[#ended_metas + 1] = moved_metas[lease.id] end
         for _, lease in ipairs(to_dead) do ended_metas[#ended_metas + 1] = moved_metas[lease.id] end
-        fair_release(F, ended_metas)
+        fair_lib().release(F, ended_metas)
       end
     end
     -- The lease counted as an attempt: persist it in the record (due_ms = now: ready again).
@@ -923,14 +817,14 @@ else
 
   -- Unleased reclaimed jobs go to the head (earliest deadline first), unleased promoted
   -- jobs to the tail.
-  -- In a fair queue, a job with meta goes to `gready` instead (make_ready).
+  -- In a fair queue, a job with meta goes to `gready` instead (fair_lib().ready).
   if fair then
     local metas = {}
     for i, id in ipairs(head_back) do metas[i] = moved_metas[id] or false end
-    make_ready(ready_key, F, head_back, metas, true)
+    fair_lib().ready(ready_key, F, head_back, metas, true)
     metas = {}
     for i, id in ipairs(tail_back) do metas[i] = moved_metas[id] or false end
-    make_ready(ready_key, F, tail_back, metas, false)
+    fair_lib().ready(ready_key, F, tail_back, metas, false)
   elseif #head_back > 0 then
     local reversed = {}
     for i = #head_back, 1, -1 do reversed[#reversed + 1] = head_back[i] end
@@ -940,6 +834,134 @@ else
 
   -- The fair pick, now that maintenance has made its jobs READY.
   if fair and want > 0 then
+    -- Made here, on the fair path only: a plain queue's call does not make its closure.
+    -- The fair pick (queues with groups or priorities, section 2.1): up to `want` jobs,
+    -- round-robin between the groups in `ring` (lowest turn first; a group served goes to
+    -- the back with a new turn) and the ungrouped lane (the `ready` list and gready's ''
+    -- range, which takes the turn `uturn`), the highest priority first within each. A
+    -- group at its cap is parked, one with nothing ready dropped from the ring: neither
+    -- consumes a pick, and no job moves. Reads everything, and every record, before its
+    -- first write. Cost: O((want + skipped) * log(N)) for N ready jobs, with skipped at most
+    -- STALE_BUDGET; a group leaves the ring at most once per time it entered it.
+    -- Returns the picks ({id, record}), whether leasable work is left, or nil and an error.
+    local function fair_pick(want)
+      local fields = redis.call('HMGET', F.groups, 'turn', 'uturn', 'cap')
+      local turn, uturn = tonumber(fields[1] or '0') or 0, tonumber(fields[2] or '0') or 0
+      local default_cap = tonumber(fields[3] or '0') or 0
+      local budget = want + STALE_BUDGET
+      local front = redis.call('ZRANGEBYSCORE', F.ring, '(0', '+inf', 'WITHSCORES', 'LIMIT', 0, budget)
+      local plain = redis.call('LRANGE', ready_key, 0, want - 1)
+      local lane = redis.call('ZRANGEBYLEX', F.gready, '[|', '(}', 'LIMIT', 0, want)
+      -- Ring entries in turn order: those read, then groups served again (their new turns
+      -- are above every turn in the ring, so the list stays in turn order).
+      local entries, state, names = {}, {}, {}
+      for i = 1, #front, 2 do
+        entries[#entries + 1] = { g = front[i], turn = tonumber(front[i + 1]) }
+        names[#names + 1] = 'r:' .. front[i]
+        names[#names + 1] = 'c:' .. front[i]
+      end
+      local slots = hmget(F.groups, names)
+      for k, e in ipairs(entries) do
+        local cap = tonumber(slots[2 * k] or '') or default_cap
+        state[e.g] = { running = tonumber(slots[2 * k - 1] or '0') or 0, cap = cap, taken = 0 }
+      end
+      local picks, qi, pi, li, steps = {}, 1, 1, 1, 0
+      while #picks < want and steps < budget do
+        steps = steps + 1
+        local e = entries[qi]
+        local ungrouped = pi <= #plain or li <= #lane
+        if not e and not ungrouped then break end
+        if ungrouped and (not e or uturn < e.turn) then
+          -- A member of the '' range is "|<rank>|<id>": rank's first character below '5' is a
+          -- priority above 0, which goes before the `ready` list (priority 0).
+          local member = lane[li]
+          if member and (string.byte(member, 2) < 53 or pi > #plain) then
+            picks[#picks + 1] = { id = string.sub(member, 20), member = member }
+            li = li + 1
+          else
+            picks[#picks + 1] = { id = plain[pi] }
+            pi = pi + 1
+          end
+          turn = turn + 1
+          uturn = turn
+        else
+          qi = qi + 1
+          local st = state[e.g]
+          if st.cap ~= 0 and st.running >= st.cap then
+            st.fate = 'park'
+          else
+            -- This group's next member and whether another follows: O(log N).
+            local two = redis.call('ZRANGEBYLEX', F.gready, '[' .. e.g .. '|', '(' .. e.g .. '}', 'LIMIT', st.taken, 2)
+            if #two == 0 then
+              st.fate = 'drop'
+            else
+              st.taken = st.taken + 1
+              st.running = st.running + 1
+              turn = turn + 1
+              picks[#picks + 1] = { id = string.sub(two[1], #e.g + 20), member = two[1], group = e.g }
+              if #two == 1 then
+                st.fate = 'drop'
+              elseif st.cap ~= 0 and st.running >= st.cap then
+                st.fate = 'park'
+              else
+                st.fate = 'turn'
+                st.turn = turn
+                entries[#entries + 1] = { g = e.g, turn = turn }
+              end
+            end
+          end
+        end
+      end
+      -- The records, before any write: a corrupt one is an error with nothing of the pick
+      -- written. An id without a record (removed by another program) is popped and dropped,
+      -- and its slot is not taken.
+      local ids = {}
+      for i, pick in ipairs(picks) do ids[i] = pick.id end
+      local records = hmget(jobs_key, ids)
+      local kept = {}
+      for i, pick in ipairs(picks) do
+        if records[i] then
+          if not parse_record(records[i]) then
+            return nil, nil, 'PQ_CORRUPT unparsable record for job in ' .. jobs_key
+          end
+          pick.record = records[i]
+          kept[#kept + 1] = pick
+        elseif pick.group then
+          local st = state[pick.group]
+          st.taken = st.taken - 1
+          st.running = st.running - 1
+          if st.fate == 'park' and st.running < st.cap then
+            turn = turn + 1
+            st.fate = 'turn'
+            st.turn = turn
+          end
+        end
+      end
+      -- Write.
+      local members, seen = {}, {}
+      for _, pick in ipairs(picks) do
+        if pick.member then members[#members + 1] = pick.member end
+      end
+      if #members > 0 then call_chunked('ZREM', F.gready, members) end
+      if pi > 1 then redis.call('LTRIM', ready_key, pi - 1, -1) end
+      for _, e in ipairs(entries) do
+        local st = state[e.g]
+        if not seen[e.g] and st.fate then
+          seen[e.g] = true
+          if st.fate == 'turn' then
+            redis.call('ZADD', F.ring, st.turn, e.g)
+          elseif st.fate == 'park' then
+            redis.call('ZADD', F.ring, -1, e.g)
+          else
+            redis.call('ZREM', F.ring, e.g)
+          end
+          if st.taken > 0 then redis.call('HINCRBY', F.groups, 'r:' .. e.g, st.taken) end
+        end
+      end
+      if steps > 0 then redis.call('HSET', F.groups, 'turn', turn, 'uturn', uturn) end
+      local left = qi <= #entries or pi <= #plain or li <= #lane or #plain == want or #front == 2 * budget
+      return kept, left, nil, steps >= budget and #picks < want
+    end
     local picks, left, short
     picks, left, err, short = fair_pick(want)
     if err then return redis.error_reply(err) end

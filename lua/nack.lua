@@ -213,6 +213,9 @@ end
 -- slot, -1 (parked) while it is at its cap. `groups` holds r:<group> (its leases
 -- running), c:<group> (its own cap), cap (the default cap; 0 or absent: none), and the
 -- counters turn, seq and uturn (the ungrouped jobs' last turn).
+-- Only fair_keys, fair_meta and push_ready are made on every call; the other helpers
+-- are made at their first use in a call (fair_lib, fair_enter_lib), so that a queue
+-- without groups or priorities does not pay for making their closures.
 local PRIORITY_MIN, PRIORITY_MAX = -5, 5
 local POS_MID = 5000000000000000
 
@@ -221,155 +224,175 @@ local function fair_keys(first)
   return { meta = KEYS[first], gready = KEYS[first + 1], ring = KEYS[first + 2], groups = KEYS[first + 3] }
 end
 
--- A job's priority ('' = 0) as a number, or nil and a PQ_BADARG text; likewise for its
--- group ('' = none; else 1..128 bytes without '|' or control characters).
-local function fair_arg(priority, group)
-  local p, err = 0, nil
-  if priority ~= '' then
-    p, err = int_arg(priority, 'priority', PRIORITY_MIN, PRIORITY_MAX)
-    if err then return nil, err end
-  end
-  if #group > 128 or string.find(group, '[%c|]') then
-    return nil, 'PQ_BADARG group must be 1..128 bytes without | or control characters'
-  end
-  return p
-end
-
--- The `gready` member of job `id` at position `pos` (16 digits).
-local function gready_member(group, priority, pos, id)
-  return group .. '|' .. string.char(53 - priority) .. pos .. '|' .. id
-end
-
--- The meta of each of `ids` (one HMGET): {priority, pos, group} per id, false for an id
--- without one; or nil and a PQ_CORRUPT text.
+-- The meta of each of `ids` (one HMGET, which also proves `meta` a hash): {priority,
+-- pos, group} per id, false for an id without one, and whether any id has one; or nil
+-- and a PQ_CORRUPT text.
 local function fair_meta(F, ids)
-  local out = {}
-  if #ids == 0 then return out end
+  local out, any = {}, false
+  if #ids == 0 then return out, nil, false end
   local values = hmget(F.meta, ids)
   for i = 1, #ids do
     local value = values[i]
     if value then
       local p, pos, g = string.match(value, '^(%-?%d+)|(%d*)|(.*)$')
       if not p then return nil, 'PQ_CORRUPT unparsable entry in ' .. F.meta end
-      out[i] = { priority = tonumber(p), pos = pos, group = g }
+      out[i], any = { priority = tonumber(p), pos = pos, group = g }, true
     else
       out[i] = false
     end
   end
-  return out
+  return out, nil, any
 end
 
--- Leases running and the cap (0: none) of `group`.
-local function group_slots(F, group)
-  local v = redis.call('HMGET', F.groups, 'r:' .. group, 'c:' .. group, 'cap')
-  return tonumber(v[1] or '0') or 0, tonumber(v[2] or v[3] or '0') or 0
-end
-
--- Give `group`, which has ready jobs, a place in `ring` unless it has one: at the back
--- (a new turn) with a free slot, else parked.
-local function fair_activate(F, group)
-  if redis.call('ZSCORE', F.ring, group) then return end
-  local running, cap = group_slots(F, group)
-  if cap == 0 or running < cap then
-    redis.call('ZADD', F.ring, redis.call('HINCRBY', F.groups, 'turn', 1), group)
-  else
-    redis.call('ZADD', F.ring, -1, group)
+-- Push `ids` to the head of the `ready` list (`head`, in the order given) or its tail.
+local function push_ready(ready_key, ids, head)
+  if #ids > 0 and head then
+    local reversed = {}
+    for i = #ids, 1, -1 do reversed[#reversed + 1] = ids[i] end
+    call_chunked('LPUSH', ready_key, reversed)
+  elseif #ids > 0 then
+    call_chunked('RPUSH', ready_key, ids)
   end
 end
 
--- Give back one slot per entry of `metas` with a group (their leases ended): a parked
--- group with a free slot again goes to the back of `ring`. Returns whether one did, so
--- that the caller raises the wake marker.
-local function fair_release(F, metas)
-  local woke = false
-  for _, meta in pairs(metas) do
-    if meta and meta.group ~= '' then
-      local g = meta.group
-      local running = redis.call('HINCRBY', F.groups, 'r:' .. g, -1)
-      if running <= 0 then redis.call('HDEL', F.groups, 'r:' .. g) end
-      if tonumber(redis.call('ZSCORE', F.ring, g) or '0') < 0 then
-        local _, cap = group_slots(F, g)
-        if cap == 0 or running < cap then
-          redis.call('ZADD', F.ring, redis.call('HINCRBY', F.groups, 'turn', 1), g)
-          woke = true
+-- What a producer needs (enqueue.lua): arg, member, slots, activate, enter, types.
+local fair_enter_made
+local function fair_enter_lib()
+  if fair_enter_made then return fair_enter_made end
+  local L = {}
+
+  -- A job's priority ('' = 0) as a number, or nil and a PQ_BADARG text; likewise for
+  -- its group ('' = none; else 1..128 bytes without '|' or control characters).
+  function L.arg(priority, group)
+    local p, err = 0, nil
+    if priority ~= '' then
+      p, err = int_arg(priority, 'priority', PRIORITY_MIN, PRIORITY_MAX)
+      if err then return nil, err end
+    end
+    if #group > 128 or string.find(group, '[%c|]') then
+      return nil, 'PQ_BADARG group must be 1..128 bytes without | or control characters'
+    end
+    return p
+  end
+
+  -- The `gready` member of job `id` at position `pos` (16 digits).
+  function L.member(group, priority, pos, id)
+    return group .. '|' .. string.char(53 - priority) .. pos .. '|' .. id
+  end
+
+  -- Leases running and the cap (0: none) of `group`.
+  function L.slots(F, group)
+    local v = redis.call('HMGET', F.groups, 'r:' .. group, 'c:' .. group, 'cap')
+    return tonumber(v[1] or '0') or 0, tonumber(v[2] or v[3] or '0') or 0
+  end
+
+  -- Give `group`, which has ready jobs, a place in `ring` unless it has one: at the
+  -- back (a new turn) with a free slot, else parked.
+  function L.activate(F, group)
+    if redis.call('ZSCORE', F.ring, group) then return end
+    local running, cap = L.slots(F, group)
+    if cap == 0 or running < cap then
+      redis.call('ZADD', F.ring, redis.call('HINCRBY', F.groups, 'turn', 1), group)
+    else
+      redis.call('ZADD', F.ring, -1, group)
+    end
+  end
+
+  -- Put the jobs of `ids` whose metas[i] is an entry in `gready`, at the head (`head`,
+  -- in the order given) or the tail of their priority in their group, and give their
+  -- groups a place in `ring`. Returns the other ids, which belong in the `ready` list.
+  function L.enter(F, ids, metas, head)
+    local plain, fair = {}, {}
+    for i, id in ipairs(ids) do
+      if metas[i] then fair[#fair + 1] = i else plain[#plain + 1] = id end
+    end
+    if #fair == 0 then return plain end
+    local last = redis.call('HINCRBY', F.groups, 'seq', #fair)
+    local members, entries, activate = {}, {}, {}
+    for k, i in ipairs(fair) do
+      local meta, id = metas[i], ids[i]
+      local seq = head and last - k + 1 or last - #fair + k
+      local pos = string.format('%016.0f', head and POS_MID - seq or POS_MID + seq)
+      members[2 * k - 1], members[2 * k] = 0, L.member(meta.group, meta.priority, pos, id)
+      entries[2 * k - 1], entries[2 * k] = id, meta.priority .. '|' .. pos .. '|' .. meta.group
+      if meta.group ~= '' and not activate[meta.group] then
+        activate[meta.group] = true
+        activate[#activate + 1] = meta.group
+      end
+    end
+    call_chunked('ZADD', F.gready, members)
+    call_chunked('HSET', F.meta, entries)
+    for _, g in ipairs(activate) do L.activate(F, g) end
+    return plain
+  end
+
+  -- A type error text if any fair-scheduling key holds another Redis type, else nil.
+  function L.types(F)
+    return expect_type(F.meta, 'hash') or expect_type(F.gready, 'zset') or expect_type(F.ring, 'zset')
+      or expect_type(F.groups, 'hash')
+  end
+
+  fair_enter_made = L
+  return L
+end
+
+-- Everything else (the scripts that end leases and move jobs), on top of fair_enter_lib.
+local fair_made
+local function fair_lib()
+  if fair_made then return fair_made end
+  local L = {}
+  for name, fn in pairs(fair_enter_lib()) do L[name] = fn end
+
+  -- Give back one slot per entry of `metas` with a group (their leases ended): a parked
+  -- group with a free slot again goes to the back of `ring`. Returns whether one did,
+  -- so that the caller raises the wake marker.
+  function L.release(F, metas)
+    local woke = false
+    for _, meta in ipairs(metas) do
+      if meta and meta.group ~= '' then
+        local g = meta.group
+        local running = redis.call('HINCRBY', F.groups, 'r:' .. g, -1)
+        if running <= 0 then redis.call('HDEL', F.groups, 'r:' .. g) end
+        if tonumber(redis.call('ZSCORE', F.ring, g) or '0') < 0 then
+          local _, cap = L.slots(F, g)
+          if cap == 0 or running < cap then
+            redis.call('ZADD', F.ring, redis.call('HINCRBY', F.groups, 'turn', 1), g)
+            woke = true
+          end
         end
       end
     end
+    return woke
   end
-  return woke
-end
 
--- Put the jobs of `ids` whose metas[i] is an entry in `gready`, at the head (`head`, in
--- the order given) or the tail of their priority in their group, and give their groups
--- a place in `ring`. Returns the other ids, which belong in the `ready` list.
-local function fair_enter(F, ids, metas, head)
-  local plain, fair = {}, {}
-  for i, id in ipairs(ids) do
-    if metas[i] then fair[#fair + 1] = i else plain[#plain + 1] = id end
+  -- Make `ids` READY (metas from fair_meta): those with meta by L.enter, the others to
+  -- the head of the `ready` list (`head`, in the order given) or its tail.
+  function L.ready(ready_key, F, ids, metas, head)
+    push_ready(ready_key, L.enter(F, ids, metas, head), head)
   end
-  if #fair == 0 then return plain end
-  local last = redis.call('HINCRBY', F.groups, 'seq', #fair)
-  local members, entries, activate = {}, {}, {}
-  for k, i in ipairs(fair) do
-    local meta, id = metas[i], ids[i]
-    local seq = head and last - k + 1 or last - #fair + k
-    local pos = string.format('%016.0f', head and POS_MID - seq or POS_MID + seq)
-    members[2 * k - 1], members[2 * k] = 0, gready_member(meta.group, meta.priority, pos, id)
-    entries[2 * k - 1], entries[2 * k] = id, meta.priority .. '|' .. pos .. '|' .. meta.group
-    if meta.group ~= '' and not activate[meta.group] then
-      activate[meta.group] = true
-      activate[#activate + 1] = meta.group
+
+  -- Remove READY job `id` from `gready` if it is there (meta from fair_meta): 1 if it was.
+  function L.unready(F, id, meta)
+    if not meta or meta.pos == '' then return 0 end
+    return redis.call('ZREM', F.gready, L.member(meta.group, meta.priority, meta.pos, id))
+  end
+
+  -- Forget the meta of jobs that ended for good (acked, cancelled) and give back their
+  -- slots; raise the wake marker if a parked group got one. metas[i] belongs to ids[i].
+  function L.finish(F, ids, metas, wake_key)
+    local gone = {}
+    for i, meta in ipairs(metas) do
+      if meta then gone[#gone + 1] = ids[i] end
     end
+    if #gone == 0 then return end
+    call_chunked('HDEL', F.meta, gone)
+    if L.release(F, metas) then redis.call('ZADD', wake_key, 0, 'wake') end
   end
-  call_chunked('ZADD', F.gready, members)
-  call_chunked('HSET', F.meta, entries)
-  for _, g in ipairs(activate) do fair_activate(F, g) end
-  return plain
+
+  fair_made = L
+  return L
 end
 
--- Make `ids` READY (metas from fair_meta): those with meta by fair_enter, the others to
--- the head of the `ready` list (`head`, in the order given) or its tail.
-local function make_ready(ready_key, F, ids, metas, head)
-  local plain = fair_enter(F, ids, metas, head)
-  if #plain > 0 and head then
-    local reversed = {}
-    for i = #plain, 1, -1 do reversed[#reversed + 1] = plain[i] end
-    call_chunked('LPUSH', ready_key, reversed)
-  elseif #plain > 0 then
-    call_chunked('RPUSH', ready_key, plain)
-  end
-end
-
--- Remove READY job `id` from `gready` if it is there (meta from fair_meta): 1 if it was.
-local function fair_unready(F, id, meta)
-  if not meta or meta.pos == '' then return 0 end
-  return redis.call('ZREM', F.gready, gready_member(meta.group, meta.priority, meta.pos, id))
-end
-
--- A type error text if any fair-scheduling key holds another Redis type, else nil.
-local function fair_types(F)
-  return expect_type(F.meta, 'hash') or expect_type(F.gready, 'zset') or expect_type(F.ring, 'zset')
-    or expect_type(F.groups, 'hash')
-end
--- Forget the meta of jobs that ended for good (acked, cancelled) and give back their
--- slots; raise the wake marker if a parked group got one. metas[i] belongs to ids[i].
-local function fair_finish(F, ids, metas, wake_key)
-  local gone = {}
-  for i, meta in pairs(metas) do
-    if meta then gone[#gone + 1] = ids[i] end
-  end
-  if #gone == 0 then return end
-  call_chunked('HDEL', F.meta, gone)
-  if fair_release(F, metas) then redis.call('ZADD', wake_key, 0, 'wake') end
-end
-
--- Whether any of `metas` (from fair_meta) is an entry.
-local function any_meta(metas)
-  for _, meta in pairs(metas) do
-    if meta then return true end
-  end
-  return false
-end
 -- <<< pyqueue prelude
 
 local jobs_key, scheduled_key, leased_key, owners_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -410,8 +433,8 @@ local record = redis.call('HGET', jobs_key, id)
 local _, max_attempts, _, payload_at = parse_record(record or '')
 if not max_attempts then return redis.error_reply('PQ_CORRUPT no valid record for job ' .. id .. ' in ' .. jobs_key) end
 -- The job's meta (section 2.1): its group gets the slot back.
-local metas
-metas, err = fair_meta(F, { id })
+local metas, fair
+metas, err, fair = fair_meta(F, { id })
 if err then return redis.error_reply(err) end
 now_ms = now_ms or server_now_ms()
 local to_dead = attempt >= max_attempts or final == '1'
@@ -421,7 +444,7 @@ if to_dead then
 else
   err = expect_type(owners_key, 'zset') or expect_type(scheduled_key, 'zset') or expect_type(wake_key, 'zset')
 end
-err = err or expect_type(counters_key, 'hash') or metas[1] and (fair_types(F) or expect_type(wake_key, 'zset'))
+err = err or expect_type(counters_key, 'hash') or fair and (fair_lib().types(F) or expect_type(wake_key, 'zset'))
 if err then return redis.error_reply(err) end
 
 -- 3. Write.
@@ -430,7 +453,7 @@ if err then return redis.error_reply(err) end
 redis.call('ZREM', leased_key, receipt)
 redis.call('ZREM', owners_key, receipt)
 redis.call('HINCRBY', counters_key, 'nacked', 1)
-local woke = metas[1] and fair_release(F, metas)
+local woke = fair and fair_lib().release(F, metas)
 local payload = string.sub(record, payload_at)
 if to_dead then
   redis.call('HINCRBY', counters_key, 'dead', 1)

@@ -20,8 +20,12 @@ leased, acked, nacked, promoted, reclaimed, scrubbed, released, dead, replayed, 
 cancelled);
 the jobs in each state as a gauge (``pyqueue_jobs{state=ready|scheduled|leased|dead|
 done}``); due-but-unpromoted jobs and expired leases; the lag of the oldest due job in
-seconds; the partition count; whether it is paused; its rate limit in leases per second. Per service namespace (label ``namespace``): the live
-workers and those stopping.
+seconds; the partition count; whether it is paused; its rate limit in leases per second;
+fair scheduling's groups with ready jobs (``pyqueue_groups{state=waiting|at_cap}``) and,
+for a queue that has any, the ready jobs of its largest groups
+(``pyqueue_group_ready_jobs{group}``: the TOP_GROUPS largest among the first 1000 groups
+``groups`` lists, one more call per such queue only). Per service namespace (label
+``namespace``): the live workers and those stopping.
 """
 
 from __future__ import annotations
@@ -54,6 +58,10 @@ COUNTERS: dict[str, tuple[str, str]] = {
 }
 #: The ``state`` label of pyqueue_jobs -> the Stats field.
 STATES = ("ready", "scheduled", "leased", "dead", "done")
+#: How many of a queue's largest groups pyqueue_group_ready_jobs reports (a bound on its
+#: label values), chosen among the first GROUPS_SCANNED groups of its ring.
+TOP_GROUPS = 10
+GROUPS_SCANNED = 1000
 
 
 class PyQueueCollector(Collector):
@@ -117,6 +125,10 @@ class PyQueueCollector(Collector):
         paused = GaugeMetricFamily("pyqueue_paused", "1 while the queue is paused (it leases nothing)", labels=["queue"])
         rate = GaugeMetricFamily("pyqueue_rate_limit_per_second",
                                  "the queue's lease rate limit in leases per second (0: none)", labels=["queue"])
+        groups = GaugeMetricFamily("pyqueue_groups", "groups with ready jobs: with a free slot (waiting) and at their "
+                                   "cap (at_cap)", labels=["queue", "state"])
+        largest = GaugeMetricFamily("pyqueue_group_ready_jobs", f"ready jobs of the queue's {TOP_GROUPS} largest groups",
+                                    labels=["queue", "group"])
         queues = self._queues()
         for q, stats in zip(queues, stats_many(queues)):
             for name, (field, _) in COUNTERS.items():
@@ -129,8 +141,14 @@ class PyQueueCollector(Collector):
             partitions.add_metric([q.name], q.partitions)
             paused.add_metric([q.name], int(stats.paused))
             rate.add_metric([q.name], stats.rate_limit * 1000 / stats.rate_period_ms if stats.rate_limit else 0)
+            groups.add_metric([q.name, "waiting"], stats.groups_waiting)
+            groups.add_metric([q.name, "at_cap"], stats.groups_at_cap)
+            if stats.groups_waiting + stats.groups_at_cap:
+                page = q.groups(0, GROUPS_SCANNED)
+                for group in sorted(page.groups, key=lambda g: (-g.ready, g.name))[:TOP_GROUPS]:
+                    largest.add_metric([q.name, group.name], group.ready)
         yield from counters.values()
-        yield from (jobs, due, expired, lag, partitions, paused, rate)
+        yield from (jobs, due, expired, lag, partitions, paused, rate, groups, largest)
 
         workers = GaugeMetricFamily("pyqueue_workers", "registered workers by state (alive, stopping)",
                                     labels=["namespace", "state"])

@@ -133,3 +133,16 @@ def test_a_scrape_costs_one_stats_call_per_queue(redis_server: RedisServer, queu
     scrape(collector)
     calls = {name: v["calls"] for name, v in r.info("commandstats").items()}
     assert calls["cmdstat_evalsha"] == queues  # lua/stats.lua once per queue, whatever the jobs
+
+
+def test_groups_at_their_cap_and_the_largest_groups_are_reported(r: Any) -> None:
+    q = Queue("tenants", r)
+    q.set_group_limit(1)
+    q.enqueue_many([NewJob(b"", group=g) for g in "A" * 5 + "B" * 3 + "C"])
+    q.lease(count=2)  # A and B at their cap of 1, C still waiting
+    families = scrape(PyQueueCollector(r, queues=["tenants"]))
+    groups = families["pyqueue_groups"][1]
+    assert groups[("pyqueue_groups", (("queue", "tenants"), ("state", "at_cap")))] == 2
+    assert groups[("pyqueue_groups", (("queue", "tenants"), ("state", "waiting")))] == 1
+    largest = families["pyqueue_group_ready_jobs"][1]
+    assert {dict(labels)["group"]: value for (_, labels), value in largest.items()} == {"A": 4, "B": 2, "C": 1}
