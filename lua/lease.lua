@@ -376,22 +376,34 @@ local function fair_lib()
   local L = {}
   for name, fn in pairs(fair_enter_lib()) do L[name] = fn end
 
-  -- Give back one slot per entry of `metas` with a group (their leases ended): a parked
-  -- group with a free slot again goes to the back of `ring`. Returns whether one did,
+  -- Give back one slot per entry of `metas` with a group (their leases ended), one
+  -- HINCRBY per group: a parked group with a free slot again goes to the back of
+  -- `ring`, in the order the groups first appear in `metas`. Returns whether one did,
   -- so that the caller raises the wake marker.
   function L.release(F, metas)
-    local woke = false
+    local counts, order = {}, {}
     for _, meta in ipairs(metas) do
       if meta and meta.group ~= '' then
         local g = meta.group
-        local running = redis.call('HINCRBY', F.groups, 'r:' .. g, -1)
-        if running <= 0 then redis.call('HDEL', F.groups, 'r:' .. g) end
-        if tonumber(redis.call('ZSCORE', F.ring, g) or '0') < 0 then
-          local _, cap = L.slots(F, g)
-          if cap == 0 or running < cap then
-            redis.call('ZADD', F.ring, redis.call('HINCRBY', F.groups, 'turn', 1), g)
-            woke = true
-          end
+        if not counts[g] then
+          counts[g] = 0
+          order[#order + 1] = g
+        end
+        counts[g] = counts[g] + 1
+      end
+    end
+    local woke = false
+    for _, g in ipairs(order) do
+      local running = redis.call('HINCRBY', F.groups, 'r:' .. g, -counts[g])
+      local score = redis.call('ZSCORE', F.ring, g)
+      -- At 0 the count goes, unless the group is in the ring: a lease is likely to count
+      -- it up again soon, and lease deletes it when it drops the group from the ring.
+      if running <= 0 and not score then redis.call('HDEL', F.groups, 'r:' .. g) end
+      if tonumber(score or '0') < 0 then
+        local _, cap = L.slots(F, g)
+        if cap == 0 or running < cap then
+          redis.call('ZADD', F.ring, redis.call('HINCRBY', F.groups, 'turn', 1), g)
+          woke = true
         end
       end
     end
@@ -461,6 +473,7 @@ end
 
 local F = fair_keys(11)
 local STALE_BUDGET = 100 -- a pick may also drop or park this many ring entries that had nothing to give
+local PICK_CHUNK = 8 -- a pick reads a group's READY members this many at a time
 
 -- Which keys a read has proven to hold the right type; a key written but not read is
 -- probed before the first write (6). The busy path reads every key it writes.
@@ -585,10 +598,11 @@ else
     end
     -- Maintenance also when a lease has expired: a group at its cap gets its slot back
     -- only when the lease is reclaimed, which must not wait for the maintenance timer.
-    if want > 0 then
-      fair_short = redis.call('LLEN', ready_key) + redis.call('ZCARD', F.gready) < want
-        or redis.call('ZCOUNT', leased_key, '-inf', now_ms) > 0
-    end
+    -- (These reads also prove `ready`, `gready` and `leased`; see 6.)
+    local waiting = redis.call('LLEN', ready_key) + redis.call('ZCARD', F.gready)
+    local expired_now = redis.call('ZCOUNT', leased_key, '-inf', now_ms)
+    ready_read, leased_read = true, true
+    fair_short = want > 0 and (waiting < want or expired_now > 0)
     count = 0
   end
   local ready_head = NONE
@@ -732,11 +746,14 @@ else
     or read_after and not scheduled_read and expect_type(scheduled_key, 'zset')
     or #to_dead > 0 and (expect_type(dead_key, 'zset') or expect_type(errors_key, 'hash'))
     or nil
-  -- A fair queue proves every key it may write or read after writing (a few TYPE calls:
-  -- only queues with groups or priorities pay them).
-  err = err or fair and (fair_lib().types(F) or expect_type(jobs_key, 'hash') or expect_type(ready_key, 'list')
-    or expect_type(scheduled_key, 'zset') or expect_type(leased_key, 'zset') or expect_type(owners_key, 'zset')
-    or expect_type(wake_key, 'zset'))
+  -- A fair queue proves every key it may write, or read after writing, that no read
+  -- above has proven (`ready`, `gready` and `leased` are; `meta` when acks read it;
+  -- `owners` needs none when ZREM on it is the first write): a few TYPE calls, paid
+  -- only by queues with groups or priorities.
+  err = err or fair and ((#to_ack == 0 and expect_type(F.meta, 'hash')) or expect_type(F.ring, 'zset')
+    or expect_type(F.groups, 'hash') or (not jobs_read and expect_type(jobs_key, 'hash'))
+    or (not scheduled_read and expect_type(scheduled_key, 'zset'))
+    or (#to_ack == 0 and not owners_read and expect_type(owners_key, 'zset')) or expect_type(wake_key, 'zset'))
   if err then return redis.error_reply(err) end
   -- The marker's read proves `wake` a zset, and spares the write when it is already up.
   wake = wake and not redis.call('ZSCORE', wake_key, 'wake')
@@ -890,16 +907,23 @@ else
           if st.cap ~= 0 and st.running >= st.cap then
             st.fate = 'park'
           else
-            -- This group's next member and whether another follows: O(log N).
-            local two = redis.call('ZRANGEBYLEX', F.gready, '[' .. e.g .. '|', '(' .. e.g .. '}', 'LIMIT', st.taken, 2)
-            if #two == 0 then
+            -- This group's next member and whether another follows, read PICK_CHUNK at a
+            -- time (O(log N + PICK_CHUNK)): a group served several times in one call is
+            -- read once.
+            if not st.cache or (#st.cache == PICK_CHUNK and st.taken + 2 > st.from + #st.cache) then
+              st.cache = redis.call('ZRANGEBYLEX', F.gready, '[' .. e.g .. '|', '(' .. e.g .. '}', 'LIMIT', st.taken,
+                PICK_CHUNK)
+              st.from = st.taken
+            end
+            local member, after = st.cache[st.taken - st.from + 1], st.cache[st.taken - st.from + 2]
+            if not member then
               st.fate = 'drop'
             else
               st.taken = st.taken + 1
               st.running = st.running + 1
               turn = turn + 1
-              picks[#picks + 1] = { id = string.sub(two[1], #e.g + 20), member = two[1], group = e.g }
-              if #two == 1 then
+              picks[#picks + 1] = { id = string.sub(member, #e.g + 20), member = member, group = e.g }
+              if not after then
                 st.fate = 'drop'
               elseif st.cap ~= 0 and st.running >= st.cap then
                 st.fate = 'park'
@@ -955,7 +979,13 @@ else
           else
             redis.call('ZREM', F.ring, e.g)
           end
-          if st.taken > 0 then redis.call('HINCRBY', F.groups, 'r:' .. e.g, st.taken) end
+          if st.taken > 0 then
+            redis.call('HINCRBY', F.groups, 'r:' .. e.g, st.taken)
+          elseif st.fate == 'drop' and st.running <= 0 then
+            -- Out of the ring with nothing running: its count (kept at 0 while it was in
+            -- the ring, see fair_lib's release) goes.
+            redis.call('HDEL', F.groups, 'r:' .. e.g)
+          end
         end
       end
       if steps > 0 then redis.call('HSET', F.groups, 'turn', turn, 'uturn', uturn) end

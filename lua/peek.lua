@@ -327,22 +327,34 @@ local function fair_lib()
   local L = {}
   for name, fn in pairs(fair_enter_lib()) do L[name] = fn end
 
-  -- Give back one slot per entry of `metas` with a group (their leases ended): a parked
-  -- group with a free slot again goes to the back of `ring`. Returns whether one did,
+  -- Give back one slot per entry of `metas` with a group (their leases ended), one
+  -- HINCRBY per group: a parked group with a free slot again goes to the back of
+  -- `ring`, in the order the groups first appear in `metas`. Returns whether one did,
   -- so that the caller raises the wake marker.
   function L.release(F, metas)
-    local woke = false
+    local counts, order = {}, {}
     for _, meta in ipairs(metas) do
       if meta and meta.group ~= '' then
         local g = meta.group
-        local running = redis.call('HINCRBY', F.groups, 'r:' .. g, -1)
-        if running <= 0 then redis.call('HDEL', F.groups, 'r:' .. g) end
-        if tonumber(redis.call('ZSCORE', F.ring, g) or '0') < 0 then
-          local _, cap = L.slots(F, g)
-          if cap == 0 or running < cap then
-            redis.call('ZADD', F.ring, redis.call('HINCRBY', F.groups, 'turn', 1), g)
-            woke = true
-          end
+        if not counts[g] then
+          counts[g] = 0
+          order[#order + 1] = g
+        end
+        counts[g] = counts[g] + 1
+      end
+    end
+    local woke = false
+    for _, g in ipairs(order) do
+      local running = redis.call('HINCRBY', F.groups, 'r:' .. g, -counts[g])
+      local score = redis.call('ZSCORE', F.ring, g)
+      -- At 0 the count goes, unless the group is in the ring: a lease is likely to count
+      -- it up again soon, and lease deletes it when it drops the group from the ring.
+      if running <= 0 and not score then redis.call('HDEL', F.groups, 'r:' .. g) end
+      if tonumber(score or '0') < 0 then
+        local _, cap = L.slots(F, g)
+        if cap == 0 or running < cap then
+          redis.call('ZADD', F.ring, redis.call('HINCRBY', F.groups, 'turn', 1), g)
+          woke = true
         end
       end
     end

@@ -237,19 +237,18 @@ class QueueModel:
         self.ring[group] = self._hincr("turn", 1) if cap == 0 or running < cap else -1
 
     def _release(self, metas: Iterable[Meta | None]) -> bool:
-        """fair_release: one slot back per meta with a group; whether a parked group
-        got a turn again."""
+        """fair_lib's release: each group's slots back in one step, the groups in the
+        order they first appear; whether a parked group got a turn again."""
+        counts: Counter[str] = Counter(meta.group for meta in metas if meta is not None and meta.group != "")
         woke = False
-        for meta in metas:
-            if meta is None or meta.group == "":
-                continue
-            running = self._hincr(f"r:{meta.group}", -1)
-            if running <= 0:
-                del self.groups[f"r:{meta.group}"]
-            if self.ring.get(meta.group, 0) < 0:
-                _, cap = self._slots(meta.group)
+        for group, count in counts.items():  # a Counter keeps first-appearance order
+            running = self._hincr(f"r:{group}", -count)
+            if running <= 0 and group not in self.ring:  # kept at 0 while in the ring
+                del self.groups[f"r:{group}"]
+            if self.ring.get(group, 0) < 0:
+                _, cap = self._slots(group)
                 if cap == 0 or running < cap:
-                    self.ring[meta.group] = self._hincr("turn", 1)
+                    self.ring[group] = self._hincr("turn", 1)
                     woke = True
         return woke
 
@@ -367,6 +366,8 @@ class QueueModel:
                 self.ring.pop(g, None)
             if st_["taken"] > 0:
                 self._hincr(f"r:{g}", st_["taken"])
+            elif st_["fate"] == "drop" and st_["running"] <= 0:
+                self.groups.pop(f"r:{g}", None)
         if steps > 0:
             self.groups["turn"], self.groups["uturn"] = turn, uturn
         left = qi < len(entries) or pi < len(plain) or li < len(lane) or len(plain) == want or len(front) == budget
