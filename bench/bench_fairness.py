@@ -12,9 +12,10 @@ Three parts, each in one run on one server:
    here, plus the 8 leased before B..J arrived). The same load on a queue without groups
    is the reference: there B..J's jobs wait behind all of A's. The ratio reported is
    when the last of B..J's jobs started against when A's last job did.
-2. **Cap throughput.** ``--cap-jobs`` no-op jobs spread evenly over T tenants (4 and 8),
-   with a cap of 2 per tenant and 8 handler threads, against the same jobs without
-   groups: jobs/s of a burst drain by one Worker, interleaved repetitions, median.
+2. **Cap throughput.** ``--cap-jobs`` no-op jobs spread evenly over T tenants (4 and 8)
+   and 8 handler threads: with a cap of 2 per tenant, with groups and no cap, and
+   without groups: jobs/s of a burst drain by one Worker, interleaved repetitions,
+   median.
 3. **Cost for a queue without groups or priorities.** The Redis CPU of a job's life
    (enqueue, then lease-and-ack one at a time, through raw EVALSHA with each
    contract's keys) under the scripts of this checkout against those of
@@ -68,7 +69,7 @@ def timeline(client: redis.Redis, backlog: int, work_ms: float, grouped: bool, t
 
     for first in range(0, backlog, 1000):
         q.enqueue_many([NewJob(b"A", group="A" if grouped else None) for _ in range(min(1000, backlog - first))])
-    worker = Worker(q, handler, concurrency=8, block_ms=200)
+    worker = Worker([q.name], handler, redis=client, concurrency=8, block_ms=200)
     thread = threading.Thread(target=worker.run, kwargs={"burst": True, "install_signal_handlers": False})
     thread.start()
     while len(starts) < 8:  # the worker is busy with A's backlog before the others arrive
@@ -104,22 +105,23 @@ def timeline(client: redis.Redis, backlog: int, work_ms: float, grouped: bool, t
 # -- 2. cap throughput -----------------------------------------------------------------
 
 
-def drain_rate(client: redis.Redis, jobs: int, tenants: int, capped: bool, tag: str) -> float:
+def drain_rate(client: redis.Redis, jobs: int, tenants: int, kind: str, tag: str) -> float:
     """Jobs/s of one Worker (8 threads, no-op handler) draining ``jobs`` spread over
-    ``tenants`` tenants capped at 2 each, or the same jobs without groups."""
-    q = Queue(f"bench-fair-cap-{tenants}-{capped}-{tag}", client)
-    if capped:
+    ``tenants`` tenants: ``capped`` (groups, a cap of 2 each), ``grouped`` (groups, no
+    cap) or ``plain`` (the same jobs without groups)."""
+    q = Queue(f"bench-fair-cap-{tenants}-{kind}-{tag}", client)
+    if kind == "capped":
         q.set_group_limit(2)
     for first in range(0, jobs, 1000):
         q.enqueue_many(
-            [NewJob(b"", group=f"t{(first + i) % tenants}" if capped else None) for i in range(min(1000, jobs - first))]
+            [NewJob(b"", group=None if kind == "plain" else f"t{(first + i) % tenants}") for i in range(min(1000, jobs - first))]
         )
     done = [0]
 
     def handler(job: Job) -> None:
         done[0] += 1
 
-    worker = Worker(q, handler, concurrency=8, block_ms=200)
+    worker = Worker([q.name], handler, redis=client, concurrency=8, block_ms=200)
     started = time.perf_counter()
     worker.run(burst=True, install_signal_handlers=False)
     elapsed = time.perf_counter() - started
@@ -128,18 +130,23 @@ def drain_rate(client: redis.Redis, jobs: int, tenants: int, capped: bool, tag: 
 
 
 def cap_throughput(client: redis.Redis, jobs: int, repetitions: int, tag: str) -> dict[str, Any]:
+    """Per tenant count, the median jobs/s of each kind, and the ratios per repetition
+    (median): capped / grouped is what the cap costs, capped / plain what groups and the
+    cap cost together."""
     out: dict[str, Any] = {}
+    kinds = ["capped", "grouped", "plain"]
     for tenants in (4, 8):
-        capped, plain = [], []
+        rates: dict[str, list[float]] = {k: [] for k in kinds}
         for rep in range(repetitions):
-            order = [True, False] if rep % 2 == 0 else [False, True]
-            for c in order:
-                rate = drain_rate(client, jobs, tenants, c, f"{tag}-{rep}")
-                (capped if c else plain).append(rate)
+            order = kinds[:]
+            random.shuffle(order)
+            for kind in order:
+                rates[kind].append(drain_rate(client, jobs, tenants, kind, f"{tag}-{rep}"))
         out[f"{tenants}_tenants"] = {
-            "capped_2_jobs_per_s": round(statistics.median(capped)),
-            "uncapped_jobs_per_s": round(statistics.median(plain)),
-            "capped / uncapped": round(statistics.median(c / p for c, p in zip(capped, plain)), 3),
+            **{f"{k}_jobs_per_s": round(statistics.median(v)) for k, v in rates.items()},
+            "capped / grouped": round(statistics.median(c / g for c, g in zip(rates["capped"], rates["grouped"])), 3),
+            "capped / plain": round(statistics.median(c / p for c, p in zip(rates["capped"], rates["plain"])), 3),
+            "grouped / plain": round(statistics.median(g / p for g, p in zip(rates["grouped"], rates["plain"])), 3),
         }
     return out
 
