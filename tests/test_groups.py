@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from pyqueue import InvalidArgument, NewJob, Outcome, Queue
+from pyqueue import InvalidArgument, Job, NewJob, Outcome, Queue
 
 ON_CLUSTER = True
 ASYNC_TOO = True
@@ -188,3 +188,59 @@ def test_tasks_carry_group_and_priority_from_the_task_or_the_send(r: Any) -> Non
         charge.options(group="a|b")
     with pytest.raises(InvalidArgument):
         charge.options(priority=9)
+
+
+def test_the_cap_holds_in_the_handlers_own_log_with_8_threads_and_a_killed_worker(r: Any) -> None:
+    """Two workers of 8 threads each, the first killed mid-drain (its leases scrubbed by
+    the second): the handlers' own append-only log never shows more than the cap of one
+    group running at once, and every job ran."""
+    import threading
+    import time
+    from collections import Counter
+
+    from pyqueue.worker import Worker
+
+    q = Queue("capped", r)
+    q.set_group_limit(2)
+    groups = ["g0", "g1", "g2", "g3"]
+    q.enqueue_many([NewJob(g.encode(), job_id=f"{g}-{i}", group=g) for i in range(40) for g in groups])
+    log: list[tuple[str, str, int]] = []  # (group, job, +1 at its start / -1 at its end), append-only
+    lock = threading.Lock()
+    started = threading.Event()
+
+    def handler(job: Job) -> None:
+        with lock:
+            log.append((job.payload.decode(), job.id, 1))
+        started.set()
+        time.sleep(0.003)
+        with lock:
+            log.append((job.payload.decode(), job.id, -1))
+
+    def run(worker: Worker) -> threading.Thread:
+        thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False}, daemon=True)
+        thread.start()
+        return thread
+
+    victim = Worker(["capped"], handler, redis=r, concurrency=8, lease_ms=60_000, renew_ms=200, expire_ms=1_000,
+                    block_ms=1_000)
+    run(victim)
+    assert started.wait(10)
+    time.sleep(0.05)
+    victim.kill()  # as SIGKILL: its leases stay until a live worker scrubs them
+    rescuer = Worker(["capped"], handler, redis=r, concurrency=8, renew_ms=200, expire_ms=1_000, block_ms=200)
+    thread = run(rescuer)
+    deadline = time.monotonic() + 30
+    while q.stats().acked < 160:
+        assert time.monotonic() < deadline, f"not drained: {q.stats()}"
+        time.sleep(0.05)
+    rescuer.stop("drained")
+    thread.join(10)
+    time.sleep(0.05)  # the killed worker's last handlers return (their results are dropped)
+    running: Counter[str] = Counter()
+    with lock:
+        for group, _, step in log:
+            running[group] += step
+            assert running[group] <= 2, f"{group} had {running[group]} jobs running at once (cap 2)"
+        ran = {job for _, job, step in log if step == 1}
+    assert ran == {f"{g}-{i}" for g in groups for i in range(40)}
+    assert all(r.hget(q.keys.groups, f"r:{g}") in (None, b"0") for g in groups)

@@ -699,6 +699,25 @@ def test_job_control_from_node_cancel_limit_and_a_result_python_reads(server: Re
 
 
 
+def test_node_enqueues_grouped_and_prioritized_jobs_and_leases_them_fairly(server: RedisServer, client: redis.Redis) -> None:
+    q = Queue("fair", client)
+    node = run_node("fair", server, {"queue": "fair"})
+    assert node["limit"] == {"changed": True, "unparked": 0}
+    assert node["enqueue"]["added"] == 5
+    # The ungrouped jobs' turn first (priority 5 before priority 0), then A and B; A's
+    # second job waits for A's slot (cap 1), and so does Python's lease.
+    assert node["leased"] == ["p1", "a1", "b1", "u1"]
+    page = q.groups()
+    assert [(g.name, g.ready, g.running, g.parked) for g in page.groups] == [("A", 1, 1, True)]
+    assert q.lease(count=5) == []
+    receipt = node["receipts"]["a1"]
+    _, _, fence, attempt, job_id = receipt.split("|", 4)
+    a1 = Job(id=job_id, queue="fair", payload=b"a", fence=int(fence), attempt=int(attempt), max_attempts=5,
+             deadline_ms=0, receipt=receipt)
+    assert q.ack(a1) is Outcome.OK  # Python acks Node's lease: A gets its slot back
+    assert [j.id for j in q.lease(count=5)] == ["a2"]
+
+
 def test_node_reads_the_contract_version_and_calls_of_the_earlier_contract_get_pq_contract(
     server: RedisServer, client: redis.Redis, tmp_path: Path
 ) -> None:

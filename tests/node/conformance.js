@@ -547,6 +547,21 @@ async function taskDecode(_q, opts) {
   };
 }
 
+// Fair scheduling from Node (README §2.1): a cap per group, then grouped and prioritized
+// jobs and one lease round; Python reads what Node wrote and leases after it.
+async function fair(q) {
+  const out = {};
+  out.limit = await q.setGroupLimit(1);
+  out.enqueue = await q.enqueue([
+    { id: 'a1', payload: 'a', group: 'A' }, { id: 'a2', payload: 'a', group: 'A' },
+    { id: 'b1', payload: 'b', group: 'B' }, { id: 'p1', payload: 'p', priority: 5 }, { id: 'u1', payload: 'u' },
+  ]);
+  const first = await q.lease({ count: 10 });
+  out.leased = first.jobs.map((j) => text(j.id));
+  out.receipts = Object.fromEntries(first.jobs.map((j) => [text(j.id), text(j.receipt)]));
+  return out;
+}
+
 async function main() {
   const [scenario, target] = process.argv.slice(2);
   if (scenario === 'keys') {
@@ -562,7 +577,7 @@ async function main() {
   try {
     const q = new Queue(redis, opts.queue);
     const scenarios = {
-      produce, consume, share, service, control, contract,
+      produce, consume, share, service, control, contract, fair,
       'task-produce': taskProduce, 'task-work': taskWork, 'task-decode': taskDecode,
     };
     if (!scenarios[scenario]) throw new Error(`unknown scenario ${scenario}`);
