@@ -49,6 +49,9 @@ class Mutant:
     job_control: bool = False
     #: A bug of fair scheduling: the machine with groups and priorities finds it.
     fair: bool = False
+    #: Examples to run for this mutant, when it needs more than EXAMPLES (the budget is
+    #: spent only while it survives).
+    examples: int = 0
 
 
 MUTANTS = [
@@ -69,6 +72,10 @@ MUTANTS = [
         "ack",
         "math.min(expired, most) - 1)",
         "math.min(expired, most))",
+        # Needs 10 expired tombstones and one in force at an ack.lua call: since contract
+        # v3 the derandomized examples first reach it between 500 and 1200 (at about 180
+        # before); measured with 1200 (4.6 minutes when it survives that long).
+        examples=1000,
     ),
     Mutant(
         "enqueue_treats_a_tombstone_expiring_now_as_in_force",
@@ -409,10 +416,10 @@ MUTANTS += [
         fair=True,
     ),
     Mutant(
-        "set_group_limit_leaves_parked_groups_parked_when_raised",
+        "set_group_limit_sets_the_default_when_asked_for_one_group",
         "set_group_limit",
-        "    if limit == 0 or running < limit then",
-        "    if limit == 0 and running < limit then",
+        "local field = group == '' and 'cap' or 'c:' .. group",
+        "local field = 'cap'",
         fair=True,
     ),
 ]
@@ -475,8 +482,9 @@ def test_the_model_test_passes_on_an_unmutated_copy(tmp_path: Path) -> None:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
 def test_the_model_test_catches_the_planted_bug(mutant: Mutant, tmp_path: Path) -> None:
-    failure = run_model(plant(mutant, tmp_path), EXAMPLES, job_control=mutant.job_control, fair=mutant.fair)
-    assert failure is not None, f"the model test did not catch {mutant.name} in {EXAMPLES} examples x {STEPS} steps"
+    examples = max(EXAMPLES, mutant.examples)
+    failure = run_model(plant(mutant, tmp_path), examples, job_control=mutant.job_control, fair=mutant.fair)
+    assert failure is not None, f"the model test did not catch {mutant.name} in {examples} examples x {STEPS} steps"
 
 
 def test_a_mutant_without_job_control_runs_the_machine_without_those_rules() -> None:
