@@ -26,6 +26,8 @@ from pyqueue.clients import Client, connect
 from pyqueue.discovery import logical_queues, open_queue
 from pyqueue.keys import check_name
 from pyqueue.queue import DEFAULT_KEEP_DONE_MS, DEFAULT_LEASE_MS
+from pyqueue.runtime.supervised import ENV_VAR, SupervisorLink
+from pyqueue.runtime.supervisor import DEFAULT_CRASH_LOOP, EXIT_CRASH_LOOP, FAST_DEATH_S, Supervisor
 from pyqueue.schedules import parse_duration_ms, parse_schedule
 from pyqueue.service import DEFAULT_EXPIRE_MS, DEFAULT_NAMESPACE, Services
 from pyqueue.aio_worker import AsyncWorker
@@ -101,6 +103,11 @@ def _ms(value: int) -> str:
 def cmd_worker(args: argparse.Namespace) -> int:
     from pyqueue.tasks import Tasks  # the task layer sits above the engine: imported only here
 
+    link = SupervisorLink.from_environment()
+    if args.processes is not None and link is None:
+        return run_supervisor(args)
+    if link is None and (args.max_jobs_per_child or args.max_memory_per_child):
+        raise InvalidArgument("--max-jobs-per-child and --max-memory-per-child recycle the children of --processes N")
     target = load_target(args.handler)
     queues = list(args.queue or []) + [q for spec in args.queues or () for q in spec.split(",") if q]
     if isinstance(target, Tasks):
@@ -127,6 +134,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         schedules=schedules,
         keep_results_ms=args.keep_results_ms,
     )
+    if link is not None:
+        options["supervisor_link"] = link
     if isinstance(target, Tasks):
         # Every task on the queues they name (or those given); async tasks or hooks make
         # it an AsyncWorker. The start and stop hooks run around it.
@@ -146,6 +155,32 @@ def cmd_worker(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     logging.shutdown()
     os._exit(code)
+
+
+def run_supervisor(args: argparse.Namespace) -> int:
+    """``pyqueue worker --processes N``: the supervisor (:mod:`pyqueue.runtime.supervisor`)
+    of N children, each this same command."""
+    if not 1 <= args.processes <= 256:
+        raise InvalidArgument(f"--processes must be 1..256, got {args.processes}")
+    if args.url == "embedded":
+        raise InvalidArgument(
+            "--processes needs a Redis server every process shares (--url or PYQUEUE_URL): the embedded "
+            "fakeredis lives inside one process"
+        )
+    for name in ("max_jobs_per_child", "max_memory_per_child"):
+        if getattr(args, name) < 0:
+            raise InvalidArgument(f"--{name.replace('_', '-')} must be >= 0 (0: no limit)")
+    if args.crash_loop < 1:
+        raise InvalidArgument(f"--crash-loop must be >= 1, got {args.crash_loop}")
+    # Import the target here first: a handler that does not import is reported once, by
+    # the supervisor (exit 2), not by every child in turn.
+    load_target(args.handler)
+    supervisor = Supervisor(
+        args.argv, processes=args.processes, url=args.url, prefix=args.prefix, namespace=args.namespace,
+        max_jobs_per_child=args.max_jobs_per_child, max_memory_mb_per_child=args.max_memory_per_child,
+        crash_loop=args.crash_loop,
+    )
+    return supervisor.run()
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
@@ -452,6 +487,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep each handler's return value as its job's result for MS (default: only results the "
                         "handler wraps in pyqueue.Result)")
     p.add_argument("--burst", action="store_true", help="drain the queues, then exit")
+    p.add_argument("--processes", type=int, metavar="N",
+                   help="run N worker processes (each with --concurrency slots) under a supervisor that replaces a "
+                        "dead one, scrubbing its leases at once; SIGHUP restarts them one by one")
+    p.add_argument("--max-jobs-per-child", type=int, default=0, metavar="N",
+                   help="with --processes: replace a child after N jobs (0: never)")
+    p.add_argument("--max-memory-per-child", type=int, default=0, metavar="MIB",
+                   help="with --processes: replace a child above this resident memory, in MiB (0: never)")
+    p.add_argument("--crash-loop", type=int, default=DEFAULT_CRASH_LOOP, metavar="K",
+                   help=f"with --processes: give up (exit {EXIT_CRASH_LOOP}) after K children in a row died within "
+                        f"{FAST_DEATH_S:.0f}s of starting (default {DEFAULT_CRASH_LOOP})")
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("enqueue", help="enqueue one job")
@@ -560,9 +605,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    #: The command line, as a supervisor's children run it again.
+    args.argv = list(argv) if argv is not None else sys.argv[1:]
+    # The processes of `--processes N` share one log: each line says which process wrote it.
+    several = getattr(args, "processes", None) is not None or ENV_VAR in os.environ
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format="%(asctime)s %(levelname)s %(name)s" + ("[%(process)d]" if several else "") + ": %(message)s",
     )
     try:
         check_name(args.prefix, "prefix")

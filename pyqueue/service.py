@@ -300,6 +300,13 @@ class Services:
         deleted, _ = self._call(service_deregister_call(self.keys.of(service_id), now_ms, True, registration))
         return int(deleted) >= 0
 
+    def deregister_dead(self, service_id: int, registration: str, *, now_ms: int | None = None) -> bool:
+        """Forget a service whose process is known to have ended (its supervisor reaped
+        it) once its leases were scrubbed, without waiting for its key to expire. Does
+        nothing (returns False) if its id now belongs to another registration."""
+        deleted, _ = self._call(service_deregister_call(self.keys.of(service_id), now_ms, False, registration))
+        return int(deleted) >= 0
+
     def stop(self, service_id: int, registration: str = "", *, now_ms: int | None = None) -> bool:
         """Remote shutdown (lua/service_stop.lua): mark the service's key and wake it.
         The worker learns of it before its next blocking wait or at its next renewal,

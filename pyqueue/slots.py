@@ -23,8 +23,11 @@ as well as its executor can:
   :data:`WRITE_OFF_S` after the interruption is *written off*: logged, counted, and its
   slot is not leased into again until the thread returns;
 * an asyncio task is cancelled (:class:`asyncio.CancelledError` at its next ``await``);
-* a process child (the multi-process worker) would be killed: the interface
-  (:meth:`Slot.interrupt`) is the same.
+* in a child of the multi-process worker (``pyqueue worker --processes N``), a thread
+  not stopped :data:`SUPERVISED_WRITE_OFF_S` after the interruption gets its process
+  replaced: the child asks its supervisor for a replacement, which starts first, and the
+  child then drains and exits, ending the stuck thread with it
+  (:mod:`pyqueue.runtime.supervisor`). That is the hard time limit.
 """
 
 from __future__ import annotations
@@ -47,6 +50,10 @@ log = logging.getLogger("pyqueue.worker")
 #: How long a thread interrupted at its time limit may take to stop before its slot
 #: is written off.
 WRITE_OFF_S = 1.0
+#: The same in a child of ``pyqueue worker --processes N``, where writing a slot off
+#: ends the process (its replacement starts first): a thread that runs Python code
+#: stops within milliseconds, so a quarter second already means it is stuck in C code.
+SUPERVISED_WRITE_OFF_S = 0.25
 
 
 class TimeLimitExceeded(BaseException):

@@ -85,6 +85,7 @@ from pyqueue.runtime.lifecycle import (
 from pyqueue.runtime.registration import Registration
 from pyqueue.runtime.retries import MAX_BACKOFF_S, Retrying
 from pyqueue.runtime.running import Running
+from pyqueue.runtime.supervised import SupervisorLink
 from pyqueue.schedules import Schedule, Scheduler, check_schedules
 from pyqueue.service import DEFAULT_EXPIRE_MS, DEFAULT_NAMESPACE, Service, Services
 from pyqueue.slots import Slot
@@ -159,6 +160,9 @@ class Worker:
             ``Queue.result`` / ``wait_result``). None (default): results are kept only
             for handlers that return :class:`~pyqueue.Result` (per job).
         max_results: most results kept per queue (the oldest-expiring go first).
+        supervisor_link: set in a child of ``pyqueue worker --processes N``
+            (:mod:`pyqueue.runtime.supervised`): the worker tells its supervisor when it
+            registered and when it wants to be replaced, and stops if the supervisor dies.
         schedules: periodic jobs (:class:`~pyqueue.schedules.Schedule`, each of one of
             ``queues``) this worker enqueues, one job ``<name>:<tick>`` per tick, from a
             scheduler thread that runs while the worker is registered. Any number of
@@ -194,6 +198,7 @@ class Worker:
         schedules: Sequence[Schedule] = (),
         keep_results_ms: int | None = None,
         max_results: int = DEFAULT_MAX_RESULTS,
+        supervisor_link: SupervisorLink | None = None,
     ) -> None:
         if not queues or len(set(queues)) != len(queues):
             raise InvalidArgument("a worker serves one or more distinct queues")
@@ -272,7 +277,13 @@ class Worker:
             executor=self.executor, control=self.control, crash=self._crash, wake_fetch_loop=self._wake_fetch_loop,
             lease_ms=self.lease_ms, renew_ms=self.renew_ms, expire_ms=self.expire_ms,
             backoff_base_ms=self.backoff_base_ms, backoff_cap_ms=self.backoff_cap_ms,
+            supervisor_link=supervisor_link,
         )
+        self.supervisor_link = supervisor_link
+        if supervisor_link is not None and supervisor_link.max_jobs:
+            # Recycling by jobs: stop leasing as the last job ends (the heartbeat then asks
+            # the supervisor for the replacement).
+            self.running.limit_jobs(supervisor_link.max_jobs, self.control.leasing_paused)
         self.fetch = FetchLoop(
             redis=self.redis, groups=self.groups, running=self.running, registration=self.registration,
             executor=self.executor, control=self.control, crash=self._crash, renew=self.heartbeat.renew_now,
@@ -411,6 +422,8 @@ class Worker:
             "service %s started: queues %s, concurrency %d, host %s pid %d",
             service.owner, ",".join(self.queue_names), self.concurrency, os.uname().nodename, os.getpid(),
         )
+        if self.supervisor_link is not None:
+            self.supervisor_link.ready(service.id, service.registration, [q.name for q in self.queues])
         # Start-up garbage collection (the seed's): scrub dead services before leasing, so
         # even a short burst run recovers what they held.
         self.heartbeat.renew_now()

@@ -145,6 +145,7 @@ class Endings:
         self.backoff_base_ms, self.backoff_cap_ms = backoff_base_ms, backoff_cap_ms
         self._killed: threading.Event = control.killed
         self._stopping: threading.Event = control.stopping
+        self._paused: threading.Event = control.leasing_paused
 
     def end(self, job: Job, slot: Slot, result: object, error: BaseException | None, *, may_lease: bool) -> Job | None:
         """End the run of ``job``: its handler returned ``result`` or raised ``error``.
@@ -206,7 +207,7 @@ class Endings:
             # meanwhile, in one call that also leases their replacements.
             wants_job = (
                 queue in self.first_group and may_lease and not self._stopping.is_set()
-                and self.registration.confirmed()
+                and not self._paused.is_set() and self.registration.confirmed()
             )
             outcome, next_job = self.commits[queue.name].commit(job, wants_job=wants_job)
             log_ack(label, outcome)

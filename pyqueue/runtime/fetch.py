@@ -103,6 +103,9 @@ class FetchLoop:
         next_due_ms, now_ms, observed = -1, 0, 0.0
         woken: str | None = None  # the wake key whose marker ended the last wait
         while not stopping.is_set():
+            if self.control.leasing_paused.is_set():
+                stopping.wait(0.1)  # recycled: the supervisor stops this child once its replacement serves
+                continue
             free = running.wait_for_free(stopping)
             if stopping.is_set():
                 break

@@ -30,7 +30,8 @@ from pyqueue.runtime.lifecycle import EXIT_REGISTRATION_LOST, Control
 from pyqueue.runtime.registration import Registration
 from pyqueue.runtime.retries import NACK_AT_LIMIT_ERRORS
 from pyqueue.runtime.running import Running
-from pyqueue.slots import WRITE_OFF_S, Slot
+from pyqueue.runtime.supervised import SupervisorLink
+from pyqueue.slots import SUPERVISED_WRITE_OFF_S, WRITE_OFF_S, Slot
 
 log = logging.getLogger("pyqueue.worker")
 
@@ -50,6 +51,7 @@ class Heartbeat:
         self, *, queues: Sequence[Queue], by_name: Mapping[str, Queue], running: Running, registration: Registration,
         executor: Executor, control: Control, crash: Crasher, wake_fetch_loop: Callable[[], None],
         lease_ms: int, renew_ms: int, expire_ms: int, backoff_base_ms: int, backoff_cap_ms: int,
+        supervisor_link: SupervisorLink | None = None,
     ) -> None:
         self.queues = list(queues)
         self.by_name = by_name
@@ -61,6 +63,9 @@ class Heartbeat:
         self._wake = wake_fetch_loop
         self.lease_ms, self.renew_ms, self.expire_ms = lease_ms, renew_ms, expire_ms
         self.backoff_base_ms, self.backoff_cap_ms = backoff_base_ms, backoff_cap_ms
+        self.link = supervisor_link
+        #: How long an interrupted thread may take to stop before its slot is written off.
+        self.write_off_s = WRITE_OFF_S if supervisor_link is None else SUPERVISED_WRITE_OFF_S
         self.woken_for_stop = False
         self._thread: threading.Thread | None = None
 
@@ -87,6 +92,8 @@ class Heartbeat:
                 self.wake_fetch_loop()
             if self.running.slots_running:
                 self.duty("time limits", self.enforce_limits)
+            if self.link is not None:
+                self.duty("supervisor", self.check_supervisor)
             if now >= next_extend:
                 next_extend = now + extend_every
                 self.duty("extend", self.extend_running)
@@ -143,6 +150,16 @@ class Heartbeat:
             self.wake_fetch_loop()
         self.registration.scrub(renewed.dead)
 
+    def check_supervisor(self) -> None:
+        """A supervised child (:mod:`pyqueue.runtime.supervised`): stop when the
+        supervisor is gone; ask for a replacement past a recycling limit."""
+        assert self.link is not None
+        if self.link.parent_gone() and not self.control.stopping.is_set():
+            self.control.stop(f"its supervisor (pid {self.link.supervisor_pid}) is gone")
+            self.wake_fetch_loop()
+        if self.link.check_limits(self.running.ended):
+            self.control.leasing_paused.set()
+
     # -- leases --------------------------------------------------------------------
 
     def extend_running(self) -> None:
@@ -165,7 +182,7 @@ class Heartbeat:
         for slot in self.running.past_limit(now):
             if not slot.limited:
                 self.end_at_limit(slot)
-            elif slot.in_user_code and slot.interrupted_at is not None and now - slot.interrupted_at >= WRITE_OFF_S:
+            elif slot.in_user_code and slot.interrupted_at is not None and now - slot.interrupted_at >= self.write_off_s:
                 # Still running a while after the interruption: interrupt it again (it may
                 # have caught the exception and gone on, or swallowed a cancellation),
                 # and write its slot off the first time.
@@ -176,9 +193,13 @@ class Heartbeat:
                 left = self.running.write_off()
                 log.error(
                     "%s did not stop %.1fs after its time limit (stuck outside Python code?): its slot is written "
-                    "off until the thread returns; %d of %d slots left", self.executor.describe(slot), WRITE_OFF_S,
+                    "off until the thread returns; %d of %d slots left", self.executor.describe(slot), self.write_off_s,
                     left, self.running.concurrency,
                 )
+                if self.link is not None:
+                    # Only the end of this process stops that thread: the supervisor starts
+                    # a replacement, then stops this child (its other jobs drain).
+                    self.link.retire(f"{self.executor.describe(slot)} did not stop at its time limit")
 
     def end_at_limit(self, slot: Slot) -> None:
         """The job of ``slot`` reached its time limit: end its lease now with a fenced nack

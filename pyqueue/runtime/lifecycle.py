@@ -64,6 +64,9 @@ class Control:
         self.stopping = threading.Event()
         self.hard_stop = threading.Event()
         self.killed = threading.Event()
+        #: Lease nothing more, but keep serving what runs and stay registered until the
+        #: stop: a supervised child past its recycling limit, waiting for its replacement.
+        self.leasing_paused = threading.Event()
         self.exit_reason = ""
         #: What run() returns: EXIT_OK unless the stop was caused by a failure.
         self.exit_code = EXIT_OK

@@ -92,13 +92,31 @@ class Registration:
     def scrub(self, dead: Sequence[DeadService]) -> None:
         """Put the leases of dead services back to ready, then forget those services."""
         for service in dead:
-            total = 0
-            for name in service.queues:
-                q = self.by_name.get(name) or physical_queue(name, self.redis, prefix=self.prefix)
-                while True:
-                    scrubbed = q.scrub(service.owner)
-                    total += scrubbed.scrubbed
-                    if not scrubbed.more:
-                        break
-            if self.services.forget_dead(service.id, service.registration):
-                log.info("scrubbed dead service %s: %d leases back to ready", service.owner, total)
+            scrub_service(self.services, service, redis=self.redis, prefix=self.prefix, by_name=self.by_name)
+
+
+def scrub_service(
+    services: Services, dead: DeadService, *, redis: Client, prefix: str, by_name: Mapping[str, Queue] | None = None,
+    expired: bool = True,
+) -> int:
+    """Put every lease of the dead service ``dead`` back at the head of READY (the scrub
+    transition, in each queue it served), then forget the service; how many leases it
+    held. ``expired``: it is dead because its key expired (a reaper forgets it only if
+    it did not renew meanwhile); False: its supervisor saw its process end (forgotten at
+    once). Replay-safe: a lease ends once, and the forgetting is fenced by the
+    registration token."""
+    total = 0
+    for name in dead.queues:
+        q = (by_name or {}).get(name) or physical_queue(name, redis, prefix=prefix)
+        while True:
+            scrubbed = q.scrub(dead.owner)
+            total += scrubbed.scrubbed
+            if not scrubbed.more:
+                break
+    if expired:
+        forgotten = services.forget_dead(dead.id, dead.registration)
+    else:
+        forgotten = services.deregister_dead(dead.id, dead.registration)
+    if forgotten:
+        log.info("scrubbed dead service %s: %d leases back to ready", dead.owner, total)
+    return total

@@ -38,6 +38,12 @@ class Running:
         self.written_off_total = 0
         #: The latest due time of a retry this worker scheduled (a burst run waits for it).
         self.retry_due_ms = -1
+        #: Jobs this worker ended (acked, nacked, released or ended at their time limit):
+        #: what a supervised child's ``--max-jobs-per-child`` counts.
+        self.ended = 0
+        #: Set when ``ended`` reaches ``max_jobs`` (0: never): see :meth:`limit_jobs`.
+        self.max_jobs = 0
+        self.max_jobs_reached: threading.Event | None = None
 
     # -- slots (under `slots`) ------------------------------------------------------
 
@@ -66,7 +72,8 @@ class Running:
     def idle_or_wait(self, timeout: float) -> bool:
         """Whether no handler runs; if one does, wait up to ``timeout`` for a change."""
         with self.slots:
-            idle = self.free == self.concurrency
+            # A written-off slot holds no job (it ended at its time limit): idle.
+            idle = self.free + self.written_off >= self.concurrency
             if not idle:
                 self.slots.wait(timeout)
             return idle
@@ -74,7 +81,8 @@ class Running:
     def wait_idle(self, deadline: float) -> None:
         """Wait until no handler runs, or the monotonic ``deadline``."""
         with self.slots:
-            while self.free < self.concurrency and time.monotonic() < deadline:
+            # Written-off slots hold no job: their stuck threads end with the process.
+            while self.free + self.written_off < self.concurrency and time.monotonic() < deadline:
                 self.slots.wait(min(0.1, max(0.0, deadline - time.monotonic())))
 
     def note_retry(self, at_ms: int) -> None:
@@ -94,6 +102,17 @@ class Running:
         with self.slots:
             self.written_off -= 1
 
+    def limit_jobs(self, max_jobs: int, reached: threading.Event) -> None:
+        """Set ``reached`` as the ``max_jobs``-th job ends here: checked as each job
+        ends, before its handler slot may lease another, so a worker that stops leasing
+        on it runs ``max_jobs`` jobs plus at most those it had leased already."""
+        self.max_jobs, self.max_jobs_reached = max_jobs, reached
+
+    def _count_ended(self) -> None:  # under `lock`
+        self.ended += 1
+        if self.ended == self.max_jobs and self.max_jobs_reached is not None:
+            self.max_jobs_reached.set()
+
     # -- jobs (under `lock`) --------------------------------------------------------
 
     def track_all(self, jobs: list[Job]) -> None:
@@ -104,7 +123,10 @@ class Running:
     def untrack(self, job: Job) -> bool:
         """Whether ``job`` was still this worker's to end (and now is no longer tracked)."""
         with self.lock:
-            return self.jobs.pop(job.receipt, None) is not None
+            if self.jobs.pop(job.receipt, None) is None:
+                return False
+            self._count_ended()
+            return True
 
     def is_tracked(self, job: Job) -> bool:
         with self.lock:
@@ -134,6 +156,7 @@ class Running:
         with self.lock:
             if self.jobs.pop(slot.job.receipt, None) is None:
                 return False
+            self._count_ended()
             slot.limited = True
             return True
 
