@@ -1,6 +1,6 @@
 """The dashboard without a browser: its JSON against the driver's own answers, dead
-letters and their actions, pause and resume, the job lookup, the token, CSRF and Host
-rules, the sampler's history, and ``pyqueue dashboard`` / ``pyqueue demo --dashboard``
+letters and their actions, pause and resume, the job lookup, a queue's groups and their
+caps, the token, CSRF and Host rules, the sampler's history, and ``pyqueue dashboard`` / ``pyqueue demo --dashboard``
 as commands. (The page in a real
 browser: tests/test_dashboard_browser.py.)"""
 
@@ -133,7 +133,8 @@ def test_the_page_inlines_the_same_figures_and_a_csrf_token_that_matches_its_coo
                          .group(1))  # type: ignore[union-attr]
     assert [row["name"] for row in initial["overview"]["queues"]] == ["emails", "orders"]
     assert initial["overview"]["queues"][0]["ready"] == Queue("emails", r).stats().ready
-    assert initial["config"]["actions"] == ["cancel", "dead_purge", "dead_replay", "pause", "resume"]
+    assert initial["config"]["actions"] == ["cancel", "dead_purge", "dead_replay", "group_limit", "pause",
+                                            "resume"]
     assert "redis://db.example:6379/0" in page and token in page
     # Every asset comes from the package, none from another host.
     assert not re.search(r'(src|href)="(https?:)?//', page)
@@ -362,6 +363,183 @@ def test_pausing_and_resuming_a_queue_from_the_dashboard(r: Any, open_dashboard:
     assert not p.stats().paused and len(p.lease()) == 1
 
 
+# -- groups (fair scheduling) -------------------------------------------------------------
+
+
+def tenants(q: Queue, backlog: dict[str, int]) -> None:
+    """``backlog[group]`` jobs of each group in ``q``."""
+    q.enqueue_many([NewJob(b"{}", group=group) for group, count in backlog.items() for _ in range(count)])
+
+
+def groups_of(client: TestClient, queue: str, **params: Any) -> Any:
+    answer = client.get(f"/api/queues/{queue}/groups", params=params)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def caps(q: Queue) -> tuple[int, dict[str, int]]:
+    """The default cap and each listed group's cap in force, as the driver reads them."""
+    page = q.groups()
+    return page.default_cap, {g.name: g.cap for g in page.groups}
+
+
+def test_a_queues_groups_show_ready_running_cap_and_whether_parked(r: Any, open_dashboard: Any) -> None:
+    q = Queue("webhooks", r)
+    tenants(q, {"acme": 5, "globex": 2, "initech": 1, "umbrella": 3})
+    q.set_group_limit(2)
+    q.set_group_limit(1, group="globex")
+    q.set_group_limit(0, group="umbrella")  # exempt from the default
+    leased = q.lease(count=20)  # each group up to its cap; lease parks acme and globex at theirs
+    assert len(leased) == 2 + 1 + 1 + 3
+    Queue("emails", r).enqueue(b"{}")  # no groups
+    client = open_dashboard(r)
+    page = groups_of(client, "webhooks")
+    assert (page["queue"], page["partitions"], page["total"], page["default_cap"]) == ("webhooks", 1, 2, 2)
+    # initech and umbrella have nothing ready: not listed, as in Queue.groups.
+    assert page["groups"] == [
+        {"name": "acme", "ready": 3, "running": 2, "cap": 2, "own_cap": False, "parked": True, "partition": "webhooks"},
+        {"name": "globex", "ready": 1, "running": 1, "cap": 1, "own_cap": True, "parked": True,
+         "partition": "webhooks"},
+    ]
+    driver = q.groups()
+    assert [(g["name"], g["ready"], g["running"], g["cap"], g["parked"]) for g in page["groups"]] == sorted(
+        ((g.name, g.ready, g.running, g.cap, g.parked) for g in driver.groups), key=lambda t: (-t[1], t[0]))
+    # The overview says which queues have groups (from stats: no call per group).
+    rows = {row["name"]: row for row in client.get("/api/overview").json()["queues"]}
+    stats = q.stats()
+    assert (rows["webhooks"]["groups_waiting"], rows["webhooks"]["groups_at_cap"]) == \
+        (stats.groups_waiting, stats.groups_at_cap) == (0, 2)
+    assert (rows["emails"]["groups_waiting"], rows["emails"]["groups_at_cap"]) == (0, 0)
+    empty = groups_of(client, "emails")
+    assert (empty["total"], empty["groups"]) == (0, [])
+    # A group's own cap shows as its own; groups that wait show as waiting.
+    q.ack_many(leased)
+    q.set_group_limit(4, group="acme")
+    acme = groups_of(client, "webhooks")["groups"][0]
+    assert (acme["name"], acme["cap"], acme["own_cap"], acme["parked"], acme["running"]) == ("acme", 4, True, False, 0)
+
+
+def test_the_groups_table_is_limited_to_the_largest_backlogs_of_the_first_n(r: Any, open_dashboard: Any) -> None:
+    q = Queue("webhooks", r)
+    tenants(q, {f"t{i:02}": 1 + i % 4 for i in range(12)})
+    p = Queue("orders", r, partitions=3)
+    tenants(p, {f"shop-{i}": 1 + i for i in range(9)})
+    client = open_dashboard(r)
+    assert groups_of(client, "webhooks")["total"] == 12 and len(groups_of(client, "webhooks")["groups"]) == 12
+    page = groups_of(client, "webhooks", limit=5)
+    assert (page["total"], page["limit"], len(page["groups"])) == (12, 5, 5)
+    first = sorted(q.groups(0, 5).groups, key=lambda g: (-g.ready, g.name))
+    assert [g["name"] for g in page["groups"]] == [g.name for g in first]
+    # A partitioned queue: each group in its partition, at most `limit` rows in all.
+    both = groups_of(client, "orders", limit=4)
+    assert (both["partitions"], both["total"], len(both["groups"])) == (3, 9, 4)
+    where = {g.name: g.queue for g in p.groups().groups}
+    assert all(g["partition"] == where[g["name"]] != "orders" for g in both["groups"])
+    assert [g["ready"] for g in both["groups"]] == sorted((g["ready"] for g in both["groups"]), reverse=True)
+    for bad in ("0", "1001", "x"):
+        assert client.get(f"/api/queues/webhooks/groups?limit={bad}").status_code == 400, bad
+    assert client.get("/api/queues/nowhere/groups").status_code == 404
+
+
+def test_setting_group_caps_from_the_dashboard(r: Any, open_dashboard: Any) -> None:
+    q = Queue("webhooks", r)
+    tenants(q, {"acme": 3, "globex": 1})
+    p = Queue("orders", r, partitions=3)
+    tenants(p, {f"shop-{i}": 2 for i in range(6)})
+    client = open_dashboard(r)
+    token = csrf_of(client)
+
+    def cap(body: dict[str, Any]) -> Any:
+        answer = post(client, "webhooks", "group_limit", body, token)
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    assert cap({"cap": 3}) == {"action": "group_limit", "queue": "webhooks", "count": 1, "more": False,
+                               "message": "webhooks: every group: at most 3 running at once"}
+    assert caps(q) == (3, {"acme": 3, "globex": 3})
+    assert cap({"cap": "3"})["message"] == "webhooks: every group: at most 3 running at once (unchanged)"
+    assert cap({"cap": "1", "group": "acme"})["message"] == "webhooks: group 'acme': at most 1 running at once"
+    assert caps(q) == (3, {"acme": 1, "globex": 3})
+    assert groups_of(client, "webhooks")["groups"][0] == {"name": "acme", "ready": 3, "running": 0, "cap": 1,
+                                                          "own_cap": True, "parked": False, "partition": "webhooks"}
+    assert cap({"cap": "off", "group": "acme"})["message"] == "webhooks: group 'acme': no cap"  # exempt
+    assert caps(q) == (3, {"acme": 0, "globex": 3})
+    assert cap({"cap": "default", "group": "acme"})["message"] == "webhooks: group 'acme': the default cap"
+    assert caps(q) == (3, {"acme": 3, "globex": 3})
+    assert cap({"cap": "off"})["message"] == "webhooks: every group: no cap"
+    assert caps(q) == (0, {"acme": 0, "globex": 0})
+    assert cap({"cap": 0})["count"] == 0  # 0 is off too
+    # The cap holds: with a default of 1, one lease per group.
+    cap({"cap": 1, "group": None})
+    assert len(q.lease(count=10)) == 2
+    # A partitioned queue, by its logical name: every partition.
+    answer = post(client, "orders", "group_limit", {"cap": 2}, token).json()
+    assert (answer["count"], answer["message"]) == (1, "orders: every group: at most 2 running at once")
+    assert [part.groups().default_cap for part in p.parts] == [2, 2, 2]
+
+
+def test_bad_group_caps_are_refused_with_a_reason_and_change_nothing(open_dashboard: Any) -> None:
+    r = fake()
+    q = Queue("webhooks", r)
+    tenants(q, {"acme": 2})
+    q.set_group_limit(2)
+    q.set_group_limit(5, group="acme")
+    client = open_dashboard(r)
+    token = csrf_of(client)
+    for body, reason in (
+        ({"cap": -1}, "cap must be in [0, 1000000], got -1"),
+        ({"cap": "-1"}, "a cap is a number of jobs"),
+        ({"cap": 1.5}, "a cap is a number of jobs"),
+        ({"cap": "2.5"}, "a cap is a number of jobs"),
+        ({"cap": "three"}, "a cap is a number of jobs"),
+        ({"cap": ""}, "a cap is a number of jobs"),
+        ({"cap": None}, "a cap is a number of jobs"),
+        ({"cap": True}, "a cap is a number of jobs"),
+        ({"cap": "\u0663"}, "a cap is a number of jobs"),  # an Arabic-Indic 3: digits are ASCII
+        ({"cap": 1_000_001}, "cap must be in [0, 1000000], got 1000001"),
+        ({"cap": "99999999999"}, "a cap is a number of jobs"),
+        ({"cap": "default"}, "default applies to one group"),
+        ({"cap": 3, "group": ""}, "group must be 1..128 bytes"),
+        ({"cap": 3, "group": "a|b"}, "group must be 1..128 bytes"),
+        ({"cap": 3, "group": 7}, "group must be a str"),
+        ({"cap": 3, "grup": "acme"}, 'send {"cap"'),  # a misspelt key must not set every group's cap
+        ({"group": "acme"}, 'send {"cap"'),
+        (["acme", 3], 'send {"cap"'),
+    ):
+        answer = post(client, "webhooks", "group_limit", body, token)
+        assert answer.status_code == 400, (body, answer.text)
+        assert reason in answer.json()["error"], (body, answer.json())
+    assert post(client, "nowhere", "group_limit", {"cap": 3}, token).status_code == 404
+    assert client.post("/api/queues/webhooks/actions/group_limit", content="{", headers={
+        "content-type": "application/json", "x-csrf-token": token}).status_code == 400
+    assert caps(q) == (2, {"acme": 5})
+
+
+def test_a_group_cap_follows_the_rules_of_every_action(open_dashboard: Any) -> None:
+    r = fake()
+    q = Queue("webhooks", r)
+    tenants(q, {"acme": 2})
+    client = open_dashboard(r, token=TOKEN)
+    auth = basic(TOKEN)
+    token = csrf_of(client, headers=auth)
+    body = {"cap": 1, "group": "acme"}
+    assert post(client, "webhooks", "group_limit", body, token).status_code == 401  # no dashboard token
+    assert post(client, "webhooks", "group_limit", body, None, headers=auth).status_code == 403  # no CSRF header
+    assert post(client, "webhooks", "group_limit", body, token + "0", headers=auth).status_code == 403
+    evil = {**auth, "origin": "http://evil.example"}
+    assert post(client, "webhooks", "group_limit", body, token, headers=evil).status_code == 403
+    form = client.post("/api/queues/webhooks/actions/group_limit", content="cap=1&group=acme",
+                       headers={**auth, "x-csrf-token": token, "content-type": "application/x-www-form-urlencoded"})
+    assert form.status_code == 415
+    assert client.get("/api/queues/webhooks/actions/group_limit", headers=auth).status_code == 405
+    assert caps(q) == (0, {"acme": 0})
+    # The page's own request, and a script's with the Bearer token, are let through.
+    assert post(client, "webhooks", "group_limit", body, token, headers={**auth, "origin": BASE}).json()["count"] == 1
+    bearer = {"authorization": f"Bearer {TOKEN}"}
+    assert post(client, "webhooks", "group_limit", {"cap": 4}, None, headers=bearer).json()["count"] == 1
+    assert caps(q) == (4, {"acme": 1})
+
+
 def expected_info(q: Queue, job_id: str, with_payload: bool = False) -> dict[str, Any]:
     """What the lookup should answer: ``Queue.get`` as JSON, but ``now_ms``."""
     info = q.get(job_id, with_payload=with_payload)
@@ -430,7 +608,7 @@ def test_with_a_token_every_request_without_it_is_refused_with_a_basic_challenge
     busy(r)
     client = open_dashboard(r, token=TOKEN)
     for path in ("/", "/api/overview", "/api/queues/emails/dead", "/api/queues/emails/job?id=d1",
-                 "/static/dashboard.js"):
+                 "/api/queues/emails/groups", "/static/dashboard.js"):
         refused = client.get(path)
         assert refused.status_code == 401, path
         assert refused.headers["www-authenticate"].startswith("Basic realm=")

@@ -384,3 +384,66 @@ def test_a_rate_limited_queue_shows_its_limit(browser: Any, r: Any, serve: Calla
     expect(page.locator('#queues tr[data-queue="emails"] [data-field="rate_limit"]')).to_have_text("50/s")
     expect(page.locator('#queues tr[data-queue="reports"] [data-field="rate_limit"]')).to_have_count(0)
     assert console.errors == []
+
+
+def test_setting_a_group_cap_from_the_page_changes_the_groups_table(
+    browser: Any, r: Any, serve: Callable[..., Any]
+) -> None:
+    webhooks, emails = Queue("webhooks", r), Queue("emails", r)
+    webhooks.enqueue_many([NewJob(b"{}", group=group) for group, count in (("acme", 4), ("globex", 2))
+                           for _ in range(count)])
+    emails.enqueue_many([NewJob(b"{}") for _ in range(3)])  # no groups: nothing extra, no groups call
+    page, console = open_page(browser, serve(poll_s=0.5).url)
+    asked: list[str] = []
+    page.on("request", lambda request: asked.append(request.url) if "/groups" in request.url else None)
+
+    section = page.locator("#groups")
+    expect(section).to_be_visible()
+    expect(page.locator('#queues tr[data-queue="webhooks"] [data-field="groups"]')).to_have_text("2 groups")
+    expect(page.locator('#queues tr[data-queue="emails"] [data-field="groups"]')).to_have_count(0)
+    acme = section.locator('tr[data-group="acme"]')
+    expect(acme.locator('td[data-field="ready"]')).to_have_text("4")
+    expect(acme.locator('td[data-field="cap"]')).to_have_attribute("data-value", "0")
+    expect(page.locator("#groups-default")).to_have_text("none")
+
+    # Every group's default cap.
+    page.locator("#group-limit-cap").fill("2")
+    page.get_by_role("button", name="Set cap").click()
+    expect(page.locator("#groups-message")).to_have_text("webhooks: every group: at most 2 running at once")
+    expect(page.locator("#groups-default")).to_have_text("2")
+    expect(acme.locator('td[data-field="cap"]')).to_have_text("2 default")
+    assert webhooks.groups().default_cap == 2
+
+    # One group's own cap: its name in the table fills the form.
+    acme.get_by_role("button", name="acme").click()
+    expect(page.locator("#group-limit-group")).to_have_value("acme")
+    page.locator("#group-limit-cap").fill("1")
+    page.get_by_role("button", name="Set cap").click()
+    expect(page.locator("#groups-message")).to_have_text("webhooks: group 'acme': at most 1 running at once")
+    expect(acme.locator('td[data-field="cap"]')).to_have_text("1 own")
+    expect(section.locator('tr[data-group="globex"] td[data-field="cap"]')).to_have_text("2 default")
+
+    # Workers lease: acme parks at its cap, globex runs dry; the next poll shows it.
+    assert len(webhooks.lease(count=10)) == 1 + 2
+    expect(acme.locator('td[data-field="state"]')).to_have_text("parked at cap")
+    expect(acme).to_have_class(re.compile(r"\bparked\b"))
+    expect(acme.locator('td[data-field="running"]')).to_have_text("1")
+    expect(section.locator('tr[data-group="globex"]')).to_have_count(0)
+    expect(page.locator('#queues tr[data-queue="webhooks"] [data-field="groups"]')).to_have_text("1 group, 1 at cap")
+
+    # Bad input is refused with the server's reason, and changes nothing.
+    page.locator("#group-limit-cap").fill("-1")
+    page.get_by_role("button", name="Set cap").click()
+    expect(page.locator("#groups-message")).to_have_text(re.compile(r"^a cap is a number of jobs"))
+    expect(page.locator("#groups-message")).to_have_class(re.compile(r"\bbad\b"))
+    page_groups = webhooks.groups()
+    assert (page_groups.default_cap, [(g.name, g.cap) for g in page_groups.groups]) == (2, [("acme", 1)])
+
+    # A queue without groups: a note, and no groups call for it.
+    page.locator("#groups-queue").select_option("emails")
+    expect(section.locator(".empty")).to_have_text("No group of emails has ready jobs.")
+    expect(section.locator("#groups-table tbody tr")).to_have_count(0)
+    page.wait_for_timeout(1200)  # two polls
+    assert asked and not [url for url in asked if "/queues/emails/" in url], asked
+    # The refused cap logged its 400; nothing else went wrong.
+    assert [e for e in console.errors if "400" not in e] == []

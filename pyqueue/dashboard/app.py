@@ -7,14 +7,17 @@ Routes (all relative, so the app also works behind a proxy under a path prefix):
 ``GET /api/overview?since=<ms>``                       queues (stats, unserved tasks), workers, history
 ``GET /api/queues/<queue>/dead?offset=&limit=``        one page of dead letters (``Queue.dead_list``)
 ``GET /api/queues/<queue>/job?id=<id>``                one job by id (``Queue.get``)
+``GET /api/queues/<queue>/groups?limit=``              its groups with ready jobs (``Queue.groups``)
 ``POST /api/queues/<queue>/actions/<action>``          one entry of :data:`ACTIONS` (JSON body)
 ``GET /static/...``                                    the page's own CSS, JS and icon
 =====================================================  ==========================================
 
 Every state change is a row of :data:`ACTIONS`: a name, whether it takes job ids, and
 the driver call, plus a button in ``static/dashboard.js``: dead-letter replay and purge,
-a queue's pause and resume, and a looked-up job's cancel. The job id of a lookup is a query parameter, not a path segment: an
-id may hold any character but control characters, ``/`` included.
+a queue's pause and resume, a looked-up job's cancel, and a group cap (``group_limit``,
+the only one whose body is not ids: see :mod:`.groups`). The job id of a lookup is a
+query parameter, not a path segment: an id may hold any character but control
+characters, ``/`` included.
 """
 
 from __future__ import annotations
@@ -42,6 +45,14 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pyqueue.clients import Client, check_server
+from pyqueue.dashboard.groups import (
+    GROUPS_PAGE,
+    GROUPS_PAGE_MAX,
+    cap_message,
+    groups_page,
+    parse_cap_change,
+    set_cap,
+)
 from pyqueue.dashboard.history import CENSUS_S, SERIES, Point, Sampler, Snapshot
 from pyqueue.dashboard.security import (
     CSRF_COOKIE,
@@ -121,19 +132,30 @@ class DashboardConfig:
 class Action:
     """A state change the page may ask for: one driver verb on one queue.
 
-    ``run(queue, ids)`` gets the ids the request named, or None for "every job" (only
-    when ``takes_ids``; an action without ids gets None), and returns how many jobs it
-    changed."""
+    ``run(queue, argument)`` gets what :meth:`argument` made of the request's JSON body:
+    by default the ids it named, or None for "every job" (only when ``takes_ids``; an
+    action without ids gets None). It returns how many jobs (or settings) it changed,
+    and whether more remain."""
 
     name: str
     takes_ids: bool
-    run: Callable[[Queue, list[str] | None], tuple[int, bool]]
+    run: Callable[[Queue, Any], tuple[int, bool]]
     #: The page's message: "<count> <done>"; for an action without ids, "<queue>
     #: <done>", or "<queue> <unchanged>" when it changed nothing (count 0).
-    done: str
+    done: str = ""
     unchanged: str = ""
+    #: For an action whose body says more than ids: its argument from the body (raises
+    #: InvalidArgument, before anything runs), and its message from the queue's name,
+    #: that argument and the count.
+    parse: Callable[[object], Any] | None = None
+    say: Callable[[str, Any, int], str] | None = None
 
-    def message(self, queue: str, count: int, more: bool) -> str:
+    def argument(self, body: object) -> Any:
+        return self.parse(body) if self.parse is not None else _action_ids(self, body)
+
+    def message(self, queue: str, count: int, more: bool, argument: Any = None) -> str:
+        if self.say is not None:
+            return self.say(queue, argument, count)
         if not self.takes_ids:
             return f"{queue} {self.done if count else self.unchanged}"
         return f"{count} {self.done}" + (" (more remain: ask again)" if more else "")
@@ -177,6 +199,8 @@ ACTIONS: dict[str, Action] = {
         Action("pause", False, lambda q, _: (int(q.pause()), False), "paused", "was paused already"),
         Action("resume", False, lambda q, _: (int(q.resume()), False), "resumed", "was not paused"),
         Action("cancel", True, lambda q, ids: (_cancel(q, ids), False), "cancelled"),
+        # A partitioned queue sets the cap in every partition (a group lives in one).
+        Action("group_limit", False, set_cap, parse=parse_cap_change, say=cap_message),
     )
 }
 
@@ -374,7 +398,8 @@ def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> St
             "overview": overview(snapshot, points),
             "config": {"poll_ms": int(config.poll_s * 1000), "history_ms": int(config.history_s * 1000),
                        "show_payloads": config.show_payloads, "actions": sorted(ACTIONS),
-                       "dead_page": DEAD_PAGE, "label": config.label, "prefix": config.prefix},
+                       "dead_page": DEAD_PAGE, "groups_page": GROUPS_PAGE, "label": config.label,
+                       "prefix": config.prefix},
         }
         html = page_template.render(initial=initial, csrf_token=token, label=config.label)
         response = HTMLResponse(html, headers={"cache-control": "no-store"})
@@ -413,6 +438,16 @@ def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> St
         return JSONResponse(body, headers={"cache-control": "no-store"})
 
     @_handles_errors
+    async def api_groups(request: Request) -> Response:
+        limit = _int_param(request, "limit", GROUPS_PAGE, 1, GROUPS_PAGE_MAX)
+        try:
+            queue = await run_in_threadpool(queue_or_404, request.path_params["queue"])
+        except LookupError:
+            return _json_error(f"no queue {request.path_params['queue']!r}", 404)
+        body = await run_in_threadpool(groups_page, queue, limit)
+        return JSONResponse(body, headers={"cache-control": "no-store"})
+
+    @_handles_errors
     async def api_action(request: Request) -> Response:
         # Authentication happened in Guard; what is left is whether this browser meant it.
         if request.scope.get("state", {}).get("auth") != "bearer":
@@ -429,15 +464,15 @@ def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> St
             body = json.loads(await request.body() or b"{}")
         except ValueError:
             return _json_error("the body is not JSON", 400)
-        ids = _action_ids(action, body)
+        argument = action.argument(body)
         try:
             queue = await run_in_threadpool(queue_or_404, request.path_params["queue"])
         except LookupError:
             return _json_error(f"no queue {request.path_params['queue']!r}", 404)
-        count, more = await run_in_threadpool(action.run, queue, ids)
+        count, more = await run_in_threadpool(action.run, queue, argument)
         sampler.invalidate()
         return JSONResponse({"action": action.name, "queue": queue.name, "count": count, "more": more,
-                             "message": action.message(queue.name, count, more)})
+                             "message": action.message(queue.name, count, more, argument)})
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -453,6 +488,7 @@ def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> St
             Route("/api/overview", api_overview),
             Route("/api/queues/{queue:path}/dead", api_dead),
             Route("/api/queues/{queue:path}/job", api_job),
+            Route("/api/queues/{queue:path}/groups", api_groups),
             Route("/api/queues/{queue:path}/actions/{action}", api_action, methods=["POST"]),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ],

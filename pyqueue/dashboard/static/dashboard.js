@@ -25,6 +25,10 @@
     deadTotal: -1,
     deadSelected: new Set(),
     lookupQueues: "",      // the queue names the lookup's select was built from
+    groupsShown: false,    // a queue has had groups since the page loaded: the section stays
+    groupsQueue: null,
+    groupsKey: "",         // the selected queue's figures when its groups were last read
+    groupsAt: 0,           // and when (browser ms)
     pollTimer: null,
   };
 
@@ -289,6 +293,14 @@
     const td = el("td", { class: "text state-cell", "data-field": "state", "data-value": paused ? "paused" : "running" },
       el("span", { class: paused ? "state-paused" : "state-running", text: paused ? "paused" : "running",
         title: paused ? `paused ${since.text} (${since.title}): nothing is leased, enqueue goes on` : "" }));
+    const groups = groupsOf(q);
+    if (groups > 0) {  // fair scheduling: only a queue whose stats count groups shows this
+      const link = el("a", { href: "#groups", class: "group-count", "data-field": "groups", "data-value": String(groups),
+        text: `${fmtInt(groups)} group${groups === 1 ? "" : "s"}` + (q.groups_at_cap ? `, ${fmtInt(q.groups_at_cap)} at cap` : ""),
+        title: `${q.groups_waiting} groups with ready jobs and a free slot, ${q.groups_at_cap} parked at their cap` });
+      link.addEventListener("click", () => selectGroupsQueue(q.name));
+      td.append(link);
+    }
     if (q.rate_limit > 0) {  // the rate limit (pyqueue limit): leases per period, burst
       const per = q.rate_period_ms === 1000 ? "s" : `${fmtInt(q.rate_period_ms)} ms`;
       td.append(el("span", { class: "rate-limit", "data-field": "rate_limit", text: `${fmtInt(q.rate_limit)}/${per}`,
@@ -432,7 +444,8 @@
 
   // One POST per action (see ACTIONS in app.py); a new action needs only a button
   // with data-action, or a call of act() with its body. ``target``: the queue and the
-  // message element, when not the dead letters' (a queue's pause and resume).
+  // message element, when not the dead letters' (a queue's pause and resume, a job's
+  // cancel, a group cap).
   async function act(action, body, target) {
     const name = target ? target.queue : state.deadQueue;
     const where = target ? target.where : "dead-message";
@@ -484,6 +497,139 @@
     document.getElementById("dead-next").addEventListener("click", () => {
       state.deadOffset += config.dead_page; loadDead();
     });
+  }
+
+  // -- groups (fair scheduling) -------------------------------------------------------
+
+  // A queue's groups with ready jobs, from its stats (no extra call).
+  function groupsOf(q) { return (q.groups_waiting || 0) + (q.groups_at_cap || 0); }
+
+  // The figures that move when a queue's groups do: a change reads the table again.
+  function groupsKey(q) { return [q.name, q.groups_waiting, q.groups_at_cap, q.ready, q.leased, q.enqueued].join("|"); }
+
+  // A cap set elsewhere (the CLI) moves no figure: the table is read again after this long.
+  const GROUPS_STALE_MS = 10000;
+
+  // The section appears once a queue has groups, and stays: a cap can still be set while
+  // a queue's groups have drained. Its select lists every queue.
+  function renderGroupsSelect() {
+    const queues = state.overview.queues;
+    if (queues.some((q) => groupsOf(q) > 0)) state.groupsShown = true;
+    document.getElementById("groups").hidden = !state.groupsShown;
+    if (!state.groupsShown) return;
+    if (!state.groupsQueue || !queues.some((q) => q.name === state.groupsQueue)) {
+      const withGroups = queues.find((q) => groupsOf(q) > 0);
+      state.groupsQueue = withGroups ? withGroups.name : queues.length ? queues[0].name : null;
+    }
+    document.getElementById("groups-queue").replaceChildren(...queues.map((q) => el("option", { value: q.name,
+      text: `${q.name} (${fmtInt(groupsOf(q))})`, selected: q.name === state.groupsQueue })));
+  }
+
+  function selectGroupsQueue(name) {
+    state.groupsQueue = name;
+    renderGroupsSelect();
+    say("", false, "groups-message");
+    loadGroups();
+  }
+
+  // Read the selected queue's groups (one call: api/queues/<q>/groups, at most
+  // config.groups_page of them), unless its stats say it has none: then nothing is asked.
+  async function loadGroups() {
+    const name = state.groupsQueue;
+    const q = state.overview.queues.find((x) => x.name === name);
+    state.groupsKey = q ? groupsKey(q) : "";
+    state.groupsAt = Date.now();
+    if (!q || groupsOf(q) === 0) { renderGroups(name, null); return; }
+    let response, page;
+    try {
+      const url = api(`${queuePath(name)}/groups?limit=${config.groups_page}`);
+      response = await fetch(url, { credentials: "same-origin" });
+      page = await response.json();
+    } catch (error) {
+      say("Reading the groups failed: " + error.message, true, "groups-message");
+      return;
+    }
+    if (!response.ok) { say(page.error || `HTTP ${response.status}`, true, "groups-message"); return; }
+    if (name !== state.groupsQueue) return;   // another queue was chosen meanwhile
+    renderGroups(name, page);
+  }
+
+  // At a poll: read the groups again if the selected queue's figures moved, or the
+  // table is older than GROUPS_STALE_MS.
+  function refreshGroups() {
+    if (!state.groupsShown || !state.groupsQueue) return;
+    const q = state.overview.queues.find((x) => x.name === state.groupsQueue);
+    const stale = q && groupsOf(q) > 0 && Date.now() - state.groupsAt > GROUPS_STALE_MS;
+    if (!q || groupsKey(q) !== state.groupsKey || stale) loadGroups();
+  }
+
+  // The table of api/queues/<q>/groups (``page``), or, with none, the queue's note.
+  function renderGroups(name, page) {
+    const body = document.querySelector("#groups-table tbody");
+    const empty = document.querySelector("#groups .empty");
+    const fallback = document.getElementById("groups-default");
+    if (!page) {
+      body.replaceChildren();
+      empty.textContent = name ? `No group of ${name} has ready jobs.` : "No queues.";
+      empty.hidden = false;
+      fallback.textContent = "–";
+      fallback.dataset.value = "";
+      fallback.title = "read with the groups: none has ready jobs now";
+      document.getElementById("groups-range").textContent = "";
+      return;
+    }
+    const capText = (cap) => (cap > 0 ? fmtInt(cap) : "none");
+    fallback.textContent = capText(page.default_cap);
+    fallback.dataset.value = String(page.default_cap);
+    fallback.title = "the cap of every group without its own";
+    body.replaceChildren(...page.groups.map((g) => {
+      const nameButton = el("button", { type: "button", class: "link", text: g.name, title: "set this group's cap" });
+      nameButton.addEventListener("click", () => {
+        document.getElementById("group-limit-group").value = g.name;
+        document.getElementById("group-limit-cap").focus();
+      });
+      const nameCell = el("td", { class: "text" }, nameButton);
+      if (page.partitions > 1) nameCell.append(el("small", { text: ` ${g.partition}` }));
+      const cap = el("td", { "data-field": "cap", "data-value": String(g.cap) }, capText(g.cap),
+        el("small", { text: g.own_cap ? " own" : " default",
+          title: g.own_cap ? "its own cap" : "the queue's default cap (or its own, equal to it)" }));
+      const tr = el("tr", { "data-group": g.name }, nameCell,
+        el("td", { class: "text", "data-field": "state", "data-value": g.parked ? "parked" : "waiting" },
+          el("span", { class: g.parked ? "state-parked" : "state-waiting", text: g.parked ? "parked at cap" : "waiting",
+            title: g.parked ? "at its cap: lease skips it until one of its leases ends" : "" })),
+        el("td", { "data-field": "ready", "data-value": String(g.ready), text: fmtInt(g.ready) }),
+        el("td", { "data-field": "running", "data-value": String(g.running), text: fmtInt(g.running) }),
+        cap);
+      if (g.parked) tr.classList.add("parked");
+      return tr;
+    }));
+    empty.textContent = `No group of ${name} has ready jobs.`;
+    empty.hidden = page.groups.length > 0;
+    const range = document.getElementById("groups-range");
+    range.textContent = page.groups.length < page.total
+      ? `${fmtInt(page.groups.length)} of ${fmtInt(page.total)} groups: ` +
+        `the first ${fmtInt(page.limit)} lease sees, largest backlogs first`
+      : `${fmtInt(page.total)} group${page.total === 1 ? "" : "s"} with ready jobs`;
+  }
+
+  // The group_limit action: the cap as typed (a number, off, default) for the group
+  // named, or every group's default when none is; the server parses and refuses.
+  async function setGroupLimit(event) {
+    event.preventDefault();
+    const name = state.groupsQueue;
+    if (!name) return;
+    const group = document.getElementById("group-limit-group").value;
+    const body = { cap: document.getElementById("group-limit-cap").value };
+    if (group !== "") body.group = group;
+    await act("group_limit", body, { queue: name, where: "groups-message" });
+    await loadGroups();
+  }
+
+  function wireGroups() {
+    document.getElementById("groups-queue").addEventListener("change", (e) => selectGroupsQueue(e.target.value));
+    const form = document.getElementById("group-limit-form");
+    if (config.actions.includes("group_limit")) form.addEventListener("submit", setGroupLimit);
+    else form.remove();  // (a toolbar is display: flex, which the hidden attribute does not beat)
   }
 
   // -- job lookup --------------------------------------------------------------------
@@ -579,6 +725,7 @@
     renderQueues();
     renderWorkers();
     renderDeadSelect();
+    renderGroupsSelect();
     renderLookupSelect();
     drawCharts();
     const status = document.getElementById("status");
@@ -595,6 +742,7 @@
       if (!response.ok) throw new Error(`HTTP ${response.status}`);
       const dead = apply(await response.json());
       if (!now && dead !== state.deadTotal) await loadDead();
+      if (!now) refreshGroups();
     } catch (error) {
       setBanner("The dashboard server did not answer: " + error.message);
     } finally {
@@ -605,8 +753,10 @@
   function start() {
     wireDead();
     wireLookup();
+    wireGroups();
     apply(initial.overview);
     loadDead();
+    if (state.groupsShown) loadGroups();
     window.addEventListener("resize", drawCharts);
     state.pollTimer = setTimeout(() => poll(false), config.poll_ms);
     document.body.dataset.ready = "1";
