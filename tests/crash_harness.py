@@ -256,6 +256,10 @@ class Config:
     cancel_every: int = 25
     #: the chaos workers' periodic job ``tick`` runs every this many seconds (0: none)
     tick_every_s: int = 1
+    #: 0: each chaos worker is one process. N > 0: each is a supervisor
+    #: (``--processes N``) whose children carry its crash point; the harness SIGKILLs
+    #: random children, and the supervisor replaces them and scrubs their leases.
+    processes: int = 0
     #: seeds the harness's own choices (kill times, slow jobs); the workers' dice and the
     #: timing are not reproducible, so a seed narrows a rerun but does not replay it
     seed: int | None = None
@@ -297,6 +301,11 @@ class WorkerRun:
     death: str = ""
     evicted: bool = False
     lost_leases: int = 0
+    #: A supervisor (``--processes``): its children's deaths by cause, and how many of
+    #: its children the harness killed.
+    supervised: bool = False
+    child_deaths: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    children_killed: int = 0
 
 
 @dataclasses.dataclass
@@ -542,6 +551,11 @@ _CRASH_LINE = re.compile(rb"crash point (\w+): SIGKILL")
 _POISON_LINE = re.compile(rb"poison job \S+ attempt \d+: SIGKILL")
 _EVICTED = re.compile(rb"lost its registration")
 _LOST_LEASE = re.compile(rb"lost its lease|finished but its lease was lost")
+# A supervisor's lines about its children (pyqueue/runtime/supervisor.py).
+_CHILD_KILLED = re.compile(rb"worker process \d+ killed by SIGKILL after")
+_CHILD_SCRUBBED = re.compile(rb"worker process \d+ killed by SIGKILL: \d+ of its leases are back")
+_CHILD_UNREGISTERED = re.compile(rb"worker process \d+ killed by SIGKILL before it registered")
+_CHILD_EXITED = re.compile(rb"worker process \d+ exited (\d+) after")
 
 
 class Trial:
@@ -583,11 +597,15 @@ class Trial:
                 "--block-ms", str(cfg.block_ms)]
         if cfg.tick_every_s and role == "chaos":  # the drain worker adds none: it must settle
             argv += ["--every", f"tick={cfg.tick_every_s}s"]
+        supervised = bool(cfg.processes) and role == "chaos"
+        if supervised:
+            # Children die at the crash point over and over: no crash-loop cap here.
+            argv += ["--processes", str(cfg.processes), "--crash-loop", "1000000"]
         index = len(self.workers)
         log_path = self.workdir / f"worker-{index}-{role}-{point or 'clean'}.log"
         with open(log_path, "wb") as log_file:
             proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT)
-        run = WorkerRun(index, role, point, probability, proc, log_path, time.monotonic())
+        run = WorkerRun(index, role, point, probability, proc, log_path, time.monotonic(), supervised=supervised)
         self.workers.append(run)
         return run
 
@@ -622,6 +640,8 @@ class Trial:
             crash = _CRASH_LINE.search(out)
             w.evicted = bool(_EVICTED.search(out))
             w.lost_leases = len(_LOST_LEASE.findall(out))
+            if w.supervised:
+                self.count_child_deaths(w, out)
             if code == -signal.SIGKILL:
                 if crash:
                     w.death = crash.group(1).decode()
@@ -647,6 +667,40 @@ class Trial:
                 self.problems.append(f"worker {w.index} ({w.role}, {w.point}): {w.death}; log tail:\n{tail}")
             ended.append(w)
         return ended
+
+    def count_child_deaths(self, w: WorkerRun, out: bytes) -> None:
+        """A supervisor's children's deaths, from its log (the children write to it too):
+        each SIGKILL is a crash point's, the poison's or the harness's; any other is
+        unexplained, and so is a child killed without its leases scrubbed at once."""
+        for point in _CRASH_LINE.findall(out):
+            w.child_deaths[point.decode()] += 1
+            self.hits[point.decode()] += 1
+        w.child_deaths["poison"] += len(_POISON_LINE.findall(out))
+        w.child_deaths["external"] += w.children_killed
+        killed = len(_CHILD_KILLED.findall(out))
+        if killed != sum(w.child_deaths.values()):
+            self.problems.append(f"supervisor {w.index}: {killed} children killed by SIGKILL, but "
+                                 f"{dict(w.child_deaths)} explained")
+        scrubbed, unregistered = len(_CHILD_SCRUBBED.findall(out)), len(_CHILD_UNREGISTERED.findall(out))
+        if scrubbed + unregistered != killed:
+            self.problems.append(f"supervisor {w.index}: {killed} children killed, {scrubbed} scrubbed at once, "
+                                 f"{unregistered} before they registered")
+        w.evicted = False
+        evictions = len(_EVICTED.findall(out))
+        w.child_deaths["evicted"] += evictions
+        others = [m.decode() for m in _CHILD_EXITED.findall(out) if m not in (b"0", b"75")]
+        if others:
+            self.problems.append(f"supervisor {w.index}: children exited {others}")
+
+    def kill_child(self, w: WorkerRun) -> bool:
+        """SIGKILL a random child of the supervisor ``w`` (found by its parent PID)."""
+        out = subprocess.run(["pgrep", "-P", str(w.proc.pid)], capture_output=True, text=True).stdout
+        children = [int(pid) for pid in out.split()]
+        if not children:
+            return False
+        os.kill(self.rng.choice(children), signal.SIGKILL)
+        w.children_killed += 1
+        return True
 
     def kill_all(self) -> None:
         """SIGKILL every live worker (by PID) and reap it; used on errors."""
@@ -714,11 +768,17 @@ class Trial:
                 now = time.monotonic()
                 if now >= next_kill:
                     # Spare a worker whose crash point was never hit yet: let it get there.
-                    victims = [w for w in self.live() if now - w.started > 0.3 and (self.hits[w.point or ""] > 0)]
+                    # (A supervisor's children are fair game: it replaces them, and its hits
+                    # are counted from its log at the end.)
+                    victims = [w for w in self.live() if now - w.started > 0.3
+                               and (w.supervised or self.hits[w.point or ""] > 0)]
                     if victims:
                         victim = self.rng.choice(victims)
-                        victim.killed_by_harness = True
-                        os.kill(victim.proc.pid, signal.SIGKILL)
+                        if victim.supervised:  # the supervisor replaces its child and scrubs
+                            self.kill_child(victim)
+                        else:
+                            victim.killed_by_harness = True
+                            os.kill(victim.proc.pid, signal.SIGKILL)
                     next_kill = now + self.rng.uniform(*cfg.external_kill_s)
                 if now > deadline:
                     timed_out = True
@@ -797,13 +857,16 @@ class Trial:
                              if kind == "zset" and k.endswith(":wake") and ":service:" in k}
             states = queue_states(c, q)
         deaths = collections.Counter(w.death for w in self.workers)
+        for w in self.workers:
+            deaths.update(w.child_deaths)
+        evictions = sum(w.evicted for w in self.workers) + deaths.pop("evicted", 0)
         return Observations(
             queue=self.queue, namespace=self.namespace, runs_key=self.runs_key, acks_key=self.acks_key,
             enqueued=ids, poison_id=self.poison_id, poison_max_attempts=self.cfg.poison_max_attempts,
             concurrency=self.cfg.concurrency, runs=runs, acks=acks, stats=q.stats(), states=states,
             dead=q.dead_list(0, 1000).jobs, keys=keys, wake_members=wake_members, service_wakes=service_wakes,
             deaths=dict(deaths), strict_keys=self.cfg.strict_keys,
-            evictions=sum(w.evicted for w in self.workers), lost_leases=sum(w.lost_leases for w in self.workers),
+            evictions=evictions, lost_leases=sum(w.lost_leases for w in self.workers),
             timed_out=timed_out, worker_problems=list(self.problems), cancelled=list(self.cancelled),
         )
 
@@ -936,6 +999,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=Config.workers)
     parser.add_argument("--concurrency", type=int, default=Config.concurrency)
     parser.add_argument("--lease-ms", type=int, default=Config.lease_ms)
+    parser.add_argument("--processes", type=int, default=0,
+                        help="each chaos worker is a supervisor of this many processes (default 0: a plain worker)")
     parser.add_argument("--seed", type=int)
     parser.add_argument("--strict-keys", action="store_true",
                         help="count a stopped worker's leaked private wake key (it expires by its TTL) as a violation")
@@ -943,7 +1008,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-q", "--quiet", action="store_true", help="no line per trial")
     args = parser.parse_args(argv)
     cfg = Config(trials=args.trials, jobs=args.jobs, workers=args.workers, concurrency=args.concurrency,
-                 lease_ms=args.lease_ms, seed=args.seed, strict_keys=args.strict_keys)
+                 lease_ms=args.lease_ms, seed=args.seed, strict_keys=args.strict_keys, processes=args.processes)
     with workspace(args.keep) as workdir:
         summary = run(cfg, workdir, progress=not args.quiet)
     print(summary.render())

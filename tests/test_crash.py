@@ -2,7 +2,8 @@
 ack each exactly once (DESIGN §3.2, §3.4, §8): tests/crash_harness.py at CI size, and
 its checker on made-up histories.
 
-CI size: 3 trials x 1000 jobs. ``PYQUEUE_DEEP=1`` runs the deep size instead
+CI size: 3 trials x 1000 jobs, and 2 more with every chaos worker a supervisor of two
+processes (``--processes 2``). ``PYQUEUE_DEEP=1`` runs the deep size instead
 (``PYQUEUE_DEEP_TRIALS`` x ``PYQUEUE_DEEP_JOBS``, default 50 x 5000, ~15 minutes), as
 does ``python tests/crash_harness.py --trials 50 --jobs 5000``.
 """
@@ -42,6 +43,20 @@ def test_workers_killed_at_every_crash_point_lose_no_job_and_ack_each_exactly_on
     for report in summary.reports:
         assert report.kills > 0 and report.poison_dead and report.cancelled > 0 and report.ticks > 0
         assert report.acked_server == SIZE.jobs - report.cancelled + report.ticks
+
+
+@pytest.mark.timeout(300)
+def test_supervised_children_killed_at_every_crash_point_lose_no_job_and_ack_each_exactly_once(tmp_path: Path) -> None:
+    """The same chaos with ``pyqueue worker --processes 2`` (issue #21): each chaos worker
+    is a supervisor whose children die at its crash point, are killed by the harness or
+    by the poison job; the supervisor replaces each one and scrubs its leases at once."""
+    require_redis_server()
+    summary = run(dataclasses.replace(SIZE, trials=2, processes=2), tmp_path)
+    print("\n" + summary.render())
+    assert summary.violations == [], summary.render()
+    assert {p: summary.hits.get(p, 0) for p in CRASH_POINTS if not summary.hits.get(p)} == {}, "points never hit"
+    for report in summary.reports:
+        assert report.deaths.get("external", 0) > 0 and report.poison_dead and report.cancelled > 0
 
 
 def test_a_burst_worker_scrubs_a_dead_workers_leases_before_it_returns(redis_server: RedisServer) -> None:

@@ -13,7 +13,7 @@ What it does, and the guarantees:
   A job it ran may therefore run again (at least once, as always); a job is never lost.
 * **Backoff and a crash-loop cap.** A child that dies within :data:`FAST_DEATH_S` of
   its start is a fast death; the replacement of the k-th fast death in a row waits
-  0.25 s × 2^(k-1). After ``crash_loop`` fast deaths in a row it gives up: it stops
+  0.25 s × 2^(k-1), at most 10 s. After ``crash_loop`` fast deaths in a row it gives up: it stops
   the children (they drain) and exits :data:`EXIT_CRASH_LOOP`. A death after a longer
   life restarts at once and ends the row.
 * **Misconfiguration stops everything.** A child that exits 2 (bad configuration) or 78
@@ -71,8 +71,10 @@ EXIT_USAGE = 2
 FAST_DEATH_S = 10.0
 #: Fast deaths in a row before the supervisor gives up (``--crash-loop``).
 DEFAULT_CRASH_LOOP = 5
-#: The first restart delay after a fast death; doubled for each one in a row.
+#: The first restart delay after a fast death; doubled for each one in a row, up to
+#: RESTART_BACKOFF_MAX_S.
 RESTART_BACKOFF_S = 0.25
+RESTART_BACKOFF_MAX_S = 10.0
 
 
 @dataclass(eq=False)
@@ -295,8 +297,11 @@ class Supervisor:
             self._close(child)
         self.children.remove(child)
         how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited {code}"
-        if code != 0 and child.service is not None:
-            self.scrub(child, how)
+        if code != 0:
+            if child.service is not None:
+                self.scrub(child, how)
+            else:
+                log.warning("worker process %d %s before it registered: it held no lease", child.pid, how)
         if self.stopping or child.retiring:
             log.info("worker process %d %s", child.pid, how)
             return
@@ -314,7 +319,7 @@ class Supervisor:
                           child.pid, how, lived, self.fast_deaths)
                 self.give_up(EXIT_CRASH_LOOP)
                 return
-            delay = RESTART_BACKOFF_S * 2 ** (self.fast_deaths - 1) if self.fast_deaths else 0.0
+            delay = min(RESTART_BACKOFF_S * 2 ** (self.fast_deaths - 1), RESTART_BACKOFF_MAX_S) if self.fast_deaths else 0.0
             log.warning("worker process %d %s after %.1fs; replacing it in %.2fs", child.pid, how, lived, delay)
             self.restarts.append(time.monotonic() + delay)
 
