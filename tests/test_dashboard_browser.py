@@ -6,9 +6,6 @@ Playwright never downloads a browser here: it launches ``/usr/bin/chromium``
 skip locally and fail under ``CI=true`` (tests/run.sh installs both).
 
 The first test also saves the README's screenshot, ``docs/dashboard.png``.
-
-Not yet here (the driver has no ``Queue.cancel`` yet): cancelling a job from the page --
-one ACTIONS row, one button and one test once it exists.
 """
 
 from __future__ import annotations
