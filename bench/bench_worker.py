@@ -17,6 +17,14 @@ Figures (each a separate phase, with a fresh keyspace):
   counting EVALSHA as one command, and also with the commands run inside Lua).
 * drain: jobs/s for one `pyqueue worker` process with a no-op handler, at concurrency 1
   and 8, from the first lease to the last ack of N jobs enqueued beforehand.
+* processes: the same drain with `--processes 1` and `--processes 2` (concurrency 8
+  each, under the supervisor), with the Redis server's CPU time (INFO cpu) per job and
+  its share of one core: the scaling from one process to two, and its projection to
+  more cores (Redis, one core, is the bound: 1e6 / its µs per job).
+* supervised recovery: under `--processes 2`, a child holding 4 leases (600 s long) is
+  SIGKILLed; time until those jobs run in the other child (the supervisor scrubs the
+  dead child's leases as soon as it reaps it, instead of waiting for the registration
+  to expire as in "recovery").
 
 Worker processes run ``bench/worker_handlers.py`` handlers. Every load is bounded.
 """
@@ -224,6 +232,79 @@ def bench_drain(url: str, jobs: int, concurrency: int) -> dict[str, Any]:
     return {"jobs": jobs, "concurrency": concurrency, "seconds": elapsed, "jobs_per_s": jobs / elapsed}
 
 
+def redis_cpu_s(client: redis.Redis) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+def bench_processes(url: str, jobs: int, processes: int, concurrency: int = 8) -> dict[str, Any]:
+    client = redis.Redis.from_url(url)
+    client.flushall()
+    q = Queue("drain", client)
+    for i in range(0, jobs, 1000):
+        q.enqueue_many([b""] * min(1000, jobs - i))
+    proc = spawn(url, "noop", "drain", "--concurrency", str(concurrency), "--processes", str(processes), "--burst")
+    try:
+        while q.stats().leased_total == 0:
+            time.sleep(0.001)
+        started, cpu0 = time.perf_counter(), redis_cpu_s(client)
+        while q.stats().acked < jobs:
+            if time.perf_counter() - started > 300:
+                raise RuntimeError("drain did not finish in 300 s")
+            time.sleep(0.005)
+        elapsed, cpu = time.perf_counter() - started, redis_cpu_s(client) - cpu0
+        proc.wait(60)
+    finally:
+        stop(proc)
+    us_per_job = cpu / jobs * 1e6
+    return {"jobs": jobs, "processes": processes, "concurrency": concurrency, "seconds": elapsed,
+            "jobs_per_s": jobs / elapsed, "redis_cpu_us_per_job": us_per_job, "redis_cpu_share": cpu / elapsed,
+            "redis_bound_jobs_per_s": 1e6 / us_per_job}
+
+
+def bench_supervised_recovery(url: str, trials: int) -> dict[str, Any]:
+    client = redis.Redis.from_url(url)
+    results = []
+    for _ in range(trials):
+        client.flushall()
+        proc = spawn(url, "hold_first", "rec", "--concurrency", "4", "--processes", "2", "--lease-ms", "600000",
+                     env={"BENCH_HOLD_S": "600"})
+        try:
+            wait_registered(client, 2)
+            Queue("rec", client).enqueue_many([NewJob(b"", job_id=f"r{i}") for i in range(4)])
+            deadline = time.monotonic() + 20
+            while client.llen("bench:{started}") < 4:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the children did not start four jobs")
+                time.sleep(0.005)
+            holders = {int(x.split()[1]) for x in client.lrange("bench:{started}", 0, -1)}
+            victim = max(holders, key=lambda pid: sum(
+                int(x.split()[1]) == pid for x in client.lrange("bench:{started}", 0, -1)))
+            held = sum(int(x.split()[1]) == victim for x in client.lrange("bench:{started}", 0, -1))
+            os.kill(victim, signal.SIGKILL)
+            killed_ns = time.time_ns()
+            stamps: list[int] = []
+            while len(stamps) < held:
+                item = client.blpop(["bench:{stamps}"], timeout=0.01)
+                if item is not None:
+                    stamps.append(int(item[1]))
+                if time.time_ns() - killed_ns > 60e9:
+                    raise RuntimeError("jobs not recovered within 60 s")
+            results.append({"held": held, "kill_to_running_s": (min(stamps) - killed_ns) / 1e9,
+                            "kill_to_all_running_s": (max(stamps) - killed_ns) / 1e9})
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)  # drains: the held jobs are released after the grace
+                proc.send_signal(signal.SIGTERM)  # second signal: kill the children and scrub
+                proc.wait(30)
+    return {"trials": trials, "lease_ms": 600000, "runs": results,
+            "max_kill_to_all_running_s": max(r["kill_to_all_running_s"] for r in results)}
+
+
+PHASES = ("latency", "latency_many_queues", "lateness", "recovery", "idle", "drain", "processes",
+          "supervised_recovery")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     _server.add_server_arguments(parser)
@@ -234,6 +315,7 @@ def main() -> None:
     parser.add_argument("--idle-s", type=float, default=60.0, help="idle measurement window")
     parser.add_argument("--drain-jobs", type=int, default=20000)
     parser.add_argument("--json-out", help="write the results here")
+    parser.add_argument("--only", action="append", choices=PHASES, help="run only these phases (repeat)")
     args = parser.parse_args()
     server = None
     if args.redis_url is None:
@@ -241,14 +323,18 @@ def main() -> None:
         args.redis_url = server.url
     _server.require_loopback(args.redis_url)
     try:
-        report = {
-            "latency": bench_latency(args.redis_url, args.samples),
-            "latency_many_queues": bench_latency(args.redis_url, args.samples, args.many_queues),
-            "lateness": bench_lateness(args.redis_url, args.delayed),
-            "recovery": bench_recovery(args.redis_url, args.recovery_trials, renew_ms=1000, expire_ms=3000),
-            "idle": bench_idle(args.redis_url, args.idle_s),
-            "drain": [bench_drain(args.redis_url, args.drain_jobs, c) for c in (1, 8)],
+        url = args.redis_url
+        phases = {
+            "latency": lambda: bench_latency(url, args.samples),
+            "latency_many_queues": lambda: bench_latency(url, args.samples, args.many_queues),
+            "lateness": lambda: bench_lateness(url, args.delayed),
+            "recovery": lambda: bench_recovery(url, args.recovery_trials, renew_ms=1000, expire_ms=3000),
+            "idle": lambda: bench_idle(url, args.idle_s),
+            "drain": lambda: [bench_drain(url, args.drain_jobs, c) for c in (1, 8)],
+            "processes": lambda: [bench_processes(url, args.drain_jobs, p) for p in (1, 2)],
+            "supervised_recovery": lambda: bench_supervised_recovery(url, args.recovery_trials),
         }
+        report = {name: phases[name]() for name in PHASES if not args.only or name in args.only}
     finally:
         if server is not None:
             server.stop()

@@ -47,6 +47,17 @@ def hold(job: Job) -> None:
     time.sleep(float(os.environ.get("BENCH_HOLD_S", "600")))
 
 
+def hold_first(job: Job) -> None:
+    """Its first attempt marks the job started (with this process's pid) and holds it;
+    a later one stamps it (this host's wall clock, ns): the supervised recovery figure
+    kills the holding child and times the jobs' next run in the other one."""
+    if job.attempt == 1:
+        _redis().rpush("bench:{started}", f"{job.id} {os.getpid()}")
+        time.sleep(float(os.environ.get("BENCH_HOLD_S", "600")))
+    else:
+        _redis().rpush("bench:{stamps}", time.time_ns())
+
+
 async def noop_async(job: Job) -> None:
     """Does nothing, as an ``async def`` handler: ``pyqueue worker`` runs it on the
     AsyncWorker (the async drain figures)."""

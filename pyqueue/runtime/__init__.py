@@ -26,13 +26,14 @@ composes them and stays the entry point; each part is a screenful with one job:
   waits out (the connection, a full server), and the named crash points of the
   fault-injection tests.
 
-The **supervisor** (``pyqueue worker --processes N``, issue #21) is not built yet. Its
-place is above all of this, in a process of its own: it starts N worker processes, each
-one ``Worker`` made of the parts above, and reads their exit codes
-(:data:`~pyqueue.runtime.lifecycle.EXIT_OK`,
-:data:`~pyqueue.runtime.lifecycle.EXIT_REGISTRATION_LOST`, ...) to decide what to
-replace. A process-child executor for hard time limits would be a third
-:class:`Executor`, beside the thread and asyncio ones.
+* :mod:`~pyqueue.runtime.supervisor` — the **supervisor** of ``pyqueue worker
+  --processes N``, above all of this in a process of its own: it starts N worker
+  processes (each one ``Worker`` made of the parts above), replaces a dead one and scrubs
+  its leases at once, recycles them, restarts them one by one on SIGHUP and drains them
+  on SIGTERM; :mod:`~pyqueue.runtime.supervised` is a child's end of the line to it.
+  The process is the unit a hard time limit kills: a thread stuck past its limit in C
+  code gets its child replaced (:mod:`pyqueue.slots`), so no per-job process executor
+  is needed, and a child keeps group commit and its warm connections between jobs.
 
 Sync and async share everything here: an :class:`~pyqueue.aio_worker.AsyncWorker`
 differs from a :class:`~pyqueue.worker.Worker` only in its executor; the fetch loop,
