@@ -268,6 +268,7 @@ def test_the_hard_time_limit_stops_the_job_and_the_worker_serves_again(
     send_records(1)
     wait_for("the next job run", lambda: any(t == "record" for t, *_ in sv.runs()))
     serving_again_s = time.monotonic() - limited_at
+    print(f"{task}: the next job ran {serving_again_s:.2f}s after the job went dead at its limit")
     assert [t for t, *_ in sv.runs()].count(task) == 2
     if task == "sleep_forever":
         # Its thread could only be stopped with its process: each attempt's child was replaced.
