@@ -44,10 +44,19 @@ Steps (``--only``, repeatable; default: all three):
     (``git worktree add --detach /tmp/pyqueue-aa25bd9 aa25bd9``): the worker process
     gets ``PYTHONPATH=bench:DIR`` and runs in DIR (checked: it imports DIR's pyqueue);
   - ``task_base`` (with ``--task-baseline DIR``): the ``task`` variant on DIR's pyqueue,
-    for a before/after of a change to the task layer.
+    for a before/after of a change to the task layer;
+  - ``task_batch``: ``batch_handlers:tasks``, a no-op batch task of 100
+    (``@tasks.task(batch=100)``) on its own queue, on jobs ``noop_batch.send_many``
+    enqueued (each item the ``[1, 2]`` of ``noop(1, 2)``): one handler call per 100 jobs,
+    acked (and the next 100 leased) in one call. The issue's goal: one process, ≥ 100,000
+    jobs/s at concurrency 1;
+  - ``raw_batch``: ``worker_handlers:noop_batch --batch 100``, the engine's batch handler
+    on the ``raw`` variant's jobs.
 
-  ``--variants`` picks some; the ratios are task / raw (the target), task / raw_json,
-  raw / raw_base (the target "costs them nothing") and task / task_base.
+  ``--variants`` picks some (the batch ones only when named: ``--variants
+  task,task_batch,raw_batch --concurrency 1``); the ratios are task / raw (the target),
+  task / raw_json, raw / raw_base (the target "costs them nothing"), task / task_base,
+  and task_batch / task, raw_batch / raw.
 
 * ``profile``: cProfile of ``add.send`` against the server, and of an in-process task
   Worker (``tasks.worker(concurrency=1)``, ``run_worker(burst=True)``; every thread
@@ -95,6 +104,7 @@ _server.use_checkout()
 import pyperf  # type: ignore[import-untyped]  # noqa: E402  (pyperf ships no type hints)
 import redis  # noqa: E402
 
+import batch_handlers  # noqa: E402  (bench/: the batch task of the task_batch drain)
 import task_handlers  # noqa: E402  (bench/: the tasks the worker processes serve too)
 from pyqueue import Job, NewJob, Queue, connect  # noqa: E402
 from pyqueue.scripts import SCRIPT_KEYS, lua_source  # noqa: E402
@@ -353,6 +363,7 @@ class Drain:
         self.admin = _server.client_for(url)
         self.client = connect(url)
         task_handlers.tasks.bind(self.client)
+        batch_handlers.tasks.bind(self.client)
         self.queue = Queue(QUEUE, self.client)
         # The raw jobs carry what a task job carries: the envelope of noop(1, 2).
         self.payload = NOOP.s(1, 2).new_job(task_handlers.tasks.server_now_ms(), 0).payload
@@ -362,7 +373,9 @@ class Drain:
     def fill(self, variant: str) -> None:
         for start in range(0, self.jobs, 1000):
             n = min(1000, self.jobs - start)
-            if variant.startswith("task"):
+            if variant == "task_batch":
+                batch_handlers.noop_batch.send_many([[1, 2]] * n)
+            elif variant.startswith("task"):
                 NOOP.send_many([(1, 2)] * n)
             else:
                 self.queue.enqueue_many([self.payload] * n)
@@ -370,7 +383,9 @@ class Drain:
     def once(self, variant: str, concurrency: int) -> dict[str, Any]:
         self.admin.flushall()
         self.fill(variant)
-        if self.queue.stats().ready != self.jobs:
+        name = batch_handlers.QUEUE if variant == "task_batch" else QUEUE
+        queue = self.queue if name == QUEUE else Queue(name, self.client)
+        if queue.stats().ready != self.jobs:
             raise RuntimeError(f"{variant}: expected {self.jobs} ready jobs")
         root, target = self.variants[variant]
         log_path = self.logs / f"{variant}-c{concurrency}.log"
@@ -378,19 +393,19 @@ class Drain:
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "pyqueue", "--url", self.url, "--namespace", "bench", "worker", target,
-                 "-q", QUEUE, "--concurrency", str(concurrency), "--burst"],
+                 "-q", name, "--concurrency", str(concurrency), "--burst", *DRAIN_OPTIONS.get(variant, ())],
                 env=worker_env(root, self.url), cwd=root, stdout=subprocess.DEVNULL, stderr=log,
             )
         try:
             deadline = time.monotonic() + 60
-            while self.queue.stats().leased_total == 0:
+            while queue.stats().leased_total == 0:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"{variant} worker did not start; see {log_path}")
                 time.sleep(0.001)
             started = time.perf_counter()
             cpu_at_start = proc_cpu_s(proc.pid)
-            while self.queue.stats().acked < self.jobs:
-                if time.perf_counter() - started > 300 or proc.poll() is not None and self.queue.stats().acked < self.jobs:
+            while queue.stats().acked < self.jobs:
+                if time.perf_counter() - started > 300 or proc.poll() is not None and queue.stats().acked < self.jobs:
                     raise RuntimeError(f"{variant} drain did not finish; see {log_path}")
                 time.sleep(0.005)
             elapsed = time.perf_counter() - started
@@ -402,7 +417,7 @@ class Drain:
         if code != 0:
             raise RuntimeError(f"{variant} worker exited {code}; see {log_path}")
         cpu = children_cpu_s() - cpu_before - cpu_at_start
-        stats = self.queue.stats()
+        stats = queue.stats()
         if stats.acked != self.jobs or stats.nacked or stats.dead:
             raise RuntimeError(f"{variant}: {stats}")
         return {"jobs_per_s": self.jobs / elapsed, "seconds": elapsed, "worker_cpu_us_per_job": cpu / self.jobs * 1e6}
@@ -415,13 +430,19 @@ DRAIN_VARIANTS: dict[str, tuple[str, str | None]] = {
     "task": ("task_handlers:tasks", None),
     "raw_base": ("worker_handlers:noop", "baseline"),
     "task_base": ("task_handlers:tasks", "task_baseline"),
+    "task_batch": ("batch_handlers:tasks", None),
+    "raw_batch": ("worker_handlers:noop_batch", None),
 }
+#: More `pyqueue worker` options of a variant.
+DRAIN_OPTIONS = {"raw_batch": ["--batch", str(batch_handlers.BATCH)]}
 #: label -> (numerator, denominator): jobs/s and worker CPU per job ratios, where both ran.
 DRAIN_PAIRS = {
     "task / raw": ("task", "raw"),
     "task / raw_json": ("task", "raw_json"),
     "raw / raw_base": ("raw", "raw_base"),
     "task / task_base": ("task", "task_base"),
+    "task_batch / task": ("task_batch", "task"),
+    "raw_batch / raw": ("raw_batch", "raw"),
 }
 
 

@@ -61,3 +61,9 @@ def hold_first(job: Job) -> None:
 async def noop_async(job: Job) -> None:
     """Does nothing, as an ``async def`` handler: ``pyqueue worker`` runs it on the
     AsyncWorker (the async drain figures)."""
+
+
+def noop_batch(jobs: list[Job]) -> list[None]:
+    """Does nothing, as a batch handler (``pyqueue worker ... --batch N``): one result
+    per job (bench_tasks.py's ``raw_batch`` drain)."""
+    return [None] * len(jobs)

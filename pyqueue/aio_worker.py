@@ -38,17 +38,21 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, cast
 
 from pyqueue.models import Job
 from pyqueue.runtime.aio_executor import AsyncioExecutor
-from pyqueue.worker import Worker
+from pyqueue.runtime.batch import BatchHandler
+from pyqueue.worker import Handler, Worker
 
-__all__ = ["AsyncHandler", "AsyncWorker"]
+__all__ = ["AsyncBatchHandler", "AsyncHandler", "AsyncWorker"]
 
 #: A handler: an ``async def`` function of a Job, or a plain one.
 AsyncHandler = Callable[[Job], Awaitable[object]] | Callable[[Job], object]
+#: A batch handler (``batch=N``): an ``async def`` function of a list of jobs returning
+#: one result per job, or a plain one (:data:`~pyqueue.runtime.batch.BatchHandler`).
+AsyncBatchHandler = Callable[[list[Job]], Awaitable[Sequence[object]]] | BatchHandler
 
 
 class AsyncWorker(Worker):
@@ -60,8 +64,9 @@ class AsyncWorker(Worker):
     executor_class = AsyncioExecutor
     executor: AsyncioExecutor
 
-    def __init__(self, queues: Any, handler: AsyncHandler, **options: Any) -> None:
-        super().__init__(queues, handler, **options)
+    def __init__(self, queues: Any, handler: AsyncHandler | AsyncBatchHandler, **options: Any) -> None:
+        # (The sync Worker's type of handler, which this executor widens to coroutines.)
+        super().__init__(queues, cast("Handler | BatchHandler", handler), **options)
 
     @property
     def _loop(self) -> asyncio.AbstractEventLoop | None:

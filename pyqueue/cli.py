@@ -136,6 +136,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     )
     if link is not None:
         options["supervisor_link"] = link
+    if args.batch is not None or args.batch_wait_ms is not None:
+        # A batch handler (a Tasks object refuses: its batch tasks say it themselves).
+        options.update(batch=args.batch, batch_wait_ms=args.batch_wait_ms)
     if isinstance(target, Tasks):
         # Every task on the queues they name (or those given); async tasks or hooks make
         # it an AsyncWorker. The start and stop hooks run around it.
@@ -486,6 +489,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-results-ms", type=int, default=None, metavar="MS",
                    help="keep each handler's return value as its job's result for MS (default: only results the "
                         "handler wraps in pyqueue.Result)")
+    p.add_argument("--batch", type=int, default=None, metavar="N",
+                   help="a batch handler: the function receives up to N jobs of one queue (a list[Job], from one "
+                        "lease call) and returns one result per job, in order (tasks set it with "
+                        "@tasks.task(batch=N))")
+    p.add_argument("--batch-wait-ms", type=int, default=None, metavar="MS",
+                   help="with --batch: how long a short batch waits for more jobs before it runs (default 0)")
     p.add_argument("--burst", action="store_true", help="drain the queues, then exit")
     p.add_argument("--processes", type=int, metavar="N",
                    help="run N worker processes (each with --concurrency slots) under a supervisor that replaces a "

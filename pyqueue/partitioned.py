@@ -239,6 +239,19 @@ class PartitionedCore(QueueCore):
         )
         return (yield from plan)
 
+    def plan_ack_result_many(
+        self, jobs: Sequence[Job], values: Sequence[object], *, result_ttl_ms: int = DEFAULT_RESULT_TTL_MS,
+        max_results: int = DEFAULT_MAX_RESULTS, now_ms: int | None = None,
+    ) -> Plan[list[Outcome]]:
+        """As :meth:`QueueCore.plan_ack_result_many`; one call per partition involved."""
+        if len(values) != len(jobs):
+            raise InvalidArgument(f"{len(jobs)} jobs and {len(values)} values: one value per job")
+        value_of = {job.receipt: value for job, value in zip(jobs, values) if isinstance(job, Job)}
+        return (yield from self._per_partition(jobs, lambda part, group: part.plan_ack_result_many(
+            group, [value_of[job.receipt] for job in group], result_ttl_ms=result_ttl_ms, max_results=max_results,
+            now_ms=now_ms,
+        )))
+
     def plan_result(self, job_id: str, *, now_ms: int | None = None) -> Plan[JobResult]:
         """As :meth:`QueueCore.plan_result`, in the id's partition."""
         return (yield from self.part_for(job_id).plan_result(job_id, now_ms=now_ms))

@@ -493,6 +493,35 @@ class QueueCore:
 
     ack_result = Verb(plan_ack_result)
 
+    def plan_ack_result_many(
+        self, jobs: Sequence[Job], values: Sequence[object], *, result_ttl_ms: int = DEFAULT_RESULT_TTL_MS,
+        max_results: int = DEFAULT_MAX_RESULTS, now_ms: int | None = None,
+    ) -> Plan[list[Outcome]]:
+        """:meth:`ack_result` of up to 1000 jobs in one atomic call (lua/ack_result.lua),
+        ``values[i]`` the result of ``jobs[i]``, all kept for ``result_ttl_ms``; one
+        outcome each, as :meth:`ack_many` answers (a result is stored exactly for the
+        jobs answered OK).
+
+        Raises:
+            InvalidArgument: ``jobs`` and ``values`` of different lengths, a value that
+                cannot be stored, or values over 256 MiB in all (nothing was sent).
+        """
+        receipts = receipts_of(jobs)
+        if len(values) != len(receipts):
+            raise InvalidArgument(f"{len(receipts)} jobs and {len(values)} values: one value per job")
+        encoded = [encode_result(value) for value in values]
+        if sum(map(len, encoded)) > MAX_CALL_PAYLOAD_BYTES:
+            raise InvalidArgument(f"the results of one call must total at most {MAX_CALL_PAYLOAD_BYTES} bytes")
+        check_int(result_ttl_ms, "result_ttl_ms", 1, 2**40)
+        check_int(max_results, "max_results", 1, 10_000_000)
+        check_now(now_ms)
+        step = ack_result_call(
+            self.keys, now_ms, self.keep_done_ms, result_ttl_ms, max_results, list(zip(receipts, encoded))
+        )
+        return [Outcome(text(status)) for status in (yield from self._run(step))]
+
+    ack_result_many = Verb(plan_ack_result_many)
+
     def plan_ack_and_lease(
         self,
         job: Job,

@@ -112,6 +112,31 @@ class Slot:
         """How logs name the job: its id, and its task when the handler named one."""
         return f"job {self.job.id} [{self.name}]" if self.name else f"job {self.job.id}"
 
+    # What a batch slot (pyqueue.runtime.batch.BatchSlot) answers for its N jobs; one
+    # job's slot answers them for that job, so the heartbeat and the executors treat
+    # both alike.
+
+    @property
+    def jobs(self) -> tuple[Job, ...]:
+        """The jobs this slot runs: its job."""
+        return (self.job,)
+
+    @property
+    def key(self) -> str:
+        """What the worker's maps of running slots (and an asyncio executor's tasks)
+        know this slot by: its job's receipt."""
+        return self.job.receipt
+
+    def ending_for(self, job: Job) -> LimitEnding | None:
+        """How ``job`` ends at the time limit (the nack the heartbeat sends)."""
+        return self.ending
+
+    @property
+    def abandoned(self) -> bool:
+        """Whether the outcome of the work no longer matters to any of its jobs
+        (cancelled, lease lost, or ended at the time limit)."""
+        return self.job.cancelled.is_set()
+
     def server_now_ms(self) -> int:
         """The server clock now, as this slot knows it: the lease's time plus the time
         elapsed since (measured on this process's monotonic clock)."""

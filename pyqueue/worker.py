@@ -43,7 +43,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import redis as redis_lib
 
@@ -61,6 +61,7 @@ from pyqueue.queue import (
     Queue,
     check_int,
 )
+from pyqueue.runtime.batch import BatchHandler, BatchRunner
 from pyqueue.runtime.crash import CRASH_POINTS, Crasher
 from pyqueue.runtime.endings import Endings, Fail, Retry, error_text, seconds_to_ms
 from pyqueue.runtime.executor import (
@@ -163,6 +164,13 @@ class Worker:
         supervisor_link: set in a child of ``pyqueue worker --processes N``
             (:mod:`pyqueue.runtime.supervised`): the worker tells its supervisor when it
             registered and when it wants to be replaced, and stops if the supervisor dies.
+        batch: serve every queue in batches of at most this many jobs (1..1000):
+            ``handler`` is then a batch handler, called with a ``list[Job]`` of one
+            queue, returning one result per job in order (a value acks that job, an
+            exception instance fails it as if raised); a batch occupies one of the
+            ``concurrency`` slots (:mod:`pyqueue.runtime.batch`).
+        batch_wait_ms: with ``batch``, how long a batch that came back short waits
+            for more jobs before it runs (default 0: what one lease call returned).
         schedules: periodic jobs (:class:`~pyqueue.schedules.Schedule`, each of one of
             ``queues``) this worker enqueues, one job ``<name>:<tick>`` per tick, from a
             scheduler thread that runs while the worker is registered. Any number of
@@ -178,7 +186,7 @@ class Worker:
     def __init__(
         self,
         queues: Sequence[str],
-        handler: Handler,
+        handler: Handler | BatchHandler,
         *,
         redis: Client | None = None,
         service_redis: Client | None = None,
@@ -199,6 +207,8 @@ class Worker:
         keep_results_ms: int | None = None,
         max_results: int = DEFAULT_MAX_RESULTS,
         supervisor_link: SupervisorLink | None = None,
+        batch: int | None = None,
+        batch_wait_ms: int | None = None,
     ) -> None:
         if not queues or len(set(queues)) != len(queues):
             raise InvalidArgument("a worker serves one or more distinct queues")
@@ -269,7 +279,8 @@ class Worker:
             backoff_base_ms=self.backoff_base_ms, backoff_cap_ms=self.backoff_cap_ms,
         )
         self.executor = self.executor_class(
-            handler, concurrency=self.concurrency, lease_ms=self.lease_ms, slot_owner=self, running=self.running,
+            # (With batch=, every queue is served in batches: the executor's one-job calls are never made.)
+            cast(Handler, handler), concurrency=self.concurrency, lease_ms=self.lease_ms, slot_owner=self, running=self.running,
             endings=self.endings, crash=self._crash, partitioned_first=len(self.groups[0]) > 1,
         )
         self.heartbeat = Heartbeat(
@@ -284,10 +295,13 @@ class Worker:
             # Recycling by jobs: stop leasing as the last job ends (the heartbeat then asks
             # the supervisor for the replacement).
             self.running.limit_jobs(supervisor_link.max_jobs, self.control.leasing_paused)
+        #: Runs the queues served in batches (pyqueue.runtime.batch); None: none is.
+        self.batches = BatchRunner.for_worker(self, handler, batch, batch_wait_ms, retrying, self._crash)
         self.fetch = FetchLoop(
             redis=self.redis, groups=self.groups, running=self.running, registration=self.registration,
             executor=self.executor, control=self.control, crash=self._crash, renew=self.heartbeat.renew_now,
             lease_ms=self.lease_ms, block_ms=self.block_ms, private_wake_shared=self.services.redis is self.redis,
+            batches=self.batches,
         )
 
     #: The executor this worker runs handlers with (an AsyncWorker's runs asyncio tasks).

@@ -13,6 +13,11 @@ composes them and stays the entry point; each part is a screenful with one job:
 * :mod:`~pyqueue.runtime.endings` — **how a run ends**: ack (by group commit,
   :mod:`pyqueue.commit`), ack with a result, nack (retry, backoff, dead letters), or
   release unrun; and the handler's own words for it (:class:`Retry`, :class:`Fail`).
+* :mod:`~pyqueue.runtime.batch` — **batch handlers** (``Worker(..., batch=N)``, batch
+  tasks): up to N jobs of one queue from one lease call, one handler call in one slot;
+  :mod:`~pyqueue.runtime.batch_endings` ends each job by its own result (the acks in
+  one call that leases the next batch), :mod:`~pyqueue.runtime.nacks` sends a batch's
+  nacks in one pipelined round trip.
 * :mod:`~pyqueue.runtime.heartbeat` — the **heartbeat** thread: extends the leases of
   running jobs, renews the registration (scrubbing the dead services it reports), ends
   jobs at their time limit, and wakes the fetch loop when a stop is asked.

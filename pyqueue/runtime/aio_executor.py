@@ -86,29 +86,29 @@ class AsyncioExecutor(ThreadExecutor):
         handler thread; the task is cancelled if the job's lease ends without this
         worker (cancel, a lost lease) or at its time limit."""
         assert self.loop is not None
-        receipt = slot.job.receipt
+        key = slot.key  # a batch's slot: not any one job's receipt, which lease_ended looks up
         with self._tasks_lock:
-            self._tasks[receipt] = None  # from here a limit or a cancel cancels, never interrupts the thread
+            self._tasks[key] = None  # from here a limit or a cancel cancels, never interrupts the thread
         try:
             awaiting = _Awaiting(self.loop)
             awaiting.future = task = asyncio.run_coroutine_threadsafe(awaiting.run(awaitable), self.loop)
             with self._tasks_lock:
-                self._tasks[receipt] = awaiting
+                self._tasks[key] = awaiting
                 # The limit or the cancel came while the task was handed over: cancel it now.
-                late = slot.interrupted_at is not None or slot.job.cancelled.is_set()
+                late = slot.interrupted_at is not None or slot.abandoned
             if late:
                 awaiting.cancel()
             return task.result()
         finally:
             with self._tasks_lock:
-                self._tasks.pop(receipt, None)
+                self._tasks.pop(key, None)
 
     def interrupt(self, slot: Slot) -> None:
         """At the time limit, an ``async def`` handler's task is cancelled; a plain
         handler's thread gets :class:`~pyqueue.slots.TimeLimitExceeded`."""
         with self._tasks_lock:
-            awaiting = slot.job.receipt in self._tasks
-            task = self._tasks.get(slot.job.receipt)
+            awaiting = slot.key in self._tasks
+            task = self._tasks.get(slot.key)
             if awaiting:
                 slot.interrupted_at = slot.interrupted_at or time.monotonic()
         if task is not None:
@@ -119,7 +119,9 @@ class AsyncioExecutor(ThreadExecutor):
 
     def lease_ended(self, job: Job, outcome: Outcome) -> None:
         """As :meth:`ThreadExecutor.lease_ended`, and an ``async def`` handler's task is
-        cancelled (it sees :class:`asyncio.CancelledError` at its next ``await``)."""
+        cancelled (it sees :class:`asyncio.CancelledError` at its next ``await``). A job
+        of a batch only gets ``job.cancelled`` set: the batch's task runs on for the
+        others (its tasks are not known by any one job's receipt)."""
         super().lease_ended(job, outcome)
         with self._tasks_lock:
             task = self._tasks.get(job.receipt)

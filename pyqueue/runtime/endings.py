@@ -99,6 +99,15 @@ def error_text(error: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(error), error)).strip()[:4000]
 
 
+def nack_terms(error: BaseException) -> tuple[str, int | None, bool]:
+    """How a handler's exception is nacked: (error text, delay_ms, final). :class:`Retry`
+    after its delay (None: the backoff), :class:`Fail` to the dead letters now, anything
+    else with the backoff."""
+    if isinstance(error, _Ending):
+        return error.error_text(), error.delay_ms if isinstance(error, Retry) else None, isinstance(error, Fail)
+    return error_text(error), None, False
+
+
 def seconds_to_ms(value: float | timedelta, name: str) -> int:
     """A duration in seconds (int or float) or a ``timedelta``, in whole milliseconds.
 
@@ -218,13 +227,7 @@ class Endings:
     def fail(self, queue: Queue, job: Job, error: BaseException, label: object) -> None:
         """Nack a job whose handler raised: :class:`Retry` after its delay (or the
         backoff), :class:`Fail` to the dead letters now, anything else with the backoff."""
-        final, delay_ms = False, None
-        if isinstance(error, _Ending):
-            text = error.error_text()
-            final = isinstance(error, Fail)
-            delay_ms = error.delay_ms if isinstance(error, Retry) else None
-        else:
-            text = error_text(error)
+        text, delay_ms, final = nack_terms(error)
         if not final:
             log.info("%s attempt %d/%d failed: %s", label, job.attempt, job.max_attempts, text)
         nacked = self.retrying(

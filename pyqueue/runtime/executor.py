@@ -109,6 +109,12 @@ class ThreadExecutor:
         assert self._pool is not None
         self._pool.submit(self.serve, job)
 
+    def spawn(self, serve: Callable[..., None], *args: Any) -> None:
+        """Run ``serve(*args)`` in a handler thread, in the slot the caller took for it
+        (a batch of jobs: :mod:`pyqueue.runtime.batch`)."""
+        assert self._pool is not None
+        self._pool.submit(serve, *args)
+
     def shutdown(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False)

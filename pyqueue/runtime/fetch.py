@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from pyqueue.clients import Client
 from pyqueue.errors import OutcomeUnknown
 from pyqueue.queue import Queue, peek_many
+from pyqueue.runtime.batch import BatchRunner
 from pyqueue.runtime.crash import Crasher
 from pyqueue.runtime.executor import Executor
 from pyqueue.runtime.lifecycle import Control
@@ -50,6 +51,8 @@ class FetchLoop:
             its partitions, or itself.
         renew: renews the registration now (a heartbeat duty), when the fetch loop
             finds it unconfirmed.
+        batches: for the queues served in batches, how many jobs a lease round asks
+            for (a batch per free slot) and where they go (:mod:`pyqueue.runtime.batch`).
         private_wake_shared: the service namespace is on the queues' server, so one
             ``BZPOPMIN`` waits on the service's private wake key too.
     """
@@ -57,7 +60,7 @@ class FetchLoop:
     def __init__(
         self, *, redis: Client, groups: Sequence[Sequence[Queue]], running: Running, registration: Registration,
         executor: Executor, control: Control, crash: Crasher, renew: Callable[[], None], lease_ms: int,
-        block_ms: int, private_wake_shared: bool,
+        block_ms: int, private_wake_shared: bool, batches: BatchRunner | None = None,
     ) -> None:
         self.redis = redis
         self.groups = [list(g) for g in groups]
@@ -70,6 +73,8 @@ class FetchLoop:
         self.renew = renew
         self.lease_ms, self.block_ms = lease_ms, block_ms
         self.private_wake_shared = private_wake_shared
+        #: Runs the queues served in batches (None: every job is its own handler call).
+        self.batches = batches
         self.by_wake = {q.keys.wake: q for q in self.queues}
         #: Queues found without work at the last round -> their next_due_ms then (-1: none).
         self.known_empty: dict[str, int] = {}
@@ -218,7 +223,8 @@ class FetchLoop:
             # A call that raised (OutcomeUnknown) is sent again with the same token, so
             # the leases it may have made are handed back instead of left to expire.
             call = self.pending_calls.setdefault(q.name, secrets.token_hex(8))
-            leased = q.lease_call(count=free, lease_ms=self.lease_ms, call=call)
+            batched = self.batches.lease_count(q, free) if self.batches is not None else None
+            leased = q.lease_call(count=free if batched is None else batched, lease_ms=self.lease_ms, call=call)
             del self.pending_calls[q.name]
             if leased.jobs or leased.next_due_ms == leased.now_ms:  # work left (a limit hit)
                 self.known_empty.pop(q.name, None)
@@ -226,6 +232,10 @@ class FetchLoop:
                 self.known_empty[q.name] = leased.next_due_ms
             if leased.jobs:
                 self.crash.at("after_lease")
+                if batched is not None:
+                    assert self.batches is not None
+                    self.batches.hand_out(q, leased.jobs)  # a batch per slot
+                    return True, -1, leased.now_ms
                 self.running.take(len(leased.jobs))
                 for job in leased.jobs:
                     self.running.track_all([job])

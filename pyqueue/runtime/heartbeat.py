@@ -27,6 +27,7 @@ from pyqueue.queue import Queue
 from pyqueue.runtime.crash import Crasher
 from pyqueue.runtime.executor import Executor
 from pyqueue.runtime.lifecycle import EXIT_REGISTRATION_LOST, Control
+from pyqueue.runtime.nacks import NackTerms, nack_all
 from pyqueue.runtime.registration import Registration
 from pyqueue.runtime.retries import NACK_AT_LIMIT_ERRORS
 from pyqueue.runtime.running import Running
@@ -202,29 +203,33 @@ class Heartbeat:
                     self.link.retire(f"{self.executor.describe(slot)} did not stop at its time limit")
 
     def end_at_limit(self, slot: Slot) -> None:
-        """The job of ``slot`` reached its time limit: end its lease now with a fenced nack
-        (so a late ack is refused), then stop the work."""
-        job, ending = slot.job, slot.ending
-        assert ending is not None
-        if not self.running.claim_at_limit(slot):
+        """The job of ``slot`` (every job, for a batch's slot) reached its time limit: end
+        its lease now with a fenced nack (so a late ack is refused), then stop the work."""
+        claimed = self.running.claim_at_limit(slot)
+        if not claimed:
             return  # it finished (or was released) just now: its own ending stands
         label = self.executor.describe(slot)
         log.warning("%s reached its time limit of %gs: ending its lease and stopping it", label, slot.limit_s)
-        queue = self.by_name[job.queue]
+        queue = self.by_name[slot.job.queue]  # a batch's jobs all come from one queue
+        nacks = []
+        for job in claimed:
+            ending = slot.ending_for(job)
+            assert ending is not None
+            nacks.append(NackTerms(job, ending.error, ending.delay_ms, ending.final))
         try:
-            nacked = queue.nack(
-                job, ending.error, delay_ms=ending.delay_ms, final=ending.final,
-                backoff_base_ms=self.backoff_base_ms, backoff_cap_ms=self.backoff_cap_ms,
-            )
+            answers = nack_all(queue, nacks, backoff_base_ms=self.backoff_base_ms, backoff_cap_ms=self.backoff_cap_ms)
         except NACK_AT_LIMIT_ERRORS as exc:
             # No longer renewed: the lease expires (a lease length at most) and is reclaimed.
             log.warning("%s: the nack at its time limit failed (%s); its lease is left to expire", label, exc)
         else:
-            if nacked.state == "dead":
-                log.warning("%s is dead after %d attempts: %s", label, job.attempt, ending.error)
-            elif nacked.state == "scheduled":
-                self.running.note_retry(nacked.at_ms)
+            for terms, nacked in zip(nacks, answers):
+                if nacked.state == "dead":
+                    who = label if len(claimed) == 1 else f"{label}: job {terms.job.id}"
+                    log.warning("%s is dead after %d attempts: %s", who, terms.job.attempt, terms.error)
+                elif nacked.state == "scheduled":
+                    self.running.note_retry(nacked.at_ms)
         finally:
-            # Whatever the nack did, the work stops: the job is no longer this worker's.
-            job.cancelled.set()  # wakes a handler that waits on it
+            # Whatever the nack did, the work stops: the jobs are no longer this worker's.
+            for job in claimed:
+                job.cancelled.set()  # wakes a handler that waits on it
             self.executor.interrupt(slot)

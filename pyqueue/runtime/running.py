@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 
 from pyqueue.models import Job
 from pyqueue.slots import Slot
@@ -128,17 +129,29 @@ class Running:
             self._count_ended()
             return True
 
+    def untrack_all(self, jobs: Sequence[Job]) -> list[bool]:
+        """:meth:`untrack` of each of a batch's jobs, under one hold of the lock: the
+        heartbeat's :meth:`claim_at_limit` of the batch's slot takes all of them or none."""
+        with self.lock:
+            out = []
+            for job in jobs:
+                tracked = self.jobs.pop(job.receipt, None) is not None
+                if tracked:
+                    self._count_ended()
+                out.append(tracked)
+            return out
+
     def is_tracked(self, job: Job) -> bool:
         with self.lock:
             return job.receipt in self.jobs
 
     def enter(self, slot: Slot) -> None:
         with self.lock:
-            self.slots_running[slot.job.receipt] = slot
+            self.slots_running[slot.key] = slot
 
     def leave(self, slot: Slot) -> None:
         with self.lock:
-            self.slots_running.pop(slot.job.receipt, None)
+            self.slots_running.pop(slot.key, None)
 
     def snapshot(self) -> list[Job]:
         with self.lock:
@@ -149,16 +162,18 @@ class Running:
         with self.lock:
             return [s for s in self.slots_running.values() if s.limit_at is not None and now >= s.limit_at]
 
-    def claim_at_limit(self, slot: Slot) -> bool:
-        """Untrack the job of ``slot`` for the heartbeat, which ends it at its time limit,
-        and mark the slot limited, under the lock the handler thread untracks with: exactly
-        one of them decides how the job ends. False: it finished (or was released) first."""
+    def claim_at_limit(self, slot: Slot) -> list[Job]:
+        """Untrack the jobs of ``slot`` for the heartbeat, which ends them at the time
+        limit, and mark the slot limited, under the lock the handler thread untracks with:
+        exactly one of them decides how the jobs end. The jobs claimed; none: they
+        finished (or were released) first."""
         with self.lock:
-            if self.jobs.pop(slot.job.receipt, None) is None:
-                return False
-            self._count_ended()
-            slot.limited = True
-            return True
+            claimed = [job for job in slot.jobs if self.jobs.pop(job.receipt, None) is not None]
+            for _ in claimed:
+                self._count_ended()
+            if claimed:
+                slot.limited = True
+            return claimed
 
     def take_all(self) -> list[Job]:
         """Untrack every job (the shutdown releases them)."""

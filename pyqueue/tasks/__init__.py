@@ -8,15 +8,18 @@ still one of ``lua/``'s scripts (the engine never imports this package). See
 
 from pyqueue.slots import TimeLimitExceeded
 from pyqueue.tasks.app import Tasks
+from pyqueue.tasks.batch import current_batch
 from pyqueue.tasks.envelope import Envelope, EnvelopeError
 from pyqueue.tasks.handle import ResultTimeout, SentTask, TaskDead, TaskError, TaskResultMissing
 from pyqueue.tasks.policy import Backoff, TaskOptions
 from pyqueue.tasks.runtime import Dispatcher, TaskRun, current_job
-from pyqueue.tasks.task import Options, Signature, Task
+from pyqueue.tasks.task import BatchOptions, BatchTask, Options, Signature, Task
 from pyqueue.worker import Fail, Retry
 
 __all__ = [
     "Backoff",
+    "BatchOptions",
+    "BatchTask",
     "Dispatcher",
     "Envelope",
     "EnvelopeError",
@@ -34,5 +37,6 @@ __all__ = [
     "TaskRun",
     "Tasks",
     "TimeLimitExceeded",
+    "current_batch",
     "current_job",
 ]

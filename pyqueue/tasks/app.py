@@ -21,10 +21,11 @@ from pyqueue.queue import DEFAULT_PREFIX, Queue
 from pyqueue.service import TASK_NAME
 from pyqueue.tasks.connection import Connection
 from pyqueue.tasks.handle import SentTask
-from pyqueue.tasks.policy import TaskOptions
+from pyqueue.tasks.policy import Duration, TaskOptions
 from pyqueue.tasks.runtime import Dispatcher
-from pyqueue.tasks.task import Signature, Task
-from pyqueue.worker import Worker
+from pyqueue.tasks.task import BatchTask, Signature, Task
+from pyqueue.runtime.batch import MAX_BATCH_WAIT_MS, BatchSpec
+from pyqueue.worker import Worker, seconds_to_ms
 
 if TYPE_CHECKING:
     from pyqueue.tasks.testing import TaskTesting
@@ -33,6 +34,7 @@ log = logging.getLogger("pyqueue.tasks")
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 Hook = Callable[[], object]
 
 #: The longest task name (ASCII): ``unique=True`` job ids are the name and 33 more
@@ -76,9 +78,17 @@ class Tasks:
     def task(self, fn: Callable[P, R], /) -> Task[P, R]: ...
 
     @overload
+    def task(  # batch= picks this one; the next takes any other keywords
+        self, *, batch: int, batch_wait: Duration = 0, name: str | None = None, **options: Any
+    ) -> Callable[[Callable[[list[T]], Sequence[R | BaseException]]], BatchTask[T, R]]: ...
+
+    @overload
     def task(self, *, name: str | None = None, **options: Any) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
-    def task(self, fn: Any = None, /, *, name: str | None = None, **options: Any) -> Any:  # type: ignore[misc]
+    def task(  # type: ignore[misc]
+        self, fn: Any = None, /, *, name: str | None = None, batch: int | None = None,
+        batch_wait: Duration | None = None, **options: Any,
+    ) -> Any:
         """Register a function (plain or ``async def``) as a task: ``@tasks.task`` or
         ``@tasks.task(queue=..., max_attempts=..., backoff=..., retry_on=..., fail_on=...,
         max_age=..., time_limit=..., unique=..., keep_result=..., priority=..., group=...)``.
@@ -88,25 +98,44 @@ class Tasks:
         giving one, e.g. ``group=lambda account_id, **_: account_id``) are the engine's
         fair scheduling (``Queue.enqueue``, ``Queue.set_group_limit``).
 
+        ``batch=N`` (1..1000) makes a :class:`~pyqueue.tasks.task.BatchTask`: the
+        function takes the list of items of up to N jobs and returns one result per
+        item; each send is one job of one item; a short batch waits at most
+        ``batch_wait`` seconds (default 0) for more. Its queue must hold its jobs only.
+
         Raises:
-            InvalidArgument: a bad option, a name taken by another function, or a
-                function that cannot be a task (a generator, a lambda without ``name=``).
+            InvalidArgument: a bad option, a name taken by another function, a function
+                that cannot be a task (a generator, a lambda without ``name=``), or a
+                queue shared with a batch task.
         """
         options.setdefault("queue", self.default_queue)
+        if "batch_wait_ms" in options:
+            raise InvalidArgument("the task layer takes durations in seconds: batch_wait=0.05, not batch_wait_ms=50")
         policy = TaskOptions.build(None, **options)
+        spec = _batch_spec(batch, batch_wait)
 
-        def register(fn: Callable[P, R]) -> Task[P, R]:
+        def register(fn: Callable[..., Any]) -> Task[Any, Any]:
             if not callable(fn) or inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
                 raise InvalidArgument(f"a task is a plain or async def function, got {fn!r}")
             task_name = name if name is not None else f"{_module_name(fn)}.{fn.__qualname__}"
             if "<" in task_name and name is None:
                 raise InvalidArgument(f"{fn.__qualname__} has no stable name (a lambda or a local function): give name=")
             _check_name(task_name)
+            if spec is not None:
+                _check_batch_function(fn, task_name)
             with self._lock:
                 other = self._tasks.get(task_name)
                 if other is not None and other.fn is not fn:
                     raise InvalidArgument(f"task name {task_name!r} is taken by {other.fn!r}")
-                task = self._tasks[task_name] = Task(self, fn, task_name, policy)
+                for shared in self._tasks.values():
+                    if shared.name != task_name and shared.policy.queue == policy.queue and (spec or shared.batch):
+                        batch_task = task_name if spec else shared.name
+                        raise InvalidArgument(
+                            f"tasks {shared.name} and {task_name} share queue {policy.queue!r}, which batch task "
+                            f"{batch_task} needs for its jobs only: give one of them another queue="
+                        )
+                task = Task(self, fn, task_name, policy) if spec is None else BatchTask(self, fn, task_name, policy, spec)
+                self._tasks[task_name] = task
             return task
 
         return register(fn) if fn is not None else register
@@ -248,6 +277,9 @@ class Tasks:
         unknown = sorted(set(names) - set(self.queue_names()))
         if unknown:
             log.warning("queues %s have no task of this Tasks object: their jobs will be retried, then dead", unknown)
+        if "batch" in options or "batch_wait_ms" in options:
+            raise InvalidArgument("a task worker runs in batches the tasks registered with @tasks.task(batch=...): "
+                                  "give batch= to the task, not to the worker")
         if options.get("redis") is not None:
             self.connection.adopt(options["redis"])
         options.setdefault("redis", self.redis)
@@ -304,6 +336,40 @@ def _check_name(name: object) -> None:
     """
     if not isinstance(name, str) or not TASK_NAME.fullmatch(name):
         raise InvalidArgument(f"task name must be 1..{MAX_NAME_BYTES} characters of [A-Za-z0-9_.:<>-], got {name!r}")
+
+
+def _batch_spec(batch: object, batch_wait: Duration | None) -> BatchSpec | None:
+    """A batch task's spec from its options; None without ``batch``.
+
+    Raises:
+        InvalidArgument: ``batch`` not an int in [1, 1000], ``batch_wait`` negative or
+            beyond 600 seconds, or ``batch_wait`` without ``batch``.
+    """
+    if batch is None:
+        if batch_wait is not None:
+            raise InvalidArgument("batch_wait is how long a batch task's batch waits to fill: give batch=N with it")
+        return None
+    wait_ms = seconds_to_ms(batch_wait if batch_wait is not None else 0, "batch_wait")
+    if wait_ms > MAX_BATCH_WAIT_MS:
+        raise InvalidArgument(f"batch_wait must be at most {MAX_BATCH_WAIT_MS // 1000} seconds, got {batch_wait!r}")
+    return BatchSpec.of(batch, wait_ms)
+
+
+def _check_batch_function(fn: Callable[..., object], name: str) -> None:
+    """A batch task's function takes one argument, the list of items.
+
+    Raises:
+        InvalidArgument: it cannot be called with one positional argument.
+    """
+    try:
+        inspect.signature(fn).bind([])
+    except TypeError:
+        raise InvalidArgument(
+            f"batch task {name}: its function takes one argument, the list of items of a batch "
+            f"(def {getattr(fn, '__name__', 'fn')}(items: list[...]) -> list[...])"
+        ) from None
+    except ValueError:  # no signature to read (a builtin): called as it is
+        pass
 
 
 def _module_name(fn: Callable[..., object]) -> str:

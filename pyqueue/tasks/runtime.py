@@ -16,6 +16,10 @@ How a run ends, and the transition it becomes (every one a script):
 * its task name is unknown here, or its payload is not an envelope this worker reads:
   ``nack`` with the backoff, never ack (another worker version may know it), dead at
   ``max_attempts`` with the error ``unknown task 'name'``.
+
+A batch task's jobs (``@tasks.task(batch=N)``) end the same way, each by its own item's
+result (:mod:`pyqueue.tasks.batch`): the worker runs its queue in batches
+(:meth:`Dispatcher.run_batch`); one of its jobs leased alone runs as a batch of one.
 """
 
 from __future__ import annotations
@@ -24,18 +28,18 @@ import contextvars
 import logging
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pyqueue.errors import InvalidArgument
 from pyqueue.models import Job, Result
-from pyqueue.slots import LimitEnding, TimeLimitExceeded, current_slot
+from pyqueue.slots import LimitEnding, Slot, TimeLimitExceeded, current_slot
 from pyqueue.tasks import envelope
 from pyqueue.tasks.codec import to_json
 from pyqueue.tasks.policy import TaskOptions, qualified_name
 from pyqueue.worker import Fail, Retry, error_text, is_async_handler
 
 if TYPE_CHECKING:
-    from pyqueue.tasks.task import Task
+    from pyqueue.tasks.task import BatchTask, Task
 
 log = logging.getLogger("pyqueue.tasks")
 
@@ -109,6 +113,10 @@ def current_job() -> TaskRun:
     try:
         return _current.get()
     except LookupError:
+        from pyqueue.tasks.batch import _current_batch
+
+        if _current_batch.get(None) is not None:
+            raise LookupError("current_job() is called in a batch task: current_batch() has its jobs") from None
         raise LookupError("current_job() is called outside a running task") from None
 
 
@@ -144,6 +152,18 @@ class Dispatcher:
         self.needs_event_loop = any(t.is_async for t in tasks.values()) or (
             raw is not None and is_async_handler(raw)
         )
+        from pyqueue.tasks.batch import BatchDispatch  # it builds on this module
+
+        #: The batch tasks, by queue (each holds its task's jobs only).
+        self.batches = BatchDispatch(self, {n: cast("BatchTask[Any, Any]", t) for n, t in tasks.items() if t.batch})
+        for name, task in tasks.items():
+            batch_task = self.batches.by_queue.get(task.policy.queue)
+            if batch_task is not None and batch_task is not task:
+                raise InvalidArgument(f"task {name} is in queue {task.policy.queue!r} of batch task {batch_task.name}, "
+                                      "which holds that task's jobs only: give it another queue=")
+        #: The queues served in batches, and how (what a Worker reads to run them; see
+        #: :mod:`pyqueue.runtime.batch`). The other queues run one job per call.
+        self.batch_queues = {queue: task.batch for queue, task in self.batches.by_queue.items()}
 
     def __call__(self, job: Job) -> object:
         slot = current_slot()
@@ -164,18 +184,10 @@ class Dispatcher:
             slot.name = env.task
         if task is None:
             raise Undeliverable(f"unknown task {env.task!r}")
-        opts = task.policy
-        if env.opts:
-            try:
-                opts = opts.with_overrides(env.opts, self.backoff_functions)
-            except InvalidArgument as exc:
-                raise Undeliverable(str(exc)) from None
+        if task.batch is not None:  # a BatchTask
+            return self.run_alone(cast("BatchTask[Any, Any]", task), job)
+        opts = self.options_for(task, env, slot)
         enqueued_ms = env.enqueued_ms
-        if opts.max_age_ms is not None and enqueued_ms is not None and slot is not None:
-            # The age counts from when the job was due: a send_in(60) is not old at 60 s.
-            age_ms = slot.server_now_ms() - enqueued_ms - env.delay_ms
-            if age_ms > opts.max_age_ms:
-                raise Fail(f"max_age exceeded: due {age_ms / 1000:.3f}s ago, max_age is {opts.max_age_ms / 1000:g}s; not run")
         deadline_ms = None
         if opts.time_limit_ms is not None and slot is not None:
             slot.limit(opts.time_limit_ms / 1000, self._limit_ending(task, opts, job))
@@ -218,6 +230,42 @@ class Dispatcher:
                 raise Fail(f"the result cannot be stored: {exc}") from None
             return Result(encoded, opts.keep_result_ms)
         return None
+
+    def options_for(self, task: Task[Any, Any], env: envelope.Envelope, slot: Slot | None) -> TaskOptions:
+        """The policy of one job of ``task``: the task's, with the envelope's per-send
+        overrides.
+
+        Raises:
+            Undeliverable: an override that does not resolve on this worker.
+            Fail: the job is older than its ``max_age`` (it is not run).
+        """
+        opts = task.policy
+        if env.opts:
+            try:
+                opts = opts.with_overrides(env.opts, self.backoff_functions)
+            except InvalidArgument as exc:
+                raise Undeliverable(str(exc)) from None
+        enqueued_ms = env.enqueued_ms
+        if opts.max_age_ms is not None and enqueued_ms is not None and slot is not None:
+            # The age counts from when the job was due: a send_in(60) is not old at 60 s.
+            age_ms = slot.server_now_ms() - enqueued_ms - env.delay_ms
+            if age_ms > opts.max_age_ms:
+                raise Fail(f"max_age exceeded: due {age_ms / 1000:.3f}s ago, max_age is {opts.max_age_ms / 1000:g}s; not run")
+        return opts
+
+    def run_batch(self, jobs: list[Job]) -> list[object]:
+        """The worker's batch handler of the batch tasks' queues (:attr:`batch_queues`):
+        runs the jobs of one queue as one call of its batch task; one outcome per job
+        (:mod:`pyqueue.tasks.batch`)."""
+        return self.batches.run(jobs)
+
+    def run_alone(self, task: BatchTask[Any, Any], job: Job) -> object:
+        """A job of a batch task leased alone (``t.drain()``, or sent to a queue served
+        one job at a time): a batch of one."""
+        (outcome,) = self.batches.run_task(task, [job])
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
 
     @staticmethod
     def _limit_ending(task: Task[Any, Any], opts: TaskOptions, job: Job) -> LimitEnding:

@@ -15,12 +15,13 @@ from __future__ import annotations
 import hashlib
 import inspect
 import secrets
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast
 
 from pyqueue.errors import InvalidArgument
 from pyqueue.models import NewJob
+from pyqueue.runtime.batch import BatchSpec
 from pyqueue.tasks import envelope
 from pyqueue.tasks.codec import canonical, to_json, to_json_args
 from pyqueue.tasks.handle import SentTask
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 
 class Signature:
@@ -178,6 +180,9 @@ class Task(_Sender[P, R]):
     """A function registered with ``@tasks.task(...)``. Calling it runs it here, now;
     :meth:`send` runs it on a worker. ``policy`` holds its registered options."""
 
+    #: How its jobs are run in batches (a :class:`BatchTask`); None: one job per call.
+    batch: BatchSpec | None = None
+
     def __init__(self, app: Tasks, fn: Callable[P, R], name: str, policy: TaskOptions) -> None:
         self.app, self.fn, self.name, self.policy = app, fn, name, policy
         self.task, self.opts = self, policy
@@ -216,3 +221,95 @@ class Options(_Sender[P, R]):
 
     def options(self, **overrides: Any) -> Options[P, R]:
         return Options(self.task, TaskOptions.build(self.opts, **overrides))
+
+
+#: What a batch task's sends are checked against: one item (one positional argument) per job.
+ITEM_SIGNATURE = inspect.Signature([inspect.Parameter("item", inspect.Parameter.POSITIONAL_ONLY)])
+
+
+class BatchTask(Task[[T], R]):
+    """A task run in batches: ``@tasks.task(batch=100, batch_wait=0.05)`` on a function
+    of one parameter, the list of items of up to ``batch`` jobs, returning one result
+    per item, in order::
+
+        @tasks.task(batch=100, keep_result=60)
+        def index(docs: list[dict]) -> list[str | Exception]:
+            return [store(doc) if doc else ValueError("empty") for doc in docs]
+
+        index.send({"id": 7})          # one job, one item
+        index.send_many(docs)          # one job per item, one round trip per 1,000
+
+    A send is one job carrying one item (any value that travels as JSON: send a dict or
+    a list for several fields); ``send``, ``send_in``, ``send_at``, ``asend``,
+    ``options(...)`` and ``s`` take that item. A worker calls the function with the
+    items of the jobs one lease call returned (at most ``batch``; a short batch waits
+    at most ``batch_wait`` seconds for more), in lease order. ``current_batch()`` gives
+    the jobs (id, attempt, fence, cancelled, ...) in the same order.
+
+    Each job's outcome is its item's result, exactly as a single job's return or raise:
+    a value completes the job (kept as its result with ``keep_result``); an exception
+    instance at its position fails that job alone, retried or dead by the task's policy
+    (``retry_on``, ``fail_on``, ``backoff``, ``max_attempts``; :class:`~pyqueue.Retry`
+    and :class:`~pyqueue.Fail` instances too). Raising fails every job of the batch
+    the same way, and so does returning anything but a list of one result per item.
+    ``time_limit`` limits the batch's run (the smallest limit among its jobs, from the
+    lease of its first job): at the limit every job of the batch ends with
+    :class:`~pyqueue.TimeLimitExceeded`. A batch takes one of the worker's
+    ``concurrency`` slots.
+
+    Its queue holds its jobs only (refused at registration otherwise): a job of another
+    task found in it (a per-send ``queue=``) is not run, it is retried then dead with
+    its own error. Calling the task runs the function here, on a list of items.
+    Delivery: at least once, per job, as every task.
+    """
+
+    batch: BatchSpec
+
+    def __init__(
+        self, app: Tasks, fn: Callable[[list[T]], Sequence[R | BaseException]], name: str, policy: TaskOptions,
+        batch: BatchSpec,
+    ) -> None:
+        # Task's view of fn (a function of the sends' arguments) is wrong for a batch task:
+        # its sends are checked against ITEM_SIGNATURE, and workers call batch_fn.
+        super().__init__(app, cast("Callable[[T], R]", fn), name, policy)
+        self.batch_fn = fn
+        self.batch = batch
+        self.signature = ITEM_SIGNATURE
+        self.positional_arity = 1
+
+    def __call__(self, items: list[T]) -> Sequence[R | BaseException]:  # type: ignore[override]
+        return self.batch_fn(items)
+
+    def options(self, **overrides: Any) -> BatchOptions[T, R]:
+        """This task with options changed for the sends made through the result (the
+        keywords of ``@tasks.task``, but not ``batch``, which is the task's)."""
+        return BatchOptions(self, TaskOptions.build(self.policy, **overrides))
+
+    def send_many(self, items: Iterable[T]) -> list[SentTask[R]]:  # type: ignore[override]
+        """Enqueue one job per item (an item may also be ``fn.s(item)``); every item is
+        checked before any is sent, then one round trip per 1,000 jobs."""
+        return _send_items(self, items)
+
+    def __repr__(self) -> str:
+        return f"<batch task {self.name} on {self.policy.queue!r}, batches of {self.batch.size}>"
+
+
+class BatchOptions(Options[[T], R]):
+    """A batch task with per-send options (``fn.options(...)``)."""
+
+    def options(self, **overrides: Any) -> BatchOptions[T, R]:
+        return BatchOptions(self.task, TaskOptions.build(self.opts, **overrides))
+
+    def send_many(self, items: Iterable[T]) -> list[SentTask[R]]:  # type: ignore[override]
+        """As :meth:`BatchTask.send_many`, with these options."""
+        return _send_items(self, items)
+
+
+def _send_items(sender: _Sender[[T], R], items: Iterable[T]) -> list[SentTask[R]]:
+    """One job per item: a batch task's ``send_many`` (an item is never unpacked as a
+    tuple of arguments, as ``Task.send_many`` does)."""
+    signatures = [i if isinstance(i, Signature) else Signature(sender.task, (i,), {}, sender.opts) for i in items]
+    for sig in signatures:
+        if sig.task is not sender.task:
+            raise InvalidArgument(f"send_many of {sender.task.name} got a call of {sig.task.name}")
+    return sender.task.app._send_many(signatures, sender.task.app.server_now_ms())

@@ -5,7 +5,8 @@ embedded server of its own (fakeredis with its Lua), so a test sees only its own
 ``fn.send(...)`` enqueues there, through the real ``enqueue.lua``. :meth:`TaskTesting.drain`
 then runs the jobs in this thread through the real scripts (``lease``, ``ack``,
 ``ack_result``, ``nack``) and the real task dispatch a worker uses, time limits
-included, until nothing is ready or due. When only scheduled jobs are left (a retry's
+included, until nothing is ready or due; a batch task's jobs in batches of what one
+lease call returns (it does not wait for a batch to fill). When only scheduled jobs are left (a retry's
 backoff, ``send_in``), it moves the server's clock forward to the next one and goes on,
 so a test of a task that retries after an hour takes milliseconds. It re-raises the
 first error a task raised, unless told not to; ``t.errors`` keeps them all.
@@ -137,24 +138,41 @@ class TaskTesting:
         dispatcher = worker.handler
         failures: list[BaseException] = []
 
-        def recording(job: Job) -> object:
-            try:
-                return dispatcher(job)
-            except Undeliverable as exc:
+        def record(exc: BaseException) -> None:
+            if isinstance(exc, Undeliverable):
                 failures.append(exc)
-                raise
-            except Retry as exc:
+            elif isinstance(exc, Retry):
                 # A task that asks for a retry (no exception behind it) is not an error;
                 # a retry after an exception is that exception's.
                 if exc.__cause__ is not None:
                     failures.append(exc.__cause__)
-                raise
+            else:
+                failures.append(exc.__cause__ if isinstance(exc, Fail) and exc.__cause__ is not None else exc)
+
+        def recording(job: Job) -> object:
+            try:
+                return dispatcher(job)
             except BaseException as exc:
-                cause = exc.__cause__ if isinstance(exc, Fail) and exc.__cause__ is not None else exc
-                failures.append(cause)
+                record(exc)
                 raise
 
         worker.handler = recording
+        batches = worker.batches
+        if batches is not None:
+            run_batch = batches.handler
+
+            def recording_batch(jobs: list[Job]) -> object:
+                try:
+                    outcomes = run_batch(jobs)
+                except BaseException as exc:
+                    record(exc)
+                    raise
+                for outcome in outcomes if isinstance(outcomes, list) else ():
+                    if isinstance(outcome, BaseException):
+                        record(outcome)
+                return outcomes
+
+            batches.handler = recording_batch
         owner = "testing." + secrets.token_hex(4)
         for q in worker.logical + worker.queues:
             q.owner = owner
@@ -173,15 +191,22 @@ class TaskTesting:
             while True:
                 next_due_ms, now_ms, ran = -1, 0, False
                 for q in worker.queues:
-                    leased = q.lease_call(count=1, lease_ms=self.lease_ms, call=secrets.token_hex(8))
+                    # A batch task's queue: a batch of what one lease call returns (no waiting).
+                    spec = batches.specs.get(q.name) if batches is not None else None
+                    count = 1 if spec is None else spec.size
+                    leased = q.lease_call(count=count, lease_ms=self.lease_ms, call=secrets.token_hex(8))
                     now_ms = leased.now_ms
-                    for job in leased.jobs:
-                        runs += 1
+                    if leased.jobs:
+                        runs += len(leased.jobs)
                         if runs > self.max_jobs:
-                            q.release([job])
+                            q.release(leased.jobs)
                             raise RuntimeError(f"drain ran {self.max_jobs} jobs and jobs are still coming")
-                        worker._track(job)
-                        worker._run_one(job, may_lease=False)
+                        worker.running.track_all(leased.jobs)
+                        if spec is None:
+                            worker._run_one(leased.jobs[0], may_lease=False)
+                        else:
+                            assert batches is not None
+                            batches.run(q, leased.jobs, may_lease=False)
                         ran = True
                         if failures:
                             self.errors.extend(failures)

@@ -1,0 +1,183 @@
+"""Running batch tasks (``@tasks.task(batch=N)``, :class:`~pyqueue.tasks.task.BatchTask`):
+the jobs of one lease call, one call of the task's function.
+
+A worker serves a batch task's queue in batches (:mod:`pyqueue.runtime.batch`) and calls
+:meth:`BatchDispatch.run` with each batch. The answer is one outcome per job, which the
+worker turns into that job's ack or nack:
+
+* a job whose payload is not an envelope of this batch task (another task sent to its
+  queue with a per-send ``queue=``, a raw job, a newer envelope version), or whose
+  per-send options do not resolve: retried with the backoff, then dead, with its own
+  error (:class:`~pyqueue.tasks.runtime.Undeliverable`); never given to the function;
+* one older than ``max_age``: dead, not run; one that does not carry exactly one item:
+  dead (a retry would not change it);
+* the others' items go to the function, in lease order. Its result at a job's position
+  is that job's outcome: a value acks it (kept with ``keep_result``), an exception
+  instance fails it as if a single run had raised it (``retry_on``, ``fail_on``,
+  ``backoff``, max attempts; a :class:`Retry` or :class:`Fail` as given). The function
+  raising fails each of those jobs so, and so does an answer that is not a list of one
+  result per item (:class:`~pyqueue.runtime.batch_endings.BatchError`).
+
+The batch's time limit is the smallest ``time_limit`` among its jobs, counted from the
+lease of its first job; at the limit the heartbeat ends every job still running with
+:class:`~pyqueue.TimeLimitExceeded` under each job's policy (:mod:`pyqueue.slots`).
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from pyqueue.errors import InvalidArgument
+from pyqueue.models import Job, Result
+from pyqueue.runtime.batch import BatchSlot
+from pyqueue.runtime.batch_endings import outcomes_of
+from pyqueue.slots import LimitEnding, Slot, TimeLimitExceeded, current_slot
+from pyqueue.tasks import envelope
+from pyqueue.tasks.codec import to_json
+from pyqueue.tasks.policy import TaskOptions
+from pyqueue.tasks.runtime import TaskRun, Undeliverable
+from pyqueue.worker import Fail, Retry, error_text
+
+if TYPE_CHECKING:
+    from pyqueue.tasks.runtime import Dispatcher
+    from pyqueue.tasks.task import BatchTask
+
+_current_batch: contextvars.ContextVar[list[TaskRun]] = contextvars.ContextVar("pyqueue_current_batch")
+
+
+def current_batch() -> list[TaskRun]:
+    """The jobs of the batch this code runs in, in the order of the items the batch task
+    was called with (each with its id, attempt, fence, enqueue time, deadline and
+    ``cancelled``), from the task's function or anything it calls, sync or async.
+
+    Raises:
+        LookupError: called outside a running batch task.
+    """
+    try:
+        return list(_current_batch.get())
+    except LookupError:
+        raise LookupError("current_batch() is called outside a running batch task") from None
+
+
+class BatchDispatch:
+    """The batch tasks of a dispatcher, by queue (see the module docstring)."""
+
+    def __init__(self, dispatcher: Dispatcher, tasks: Mapping[str, BatchTask[Any, Any]]) -> None:
+        self.dispatcher = dispatcher
+        self.by_queue: dict[str, BatchTask[Any, Any]] = {}
+        for task in tasks.values():
+            other = self.by_queue.setdefault(task.policy.queue, task)
+            if other is not task:
+                raise InvalidArgument(f"batch tasks {other.name} and {task.name} share queue {task.policy.queue!r}: "
+                                      "a batch task's queue holds its jobs only")
+
+    def run(self, jobs: list[Job]) -> list[object]:
+        """Run a batch of one queue's jobs (a worker's batch handler); one outcome each."""
+        name = jobs[0].queue
+        # A partition "<queue>#<p>" serves its queue's batch task.
+        task = self.by_queue.get(name) or self.by_queue.get(name.rpartition("#")[0])
+        if task is None:  # not a batch task's queue: the worker was told otherwise
+            return [Undeliverable(f"queue {name!r} has no batch task in this worker")] * len(jobs)
+        return self.run_task(task, jobs)
+
+    def run_task(self, task: BatchTask[Any, Any], jobs: list[Job]) -> list[object]:
+        """Call ``task`` with the items of ``jobs``; one outcome per job."""
+        slot = current_slot()
+        out: list[object] = [None] * len(jobs)
+        items: list[Any] = []
+        runs: list[TaskRun] = []
+        policies: list[TaskOptions] = []
+        positions: list[int] = []
+        for i, job in enumerate(jobs):
+            try:
+                env = envelope.decode(job.payload)
+                if env.task != task.name:
+                    raise Undeliverable(f"a job of task {env.task!r} in the queue of batch task {task.name!r}, which "
+                                        "holds that task's jobs only: not run here")
+                opts = self.dispatcher.options_for(task, env, slot)
+                if len(env.args) != 1 or env.kwargs:
+                    raise Fail(f"the arguments do not fit batch task {task.name}: one item per job, got "
+                               f"{len(env.args)} arguments and {len(env.kwargs)} keyword arguments")
+            except envelope.EnvelopeError as exc:
+                out[i] = Undeliverable(f"{exc} (in the queue of batch task {task.name!r})")
+                continue
+            except (Retry, Fail) as exc:  # Undeliverable is a Retry
+                out[i] = exc
+                continue
+            items.append(env.args[0])
+            runs.append(TaskRun(job, task.name, env.enqueued_ms, None, env.meta))
+            policies.append(opts)
+            positions.append(i)
+        if not items:
+            return out
+        if slot is not None:
+            slot.name = task.name
+            self.limit(task, slot, runs, policies)
+        error: BaseException | None = None
+        returned: object = None
+        token = _current_batch.set(runs)
+        try:
+            if task.is_async:
+                if slot is None:
+                    raise InvalidArgument(f"task {task.name} is async: run it in an AsyncWorker")
+                returned = slot.run_awaitable(_in_batch(runs, task.batch_fn(items)))
+            else:
+                returned = task.batch_fn(items)
+        except TimeLimitExceeded:
+            raise  # the heartbeat ended every job already
+        except (Exception, SystemExit) as exc:
+            # SystemExit as in a single run: the function's failure, not the worker's end.
+            error = exc
+        finally:
+            _current_batch.reset(token)
+        for position, run, opts, outcome in zip(positions, runs, policies, outcomes_of(returned, error, len(items))):
+            out[position] = self.outcome(task, run.job, opts, outcome)
+        return out
+
+    @staticmethod
+    def outcome(task: BatchTask[Any, Any], job: Job, opts: TaskOptions, outcome: object) -> object:
+        """One item's result as its job's outcome for the worker: None (ack), a
+        :class:`Result` (ack with it), or a Retry or Fail (nack) by the job's policy."""
+        if isinstance(outcome, BaseException):
+            if isinstance(outcome, (Retry, Fail)):
+                return outcome
+            failed: Retry | Fail = Fail() if opts.fails_at_once(outcome) else Retry(opts.retry_delay_ms(job.attempt))
+            failed.__cause__ = outcome  # its error text, as `raise ... from outcome` would keep it
+            return failed
+        if opts.keep_result_ms is None:
+            return None
+        try:
+            return Result(to_json(outcome, f"{task.name} result"), opts.keep_result_ms)
+        except InvalidArgument as exc:
+            return Fail(f"the result cannot be stored: {exc}")
+
+    @staticmethod
+    def limit(task: BatchTask[Any, Any], slot: Slot, runs: list[TaskRun], policies: list[TaskOptions]) -> None:
+        """Set the batch's time limit: the smallest of its jobs', each job ending at it by
+        its own policy."""
+        limits = [opts.time_limit_ms for opts in policies if opts.time_limit_ms is not None]
+        if not limits:
+            return
+        limit_ms = min(limits)
+        error = error_text(TimeLimitExceeded(f"batch task {task.name} exceeded its time limit of {limit_ms / 1000:g}s"))
+        endings = {
+            run.job.receipt: LimitEnding(
+                error=error, delay_ms=opts.retry_delay_ms(run.job.attempt),
+                final=opts.fails_at_once(TimeLimitExceeded()),
+            )
+            for run, opts in zip(runs, policies)
+        }
+        if isinstance(slot, BatchSlot):
+            slot.limit_each(limit_ms / 1000, endings)
+        else:  # a batch of one job, run in a single job's slot
+            slot.limit(limit_ms / 1000, endings[slot.job.receipt])
+        for run in runs:
+            run.deadline_ms = slot.leased_at_ms + limit_ms
+
+
+async def _in_batch(runs: list[TaskRun], coroutine: Any) -> Any:
+    """Await a batch task's coroutine with :func:`current_batch` set (it runs on the loop's thread)."""
+    _current_batch.set(runs)  # this task's own context copy: nothing to reset
+    return await coroutine
