@@ -230,7 +230,7 @@ def test_the_demo_passes_on_the_cluster(redis_cluster: RedisClusterProcesses) ->
     redis_cluster.flushall()
     proc = subprocess.run(
         [sys.executable, "-m", "pyqueue", "--url", f"redis://127.0.0.1:{redis_cluster.ports[0]}/0", "demo",
-         "--jobs", "600"],
+         "--jobs", "2000"],
         capture_output=True, timeout=110,
     )
     out = proc.stdout.decode()
