@@ -368,23 +368,6 @@ class Worker:
     def slots_written_off_total(self) -> int:
         return self.running.written_off_total
 
-    @property
-    def _known_empty(self) -> dict[str, int]:
-        return self.fetch.known_empty
-
-    @property
-    def _slots_running(self) -> dict[str, Slot]:
-        return self.running.slots_running
-
-    def _track(self, job: Job) -> None:
-        self.running.track_all([job])
-
-    def _run_one(self, job: Job, *, may_lease: bool = True) -> Job | None:
-        return self.executor.run_one(job, may_lease=may_lease)
-
-    def _enforce_limits(self) -> None:
-        self.heartbeat.enforce_limits()
-
     # -- control ---------------------------------------------------------------------
 
     def stop(self, reason: str = "stop requested", exit_code: int = EXIT_OK) -> None:

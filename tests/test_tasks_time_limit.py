@@ -111,7 +111,7 @@ def test_a_job_stopped_at_its_limit_with_attempts_left_is_scheduled_for_its_retr
     wait_for(lambda: job_state(tasks, "default", handle.id).state == "scheduled", what="the retry")
     info = job_state(tasks, "default", handle.id)
     assert info.attempts == 1 and 60_000 - 3_000 <= info.due_ms - info.now_ms <= 60_000
-    wait_for(lambda: worker.worker.slots_written_off == 0 and not worker.worker._slots_running, what="the slot")
+    wait_for(lambda: worker.worker.slots_written_off == 0 and not worker.worker.running.slots_running, what="the slot")
     assert worker.stop() == 0
     assert runs == [1]
     stats = tasks.queue("default").stats()

@@ -273,7 +273,7 @@ def test_a_job_in_the_last_of_fifty_idle_queues_costs_one_lease_call_and_no_peek
     run = running(names, handle, block_ms=10_000)
     # Blocked, after a full round that found every queue empty (on a busy machine that
     # round can take longer than any fixed sleep).
-    wait_until(lambda: len(run.worker._known_empty) == len(names), 10, "no full round found every queue empty")
+    wait_until(lambda: len(run.worker.fetch.known_empty) == len(names), 10, "no full round found every queue empty")
     time.sleep(0.1)
     for queue in run.worker.queues:
         original = queue.lease_call

@@ -203,7 +203,7 @@ class TaskTesting:
                             raise RuntimeError(f"drain ran {self.max_jobs} jobs and jobs are still coming")
                         worker.running.track_all(leased.jobs)
                         if spec is None:
-                            worker._run_one(leased.jobs[0], may_lease=False)
+                            worker.executor.run_one(leased.jobs[0], may_lease=False)
                         else:
                             assert batches is not None
                             batches.run(q, leased.jobs, may_lease=False)
@@ -235,7 +235,7 @@ class TaskTesting:
     @staticmethod
     def _enforce_limits(worker: Any, stop: threading.Event) -> None:
         while not stop.wait(0.02):
-            worker._enforce_limits()
+            worker.heartbeat.enforce_limits()
 
 
 def _close_loop(loop: asyncio.AbstractEventLoop) -> None:
