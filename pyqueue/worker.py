@@ -262,7 +262,7 @@ class Worker:
 
         # The parts (pyqueue.runtime), wired once: each gets what it uses, nothing more.
         self.running = Running(self.concurrency)
-        self.control = Control(self.running)
+        self.control = Control(self.running, supervisor_link.parent_gone if supervisor_link is not None else None)
         self._crash = Crasher()
         retrying = Retrying(self.control.hard_stop)
         self._commits = {

@@ -296,3 +296,28 @@ def test_refused_configurations_exit_2(redis_server: RedisServer) -> None:
         done = subprocess.run([sys.executable, "-m", "pyqueue", *args], env=env, capture_output=True,
                               text=True, timeout=WAIT_S)
         assert done.returncode == 2 and expected in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)
+
+
+def test_a_child_still_starting_stops_when_its_supervisor_is_gone() -> None:
+    """Start-up retries (Redis unreachable) end once the supervisor died: the child does
+    not retry for ever as an orphan. (Once registered, its heartbeat checks the same.)"""
+    import redis
+
+    from pyqueue.runtime.lifecycle import Control, StoppedDuringStartUp
+    from pyqueue.runtime.running import Running
+
+    gone = [False]
+    control = Control(Running(1), parent_gone=lambda: gone[0])
+    calls = [0]
+
+    def unreachable() -> None:
+        calls[0] += 1
+        if calls[0] == 3:
+            gone[0] = True
+        raise redis.ConnectionError("connection refused")
+
+    started = time.monotonic()
+    with pytest.raises(StoppedDuringStartUp):
+        control.start_up(unreachable, "start-up check")
+    assert calls[0] == 3 and time.monotonic() - started < 5
+    assert control.exit_reason == "its supervisor is gone (while starting)"

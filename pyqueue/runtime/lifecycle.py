@@ -59,8 +59,11 @@ class Control:
     left (the grace period is over, or killed): retries end, the heartbeat ends.
     ``killed``: nothing more is written (a simulated SIGKILL)."""
 
-    def __init__(self, running: Running) -> None:
+    def __init__(self, running: Running, parent_gone: Callable[[], bool] | None = None) -> None:
         self.running = running
+        #: A supervised child's check that its supervisor died (None: not supervised):
+        #: start-up retries end on it, as on a stop.
+        self.parent_gone = parent_gone
         self.stopping = threading.Event()
         self.hard_stop = threading.Event()
         self.killed = threading.Event()
@@ -130,6 +133,8 @@ class Control:
                         raise
                 elif not retryable(exc):
                     raise
+                if self.parent_gone is not None and self.parent_gone():
+                    self.stop("its supervisor is gone (while starting)")
                 if self.stopping.is_set():
                     break
                 log.warning("%s failed (%s); retrying in %.1fs", what, exc, delay)
