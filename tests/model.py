@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -1537,15 +1537,29 @@ class LifecycleMachine(RuleBasedStateMachine):
         to trim), up to 12 jobs, 1 to 3 services and some leases held by workers
         (Hypothesis enables only some rules per example: this keeps examples without
         `enqueue` or `lease` from idling)."""
+        self.start(finished, lambda: self.enqueue(list(batch)) if batch else None, services, held)
+
+    def start(
+        self, finished: list[str], enqueue: Callable[[], None], services: list[int], held: list[tuple[str, int, int]]
+    ) -> None:
+        """a_busy_start's steps, `enqueue` its batch. The finished jobs ran 50 ms before
+        the example's clock (T0): leased then, the first one acked by a worker that keeps
+        tombstones 1000 ms, the others by one that keeps them 50 ms (expiring at T0), all
+        but the last one then, the last one at T0, in a call that trims the expired
+        tombstones (at least TRIM_BATCH of them once 12 jobs finished) beside one still
+        in force."""
         if finished:
+            self.set_clock(self.now - 50)
             self.enqueue([(job_id, b"", 0, None) for job_id in finished])
             call = LeaseCall("solo", self.fresh_call(), len(finished), 60_000, DEFAULT_MAINTENANCE_LIMIT, ())
             self.lease_call(call)
             jobs = [self.known[r] for r in self.model.leases if r.startswith(f"solo|{call.call}|")]
-            got = self.q.ack_many(jobs, now_ms=self.now)
-            self.check_acks(jobs, got, self.model.ack([j.receipt for j in jobs], self.now, KEEP_DONE_MS["solo"]))
-        if batch:
-            self.enqueue(list(batch))
+            for owner, part, waited in (("ns.1.r0", jobs[:1], 0), ("solo", jobs[1:-1], 0), ("solo", jobs[1:][-1:], 50)):
+                self.set_clock(self.now + waited)
+                if part:
+                    got = self.worker(owner).ack_many(part, now_ms=self.now)
+                    self.check_acks(part, got, self.model.ack([j.receipt for j in part], self.now, KEEP_DONE_MS[owner]))
+        enqueue()
         for expire_ms in services:
             self.register_a_service(expire_ms)
         for owner, count, lease_ms in held:
@@ -2071,6 +2085,23 @@ class FairLifecycleMachine(LifecycleMachine):
         super().__init__()
         assert self.q.set_group_limit(1) is True
         assert self.model.set_group_limit("", 1) == (1, 0)
+
+    @initialize(
+        batch=st.lists(st.tuples(JOB_IDS, PAYLOADS, DELAYS, MAX_ATTEMPTS, PRIORITIES, FAIR_GROUPS), max_size=12),
+        services=st.lists(SERVICE_EXPIRES, min_size=1, max_size=3),
+        held=st.lists(st.tuples(st.sampled_from(OWNERS), st.integers(1, 3), LEASE_MS), max_size=3),
+        finished=st.lists(st.sampled_from(IDS + FINISHED_IDS), unique=True, max_size=14),
+    )
+    def a_busy_start(  # type: ignore[override]
+        self,
+        batch: list[tuple[str, bytes | str, int, int | None, int, str | None]],
+        services: list[int],
+        held: list[tuple[str, int, int]],
+        finished: list[str],
+    ) -> None:
+        """The plain machine's start, its jobs with groups and priorities (and some
+        without): the leases held from the start fill groups to their cap."""
+        self.start(finished, lambda: self.enqueue_fair(batch, False) if batch else None, services, held)
 
     @rule(
         batch=st.lists(st.tuples(JOB_IDS, PAYLOADS, DELAYS, MAX_ATTEMPTS, PRIORITIES, FAIR_GROUPS), min_size=1, max_size=4),
