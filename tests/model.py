@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -35,7 +35,6 @@ from typing import Any, ClassVar
 import fakeredis
 import pytest
 import redis
-from helpers import job_states
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
@@ -1136,6 +1135,16 @@ def read_keyspace(client: redis.Redis, queue_keys: QueueKeys, service_keys: Serv
     """Every key in Redis with its value (hash: dict, list: list, zset: member -> score,
     string: bytes), read with ``KEYS *`` and one pipeline. A key that is not one of the
     queue's or the namespace's is reported under ``<unexpected>``."""
+    return read_snapshot(client, queue_keys, service_keys)[0]
+
+
+def read_snapshot(
+    client: redis.Redis, queue_keys: QueueKeys, service_keys: ServiceKeys
+) -> tuple[dict[str, Any], tuple[Any, ...]]:
+    """:func:`read_keyspace`, and the replies it was read from, exactly as Redis gave them
+    (every key's name, and its whole value in Redis's order: a hash's fields as HGETALL
+    lists them, a stream's entries with their ids), as a comparable tuple: two equal
+    snapshots mean every command reading these keys answers the same."""
     hashes = {queue_keys.jobs, queue_keys.errors, queue_keys.counters, queue_keys.results, queue_keys.meta,
               queue_keys.groups, service_keys.role("queues")}
     lists = {queue_keys.ready, service_keys.role("ids")}
@@ -1165,7 +1174,15 @@ def read_keyspace(client: redis.Redis, queue_keys: QueueKeys, service_keys: Serv
             continue
         read.append(key)
     out: dict[str, Any] = {}
-    for key, value in zip(read, pipe.execute()):
+    replies = pipe.execute()
+    snapshot: list[Any] = [tuple(names)]
+    for key, value in zip(read, replies):
+        if isinstance(value, dict):
+            snapshot.append((key, tuple(value.items())))
+        elif key == queue_keys.finished:
+            snapshot.append((key, tuple((entry, tuple(fields.items())) for entry, fields in value)))
+        else:
+            snapshot.append((key, tuple(value) if isinstance(value, list) else value))
         if key == queue_keys.finished:
             value = [fields[b"id"] for _, fields in value]
         elif isinstance(value, list) and value and isinstance(value[0], (tuple, list)) and key not in lists:
@@ -1173,7 +1190,46 @@ def read_keyspace(client: redis.Redis, queue_keys: QueueKeys, service_keys: Serv
         out[key] = value
     if unexpected:
         out["<unexpected>"] = unexpected
-    return out
+    return out, tuple(snapshot)
+
+
+def check_states(observed: dict[str, Any], k: QueueKeys) -> dict[str, list[str]]:
+    """helpers.job_states, on a keyspace :func:`read_keyspace` read (no further command):
+    every job id found anywhere in the queue -> the states it is found in; and the
+    structural rules each state relies on: READY holds no id twice, each member of
+    `gready` matches its job's meta, meta only for jobs that exist, the owners index
+    holds exactly the receipts of LEASED, every receipt parses, errors only for dead jobs."""
+    states: dict[str, list[str]] = {}
+    job_ids = {raw.decode() for raw in observed.get(k.jobs, {})}
+    for job_id in job_ids:
+        states.setdefault(job_id, [])
+    ready = [i.decode() for i in observed.get(k.ready, [])]
+    assert len(ready) == len(set(ready)), f"an id twice in READY: {ready}"
+    for i in ready:
+        states.setdefault(i, []).append("ready")
+    metas = {i.decode(): v.decode() for i, v in observed.get(k.meta, {}).items()}
+    for raw in observed.get(k.gready, {}):
+        member = raw.decode()
+        group, rest = member.split("|", 1)
+        rank, job_id = rest[:17], rest[18:]
+        assert rest[17] == "|" and job_id in metas, f"gready member {member!r} without its meta"
+        priority, pos, meta_group = metas[job_id].split("|", 2)
+        assert (meta_group, chr(53 - int(priority)) + pos) == (group, rank), f"{member!r} != meta {metas[job_id]!r}"
+        states.setdefault(job_id, []).append("ready")
+    assert set(metas) <= job_ids, "meta kept for a job that is gone"
+    for raw in observed.get(k.scheduled, {}):
+        states.setdefault(raw.decode(), []).append("scheduled")
+    receipts = list(observed.get(k.leased, {}))
+    assert set(receipts) == set(observed.get(k.owners, {})), "owners index out of step with LEASED"
+    for raw in receipts:
+        parts = raw.decode().split("|", 4)
+        assert len(parts) == 5 and parts[2].isdigit() and parts[3].isdigit(), raw
+        states.setdefault(parts[4], []).append("leased")
+    dead = observed.get(k.dead, {})
+    for raw in dead:
+        states.setdefault(raw.decode(), []).append("dead")
+    assert set(observed.get(k.errors, {})) <= set(dead), "an error kept for a job not dead"
+    return states
 
 
 def brief(value: Any, most: int = 800) -> str:
@@ -1399,6 +1455,10 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.ok_acks: Counter[tuple[str, int]] = Counter()
         self.attempts_seen: dict[str, tuple[int, int]] = {}
         self.steps = 0
+        #: The read-only scripts' answers (stats, get, peek, dead_list) on the keyspace
+        #: and clock of `answered_on`: see `read_only`.
+        self.answered_on: tuple[Any, ...] | None = None
+        self.answers: dict[tuple[Any, ...], Any] = {}
 
     def teardown(self) -> None:
         self.backend.done(self.r)
@@ -1477,15 +1537,29 @@ class LifecycleMachine(RuleBasedStateMachine):
         to trim), up to 12 jobs, 1 to 3 services and some leases held by workers
         (Hypothesis enables only some rules per example: this keeps examples without
         `enqueue` or `lease` from idling)."""
+        self.start(finished, lambda: self.enqueue(list(batch)) if batch else None, services, held)
+
+    def start(
+        self, finished: list[str], enqueue: Callable[[], None], services: list[int], held: list[tuple[str, int, int]]
+    ) -> None:
+        """a_busy_start's steps, `enqueue` its batch. The finished jobs ran 50 ms before
+        the example's clock (T0): leased then, the first one acked by a worker that keeps
+        tombstones 1000 ms, the others by one that keeps them 50 ms (expiring at T0), all
+        but the last one then, the last one at T0, in a call that trims the expired
+        tombstones (at least TRIM_BATCH of them once 12 jobs finished) beside one still
+        in force."""
         if finished:
+            self.set_clock(self.now - 50)
             self.enqueue([(job_id, b"", 0, None) for job_id in finished])
             call = LeaseCall("solo", self.fresh_call(), len(finished), 60_000, DEFAULT_MAINTENANCE_LIMIT, ())
             self.lease_call(call)
             jobs = [self.known[r] for r in self.model.leases if r.startswith(f"solo|{call.call}|")]
-            got = self.q.ack_many(jobs, now_ms=self.now)
-            self.check_acks(jobs, got, self.model.ack([j.receipt for j in jobs], self.now, KEEP_DONE_MS["solo"]))
-        if batch:
-            self.enqueue(list(batch))
+            for owner, part, waited in (("ns.1.r0", jobs[:1], 0), ("solo", jobs[1:-1], 0), ("solo", jobs[1:][-1:], 50)):
+                self.set_clock(self.now + waited)
+                if part:
+                    got = self.worker(owner).ack_many(part, now_ms=self.now)
+                    self.check_acks(part, got, self.model.ack([j.receipt for j in part], self.now, KEEP_DONE_MS[owner]))
+        enqueue()
         for expire_ms in services:
             self.register_a_service(expire_ms)
         for owner, count, lease_ms in held:
@@ -1924,11 +1998,13 @@ class LifecycleMachine(RuleBasedStateMachine):
         """The keyspace equals the model; the §3 invariants hold; stats agree."""
         type(self).checks_run += 1
         expected = {**self.model.keyspace(self.q.keys), **self.svc.keyspace(self.services.keys)}
-        observed = read_keyspace(self.r, self.q.keys, self.services.keys)
+        observed, snapshot = read_snapshot(self.r, self.q.keys, self.services.keys)
         assert observed == expected, describe_difference(expected, observed)
+        if (snapshot, self.now) != self.answered_on:
+            self.answered_on, self.answers = (snapshot, self.now), {}
 
         # Single state (DESIGN §3.1), and the structural checks job_states makes.
-        for job_id, states in job_states(self.r, self.q).items():
+        for job_id, states in check_states(observed, self.q.keys).items():
             assert len(states) == 1, f"{job_id!r} is in {states}"
             assert states[0] == self.model.state_of(job_id), f"{job_id!r}: {states} != model {self.model.state_of(job_id)}"
 
@@ -1949,10 +2025,13 @@ class LifecycleMachine(RuleBasedStateMachine):
         # dead_list agrees too: one page, whose offset and size vary from step to step.
         if self.model.dead:
             self.steps += 1
-            self.check_dead_list(self.steps % 3, 1 + self.steps % 2)
+            offset, limit = self.steps % 3, 1 + self.steps % 2
+            got = self.read_only("dead_list", offset, limit)
+            expected_page = self.model.dead_list(offset, limit)
+            assert got == expected_page, f"dead_list answered {brief(got)}, model {brief(expected_page)}"
 
         # Counters, counts and lag; `acked` (derived by the script) equals the ok answers.
-        stats = self.q.stats(now_ms=self.now)
+        stats = self.read_only("stats")
         assert stats == self.model.stats(self.now), f"stats {stats} != model {self.model.stats(self.now)}"
         assert stats.acked == self.model.acked_ok == sum(self.ok_acks.values())
 
@@ -1960,13 +2039,35 @@ class LifecycleMachine(RuleBasedStateMachine):
         looked_up = IDS + (NEVER_ENQUEUED,)
         for i in range(3):
             job_id = looked_up[(self.steps * 3 + i) % len(looked_up)]
-            got, expected = self.q.get(job_id, with_payload=True, now_ms=self.now), self.model.get(job_id, self.now)
-            assert got == expected, f"get({job_id!r}) answered {got}, model {expected}"
+            got, expected_info = self.read_only("get", job_id), self.model.get(job_id, self.now)
+            assert got == expected_info, f"get({job_id!r}) answered {got}, model {expected_info}"
         self.steps += 1
 
         # peek (the many-queue worker's probe) agrees: READY's length and the next due time.
-        peeked = self.q.peek(now_ms=self.now)
+        peeked = self.read_only("peek")
         assert peeked == Peeked(self.now, self.model.peek_ready(), self.model.next_due_ms()), f"peek {peeked}"
+
+    def read_only(self, verb: str, *args: Any) -> Any:
+        """What the read-only script `verb` answers now, on the keyspace just read. Each
+        is a function of the keys it reads, its arguments and the clock (it is given
+        `now_ms`), so on a keyspace and clock equal to the last check's (a step that
+        changed nothing: a stale ack, a read, a call sent twice), with the same
+        arguments, its answer was already had: it is called once per keyspace, clock and
+        arguments, and every check of its answer against the model is made every time.
+        (A mutant that makes it write is seen by the next keyspace read: its writes make
+        that keyspace another one.)"""
+        key = (verb, *args)
+        if key not in self.answers:
+            if verb == "stats":
+                self.answers[key] = self.q.stats(now_ms=self.now)
+            elif verb == "get":
+                self.answers[key] = self.q.get(args[0], with_payload=True, now_ms=self.now)
+            elif verb == "peek":
+                self.answers[key] = self.q.peek(now_ms=self.now)
+            else:
+                assert verb == "dead_list", verb
+                self.answers[key] = self.q.dead_list(*args)
+        return self.answers[key]
 
 
 #: Fair scheduling's draws: groups whose lexicographic ranges touch ("a" and "a}": the
@@ -1984,6 +2085,23 @@ class FairLifecycleMachine(LifecycleMachine):
         super().__init__()
         assert self.q.set_group_limit(1) is True
         assert self.model.set_group_limit("", 1) == (1, 0)
+
+    @initialize(
+        batch=st.lists(st.tuples(JOB_IDS, PAYLOADS, DELAYS, MAX_ATTEMPTS, PRIORITIES, FAIR_GROUPS), max_size=12),
+        services=st.lists(SERVICE_EXPIRES, min_size=1, max_size=3),
+        held=st.lists(st.tuples(st.sampled_from(OWNERS), st.integers(1, 3), LEASE_MS), max_size=3),
+        finished=st.lists(st.sampled_from(IDS + FINISHED_IDS), unique=True, max_size=14),
+    )
+    def a_busy_start(  # type: ignore[override]
+        self,
+        batch: list[tuple[str, bytes | str, int, int | None, int, str | None]],
+        services: list[int],
+        held: list[tuple[str, int, int]],
+        finished: list[str],
+    ) -> None:
+        """The plain machine's start, its jobs with groups and priorities (and some
+        without): the leases held from the start fill groups to their cap."""
+        self.start(finished, lambda: self.enqueue_fair(batch, False) if batch else None, services, held)
 
     @rule(
         batch=st.lists(st.tuples(JOB_IDS, PAYLOADS, DELAYS, MAX_ATTEMPTS, PRIORITIES, FAIR_GROUPS), min_size=1, max_size=4),
