@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeGuard, TypeVar, Union, overload
 
 from pyqueue.errors import CorruptRecord, InvalidArgument, PayloadTooLarge, PyQueueError
-from pyqueue.models import Job, NewJob
+from pyqueue.models import Job, NewJob, Outcome
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -207,6 +207,11 @@ def new_batch(
         raise PayloadTooLarge(f"the payloads of one enqueue_many call must total at most {MAX_CALL_PAYLOAD_BYTES} "
                               "bytes: send them in several calls")
     return batch
+
+
+def ack_outcomes(reply: Any) -> list[Outcome]:
+    """The outcomes of lua/ack.lua's (or ack_result.lua's) reply: one per receipt."""
+    return [Outcome(text(status)) for status in reply]
 
 
 def receipts_of(jobs: Iterable[Job]) -> list[str]:

@@ -135,11 +135,15 @@ class NotReplicated(OutcomeUnknown):
     """The call ran on the primary, but ``WAIT`` counted fewer replicas than the
     ``wait_replicas`` asked for within its timeout: a failover now could lose it. Treat
     it as a lost reply: send the same call again (replay-safe; its ``WAIT`` then covers
-    the first run too), or accept the risk. ``replicas`` is how many confirmed."""
+    the first run too), or accept the risk. ``replicas`` is how many confirmed;
+    ``reply`` is the script's reply on the primary (None if unknown). A queue object
+    remembers the jobs such an ack completed, so that the ack sent again answers OK for
+    them, not GONE (see :mod:`pyqueue.unconfirmed`)."""
 
-    def __init__(self, message: str, replicas: int) -> None:
+    def __init__(self, message: str, replicas: int, reply: object = None) -> None:
         super().__init__(message)
         self.replicas = replicas
+        self.reply = reply
 
 
 #: Error codes a script may return, the class each maps to, and what it means.

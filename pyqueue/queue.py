@@ -12,7 +12,10 @@ Delivery semantics, in one place:
   a job may run more than once, never zero times while it is neither acked nor dead.
 * **Exactly-once ack answer.** ``ack`` returns :attr:`Outcome.OK` at most once per job,
   ever, and only to the holder of the job's current lease. Code that must not repeat a
-  side effect can act only after that answer, or pass ``job.fence`` downstream.
+  side effect can act only after that answer, or pass ``job.fence`` downstream. With
+  ``wait_replicas``, an ack that ran but raised NotReplicated returned nothing; the
+  same queue object's ack of that job sent again answers OK where it finds the job gone
+  (the first send completed it), so that answer is not lost either.
 * **Fencing.** Every lease gets a new fence, larger than every earlier fence of the
   queue. A stale receipt (a lease that was reclaimed) changes nothing anywhere.
 * **One clock.** Deadlines, delays and backoff are computed inside the scripts from the
@@ -32,7 +35,7 @@ import math
 import secrets
 import time
 from dataclasses import fields, replace
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -91,6 +94,7 @@ from pyqueue.core import (
     pause_call,
     peek_call,
     promote_call,
+    ack_outcomes,
     receipts_of,
     release_call,
     result_call,
@@ -99,7 +103,7 @@ from pyqueue.core import (
     stats_call,
     text,
 )
-from pyqueue.errors import InvalidArgument, OutOfMemory, map_redis_error
+from pyqueue.errors import InvalidArgument, NotReplicated, OutOfMemory, map_redis_error
 from pyqueue.keys import QueueKeys, check_name
 from pyqueue.models import (
     Cancelled,
@@ -122,6 +126,7 @@ from pyqueue.models import (
     Stats,
 )
 from pyqueue.scripts import Scripts
+from pyqueue.unconfirmed import UnconfirmedAcks
 
 __all__ = [  # what other modules import from here (the core's names are re-exported)
     "DEFAULT_BACKOFF_BASE_MS", "DEFAULT_BACKOFF_CAP_MS", "DEFAULT_KEEP_DONE_MS", "DEFAULT_LEASE_MS",
@@ -244,6 +249,8 @@ class QueueCore:
             raise InvalidArgument(f"coalesce_enqueues must be a bool, got {coalesce_enqueues!r}")
         self.coalesce_enqueues = coalesce_enqueues
         self.max_payload_bytes = check_int(max_payload_bytes, "max_payload_bytes", 1, MAX_CALL_PAYLOAD_BYTES)
+        # Acks that ran but that too few replicas confirmed (shared with the partitions).
+        self._unconfirmed = UnconfirmedAcks()
         self.open_transport(redis, lua_directory)
 
     #: The driver's transport: its scripts on its client (set by each driver).
@@ -298,6 +305,23 @@ class QueueCore:
         if not guard._partitions_checked:  # the check found none recorded: record ours
             yield from guard._plan_record_partitions()
         return reply
+
+    def _plan_acks(self, step: Step, receipts: Sequence[str], acks_of: Callable[[Any], list[Outcome]]) -> Plan[Any]:
+        """Run ``step``, a call that acks ``receipts`` (their outcomes are
+        ``acks_of(reply)``), and return its reply. If it raises NotReplicated, the
+        receipts it acked are remembered, so that the ack sent again answers OK for them
+        where it finds the job gone (see :mod:`pyqueue.unconfirmed`)."""
+        try:
+            return (yield from self._run(step))
+        except NotReplicated as exc:
+            if exc.reply is not None and not isinstance(exc.reply, Exception):
+                self._unconfirmed.note(receipts, acks_of(exc.reply))
+            raise
+
+    def _resolved(self, receipts: Sequence[str], outcomes: list[Outcome]) -> list[Outcome]:
+        """``outcomes`` of an ack of ``receipts``, GONE read as OK where an unconfirmed
+        send of this object acked the receipt (costs one test while there is none)."""
+        return self._unconfirmed.resolve(receipts, outcomes) if self._unconfirmed else outcomes
 
     def plan_check_partitions(self, *, record: bool = True) -> Plan[None]:
         """Refuse to go on if Redis records another partition count for this queue
@@ -452,6 +476,11 @@ class QueueCore:
         ``keep_done_ms``. :attr:`Outcome.STALE` if the job was
         reclaimed from this lease (it will run, or ran, again elsewhere);
         :attr:`Outcome.GONE` if it no longer exists. Only OK changes anything.
+
+        Raises:
+            NotReplicated: with ``wait_replicas``, the ack ran but too few replicas
+                confirmed it. Send it again on this object: it answers OK if the job
+                is gone because this send completed it (see :mod:`pyqueue.unconfirmed`).
         """
         return (yield from self.plan_ack_many([job], now_ms=now_ms))[0]
 
@@ -462,8 +491,8 @@ class QueueCore:
         ``now_ms``: tests only (it dates the tombstones)."""
         receipts = receipts_of(jobs)
         check_now(now_ms)
-        reply = yield from self._run(ack_call(self.keys, now_ms, self.keep_done_ms, receipts))
-        return [Outcome(text(s)) for s in reply]
+        reply = yield from self._plan_acks(ack_call(self.keys, now_ms, self.keep_done_ms, receipts), receipts, ack_outcomes)
+        return self._resolved(receipts, ack_outcomes(reply))
 
     ack_many = Verb(plan_ack_many)
 
@@ -488,8 +517,8 @@ class QueueCore:
         step = ack_result_call(
             self.keys, now_ms, self.keep_done_ms, result_ttl_ms, max_results, [(receipt, encoded)]
         )
-        (status,) = yield from self._run(step)
-        return Outcome(text(status))
+        reply = yield from self._plan_acks(step, [receipt], ack_outcomes)
+        return self._resolved([receipt], ack_outcomes(reply))[0]
 
     ack_result = Verb(plan_ack_result)
 
@@ -518,7 +547,7 @@ class QueueCore:
         step = ack_result_call(
             self.keys, now_ms, self.keep_done_ms, result_ttl_ms, max_results, list(zip(receipts, encoded))
         )
-        return [Outcome(text(status)) for status in (yield from self._run(step))]
+        return self._resolved(receipts, ack_outcomes((yield from self._plan_acks(step, receipts, ack_outcomes))))
 
     ack_result_many = Verb(plan_ack_result_many)
 
@@ -566,7 +595,10 @@ class QueueCore:
         receipts = receipts_of(ack) if ack else []
         call = secrets.token_hex(8) if call is None else call
         step = lease_call(self.keys, now_ms, self.owner, call, count, lease_ms, limit, self.keep_done_ms, receipts)
-        return self.parse_lease((yield from self._run(step)))
+        if not receipts:
+            return self.parse_lease((yield from self._run(step)))
+        leased = self.parse_lease((yield from self._plan_acks(step, receipts, lambda r: self.parse_lease(r).acks)))
+        return replace(leased, acks=self._resolved(receipts, leased.acks)) if self._unconfirmed else leased
 
     lease_call = Verb(plan_lease_call)
 

@@ -261,12 +261,13 @@ class ScriptTable:
         if isinstance(replicas, Exception):
             # The call ran; WAIT itself failed: a primary demoted to a replica while the
             # WAIT blocked answers UNBLOCKED (a Sentinel failover), so nothing confirmed it.
-            raise NotReplicated(f"the call ran, but its WAIT failed ({replicas}): send it again", 0) from replicas
+            raise NotReplicated(f"the call ran, but its WAIT failed ({replicas}): send it again", 0, reply) from replicas
         if int(replicas) < self.wait_replicas:
             raise NotReplicated(
                 f"the call ran, but {int(replicas)} of {self.wait_replicas} replicas confirmed it within "
                 f"{self.wait_timeout_ms} ms: send it again, or accept that a failover may lose it",
                 int(replicas),
+                reply,
             )
         return reply
 
