@@ -569,7 +569,7 @@ SEND_FUNCTIONS = {
     "Signature.job_id": ("tasks/task.py", "job_id"),
     "Tasks.server_now_ms": ("tasks/app.py", "server_now_ms"),
     "Tasks._send_many": ("tasks/app.py", "_send_many"),
-    "Queue.plan_enqueue (engine, without the I/O)": ("pyqueue/queue.py", "plan_enqueue"),
+    "Queue.plan_enqueue (engine, without the I/O)": ("pyqueue/verbs/produce.py", "plan_enqueue"),
 }
 
 DRAIN_FUNCTIONS = {

@@ -66,11 +66,10 @@ from pyqueue.models import (
 from pyqueue.queue import Queue, QueueCore, plan_peek_many, sum_stats
 
 
-class PartitionedCore(QueueCore):
-    """The plans of one logical queue over ``partitions`` partitions (see the module
-    docstring), shared by :class:`PartitionedQueue` and
-    :class:`pyqueue.aio.AsyncPartitionedQueue`. Its partitions are queues of the same
-    driver class sharing its transport (``parts``)."""
+class PartitionedParts(QueueCore):
+    """One logical queue's partitions (``parts``: queues of the same driver class sharing
+    its transport), how a job or an id is routed to one, and the verbs of a job's path:
+    enqueue, lease, its endings, results. :class:`PartitionedCore` adds the rest."""
 
     is_partitioned = True
 
@@ -285,7 +284,13 @@ class PartitionedCore(QueueCore):
         """As :meth:`QueueCore.plan_nack`, in the job's partition."""
         return (yield from self.part_of(job).plan_nack(job, error, **kwargs))
 
-    # -- maintenance and inspection --------------------------------------------------
+
+class PartitionedCore(PartitionedParts):
+    """The plans of one logical queue over ``partitions`` partitions (see the module
+    docstring), shared by :class:`PartitionedQueue` and
+    :class:`pyqueue.aio.AsyncPartitionedQueue`: the job's path
+    (:class:`PartitionedParts`) plus maintenance, inspection, job control and the dead
+    letters, each over every partition or in the one a job id routes to."""
 
     def plan_promote(self, limit: int = DEFAULT_MAINTENANCE_LIMIT, *, now_ms: int | None = None) -> Plan[Promoted]:
         """As :meth:`QueueCore.plan_promote`, in every partition (``limit`` per partition)."""
