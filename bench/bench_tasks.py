@@ -53,7 +53,13 @@ Steps (``--only``, repeatable; default: all three):
   - ``raw_batch``: ``worker_handlers:noop_batch --batch 100``, the engine's batch handler
     on the ``raw`` variant's jobs.
 
-  ``--variants`` picks some (the batch ones only when named: ``--variants
+  - ``task_mw0``: ``task_handlers_mw:tasks_mw0``, the ``task`` variant's tasks with one
+    middleware that has a send hook only (its worker has no run hook: the no-middleware
+    path, so it should match ``task``);
+  - ``task_mw1``: ``task_handlers_mw:tasks_mw1``, the same tasks with one middleware
+    whose run hook only yields: what entering and resuming a chain costs per job.
+
+  ``--variants`` picks some (the batch and middleware ones only when named: ``--variants
   task,task_batch,raw_batch --concurrency 1``); the ratios are task / raw (the target),
   task / raw_json, raw / raw_base (the target "costs them nothing"), task / task_base,
   and task_batch / task, raw_batch / raw.
@@ -432,6 +438,8 @@ DRAIN_VARIANTS: dict[str, tuple[str, str | None]] = {
     "task_base": ("task_handlers:tasks", "task_baseline"),
     "task_batch": ("batch_handlers:tasks", None),
     "raw_batch": ("worker_handlers:noop_batch", None),
+    "task_mw0": ("task_handlers_mw:tasks_mw0", None),
+    "task_mw1": ("task_handlers_mw:tasks_mw1", None),
 }
 #: More `pyqueue worker` options of a variant.
 DRAIN_OPTIONS = {"raw_batch": ["--batch", str(batch_handlers.BATCH)]}
@@ -443,6 +451,8 @@ DRAIN_PAIRS = {
     "task / task_base": ("task", "task_base"),
     "task_batch / task": ("task_batch", "task"),
     "raw_batch / raw": ("raw_batch", "raw"),
+    "task_mw0 / task": ("task_mw0", "task"),
+    "task_mw1 / task": ("task_mw1", "task"),
 }
 
 

@@ -215,16 +215,18 @@ def name_of(middleware: object) -> str:
 class Chain(Generic[S, V]):
     """The hooks of one send or one run, entered (outermost first) and not yet resumed."""
 
-    __slots__ = ("method", "entered")
+    __slots__ = ("method", "entered", "subject")
 
     def __init__(self, method: str) -> None:
         self.method = method
+        self.subject: object = None
         self.entered: list[tuple[str, Generator[None, HookOutcome[V], None]]] = []
 
     def enter(self, hooks: Sequence[Hook], subject: S) -> BaseException | None:
         """Run each hook up to its ``yield``, outermost first. Returns the error of the
         first hook that raised (the hooks inside it are not entered): a
         :class:`MiddlewareError`, or the Retry or Fail it raised, naming it; else None."""
+        self.subject = subject
         for name, hook in hooks:
             try:
                 step = hook(subject)
@@ -237,7 +239,8 @@ class Chain(Generic[S, V]):
                 if isinstance(exc, (Retry, Fail)) and self.method == "around_run":  # a hook's word on the job's end
                     log.info("middleware %s ended %r in %s with %s", name, subject, self.method, type(exc).__name__)
                     return _deliberate(name, self.method, exc)
-                log.warning("middleware %s failed in %s of %r", name, self.method, subject, exc_info=True)
+                if self.method == "around_run":  # a send's caller gets the error: not logged
+                    log.warning("middleware %s failed in %s of %r", name, self.method, subject, exc_info=True)
                 return MiddlewareError(name, self.method, exc)
             self.entered.append((name, step))
         return None
@@ -256,7 +259,8 @@ class Chain(Generic[S, V]):
                 if isinstance(exc, (Retry, Fail)) and self.method == "around_run":
                     error: BaseException = _deliberate(name, self.method, exc)
                 else:
-                    log.warning("middleware %s failed in %s after %r", name, self.method, outcome, exc_info=True)
+                    log.warning("middleware %s failed in %s of %r after %r", name, self.method, self.subject,
+                                outcome, exc_info=True)
                     error = MiddlewareError(name, self.method, exc, _note(outcome))
             else:
                 step.close()
