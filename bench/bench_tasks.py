@@ -112,6 +112,7 @@ import redis  # noqa: E402
 
 import batch_handlers  # noqa: E402  (bench/: the batch task of the task_batch drain)
 import task_handlers  # noqa: E402  (bench/: the tasks the worker processes serve too)
+import task_handlers_mw  # noqa: E402  (bench/: the same tasks with middleware)
 from pyqueue import Job, NewJob, Queue, connect  # noqa: E402
 from pyqueue.scripts import SCRIPT_KEYS, lua_source  # noqa: E402
 from pyqueue.slots import Slot, enter_slot  # noqa: E402
@@ -687,6 +688,10 @@ def python_costs(url: str) -> dict[str, dict[str, float]]:
         "raw: NewJob(payload) (what enqueue builds)": lambda: NewJob(payload),
         "worker: envelope.decode": lambda: envelope.decode(payload),
         "worker: dispatcher(job) in a Slot": in_slot(dispatcher),
+        "worker: dispatcher(job) in a Slot, a middleware with a send hook only":
+            in_slot(task_handlers_mw.tasks_mw0.dispatcher()),
+        "worker: dispatcher(job) in a Slot, a middleware whose run hook only yields":
+            in_slot(task_handlers_mw.tasks_mw1.dispatcher()),
         "worker: no-op handler(job) in a Slot": in_slot(noop),
         "worker: no-op handler(job), bare call": lambda: noop(job),
     }
