@@ -253,7 +253,8 @@ class Tasks:
     # -- sending (Task.send and friends land here) ------------------------------------
 
     def _send_many(
-        self, signatures: Sequence[Signature], now_ms: int, delay_ms: int = 0, metas: Sequence[dict[str, Any]] | None = None,
+        self, signatures: Sequence[Signature], now_ms: int, delay_ms: int = 0,
+        metas: Sequence[dict[str, Any]] | None = None,
     ) -> list[SentTask[Any]]:
         """Enqueue ``signatures``; ``metas``: what middleware adds to each one's meta
         (given by the send hooks' own call of this one)."""
@@ -294,7 +295,8 @@ class Tasks:
         return [sent for sent in out if sent is not None]
 
     async def _asend(
-        self, signatures: Sequence[Signature], now_ms: int, delay_ms: int, metas: Sequence[dict[str, Any]] | None = None,
+        self, signatures: Sequence[Signature], now_ms: int, delay_ms: int,
+        metas: Sequence[dict[str, Any]] | None = None,
     ) -> SentTask[Any]:
         (sig,) = signatures
         if self._send_hooks and metas is None:

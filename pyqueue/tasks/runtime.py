@@ -17,6 +17,9 @@ How a run ends, and the transition it becomes (every one a script):
   ``nack`` with the backoff, never ack (another worker version may know it), dead at
   ``max_attempts`` with the error ``unknown task 'name'``.
 
+Middleware's run hooks (:mod:`pyqueue.tasks.middleware`) wrap the call of the function:
+an error of theirs ends the job as a retry by the task's backoff, never an ack.
+
 A batch task's jobs (``@tasks.task(batch=N)``) end the same way, each by its own item's
 result (:mod:`pyqueue.tasks.batch`): the worker runs its queue in batches
 (:meth:`Dispatcher.run_batch`); one of its jobs leased alone runs as a batch of one.
@@ -298,7 +301,7 @@ class Dispatcher:
         if error is None and isinstance(ending, BaseException):
             error = ending  # a result that cannot be stored
         outcome = HookOutcome(value if error is None else None, error,
-                          run_ending(error, self.is_final(ending, job), job.cancelled.is_set()))
+                              run_ending(error, self.is_final(ending, job), job.cancelled.is_set()))
         after = chain.resume(outcome, lambda exc: "dead" if self.is_final(self.hook_failure(exc, opts, job), job)
                              else "retry")
         if after.error is error:
