@@ -53,7 +53,13 @@ Steps (``--only``, repeatable; default: all three):
   - ``raw_batch``: ``worker_handlers:noop_batch --batch 100``, the engine's batch handler
     on the ``raw`` variant's jobs.
 
-  ``--variants`` picks some (the batch ones only when named: ``--variants
+  - ``task_mw0``: ``task_handlers_mw:tasks_mw0``, the ``task`` variant's tasks with one
+    middleware that has a send hook only (its worker has no run hook: the no-middleware
+    path, so it should match ``task``);
+  - ``task_mw1``: ``task_handlers_mw:tasks_mw1``, the same tasks with one middleware
+    whose run hook only yields: what entering and resuming a chain costs per job.
+
+  ``--variants`` picks some (the batch and middleware ones only when named: ``--variants
   task,task_batch,raw_batch --concurrency 1``); the ratios are task / raw (the target),
   task / raw_json, raw / raw_base (the target "costs them nothing"), task / task_base,
   and task_batch / task, raw_batch / raw.
@@ -106,6 +112,7 @@ import redis  # noqa: E402
 
 import batch_handlers  # noqa: E402  (bench/: the batch task of the task_batch drain)
 import task_handlers  # noqa: E402  (bench/: the tasks the worker processes serve too)
+import task_handlers_mw  # noqa: E402  (bench/: the same tasks with middleware)
 from pyqueue import Job, NewJob, Queue, connect  # noqa: E402
 from pyqueue.scripts import SCRIPT_KEYS, lua_source  # noqa: E402
 from pyqueue.slots import Slot, enter_slot  # noqa: E402
@@ -432,6 +439,8 @@ DRAIN_VARIANTS: dict[str, tuple[str, str | None]] = {
     "task_base": ("task_handlers:tasks", "task_baseline"),
     "task_batch": ("batch_handlers:tasks", None),
     "raw_batch": ("worker_handlers:noop_batch", None),
+    "task_mw0": ("task_handlers_mw:tasks_mw0", None),
+    "task_mw1": ("task_handlers_mw:tasks_mw1", None),
 }
 #: More `pyqueue worker` options of a variant.
 DRAIN_OPTIONS = {"raw_batch": ["--batch", str(batch_handlers.BATCH)]}
@@ -443,6 +452,8 @@ DRAIN_PAIRS = {
     "task / task_base": ("task", "task_base"),
     "task_batch / task": ("task_batch", "task"),
     "raw_batch / raw": ("raw_batch", "raw"),
+    "task_mw0 / task": ("task_mw0", "task"),
+    "task_mw1 / task": ("task_mw1", "task"),
 }
 
 
@@ -677,6 +688,10 @@ def python_costs(url: str) -> dict[str, dict[str, float]]:
         "raw: NewJob(payload) (what enqueue builds)": lambda: NewJob(payload),
         "worker: envelope.decode": lambda: envelope.decode(payload),
         "worker: dispatcher(job) in a Slot": in_slot(dispatcher),
+        "worker: dispatcher(job) in a Slot, a middleware with a send hook only":
+            in_slot(task_handlers_mw.tasks_mw0.dispatcher()),
+        "worker: dispatcher(job) in a Slot, a middleware whose run hook only yields":
+            in_slot(task_handlers_mw.tasks_mw1.dispatcher()),
         "worker: no-op handler(job) in a Slot": in_slot(noop),
         "worker: no-op handler(job), bare call": lambda: noop(job),
     }

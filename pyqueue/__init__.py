@@ -59,11 +59,20 @@ from pyqueue.slots import TimeLimitExceeded
 from pyqueue.worker import Fail, Retry
 
 if _TYPE_CHECKING:
-    from pyqueue.tasks import ResultTimeout, TaskDead, TaskResultMissing, Tasks, current_batch, current_job
+    from pyqueue.tasks import (
+        Middleware,
+        MiddlewareError,
+        ResultTimeout,
+        TaskDead,
+        TaskResultMissing,
+        Tasks,
+        current_batch,
+        current_job,
+    )
 
 #: Names of the task layer, imported on first use: ``import pyqueue`` for the engine
 #: alone does not load it (the engine never imports the task layer).
-_TASK_LAYER = ("ResultTimeout", "TaskDead", "TaskResultMissing", "Tasks", "current_batch", "current_job")
+_TASK_LAYER = ("Middleware", "MiddlewareError", "ResultTimeout", "TaskDead", "TaskResultMissing", "Tasks", "current_batch", "current_job")
 
 
 def __getattr__(name: str) -> _Any:
@@ -105,6 +114,8 @@ __all__ = [
     "JobInfo",
     "JobResult",
     "Leased",
+    "Middleware",
+    "MiddlewareError",
     "Nacked",
     "NewJob",
     "NotReplicated",

@@ -141,3 +141,24 @@ def test_arq_retry_retries_defers_and_reads_the_results(env: Env) -> None:
     stats = env.stats()
     if stats is not None:
         assert (stats.enqueued, stats.acked, stats.nacked, stats.dead) == (2, 2, 2, 0)
+
+
+def test_middleware_carries_the_request_id_logs_each_run_and_refuses_a_send_without_one(env: Env) -> None:
+    out = run_example("middleware", env)
+    lines = out.splitlines()
+    assert re.fullmatch(r"resize attempt 1: retry \(request req-42, \d+\.\d{3}s\)", lines[0]), out
+    assert re.fullmatch(r"resize attempt 2: ok \(request req-42, \d+\.\d{3}s\)", lines[1]), out
+    assert lines[2:] == ["result: images/7.webp", "refused: middleware __main__.RequestLog failed in around_send: "
+                         "LookupError: send tasks from inside a request"]
+    stats = env.stats()
+    if stats is not None:
+        assert (stats.enqueued, stats.acked, stats.nacked, stats.dead) == (1, 1, 1, 0)
+
+
+def test_the_readmes_middleware_code_is_the_examples() -> None:
+    """README.md's "Middleware and tracing" shows examples/middleware.py's middleware:
+    the same lines, so what the README shows is what the test above runs."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = readme.split("#### Middleware and tracing", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    assert "class RequestLog" in block
+    assert block in (ROOT / "examples" / "middleware.py").read_text(encoding="utf-8")

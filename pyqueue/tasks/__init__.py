@@ -11,6 +11,7 @@ from pyqueue.tasks.app import Tasks
 from pyqueue.tasks.batch import current_batch
 from pyqueue.tasks.envelope import Envelope, EnvelopeError
 from pyqueue.tasks.handle import ResultTimeout, SentTask, TaskDead, TaskError, TaskResultMissing
+from pyqueue.tasks.middleware import HookOutcome, Middleware, MiddlewareError, Sending
 from pyqueue.tasks.policy import Backoff, TaskOptions
 from pyqueue.tasks.runtime import Dispatcher, TaskRun, current_job
 from pyqueue.tasks.task import BatchOptions, BatchTask, Options, Signature, Task
@@ -24,9 +25,13 @@ __all__ = [
     "Envelope",
     "EnvelopeError",
     "Fail",
+    "HookOutcome",
+    "Middleware",
+    "MiddlewareError",
     "Options",
     "ResultTimeout",
     "Retry",
+    "Sending",
     "SentTask",
     "Signature",
     "Task",

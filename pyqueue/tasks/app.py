@@ -21,6 +21,7 @@ from pyqueue.queue import DEFAULT_PREFIX, Queue
 from pyqueue.service import TASK_NAME
 from pyqueue.tasks.connection import Connection
 from pyqueue.tasks.handle import SentTask
+from pyqueue.tasks.middleware import Hook as MiddlewareHook, Sending, enter_sends, hook_of, resume_sends
 from pyqueue.tasks.policy import Duration, TaskOptions
 from pyqueue.tasks.runtime import Dispatcher
 from pyqueue.tasks.task import BatchTask, Signature, Task
@@ -35,6 +36,7 @@ log = logging.getLogger("pyqueue.tasks")
 P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
+M = TypeVar("M")
 Hook = Callable[[], object]
 
 #: The longest task name (ASCII): ``unique=True`` job ids are the name and 33 more
@@ -71,6 +73,9 @@ class Tasks:
         self._raw: Callable[[Job], object] | None = None
         self.on_start: list[Hook] = []
         self.on_stop: list[Hook] = []
+        self._middleware: list[object] = []
+        #: The middleware's ``around_send`` hooks, outermost first.
+        self._send_hooks: tuple[MiddlewareHook, ...] = ()
 
     # -- registering -----------------------------------------------------------------
 
@@ -148,6 +153,38 @@ class Tasks:
         self._raw = handler
         return handler
 
+    def middleware(self, middleware: M) -> M:
+        """Register a middleware: an object with any of ``around_send``,
+        ``around_run``, ``on_worker_start`` and ``on_worker_stop``
+        (:class:`~pyqueue.tasks.middleware.Middleware`; what they see, and how an error
+        in one ends a job, are in :mod:`pyqueue.tasks.middleware`). The first registered
+        is the outermost on both sides: its code before ``yield`` runs first, its code
+        after ``yield`` last. Its send hook applies from the next send; its run hook to
+        the workers (and ``t.drain()`` calls) made from now on. Its worker hooks join
+        the ones registered with :meth:`on_worker_start` and :meth:`on_worker_stop`, in
+        registration order. Returns ``middleware``.
+
+        Raises:
+            InvalidArgument: it defines none of those four methods, or is registered
+                already.
+        """
+        send, run = hook_of(middleware, "around_send"), hook_of(middleware, "around_run")
+        start, stop = hook_of(middleware, "on_worker_start"), hook_of(middleware, "on_worker_stop")
+        if send is None and run is None and start is None and stop is None:
+            raise InvalidArgument(f"{middleware!r} is no middleware: it defines none of around_send, around_run, "
+                                  "on_worker_start, on_worker_stop")
+        with self._lock:
+            if any(m is middleware for m in self._middleware):
+                raise InvalidArgument(f"middleware {middleware!r} is registered already")
+            self._middleware.append(middleware)
+            if send is not None:
+                self._send_hooks = (*self._send_hooks, send)
+        if start is not None:
+            self.on_start.append(start[1])
+        if stop is not None:
+            self.on_stop.append(stop[1])
+        return middleware
+
     def on_worker_start(self, hook: Hook) -> Hook:
         """Run ``hook()`` (plain or ``async def``) once in each worker process before it
         leases its first job; an exception stops the worker before it registers."""
@@ -215,16 +252,31 @@ class Tasks:
 
     # -- sending (Task.send and friends land here) ------------------------------------
 
-    def _send_many(self, signatures: Sequence[Signature], now_ms: int, delay_ms: int = 0) -> list[SentTask[Any]]:
+    def _send_many(
+        self, signatures: Sequence[Signature], now_ms: int, delay_ms: int = 0,
+        metas: Sequence[dict[str, Any]] | None = None,
+    ) -> list[SentTask[Any]]:
+        """Enqueue ``signatures``; ``metas``: what middleware adds to each one's meta
+        (given by the send hooks' own call of this one)."""
+        if self._send_hooks and metas is None:
+            messages = [Sending(s.task, s.args, s.kwargs, s.options, delay_ms) for s in signatures]
+            chains = enter_sends(self._send_hooks, messages)
+            try:
+                sent = self._send_many(signatures, now_ms, delay_ms, [m.meta for m in messages])
+            except BaseException as exc:
+                resume_sends(chains, None, exc)
+                raise
+            resume_sends(chains, sent, None)
+            return sent
         if len(signatures) == 1:  # a send: one enqueue, none of the grouping below
             sig = signatures[0]
-            new = sig.new_job(now_ms, delay_ms)
+            new = sig.new_job(now_ms, delay_ms, metas[0] if metas else None)
             answer = self.queue(sig.options.queue).enqueue(
                 new.payload, job_id=new.job_id, delay_ms=new.delay_ms, max_attempts=new.max_attempts,
                 priority=new.priority, group=new.group,
             )
             return [self._handle(sig, answer.job_id, answer.added)]
-        jobs = [(sig, sig.new_job(now_ms, delay_ms)) for sig in signatures]
+        jobs = [(sig, sig.new_job(now_ms, delay_ms, metas[i] if metas else None)) for i, sig in enumerate(signatures)]
         by_queue: dict[str, list[int]] = {}
         for i, (sig, _) in enumerate(jobs):
             by_queue.setdefault(sig.options.queue, []).append(i)
@@ -242,9 +294,22 @@ class Tasks:
                 out[i] = self._handle(jobs[i][0], answer.job_id, answer.added)
         return [sent for sent in out if sent is not None]
 
-    async def _asend(self, signatures: Sequence[Signature], now_ms: int, delay_ms: int) -> SentTask[Any]:
+    async def _asend(
+        self, signatures: Sequence[Signature], now_ms: int, delay_ms: int,
+        metas: Sequence[dict[str, Any]] | None = None,
+    ) -> SentTask[Any]:
         (sig,) = signatures
-        new = sig.new_job(now_ms, delay_ms)
+        if self._send_hooks and metas is None:
+            message = Sending(sig.task, sig.args, sig.kwargs, sig.options, delay_ms)
+            chains = enter_sends(self._send_hooks, [message])
+            try:
+                sent = await self._asend(signatures, now_ms, delay_ms, [message.meta])
+            except BaseException as exc:
+                resume_sends(chains, None, exc)
+                raise
+            resume_sends(chains, [sent], None)
+            return sent
+        new = sig.new_job(now_ms, delay_ms, metas[0] if metas else None)
         queue = self.aqueue(sig.options.queue)
         answer = await queue.enqueue(new.payload, job_id=new.job_id, delay_ms=new.delay_ms, max_attempts=new.max_attempts,
                                      priority=new.priority, group=new.group)
@@ -259,7 +324,7 @@ class Tasks:
         """The worker handler that routes jobs to these tasks by name."""
         if not self._tasks:
             raise InvalidArgument("this Tasks object has no tasks to serve")
-        return Dispatcher(dict(self._tasks), self._raw)
+        return Dispatcher(dict(self._tasks), self._raw, list(self._middleware))
 
     def needs_event_loop(self) -> bool:
         """Whether a task or hook is ``async def`` (its worker must be an AsyncWorker)."""

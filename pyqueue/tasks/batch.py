@@ -36,6 +36,7 @@ from pyqueue.runtime.batch_endings import outcomes_of
 from pyqueue.slots import LimitEnding, Slot, TimeLimitExceeded, current_slot
 from pyqueue.tasks import envelope
 from pyqueue.tasks.codec import to_json
+from pyqueue.tasks.middleware import Chain
 from pyqueue.tasks.policy import TaskOptions
 from pyqueue.tasks.runtime import TaskRun, Undeliverable
 from pyqueue.worker import Fail, Retry, error_text
@@ -43,6 +44,13 @@ from pyqueue.worker import Fail, Retry, error_text
 if TYPE_CHECKING:
     from pyqueue.tasks.runtime import Dispatcher
     from pyqueue.tasks.task import BatchTask
+
+class BatchRun(TaskRun):
+    """A job of a batch task's batch (``in_batch``)."""
+
+    __slots__ = ()
+    in_batch = True
+
 
 _current_batch: contextvars.ContextVar[list[TaskRun]] = contextvars.ContextVar("pyqueue_current_batch")
 
@@ -107,9 +115,14 @@ class BatchDispatch:
                 out[i] = exc
                 continue
             items.append(env.args[0])
-            runs.append(TaskRun(job, task.name, env.enqueued_ms, None, env.meta))
+            runs.append(BatchRun(job, task.name, env.enqueued_ms, None, env.meta))
             policies.append(opts)
             positions.append(i)
+        chains: list[Chain[TaskRun, object]] | None = None
+        if self.dispatcher.run_hooks and items:
+            chains, kept = self.enter_hooks(runs, policies, positions, out)
+            items, runs = [items[k] for k in kept], [runs[k] for k in kept]
+            policies, positions = [policies[k] for k in kept], [positions[k] for k in kept]
         if not items:
             return out
         if slot is not None:
@@ -125,16 +138,47 @@ class BatchDispatch:
                 returned = slot.run_awaitable(_in_batch(runs, task.batch_fn(items)))
             else:
                 returned = task.batch_fn(items)
-        except TimeLimitExceeded:
-            raise  # the heartbeat ended every job already
+        except TimeLimitExceeded as exc:
+            # The heartbeat ended every job already: the hooks see it, then it goes on.
+            if chains is not None:
+                for k in reversed(range(len(chains))):
+                    self.dispatcher.resume(chains[k], runs[k], policies[k], None, exc, exc)
+            raise
         except (Exception, SystemExit) as exc:
             # SystemExit as in a single run: the function's failure, not the worker's end.
             error = exc
         finally:
             _current_batch.reset(token)
-        for position, run, opts, outcome in zip(positions, runs, policies, outcomes_of(returned, error, len(items))):
+        results = outcomes_of(returned, error, len(items))
+        for position, run, opts, outcome in zip(positions, runs, policies, results):
             out[position] = self.outcome(task, run.job, opts, outcome)
+        if chains is not None:
+            # Last entered, first resumed: hooks that set context variables (a current
+            # span) unwind in order.
+            for k in reversed(range(len(chains))):
+                result = results[k]
+                failed = result if isinstance(result, BaseException) else None
+                out[positions[k]] = self.dispatcher.resume(chains[k], runs[k], policies[k],
+                                                           None if failed else result, failed, out[positions[k]])
         return out
+
+    def enter_hooks(self, runs: list[TaskRun], policies: list[TaskOptions], positions: list[int],
+                    out: list[object]) -> tuple[list[Chain[TaskRun, object]], list[int]]:
+        """Enter the run hooks of each job of a batch, in order; a job whose hook failed
+        is not run (its ending in ``out``). Returns the chains of the others and their
+        indexes in ``runs``."""
+        chains: list[Chain[TaskRun, object]] = []
+        kept: list[int] = []
+        for k, run in enumerate(runs):
+            chain: Chain[TaskRun, object] = Chain("around_run")
+            error = chain.enter(self.dispatcher.run_hooks, run)
+            if error is None:
+                chains.append(chain)
+                kept.append(k)
+            else:
+                ending = self.dispatcher.hook_failure(error, policies[k], run.job)
+                out[positions[k]] = self.dispatcher.resume(chain, run, policies[k], None, error, ending)
+        return chains, kept
 
     @staticmethod
     def outcome(task: BatchTask[Any, Any], job: Job, opts: TaskOptions, outcome: object) -> object:

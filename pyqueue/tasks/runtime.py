@@ -17,6 +17,9 @@ How a run ends, and the transition it becomes (every one a script):
   ``nack`` with the backoff, never ack (another worker version may know it), dead at
   ``max_attempts`` with the error ``unknown task 'name'``.
 
+Middleware's run hooks (:mod:`pyqueue.tasks.middleware`) wrap the call of the function:
+an error of theirs ends the job as a retry by the task's backoff, never an ack.
+
 A batch task's jobs (``@tasks.task(batch=N)``) end the same way, each by its own item's
 result (:mod:`pyqueue.tasks.batch`): the worker runs its queue in batches
 (:meth:`Dispatcher.run_batch`); one of its jobs leased alone runs as a batch of one.
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, cast
 
@@ -35,6 +38,7 @@ from pyqueue.models import Job, Result
 from pyqueue.slots import LimitEnding, Slot, TimeLimitExceeded, current_slot
 from pyqueue.tasks import envelope
 from pyqueue.tasks.codec import to_json
+from pyqueue.tasks.middleware import Chain, Hook, HookOutcome, MiddlewareError, hook_of, run_ending
 from pyqueue.tasks.policy import TaskOptions, qualified_name
 from pyqueue.worker import Fail, Retry, error_text, is_async_handler
 
@@ -49,6 +53,9 @@ class TaskRun:
     slots, not a dataclass: one is made per job, on the worker's hot path.)"""
 
     __slots__ = ("job", "task", "enqueued_ms", "deadline_ms", "meta")
+
+    #: Whether it runs in a batch task's batch, with other jobs (``current_batch()``).
+    in_batch = False
 
     def __init__(
         self, job: Job, task: str, enqueued_ms: int | None, deadline_ms: int | None, meta: Mapping[str, Any]
@@ -133,8 +140,15 @@ class Dispatcher:
     """The worker handler of a :class:`~pyqueue.tasks.Tasks` object: routes each job to
     the task its envelope names (see the module docstring)."""
 
-    def __init__(self, tasks: Mapping[str, Task[Any, Any]], raw: Callable[[Job], object] | None = None) -> None:
+    def __init__(
+        self, tasks: Mapping[str, Task[Any, Any]], raw: Callable[[Job], object] | None = None,
+        middleware: Sequence[object] = (),
+    ) -> None:
         self.tasks = tasks
+        #: The middleware's ``around_run`` hooks, outermost first (empty: none is called).
+        self.run_hooks: tuple[Hook, ...] = tuple(
+            hook for m in middleware for hook in [hook_of(m, "around_run")] if hook is not None
+        )
         #: Runs the jobs whose payload is not a task envelope (a queue moving from raw
         #: jobs to tasks); None: they are retried, then dead, as an unknown task.
         self.raw = raw
@@ -193,36 +207,50 @@ class Dispatcher:
             slot.limit(opts.time_limit_ms / 1000, self._limit_ending(task, opts, job))
             deadline_ms = slot.leased_at_ms + opts.time_limit_ms
         run = TaskRun(job, task.name, enqueued_ms, deadline_ms, env.meta)
+        if self.run_hooks:
+            return self.run_around(task, opts, env, slot, run)
         token = _current.set(run)
         try:
-            if task.is_async:
-                if slot is None:
-                    raise InvalidArgument(f"task {task.name} is async: run it in an AsyncWorker")
-                value = slot.run_awaitable(_in_context(run, task.fn(*env.args, **env.kwargs)))
-            else:
-                value = task.fn(*env.args, **env.kwargs)
+            # A sync task is called here, not through _call: one call less per job.
+            value = _call(task, env, slot, run) if task.is_async else task.fn(*env.args, **env.kwargs)
         except (Retry, Fail, TimeLimitExceeded):
             raise
-        except TypeError as exc:
+        except (Exception, SystemExit) as exc:
+            # SystemExit (sys.exit() in the task's code) is the task's failure like any
+            # other: let through, it would leave the job leased with nothing running it.
+            # (KeyboardInterrupt is not: in drain's thread it is the user's Ctrl-C.)
+            raise self.failure(task, opts, env, job, exc)  # its cause: exc
+        finally:
+            _current.reset(token)
+        return None if opts.keep_result_ms is None else self.result(task, opts, value)
+
+    def failure(self, task: Task[Any, Any], opts: TaskOptions, env: envelope.Envelope, job: Job,
+                exc: BaseException) -> Retry | Fail:
+        """How a job whose task raised ``exc`` (an Exception or SystemExit, not Retry,
+        Fail or TimeLimitExceeded) ends: :class:`Fail` now or :class:`Retry` by the
+        task's policy, ``exc`` as its cause (its error text)."""
+        if isinstance(exc, TypeError):
             # Checked only when the call failed (nothing on the happy path): arguments
             # that do not fit the function (a producer of another version) fail at once,
             # since a retry would fail the same way.
             try:
                 task.signature.bind(*env.args, **env.kwargs)
             except TypeError as bind_error:
-                raise Fail(f"the arguments do not fit task {task.name}: {bind_error}") from None
-            if opts.fails_at_once(exc):
-                raise Fail() from exc
-            raise Retry(delay_ms=opts.retry_delay_ms(job.attempt)) from exc
-        except (Exception, SystemExit) as exc:
-            # SystemExit (sys.exit() in the task's code) is the task's failure like any
-            # other: let through, it would leave the job leased with nothing running it.
-            # (KeyboardInterrupt is not: in drain's thread it is the user's Ctrl-C.)
-            if opts.fails_at_once(exc):
-                raise Fail() from exc
-            raise Retry(delay_ms=opts.retry_delay_ms(job.attempt)) from exc
-        finally:
-            _current.reset(token)
+                unfit = Fail(f"the arguments do not fit task {task.name}: {bind_error}")
+                unfit.__suppress_context__ = True
+                return unfit
+        failed = Fail() if opts.fails_at_once(exc) else Retry(delay_ms=opts.retry_delay_ms(job.attempt))
+        failed.__cause__ = exc
+        return failed
+
+    @staticmethod
+    def result(task: Task[Any, Any], opts: TaskOptions, value: object) -> Result | None:
+        """What a job whose task returned ``value`` is acked with: its result when the
+        task keeps one, else None.
+
+        Raises:
+            Fail: the value cannot be stored as JSON.
+        """
         if opts.keep_result_ms is not None:
             try:
                 encoded = to_json(value, f"{task.name} result")
@@ -230,6 +258,72 @@ class Dispatcher:
                 raise Fail(f"the result cannot be stored: {exc}") from None
             return Result(encoded, opts.keep_result_ms)
         return None
+
+    def run_around(self, task: Task[Any, Any], opts: TaskOptions, env: envelope.Envelope, slot: Slot | None,
+                   run: TaskRun) -> object:
+        """A run inside the middleware's run hooks (:mod:`pyqueue.tasks.middleware`):
+        the ending is decided as without them, then a hook's error replaces it."""
+        chain: Chain[TaskRun, object] = Chain("around_run")
+        error: BaseException | None = chain.enter(self.run_hooks, run)
+        value: object = None
+        if error is None:
+            token = _current.set(run)
+            try:
+                value = _call(task, env, slot, run)
+            except BaseException as exc:  # every exception: the hooks see it, then as above
+                error = exc
+            finally:
+                _current.reset(token)
+        ending: object
+        if error is None:
+            try:
+                ending = self.result(task, opts, value)
+            except Fail as unstorable:
+                ending = unstorable
+        elif isinstance(error, MiddlewareError):
+            ending = self.hook_failure(error, opts, run.job)
+        elif isinstance(error, (Retry, Fail, TimeLimitExceeded)) or not isinstance(error, (Exception, SystemExit)):
+            ending = error
+        else:
+            ending = self.failure(task, opts, env, run.job, error)
+        ending = self.resume(chain, run, opts, value, error, ending)
+        if isinstance(ending, BaseException):
+            raise ending
+        return ending
+
+    def resume(self, chain: Chain[TaskRun, object], run: TaskRun, opts: TaskOptions, value: object,
+               error: BaseException | None, ending: object) -> object:
+        """Resume a run's entered hooks with its outcome: ``value`` returned or ``error``
+        raised (by the function, or a hook before ``yield``), and ``ending``, the job's
+        ending decided without them (None or a Result: ack; an exception: nack). Returns
+        that ending, or the one a hook's error makes (:meth:`hook_failure`)."""
+        job = run.job
+        if error is None and isinstance(ending, BaseException):
+            error = ending  # a result that cannot be stored
+        outcome = HookOutcome(value if error is None else None, error,
+                              run_ending(error, self.is_final(ending, job), job.cancelled.is_set()))
+        after = chain.resume(outcome, lambda exc: "dead" if self.is_final(self.hook_failure(exc, opts, job), job)
+                             else "retry")
+        if after.error is error:
+            return ending
+        assert after.error is not None
+        return self.hook_failure(after.error, opts, job)
+
+    @staticmethod
+    def hook_failure(error: BaseException, opts: TaskOptions, job: Job) -> Retry | Fail:
+        """How a job ends on a hook's error: a Retry or Fail the hook raised as given,
+        else a retry by the task's backoff (``retry_on`` and ``fail_on`` are about the
+        task's own errors), the error as its cause."""
+        if isinstance(error, (Retry, Fail)):
+            return error
+        failed = Retry(delay_ms=opts.retry_delay_ms(job.attempt))
+        failed.__cause__ = error
+        return failed
+
+    @staticmethod
+    def is_final(ending: object, job: Job) -> bool:
+        """Whether ``ending`` sends the job to the dead letters."""
+        return isinstance(ending, Fail) or isinstance(ending, Retry) and job.attempt >= job.max_attempts
 
     def options_for(self, task: Task[Any, Any], env: envelope.Envelope, slot: Slot | None) -> TaskOptions:
         """The policy of one job of ``task``: the task's, with the envelope's per-send
@@ -281,6 +375,16 @@ def _name_of(function: object) -> str:
         return qualified_name(function, "a backoff function")
     except InvalidArgument:
         return ""
+
+
+def _call(task: Task[Any, Any], env: envelope.Envelope, slot: Slot | None, run: TaskRun) -> object:
+    """Call a task's function with the envelope's arguments (await it on the worker's
+    loop if it is ``async def``)."""
+    if task.is_async:
+        if slot is None:
+            raise InvalidArgument(f"task {task.name} is async: run it in an AsyncWorker")
+        return slot.run_awaitable(_in_context(run, task.fn(*env.args, **env.kwargs)))
+    return task.fn(*env.args, **env.kwargs)
 
 
 async def _in_context(run: TaskRun, coroutine: Any) -> Any:

@@ -25,6 +25,7 @@ from pyqueue.runtime.batch import BatchSpec
 from pyqueue.tasks import envelope
 from pyqueue.tasks.codec import canonical, to_json, to_json_args
 from pyqueue.tasks.handle import SentTask
+from pyqueue.tasks.middleware import RESERVED_META
 from pyqueue.tasks.policy import Duration, TaskOptions
 from pyqueue.worker import seconds_to_ms
 
@@ -82,7 +83,15 @@ class Signature:
             raise InvalidArgument(f"{self.task.name}: unique must return the job id as a str, got {job_id!r}")
         return job_id
 
-    def new_job(self, now_ms: int, delay_ms: int) -> NewJob:
+    def new_job(self, now_ms: int, delay_ms: int, extra_meta: dict[str, Any] | None = None) -> NewJob:
+        """The job of this call, sent at ``now_ms`` (server clock) to run ``delay_ms``
+        later; ``extra_meta``: the keys middleware adds to the envelope's meta.
+
+        Raises:
+            InvalidArgument: ``extra_meta`` names a key of the task layer's
+                (``enqueued_ms``, ``delay_ms``, ``opts``) or is not plain JSON data;
+                ``group`` or ``unique`` functions returning something else than a str.
+        """
         meta: dict[str, Any] = {"enqueued_ms": now_ms}
         if delay_ms:
             meta["delay_ms"] = delay_ms
@@ -90,6 +99,12 @@ class Signature:
         opts = {} if self.options is self.task.policy else self.options.overrides(self.task.policy)
         if opts:
             meta["opts"] = opts
+        if extra_meta:
+            taken = sorted(RESERVED_META.intersection(extra_meta))
+            if taken:
+                raise InvalidArgument(f"{self.task.name}: middleware set the envelope's meta {taken}, which the task "
+                                      "layer writes")
+            meta.update(to_json(extra_meta, f"{self.task.name} meta set by middleware"))
         payload = self.task.encode_envelope(self.json_args, self.json_kwargs, meta)
         group = self.options.group
         if callable(group):
