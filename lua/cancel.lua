@@ -55,6 +55,7 @@ local TRIM_BATCH = 10 -- expired tombstones are trimmed this many at a time, at 
 local MAINTENANCE_INTERVAL_MS = 50 -- while READY is busy, maintenance still runs this often
 local NONE = {} -- an empty list to read from; never written to, so no call allocates its own
 local CONTRACT_VERSION = 3 -- of the KEYS and ARGV the headers list; lua/README.md section 10
+local WAIT_DUE_MS = 1125899906842624 -- 2^50: the due time of a job waiting for others (flow_wait.lua)
 
 -- Every script's first check, before any other check, read or write: a PQ_CONTRACT text
 -- unless the call passes `nkeys` KEYS and lo..hi ARGV (with `step`: lo plus a multiple

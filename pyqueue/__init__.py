@@ -60,19 +60,26 @@ from pyqueue.worker import Fail, Retry
 
 if _TYPE_CHECKING:
     from pyqueue.tasks import (
+        FlowHandle,
         Middleware,
         MiddlewareError,
         ResultTimeout,
         TaskDead,
         TaskResultMissing,
         Tasks,
+        chain,
+        chord,
         current_batch,
         current_job,
+        group,
     )
 
 #: Names of the task layer, imported on first use: ``import pyqueue`` for the engine
 #: alone does not load it (the engine never imports the task layer).
-_TASK_LAYER = ("Middleware", "MiddlewareError", "ResultTimeout", "TaskDead", "TaskResultMissing", "Tasks", "current_batch", "current_job")
+_TASK_LAYER = (
+    "FlowHandle", "Middleware", "MiddlewareError", "ResultTimeout", "TaskDead", "TaskResultMissing", "Tasks",
+    "chain", "chord", "current_batch", "current_job", "group",
+)
 
 
 def __getattr__(name: str) -> _Any:
@@ -95,6 +102,8 @@ __all__ = [
     "__version__",
     "AuthenticationFailed",
     "Cancelled",
+    "chain",
+    "chord",
     "connect",
     "ContractMismatch",
     "CorruptRecord",
@@ -107,6 +116,8 @@ __all__ = [
     "Enqueued",
     "Extended",
     "Fail",
+    "FlowHandle",
+    "group",
     "GroupInfo",
     "GroupsPage",
     "InvalidArgument",

@@ -648,6 +648,27 @@ def limit_call(keys: Keys, count: int, period_ms: int, burst: int) -> ScriptCall
     return ScriptCall("limit", keys, [count, period_ms, burst])
 
 
+def flow_wait_call(
+    keys: Keys, now_ms: int | None, job: JobTuple, check_ms: int, waits_for: Sequence[tuple[str, str]]
+) -> ScriptCall:
+    """lua/flow_wait.lua. ``job``: a :data:`JobTuple` (its delay is not sent: a waiting
+    job is due when its wait is over); ``waits_for``: (queue, job id) pairs."""
+    job_id, payload, _delay, max_attempts, priority, group = job
+    refs = [f"{queue}\t{ref}" for queue, ref in waits_for]
+    return ScriptCall("flow_wait", keys, [now_arg(now_ms), job_id, payload, max_attempts, priority, group, check_ms, *refs])
+
+
+def flow_done_call(
+    keys: Keys, now_ms: int | None, job_id: str, policy: str, check_ms: int, ended: Sequence[tuple[str, str, str]]
+) -> ScriptCall:
+    """lua/flow_done.lua. ``ended``: (queue, job id, 'ok' or 'failed') of jobs that
+    ``job_id`` waits for."""
+    args: list[Arg] = [now_arg(now_ms), job_id, policy, check_ms]
+    for queue, ref, how in ended:
+        args += [f"{queue}\t{ref}", how]
+    return ScriptCall("flow_done", keys, args)
+
+
 def groups_call(keys: Keys, offset: int, limit: int) -> ScriptCall:
     """lua/groups.lua."""
     return ScriptCall("groups", keys, [offset, limit])

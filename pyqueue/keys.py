@@ -124,6 +124,16 @@ class QueueKeys:
         """hash: r:<group> (leases running), c:<group> (its cap), cap, turn, seq, uturn."""
         return self._key("groups")
 
+    @property
+    def fwait(self) -> str:
+        """zset: id -> ms of its next check, the jobs waiting for others (flow_wait.lua)."""
+        return self._key("fwait")
+
+    @property
+    def fpending(self) -> str:
+        """zset: "<id>\t<queue>\t<job id>" -> 0, what each waiting job waits for (lexicographic)."""
+        return self._key("fpending")
+
     def role(self, name: str) -> str:
         """The key for a role by name (as listed in a script header)."""
         if name not in ROLES:
@@ -137,7 +147,7 @@ class QueueKeys:
 
 #: Every role of a queue key, in the order lua/README.md lists them.
 ROLES = ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake", "done", "results",
-         "result_expiry", "finished", "meta", "gready", "ring", "groups")
+         "result_expiry", "finished", "meta", "gready", "ring", "groups", "fwait", "fpending")
 
 
 @dataclass(frozen=True)

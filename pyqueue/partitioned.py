@@ -57,6 +57,7 @@ from pyqueue.models import (
     JobResult,
     Leased,
     Nacked,
+    NewJob,
     Outcome,
     Peeked,
     Promoted,
@@ -64,6 +65,7 @@ from pyqueue.models import (
     Stats,
 )
 from pyqueue.queue import Queue, QueueCore, plan_peek_many, sum_stats
+from pyqueue.verbs.flows import FlowDone, Ref, Waiting
 
 
 class PartitionedParts(QueueCore):
@@ -279,6 +281,21 @@ class PartitionedParts(QueueCore):
         for position, answer in zip(positions, out):
             ordered[position] = answer
         return ordered
+
+    def plan_flow_wait(self, job: NewJob, waits_for: Sequence[Ref], **kwargs: Any) -> Plan[str]:
+        """As :meth:`QueueCore.plan_flow_wait`, in the partition of the job's id."""
+        if job.job_id is None:
+            raise InvalidArgument("a waiting job needs its id (a flow's ids are deterministic)")
+        return (yield from self.part_for(job.job_id).plan_flow_wait(job, waits_for, **kwargs))
+
+    def plan_flow_done(self, job_id: str, ended: Sequence[tuple[str, str, str]], **kwargs: Any) -> Plan[FlowDone]:
+        """As :meth:`QueueCore.plan_flow_done`, in the partition of ``job_id``."""
+        return (yield from self.part_for(job_id).plan_flow_done(job_id, ended, **kwargs))
+
+    def plan_flow_due(self, limit: int = 100) -> Plan[list[Waiting]]:
+        """As :meth:`QueueCore.plan_flow_due`, from every partition (``limit`` each)."""
+        found = yield from plan_each(part.plan_flow_due(limit) for part in self.parts)
+        return [waiting for each in found for waiting in each]
 
     def plan_nack(self, job: Job, error: str = "", **kwargs: Any) -> Plan[Nacked]:
         """As :meth:`QueueCore.plan_nack`, in the job's partition."""

@@ -92,6 +92,8 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "dead_replay": ("jobs", "ready", "dead", "errors", "counters", "wake", "meta", "gready", "ring", "groups"),
     "dead_purge": ("jobs", "dead", "errors", "counters", "meta"),
     "scrub": ("jobs", "ready", "leased", "owners", "dead", "errors", "counters", "wake", "meta", "gready", "ring", "groups"),
+    "flow_wait": ("jobs", "scheduled", "counters", "done", "meta", "fwait", "fpending"),
+    "flow_done": ("jobs", "scheduled", "wake", "fwait", "fpending"),
     "service_register": ("seq", "ids", "expiry", "queues", "service"),
     "service_renew": ("service", "expiry", "queues"),
     "service_deregister": ("service", "ids", "expiry", "queues", "wake"),

@@ -60,6 +60,7 @@ from pyqueue.queue import (
     DEFAULT_PREFIX,
     Queue,
     check_int,
+    physical_queue,
 )
 from pyqueue.runtime.batch import BatchHandler, BatchRunner
 from pyqueue.runtime.crash import CRASH_POINTS, Crasher
@@ -73,6 +74,7 @@ from pyqueue.runtime.executor import (
     is_async_handler,
 )
 from pyqueue.runtime.fetch import SERVER_TIMER_SLACK_MS, FetchLoop
+from pyqueue.runtime.flows import FlowChecks
 from pyqueue.runtime.heartbeat import TICK_S, Heartbeat
 from pyqueue.runtime.lifecycle import (
     AUTH_GRACE_S,
@@ -277,6 +279,7 @@ class Worker:
             control=self.control, registration=self.registration, crash=self._crash, retrying=retrying,
             keep_results_ms=self.keep_results_ms, max_results=self.max_results,
             backoff_base_ms=self.backoff_base_ms, backoff_cap_ms=self.backoff_cap_ms,
+            on_ended=getattr(handler, "job_ended", None),
         )
         self.executor = self.executor_class(
             # (With batch=, every queue is served in batches: the executor's one-job calls are never made.)
@@ -289,6 +292,7 @@ class Worker:
             lease_ms=self.lease_ms, renew_ms=self.renew_ms, expire_ms=self.expire_ms,
             backoff_base_ms=self.backoff_base_ms, backoff_cap_ms=self.backoff_cap_ms,
             supervisor_link=supervisor_link,
+            flows=FlowChecks(self.queues, lambda name: physical_queue(name, self.redis, prefix=prefix)),
         )
         self.supervisor_link = supervisor_link
         if supervisor_link is not None and supervisor_link.max_jobs:

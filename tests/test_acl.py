@@ -50,8 +50,8 @@ from pyqueue.worker import Retry, Worker
 #: it implies ``resetkeys`` and ``-@all``); ``resetchannels`` also holds when
 #: ``acl-pubsub-default`` is ``allchannels``.
 RECIPE = """\
-ACL SETUSER pq-producer reset on >producer-secret resetchannels ~pq:{emails}:* -@all +ping +evalsha +script|load +script|exists +multi +exec +time +type +hget +hmget +hset +hsetnx +hincrby +rpush +lindex +llen +zadd +zcard +zcount +zrange +zmscore +xread +xrevrange +zscore
-ACL SETUSER pq-worker reset on >worker-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +bzpopmin +time +type +exists +get +incr +pexpire +persist +del +hget +hmget +hexists +hset +hsetnx +hincrby +hdel +llen +lrange +ltrim +lpush +rpush +lrem +zadd +zrem +zscore +zcard +zcount +zrange +zrangebyscore +zrangebylex +zlexcount +zremrangebyrank +xadd +zmscore
+ACL SETUSER pq-producer reset on >producer-secret resetchannels ~pq:{emails}:* -@all +ping +evalsha +script|load +script|exists +multi +exec +time +type +hget +hmget +hset +hsetnx +hincrby +rpush +lindex +llen +zadd +zcard +zcount +zrange +zmscore +xread +xrevrange +zscore +hexists
+ACL SETUSER pq-worker reset on >worker-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +bzpopmin +time +type +exists +get +incr +pexpire +persist +del +hget +hmget +hexists +hset +hsetnx +hincrby +hdel +llen +lrange +ltrim +lpush +rpush +lrem +zadd +zrem +zscore +zcard +zcount +zrange +zrangebyscore +zrangebylex +zlexcount +zremrangebyrank +zremrangebylex +xadd +zmscore
 ACL SETUSER pq-admin reset on >admin-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +time +type +pexpire +pttl +hget +hgetall +hmget +hexists +hset +hsetnx +hincrby +hdel +rpush +lpush +lindex +llen +lrem +zadd +zrem +zscore +zscan +zcard +zcount +zrange +zrangebyscore +zlexcount +zremrangebyrank +xrevrange +xadd
 """
 
@@ -59,11 +59,13 @@ ROLES = ("producer", "worker", "admin")
 
 #: The scripts each role runs through the driver.
 ROLE_SCRIPTS: dict[str, tuple[str, ...]] = {
-    "producer": ("enqueue", "stats", "result"),
+    "producer": ("enqueue", "stats", "result", "flow_wait"),
     "worker": (
         # enqueue: the periodic jobs a worker's schedules enqueue (pyqueue.schedules).
         "enqueue", "lease", "ack", "ack_result", "nack", "extend", "release", "promote", "scrub", "peek",
         "service_register", "service_renew", "service_deregister",
+        # flow_done: the end of a flow's step, reported by its worker and by flow checks.
+        "flow_done",
     ),
     "admin": ("stats", "get", "result", "cancel", "limit", "set_group_limit", "groups", "pause", "resume", "dead_list", "dead_replay", "dead_purge", "service_stop"),
 }
@@ -90,6 +92,9 @@ SENT_BY_DRIVER: dict[str, dict[str, str]] = {
         "get": "the namespace's last id, before registering",
         "hget": "a re-sent registration recognises its own token; the recorded partition count",
         "hsetnx": "records the queue's partition count at start",
+        "time": "flow checks: which checks of waiting jobs are due (pyqueue.runtime.flows)",
+        "zrangebyscore": "flow checks: the waiting jobs whose check is due",
+        "zrangebylex": "flow checks: what each waiting job still waits for",
     },
     "admin": {
         "hsetnx": "records the queue's partition count at a queue object's first call",
@@ -543,6 +548,10 @@ def script_calls(root: redis.Redis) -> dict[str, tuple[str, Any, list[Any]]]:
     calls["groups"] = ("groups", q.keys, [0, 10])
     calls["pause"] = ("pause", q.keys, [now])
     calls["resume"] = ("resume", q.keys, [now])  # after pause: it finds the queue paused
+    q.flow_wait(NewJob(b"", job_id="w0"), [(QUEUE, "r0"), (QUEUE, "r1")], now_ms=T0)
+    calls["flow_wait"] = ("flow_wait", q.keys, [now, "w1", b"", 3, "", "", 1000, f"{QUEUE}\tr0"])
+    calls["flow_done"] = ("flow_done", q.keys, [now, "w0", "fail", 1000, f"{QUEUE}\tr0", "ok"])  # still waits
+    calls["flow_done_release"] = ("flow_done", q.keys, [now, "w0", "continue", 1000, f"{QUEUE}\tr0", "ok", f"{QUEUE}\tr1", "ok"])
     live = Services(root).register([QUEUE], now_ms=T0)
     ns = ServiceKeys("pq", NAMESPACE)
     calls["service_register"] = (

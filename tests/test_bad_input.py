@@ -181,6 +181,24 @@ MALFORMED: list[tuple[str, list[Any]]] = [
     ("peek", ["x"]),
     ("peek", ["-1"]),
     ("peek", [str(2**53 + 2)]),
+    ("flow_wait", ["", "", "p", "3", "", "", "1000", "q\tj"]),
+    ("flow_wait", ["x", "w", "p", "3", "", "", "1000", "q\tj"]),
+    ("flow_wait", ["", "w", "p", "0", "", "", "1000", "q\tj"]),
+    ("flow_wait", ["", "w", "p", "3", "9", "", "1000", "q\tj"]),
+    ("flow_wait", ["", "w", "p", "3", "", "a|b", "1000", "q\tj"]),
+    ("flow_wait", ["", "w", "p", "3", "", "", "0", "q\tj"]),
+    ("flow_wait", ["", "w", "p", "3", "", "", "1000", "no tab"]),
+    ("flow_wait", ["", "w", "p", "3", "", "", "1000", "q{x}\tj"]),
+    ("flow_wait", ["", "w", "p", "3", "", "", "1000", "q\ta\nb"]),
+    ("flow_wait", ["", "w", "p", "3", "", "", "1000", "q\tj", ""]),
+    ("flow_wait", ["", "w", "p", "3", "", "", "1000"]),  # waits for nothing
+    ("flow_done", ["", "w", "maybe", "1000"]),
+    ("flow_done", ["", "", "fail", "1000"]),
+    ("flow_done", ["x", "w", "fail", "1000"]),
+    ("flow_done", ["", "w", "fail", "0"]),
+    ("flow_done", ["", "w", "fail", "1000", "q\tj", "meh"]),
+    ("flow_done", ["", "w", "fail", "1000", "nope", "ok"]),
+    ("flow_done", ["", "w", "fail", "1000", "q\tj"]),  # a job without its ending
 ]
 
 
@@ -220,7 +238,7 @@ ROLE_TYPES = {
     "jobs": "hash", "ready": "list", "scheduled": "zset", "leased": "zset", "owners": "zset",
     "dead": "zset", "errors": "hash", "counters": "hash", "wake": "zset", "done": "zset",
     "results": "hash", "result_expiry": "zset", "finished": "stream",
-    "meta": "hash", "gready": "zset", "ring": "zset", "groups": "hash",
+    "meta": "hash", "gready": "zset", "ring": "zset", "groups": "hash", "fwait": "zset", "fpending": "zset",
 }
 #: The fair-scheduling keys (lua/README.md section 2.1).
 FAIR_ROLES = {"meta", "gready", "ring", "groups"}

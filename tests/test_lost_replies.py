@@ -80,7 +80,7 @@ def build(r: redis.Redis) -> World:
 
     READY r1..r3; LEASED held, retry (9 attempts), last (max 1 attempt), all until
     T0 + 100 s, r0 by the dead service ns.7, and 'expired' (deadline T0 + 5); SCHEDULED
-    'due' (T0 + 10); DEAD 'corpse'; a second queue 'held', paused; service ns.1 serving q, alive, and ns.2, dead and not
+    'due' (T0 + 10); waiting 'w0' (for r1 and r2); DEAD 'corpse'; a second queue 'held', paused; service ns.1 serving q, alive, and ns.2, dead and not
     yet forgotten.
     """
     q = Queue("q", r, owner="setup")
@@ -95,6 +95,7 @@ def build(r: redis.Redis) -> World:
     q.enqueue_many([NewJob(b"r", job_id=f"r{i}") for i in range(4)], now_ms=T0)
     Queue("q", r, owner="ns.7").lease_call(call="s4", count=1, lease_ms=100_000, now_ms=T0)
     q.enqueue(b"d", job_id="due", delay_ms=10, now_ms=T0)
+    q.flow_wait(NewJob(b"w", job_id="w0"), [("q", "r1"), ("q", "r2")], now_ms=T0)
     Queue("held", r).pause(now_ms=T0)  # a paused queue, for the resume case
     services = Services(r, namespace="ns")
     service = services.register(["q"], host="h", pid=1, registration="live", now_ms=T0)
@@ -201,6 +202,19 @@ CASES: dict[str, Case] = {
     "pause": Case("pause", lambda q, s, w: q.pause(now_ms=NOW), replayed=lambda a: False),
     "resume": Case("resume", lambda q, s, w: q.physical("held").resume(now_ms=NOW), replayed=lambda a: False),
     "get": Case("get", lambda q, s, w: q.get("j0", with_payload=True, now_ms=NOW)),
+    "flow_wait": Case(
+        "flow_wait", lambda q, s, w: q.flow_wait(NewJob(b"w", job_id="w1"), [("q", "r1")], now_ms=NOW),
+        replayed=lambda a: "armed",
+    ),
+    "flow_done_waiting": Case(
+        "flow_done", lambda q, s, w: q.flow_done("w0", [("q", "r1", "ok")], now_ms=NOW),
+        replayed=lambda a: dataclasses.replace(a, counted=0),
+    ),
+    "flow_done_release": Case(
+        "flow_done", lambda q, s, w: q.flow_done("w0", [("q", "r1", "ok"), ("q", "r2", "failed")], policy="continue",
+                                                 now_ms=NOW),
+        replayed=lambda a: dataclasses.replace(a, state="gone", counted=0),
+    ),
 }
 
 

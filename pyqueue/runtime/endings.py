@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 
 from pyqueue.commit import GroupCommit, Retrying
@@ -134,14 +134,20 @@ class Endings:
             commit leases replacements only from there, so a lower-priority job never
             overtakes a ready higher-priority one.
         commits: the group commit of each queue, by name.
+        on_ended: the handler's ``job_ended(job, how)``, if it has one: called once this
+            worker's ack ('ok') or nack ('dead') of a job answered OK, so what waits for
+            the job hears of it at once (the task layer's flows; a flow check covers a
+            worker that dies first). Its errors are logged, never the job's.
     """
 
     def __init__(
         self, *, by_name: Mapping[str, Queue], first_group: Sequence[Queue], commits: Mapping[str, GroupCommit],
         running: Running, control: Control, registration: Registration, crash: Crasher, retrying: Retrying,
         keep_results_ms: int | None, max_results: int, backoff_base_ms: int, backoff_cap_ms: int,
+        on_ended: Callable[[Job, str], None] | None = None,
     ) -> None:
         self.by_name = by_name
+        self.on_ended = on_ended
         self.first_group = list(first_group)
         self.commits = commits
         self.running = running
@@ -207,6 +213,8 @@ class Endings:
                 error = Fail(f"the result cannot be stored: {exc}")
             else:
                 log_ack(label, outcome)
+                if outcome and self.on_ended is not None:
+                    self.ended(job, "ok")
                 return None
         if error is None:
             self.crash.at("before_ack")
@@ -220,6 +228,8 @@ class Endings:
             )
             outcome, next_job = self.commits[queue.name].commit(job, wants_job=wants_job)
             log_ack(label, outcome)
+            if outcome and self.on_ended is not None:
+                self.ended(job, "ok")
             return next_job
         self.fail(queue, job, error, label)
         return None
@@ -238,10 +248,20 @@ class Endings:
         )
         if nacked.state == "dead":
             log.warning("%s is dead after %d attempts: %s", label, job.attempt, text)
+            if self.on_ended is not None:
+                self.ended(job, "dead")
         elif not nacked.outcome:
             log.warning("%s: nack found the lease %s", label, nacked.outcome.value)
         elif nacked.state == "scheduled":
             self.running.note_retry(nacked.at_ms)
+
+    def ended(self, job: Job, how: str) -> None:
+        """Tell the handler that ``job`` ended ``how`` (``on_ended``)."""
+        assert self.on_ended is not None
+        try:
+            self.on_ended(job, how)
+        except Exception:  # the job's ending is written: the handler's hook is the one that failed
+            log.exception("job %s: the handler's job_ended hook failed (a flow check will report it)", job.id)
 
     def result_to_keep(self, returned: object) -> tuple[object, int] | None:
         """(value, ttl_ms) to store with the ack: a :class:`Result` always, any other

@@ -5,7 +5,7 @@ the executor stops the work: :mod:`pyqueue.slots`); every third of ``lease_ms`` 
 extends the leases of running jobs (one batched call per queue), and tells the executor
 about a job whose lease ended without this worker (cancelled, or lost); every
 ``renew_ms`` it renews the service registration and scrubs the leases of the dead
-services renewal reports. It also wakes the fetch loop when a stop was asked (a signal
+services renewal reports, and runs the flow checks (:mod:`pyqueue.runtime.flows`). It also wakes the fetch loop when a stop was asked (a signal
 handler only sets the stop), and stops the worker with exit 75 when no renewal got
 through for ``expire_ms``.
 
@@ -26,6 +26,7 @@ from pyqueue.errors import PyQueueError, ServiceLost
 from pyqueue.queue import Queue
 from pyqueue.runtime.crash import Crasher
 from pyqueue.runtime.executor import Executor
+from pyqueue.runtime.flows import FlowChecks
 from pyqueue.runtime.lifecycle import EXIT_REGISTRATION_LOST, Control
 from pyqueue.runtime.nacks import NackTerms, nack_all
 from pyqueue.runtime.registration import Registration
@@ -52,8 +53,10 @@ class Heartbeat:
         self, *, queues: Sequence[Queue], by_name: Mapping[str, Queue], running: Running, registration: Registration,
         executor: Executor, control: Control, crash: Crasher, wake_fetch_loop: Callable[[], None],
         lease_ms: int, renew_ms: int, expire_ms: int, backoff_base_ms: int, backoff_cap_ms: int,
-        supervisor_link: SupervisorLink | None = None,
+        supervisor_link: SupervisorLink | None = None, flows: FlowChecks | None = None,
     ) -> None:
+        #: The checks of jobs waiting for others, on the renewal tick (None: none).
+        self.flows = flows
         self.queues = list(queues)
         self.by_name = by_name
         self.running = running
@@ -150,6 +153,12 @@ class Heartbeat:
             self.control.stop(f"service {service.owner}: remote stop requested")
             self.wake_fetch_loop()
         self.registration.scrub(renewed.dead)
+        if self.flows is not None:
+            self.duty("flow checks", self.check_flows)
+
+    def check_flows(self) -> None:
+        assert self.flows is not None
+        self.flows.check()
 
     def check_supervisor(self) -> None:
         """A supervised child (:mod:`pyqueue.runtime.supervised`): stop when the

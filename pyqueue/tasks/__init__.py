@@ -10,6 +10,7 @@ from pyqueue.slots import TimeLimitExceeded
 from pyqueue.tasks.app import Tasks
 from pyqueue.tasks.batch import current_batch
 from pyqueue.tasks.envelope import Envelope, EnvelopeError
+from pyqueue.tasks.flows import FlowHandle, chain, chord, group
 from pyqueue.tasks.handle import ResultTimeout, SentTask, TaskDead, TaskError, TaskResultMissing
 from pyqueue.tasks.middleware import HookOutcome, Middleware, MiddlewareError, Sending
 from pyqueue.tasks.policy import Backoff, TaskOptions
@@ -25,6 +26,7 @@ __all__ = [
     "Envelope",
     "EnvelopeError",
     "Fail",
+    "FlowHandle",
     "HookOutcome",
     "Middleware",
     "MiddlewareError",
@@ -42,6 +44,9 @@ __all__ = [
     "TaskRun",
     "Tasks",
     "TimeLimitExceeded",
+    "chain",
+    "chord",
     "current_batch",
     "current_job",
+    "group",
 ]

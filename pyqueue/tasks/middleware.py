@@ -36,7 +36,7 @@ a worker keeps the run hooks it started with.
 ``asend_in``, the same through ``fn.options(...)``, and sends inside ``tasks.testing()``):
 ``around_send(message)`` gets a :class:`Sending`: the task, its arguments (as checked, not
 yet encoded), its options, and ``meta``, the keys this send adds to the envelope's
-``meta`` (empty at first; plain JSON values; ``enqueued_ms``, ``delay_ms`` and ``opts``
+``meta`` (empty at first; plain JSON values; ``enqueued_ms``, ``delay_ms``, ``opts`` and ``flow``
 are the layer's own and refused). Raising before ``yield`` refuses the send: nothing is
 enqueued (for ``send_many``: none of its jobs) and the caller gets a
 :class:`MiddlewareError` naming the middleware, the exception as its cause. The outcome's
@@ -93,7 +93,7 @@ S = TypeVar("S")
 Around = Generator[None, "HookOutcome[V]", None] | None
 
 #: The envelope's ``meta`` keys the task layer writes; a send hook may not set them.
-RESERVED_META = frozenset({"enqueued_ms", "delay_ms", "opts"})
+RESERVED_META = frozenset({"enqueued_ms", "delay_ms", "opts", "flow"})
 
 
 class MiddlewareError(PyQueueError):

@@ -200,6 +200,11 @@ class Dispatcher:
             raise Undeliverable(f"unknown task {env.task!r}")
         if task.batch is not None:  # a BatchTask
             return self.run_alone(cast("BatchTask[Any, Any]", task), job)
+        flow = env.meta.get("flow")
+        if flow is not None and "input" in flow:  # a flow's step that waited: its input
+            from pyqueue.tasks.flows import take_input
+
+            env = take_input(task.app, env, flow)
         opts = self.options_for(task, env, slot)
         enqueued_ms = env.enqueued_ms
         deadline_ms = None
@@ -223,6 +228,17 @@ class Dispatcher:
         finally:
             _current.reset(token)
         return None if opts.keep_result_ms is None else self.result(task, opts, value)
+
+    def job_ended(self, job: Job, how: str) -> None:
+        """The worker's hook once its ack ('ok') or dead-nack ('dead') of ``job`` answered
+        OK: a flow step's end is reported to the steps waiting for it
+        (:func:`pyqueue.tasks.flows.report_end`). Other jobs cost one substring test."""
+        if b'"flow"' in job.payload:
+            from pyqueue.tasks.flows import report_end
+
+            task = self.tasks.get(envelope.decode(job.payload).task)
+            if task is not None:
+                report_end(task.app, job, how)
 
     def failure(self, task: Task[Any, Any], opts: TaskOptions, env: envelope.Envelope, job: Job,
                 exc: BaseException) -> Retry | Fail:

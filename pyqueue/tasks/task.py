@@ -41,8 +41,16 @@ class Signature:
     """One call of a task, checked and encoded, not yet sent: ``fn.s(*args, **kwargs)``.
     ``send_many`` takes a list of them."""
 
-    def __init__(self, task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions) -> None:
+    def __init__(
+        self, task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions,
+        partial: bool = False,
+    ) -> None:
         bound: inspect.BoundArguments | None = None
+        #: Its arguments fit only with one more before them: a flow's step that takes the
+        #: result before it as its first argument (``partial``: made by ``fn.s``).
+        self.awaits_input = False
+        self.args: list[Any]
+        self.kwargs: dict[str, Any]
         if not kwargs and len(args) == task.positional_arity:
             # Every parameter given by position: bound as given, which is what bind
             # returns (bind costs more than the rest of a send's Python; unique=True
@@ -52,9 +60,17 @@ class Signature:
             try:
                 bound = task.signature.bind(*args, **kwargs)
             except TypeError as exc:
-                raise TypeError(f"{task.name}: {exc}") from None
-            self.args, self.kwargs = list(bound.args), dict(bound.kwargs)
+                try:
+                    if not partial:
+                        raise
+                    task.signature.bind(None, *args, **kwargs)
+                except TypeError:
+                    raise TypeError(f"{task.name}: {exc}") from None
+                self.awaits_input = True
+            self.args, self.kwargs = (list(bound.args), dict(bound.kwargs)) if bound else (list(args), dict(kwargs))
         self.task, self.options = task, options
+        #: Made with ``.si``: as a flow's step, it does not take the result before it.
+        self.immutable = False
         where = f"{task.name} argument"
         self.json_args = to_json_args(self.args, where)
         self.json_kwargs = to_json(self.kwargs, where) if self.kwargs else {}
@@ -83,13 +99,17 @@ class Signature:
             raise InvalidArgument(f"{self.task.name}: unique must return the job id as a str, got {job_id!r}")
         return job_id
 
-    def new_job(self, now_ms: int, delay_ms: int, extra_meta: dict[str, Any] | None = None) -> NewJob:
+    def new_job(
+        self, now_ms: int, delay_ms: int, extra_meta: dict[str, Any] | None = None, *,
+        job_id: str | None = None, flow: dict[str, Any] | None = None,
+    ) -> NewJob:
         """The job of this call, sent at ``now_ms`` (server clock) to run ``delay_ms``
-        later; ``extra_meta``: the keys middleware adds to the envelope's meta.
+        later; ``extra_meta``: the keys middleware adds to the envelope's meta. A flow's
+        step gives its ``job_id`` and its ``flow`` meta (:mod:`pyqueue.tasks.flows`).
 
         Raises:
             InvalidArgument: ``extra_meta`` names a key of the task layer's
-                (``enqueued_ms``, ``delay_ms``, ``opts``) or is not plain JSON data;
+                (``enqueued_ms``, ``delay_ms``, ``opts``, ``flow``) or is not plain JSON data;
                 ``group`` or ``unique`` functions returning something else than a str.
         """
         meta: dict[str, Any] = {"enqueued_ms": now_ms}
@@ -99,6 +119,8 @@ class Signature:
         opts = {} if self.options is self.task.policy else self.options.overrides(self.task.policy)
         if opts:
             meta["opts"] = opts
+        if flow is not None:
+            meta["flow"] = flow
         if extra_meta:
             taken = sorted(RESERVED_META.intersection(extra_meta))
             if taken:
@@ -113,12 +135,19 @@ class Signature:
                 raise InvalidArgument(f"{self.task.name}: group must return the group as a str or None, got {group!r}")
         # A grouped job without `unique` lets the engine draw its id: on a partitioned
         # queue it must fall in the group's partition (pyqueue.core.new_id).
-        job_id = None if group is not None and self.options.unique in (None, False) else self.job_id()
+        if job_id is None:
+            job_id = None if group is not None and self.options.unique in (None, False) else self.job_id()
         return NewJob(payload, job_id=job_id, delay_ms=delay_ms, max_attempts=self.options.max_attempts,
                       priority=self.options.priority, group=group)
 
+    def __or__(self, other: Any) -> Any:
+        """``a.s() | b.s()``: the chain of the two (:func:`pyqueue.tasks.flows.chain`)."""
+        from pyqueue.tasks.flows import chain
+
+        return chain(self, other)
+
     def __repr__(self) -> str:
-        return f"{self.task.name}.s(*{self.args!r}, **{self.kwargs!r})"
+        return f"{self.task.name}.{'si' if self.immutable else 's'}(*{self.args!r}, **{self.kwargs!r})"
 
 
 class _Sender(Generic[P, R]):
@@ -128,8 +157,16 @@ class _Sender(Generic[P, R]):
     opts: TaskOptions
 
     def s(self, *args: P.args, **kwargs: P.kwargs) -> Signature:
-        """This call, checked and encoded, not sent (for ``send_many``)."""
-        return Signature(self.task, args, kwargs, self.opts)
+        """This call, checked and encoded, not sent (for ``send_many``, or as a flow's
+        step: there it may lack its first argument, which the step before provides)."""
+        return Signature(self.task, args, kwargs, self.opts, partial=True)
+
+    def si(self, *args: P.args, **kwargs: P.kwargs) -> Signature:
+        """As :meth:`s`, for a flow's step that does not take the result of the step
+        before it (an immutable signature)."""
+        sig = Signature(self.task, args, kwargs, self.opts)
+        sig.immutable = True
+        return sig
 
     def send(self, *args: P.args, **kwargs: P.kwargs) -> SentTask[R]:
         """Enqueue a run of the task now; returns its handle (``.id``, ``.result()``).
@@ -159,6 +196,8 @@ class _Sender(Generic[P, R]):
         for sig in signatures:
             if sig.task is not self.task:
                 raise InvalidArgument(f"send_many of {self.task.name} got a call of {sig.task.name}")
+            if sig.awaits_input:
+                raise TypeError(f"{sig!r} lacks an argument (only a flow's step gets the result before it as its first)")
         return self.task.app._send_many(signatures, self.task.app.server_now_ms())
 
     async def asend(self, *args: P.args, **kwargs: P.kwargs) -> SentTask[R]:

@@ -1,0 +1,356 @@
+"""Workflows of tasks: chains, groups and chords, kept in Redis (DESIGN section 14).
+
+``chain(a.s(1), b.s(), c.s())`` runs each step after the one before, **its result
+passed as the first argument** of the next (Celery's rule; ``.si(...)`` makes a step
+that ignores it). ``group([...])`` runs its members in parallel; its result is the list
+of theirs, in order. ``chord(group, callback.s())`` (the same as ``chain(group,
+callback.s())``) calls the callback with that list. They nest: a chain's step may be a
+group, a group's member a chain. ``a.s() | b.s()`` is ``chain(a.s(), b.s())``.
+
+How it is kept: every step is a job whose id is ``<flow id>.<n>``. A step that waits for
+others is added at send time as a *waiting* job (``Queue.flow_wait``: in SCHEDULED,
+never due by time) with one pending member per job it waits for; its envelope names
+those jobs (``meta.flow.input``), so its message carries references, never the results
+or the rest of the flow. When a step's job ends, the worker that acked it (or nacked it
+dead) reports it to each step waiting for it (``Queue.flow_done``, a set removal: a
+report sent twice counts once); the report that empties the set makes the waiting job
+due now, so it runs exactly once. If that worker dies between its ack and its report, a
+flow check of the waiting job's queue finds the ended job and reports it
+(:mod:`pyqueue.runtime.flows`). When the waiting step runs, it reads the results it
+needs (each step's result is kept: ``keep_result`` of at least :data:`FLOW_RESULT_S`).
+
+Failure (``on_failure=`` of ``chain``, ``group`` and ``chord``, for the steps they
+create): ``"fail"`` (the default): a step waiting for a job that went dead, was
+cancelled, or lost its result does not call its function; it fails at once (dead, with
+the failed job's error), and so do the steps waiting for it. ``"continue"``: it runs
+once everything it waits for has ended, a failed job's value replaced by the
+:class:`~pyqueue.tasks.handle.TaskDead` (or :class:`TaskResultMissing`) that reading it
+raises.
+
+A flow's send is several calls (a waiting step per queue call, then the first steps
+together), in an order that never lets a step run before what waits for it is armed.
+Sending the same flow object twice sends two flows. Send middleware does not run for
+flow steps yet; their run middleware does.
+"""
+
+from __future__ import annotations
+
+import copy
+import secrets
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Union
+
+from pyqueue.errors import InvalidArgument
+from pyqueue.models import Job, NewJob
+from pyqueue.queue import Queue, physical_queue
+from pyqueue.tasks import envelope
+from pyqueue.tasks.codec import from_json
+from pyqueue.tasks.handle import ResultTimeout, TaskDead, TaskResultMissing
+from pyqueue.verbs.flows import POLICIES, WAIT_DUE_MS
+from pyqueue.worker import Fail
+
+if TYPE_CHECKING:
+    from pyqueue.tasks.app import Tasks
+    from pyqueue.tasks.task import Signature
+
+#: Each step of a flow keeps its result at least this long (seconds): the steps waiting
+#: for it read it when they run.
+FLOW_RESULT_S = 86_400
+#: What stands for one job in a flow's references: "<physical queue>\t<job id>".
+SEP = "\t"
+
+#: A reference to the result(s) a step takes: one job's, or a list (a group's).
+Spec = Union[str, list["Spec"]]
+
+
+class Flow:
+    """A chain or a group of task calls, not yet sent."""
+
+    on_failure: str
+
+    def send(self) -> FlowHandle:
+        """Send every step of the flow; returns its handle. See the module docstring."""
+        return _send(self)
+
+    def __or__(self, other: Flow | Signature) -> Chain:
+        return chain(self, other)
+
+
+class Chain(Flow):
+    """Steps run one after another, each given the result of the one before."""
+
+    def __init__(self, steps: Sequence[Flow | Signature], on_failure: str) -> None:
+        if not steps:
+            raise InvalidArgument("a chain needs at least one step")
+        self.steps, self.on_failure = list(steps), _policy(on_failure)
+
+    def __repr__(self) -> str:
+        return "chain(" + ", ".join(map(repr, self.steps)) + ")"
+
+
+class Group(Flow):
+    """Members run in parallel; the group's result is the list of theirs, in order."""
+
+    def __init__(self, members: Sequence[Flow | Signature], on_failure: str) -> None:
+        if not members:
+            raise InvalidArgument("a group needs at least one member")
+        self.members, self.on_failure = list(members), _policy(on_failure)
+
+    def __repr__(self) -> str:
+        return "group([" + ", ".join(map(repr, self.members)) + "])"
+
+
+def chain(*steps: Flow | Signature, on_failure: str = "fail") -> Chain:
+    """Run ``steps`` one after another, each called with the previous step's result as
+    its first argument (unless made with ``.si``); the chain's result is the last's."""
+    return Chain(steps, on_failure)
+
+
+def group(members: Iterable[Flow | Signature], on_failure: str = "fail") -> Group:
+    """Run ``members`` in parallel; the group's result is the list of their results."""
+    return Group(list(members), on_failure)
+
+
+def chord(header: Group | Iterable[Flow | Signature], body: Signature, on_failure: str = "fail") -> Chain:
+    """Run the group ``header``, then ``body`` with the list of its results."""
+    members = header if isinstance(header, Group) else group(header, on_failure)
+    return Chain([members, body], on_failure)
+
+
+def _policy(value: str) -> str:
+    if value not in POLICIES:
+        raise InvalidArgument(f"on_failure must be one of {POLICIES}, got {value!r}")
+    return value
+
+
+@dataclass
+class Step:
+    """One task call of a flow, compiled: its job id, where it runs, what it takes."""
+
+    sig: Signature
+    id: str
+    queue: str  # logical
+    physical: str
+    input: Spec | None
+    policy: str
+    then: list[list[str]]  # [queue, job id, policy] of each step waiting for this one
+
+    def new_job(self, flow_id: str, now_ms: int) -> NewJob:
+        sig = copy.copy(self.sig)
+        keep = max(sig.options.keep_result_ms or 0, FLOW_RESULT_S * 1000)
+        sig.options = replace(sig.options, keep_result_ms=keep)
+        flow: dict[str, Any] = {"id": flow_id}
+        if self.then:
+            flow["then"] = self.then
+        if self.input is not None:
+            flow["input"], flow["policy"], flow["pass"] = self.input, self.policy, not self.sig.immutable
+        return sig.new_job(now_ms, 0, job_id=self.id, flow=flow)
+
+
+class _Compiler:
+    def __init__(self, app: Tasks, flow_id: str) -> None:
+        self.app, self.flow_id = app, flow_id
+        self.steps: list[Step] = []
+        self.by_ref: dict[str, Step] = {}
+
+    def add(self, item: Flow | Signature, input: Spec | None, policy: str) -> Spec:
+        """Compile ``item`` taking ``input``; returns the reference to its result."""
+        from pyqueue.tasks.task import Signature
+
+        if isinstance(item, Chain):
+            spec = input
+            for part in item.steps:
+                spec = self.add(part, spec, item.on_failure)
+            assert spec is not None
+            return spec
+        if isinstance(item, Group):
+            return [self.add(member, input, item.on_failure) for member in item.members]
+        if not isinstance(item, Signature):
+            raise InvalidArgument(f"a flow holds task calls (fn.s(...)), chains and groups, got {item!r}")
+        if item.task.app is not self.app:
+            raise InvalidArgument("every task of a flow must belong to the same Tasks object")
+        if item.task.batch is not None:
+            raise InvalidArgument(f"{item.task.name} is a batch task: a flow's steps are plain tasks")
+        if input is None and item.awaits_input and not item.immutable:
+            raise TypeError(f"{item!r} lacks an argument, and as a first step nothing gives it one")
+        if input is not None and not item.immutable:
+            # It takes the result before it: it must fit with it (checked now, not when it runs).
+            try:
+                item.task.signature.bind(None, *item.args, **item.kwargs)
+            except TypeError as exc:
+                raise TypeError(f"{item!r} cannot take the result before it as its first argument: {exc}") from None
+        job_id = f"{self.flow_id}.{len(self.steps)}"
+        queue = item.options.queue
+        step = Step(item, job_id, queue, physical_name(self.app.queue(queue), job_id), input, policy, [])
+        self.steps.append(step)
+        ref = step.physical + SEP + job_id
+        self.by_ref[ref] = step
+        for needed in flatten(input):
+            self.by_ref[needed].then.append([queue, job_id, policy])
+        return str(ref)
+
+
+def physical_name(queue: Queue, job_id: str) -> str:
+    """The name of the queue that holds ``job_id``: a partition of a partitioned queue."""
+    parts = getattr(queue, "parts", None)
+    return queue.part_for(job_id).name if parts else queue.name  # type: ignore[attr-defined]
+
+
+def flatten(spec: Spec | None) -> list[str]:
+    """The job references in ``spec``, in order."""
+    if spec is None:
+        return []
+    if isinstance(spec, str):
+        return [spec]
+    return [ref for item in spec for ref in flatten(item)]
+
+
+def split(ref: str) -> tuple[str, str]:
+    queue, job_id = ref.split(SEP, 1)
+    return queue, job_id
+
+
+def _send(flow: Flow) -> FlowHandle:
+    app = _app_of(flow)
+    flow_id = "flow-" + secrets.token_hex(8)
+    compiler = _Compiler(app, flow_id)
+    output = compiler.add(flow, None, flow.on_failure)
+    now_ms = app.server_now_ms()
+    # Every waiting step is armed before any first step is enqueued: a report of a
+    # first step's end always finds what waits for it.
+    for step in compiler.steps:
+        if step.input is not None:
+            refs = [split(ref) for ref in flatten(step.input)]
+            app.queue(step.queue).flow_wait(step.new_job(flow_id, now_ms), refs)
+    by_queue: dict[str, list[NewJob]] = {}
+    for step in compiler.steps:
+        if step.input is None:
+            by_queue.setdefault(step.queue, []).append(step.new_job(flow_id, now_ms))
+    for queue, jobs in by_queue.items():
+        app.queue(queue).enqueue_many(jobs)
+    return FlowHandle(flow_id, output, [(s.physical, s.id) for s in compiler.steps], app)
+
+
+def _app_of(flow: Flow | Signature) -> Tasks:
+    if isinstance(flow, Chain):
+        return _app_of(flow.steps[0])
+    if isinstance(flow, Group):
+        return _app_of(flow.members[0])
+    if isinstance(flow, Flow):
+        raise InvalidArgument(f"not a flow: {flow!r}")
+    return flow.task.app
+
+
+@dataclass(frozen=True)
+class FlowHandle:
+    """A sent flow: its id, the state of its steps, its result, and cancel."""
+
+    id: str
+    output: Spec
+    steps: list[tuple[str, str]]  # (physical queue, job id) of every step
+    app: Tasks
+
+    def status(self) -> dict[str, int]:
+        """How many steps are in each state: ``waiting`` (for other steps), ``ready``,
+        ``scheduled``, ``leased``, ``done`` (acked), ``dead``, ``unknown``."""
+        counts: Counter[str] = Counter()
+        for queue, job_id in self.steps:
+            info = _reader(self.app, queue).get(job_id)
+            counts["waiting" if info.state == "scheduled" and info.due_ms >= WAIT_DUE_MS else info.state] += 1
+        return dict(counts)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The flow's result (its last step's; a group's is a list), waiting up to
+        ``timeout`` seconds (None: for ever).
+
+        Raises:
+            TaskDead: the step it comes from went dead (under ``"fail"``, the first
+                failure of the flow, passed on).
+            TaskResultMissing: that step ended without a result (cancelled).
+            ResultTimeout: not ended in time.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        return self._resolve(self.output, deadline)
+
+    def _resolve(self, spec: Spec, deadline: float | None) -> Any:
+        if isinstance(spec, list):
+            return [self._resolve(item, deadline) for item in spec]
+        queue, job_id = split(spec)
+        reader = _reader(self.app, queue)
+        while True:
+            left_ms = 3_600_000 if deadline is None else int(max(0.0, deadline - time.monotonic()) * 1000)
+            found = reader.wait_result(job_id, max(1, left_ms))
+            if found.finished:
+                return result_value(found.state, found.value, found.error, job_id, queue)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise ResultTimeout(f"flow {self.id}: step {job_id} had not ended in time")
+
+    def cancel(self) -> int:
+        """Cancel every step not ended: a waiting or ready step is removed, a running one
+        is asked to stop (``Queue.cancel``). Returns how many steps this ended."""
+        return sum(_reader(self.app, queue).cancel(job_id).cancelled for queue, job_id in self.steps)
+
+
+def result_value(state: str, value: Any, error: str, job_id: str, queue: str) -> Any:
+    """A step's value from its result, or the error reading it raises."""
+    if state == "ok":
+        return from_json(value)
+    if state == "dead":
+        raise TaskDead(job_id, "flow step", error)
+    raise TaskResultMissing(f"step {job_id} in {queue} ended without a result ({state})")
+
+
+_readers: dict[tuple[int, str], Queue] = {}
+
+
+def _reader(app: Tasks, queue: str) -> Queue:
+    """A queue object for the physical queue ``queue`` on ``app``'s connection."""
+    key = (id(app), queue)
+    reader = _readers.get(key)
+    if reader is None or reader.redis is not app.redis:
+        reader = _readers[key] = physical_queue(queue, app.redis, prefix=app.prefix)
+    return reader
+
+
+# -- the worker's side (pyqueue.tasks.runtime.Dispatcher calls these) ------------------
+
+
+def take_input(app: Tasks, env: envelope.Envelope, flow: dict[str, Any]) -> envelope.Envelope:
+    """The envelope of a step that waited, its input read: the results it needs put
+    before its arguments (unless it was made with ``.si``).
+
+    Raises:
+        Fail: under ``"fail"``, a job it waited for failed (its error passed on).
+    """
+    fail = flow.get("policy", "fail") == "fail"
+
+    def read(spec: Spec) -> Any:
+        if isinstance(spec, list):
+            return [read(item) for item in spec]
+        queue, job_id = split(spec)
+        found = _reader(app, queue).result(job_id)
+        try:
+            return result_value(found.state, found.value, found.error, job_id, queue)
+        except (TaskDead, TaskResultMissing) as exc:
+            if fail:
+                raise Fail(f"flow {flow.get('id')}: {exc}") from None
+            return exc
+
+    value = read(flow["input"])
+    meta = {k: v for k, v in env.meta.items() if k != "enqueued_ms"}  # no max_age: it waited by design
+    args = [value, *env.args] if flow.get("pass", True) else env.args
+    return envelope.Envelope(env.task, args, env.kwargs, meta)
+
+
+def report_end(app: Tasks, job: Job, how: str) -> None:
+    """Report the end of a flow step's job to the steps waiting for it (the fast path of
+    ``Queue.flow_done``; a flow check covers a worker that dies before)."""
+    flow = envelope.decode(job.payload).meta.get("flow")
+    if not isinstance(flow, dict):
+        return
+    ended = [(job.queue, job.id, "ok" if how == "ok" else "failed")]
+    for queue, job_id, policy in flow.get("then", ()):
+        app.queue(queue).flow_done(job_id, ended, policy=policy)
