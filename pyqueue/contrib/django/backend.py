@@ -51,11 +51,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import redis as redis_lib
-from django.core import checks  # type: ignore[import-untyped]
-from django.core.exceptions import ImproperlyConfigured  # type: ignore[import-untyped]
-from django.db import transaction  # type: ignore[import-untyped]
-from django.utils import timezone  # type: ignore[import-untyped]
-from django.utils.module_loading import import_string  # type: ignore[import-untyped]
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
+from django.utils import timezone
+from django.utils.module_loading import import_string
 
 from pyqueue.clients import client_settings, is_sentinel_url
 from pyqueue.core import MAX_ERROR_BYTES
@@ -298,7 +298,7 @@ def _when(ms: int | None) -> datetime | None:
     if ms is None or ms < 0:
         return None
     moment = datetime.fromtimestamp(ms / 1000, tz=dt_timezone.utc)
-    from django.conf import settings  # type: ignore[import-untyped]
+    from django.conf import settings
 
     return moment if settings.USE_TZ else timezone.make_naive(moment)
 

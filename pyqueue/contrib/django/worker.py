@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Generator, Sequence
 from typing import Any
 
-from django.db import close_old_connections  # type: ignore[import-untyped]
-from django.utils.module_loading import autodiscover_modules  # type: ignore[import-untyped]
+from django.db import close_old_connections
+from django.utils.module_loading import autodiscover_modules
 
 from pyqueue.errors import InvalidArgument
 from pyqueue.tasks import HookOutcome, Middleware, Tasks, TaskRun

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError  # type: ignore[import-untyped]
+from django.core.management.base import BaseCommand, CommandError
 
 from pyqueue.errors import InvalidArgument
 
@@ -29,10 +30,24 @@ class Command(BaseCommand):  # type: ignore[misc]  # Django ships no types
 
         try:
             tasks, queues = worker_tasks(options["backend"], options["module"])
-            worker = tasks.worker(options["queue"] or queues, concurrency=options["concurrency"], block_ms=options["block_ms"])
+            # Tasks.worker warns of a queue no registered task names, since a job there would
+            # be of an unknown task; here any queue of QUEUES may get any task (Task.using),
+            # and every Django task is registered by name, so the warning would mislead.
+            quiet = _NoQueueWarning()
+            logging.getLogger("pyqueue.tasks").addFilter(quiet)
+            try:
+                worker = tasks.worker(options["queue"] or queues, concurrency=options["concurrency"],
+                                      block_ms=options["block_ms"])
+            finally:
+                logging.getLogger("pyqueue.tasks").removeFilter(quiet)
         except InvalidArgument as exc:
             raise CommandError(str(exc)) from exc
         code = tasks.run_worker(worker, burst=options["burst"])
         if code:
             sys.exit(code)
 
+
+
+class _NoQueueWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().endswith("their jobs will be retried, then dead")
