@@ -176,12 +176,12 @@ def run_scenario(python: str, tmp: Path, server: RedisServer) -> None:
 def test_django_5_with_the_django_tasks_backport(tmp_path: Path, redis_server: RedisServer) -> None:
     try:
         import django
-        import django_tasks  # noqa: F401
+        import django_tasks
     except ImportError:
         if IN_CI:
             raise  # the test extra installs both
         pytest.skip("django and django-tasks are not installed")
-    assert django.VERSION[0] == 5, django.VERSION  # the lane of the backport (Django 6 has django.tasks)
+    assert django.VERSION[0] == 5 and django_tasks.__version__, django.VERSION  # the lane of the backport (Django 6 has django.tasks)
     run_scenario(sys.executable, tmp_path, redis_server)
 
 
