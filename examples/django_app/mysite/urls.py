@@ -1,0 +1,5 @@
+from django.urls import path
+
+from shop import views
+
+urlpatterns = [path("orders", views.place_order)]
