@@ -49,7 +49,7 @@ from pyqueue.queue import Queue, physical_queue
 from pyqueue.tasks import envelope
 from pyqueue.tasks.codec import from_json
 from pyqueue.tasks.handle import ResultTimeout, TaskDead, TaskResultMissing
-from pyqueue.verbs.flows import POLICIES, WAIT_DUE_MS
+from pyqueue.verbs.flows import DEFAULT_FLOW_CHECK_MS, POLICIES, WAIT_DUE_MS
 from pyqueue.worker import Fail
 
 if TYPE_CHECKING:
@@ -59,6 +59,9 @@ if TYPE_CHECKING:
 #: Each step of a flow keeps its result at least this long (seconds): the steps waiting
 #: for it read it when they run.
 FLOW_RESULT_S = 86_400
+#: A waiting step's first check is due this long after it was sent (ms), then every
+#: check interval of the workers (:mod:`pyqueue.runtime.flows`).
+FLOW_CHECK_MS = DEFAULT_FLOW_CHECK_MS
 #: What stands for one job in a flow's references: "<physical queue>\t<job id>".
 SEP = "\t"
 
@@ -224,7 +227,7 @@ def _send(flow: Flow) -> FlowHandle:
     for step in compiler.steps:
         if step.input is not None:
             refs = [split(ref) for ref in flatten(step.input)]
-            app.queue(step.queue).flow_wait(step.new_job(flow_id, now_ms), refs)
+            app.queue(step.queue).flow_wait(step.new_job(flow_id, now_ms), refs, check_ms=FLOW_CHECK_MS)
     by_queue: dict[str, list[NewJob]] = {}
     for step in compiler.steps:
         if step.input is None:
