@@ -26,6 +26,7 @@ from pyqueue.clients import Client, connect
 from pyqueue.discovery import logical_queues, open_queue
 from pyqueue.keys import check_name
 from pyqueue.queue import DEFAULT_KEEP_DONE_MS, DEFAULT_LEASE_MS
+from pyqueue.verbs.flows import DEFAULT_FLOW_CHECK_MS
 from pyqueue.runtime.supervised import ENV_VAR, SupervisorLink
 from pyqueue.runtime.supervisor import DEFAULT_CRASH_LOOP, EXIT_CRASH_LOOP, FAST_DEATH_S, Supervisor
 from pyqueue.schedules import parse_duration_ms, parse_schedule
@@ -133,6 +134,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         wait_replicas=args.wait_replicas,
         schedules=schedules,
         keep_results_ms=args.keep_results_ms,
+        flow_check_ms=args.flow_check_ms,
     )
     if link is not None:
         options["supervisor_link"] = link
@@ -473,6 +475,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--renew-ms", type=int, default=15_000)
     p.add_argument("--expire-ms", type=int, default=DEFAULT_EXPIRE_MS)
     p.add_argument("--grace-ms", type=int, default=30_000)
+    p.add_argument("--flow-check-ms", type=int, default=DEFAULT_FLOW_CHECK_MS,
+                   help="how often a check of a waiting flow step is due again (default 10000; checks run on the "
+                        "renewal tick)")
     p.add_argument("--keep-done-ms", type=int, default=DEFAULT_KEEP_DONE_MS,
                    help="how long an acked id stays a duplicate for enqueue (default 300000; 0: none)")
     p.add_argument("--partitions", action="append", metavar="NAME=COUNT",

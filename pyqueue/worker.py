@@ -75,6 +75,7 @@ from pyqueue.runtime.executor import (
 )
 from pyqueue.runtime.fetch import SERVER_TIMER_SLACK_MS, FetchLoop
 from pyqueue.runtime.flows import FlowChecks
+from pyqueue.verbs.flows import DEFAULT_FLOW_CHECK_MS
 from pyqueue.runtime.heartbeat import TICK_S, Heartbeat
 from pyqueue.runtime.lifecycle import (
     AUTH_GRACE_S,
@@ -178,6 +179,8 @@ class Worker:
             scheduler thread that runs while the worker is registered. Any number of
             workers may carry the same schedules: each tick is enqueued once (see
             :mod:`pyqueue.schedules`; refused with ``keep_done_ms=0``).
+        flow_check_ms: how long after a check of a waiting flow step of these queues
+            the next is due (:mod:`pyqueue.runtime.flows`; checks run every ``renew_ms``).
 
     Partitioned queues keep their place in the priority order; within one, each lease
     round starts at the next partition (round robin), and a handler thread acks and
@@ -211,6 +214,7 @@ class Worker:
         supervisor_link: SupervisorLink | None = None,
         batch: int | None = None,
         batch_wait_ms: int | None = None,
+        flow_check_ms: int = DEFAULT_FLOW_CHECK_MS,
     ) -> None:
         if not queues or len(set(queues)) != len(queues):
             raise InvalidArgument("a worker serves one or more distinct queues")
@@ -292,7 +296,10 @@ class Worker:
             lease_ms=self.lease_ms, renew_ms=self.renew_ms, expire_ms=self.expire_ms,
             backoff_base_ms=self.backoff_base_ms, backoff_cap_ms=self.backoff_cap_ms,
             supervisor_link=supervisor_link,
-            flows=FlowChecks(self.queues, lambda name: physical_queue(name, self.redis, prefix=prefix)),
+            flows=FlowChecks(
+                self.queues, lambda name: physical_queue(name, self.redis, prefix=prefix),
+                check_int(flow_check_ms, "flow_check_ms", 1, 86_400_000),
+            ),
         )
         self.supervisor_link = supervisor_link
         if supervisor_link is not None and supervisor_link.max_jobs:

@@ -29,6 +29,10 @@ CRASH_POINTS = (
     "ack_sent",  # after the ack was sent, before its reply was read
     "in_extend",  # during a lease extension
 )
+#: Points only a task worker passes (the flow crash harness, tests/flow_crash.py).
+TASK_CRASH_POINTS = (
+    "before_report",  # after an ack or dead-nack answered OK, before the handler's job_ended hook
+)
 
 
 class Crasher:
@@ -36,9 +40,9 @@ class Crasher:
 
     def __init__(self) -> None:
         self.points = {p for p in os.environ.get("PYQUEUE_CRASH_POINT", "").split(",") if p}
-        unknown = self.points - set(CRASH_POINTS)
+        unknown = self.points - set(CRASH_POINTS) - set(TASK_CRASH_POINTS)
         if unknown:
-            raise InvalidArgument(f"unknown crash points {sorted(unknown)}; known: {CRASH_POINTS}")
+            raise InvalidArgument(f"unknown crash points {sorted(unknown)}; known: {CRASH_POINTS + TASK_CRASH_POINTS}")
         self.probability = float(os.environ.get("PYQUEUE_CRASH_PROBABILITY", "1"))
         self.rng = random.Random()
 

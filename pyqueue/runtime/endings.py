@@ -258,6 +258,7 @@ class Endings:
     def ended(self, job: Job, how: str) -> None:
         """Tell the handler that ``job`` ended ``how`` (``on_ended``)."""
         assert self.on_ended is not None
+        self.crash.at("before_report")
         try:
             self.on_ended(job, how)
         except Exception:  # the job's ending is written: the handler's hook is the one that failed
