@@ -12,8 +12,8 @@ Otherwise its next check is set to now + check_ms (the sweep's pace). A waiting 
 no longer exists (cancelled, purged) loses its `fwait` entry and members: nothing will
 run. A report for a job not waiting (released before, or never armed) removes any
 members left of it and changes nothing else. Every read comes before the first write.
-Cost: O(m log n), m the waiting job's members (read whole on every call, at most the
-1000 flow_wait gave it).
+Cost: O(k log n) for k reported jobs; the call that releases a job or finds it gone also
+removes what is left of its members, O(m log n) once.
 
 KEYS (5), all <prefix>:{<queue>}:<role>
   1 jobs       hash  id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
@@ -429,9 +429,10 @@ for i = 5, #ARGV, 2 do
 end
 
 -- 2. Read everything first: a client refused a command (ACL) is refused before it
--- writes. ZRANGEBYLEX proves `fpending` a zset, ZSCORE `fwait`, HGET `jobs` a hash.
+-- writes. O(k log n) for k reported jobs: ZMSCORE finds which are still members,
+-- ZLEXCOUNT how many members the waiting job has (never a read of them all).
 local lo, hi = '[' .. id .. '\t', '(' .. id .. '\t\127' -- every member of this id: "<id>\t<queue>..."
-local members = redis.call('ZRANGEBYLEX', fpending_key, lo, hi)
+local total = redis.call('ZLEXCOUNT', fpending_key, lo, hi)
 local armed = redis.call('ZSCORE', fwait_key, id)
 local record = armed and redis.call('HGET', jobs_key, id)
 local attempts, max_attempts, _, at
@@ -441,19 +442,27 @@ if record then
   err = expect_type(scheduled_key, 'zset') or expect_type(wake_key, 'zset')
   if err then return redis.error_reply(err) end
 end
-local present = {}
-for _, member in ipairs(members) do present[member] = true end
-local counted, failed, removed = 0, false, {}
+local reported, seen = {}, {}
 for i = 5, #ARGV, 2 do
   local member = id .. '\t' .. ARGV[i]
-  if present[member] then -- (a pair repeated in this call counts once)
-    present[member] = nil
-    counted = counted + 1
-    removed[counted] = member
-    failed = failed or ARGV[i + 1] == 'failed'
+  if not seen[member] then -- (a pair repeated in this call counts once)
+    seen[member] = ARGV[i + 1]
+    reported[#reported + 1] = member
   end
 end
-local left = #members > counted
+local counted, failed, removed = 0, false, {}
+for first = 1, #reported, CHUNK do
+  local last = math.min(first + CHUNK - 1, #reported)
+  local scores = redis.call('ZMSCORE', fpending_key, unpack(reported, first, last))
+  for j = first, last do
+    if scores[j - first + 1] then
+      counted = counted + 1
+      removed[counted] = reported[j]
+      failed = failed or seen[reported[j]] == 'failed'
+    end
+  end
+end
+local left = total > counted
 local release = record and (not left or failed and policy == 'fail')
 local due = release and redis.call('ZSCORE', scheduled_key, id)
 now_ms = now_ms or server_now_ms()
@@ -462,7 +471,7 @@ now_ms = now_ms or server_now_ms()
 -- gone (cancelled or purged while it waited: nothing will run), keeps nothing.
 if not record then
   if armed then redis.call('ZREM', fwait_key, id) end
-  if #members > 0 then redis.call('ZREMRANGEBYLEX', fpending_key, lo, hi) end
+  if total > 0 then redis.call('ZREMRANGEBYLEX', fpending_key, lo, hi) end
   return { 'gone', armed and counted or 0 }
 end
 if not release then
@@ -470,7 +479,7 @@ if not release then
   redis.call('ZADD', fwait_key, 'XX', now_ms + check_ms, id)
   return { 'waiting', counted }
 end
-if #members > 0 then redis.call('ZREMRANGEBYLEX', fpending_key, lo, hi) end
+if total > 0 then redis.call('ZREMRANGEBYLEX', fpending_key, lo, hi) end
 redis.call('ZREM', fwait_key, id)
 if due and tonumber(due) == WAIT_DUE_MS then
   redis.call('HSET', jobs_key, id, string.format('%d|%d|%d|', attempts, max_attempts, now_ms) .. string.sub(record, at))

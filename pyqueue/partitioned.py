@@ -257,6 +257,18 @@ class PartitionedParts(QueueCore):
         """As :meth:`QueueCore.plan_result`, in the id's partition."""
         return (yield from self.part_for(job_id).plan_result(job_id, now_ms=now_ms))
 
+    def plan_results(self, job_ids: Sequence[str], *, now_ms: int | None = None) -> Plan[list[JobResult]]:
+        """As :meth:`QueueCore.plan_results`: one round trip per partition involved."""
+        out: list[JobResult | None] = [None] * len(job_ids)
+        by_part: dict[int, list[int]] = {}
+        for i, job_id in enumerate(job_ids):
+            by_part.setdefault(partition_of(check_job_id(job_id), self.partitions), []).append(i)
+        for p, indexes in by_part.items():
+            found = yield from self.parts[p].plan_results([job_ids[i] for i in indexes], now_ms=now_ms)
+            for i, info in zip(indexes, found):
+                out[i] = info
+        return [info for info in out if info is not None]
+
     def plan_wait_result(self, job_id: str, timeout_ms: int, *, now_ms: int | None = None) -> Plan[JobResult]:
         """As :meth:`QueueCore.plan_wait_result`, in the id's partition."""
         return (yield from self.part_for(job_id).plan_wait_result(job_id, timeout_ms, now_ms=now_ms))

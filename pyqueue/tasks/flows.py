@@ -329,14 +329,25 @@ def take_input(app: Tasks, env: envelope.Envelope, flow: dict[str, Any]) -> enve
         Fail: under ``"fail"``, a job it waited for failed (its error passed on).
     """
     fail = flow.get("policy", "fail") == "fail"
+    refs = flatten(flow["input"])
+    by_queue: dict[str, list[str]] = {}
+    for ref in refs:
+        queue, job_id = split(ref)
+        by_queue.setdefault(queue, []).append(job_id)
+    found: dict[str, Any] = {}
+    for queue, ids in by_queue.items():  # one round trip per queue (per 1000 results)
+        for start in range(0, len(ids), 1000):
+            chunk = ids[start:start + 1000]
+            for job_id, info in zip(chunk, _reader(app, queue).results(chunk)):
+                found[queue + SEP + job_id] = info
 
     def read(spec: Spec) -> Any:
         if isinstance(spec, list):
             return [read(item) for item in spec]
         queue, job_id = split(spec)
-        found = _reader(app, queue).result(job_id)
+        info = found[spec]
         try:
-            return result_value(found.state, found.value, found.error, job_id, queue)
+            return result_value(info.state, info.value, info.error, job_id, queue)
         except (TaskDead, TaskResultMissing) as exc:
             if fail:
                 raise Fail(f"flow {flow.get('id')}: {exc}") from None

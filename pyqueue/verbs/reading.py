@@ -11,18 +11,22 @@ from typing import Any
 
 from pyqueue.core import (
     Commands,
+    Pipelined,
     Plan,
     Verb,
+    check_ids,
     check_int,
     check_job_id,
     check_now,
     decode_result,
     get_call,
+    now_arg,
     peek_call,
     result_call,
     stats_call,
     text,
 )
+from pyqueue.errors import map_redis_error
 from pyqueue.models import JobInfo, JobResult, Peeked, Stats
 from pyqueue.verbs.base import QueueVerbs
 
@@ -105,6 +109,21 @@ class ReadingVerbs(QueueVerbs):
 
     result = Verb(plan_result)
 
+    def plan_results(self, job_ids: Sequence[str], *, now_ms: int | None = None) -> Plan[list[JobResult]]:
+        """:meth:`result` of up to 1000 jobs, in one round trip (lua/result.lua once per
+        id, pipelined); one answer each, in order. Read only."""
+        ids = check_ids(job_ids)
+        check_now(now_ms)
+        replies = yield Pipelined("result", [(self.keys, [now_arg(now_ms), job_id]) for job_id in ids])
+        out = []
+        for job_id, reply in zip(ids, replies):
+            if isinstance(reply, Exception):
+                raise map_redis_error(reply) from reply
+            out.append(job_result(self.name, job_id, reply)[0])
+        return out
+
+    results = Verb(plan_results)
+
     def plan_wait_result(self, job_id: str, timeout_ms: int, *, now_ms: int | None = None) -> Plan[JobResult]:
         """Job ``job_id``'s outcome, waiting up to ``timeout_ms`` while it is pending or
         not there yet (the same on :class:`Queue` and :class:`~pyqueue.aio.AsyncQueue`).
@@ -164,10 +183,16 @@ class ReadingVerbs(QueueVerbs):
     def _read_result(self, job_id: str, now_ms: int | None) -> Plan[tuple[JobResult, str]]:
         """lua/result.lua: the outcome, and the newest entry of the finished stream."""
         check_now(now_ms)
-        _now, state, finished_ms, value, last_id = yield from self._run(result_call(self.keys, now_ms, job_id))
-        state = text(state)
-        info = JobResult(
-            id=job_id, queue=self.name, state=state, value=decode_result(bytes(value)) if state == "ok" else None,
-            error=bytes(value).decode("utf-8", "replace") if state == "dead" else "", finished_ms=int(finished_ms),
-        )
-        return info, text(last_id)
+        return job_result(self.name, job_id, (yield from self._run(result_call(self.keys, now_ms, job_id))))
+
+
+def job_result(queue: str, job_id: str, reply: Sequence[Any]) -> tuple[JobResult, str]:
+    """lua/result.lua's reply as a :class:`JobResult`, and the newest entry of the
+    finished stream."""
+    _now, state, finished_ms, value, last_id = reply
+    state = text(state)
+    info = JobResult(
+        id=job_id, queue=queue, state=state, value=decode_result(bytes(value)) if state == "ok" else None,
+        error=bytes(value).decode("utf-8", "replace") if state == "dead" else "", finished_ms=int(finished_ms),
+    )
+    return info, text(last_id)
