@@ -214,13 +214,14 @@ def record_task_metrics(args: argparse.Namespace, tasks: Any, *, supervised: boo
         tasks.middleware(TaskMetrics(registry=None), outermost=True)
         return
     registry = CollectorRegistry()
-    tasks.middleware(TaskMetrics(registry), outermost=True)
+    metrics = TaskMetrics(registry)
     host = args.metrics_host or DEFAULT_METRICS_HOST
     try:
         # A daemon thread: os._exit at the worker's end closes it, with no shutdown wait.
         server, _thread = start_http_server(args.metrics_port, addr=host, registry=registry)
     except OSError as exc:
         raise InvalidArgument(f"cannot serve metrics on {host}:{args.metrics_port}: {exc}") from None
+    tasks.middleware(metrics, outermost=True)  # once it serves: a refusal leaves the Tasks object as it was
     log.info("serving task metrics on http://%s:%d/metrics", host, server.server_port)
 
 
