@@ -32,17 +32,21 @@ What it does, and the guarantees:
   kills the children (SIGKILL), scrubs their leases and exits 1.
 * A child that exits 0 on its own (``--burst`` drained, or ``pyqueue stop <its id>``)
   is not replaced; the supervisor exits 0 when no child is left.
-
 * **Metrics** (``--metrics-port``): the supervisor creates a temporary directory,
-  gives it to every child as ``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client's
-  multiprocess mode: each process writes its values to memory-mapped files named by
-  its pid in that directory, as it records them), and serves the sum over every file
-  on ``/metrics`` from a thread of its own. A child's counts are in the page cache the
+  gives it to every child as ``PROMETHEUS_MULTIPROC_DIR`` (replacing one the
+  environment may have), which puts prometheus_client in its multiprocess mode there:
+  each process writes its values to memory-mapped files named by its pid in that
+  directory, as it records them. The supervisor serves the sum over every file on
+  ``/metrics`` from a thread of its own. A child's counts are in the page cache the
   moment they are recorded, so a child that is killed (even with SIGKILL), recycled or
   replaced keeps them: its files stay and are summed with the others', once each. The
   directory is removed when the supervisor exits (a SIGKILLed supervisor leaves it in
   the temporary directory). Each child ever started adds its files: a scrape reads
-  every one of them (64 KiB each to start with, sparse).
+  every one of them (64 KiB each to start with, sparse). Why files and not the pipe:
+  figures sent over the pipe now and then die with a SIGKILLed child since its last
+  report, and sending them per run costs a system call per job and a parser in this
+  loop; a memory-mapped write costs about what an in-memory metric does and loses
+  nothing but the run in progress.
 
 The children are ``python -m pyqueue <the same arguments>`` in a new session (so a
 terminal's Ctrl-C reaches the supervisor only, which passes it on as one SIGTERM), with
