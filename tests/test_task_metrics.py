@@ -4,12 +4,13 @@ use up their attempts, pass their time limit, wait in the queue or are sent with
 delay; the registry then holds the exact run counts by outcome, one run-time
 observation per run and one queue-wait observation per first attempt, with sums that
 fit what the tasks did. Also: the outcome of each ending, the logical queue label, a
-batch task's jobs, why the CLI registers it outermost, the command line on a real
+batch task's jobs, an async task in an AsyncWorker, why the CLI registers it outermost, the command line on a real
 server (a worker scraped over HTTP, then SIGTERMed; ``--processes 2`` summed over the
 children, a SIGKILLed child's counts kept), and the refusals (exit 2)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -174,6 +175,25 @@ def test_each_job_of_a_batch_task_is_one_run(tasks: Tasks) -> None:
     assert runs(registry, "sum") == expect(ok=3, dead=3)
     assert histogram(registry, "pyqueue_task_run_seconds", "sum")[0] == 6
     assert histogram(registry, "pyqueue_task_queue_wait_seconds", "sum")[0] == 6
+
+
+def test_an_async_task_in_an_async_worker_is_counted_and_timed(tasks: Tasks) -> None:
+    registry = CollectorRegistry()
+    tasks.middleware(TaskMetrics(registry))
+
+    @tasks.task(name="nap", max_attempts=2, **FAST)
+    async def nap(fail: bool) -> None:
+        await asyncio.sleep(0.05)
+        if fail:
+            raise ValueError("no")
+
+    nap.send(False)
+    nap.send(True)
+    burst(tasks)
+    assert runs(registry, "nap") == expect(ok=1, retried=1, dead=1)
+    count, total = histogram(registry, "pyqueue_task_run_seconds", "nap")
+    assert count == 3 and 0.15 <= total < 3.0, total  # three naps of 50 ms, awaited inside the hook
+    assert histogram(registry, "pyqueue_task_queue_wait_seconds", "nap")[0] == 2
 
 
 class FailsAfter(Middleware):
