@@ -58,6 +58,9 @@ Steps (``--only``, repeatable; default: all three):
     path, so it should match ``task``);
   - ``task_mw1``: ``task_handlers_mw:tasks_mw1``, the same tasks with one middleware
     whose run hook only yields: what entering and resuming a chain costs per job.
+  - ``task_metrics``: the ``task`` variant's worker with ``--metrics-port 0``: the
+    per-task metrics middleware (``pyqueue.tasks.metrics``) on every run, its HTTP
+    server listening (not scraped).
 
   ``--variants`` picks some (the batch and middleware ones only when named: ``--variants
   task,task_batch,raw_batch --concurrency 1``); the ratios are task / raw (the target),
@@ -441,9 +444,10 @@ DRAIN_VARIANTS: dict[str, tuple[str, str | None]] = {
     "raw_batch": ("worker_handlers:noop_batch", None),
     "task_mw0": ("task_handlers_mw:tasks_mw0", None),
     "task_mw1": ("task_handlers_mw:tasks_mw1", None),
+    "task_metrics": ("task_handlers:tasks", None),
 }
 #: More `pyqueue worker` options of a variant.
-DRAIN_OPTIONS = {"raw_batch": ["--batch", str(batch_handlers.BATCH)]}
+DRAIN_OPTIONS = {"raw_batch": ["--batch", str(batch_handlers.BATCH)], "task_metrics": ["--metrics-port", "0"]}
 #: label -> (numerator, denominator): jobs/s and worker CPU per job ratios, where both ran.
 DRAIN_PAIRS = {
     "task / raw": ("task", "raw"),
@@ -454,6 +458,7 @@ DRAIN_PAIRS = {
     "raw_batch / raw": ("raw_batch", "raw"),
     "task_mw0 / task": ("task_mw0", "task"),
     "task_mw1 / task": ("task_mw1", "task"),
+    "task_metrics / task": ("task_metrics", "task"),
 }
 
 
@@ -590,6 +595,7 @@ DRAIN_FUNCTIONS = {
     "enter_slot": ("pyqueue/slots.py", "enter_slot"),
     "Endings.end (how the run ends)": ("pyqueue/runtime/endings.py", "end"),
     "Dispatcher.__call__": ("tasks/runtime.py", "__call__"),
+    "TaskMetrics.around_run (both halves)": ("tasks/metrics.py", "around_run"),
     "envelope.decode": ("tasks/envelope.py", "decode"),
     "codec.loads (json decode)": ("tasks/codec.py", "loads"),
     "codec.untag": ("tasks/codec.py", "untag"),
@@ -619,13 +625,16 @@ def profile_drain(url: str, jobs: int, variant: str, concurrency: int) -> tuple[
     queue = Queue(QUEUE, client)
     payload = NOOP.s(1, 2).new_job(tasks.server_now_ms(), 0).payload
     for start in range(0, jobs, 1000):
-        if variant == "task":
+        if variant.startswith("task"):
             NOOP.send_many([(1, 2)] * min(1000, jobs - start))
         else:
             queue.enqueue_many([payload] * min(1000, jobs - start))
     options: dict[str, Any] = dict(redis=client, concurrency=concurrency, namespace="bench-profile")
     if variant == "task":
         worker = tasks.worker([QUEUE], **options)
+    elif variant == "task_metrics":
+        task_handlers_mw.tasks_metrics.bind(client)
+        worker = task_handlers_mw.tasks_metrics.worker([QUEUE], **options)
     else:
         import worker_handlers
 
@@ -692,6 +701,8 @@ def python_costs(url: str) -> dict[str, dict[str, float]]:
             in_slot(task_handlers_mw.tasks_mw0.dispatcher()),
         "worker: dispatcher(job) in a Slot, a middleware whose run hook only yields":
             in_slot(task_handlers_mw.tasks_mw1.dispatcher()),
+        "worker: dispatcher(job) in a Slot, the per-task metrics middleware":
+            in_slot(task_handlers_mw.tasks_metrics.dispatcher()),
         "worker: no-op handler(job) in a Slot": in_slot(noop),
         "worker: no-op handler(job), bare call": lambda: noop(job),
     }
@@ -714,6 +725,7 @@ def python_costs(url: str) -> dict[str, dict[str, float]]:
 def run_profile(url: str, sends: int, jobs: int, concurrency: int, out_path: str | None) -> dict[str, Any]:
     send_us, send_table = profile_send(url, sends)
     drain_task_us, drain_task_table, task_rate = profile_drain(url, jobs, "task", concurrency)
+    drain_metrics_us, drain_metrics_table, metrics_rate = profile_drain(url, jobs, "task_metrics", concurrency)
     drain_raw_us, drain_raw_table, raw_rate = profile_drain(url, jobs, "raw", concurrency)
     if out_path:
         Path(out_path).write_text(
@@ -721,14 +733,16 @@ def run_profile(url: str, sends: int, jobs: int, concurrency: int, out_path: str
             f"== cProfile of an in-process task Worker (concurrency {concurrency}) draining {jobs} jobs, all threads, "
             "by tottime ==\n"
             f"{drain_task_table}\n"
+            f"== the same Worker with the per-task metrics middleware (task_handlers_mw.tasks_metrics) ==\n"
+            f"{drain_metrics_table}\n"
             f"== the same Worker on {jobs} raw jobs (worker_handlers.noop) ==\n{drain_raw_table}\n",
             encoding="utf-8",
         )
     return {
         "concurrency": concurrency,
         "send_cumulative_us_per_send": send_us,
-        "drain_cumulative_us_per_job": {"task": drain_task_us, "raw": drain_raw_us},
-        "drain_jobs_per_s_under_profiler": {"task": task_rate, "raw": raw_rate},
+        "drain_cumulative_us_per_job": {"task": drain_task_us, "task_metrics": drain_metrics_us, "raw": drain_raw_us},
+        "drain_jobs_per_s_under_profiler": {"task": task_rate, "task_metrics": metrics_rate, "raw": raw_rate},
         "python_us_per_op": python_costs(url),
         "note": "cProfile times include the profiler's own overhead (each call costs more under it): "
         "compare the rows with each other, not with the wall-clock figures",
@@ -773,10 +787,13 @@ def format_report(report: dict[str, Any]) -> str:
         lines += ["", "profile (cProfile, inclusive us per operation under the profiler)", "  add.send(1, 2):"]
         for label, us in prof["send_cumulative_us_per_send"].items():
             lines.append(f"    {label:<46} {us:8.1f}")
-        lines.append(f"  in-process Worker, concurrency {prof['concurrency']} (task | raw):")
-        task_us, raw_us = prof["drain_cumulative_us_per_job"]["task"], prof["drain_cumulative_us_per_job"]["raw"]
-        for label in task_us:
-            lines.append(f"    {label:<46} {task_us[label]:8.1f} | {raw_us[label]:8.1f}")
+        drained, rates = prof["drain_cumulative_us_per_job"], prof["drain_jobs_per_s_under_profiler"]
+        lines.append(f"  in-process Worker, concurrency {prof['concurrency']} (task | task_metrics | raw):")
+        for label in drained["task"]:
+            lines.append(f"    {label:<46} {drained['task'][label]:8.1f} | {drained['task_metrics'][label]:8.1f} | "
+                         f"{drained['raw'][label]:8.1f}")
+        lines.append(f"    {'jobs/s under the profiler':<46} {rates['task']:8.0f} | {rates['task_metrics']:8.0f} | "
+                     f"{rates['raw']:8.0f}")
         lines.append("  the task layer's Python alone, us per op: hot (timeit, best of 5) | after a round trip (median)")
         costs = prof["python_us_per_op"]
         for label, us in costs["hot"].items():

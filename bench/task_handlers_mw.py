@@ -1,7 +1,9 @@
 """The tasks of ``task_handlers.py`` with middleware, for bench_tasks.py's drain variants
 ``task_mw1`` (``tasks_mw1``: one middleware whose run hook does nothing but yield) and
 ``task_mw0`` (``tasks_mw0``: one middleware with a send hook only, so its workers have no
-run hook: the same path as no middleware). Same task names and queue as
+run hook: the same path as no middleware), and its profile step's in-process workers
+(``tasks_metrics``: the per-task metrics middleware, ``pyqueue.tasks.metrics.TaskMetrics``,
+as ``pyqueue worker --metrics-port`` registers it). Same task names and queue as
 ``task_handlers.py``, so the same jobs serve every task variant.
 """
 
@@ -10,7 +12,10 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from pyqueue import Middleware, Tasks
+from pyqueue.tasks.metrics import TaskMetrics
 from task_handlers import QUEUE
 
 
@@ -45,3 +50,4 @@ def _tasks(middleware: Middleware) -> Tasks:
 
 tasks_mw1 = _tasks(Passing())
 tasks_mw0 = _tasks(SendOnly())
+tasks_metrics = _tasks(TaskMetrics(CollectorRegistry()))

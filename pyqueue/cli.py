@@ -36,6 +36,9 @@ from pyqueue.worker import Worker, is_async_handler
 
 log = logging.getLogger("pyqueue.cli")
 
+#: Where ``pyqueue worker --metrics-port`` listens unless ``--metrics-host`` says: loopback.
+DEFAULT_METRICS_HOST = "127.0.0.1"
+
 
 def load_target(target: str) -> object:
     """Import ``module:attribute`` (a handler function, or a :class:`pyqueue.Tasks`), with
@@ -105,6 +108,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from pyqueue.tasks import Tasks  # the task layer sits above the engine: imported only here
 
     link = SupervisorLink.from_environment()
+    check_metrics_options(args)
     if args.processes is not None and link is None:
         return run_supervisor(args)
     if link is None and (args.max_jobs_per_child or args.max_memory_per_child):
@@ -115,6 +119,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         if not target.tasks:
             raise InvalidArgument(f"{args.handler} has no tasks registered (is the module that defines them imported?)")
         queues = queues or target.queue_names()
+    elif args.metrics_port is not None:
+        raise InvalidArgument(METRICS_NEED_TASKS)
     elif not queues:
         raise InvalidArgument("a handler function serves the queues given with -q/--queue (or --queues a,b)")
     schedules = [parse_schedule(spec, queues[0], "every") for spec in args.every or ()]
@@ -142,6 +148,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         # A batch handler (a Tasks object refuses: its batch tasks say it themselves).
         options.update(batch=args.batch, batch_wait_ms=args.batch_wait_ms)
     if isinstance(target, Tasks):
+        if args.metrics_port is not None:
+            record_task_metrics(args, target, supervised=link is not None)
         # Every task on the queues they name (or those given); async tasks or hooks make
         # it an AsyncWorker. The start and stop hooks run around it.
         worker = target.worker(queues, **options)
@@ -162,6 +170,63 @@ def cmd_worker(args: argparse.Namespace) -> int:
     os._exit(code)
 
 
+METRICS_NEED_TASKS = ("--metrics-port exports per-task metrics: the worker's target must be a pyqueue.Tasks "
+                      "(module:tasks), not a handler function")
+
+
+def check_metrics_options(args: argparse.Namespace) -> None:
+    """Refuse ``--metrics-port``/``--metrics-host`` that cannot work, before anything starts.
+
+    Raises:
+        InvalidArgument: a port outside 0..65535, ``--metrics-host`` alone, or
+            prometheus-client is not installed (the ``metrics`` extra).
+    """
+    if args.metrics_port is None:
+        if args.metrics_host is not None:
+            raise InvalidArgument("--metrics-host is where --metrics-port listens: give --metrics-port too")
+        return
+    if not 0 <= args.metrics_port <= 65535:
+        raise InvalidArgument(f"--metrics-port must be 0..65535 (0: any free port), got {args.metrics_port}")
+    try:
+        importlib.import_module("prometheus_client")  # only whether it imports
+    except ImportError:
+        raise InvalidArgument('--metrics-port needs prometheus-client: pip install "pyqueue[metrics]"') from None
+
+
+def record_task_metrics(args: argparse.Namespace, tasks: Any, *, supervised: bool) -> None:
+    """``--metrics-port``: register a :class:`~pyqueue.tasks.metrics.TaskMetrics` as the
+    outermost middleware of ``tasks`` (so it sees the ending the app's middleware makes).
+    A worker on its own serves it on ``--metrics-host:--metrics-port`` from a thread
+    until the process exits; a supervised child only records, into the directory its
+    supervisor serves from (``PROMETHEUS_MULTIPROC_DIR``).
+
+    Raises:
+        InvalidArgument: the address cannot be listened on; a supervised child without
+            the supervisor's directory.
+    """
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from pyqueue.runtime.supervisor import MULTIPROC_ENV
+    from pyqueue.tasks.metrics import TaskMetrics
+
+    if supervised:
+        if not os.environ.get(MULTIPROC_ENV):
+            raise InvalidArgument(f"a supervised worker with --metrics-port needs {MULTIPROC_ENV} from its supervisor")
+        # Multiprocess mode: the values go to this process's files whatever the registry.
+        tasks.middleware(TaskMetrics(registry=None), outermost=True)
+        return
+    registry = CollectorRegistry()
+    metrics = TaskMetrics(registry)
+    host = args.metrics_host or DEFAULT_METRICS_HOST
+    try:
+        # A daemon thread: os._exit at the worker's end closes it, with no shutdown wait.
+        server, _thread = start_http_server(args.metrics_port, addr=host, registry=registry)
+    except OSError as exc:
+        raise InvalidArgument(f"cannot serve metrics on {host}:{args.metrics_port}: {exc}") from None
+    tasks.middleware(metrics, outermost=True)  # once it serves: a refusal leaves the Tasks object as it was
+    log.info("serving task metrics on http://%s:%d/metrics", host, server.server_port)
+
+
 def run_supervisor(args: argparse.Namespace) -> int:
     """``pyqueue worker --processes N``: the supervisor (:mod:`pyqueue.runtime.supervisor`)
     of N children, each this same command."""
@@ -179,11 +244,18 @@ def run_supervisor(args: argparse.Namespace) -> int:
         raise InvalidArgument(f"--crash-loop must be >= 1, got {args.crash_loop}")
     # Import the target here first: a handler that does not import is reported once, by
     # the supervisor (exit 2), not by every child in turn.
-    load_target(args.handler)
+    target = load_target(args.handler)
+    metrics = None
+    if args.metrics_port is not None:
+        from pyqueue.tasks import Tasks
+
+        if not isinstance(target, Tasks):
+            raise InvalidArgument(METRICS_NEED_TASKS)
+        metrics = (args.metrics_host or DEFAULT_METRICS_HOST, args.metrics_port)
     supervisor = Supervisor(
         args.argv, processes=args.processes, url=args.url, prefix=args.prefix, namespace=args.namespace,
         max_jobs_per_child=args.max_jobs_per_child, max_memory_mb_per_child=args.max_memory_per_child,
-        crash_loop=args.crash_loop,
+        crash_loop=args.crash_loop, metrics=metrics,
     )
     return supervisor.run()
 
@@ -511,6 +583,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--crash-loop", type=int, default=DEFAULT_CRASH_LOOP, metavar="K",
                    help=f"with --processes: give up (exit {EXIT_CRASH_LOOP}) after K children in a row died within "
                         f"{FAST_DEATH_S:.0f}s of starting (default {DEFAULT_CRASH_LOOP})")
+    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve per-task Prometheus metrics (run time, queue wait, runs by outcome; README, Metrics) "
+                        "on http://HOST:PORT/metrics; a Tasks target only; with --processes the supervisor serves "
+                        "them summed over its children; 0 picks a free port (logged); needs pyqueue[metrics]")
+    p.add_argument("--metrics-host", default=None, metavar="HOST",
+                   help=f"the address --metrics-port listens on (default {DEFAULT_METRICS_HOST}: loopback only)")
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("enqueue", help="enqueue one job")

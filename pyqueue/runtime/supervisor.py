@@ -32,6 +32,21 @@ What it does, and the guarantees:
   kills the children (SIGKILL), scrubs their leases and exits 1.
 * A child that exits 0 on its own (``--burst`` drained, or ``pyqueue stop <its id>``)
   is not replaced; the supervisor exits 0 when no child is left.
+* **Metrics** (``--metrics-port``): the supervisor creates a temporary directory,
+  gives it to every child as ``PROMETHEUS_MULTIPROC_DIR`` (replacing one the
+  environment may have), which puts prometheus_client in its multiprocess mode there:
+  each process writes its values to memory-mapped files named by its pid in that
+  directory, as it records them. The supervisor serves the sum over every file on
+  ``/metrics`` from a thread of its own. A child's counts are in the page cache the
+  moment they are recorded, so a child that is killed (even with SIGKILL), recycled or
+  replaced keeps them: its files stay and are summed with the others', once each. The
+  directory is removed when the supervisor exits (a SIGKILLed supervisor leaves it in
+  the temporary directory). Each child ever started adds its files: a scrape reads
+  every one of them (64 KiB each to start with, sparse). Why files and not the pipe:
+  figures sent over the pipe now and then die with a SIGKILLed child since its last
+  report, and sending them per run costs a system call per job and a parser in this
+  loop; a memory-mapped write costs about what an in-memory metric does and loses
+  nothing but the run in progress.
 
 The children are ``python -m pyqueue <the same arguments>`` in a new session (so a
 terminal's Ctrl-C reaches the supervisor only, which passes it on as one SIGTERM), with
@@ -55,7 +70,7 @@ from typing import Any
 
 import redis as redis_lib
 
-from pyqueue.errors import PyQueueError
+from pyqueue.errors import InvalidArgument, PyQueueError
 from pyqueue.runtime.lifecycle import EXIT_MISCONFIGURED, EXIT_OK
 from pyqueue.runtime.registration import scrub_service
 from pyqueue.runtime.supervised import ENV_VAR
@@ -75,6 +90,9 @@ DEFAULT_CRASH_LOOP = 5
 #: RESTART_BACKOFF_MAX_S.
 RESTART_BACKOFF_S = 0.25
 RESTART_BACKOFF_MAX_S = 10.0
+#: The environment variable of prometheus_client's multiprocess mode (read when a child
+#: imports prometheus_client).
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 @dataclass(eq=False)
@@ -107,12 +125,15 @@ class Supervisor:
             to scrub a dead child's leases.
         max_jobs_per_child / max_memory_mb_per_child: recycling limits (0: none).
         crash_loop: fast deaths in a row before giving up (exit :data:`EXIT_CRASH_LOOP`).
+        metrics: (host, port) to serve the children's Prometheus metrics on, summed
+            (see the module docstring); None: no metrics. Port 0 picks a free port
+            (:attr:`metrics_port` says which).
     """
 
     def __init__(
         self, argv: Sequence[str], *, processes: int, url: str, prefix: str, namespace: str,
         max_jobs_per_child: int = 0, max_memory_mb_per_child: int = 0, crash_loop: int = DEFAULT_CRASH_LOOP,
-        fast_death_s: float = FAST_DEATH_S,
+        fast_death_s: float = FAST_DEATH_S, metrics: tuple[str, int] | None = None,
     ) -> None:
         self.argv = list(argv)
         self.processes = processes
@@ -130,11 +151,28 @@ class Supervisor:
         self._signals: list[int] = []
         self._selector = selectors.DefaultSelector()
         self._redis: Any = None
+        self.metrics = metrics
+        #: The children's PROMETHEUS_MULTIPROC_DIR while metrics are served.
+        self.metrics_dir: str | None = None
+        self.metrics_port: int | None = None
+        self._metrics_server: Any = None
 
     # -- the loop ----------------------------------------------------------------------
 
     def run(self) -> int:
-        """Start the children and supervise them until the end; the exit code."""
+        """Start the children and supervise them until the end; the exit code.
+
+        Raises:
+            InvalidArgument: the metrics' address cannot be listened on.
+        """
+        if self.metrics is not None:
+            self.serve_metrics(*self.metrics)
+        try:
+            return self._run()
+        finally:
+            self.stop_metrics()
+
+    def _run(self) -> int:
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
@@ -187,12 +225,54 @@ class Supervisor:
                 self.stop_all()
         return False
 
+    # -- metrics -----------------------------------------------------------------------
+
+    def serve_metrics(self, host: str, port: int) -> None:
+        """Serve the sum of the children's metrics on ``http://host:port/metrics`` (see
+        the module docstring), from a directory made now.
+
+        Raises:
+            InvalidArgument: ``host:port`` cannot be listened on (in use, not an address
+                of this host).
+        """
+        import shutil
+        import tempfile
+
+        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        self.metrics_dir = tempfile.mkdtemp(prefix="pyqueue-metrics-")
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=self.metrics_dir)  # type: ignore[no-untyped-call]
+        try:
+            self._metrics_server, _thread = start_http_server(port, addr=host, registry=registry)
+        except OSError as exc:
+            shutil.rmtree(self.metrics_dir, ignore_errors=True)
+            self.metrics_dir = None
+            raise InvalidArgument(f"cannot serve metrics on {host}:{port}: {exc}") from None
+        self.metrics_port = int(self._metrics_server.server_port)
+        log.info("serving the worker processes' task metrics on http://%s:%d/metrics", host, self.metrics_port)
+
+    def stop_metrics(self) -> None:
+        """Stop serving metrics and remove their directory (nothing if not serving)."""
+        import shutil
+
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+            self._metrics_server = None
+        if self.metrics_dir is not None:
+            shutil.rmtree(self.metrics_dir, ignore_errors=True)
+            self.metrics_dir = None
+
     # -- children ----------------------------------------------------------------------
 
     def spawn(self) -> Child:
         read_fd, write_fd = os.pipe()
         env = dict(os.environ)
         env[ENV_VAR] = f"{write_fd}:{os.getpid()}:{self.max_jobs}:{self.max_mb}"
+        if self.metrics_dir is not None:
+            env[MULTIPROC_ENV] = self.metrics_dir
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "pyqueue", *self.argv], env=env, pass_fds=(write_fd,),

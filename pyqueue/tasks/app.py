@@ -153,7 +153,7 @@ class Tasks:
         self._raw = handler
         return handler
 
-    def middleware(self, middleware: M) -> M:
+    def middleware(self, middleware: M, *, outermost: bool = False) -> M:
         """Register a middleware: an object with any of ``around_send``,
         ``around_run``, ``on_worker_start`` and ``on_worker_stop``
         (:class:`~pyqueue.tasks.middleware.Middleware`; what they see, and how an error
@@ -163,6 +163,12 @@ class Tasks:
         the workers (and ``t.drain()`` calls) made from now on. Its worker hooks join
         the ones registered with :meth:`on_worker_start` and :meth:`on_worker_stop`, in
         registration order. Returns ``middleware``.
+
+        ``outermost=True`` puts it before every middleware registered so far (and its
+        worker hooks before every worker hook so far), as if registered first: what
+        ``pyqueue worker --metrics-port`` does with its
+        :class:`~pyqueue.tasks.metrics.TaskMetrics`, registered after the app's own
+        middleware, so that it sees the ending they make and times them too.
 
         Raises:
             InvalidArgument: it defines none of those four methods, or is registered
@@ -176,13 +182,13 @@ class Tasks:
         with self._lock:
             if any(m is middleware for m in self._middleware):
                 raise InvalidArgument(f"middleware {middleware!r} is registered already")
-            self._middleware.append(middleware)
+            self._middleware.insert(0 if outermost else len(self._middleware), middleware)
             if send is not None:
-                self._send_hooks = (*self._send_hooks, send)
+                self._send_hooks = (send, *self._send_hooks) if outermost else (*self._send_hooks, send)
         if start is not None:
-            self.on_start.append(start[1])
+            self.on_start.insert(0 if outermost else len(self.on_start), start[1])
         if stop is not None:
-            self.on_stop.append(stop[1])
+            self.on_stop.insert(0 if outermost else len(self.on_stop), stop[1])
         return middleware
 
     def on_worker_start(self, hook: Hook) -> Hook:
