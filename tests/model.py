@@ -59,6 +59,7 @@ from pyqueue.models import (
 from pyqueue.queue import DEFAULT_MAINTENANCE_LIMIT, DEFAULT_MAX_ATTEMPTS
 from pyqueue.scripts import Scripts
 from pyqueue.service import DEAD_LIMIT, DEFAULT_EXPIRE_MS, GC_LIMIT, Service, Services
+from pyqueue.verbs.flows import WAIT_DUE_MS
 
 #: The model's clock starts at a realistic server time (2023-11-14, in ms since the
 #: epoch); steps go forwards and backwards from it.
@@ -207,6 +208,10 @@ class QueueModel:
         self.gready: set[str] = set()
         self.ring: dict[str, int] = {}
         self.groups: dict[str, int | str] = {}
+        #: Flows (lua/README.md section 2.2): waiting job -> its next check, and the
+        #: members "<id>\t<queue>\t<job id>" of what each waits for.
+        self.fwait: dict[str, int] = {}
+        self.fpending: set[str] = set()
 
     # -- fair scheduling: the prelude's helpers -----------------------------------------
 
@@ -964,6 +969,51 @@ class QueueModel:
         self.wake = self.wake or unparked > 0
         return 1, unparked
 
+    # -- flows ------------------------------------------------------------------------
+
+    def flow_wait(self, job_id: str, payload: bytes, max_attempts: int, check_ms: int, refs: Sequence[str],
+                  now: int) -> str:
+        """flow_wait.lua: add a job waiting for ``refs`` ("<queue>\t<job id>"), armed."""
+        if job_id in self.fwait:
+            return "armed"
+        if job_id in self.jobs or self.done.get(job_id, now) > now:
+            return "duplicate"
+        self.counters["enqueued"] += 1
+        self.epoch[job_id] += 1
+        self.jobs[job_id] = Record(0, max_attempts, WAIT_DUE_MS, payload)
+        self.scheduled[job_id] = WAIT_DUE_MS
+        self.fwait[job_id] = now + check_ms
+        self.fpending |= {f"{job_id}\t{ref}" for ref in refs}
+        return "ok"
+
+    def flow_done(self, job_id: str, policy: str, check_ms: int, ended: Sequence[tuple[str, str]],
+                  now: int) -> tuple[str, int]:
+        """flow_done.lua: (state, counted) for ``ended`` ("<queue>\t<job id>", how)."""
+        members = {m for m in self.fpending if m.startswith(job_id + "\t")}
+        armed = job_id in self.fwait
+        record = self.jobs.get(job_id) if armed else None
+        seen: dict[str, str] = {}
+        for ref, how in ended:
+            seen.setdefault(f"{job_id}\t{ref}", how)
+        counted = [m for m in seen if m in members]
+        failed = any(seen[m] == "failed" for m in counted)
+        left = len(members) > len(counted)
+        if record is None:
+            self.fwait.pop(job_id, None)
+            self.fpending -= members
+            return "gone", len(counted) if armed else 0
+        if left and not (failed and policy == "fail"):
+            self.fpending -= set(counted)
+            self.fwait[job_id] = now + check_ms
+            return "waiting", len(counted)
+        self.fpending -= members
+        del self.fwait[job_id]
+        if self.scheduled.get(job_id) == WAIT_DUE_MS:
+            record.due_ms = now
+            self.scheduled[job_id] = now
+            self.wake = True
+        return "released", len(counted)
+
     def keyspace(self, keys: QueueKeys) -> dict[str, Any]:
         """Every key of the queue as :func:`read_keyspace` reads it (empty keys absent)."""
         counters: dict[bytes, bytes] = {name.encode(): str(v).encode() for name, v in self.counters.items() if v}
@@ -996,6 +1046,8 @@ class QueueModel:
             keys.gready: {m.encode(): 0.0 for m in self.gready},
             keys.ring: {g.encode(): float(score) for g, score in self.ring.items()},
             keys.groups: {f.encode(): str(v).encode() for f, v in self.groups.items()},
+            keys.fwait: {i.encode(): float(at) for i, at in self.fwait.items()},
+            keys.fpending: {m.encode(): 0.0 for m in self.fpending},
         }
         return {key: value for key, value in out.items() if value}
 
@@ -1149,7 +1201,7 @@ def read_snapshot(
               queue_keys.groups, service_keys.role("queues")}
     lists = {queue_keys.ready, service_keys.role("ids")}
     zsets = {queue_keys.scheduled, queue_keys.leased, queue_keys.owners, queue_keys.dead, queue_keys.wake, queue_keys.done,
-             queue_keys.result_expiry, queue_keys.gready, queue_keys.ring}
+             queue_keys.result_expiry, queue_keys.gready, queue_keys.ring, queue_keys.fwait, queue_keys.fpending}
     zsets.add(service_keys.role("expiry"))
     strings = {service_keys.role("seq")}
     service_prefix = service_keys.role("seq")[: -len("seq")]
@@ -2148,28 +2200,78 @@ class FairLifecycleMachine(LifecycleMachine):
 JOB_CONTROL_RULES = ("cancel", "limit", "pause_or_resume", "ack_result", "check_result")
 
 
+#: Jobs that wait for others: two ids of their own, and one of the plain pool (a
+#: duplicate while that job exists).
+FLOW_IDS = ("w0", "w1", "a")
+#: What they wait for: jobs of this queue (which the machine also runs) and of another.
+FLOW_REFS = st.lists(
+    st.tuples(st.sampled_from([QUEUE, QUEUE, "other"]), st.sampled_from(IDS[:4] + (NEVER_ENQUEUED,))),
+    min_size=1, max_size=4,
+)
+FLOW_CHECKS = st.sampled_from([1, 50, 1000])
+
+
+class FlowLifecycleMachine(LifecycleMachine):
+    """The machine with flows (lua/README.md section 2.2): jobs that wait for others,
+    armed, reported to (ok or failed, under either policy, sent twice, for jobs they do
+    not wait for), cancelled, released and then leased like any job, beside every rule
+    of the plain machine."""
+
+    @rule(job_id=st.sampled_from(FLOW_IDS), payload=PAYLOADS, max_attempts=MAX_ATTEMPTS, check_ms=FLOW_CHECKS,
+          refs=FLOW_REFS, sent_twice=SENT_TWICE)
+    def flow_wait(self, job_id: str, payload: bytes | str, max_attempts: int | None, check_ms: int,
+                  refs: list[tuple[str, str]], sent_twice: bool) -> None:
+        for _ in range(1 + sent_twice):
+            got = self.q.flow_wait(NewJob(payload, job_id=job_id, max_attempts=max_attempts), refs,
+                                   check_ms=check_ms, now_ms=self.now)
+            expected = self.model.flow_wait(
+                job_id, payload.encode() if isinstance(payload, str) else payload, max_attempts or DEFAULT_MAX_ATTEMPTS,
+                check_ms, [f"{queue}\t{ref}" for queue, ref in refs], self.now,
+            )
+            assert got == expected, f"flow_wait {job_id!r} answered {got}, model {expected}"
+
+    @rule(data=st.data(), policy=st.sampled_from(["fail", "continue"]), check_ms=FLOW_CHECKS, sent_twice=SENT_TWICE)
+    def flow_done(self, data: st.DataObject, policy: str, check_ms: int, sent_twice: bool) -> None:
+        job_id = data.draw(st.sampled_from(FLOW_IDS), label="waiting job")
+        waited = sorted(m.split("\t", 1)[1] for m in self.model.fpending if m.startswith(job_id + "\t"))
+        refs = st.sampled_from(waited + [f"{QUEUE}\t{NEVER_ENQUEUED}", f"other\t{IDS[0]}"])
+        ended = data.draw(st.lists(st.tuples(refs, st.sampled_from(["ok", "failed"])), max_size=4), label="ended")
+        for _ in range(1 + sent_twice):
+            got = self.q.flow_done(job_id, [(*ref.split("\t", 1), how) for ref, how in ended], policy=policy,
+                                   check_ms=check_ms, now_ms=self.now)
+            expected = self.model.flow_done(job_id, policy, check_ms, ended, self.now)
+            assert (got.state, got.counted) == expected, f"flow_done {job_id!r}: {got}, model {expected}"
+
+    @rule(job_id=st.sampled_from(FLOW_IDS), sent_twice=SENT_TWICE)
+    def cancel_a_waiting_job(self, job_id: str, sent_twice: bool) -> None:
+        self.cancel(job_id, sent_twice)
+
+
 def machine_for(
-    backend: Backend, lua_directory: Path | None = None, without: Sequence[str] = (), fair: bool = False
+    backend: Backend, lua_directory: Path | None = None, without: Sequence[str] = (), fair: bool = False,
+    flows: bool = False,
 ) -> type[LifecycleMachine]:
     """The machine bound to a backend and, for mutation tests, a scripts directory;
     ``without``: rules left out (each shadowed by a plain method, which Hypothesis does
-    not collect); ``fair``: the machine with fair scheduling's rules too."""
+    not collect); ``fair``: the machine with fair scheduling's rules too; ``flows``: the
+    machine with flows' rules too."""
     unknown = set(without) - set(JOB_CONTROL_RULES)
     assert not unknown, f"only job-control rules may be left out, not {unknown}"
+    assert not (fair and flows), "one machine at a time: fair or flows"
     shadows = {name: (lambda self, *args, **kwargs: None) for name in without}
+    base = FairLifecycleMachine if fair else FlowLifecycleMachine if flows else LifecycleMachine
     return type(
-        f"{'Fair' if fair else ''}LifecycleMachine_{backend.name}",
-        (FairLifecycleMachine if fair else LifecycleMachine,),
-        {"backend": backend, "lua_directory": lua_directory, **shadows},
+        f"{'Fair' if fair else 'Flow' if flows else ''}LifecycleMachine_{backend.name}",
+        (base,), {"backend": backend, "lua_directory": lua_directory, **shadows},
     )
 
 
 def run_machine(
     backend: Backend, options: settings, lua_directory: Path | None = None, without: Sequence[str] = (),
-    fair: bool = False,
+    fair: bool = False, flows: bool = False,
 ) -> type[LifecycleMachine]:
     """Run the machine on ``backend`` with ``options`` (raises what the first failing
     example raised); returns the machine class, whose counters say what ran."""
-    machine = machine_for(backend, lua_directory, without, fair)
+    machine = machine_for(backend, lua_directory, without, fair, flows)
     run_state_machine_as_test(machine, settings=options)  # type: ignore[no-untyped-call]
     return machine

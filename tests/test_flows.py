@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import redis
+from conftest import all_keys
 from tasks_support import Serving, wait_for
 
 import pyqueue.tasks.flows as task_flows
@@ -26,11 +27,13 @@ from pyqueue.verbs.flows import WAIT_DUE_MS, FlowDone
 
 #: Also on the async driver (conftest.Blocking), for the engine's verbs.
 ASYNC_TOO = True
+#: And on the Redis Cluster backend (conftest.BACKENDS): a flow's steps in several slots.
+ON_CLUSTER = True
 T0 = 1_000_000
 
 
 def flow_keys(r: Any) -> list[bytes]:
-    return sorted(k for k in r.keys("*") if k.endswith((b":fwait", b":fpending")))
+    return sorted(k for k in all_keys(r) if k.endswith((b":fwait", b":fpending")))
 
 
 # -- the engine: flow_wait and flow_done ------------------------------------------------
@@ -44,9 +47,9 @@ def test_a_waiting_job_is_scheduled_never_due_and_armed_once(make_queue: Callabl
     assert (info.state, info.due_ms) == ("scheduled", WAIT_DUE_MS)
     assert q.stats(now_ms=T0).scheduled == 1 and q.lease(now_ms=T0 + 10**9) == []
     q.enqueue(b"", job_id="taken", now_ms=T0)
-    before = sorted(r.keys("*"))
+    before = sorted(all_keys(r))
     assert q.flow_wait(NewJob(b"p", job_id="taken"), [("a", "x")], now_ms=T0) == "duplicate"
-    assert sorted(r.keys("*")) == before
+    assert sorted(all_keys(r)) == before
 
 
 def test_each_ended_job_counts_once_and_exactly_one_report_releases(make_queue: Callable[..., Queue], r: Any) -> None:
@@ -125,7 +128,7 @@ def test_bad_flow_arguments_are_refused_before_anything_is_sent(make_queue: Call
         q.flow_done("w", [("a", "x", "maybe")])
     with pytest.raises(InvalidArgument):
         q.flow_done("w", [], policy="ignore")
-    assert r.keys("*") == [] or all(b"counters" in k for k in r.keys("*"))
+    assert all(k.endswith(b":counters") for k in all_keys(r))  # at most the partition count
 
 
 def test_a_partitioned_queue_keeps_a_waiting_job_in_the_partition_of_its_id(make_queue: Callable[..., Queue]) -> None:
@@ -139,6 +142,28 @@ def test_a_partitioned_queue_keeps_a_waiting_job_in_the_partition_of_its_id(make
     for _ in range(8):  # a partitioned lease serves one partition per call
         leased += [j.id for j in q.lease(count=10)]
     assert sorted(leased) == [f"w{i}" for i in range(8)]
+
+
+def test_a_wait_for_jobs_spread_over_every_partition_is_released_once_by_their_reports(
+    make_queue: Callable[..., Queue], r: Any
+) -> None:
+    # On the cluster backend the partitions live on several primaries, and the waiting
+    # job in yet another slot: each report is its own call to the waiting job's slot.
+    members = make_queue("m", partitions=4)
+    cb = make_queue("cb")
+    ids = [f"m{i}" for i in range(16)]
+    members.enqueue_many([NewJob(b"", job_id=i) for i in ids])
+    refs = [(members.part_for(i).name, i) for i in ids]
+    assert len({queue for queue, _ in refs}) == 4
+    assert cb.flow_wait(NewJob(b"cb", job_id="w"), refs) == "ok"
+    states = []
+    for part in members.parts:
+        for job in part.lease(count=10):
+            assert part.ack(job).name == "OK"
+            states.append(cb.flow_done("w", [(part.name, job.id, "ok")]).state)
+            states.append(cb.flow_done("w", [(part.name, job.id, "ok")]).state)  # a replay
+    assert states.count("released") == 1 and states[-2:] == ["released", "gone"]
+    assert [j.id for j in cb.lease()] == ["w"] and flow_keys(r) == []
 
 
 # -- the task layer: chain, group, chord --------------------------------------------------
@@ -286,8 +311,8 @@ def test_a_report_lost_with_its_worker_is_made_by_a_flow_check(
 
 def test_many_flows_leave_no_flow_keys_behind(app: Tasks, worker: Any, r: Any) -> None:
     add, total = task(app, "add"), task(app, "total")
-    baseline = len(r.keys("*"))
+    baseline = len(all_keys(r))
     flows = [chord([add.s(i, 1), add.s(i, 2)], total.s()).send() for i in range(50)]
     assert [f.result(timeout=30) for f in flows] == [2 * i + 3 for i in range(50)]
     assert flow_keys(r) == []
-    assert len(r.keys("*")) <= baseline + 12  # the queues' own keys, not one per flow
+    assert len(all_keys(r)) <= baseline + 12  # the queues' own keys, not one per flow

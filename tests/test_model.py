@@ -80,3 +80,27 @@ def test_fair_scheduling_behaves_like_the_model_on_every_step_on_a_real_redis_se
                started)
     finally:
         client.close()
+
+
+#: The flows machine (jobs that wait for others) runs every rule of the plain one and
+#: its own: a quarter of the examples in CI; PYQUEUE_DEEP runs it in full.
+FLOW_EXAMPLES = EXAMPLES if os.environ.get("PYQUEUE_DEEP", "") == "1" else max(1, EXAMPLES // 4)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S)
+def test_flows_behave_like_the_model_on_every_step_on_fakeredis() -> None:
+    started = time.monotonic()
+    report("fakeredis-flows", run_machine(FakeBackend(), model_settings(FLOW_EXAMPLES, STEPS), flows=True), started)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S)
+def test_flows_behave_like_the_model_on_every_step_on_a_real_redis_server(redis_server: RedisServer) -> None:
+    client = redis_server.client()
+    started = time.monotonic()
+    try:
+        report("redis-server-flows", run_machine(RealBackend(client), model_settings(FLOW_EXAMPLES, STEPS), flows=True),
+               started)
+    finally:
+        client.close()

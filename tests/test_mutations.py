@@ -53,6 +53,8 @@ class Mutant:
     job_control: bool = False
     #: A bug of fair scheduling: the machine with groups and priorities finds it.
     fair: bool = False
+    #: A bug of flows: the machine with jobs that wait for others finds it.
+    flows: bool = False
     #: Examples to run for this mutant, when it needs more than EXAMPLES (the budget is
     #: spent only while it survives).
     examples: int = 0
@@ -426,6 +428,35 @@ MUTANTS += [
     ),
 ]
 
+#: Flows' bugs (lua/README.md section 2.2), run on the machine with waiting jobs
+#: (model.FlowLifecycleMachine).
+MUTANTS += [
+    Mutant(
+        # A counter instead of a set: every report counts, whether or not the job was
+        # still waited for, so a replay or a report of another job releases too early.
+        "flow_done_counts_a_report_of_a_job_not_waited_for",
+        "flow_done",
+        "    if scores[j - first + 1] then",
+        "    if true then",
+        flows=True,
+    ),
+    Mutant(
+        # The continuation enqueued at once, not waiting for what it waits for.
+        "flow_wait_makes_the_waiting_job_due_now",
+        "flow_wait",
+        "redis.call('ZADD', scheduled_key, WAIT_DUE_MS, id)",
+        "redis.call('ZADD', scheduled_key, now_ms, id)",
+        flows=True,
+    ),
+    Mutant(
+        "flow_done_releases_under_fail_on_an_ok_report",
+        "flow_done",
+        "      failed = failed or seen[reported[j]] == 'failed'",
+        "      failed = true",
+        flows=True,
+    ),
+]
+
 # Not planted, because it is equivalent (no test can tell it from the original): extend.lua
 # re-adding a receipt whether or not its ZREM removed one. It only writes receipts it has
 # just found in `leased`, so the check is a second line of defence, not behaviour.
@@ -442,7 +473,7 @@ def plant(mutant: Mutant, directory: Path) -> Path:
 
 
 def run_model(
-    lua_directory: Path, examples: int, *, job_control: bool = True, fair: bool = False
+    lua_directory: Path, examples: int, *, job_control: bool = True, fair: bool = False, flows: bool = False
 ) -> tuple[BaseException | None, int]:
     """Run the model test against ``lua_directory``: the failure it found (or None), and
     how many examples it ran."""
@@ -455,7 +486,9 @@ def run_model(
         report_multiple_bugs=False,
         print_blob=False,
     )
-    machine = machine_for(FakeBackend(), lua_directory, without=() if job_control else JOB_CONTROL_RULES, fair=fair)
+    machine = machine_for(
+        FakeBackend(), lua_directory, without=() if job_control else JOB_CONTROL_RULES, fair=fair, flows=flows
+    )
     try:
         run_state_machine_as_test(machine, settings=settings)  # type: ignore[no-untyped-call]
     except (AssertionError, PyQueueError, redis.RedisError) as failure:
@@ -482,6 +515,8 @@ def test_the_model_test_passes_on_an_unmutated_copy(tmp_path: Path) -> None:
     assert failure is None, f"the unmutated copy fails: {failure!r}"
     failure, _ = run_model(tmp_path, min(EXAMPLES, 30), fair=True)
     assert failure is None, f"the unmutated copy fails on the fair machine: {failure!r}"
+    failure, _ = run_model(tmp_path, min(EXAMPLES, 30), flows=True)
+    assert failure is None, f"the unmutated copy fails on the flows machine: {failure!r}"
 
 
 @pytest.mark.slow
@@ -489,7 +524,9 @@ def test_the_model_test_passes_on_an_unmutated_copy(tmp_path: Path) -> None:
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
 def test_the_model_test_catches_the_planted_bug(mutant: Mutant, tmp_path: Path) -> None:
     examples = max(EXAMPLES, mutant.examples)
-    failure, ran = run_model(plant(mutant, tmp_path), examples, job_control=mutant.job_control, fair=mutant.fair)
+    failure, ran = run_model(
+        plant(mutant, tmp_path), examples, job_control=mutant.job_control, fair=mutant.fair, flows=mutant.flows
+    )
     assert failure is not None, f"the model test did not catch {mutant.name} in {examples} examples x {STEPS} steps"
     print(f"{mutant.name}: caught in example {ran} of at most {examples}")  # pytest -rP shows it
 
