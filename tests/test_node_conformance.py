@@ -75,7 +75,7 @@ from pyqueue.core import decode_result, encode_result
 from pyqueue.queue import DEFAULT_LEASE_MS
 from pyqueue.scripts import CONTRACT_VERSION
 from pyqueue.service import Services
-from pyqueue.tasks import Backoff, EnvelopeError, Task, TaskDead, Tasks, current_job, envelope
+from pyqueue.tasks import Backoff, EnvelopeError, Task, TaskDead, Tasks, chord, current_job, envelope
 from pyqueue.tasks.codec import canonical, from_json, to_json
 from pyqueue.worker import Worker
 
@@ -1045,3 +1045,37 @@ def test_the_readme_task_envelope_example_decodes_in_python_and_node(server: Red
     assert node["unique_id"] == job_id
     assert node["result_types"] == {"due": "Tagged:datetime", "total": "Tagged:decimal", "tags": "Set", "pdf": "Buffer"}
     assert node["result_reencoded"].encode() == stored
+
+
+def test_a_node_worker_runs_a_chords_members_reports_them_and_python_runs_the_callback(
+    server: RedisServer, client: redis.Redis
+) -> None:
+    # The members run on Node, which acks them with their results and reports each end
+    # to the waiting callback (flow_done, README §2.2); the last report releases it, and
+    # a Python worker runs it with the members' results, read by reference.
+    check = Checks()
+    queue = "flow-to-node"
+    conf = conf_tasks(client, queue)
+
+    @conf.tasks.task(name="py.total", queue="py-callbacks", keep_result=60)
+    def total(values: list[int]) -> int:
+        return sum(values)
+
+    flow = chord([conf.add.s(i, i) for i in range(5)], total.s()).send()
+    check.equal(flow.status(), {"ready": 5, "waiting": 1}, "sent: the members ready, the callback waiting")
+    node = run_node("task-work", server, {"queue": queue})
+    reports = [h for h in node["handled"] if h["how"] == "ack_result"]
+    check.equal(len(reports), 5, f"node ran the five members: {node['handled']}")
+    states = [r["flow"][0]["state"] for r in reports if r.get("flow")]
+    check.equal(states, ["waiting"] * 4 + ["released"], "each member reported once; the last released the callback")
+    worker = conf.tasks.worker(["py-callbacks"], block_ms=50)
+    thread = threading.Thread(target=conf.tasks.run_worker, args=[worker], kwargs={"install_signal_handlers": False})
+    thread.start()
+    try:
+        check.equal(flow.result(timeout=10), sum(2 * i for i in range(5)), "python's callback got node's results")
+    finally:
+        worker.stop()
+        thread.join(10)
+    check.equal(flow.status(), {"done": 6}, "every step done")
+    check.equal([k for k in client.keys("*") if k.endswith((b":fwait", b":fpending"))], [], "no flow key left")
+    print(f"flow: {check.count} checks; node ran and reported a chord's 5 members, python ran its callback")

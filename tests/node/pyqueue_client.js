@@ -32,6 +32,7 @@ const SCRIPT_KEYS = {
   ack_result: ['jobs', 'leased', 'owners', 'done', 'results', 'result_expiry', 'finished', 'wake',
     'meta', 'gready', 'ring', 'groups'],
   result: ['jobs', 'dead', 'errors', 'done', 'results', 'result_expiry', 'finished'],
+  flow_done: ['jobs', 'scheduled', 'wake', 'fwait', 'fpending'],
 };
 
 // The service scripts' KEYS (README §7): namespace keys <prefix>:{<ns>}:service:<role>,
@@ -283,6 +284,17 @@ class Queue {
   async result(id) {
     const [nowMs, state, finishedMs, value, lastId] = await this.run('result', ['', id]);
     return { nowMs, state: str(state), finishedMs, value, lastId: str(lastId) };
+  }
+
+  // Report that jobs the waiting job `id` of this queue waits for have ended (README
+  // §2.2): ended is [[queue, jobId, 'ok' | 'failed'], ...] (0..1000). Idempotent: a job
+  // reported before counts 0; the report that ends the wait releases the job.
+  async flowDone(id, ended, { policy = 'fail', checkMs = 10000 } = {}) {
+    if (policy !== 'fail' && policy !== 'continue') throw new RangeError(`bad policy ${JSON.stringify(policy)}`);
+    const args = ['', id, policy, int(checkMs, 'check_ms', 1, 2 ** 40)];
+    for (const [queue, jobId, how] of ended) args.push(`${queue}\t${jobId}`, how);
+    const [state, counted] = await this.run('flow_done', args);
+    return { state: str(state), counted };
   }
 
   // End every lease of a dead service's owner in this queue (README §7): each job goes

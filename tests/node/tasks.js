@@ -327,8 +327,28 @@ class TaskWorker {
   async runOnce({ count = 1, leaseMs = 30000 } = {}) {
     const leased = await this.queue.lease({ count, leaseMs });
     const reports = [];
-    for (const job of leased.jobs) reports.push(await this.handle(job, leased.nowMs));
+    for (const job of leased.jobs) reports.push(await this.reportFlow(job, await this.handle(job, leased.nowMs)));
     return { reports, leased };
+  }
+
+  // A flow's step (README §2.2, its envelope's meta.flow.then lists the steps waiting
+  // for it): once its ack answered ok, or its nack sent it to DEAD, report its end to
+  // each of them (flow_done in the waiting step's queue). A worker that dies first
+  // leaves the report to the Python workers' flow checks.
+  async reportFlow(job, report) {
+    const then = report.flowThen;
+    delete report.flowThen;
+    const acked = (report.how === 'ack' || report.how === 'ack_result') && report.status === 'ok';
+    const dead = report.state === 'dead' && report.status === 'ok';
+    if (!Array.isArray(then) || !(acked || dead)) return report;
+    report.flow = [];
+    for (const [queue, id, policy] of then) {
+      const waiting = new Queue(this.queue.redis, queue, { prefix: this.queue.prefix, runner: this.queue.runner });
+      const done = await waiting.flowDone(id, [[this.queue.name, job.id.toString('utf8'), acked ? 'ok' : 'failed']],
+        { policy });
+      report.flow.push({ queue, id, ...done });
+    }
+    return report;
   }
 
   async handle(job, nowMs) {
@@ -341,6 +361,7 @@ class TaskWorker {
       return this.end(report, 'nack', await this.queue.nack(job.receipt, err.message));
     }
     report.task = env.task;
+    if (isPlainObject(env.meta.flow)) report.flowThen = env.meta.flow.then;
     const entry = Object.prototype.hasOwnProperty.call(this.registry, env.task) ? this.registry[env.task] : null;
     if (entry === null) {
       return this.end(report, 'nack final',
