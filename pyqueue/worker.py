@@ -43,7 +43,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import cast
 
 import redis as redis_lib
 
@@ -51,7 +51,6 @@ from pyqueue.clients import Client, bytes_client, check_server, default_client
 from pyqueue.commit import GroupCommit
 from pyqueue.core import DEFAULT_MAX_RESULTS
 from pyqueue.errors import InvalidArgument
-from pyqueue.models import Job, Outcome
 from pyqueue.queue import (
     DEFAULT_BACKOFF_BASE_MS,
     DEFAULT_BACKOFF_CAP_MS,
@@ -67,6 +66,7 @@ from pyqueue.runtime.crash import CRASH_POINTS, Crasher
 from pyqueue.runtime.endings import Endings, Fail, Retry, error_text, seconds_to_ms
 from pyqueue.runtime.executor import (
     PARTITION_STREAK,
+    ExecutorHooks,
     Handler,
     ThreadExecutor,
     check_sync_handler,
@@ -92,7 +92,6 @@ from pyqueue.runtime.running import Running
 from pyqueue.runtime.supervised import SupervisorLink
 from pyqueue.schedules import Schedule, Scheduler, check_schedules
 from pyqueue.service import DEFAULT_EXPIRE_MS, DEFAULT_NAMESPACE, Service, Services
-from pyqueue.slots import Slot
 
 # The names this module had before the runtime was split into pyqueue.runtime stay
 # importable from here.
@@ -126,7 +125,7 @@ def check_worker_client(client: object) -> Client:
     raise InvalidArgument(f"a worker needs a redis-py client (redis.Redis or RedisCluster), got {type(client).__name__}")
 
 
-class Worker:
+class Worker(ExecutorHooks):
     """Runs ``handler`` on jobs from ``queues``, in priority order.
 
     Args:
@@ -317,42 +316,6 @@ class Worker:
 
     #: The executor this worker runs handlers with (an AsyncWorker's runs asyncio tasks).
     executor_class: type[ThreadExecutor] = ThreadExecutor
-
-    # -- the executor's interface, as the worker's hooks -----------------------------
-
-    @property
-    def handler(self) -> Handler:
-        """The handler the executor runs (settable: a test harness wraps it)."""
-        return self.executor.handler
-
-    @handler.setter
-    def handler(self, handler: Handler) -> None:
-        self.executor.handler = handler
-
-    def check_handler(self, handler: object) -> None:
-        """Refuse a handler this worker cannot run (:func:`check_sync_handler`)."""
-        self.executor_class.check_handler(handler)
-
-    def call_handler(self, job: Job) -> object:
-        """Run the handler on ``job`` in this handler thread; what it returns."""
-        return self.executor.call_handler(job)
-
-    def describe(self, slot: Slot) -> str:
-        """How logs name a running job: its id, and its task when the handler named one."""
-        return self.executor.describe(slot)
-
-    def run_awaitable(self, slot: Slot, awaitable: Any) -> Any:
-        """Run a coroutine for the job in ``slot``: a sync worker refuses (InvalidArgument)."""
-        return self.executor.run_awaitable(slot, awaitable)
-
-    def interrupt(self, slot: Slot) -> None:
-        """Stop the work of ``slot`` at its time limit (see the executor's ``interrupt``)."""
-        self.executor.interrupt(slot)
-
-    def lease_ended(self, job: Job, outcome: Outcome) -> None:
-        """Tell the handler of ``job`` that its lease ended without this worker (cancelled,
-        or lost: ``job.cancelled``); its result will be neither acked nor nacked."""
-        self.executor.lease_ended(job, outcome)
 
     # -- state, as before the split ----------------------------------------------------
 

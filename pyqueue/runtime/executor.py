@@ -234,3 +234,44 @@ def handler_functions(handler: object) -> tuple[object, object]:
         raise InvalidArgument(f"handler must be callable, got {type(handler).__name__}")
     return handler, getattr(type(handler), "__call__", None)
 
+
+class ExecutorHooks:
+    """What a :class:`~pyqueue.slots.Slot` asks of its owner (a worker), passed to the
+    worker's executor: the worker is each slot's owner, the executor does the work."""
+
+    executor: ThreadExecutor
+    executor_class: type[ThreadExecutor]
+
+    @property
+    def handler(self) -> Handler:
+        """The handler the executor runs (settable: a test harness wraps it)."""
+        return self.executor.handler
+
+    @handler.setter
+    def handler(self, handler: Handler) -> None:
+        self.executor.handler = handler
+
+    def check_handler(self, handler: object) -> None:
+        """Refuse a handler this worker cannot run (:func:`check_sync_handler`)."""
+        self.executor_class.check_handler(handler)
+
+    def call_handler(self, job: Job) -> object:
+        """Run the handler on ``job`` in this handler thread; what it returns."""
+        return self.executor.call_handler(job)
+
+    def describe(self, slot: Slot) -> str:
+        """How logs name a running job: its id, and its task when the handler named one."""
+        return self.executor.describe(slot)
+
+    def run_awaitable(self, slot: Slot, awaitable: Any) -> Any:
+        """Run a coroutine for the job in ``slot``: a sync worker refuses (InvalidArgument)."""
+        return self.executor.run_awaitable(slot, awaitable)
+
+    def interrupt(self, slot: Slot) -> None:
+        """Stop the work of ``slot`` at its time limit (see the executor's ``interrupt``)."""
+        self.executor.interrupt(slot)
+
+    def lease_ended(self, job: Job, outcome: Outcome) -> None:
+        """Tell the handler of ``job`` that its lease ended without this worker (cancelled,
+        or lost: ``job.cancelled``); its result will be neither acked nor nacked."""
+        self.executor.lease_ended(job, outcome)
