@@ -22,7 +22,8 @@ from tasks_support import Serving, wait_for
 
 import pyqueue.tasks.flows as task_flows
 from pyqueue import InvalidArgument, NewJob, Queue
-from pyqueue.tasks import TaskDead, Tasks, chain, chord, group
+from pyqueue.tasks import TaskDead, Tasks, chain, chord, current_job, group
+from pyqueue.tasks.flows import children_flow_id
 from pyqueue.verbs.flows import WAIT_DUE_MS, FlowDone
 
 #: Also on the async driver (conftest.Blocking), for the engine's verbs.
@@ -193,6 +194,13 @@ def app(r: redis.Redis) -> Tasks:
     def const() -> str:
         return "c"
 
+    @tasks.task(name="fanout", queue="math", keep_result=60)
+    def fanout(n: int) -> str:
+        run = current_job()
+        run.spawn(*[add.s(i, i) for i in range(n)])
+        run.then(total.s())
+        return run.id
+
     RAN.clear()
 
     @tasks.task(name="record", queue="sums")
@@ -316,3 +324,26 @@ def test_many_flows_leave_no_flow_keys_behind(app: Tasks, worker: Any, r: Any) -
     assert [f.result(timeout=30) for f in flows] == [2 * i + 3 for i in range(50)]
     assert flow_keys(r) == []
     assert len(all_keys(r)) <= baseline + 12  # the queues' own keys, not one per flow
+
+
+def test_a_running_task_spawns_children_and_then_a_callback_gets_their_results(app: Tasks, worker: Any) -> None:
+    parent = task(app, "fanout").send(4)
+    assert parent.result(timeout=20) == parent.id
+    callback = f"{children_flow_id('math', parent.id)}.4"  # after the 4 children
+    found = app.queue("sums").wait_result(callback, 20_000)
+    assert (found.state, found.value) == ("ok", 0 + 2 + 4 + 6)
+
+
+def test_a_spawning_run_retried_sends_its_children_once(app: Tasks, r: Any) -> None:
+    from pyqueue.models import Job
+    from pyqueue.tasks.flows import send_children
+    from pyqueue.tasks.runtime import TaskRun
+
+    add, total = task(app, "add"), task(app, "total")
+    job = Job("p1", "math", b"", 1, 1, 5, 0, "o|c|1|1|p1")
+    for _ in range(2):  # the run, and its rerun after a kill before its ack
+        run = TaskRun(job, "fanout", None, None, {})
+        run.spawn(add.s(1, 1), add.s(2, 2))
+        run.then(total.s())
+        send_children(app, run)
+    assert app.queue("math").stats().enqueued == 2 and app.queue("sums").stats().enqueued == 1

@@ -36,6 +36,7 @@ flow steps yet; their run middleware does.
 from __future__ import annotations
 
 import copy
+import hashlib
 import secrets
 import time
 from collections import Counter
@@ -216,9 +217,27 @@ def split(ref: str) -> tuple[str, str]:
     return queue, job_id
 
 
-def _send(flow: Flow) -> FlowHandle:
+def send_children(app: Tasks, run: Any) -> FlowHandle:
+    """Send the children a running task spawned (``TaskRun.spawn``/``then``) as one flow
+    whose id is derived from the job's, so that a retried run re-sends the same ids
+    (duplicates: each child runs once)."""
+    steps, callback, policy = run.children
+    if not steps:
+        raise InvalidArgument("then() was given, but no child was spawned")
+    children = group(steps, on_failure=policy)
+    flow: Flow = children if callback is None else chain(children, callback, on_failure=policy)
+    return _send(flow, children_flow_id(run.queue, run.id))
+
+
+def children_flow_id(queue: str, job_id: str) -> str:
+    """The id of the flow of the children that job ``job_id`` of ``queue`` spawned: its
+    steps are ``<id>.0``, ``<id>.1``, ... in the order spawned, then the callback."""
+    return "kids-" + hashlib.sha256(f"{queue}\t{job_id}".encode()).hexdigest()[:20]
+
+
+def _send(flow: Flow, flow_id: str | None = None) -> FlowHandle:
     app = _app_of(flow)
-    flow_id = "flow-" + secrets.token_hex(8)
+    flow_id = flow_id or "flow-" + secrets.token_hex(8)
     compiler = _Compiler(app, flow_id)
     output = compiler.add(flow, None, flow.on_failure)
     now_ms = app.server_now_ms()

@@ -52,7 +52,7 @@ class TaskRun:
     """The running task job, as :func:`current_job` returns it. (A plain class with
     slots, not a dataclass: one is made per job, on the worker's hot path.)"""
 
-    __slots__ = ("job", "task", "enqueued_ms", "deadline_ms", "meta")
+    __slots__ = ("job", "task", "enqueued_ms", "deadline_ms", "meta", "children")
 
     #: Whether it runs in a batch task's batch, with other jobs (``current_batch()``).
     in_batch = False
@@ -67,6 +67,8 @@ class TaskRun:
         #: The time limit's deadline on the server clock (ms); None without a limit.
         self.deadline_ms = deadline_ms
         self.meta = meta
+        #: What :meth:`spawn` and :meth:`then` asked for: (steps, callback, policy).
+        self.children: tuple[list[Any], Any, str] | None = None
 
     def __repr__(self) -> str:
         return f"TaskRun(id={self.job.id!r}, task={self.task!r}, attempt={self.job.attempt})"
@@ -105,6 +107,31 @@ class TaskRun:
     def cancelled(self) -> bool:
         """Whether its end is decided without it: cancelled, lease lost, or time limit."""
         return self.job.cancelled.is_set()
+
+    def spawn(self, *steps: Any) -> None:
+        """Add children to this run: task calls (``fn.s(...)``), chains or groups. They
+        are sent together, as one flow of their own, when the task's function returns
+        (before its ack); a run that raises sends none. Their ids are derived from this
+        job's, so a run that is retried (its worker died after the send) sends them
+        again as duplicates: each child runs once. See :meth:`then`."""
+        if not steps:
+            raise InvalidArgument("spawn() takes at least one task call, chain or group")
+        kids, callback, policy = self.children or ([], None, "fail")
+        self.children = ([*kids, *steps], callback, policy)
+
+    def then(self, callback: Any, *, on_failure: str = "fail") -> None:
+        """Run ``callback`` (a task call) once every child spawned by this run has ended,
+        with the list of their results as its first argument (as a chord's callback:
+        :mod:`pyqueue.tasks.flows`, whose ``on_failure`` rules apply)."""
+        kids, _, _ = self.children or ([], None, "fail")
+        self.children = (kids, callback, on_failure)
+
+
+def send_children(app: Any, run: TaskRun) -> None:
+    """Send what ``run`` spawned (:meth:`TaskRun.spawn`): pyqueue.tasks.flows."""
+    from pyqueue.tasks.flows import send_children as send
+
+    send(app, run)
 
 
 _current: contextvars.ContextVar[TaskRun] = contextvars.ContextVar("pyqueue_current_job")
@@ -218,6 +245,8 @@ class Dispatcher:
         try:
             # A sync task is called here, not through _call: one call less per job.
             value = _call(task, env, slot, run) if task.is_async else task.fn(*env.args, **env.kwargs)
+            if run.children is not None:
+                send_children(task.app, run)
         except (Retry, Fail, TimeLimitExceeded):
             raise
         except (Exception, SystemExit) as exc:
@@ -286,6 +315,8 @@ class Dispatcher:
             token = _current.set(run)
             try:
                 value = _call(task, env, slot, run)
+                if run.children is not None:
+                    send_children(task.app, run)
             except BaseException as exc:  # every exception: the hooks see it, then as above
                 error = exc
             finally:
