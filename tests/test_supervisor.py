@@ -195,8 +195,11 @@ def test_recycling_by_jobs_hands_over_without_losing_or_repeating(supervised: Ca
     assert len(per_pid) >= 200 // 25 - 1, per_pid  # recycled, many times
     retired = [int(line.split("replacing worker process ")[1].split(":")[0])
                for line in sv.log().splitlines() if "replacing worker process" in line]
-    # Each recycled child ran its 25 jobs, plus at most one per slot it had leased already.
-    assert retired and all(25 <= per_pid[pid] <= 25 + 2 for pid in retired), (retired, per_pid)
+    # Each recycled child ran its 25 jobs, plus those it had leased, or was leasing, when
+    # its 25th job ended: one per slot it was running and one per slot whose lease call
+    # was under way (a group commit or a fetch decided just before). CI once saw 28 with
+    # 2 slots; 29 is the bound asserted.
+    assert retired and all(25 <= per_pid[pid] <= 25 + 2 * 2 for pid in retired), (retired, per_pid)
 
 
 def test_recycling_by_memory(supervised: Callable[..., Supervised]) -> None:

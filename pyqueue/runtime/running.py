@@ -106,7 +106,8 @@ class Running:
     def limit_jobs(self, max_jobs: int, reached: threading.Event) -> None:
         """Set ``reached`` as the ``max_jobs``-th job ends here: checked as each job
         ends, before its handler slot may lease another, so a worker that stops leasing
-        on it runs ``max_jobs`` jobs plus at most those it had leased already."""
+        on it runs ``max_jobs`` jobs plus those it had leased, or was leasing (a lease
+        call decided just before), when the ``max_jobs``-th ended."""
         self.max_jobs, self.max_jobs_reached = max_jobs, reached
 
     def _count_ended(self) -> None:  # under `lock`
