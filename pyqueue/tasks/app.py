@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import logging
 import sys
@@ -13,7 +12,6 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 
 from pyqueue.aio import AsyncQueue
-from pyqueue.aio_worker import AsyncWorker
 from pyqueue.clients import Client
 from pyqueue.errors import InvalidArgument
 from pyqueue.models import Job
@@ -23,10 +21,10 @@ from pyqueue.tasks.connection import Connection
 from pyqueue.tasks.handle import SentTask
 from pyqueue.tasks.middleware import Hook as MiddlewareHook, Sending, enter_sends, hook_of, resume_sends
 from pyqueue.tasks.policy import Duration, TaskOptions
-from pyqueue.tasks.runtime import Dispatcher
+from pyqueue.tasks.serving import TaskServing
 from pyqueue.tasks.task import BatchTask, Signature, Task
 from pyqueue.runtime.batch import MAX_BATCH_WAIT_MS, BatchSpec
-from pyqueue.worker import Worker, seconds_to_ms
+from pyqueue.worker import seconds_to_ms
 
 if TYPE_CHECKING:
     from pyqueue.tasks.testing import TaskTesting
@@ -44,7 +42,7 @@ Hook = Callable[[], object]
 MAX_NAME_BYTES = 200
 
 
-class Tasks:
+class Tasks(TaskServing):
     """A set of tasks and the Redis they are sent to.
 
     ``Tasks()`` connects as every entry point does: to ``PYQUEUE_URL`` when it is set,
@@ -324,65 +322,6 @@ class Tasks:
     def _handle(self, sig: Signature, job_id: str, added: bool) -> SentTask[Any]:
         return SentTask(job_id, sig.options.queue, sig.task.name, added, sig.options.keep_result_ms is not None, self)
 
-    # -- running ---------------------------------------------------------------------
-
-    def dispatcher(self) -> Dispatcher:
-        """The worker handler that routes jobs to these tasks by name."""
-        if not self._tasks:
-            raise InvalidArgument("this Tasks object has no tasks to serve")
-        return Dispatcher(dict(self._tasks), self._raw, list(self._middleware))
-
-    def needs_event_loop(self) -> bool:
-        """Whether a task or hook is ``async def`` (its worker must be an AsyncWorker)."""
-        return self.dispatcher().needs_event_loop or any(
-            inspect.iscoroutinefunction(h) for h in self.on_start + self.on_stop
-        )
-
-    def worker(self, queues: Sequence[str] | None = None, **options: Any) -> Worker:
-        """A worker serving every task on the queues they name (or ``queues``): an
-        :class:`~pyqueue.aio_worker.AsyncWorker` if any task or hook is ``async def``,
-        else a :class:`~pyqueue.worker.Worker`. ``options`` are the worker's (concurrency,
-        lease_ms, ...). Run it with :meth:`run_worker` (or ``pyqueue worker module:tasks``),
-        which also runs the start and stop hooks."""
-        names = list(queues) if queues else self.queue_names()
-        unknown = sorted(set(names) - set(self.queue_names()))
-        if unknown:
-            log.warning("queues %s have no task of this Tasks object: their jobs will be retried, then dead", unknown)
-        if "batch" in options or "batch_wait_ms" in options:
-            raise InvalidArgument("a task worker runs in batches the tasks registered with @tasks.task(batch=...): "
-                                  "give batch= to the task, not to the worker")
-        if options.get("redis") is not None:
-            self.connection.adopt(options["redis"])
-        options.setdefault("redis", self.redis)
-        options.setdefault("prefix", self.prefix)
-        cls = AsyncWorker if self.needs_event_loop() else Worker
-        return cls(names, self.dispatcher(), **options)
-
-    def run_worker(self, worker: Worker, *, burst: bool = False, install_signal_handlers: bool = True) -> int:
-        """Run the start hooks, ``worker`` until it stops, then the stop hooks; the
-        worker's exit code. An AsyncWorker runs in a new event loop (``asyncio.run``)."""
-        if isinstance(worker, AsyncWorker):
-            return asyncio.run(self.arun_worker(worker, burst=burst, install_signal_handlers=install_signal_handlers))
-        if self.needs_event_loop():
-            raise InvalidArgument("a task or hook is async def: run these tasks with an AsyncWorker (Tasks.worker())")
-        for hook in self.on_start:
-            hook()
-        try:
-            return worker.run(burst=burst, install_signal_handlers=install_signal_handlers)
-        finally:
-            for hook in self.on_stop:
-                hook()
-
-    async def arun_worker(self, worker: AsyncWorker, *, burst: bool = False, install_signal_handlers: bool = True) -> int:
-        """:meth:`run_worker` in the running event loop (hooks may be ``async def``)."""
-        for hook in self.on_start:
-            await _maybe_await(hook())
-        try:
-            return await worker.run(burst=burst, install_signal_handlers=install_signal_handlers)
-        finally:
-            for hook in self.on_stop:
-                await _maybe_await(hook())
-
     # -- testing ---------------------------------------------------------------------
 
     @contextmanager
@@ -459,9 +398,3 @@ def _module_name(fn: Callable[..., object]) -> str:
         "script as a module will not know it by that name; give it name=", fn.__qualname__, fn.__qualname__,
     )
     return module
-
-
-async def _maybe_await(value: object) -> None:
-    if inspect.isawaitable(value):
-        await value
-
