@@ -127,7 +127,7 @@ class Supervisor:
         crash_loop: fast deaths in a row before giving up (exit :data:`EXIT_CRASH_LOOP`).
         metrics: (host, port) to serve the children's Prometheus metrics on, summed
             (see the module docstring); None: no metrics. Port 0 picks a free port
-            (:attr:`metrics_port` says which).
+            (``summed.port`` says which).
     """
 
     def __init__(
@@ -152,10 +152,8 @@ class Supervisor:
         self._selector = selectors.DefaultSelector()
         self._redis: Any = None
         self.metrics = metrics
-        #: The children's PROMETHEUS_MULTIPROC_DIR while metrics are served.
-        self.metrics_dir: str | None = None
-        self.metrics_port: int | None = None
-        self._metrics_server: Any = None
+        #: The children's figures, summed and served while it runs (with ``metrics``).
+        self.summed = SummedMetrics()
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -166,11 +164,11 @@ class Supervisor:
             InvalidArgument: the metrics' address cannot be listened on.
         """
         if self.metrics is not None:
-            self.serve_metrics(*self.metrics)
+            self.summed.serve(*self.metrics)
         try:
             return self._run()
         finally:
-            self.stop_metrics()
+            self.summed.stop()
 
     def _run(self) -> int:
         wake_r, wake_w = os.pipe()
@@ -225,54 +223,14 @@ class Supervisor:
                 self.stop_all()
         return False
 
-    # -- metrics -----------------------------------------------------------------------
-
-    def serve_metrics(self, host: str, port: int) -> None:
-        """Serve the sum of the children's metrics on ``http://host:port/metrics`` (see
-        the module docstring), from a directory made now.
-
-        Raises:
-            InvalidArgument: ``host:port`` cannot be listened on (in use, not an address
-                of this host).
-        """
-        import shutil
-        import tempfile
-
-        from prometheus_client import CollectorRegistry, start_http_server
-        from prometheus_client.multiprocess import MultiProcessCollector
-
-        self.metrics_dir = tempfile.mkdtemp(prefix="pyqueue-metrics-")
-        registry = CollectorRegistry()
-        MultiProcessCollector(registry, path=self.metrics_dir)  # type: ignore[no-untyped-call]
-        try:
-            self._metrics_server, _thread = start_http_server(port, addr=host, registry=registry)
-        except OSError as exc:
-            shutil.rmtree(self.metrics_dir, ignore_errors=True)
-            self.metrics_dir = None
-            raise InvalidArgument(f"cannot serve metrics on {host}:{port}: {exc}") from None
-        self.metrics_port = int(self._metrics_server.server_port)
-        log.info("serving the worker processes' task metrics on http://%s:%d/metrics", host, self.metrics_port)
-
-    def stop_metrics(self) -> None:
-        """Stop serving metrics and remove their directory (nothing if not serving)."""
-        import shutil
-
-        if self._metrics_server is not None:
-            self._metrics_server.shutdown()
-            self._metrics_server.server_close()
-            self._metrics_server = None
-        if self.metrics_dir is not None:
-            shutil.rmtree(self.metrics_dir, ignore_errors=True)
-            self.metrics_dir = None
-
     # -- children ----------------------------------------------------------------------
 
     def spawn(self) -> Child:
         read_fd, write_fd = os.pipe()
         env = dict(os.environ)
         env[ENV_VAR] = f"{write_fd}:{os.getpid()}:{self.max_jobs}:{self.max_mb}"
-        if self.metrics_dir is not None:
-            env[MULTIPROC_ENV] = self.metrics_dir
+        if self.summed.directory is not None:
+            env[MULTIPROC_ENV] = self.summed.directory
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "pyqueue", *self.argv], env=env, pass_fds=(write_fd,),
@@ -443,3 +401,54 @@ def _read_some(fd: int) -> bytes | None:
         return os.read(fd, 65536)
     except BlockingIOError:
         return None
+
+
+class SummedMetrics:
+    """The children's Prometheus metrics, summed (see the module docstring): a directory
+    every child writes its figures in (``PROMETHEUS_MULTIPROC_DIR``), served by one
+    HTTP thread of the supervisor."""
+
+    def __init__(self) -> None:
+        #: The children's PROMETHEUS_MULTIPROC_DIR while metrics are served.
+        self.directory: str | None = None
+        #: The port served on (port 0 picks one).
+        self.port: int | None = None
+        self._server: Any = None
+
+    def serve(self, host: str, port: int) -> None:
+        """Serve the sum of the children's metrics on ``http://host:port/metrics``, from
+        a directory made now.
+
+        Raises:
+            InvalidArgument: ``host:port`` cannot be listened on (in use, not an address
+                of this host).
+        """
+        import shutil
+        import tempfile
+
+        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        self.directory = tempfile.mkdtemp(prefix="pyqueue-metrics-")
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=self.directory)  # type: ignore[no-untyped-call]
+        try:
+            self._server, _thread = start_http_server(port, addr=host, registry=registry)
+        except OSError as exc:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            self.directory = None
+            raise InvalidArgument(f"cannot serve metrics on {host}:{port}: {exc}") from None
+        self.port = int(self._server.server_port)
+        log.info("serving the worker processes' task metrics on http://%s:%d/metrics", host, self.port)
+
+    def stop(self) -> None:
+        """Stop serving and remove the directory (nothing if not serving)."""
+        import shutil
+
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            self.directory = None
