@@ -698,7 +698,12 @@ class Trial:
         children = [int(pid) for pid in out.split()]
         if not children:
             return False
-        os.kill(self.rng.choice(children), signal.SIGKILL)
+        try:
+            os.kill(self.rng.choice(children), signal.SIGKILL)
+        except ProcessLookupError:
+            # The child ended (its own crash point, or the poison job) between pgrep and
+            # the kill: the supervisor replaces it anyway, and this tick kills nothing.
+            return False
         w.children_killed += 1
         return True
 
