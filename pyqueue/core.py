@@ -669,6 +669,16 @@ def flow_done_call(
     return ScriptCall("flow_done", keys, args)
 
 
+def flow_record_call(keys: Keys, now_ms: int | None, flow_id: str, record: bytes, keep_ms: int) -> ScriptCall:
+    """lua/flow_record.lua."""
+    return ScriptCall("flow_record", keys, [now_arg(now_ms), flow_id, record, keep_ms])
+
+
+def flow_show_call(keys: Keys, now_ms: int | None, flow_id: str) -> ScriptCall:
+    """lua/flow_show.lua."""
+    return ScriptCall("flow_show", keys, [now_arg(now_ms), flow_id])
+
+
 def groups_call(keys: Keys, offset: int, limit: int) -> ScriptCall:
     """lua/groups.lua."""
     return ScriptCall("groups", keys, [offset, limit])

@@ -134,6 +134,16 @@ class QueueKeys:
         """zset: "<id>\t<queue>\t<job id>" -> 0, what each waiting job waits for (lexicographic)."""
         return self._key("fpending")
 
+    @property
+    def flows(self) -> str:
+        """hash: flow id -> the record of a flow whose first step is in this queue (flow_record.lua)."""
+        return self._key("flows")
+
+    @property
+    def flow_expiry(self) -> str:
+        """zset: flow id -> ms at which its record is deleted."""
+        return self._key("flow_expiry")
+
     def role(self, name: str) -> str:
         """The key for a role by name (as listed in a script header)."""
         if name not in ROLES:
@@ -147,7 +157,7 @@ class QueueKeys:
 
 #: Every role of a queue key, in the order lua/README.md lists them.
 ROLES = ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake", "done", "results",
-         "result_expiry", "finished", "meta", "gready", "ring", "groups", "fwait", "fpending")
+         "result_expiry", "finished", "meta", "gready", "ring", "groups", "fwait", "fpending", "flows", "flow_expiry")
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,7 @@ from pyqueue.models import (
     Stats,
 )
 from pyqueue.queue import Queue, QueueCore, plan_peek_many, sum_stats
-from pyqueue.verbs.flows import FlowDone, Ref, Waiting
+from pyqueue.verbs.flows import FlowDone, FlowRecord, Ref, Waiting
 
 
 class PartitionedParts(QueueCore):
@@ -303,6 +303,14 @@ class PartitionedParts(QueueCore):
     def plan_flow_done(self, job_id: str, ended: Sequence[tuple[str, str, str]], **kwargs: Any) -> Plan[FlowDone]:
         """As :meth:`QueueCore.plan_flow_done`, in the partition of ``job_id``."""
         return (yield from self.part_for(job_id).plan_flow_done(job_id, ended, **kwargs))
+
+    def plan_flow_record(self, flow_id: str, record: bytes | str, keep_ms: int, **kwargs: Any) -> Plan[str]:
+        """As :meth:`QueueCore.plan_flow_record`, in the partition of ``flow_id``."""
+        return (yield from self.part_for(flow_id).plan_flow_record(flow_id, record, keep_ms, **kwargs))
+
+    def plan_flow_show(self, flow_id: str, **kwargs: Any) -> Plan[FlowRecord | None]:
+        """As :meth:`QueueCore.plan_flow_show`, in the partition of ``flow_id``."""
+        return (yield from self.part_for(flow_id).plan_flow_show(flow_id, **kwargs))
 
     def plan_flow_due(self, limit: int = 100) -> Plan[list[Waiting]]:
         """As :meth:`QueueCore.plan_flow_due`, from every partition (``limit`` each)."""

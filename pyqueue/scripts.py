@@ -94,6 +94,8 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "scrub": ("jobs", "ready", "leased", "owners", "dead", "errors", "counters", "wake", "meta", "gready", "ring", "groups"),
     "flow_wait": ("jobs", "scheduled", "counters", "done", "meta", "fwait", "fpending"),
     "flow_done": ("jobs", "scheduled", "wake", "fwait", "fpending"),
+    "flow_record": ("flows", "flow_expiry"),
+    "flow_show": ("flows", "flow_expiry"),
     "service_register": ("seq", "ids", "expiry", "queues", "service"),
     "service_renew": ("service", "expiry", "queues"),
     "service_deregister": ("service", "ids", "expiry", "queues", "wake"),

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shlex
 import tempfile
 import threading
 import time
@@ -50,7 +51,7 @@ from pyqueue.worker import Retry, Worker
 #: it implies ``resetkeys`` and ``-@all``); ``resetchannels`` also holds when
 #: ``acl-pubsub-default`` is ``allchannels``.
 RECIPE = """\
-ACL SETUSER pq-producer reset on >producer-secret resetchannels ~pq:{emails}:* -@all +ping +evalsha +script|load +script|exists +multi +exec +time +type +hget +hmget +hset +hsetnx +hincrby +rpush +lindex +llen +zadd +zcard +zcount +zrange +zmscore +xread +xrevrange +zscore +hexists
+ACL SETUSER pq-producer reset on >producer-secret resetchannels ~pq:{emails}:* -@all +ping +evalsha +script|load +script|exists +multi +exec +time +type +hget +hmget +hset +hsetnx +hincrby +rpush +lindex +llen +zadd +zcard +zcount +zrange +zmscore +xread +xrevrange +zscore +hexists "(~pq:{emails}:flows ~pq:{emails}:flow_expiry +zrangebyscore +hdel +zrem)"
 ACL SETUSER pq-worker reset on >worker-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +bzpopmin +time +type +exists +get +incr +pexpire +persist +del +hget +hmget +hexists +hset +hsetnx +hincrby +hdel +llen +lrange +ltrim +lpush +rpush +lrem +zadd +zrem +zscore +zcard +zcount +zrange +zrangebyscore +zrangebylex +zlexcount +zremrangebyrank +zremrangebylex +xadd +zmscore
 ACL SETUSER pq-admin reset on >admin-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +time +type +pexpire +pttl +hget +hgetall +hmget +hexists +hset +hsetnx +hincrby +hdel +rpush +lpush +lindex +llen +lrem +zadd +zrem +zscore +zscan +zcard +zcount +zrange +zrangebyscore +zlexcount +zremrangebyrank +xrevrange +xadd
 """
@@ -59,7 +60,8 @@ ROLES = ("producer", "worker", "admin")
 
 #: The scripts each role runs through the driver.
 ROLE_SCRIPTS: dict[str, tuple[str, ...]] = {
-    "producer": ("enqueue", "stats", "result", "flow_wait"),
+    # flow_record: a flow's sender keeps its record before sending its steps.
+    "producer": ("enqueue", "stats", "result", "flow_wait", "flow_record"),
     "worker": (
         # enqueue: the periodic jobs a worker's schedules enqueue (pyqueue.schedules).
         "enqueue", "lease", "ack", "ack_result", "nack", "extend", "release", "promote", "scrub", "peek",
@@ -67,7 +69,9 @@ ROLE_SCRIPTS: dict[str, tuple[str, ...]] = {
         # flow_done: the end of a flow's step, reported by its worker and by flow checks.
         "flow_done",
     ),
-    "admin": ("stats", "get", "result", "cancel", "limit", "set_group_limit", "groups", "pause", "resume", "dead_list", "dead_replay", "dead_purge", "service_stop"),
+    "admin": ("stats", "get", "result", "cancel", "limit", "set_group_limit", "groups", "pause", "resume", "dead_list", "dead_replay", "dead_purge", "service_stop",
+              # flow_show: `pyqueue flow show` and the dashboard's flow view.
+              "flow_show"),
 }
 
 #: The commands each role's driver code sends itself, outside any script, and why.
@@ -126,18 +130,21 @@ def raw(client: redis.Redis, *args: Any) -> Any:
 
 
 def recipe_lines() -> dict[str, list[str]]:
-    """Each role's ``ACL SETUSER`` line of :data:`RECIPE`, split into arguments."""
+    """Each role's ``ACL SETUSER`` line of :data:`RECIPE`, split into arguments as
+    redis-cli splits them (a quoted selector is one argument)."""
     lines = {}
     for line in RECIPE.splitlines():
-        words = line.split()
+        words = shlex.split(line)
         assert words[:2] == ["ACL", "SETUSER"] and words[2].startswith("pq-")
         lines[words[2][3:]] = words
     return lines
 
 
 def granted(role: str) -> set[str]:
-    """The commands the recipe grants ``role`` (its ``+command`` rules)."""
-    return {word[1:].lower() for word in recipe_lines()[role] if word.startswith("+")}
+    """The commands the recipe grants ``role`` (its ``+command`` rules, a selector's
+    ``(~keys +command ...)`` included: those only on the selector's keys)."""
+    words = [inner for word in recipe_lines()[role] for inner in word.strip("()").split()]
+    return {word[1:].lower() for word in words if word.startswith("+")}
 
 
 def script_commands(name: str) -> set[str]:
@@ -182,9 +189,10 @@ def acl_key_pattern(text: str) -> str:
 
 def is_permission_error(exc: BaseException | str) -> bool:
     """Whether ``exc`` (a pyqueue or redis-py error, or its text) is an ACL refusal: of
-    a key declared by EVALSHA, or of a command called inside a script."""
+    a key declared by EVALSHA, of a command called inside a script, or of a command a
+    selector grants called on a key outside it (the producer's HDEL, ZREM)."""
     text = str(exc)
-    return "no permissions" in text or "can't run this command" in text
+    return "no permissions" in text or "can't run this command" in text or "can't access at least one of the keys" in text
 
 
 # -- fixtures --------------------------------------------------------------------------
@@ -552,6 +560,9 @@ def script_calls(root: redis.Redis) -> dict[str, tuple[str, Any, list[Any]]]:
     calls["flow_wait"] = ("flow_wait", q.keys, [now, "w1", b"", 3, "", "", 1000, f"{QUEUE}\tr0"])
     calls["flow_done"] = ("flow_done", q.keys, [now, "w0", "fail", 1000, f"{QUEUE}\tr0", "ok"])  # still waits
     calls["flow_done_release"] = ("flow_done", q.keys, [now, "w0", "continue", 1000, f"{QUEUE}\tr0", "ok", f"{QUEUE}\tr1", "ok"])
+    q.flow_record("f0", b"{}", 1000, now_ms=T0)  # expired at now: the next record trims it
+    calls["flow_record"] = ("flow_record", q.keys, [now, "f1", b"{}", 60_000])
+    calls["flow_show"] = ("flow_show", q.keys, [now, "f1"])
     live = Services(root).register([QUEUE], now_ms=T0)
     ns = ServiceKeys("pq", NAMESPACE)
     calls["service_register"] = (

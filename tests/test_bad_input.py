@@ -199,6 +199,16 @@ MALFORMED: list[tuple[str, list[Any]]] = [
     ("flow_done", ["", "w", "fail", "1000", "q\tj", "meh"]),
     ("flow_done", ["", "w", "fail", "1000", "nope", "ok"]),
     ("flow_done", ["", "w", "fail", "1000", "q\tj"]),  # a job without its ending
+    ("flow_record", ["x", "f", "{}", "1000"]),
+    ("flow_record", ["", "", "{}", "1000"]),
+    ("flow_record", ["", "a\nb", "{}", "1000"]),
+    ("flow_record", ["", "f", "", "1000"]),
+    ("flow_record", ["", "f", "{}", "0"]),
+    ("flow_record", ["", "f", "{}", str(2**40 + 1)]),
+    ("flow_record", ["", "f", "x" * 8_388_609, "1000"]),
+    ("flow_show", ["x", "f"]),
+    ("flow_show", ["", ""]),
+    ("flow_show", ["", "a\tb" * 100]),
 ]
 
 

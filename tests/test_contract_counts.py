@@ -68,6 +68,8 @@ def world(r: redis.Redis) -> World:
         "scrub": (q.keys, [NOW, svc.owner, 100]),
         "flow_wait": (q.keys, [NOW, "w1", b"p", 3, "", "", 1000, "q\tr0"]),
         "flow_done": (q.keys, [NOW, "w1", "fail", 1000, "q\tr0", "ok"]),
+        "flow_record": (q.keys, [NOW, "f1", b"{}", 1000]),
+        "flow_show": (q.keys, [NOW, "f1"]),
         "service_register": (
             services.keys.of(svc.id + 1), [NOW, svc.id + 1, "host", 1, "q", 60_000, 1000, 10, "tok2", "reg2"]
         ),

@@ -80,7 +80,7 @@ def build(r: redis.Redis) -> World:
 
     READY r1..r3; LEASED held, retry (9 attempts), last (max 1 attempt), all until
     T0 + 100 s, r0 by the dead service ns.7, and 'expired' (deadline T0 + 5); SCHEDULED
-    'due' (T0 + 10); waiting 'w0' (for r1 and r2); DEAD 'corpse'; a second queue 'held', paused; service ns.1 serving q, alive, and ns.2, dead and not
+    'due' (T0 + 10); waiting 'w0' (for r1 and r2), and the record of flow 'f0' (an hour); DEAD 'corpse'; a second queue 'held', paused; service ns.1 serving q, alive, and ns.2, dead and not
     yet forgotten.
     """
     q = Queue("q", r, owner="setup")
@@ -96,6 +96,7 @@ def build(r: redis.Redis) -> World:
     Queue("q", r, owner="ns.7").lease_call(call="s4", count=1, lease_ms=100_000, now_ms=T0)
     q.enqueue(b"d", job_id="due", delay_ms=10, now_ms=T0)
     q.flow_wait(NewJob(b"w", job_id="w0"), [("q", "r1"), ("q", "r2")], now_ms=T0)
+    q.flow_record("f0", b"{}", 3_600_000, now_ms=T0)
     Queue("held", r).pause(now_ms=T0)  # a paused queue, for the resume case
     services = Services(r, namespace="ns")
     service = services.register(["q"], host="h", pid=1, registration="live", now_ms=T0)
@@ -215,6 +216,10 @@ CASES: dict[str, Case] = {
                                                  now_ms=NOW),
         replayed=lambda a: dataclasses.replace(a, state="gone", counted=0),
     ),
+    "flow_record": Case(
+        "flow_record", lambda q, s, w: q.flow_record("f1", b"{}", 60_000, now_ms=NOW), replayed=lambda a: "duplicate"
+    ),
+    "flow_show": Case("flow_show", lambda q, s, w: q.flow_show("f0", now_ms=NOW)),
 }
 
 

@@ -1,5 +1,7 @@
 """Jobs that wait for other jobs (a flow's continuation: the next step of a chain, a
-chord's callback): lua/flow_wait.lua and lua/flow_done.lua, and the read a sweep makes.
+chord's callback): lua/flow_wait.lua and lua/flow_done.lua, and the read a sweep makes;
+and a flow's record, kept so it can be shown by its id: lua/flow_record.lua and
+lua/flow_show.lua.
 
 How a wait ends, exactly once: a waiting job is a SCHEDULED job that is never due by
 time, with one member per job it waits for in ``fpending``. Whoever sees one of those
@@ -18,7 +20,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyqueue.core import Commands, Plan, Verb, check_int, check_job_id, check_now, flow_done_call, flow_wait_call, new_job, text
+from pyqueue.core import (
+    Commands,
+    Plan,
+    Verb,
+    check_int,
+    check_job_id,
+    check_now,
+    flow_done_call,
+    flow_record_call,
+    flow_show_call,
+    flow_wait_call,
+    new_job,
+    text,
+)
 from pyqueue.errors import InvalidArgument
 from pyqueue.keys import check_name
 from pyqueue.models import NewJob
@@ -31,8 +46,19 @@ WAIT_DUE_MS = 2**50
 #: Policies of a waiting job when a job it waits for failed.
 POLICIES = ("fail", "continue")
 
+#: The most bytes of a flow's record (lua/flow_record.lua).
+MAX_FLOW_RECORD_BYTES = 8 * 1024 * 1024
+
 #: (queue, job id): a job another waits for.
 Ref = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class FlowRecord:
+    """A flow's record as ``flow_record`` kept it, and when it goes (ms, server clock)."""
+
+    record: bytes
+    expires_ms: int
 
 
 @dataclass(frozen=True)
@@ -133,6 +159,39 @@ class FlowVerbs(QueueVerbs):
         return out
 
     flow_due = Verb(plan_flow_due)
+
+    def plan_flow_record(
+        self, flow_id: str, record: bytes | str, keep_ms: int, *, now_ms: int | None = None
+    ) -> Plan[str]:
+        """Keep ``record`` (1 byte..8 MiB, opaque to the engine) as the record of flow
+        ``flow_id`` for ``keep_ms`` from now; each call also deletes a few records whose
+        time has passed (lua/flow_record.lua).
+
+        Returns 'ok', or 'duplicate' (a record of this id is in force: a re-sent call, or
+        an id used twice; nothing written). Replay-safe.
+        """
+        check_job_id(flow_id)
+        data = record.encode() if isinstance(record, str) else record
+        if not isinstance(data, bytes) or not 1 <= len(data) <= MAX_FLOW_RECORD_BYTES:
+            raise InvalidArgument(f"a flow's record is 1..{MAX_FLOW_RECORD_BYTES} bytes")
+        check_int(keep_ms, "keep_ms", 1, 2**40)
+        check_now(now_ms)
+        return text((yield from self._run(flow_record_call(self.keys, now_ms, flow_id, data, keep_ms))))
+
+    flow_record = Verb(plan_flow_record)
+
+    def plan_flow_show(self, flow_id: str, *, now_ms: int | None = None) -> Plan[FlowRecord | None]:
+        """The record of flow ``flow_id``, or None when none is in force (never kept, or
+        its time has passed). Read only (lua/flow_show.lua)."""
+        check_job_id(flow_id)
+        check_now(now_ms)
+        found = yield from self._run(flow_show_call(self.keys, now_ms, flow_id))
+        if not found:
+            return None
+        record, expires_ms = found
+        return FlowRecord(bytes(record), int(expires_ms))
+
+    flow_show = Verb(plan_flow_show)
 
 
 def pairs(reply: Any) -> list[tuple[Any, Any]]:
