@@ -461,6 +461,26 @@ def cmd_job(args: argparse.Namespace) -> int:
     return 0 if info.state != "unknown" else 1
 
 
+def cmd_flow_show(args: argparse.Namespace) -> int:
+    """A flow's tree, each step with its state (pyqueue.tasks.flowview); exit 1 if no
+    record of it is kept in the queue named."""
+    from pyqueue.tasks.flowview import show_flow
+
+    client = connect(args.url)
+    view = show_flow(client, open_queue(client, args.queue, args.prefix), args.id, prefix=args.prefix)
+    if view is None:
+        print(f"no record of flow {args.id} in {args.queue}: never sent from it (its first step's queue), or expired")
+        return 1
+    if args.json:
+        steps = [{"n": s.n, "queue": s.queue, "id": s.job_id, "task": s.task, "state": s.state,
+                  "attempts": s.info.attempts, "error": s.info.error} for s in view.steps]
+        print(json.dumps({"id": view.id, "queue": view.queue, "created_ms": view.created_ms,
+                          "counts": view.counts(), "tree": view.tree, "steps": steps}, indent=2))
+    else:
+        print(view.render())
+    return 0
+
+
 def _dead_everywhere(client: Client, prefix: str) -> int:
     """Dead letters per queue, for every queue of every primary (SCAN-based discovery),
     with the oldest one's error."""
@@ -661,6 +681,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id")
     p.add_argument("--payload", action="store_true", help="print the payload too (it may hold personal data)")
     p.set_defaults(func=cmd_job)
+
+    p = sub.add_parser("flow", help="workflows: show a flow's steps and their states")
+    flow = p.add_subparsers(dest="flow_command", required=True)
+    p = flow.add_parser("show", help="a flow's tree, each step with its state, by the flow's id")
+    p.add_argument("queue", help="the queue of the flow's first step (its record is kept there)")
+    p.add_argument("id", help="the flow's id (FlowHandle.id)")
+    p.add_argument("--json", action="store_true", help="as JSON")
+    p.set_defaults(func=cmd_flow_show)
 
     p = sub.add_parser("metrics", help="serve Prometheus metrics on /metrics (needs pyqueue[metrics])")
     p.add_argument("--port", type=int, default=9808, help="default 9808; 0 picks a free port")

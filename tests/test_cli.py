@@ -3,6 +3,7 @@ cluster."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -144,3 +145,30 @@ def test_python_dash_m_pyqueue_runs_the_command(url: str) -> None:
 
 def test_table_aligns_columns() -> None:
     assert table([["a", 1], ["bbb", 22]], ["name", "n"]).splitlines() == ["name  n", "----  --", "a      1", "bbb   22"]
+
+
+def test_flow_show_command_draws_a_flows_tree_with_each_steps_state(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from pyqueue.tasks import Tasks, chord
+
+    app = Tasks(client=connect(url))
+
+    @app.task(name="add", queue="math")
+    def add(x: int, y: int = 0) -> int:
+        return x + y
+
+    @app.task(name="total", queue="sums")
+    def total(xs: list[int]) -> int:
+        return sum(xs)
+
+    flow = chord([add.s(1, 1), add.s(2, 2)], total.s()).send()
+    assert main(["--url", url, "flow", "show", "math", flow.id]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"flow {flow.id} (record in math): 3 steps: 2 ready, 1 waiting"
+    assert lines[1] == "chain" and lines[2] == "├─ group"
+    assert lines[3].startswith("│  ├─   0 add  ") and lines[3].endswith(f"{flow.id}.0  math  ready")
+    assert lines[5].startswith("└─   2 total") and lines[5].endswith("sums  waiting")
+    assert main(["--url", url, "flow", "show", "math", flow.id, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["counts"] == {"ready": 2, "waiting": 1} and shown["tree"] == {"chain": [{"group": [0, 1]}, 2]}
+    assert main(["--url", url, "flow", "show", "sums", flow.id]) == 1  # its record is in its first step's queue
+    assert "no record of flow" in capsys.readouterr().out

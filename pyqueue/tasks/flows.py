@@ -27,16 +27,22 @@ once everything it waits for has ended, a failed job's value replaced by the
 :class:`~pyqueue.tasks.handle.TaskDead` (or :class:`TaskResultMissing`) that reading it
 raises.
 
-A flow's send is several calls (a waiting step per queue call, then the first steps
-together), in an order that never lets a step run before what waits for it is armed.
-Sending the same flow object twice sends two flows. Send middleware does not run for
-flow steps yet; their run middleware does.
+A flow's send is several calls (its record, a waiting step per queue call, then the
+first steps together), in an order that never lets a step run before what waits for it
+is armed. Sending the same flow object twice sends two flows. Send middleware does not
+run for flow steps yet; their run middleware does.
+
+Its record (``Queue.flow_record``, in the queue of its first step, kept
+:data:`FLOW_RECORD_S`) names every step, its task and how the steps nest, so that
+``pyqueue flow show QUEUE ID``, the dashboard and :meth:`FlowHandle.load` find a flow
+by its id from any process (:mod:`pyqueue.tasks.flowview`). No step needs it to run.
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import secrets
 import time
 from collections import Counter
@@ -49,6 +55,7 @@ from pyqueue.models import Job, NewJob
 from pyqueue.queue import Queue, physical_queue
 from pyqueue.tasks import envelope
 from pyqueue.tasks.codec import from_json
+from pyqueue.tasks.flowview import RECORD_VERSION, FlowView, show_flow
 from pyqueue.tasks.handle import ResultTimeout, TaskDead, TaskResultMissing
 from pyqueue.verbs.flows import DEFAULT_FLOW_CHECK_MS, POLICIES, WAIT_DUE_MS
 from pyqueue.worker import Fail
@@ -63,6 +70,9 @@ FLOW_RESULT_S = 86_400
 #: A waiting step's first check is due this long after it was sent (ms), then every
 #: check interval of the workers (:mod:`pyqueue.runtime.flows`).
 FLOW_CHECK_MS = DEFAULT_FLOW_CHECK_MS
+#: A flow's record is kept this long from its send (seconds): the view of a flow that
+#: runs longer goes before it ends (the flow itself runs on).
+FLOW_RECORD_S = 7 * 86_400
 #: What stands for one job in a flow's references: "<physical queue>\t<job id>".
 SEP = "\t"
 
@@ -241,6 +251,10 @@ def _send(flow: Flow, flow_id: str | None = None) -> FlowHandle:
     compiler = _Compiler(app, flow_id)
     output = compiler.add(flow, None, flow.on_failure)
     now_ms = app.server_now_ms()
+    # The record first: a flow whose steps run can always be shown. A re-sent flow id
+    # (a retried run's children) finds its record kept: 'duplicate', nothing written.
+    first = compiler.steps[0].queue
+    app.queue(first).flow_record(flow_id, record_of(flow, compiler, output, now_ms), FLOW_RECORD_S * 1000)
     # Every waiting step is armed before any first step is enqueued: a report of a
     # first step's end always finds what waits for it.
     for step in compiler.steps:
@@ -253,7 +267,29 @@ def _send(flow: Flow, flow_id: str | None = None) -> FlowHandle:
             by_queue.setdefault(step.queue, []).append(step.new_job(flow_id, now_ms))
     for queue, jobs in by_queue.items():
         app.queue(queue).enqueue_many(jobs)
-    return FlowHandle(flow_id, output, [(s.physical, s.id) for s in compiler.steps], app)
+    return FlowHandle(flow_id, output, [(s.physical, s.id) for s in compiler.steps], app, first)
+
+
+def record_of(flow: Flow, compiler: _Compiler, output: Spec, now_ms: int) -> bytes:
+    """The flow's record (:mod:`pyqueue.tasks.flowview` reads it): its steps in the
+    order of their ids, how they nest, and its output reference."""
+    numbers = iter(range(len(compiler.steps)))
+
+    def tree(item: Flow | Signature) -> Any:
+        if isinstance(item, Chain):
+            # (a | b) | c is one chain of three to whoever reads the tree.
+            steps = [tree(step) for step in item.steps]
+            flat = [node for step in steps for node in (step["chain"] if isinstance(step, dict) and "chain" in step else [step])]
+            return {"chain": flat}
+        if isinstance(item, Group):
+            return {"group": [tree(member) for member in item.members]}
+        return next(numbers)  # compiled in this same order: _Compiler.add
+
+    record = {
+        "v": RECORD_VERSION, "id": compiler.flow_id, "created_ms": now_ms, "tree": tree(flow),
+        "steps": [[s.physical, s.id, s.sig.task.name] for s in compiler.steps], "output": output,
+    }
+    return json.dumps(record, separators=(",", ":")).encode()
 
 
 def _app_of(flow: Flow | Signature) -> Tasks:
@@ -274,6 +310,35 @@ class FlowHandle:
     output: Spec
     steps: list[tuple[str, str]]  # (physical queue, job id) of every step
     app: Tasks
+    #: The queue of its first step, where its record is kept.
+    queue: str
+
+    @classmethod
+    def load(cls, app: Tasks, queue: str, flow_id: str) -> FlowHandle:
+        """The handle of flow ``flow_id`` sent from any process, found by its record in
+        ``queue`` (the queue of its first step; :attr:`queue` of the sender's handle).
+
+        Raises:
+            LookupError: no record of it is kept there (never sent, or expired).
+        """
+        view = cls.view(app, queue, flow_id)
+        return cls(flow_id, view.output, [(step.queue, step.job_id) for step in view.steps], app, queue)
+
+    @staticmethod
+    def view(app: Tasks, queue: str, flow_id: str) -> FlowView:
+        """The flow ``flow_id`` whose record is in ``queue``, with each step's state.
+
+        Raises:
+            LookupError: no record of it is kept there (never sent, or expired).
+        """
+        view = show_flow(app.redis, app.queue(queue), flow_id, prefix=app.prefix)
+        if view is None:
+            raise LookupError(f"no record of flow {flow_id!r} is kept in queue {queue!r} (never sent from it, or expired)")
+        return view
+
+    def show(self) -> FlowView:
+        """This flow's steps, their tasks, how they nest and each one's state."""
+        return self.view(self.app, self.queue, self.id)
 
     def status(self) -> dict[str, int]:
         """How many steps are in each state: ``waiting`` (for other steps), ``ready``,

@@ -1,0 +1,120 @@
+"""A flow shown by its id: its record (``Queue.flow_show``, kept by the flow's sender in
+the queue of its first step) with the state of each of its steps (``Queue.get``), as
+data (:class:`FlowView`, for the dashboard) or as a tree of text (``pyqueue flow
+show``). Read only: nothing here changes a flow.
+
+The record (written by :func:`pyqueue.tasks.flows.record_of`) is JSON:
+``{"v": 1, "id", "created_ms", "tree", "steps", "output"}``. ``steps`` lists each step
+as ``[physical queue, job id, task name]``; ``tree`` nests ``{"chain": [...]}``,
+``{"group": [...]}`` and step numbers; ``output`` is the flow's result reference (what
+:meth:`FlowHandle.result` reads).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from pyqueue.clients import Client
+from pyqueue.errors import CorruptRecord
+from pyqueue.models import JobInfo
+from pyqueue.queue import Queue, physical_queue
+from pyqueue.verbs.flows import WAIT_DUE_MS
+
+#: The record format this module reads and :func:`pyqueue.tasks.flows.record_of` writes.
+RECORD_VERSION = 1
+
+
+@dataclass(frozen=True)
+class StepView:
+    """One step of a shown flow: where it runs, its task, and what ``get`` says of it
+    (``state`` 'waiting' for a step still waiting for others)."""
+
+    n: int
+    queue: str  # physical: a partition's name for a partitioned queue
+    job_id: str
+    task: str
+    state: str
+    info: JobInfo
+
+
+@dataclass(frozen=True)
+class FlowView:
+    """A flow as its record and its steps' states show it."""
+
+    id: str
+    queue: str  # where its record is kept: the queue of its first step
+    created_ms: int
+    expires_ms: int
+    tree: Any
+    steps: list[StepView]
+    output: Any
+
+    def counts(self) -> dict[str, int]:
+        """How many steps are in each state."""
+        return dict(Counter(step.state for step in self.steps))
+
+    def render(self) -> str:
+        """The flow as a tree of text, one line per chain, group and step."""
+        counts = ", ".join(f"{n} {state}" for state, n in sorted(self.counts().items()))
+        lines = [f"flow {self.id} (record in {self.queue}): {len(self.steps)} steps: {counts}"]
+        width = max(len(step.task) for step in self.steps) if self.steps else 0
+        self._render(self.tree, "", "", lines, width)
+        return "\n".join(lines)
+
+    def _render(self, node: Any, first: str, rest: str, lines: list[str], width: int) -> None:
+        if isinstance(node, int):
+            step = self.steps[node]
+            lines.append(f"{first}{step.n:>3} {step.task:<{width}}  {step.job_id}  {step.queue}  {describe(step)}")
+            return
+        kind, children = next(iter(node.items()))
+        lines.append(f"{first}{kind}")
+        for i, child in enumerate(children):
+            last = i == len(children) - 1
+            self._render(child, rest + ("└─ " if last else "├─ "), rest + ("   " if last else "│  "), lines, width)
+
+
+def describe(step: StepView) -> str:
+    """A step's state in words, with what makes it useful: attempts, the error of a dead one."""
+    info = step.info
+    if step.state == "leased":
+        return f"running (attempt {info.attempts}/{info.max_attempts}, {info.owner})"
+    if step.state == "dead":
+        return f"dead: {info.error.splitlines()[0] if info.error else 'no error text'}"
+    if step.state in ("ready", "scheduled") and info.attempts:
+        return f"{step.state} (attempt {info.attempts} ended, {info.max_attempts} allowed)"
+    if step.state == "unknown":
+        return "unknown (ended and forgotten, or cancelled before it ran)"
+    return step.state
+
+
+def show_flow(client: Client, queue: Queue, flow_id: str, *, prefix: str = "pq") -> FlowView | None:
+    """The flow ``flow_id`` whose record is in ``queue`` (the queue of its first step), or
+    None if no record of it is kept there (never sent from there, or expired).
+
+    Raises:
+        CorruptRecord: the record is not one this version reads.
+    """
+    found = queue.flow_show(flow_id)
+    if found is None:
+        return None
+    try:
+        record = json.loads(found.record)
+        if record.get("v") != RECORD_VERSION:
+            raise ValueError(f"version {record.get('v')!r}")
+        refs = [(str(q), str(job_id), str(task)) for q, job_id, task in record["steps"]]
+        tree, output, created_ms = record["tree"], record["output"], int(record["created_ms"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptRecord(f"flow {flow_id}: its record in {queue.name} does not parse ({exc})") from None
+    readers: dict[str, Queue] = {}
+    steps = []
+    for n, (physical, job_id, task) in enumerate(refs):
+        reader = readers.get(physical)
+        if reader is None:
+            reader = readers[physical] = physical_queue(physical, client, prefix=prefix)
+        info = reader.get(job_id)
+        state = "waiting" if info.state == "scheduled" and info.due_ms >= WAIT_DUE_MS else info.state
+        steps.append(StepView(n, physical, job_id, task, state, info))
+    return FlowView(flow_id, queue.name, created_ms, found.expires_ms, tree, steps, output)
