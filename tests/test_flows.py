@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
 import pytest
@@ -22,7 +22,7 @@ from tasks_support import Serving, wait_for
 
 import pyqueue.tasks.flows as task_flows
 from pyqueue import InvalidArgument, NewJob, Queue
-from pyqueue.tasks import TaskDead, Tasks, chain, chord, current_job, group
+from pyqueue.tasks import HookOutcome, Middleware, MiddlewareError, Sending, TaskDead, TaskRun, Tasks, chain, chord, current_job, group
 from pyqueue.tasks.flows import children_flow_id
 from pyqueue.verbs.flows import WAIT_DUE_MS, FlowDone
 
@@ -341,6 +341,39 @@ def test_a_thousand_flows_leave_no_key_per_flow_and_their_records_go_in_time(
     kept = sum(r.hlen(part.keys.flows) for part in getattr(math, "parts", None) or [math])
     assert 1 <= kept <= count // 11 + 2  # these and the first: the records of the flows above are gone
     assert keys() == baseline
+
+
+def test_send_middleware_sees_every_step_of_a_flow_and_a_refusal_sends_none_of_it(app: Tasks, r: Any) -> None:
+    seen: list[tuple[str, str]] = []
+    ran: list[tuple[str, Any]] = []
+
+    class Tenant(Middleware):
+        def around_send(self, message: Sending) -> Generator[None, HookOutcome[Any], None]:
+            if message.args == [13]:
+                raise PermissionError("13 is refused")
+            message.meta["tenant"] = "acme"
+            outcome = yield
+            if outcome.value is not None:  # None: the flow was refused (by the hook of another step)
+                seen.append((message.task_name, outcome.value.id))
+
+        def around_run(self, run: TaskRun) -> Generator[None, HookOutcome[Any], None]:
+            ran.append((run.id, run.meta.get("tenant")))
+            yield
+
+    app.middleware(Tenant())
+    add, total = task(app, "add"), task(app, "total")
+    before = all_keys(r)
+    with pytest.raises(MiddlewareError, match="13 is refused"):
+        chord([add.s(1, 1), add.s(13)], total.s()).send()
+    assert all_keys(r) == before and seen == []  # not even its record
+    flow = chord([add.s(1, 1), add.s(2)], total.s()).send()
+    assert seen == [("total", f"{flow.id}.2"), ("add", f"{flow.id}.1"), ("add", f"{flow.id}.0")]  # resumed last first
+    serving = Serving(app, concurrency=2, block_ms=50)
+    try:
+        assert flow.result(timeout=20) == 2 + 2
+    finally:
+        serving.stop()
+    assert sorted(ran) == [(f"{flow.id}.{n}", "acme") for n in range(3)]
 
 
 def test_a_flow_is_shown_by_its_id_with_its_tree_and_each_steps_state(app: Tasks, r: Any) -> None:

@@ -29,8 +29,9 @@ raises.
 
 A flow's send is several calls (its record, a waiting step per queue call, then the
 first steps together), in an order that never lets a step run before what waits for it
-is armed. Sending the same flow object twice sends two flows. Send middleware does not
-run for flow steps yet; their run middleware does.
+is armed. Sending the same flow object twice sends two flows. Send middleware sees each
+step as a send of its own, all entered before anything is written (a refusal of any
+step sends nothing of the flow); run middleware runs around each step.
 
 Its record (``Queue.flow_record``, in the queue of its first step, kept
 :data:`FLOW_RECORD_S`) names every step, its task and how the steps nest, so that
@@ -57,6 +58,7 @@ from pyqueue.tasks import envelope
 from pyqueue.tasks.codec import from_json
 from pyqueue.tasks.flowview import RECORD_VERSION, FlowView, show_flow
 from pyqueue.tasks.handle import ResultTimeout, TaskDead, TaskResultMissing
+from pyqueue.tasks.middleware import Sending, enter_sends, resume_sends
 from pyqueue.verbs.flows import DEFAULT_FLOW_CHECK_MS, POLICIES, WAIT_DUE_MS
 from pyqueue.worker import Fail
 
@@ -151,6 +153,7 @@ class Step:
     input: Spec | None
     policy: str
     then: list[list[str]]  # [queue, job id, policy] of each step waiting for this one
+    meta: dict[str, Any] | None = None  # what send middleware added to its envelope's meta
 
     def new_job(self, flow_id: str, now_ms: int) -> NewJob:
         sig = copy.copy(self.sig)
@@ -161,7 +164,7 @@ class Step:
             flow["then"] = self.then
         if self.input is not None:
             flow["input"], flow["policy"], flow["pass"] = self.input, self.policy, not self.sig.immutable
-        return sig.new_job(now_ms, 0, job_id=self.id, flow=flow)
+        return sig.new_job(now_ms, 0, self.meta, job_id=self.id, flow=flow)
 
 
 class _Compiler:
@@ -250,6 +253,30 @@ def _send(flow: Flow, flow_id: str | None = None) -> FlowHandle:
     flow_id = flow_id or "flow-" + secrets.token_hex(8)
     compiler = _Compiler(app, flow_id)
     output = compiler.add(flow, None, flow.on_failure)
+    hooks = app._send_hooks
+    if not hooks:
+        return _send_steps(app, flow, compiler, output, None)
+    # The send middleware sees each step as a send of its own, all entered before
+    # anything is written: a refusal of any step sends nothing of the flow.
+    messages = [Sending(s.sig.task, s.sig.args, s.sig.kwargs, s.sig.options, 0) for s in compiler.steps]
+    chains = enter_sends(hooks, messages)
+    try:
+        handle = _send_steps(app, flow, compiler, output, [m.meta for m in messages])
+    except BaseException as exc:
+        resume_sends(chains, None, exc)
+        raise
+    resume_sends(chains, [app._handle(s.sig, s.id, True) for s in compiler.steps], None)
+    return handle
+
+
+def _send_steps(
+    app: Tasks, flow: Flow, compiler: _Compiler, output: Spec, metas: list[dict[str, Any]] | None
+) -> FlowHandle:
+    """Keep the flow's record, arm its waiting steps, then enqueue its first steps;
+    ``metas``: what send middleware added to each step's meta."""
+    flow_id = compiler.flow_id
+    for step, meta in zip(compiler.steps, metas or ()):
+        step.meta = meta
     now_ms = app.server_now_ms()
     # The record first: a flow whose steps run can always be shown. A re-sent flow id
     # (a retried run's children) finds its record kept: 'duplicate', nothing written.
