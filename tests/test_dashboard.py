@@ -1,6 +1,6 @@
 """The dashboard without a browser: its JSON against the driver's own answers, dead
-letters and their actions, pause and resume, the job lookup, a queue's groups and their
-caps, the token, CSRF and Host rules, the sampler's history, and ``pyqueue dashboard`` / ``pyqueue demo --dashboard``
+letters and their actions, pause and resume, the job lookup, a flow's tree and states, a
+queue's groups and their caps, the token, CSRF and Host rules, the sampler's history, and ``pyqueue dashboard`` / ``pyqueue demo --dashboard``
 as commands. (The page in a real
 browser: tests/test_dashboard_browser.py.)"""
 
@@ -23,6 +23,7 @@ from typing import Any
 import fakeredis
 import pytest
 from conftest import RedisServer
+from tasks_support import Serving
 
 pytest.importorskip("starlette", reason="the dashboard extra is not installed")
 from starlette.testclient import TestClient  # noqa: E402
@@ -33,6 +34,7 @@ from pyqueue.dashboard.app import DashboardConfig, create_app  # noqa: E402
 from pyqueue.dashboard.history import Sampler  # noqa: E402
 from pyqueue.dashboard.security import CSRF_COOKIE, DashboardRefused, check_bind  # noqa: E402
 from pyqueue.service import Services  # noqa: E402
+from pyqueue.tasks import TaskDead, Tasks, chord  # noqa: E402
 
 #: Also on the Redis Cluster backend (conftest.BACKENDS).
 ON_CLUSTER = True
@@ -594,6 +596,118 @@ def test_a_lookup_shows_the_payload_only_with_show_payloads_as_text(open_dashboa
     short, long = (client.get(f"/api/queues/emails/job?id={i}").json() for i in ("short", "long"))
     assert (short["payload"], short["payload_truncated"]) == ("é" * 3000, False)
     assert (long["payload"], long["payload_truncated"]) == ("é" * 4096, True)
+
+
+# -- flows ---------------------------------------------------------------------------------
+
+
+def flow_app(r: Any) -> Tasks:
+    """A task app for flows: ``add`` and ``boom`` (it fails at its first attempt) in math,
+    ``total`` in sums."""
+    tasks = Tasks(client=r)
+
+    @tasks.task(name="add", queue="math")
+    def add(x: int, y: int = 0) -> int:
+        return x + y
+
+    @tasks.task(name="boom", queue="math", max_attempts=1)
+    def boom(n: int) -> int:
+        raise ValueError(f"boom {n}")
+
+    @tasks.task(name="total", queue="sums")
+    def total(xs: list[int]) -> int:
+        return sum(xs)
+
+    return tasks
+
+
+def test_a_flow_shows_its_tree_and_each_steps_state_as_pyqueue_flow_show_does(r: Any, open_dashboard: Any) -> None:
+    app = flow_app(r)
+    add, boom, total = (app.tasks[name] for name in ("add", "boom", "total"))
+    flow = chord([add.s(1, 1), add.s(2, 2)], total.s()).send()
+    client = open_dashboard(r)
+    answer = client.get("/api/queues/math/flow", params={"id": flow.id})
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["cache-control"] == "no-store"
+    got = answer.json()
+    view = flow.show()
+    assert (got["id"], got["queue"], got["created_ms"], got["expires_ms"]) == \
+        (flow.id, "math", view.created_ms, view.expires_ms)
+    assert got["created_ms"] < got["expires_ms"]
+    assert got["tree"] == {"chain": [{"group": [0, 1]}, 2]}
+    assert got["counts"] == {"ready": 2, "waiting": 1}
+    assert [(s["n"], s["id"], s["task"], s["queue"], s["state"], s["describe"]) for s in got["steps"]] == [
+        (0, f"{flow.id}.0", "add", "math", "ready", "ready"),
+        (1, f"{flow.id}.1", "add", "math", "ready", "ready"),
+        (2, f"{flow.id}.2", "total", "sums", "waiting", "waiting"),
+    ]
+    for step, shown in zip(view.steps, got["steps"]):
+        assert (shown["attempts"], shown["max_attempts"]) == (step.info.attempts, step.info.max_attempts)
+        assert (shown["error"], shown["error_truncated"]) == ("", False)
+
+    # A flow that fails: its dead step says why.
+    failing = chord([add.s(3, 3), boom.s(7)], total.s()).send()
+    serving = Serving(app, concurrency=2, block_ms=50)
+    try:
+        assert flow.result(timeout=20) == 2 + 4
+        with pytest.raises(TaskDead):
+            failing.result(timeout=20)
+    finally:
+        serving.stop()
+    done = client.get("/api/queues/math/flow", params={"id": flow.id}).json()
+    assert done["counts"] == {"done": 3}
+    assert [(s["state"], s["describe"]) for s in done["steps"]] == [("done", "done")] * 3
+    failed = client.get(f"/api/queues/math/flow?id={failing.id}").json()
+    assert failed["counts"] == {"done": 1, "dead": 2}
+    step = failed["steps"][1]
+    assert (step["task"], step["state"], step["attempts"], step["max_attempts"]) == ("boom", "dead", 1, 1)
+    assert (step["error"], step["error_truncated"], step["describe"]) == \
+        ("ValueError: boom 7", False, "dead: ValueError: boom 7")
+    callback = failed["steps"][2]  # it waited for a dead step: it goes dead with its error
+    assert callback["state"] == "dead" and callback["describe"].endswith("is dead: ValueError: boom 7")
+
+
+def test_a_flow_is_found_in_the_partition_of_its_id_and_its_steps_where_they_are(r: Any, open_dashboard: Any) -> None:
+    # A record as the task layer keeps it, of steps in a partitioned queue: the logical
+    # queue finds it in the partition of the flow's id, each step in its own partition.
+    p = Queue("orders", r, partitions=3)
+    p.enqueue(b"", job_id="flow-p.2", max_attempts=1)
+    (job,) = p.lease()
+    long_error = "RuntimeError: " + "é" * 5000  # a nack of another client (a worker clips at 4,000)
+    p.nack(job, long_error)
+    p.enqueue_many([NewJob(b"", job_id=f"flow-p.{n}") for n in range(2)])
+    where = [p.get(f"flow-p.{n}").queue for n in range(3)]
+    record = {"v": 1, "id": "flow-p", "created_ms": 1, "tree": {"group": [0, 1, 2]},
+              "steps": [[where[n], f"flow-p.{n}", "ship"] for n in range(3)], "output": None}
+    p.flow_record("flow-p", json.dumps(record), 60_000)
+    got = open_dashboard(r).get("/api/queues/orders/flow?id=flow-p").json()
+    assert got["queue"] == "orders" and got["counts"] == {"ready": 2, "dead": 1}
+    assert [s["queue"] for s in got["steps"]] == where and all(q.startswith("orders#") for q in where)
+    dead = got["steps"][2]  # its error and its words clipped as a job lookup's error is
+    assert (dead["state"], dead["error"], dead["error_truncated"]) == \
+        ("dead", long_error[:app_module.TEXT_LIMIT], True)
+    assert dead["describe"] == ("dead: " + long_error)[:app_module.TEXT_LIMIT]
+
+
+def test_a_flow_not_kept_in_the_queue_named_is_not_found_and_a_bad_id_is_refused(r: Any, open_dashboard: Any) -> None:
+    app = flow_app(r)
+    flow = chord([app.tasks["add"].s(1, 1)], app.tasks["total"].s()).send()
+    client = open_dashboard(r)
+    assert client.get(f"/api/queues/math/flow?id={flow.id}").status_code == 200
+    # Its record is in its first step's queue only; an id never sent is in none.
+    for queue, flow_id in (("sums", flow.id), ("math", "flow-0000"), ("math", "a/b?c#d é")):
+        answer = client.get(f"/api/queues/{queue}/flow", params={"id": flow_id})
+        assert answer.status_code == 404, (queue, flow_id)
+        assert answer.json() == {"error": f"no record of flow {flow_id} in {queue}: never sent from it "
+                                          "(its first step's queue), or expired"}
+    missing = client.get(f"/api/queues/nowhere/flow?id={flow.id}")
+    assert (missing.status_code, missing.json()) == (404, {"error": "no queue 'nowhere'"})
+    for bad in ("", "x\x01y", "x" * 257):
+        refused = client.get("/api/queues/math/flow", params={"id": bad})
+        assert refused.status_code == 400, bad
+        assert refused.json()["error"].startswith("a flow id is 1..256 bytes")
+    assert client.get("/api/queues/math/flow").json() == {"error": "name the flow: ?id=<flow id>"}
+    assert client.get("/api/queues/math/flow").status_code == 400
 
 
 # -- who may do what -------------------------------------------------------------------------

@@ -374,6 +374,77 @@ def test_cancelling_a_looked_up_job_from_the_page(browser: Any, r: Any, serve: C
     assert console.errors == []
 
 
+def test_showing_a_flow_from_the_page_draws_its_tree_with_each_steps_state(
+    browser: Any, r: Any, serve: Callable[..., Any]
+) -> None:
+    from tasks_support import Serving
+
+    from pyqueue.tasks import Tasks, chord
+
+    app = Tasks(client=r)
+
+    @app.task(name="add", queue="math")
+    def add(x: int, y: int = 0) -> int:
+        return x + y
+
+    @app.task(name="total", queue="sums")
+    def total(xs: list[int]) -> int:
+        return sum(xs)
+
+    flow = chord([add.s(1, 1), add.s(2, 2)], total.s()).send()
+    page, console = open_page(browser, serve().url)
+    tree, counts = page.locator("#flow-tree"), page.locator("#flow-counts")
+    show = page.get_by_role("button", name="Show", exact=True)
+
+    # Not in the queue of its last step: the server's reason, and no tree.
+    page.locator("#flow-queue").select_option("sums")
+    page.locator("#flow-id").fill(flow.id)
+    show.click()
+    expect(page.locator("#flow-message")).to_have_text(re.compile(rf"^no record of flow {flow.id} in sums: "))
+    expect(page.locator("#flow-message")).to_have_class(re.compile(r"\bbad\b"))
+    expect(page.locator("#flow-result")).to_be_hidden()
+
+    # In the queue of its first step: a chain of a group of two steps, then the callback.
+    page.locator("#flow-queue").select_option("math")
+    show.click()
+    expect(page.locator("#flow-result")).to_be_visible()
+    expect(page.locator("#flow-message")).to_have_text("")
+    expect(page.locator("#flow-summary")).to_contain_text(f"flow {flow.id} in math: 3 steps, sent ")
+    chain = tree.locator(':scope > li[data-kind="chain"]')
+    expect(chain.locator(":scope > .flow-kind")).to_have_text("chain")
+    group = chain.locator(':scope > ol > li[data-kind="group"]')
+    expect(group.locator(":scope > ul > li.flow-step")).to_have_count(2)
+    for n, task, queue, state in ((0, "add", "math", "ready"), (1, "add", "math", "ready"), (2, "total", "sums", "waiting")):
+        step = tree.locator(f'li[data-step="{n}"]')
+        expect(step).to_have_attribute("data-state", state)
+        expect(step.locator(".job-state")).to_have_text(state)
+        expect(step.locator(".task")).to_have_text(task)
+        expect(step.locator("button.id")).to_have_text(f"{flow.id}.{n}")
+        expect(step.locator("small")).to_have_text(queue)
+    expect(chain.locator(':scope > ol > li[data-step="2"]')).to_have_count(1)  # after the group, in the chain
+    expect(counts.locator("[data-state]")).to_have_text(["1 waiting", "2 ready"])  # in the order a step goes
+
+    # Run it; Show reads the states anew.
+    serving = Serving(app, concurrency=2, block_ms=50)
+    try:
+        assert flow.result(timeout=20) == 2 + 4
+    finally:
+        serving.stop()
+    show.click()
+    expect(counts.locator("[data-state]")).to_have_text(["3 done"])
+    expect(tree.locator('li.flow-step[data-state="done"]')).to_have_count(3)
+
+    # A step's job id fills the job lookup, in the queue that holds it.
+    tree.locator('li[data-step="2"] button.id').click()
+    result = page.locator("#lookup-result")
+    expect(result.locator('tr[data-field="id"] td')).to_have_text(f"{flow.id}.2")
+    expect(result.locator('tr[data-field="queue"] td')).to_have_text("sums")
+    expect(result.locator('tr[data-field="state"] td')).to_have_text("done")
+    expect(page.locator("#lookup-queue")).to_have_value("sums")
+    # The flow asked of the wrong queue logged its 404; nothing else went wrong.
+    assert [e for e in console.errors if "404" not in e] == []
+
+
 def test_a_rate_limited_queue_shows_its_limit(browser: Any, r: Any, serve: Callable[..., Any]) -> None:
     Queue("emails", r).limit(50, 1000)
     Queue("reports", r).enqueue(b"{}")

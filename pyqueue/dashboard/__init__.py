@@ -2,7 +2,8 @@
 throughput, lag and backlog over the last minutes, the registered workers and the task
 names they serve, the task names with jobs waiting that no live worker serves, dead
 letters to read, replay and purge, queues to pause and resume, jobs to look up by id,
-and a queue's groups (fair scheduling) with their caps to set. A client like any other
+a flow (chain, group, chord) shown by its id as a tree with each step's state, and a
+queue's groups (fair scheduling) with their caps to set. A client like any other
 (DESIGN §12): it calls the same driver verbs as the CLI, serves its own assets from this
 package (no CDN), binds loopback by default and asks for a token elsewhere, protects
 actions with CSRF tokens, and shows payloads only when started with
@@ -15,6 +16,7 @@ says clearly what is missing.
 * :mod:`.history` -- the sampler and its ring buffer (no web framework);
 * :mod:`.security` -- bind, token, Host and CSRF rules (no web framework);
 * :mod:`.groups` -- a queue's groups table and the group cap action's body (no web framework);
+* :mod:`.flows` -- a flow's tree and its steps' states (no web framework);
 * :mod:`.app` -- the Starlette app and its actions table;
 * :mod:`.server` -- uvicorn in a thread, and ``pyqueue dashboard``.
 """

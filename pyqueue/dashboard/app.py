@@ -8,6 +8,7 @@ Routes (all relative, so the app also works behind a proxy under a path prefix):
 ``GET /api/queues/<queue>/dead?offset=&limit=``        one page of dead letters (``Queue.dead_list``)
 ``GET /api/queues/<queue>/job?id=<id>``                one job by id (``Queue.get``)
 ``GET /api/queues/<queue>/groups?limit=``              its groups with ready jobs (``Queue.groups``)
+``GET /api/queues/<queue>/flow?id=<id>``               a flow's tree, each step's state (:mod:`.flows`)
 ``POST /api/queues/<queue>/actions/<action>``          one entry of :data:`ACTIONS` (JSON body)
 ``GET /static/...``                                    the page's own CSS, JS and icon
 =====================================================  ==========================================
@@ -15,9 +16,9 @@ Routes (all relative, so the app also works behind a proxy under a path prefix):
 Every state change is a row of :data:`ACTIONS`: a name, whether it takes job ids, and
 the driver call, plus a button in ``static/dashboard.js``: dead-letter replay and purge,
 a queue's pause and resume, a looked-up job's cancel, and a group cap (``group_limit``,
-the only one whose body is not ids: see :mod:`.groups`). The job id of a lookup is a
-query parameter, not a path segment: an id may hold any character but control
-characters, ``/`` included.
+the only one whose body is not ids: see :mod:`.groups`). The job id of a lookup (and a
+flow's id) is a query parameter, not a path segment: an id may hold any character but
+control characters, ``/`` included.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pyqueue.clients import Client, check_server
+from pyqueue.dashboard.flows import flow_page, no_record
 from pyqueue.dashboard.groups import (
     GROUPS_PAGE,
     GROUPS_PAGE_MAX,
@@ -438,6 +440,21 @@ def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> St
         return JSONResponse(body, headers={"cache-control": "no-store"})
 
     @_handles_errors
+    async def api_flow(request: Request) -> Response:
+        flow_id = request.query_params.get("id")
+        if flow_id is None:
+            raise InvalidArgument("name the flow: ?id=<flow id>")
+        try:
+            queue = await run_in_threadpool(queue_or_404, request.path_params["queue"])
+        except LookupError:
+            return _json_error(f"no queue {request.path_params['queue']!r}", 404)
+        body = await run_in_threadpool(flow_page, config.redis, queue, flow_id, prefix=config.prefix,
+                                       text_limit=TEXT_LIMIT)
+        if body is None:
+            return _json_error(no_record(queue.name, flow_id), 404)
+        return JSONResponse(body, headers={"cache-control": "no-store"})
+
+    @_handles_errors
     async def api_groups(request: Request) -> Response:
         limit = _int_param(request, "limit", GROUPS_PAGE, 1, GROUPS_PAGE_MAX)
         try:
@@ -489,6 +506,7 @@ def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> St
             Route("/api/queues/{queue:path}/dead", api_dead),
             Route("/api/queues/{queue:path}/job", api_job),
             Route("/api/queues/{queue:path}/groups", api_groups),
+            Route("/api/queues/{queue:path}/flow", api_flow),
             Route("/api/queues/{queue:path}/actions/{action}", api_action, methods=["POST"]),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ],

@@ -634,13 +634,15 @@
 
   // -- job lookup --------------------------------------------------------------------
 
+  // The queue selects of the job lookup and the flow panel: every queue by name.
   function renderLookupSelect() {
-    const select = document.getElementById("lookup-queue");
     const names = state.overview.queues.map((q) => q.name);
     if (names.join("\n") === state.lookupQueues) return;   // rebuilt only when the queues change
     state.lookupQueues = names.join("\n");
-    const chosen = names.includes(select.value) ? select.value : names[0];
-    select.replaceChildren(...names.map((name) => el("option", { value: name, text: name, selected: name === chosen })));
+    for (const select of [document.getElementById("lookup-queue"), document.getElementById("flow-queue")]) {
+      const chosen = names.includes(select.value) ? select.value : names[0];
+      select.replaceChildren(...names.map((name) => el("option", { value: name, text: name, selected: name === chosen })));
+    }
   }
 
   async function lookup(event) {
@@ -715,6 +717,104 @@
     document.getElementById("lookup-form").addEventListener("submit", lookup);
   }
 
+  // -- flow --------------------------------------------------------------------------
+
+  // The states of a flow's steps in the order a flow moves through them (any other a
+  // newer server sends goes last).
+  const FLOW_STATES = ["waiting", "ready", "scheduled", "leased", "done", "dead", "unknown"];
+
+  // Read a flow by its id from the queue of its first step (api/queues/<q>/flow: one
+  // call for its record and each step's state). Only when asked: a flow is not polled.
+  async function showFlow(event) {
+    event.preventDefault();
+    const name = document.getElementById("flow-queue").value;
+    const id = document.getElementById("flow-id").value;
+    const result = document.getElementById("flow-result");
+    if (!name || !id) return;
+    let response, flow;
+    try {
+      response = await fetch(api(`${queuePath(name)}/flow?id=${encodeURIComponent(id)}`), { credentials: "same-origin" });
+      flow = await response.json();
+    } catch (error) {
+      say("Reading the flow failed: " + error.message, true, "flow-message");
+      return;
+    }
+    if (!response.ok) { say(flow.error || `HTTP ${response.status}`, true, "flow-message"); result.hidden = true; return; }
+    say("", false, "flow-message");
+    renderFlow(flow);
+  }
+
+  // The answer of api/queues/<queue>/flow: a line about the flow, its steps per state,
+  // and its tree as nested lists (a chain's steps in order, a group's side by side).
+  function renderFlow(flow) {
+    const now = serverNow();
+    const sent = ago(flow.created_ms), expires = when(flow.expires_ms, now);
+    document.getElementById("flow-summary").replaceChildren(
+      "flow ", el("span", { class: "id", text: flow.id }),
+      ` in ${flow.queue}: ${fmtInt(flow.steps.length)} step${flow.steps.length === 1 ? "" : "s"}, sent `,
+      el("span", { text: sent.text, title: sent.title }),
+      "; its record expires ", el("span", { text: expires.text, title: expires.title }),
+      el("span", { class: "muted", text: " (press Show again to read the states anew)" }));
+    const states = Object.keys(flow.counts).sort((a, b) => rank(a) - rank(b) || a.localeCompare(b));
+    document.getElementById("flow-counts").replaceChildren(...states.map((s) =>
+      el("span", { class: "job-state state-" + s, "data-state": s, "data-count": String(flow.counts[s]),
+        text: `${fmtInt(flow.counts[s])} ${s}` })));
+    document.getElementById("flow-tree").replaceChildren(flowNode(flow.tree, flow.steps));
+    document.getElementById("flow-result").hidden = false;
+  }
+
+  function rank(s) { const i = FLOW_STATES.indexOf(s); return i < 0 ? FLOW_STATES.length : i; }
+
+  // One node of a flow's tree: a step number, or {"chain": [...]} / {"group": [...]}.
+  function flowNode(node, steps) {
+    if (typeof node === "number") {
+      const step = steps[node];
+      if (!step) return el("li", { class: "muted", text: `step ${node}: not in the record` });
+      return flowStep(step);
+    }
+    const [kind, children] = Object.entries(node || {})[0] || ["?", []];
+    const list = el(kind === "chain" ? "ol" : "ul", {}, ...(Array.isArray(children) ? children : []).map((c) => flowNode(c, steps)));
+    return el("li", { class: "flow-" + kind, "data-kind": kind },
+      el("span", { class: "flow-kind", text: kind,
+        title: kind === "chain" ? "one after another, each given the result of the one before"
+          : kind === "group" ? "side by side; what follows waits for all of them" : "" }),
+      list);
+  }
+
+  // A step: its number, task, job id (it fills the job lookup), queue, state and the
+  // state in words (attempts, a dead step's error).
+  function flowStep(step) {
+    const idButton = el("button", { type: "button", class: "link id", text: step.id, title: "look this job up" });
+    idButton.addEventListener("click", () => lookUpStep(step));
+    const item = el("li", { class: "flow-step", "data-step": String(step.n), "data-state": step.state },
+      el("span", { class: "step-n", text: String(step.n) }),
+      el("strong", { class: "task", text: step.task }), " ", idButton, " ",
+      el("small", { class: "muted", text: step.queue }), " ",
+      el("span", { class: "job-state state-" + step.state, text: step.state }));
+    if (step.describe && step.describe !== step.state) {
+      item.append(" ", el("span", { class: step.state === "dead" ? "describe bad" : "describe muted", text: step.describe,
+        title: step.error ? step.error + (step.error_truncated ? " …" : "") : "" }));
+    }
+    return item;
+  }
+
+  // Fill the job lookup with a step's job and look it up. A step names its physical
+  // queue (<queue>#<p> for a partition); the lookup's select lists logical queues.
+  function lookUpStep(step) {
+    const select = document.getElementById("lookup-queue");
+    const names = [...select.options].map((o) => o.value);
+    const logical = names.includes(step.queue) ? step.queue : step.queue.replace(/#\d+$/, "");
+    if (!names.includes(logical)) { say(`no queue ${logical} to look ${step.id} up in`, true, "flow-message"); return; }
+    select.value = logical;
+    document.getElementById("lookup-id").value = step.id;
+    document.getElementById("lookup").scrollIntoView({ block: "nearest" });
+    lookup({ preventDefault() {} });
+  }
+
+  function wireFlow() {
+    document.getElementById("flow-form").addEventListener("submit", showFlow);
+  }
+
   // -- polling -----------------------------------------------------------------------
 
   function apply(overview) {
@@ -753,6 +853,7 @@
   function start() {
     wireDead();
     wireLookup();
+    wireFlow();
     wireGroups();
     apply(initial.overview);
     loadDead();

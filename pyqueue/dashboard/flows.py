@@ -1,0 +1,73 @@
+"""The dashboard's view of a flow (a chain, group or chord of tasks, README "Flows"):
+its tree and each step's state, found by the flow's id in the queue of its first step.
+
+It reads what ``pyqueue flow show`` reads (:func:`pyqueue.tasks.flowview.show_flow`):
+the flow's record (lua/flow_show.lua, read-only) and one ``Queue.get`` per step. A
+flow's steps are few and chosen by a person, so a view costs one call per step; the
+page asks only when its Show button is pressed, never at a poll.
+
+No web framework here, so these rules read, and are tested, on their own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyqueue.clients import Client
+from pyqueue.core import MAX_ID_BYTES, check_job_id
+from pyqueue.errors import InvalidArgument
+from pyqueue.queue import Queue
+from pyqueue.tasks.flowview import describe, show_flow
+
+
+def check_flow_id(value: str) -> str:
+    """``value`` if it may be a flow's id (a flow's id is checked as a job id is).
+
+    Raises:
+        InvalidArgument: it is not, in words that name a flow rather than a job.
+    """
+    try:
+        return check_job_id(value)
+    except InvalidArgument:
+        raise InvalidArgument(
+            f"a flow id is 1..{MAX_ID_BYTES} bytes of UTF-8 without control characters, got {value!r}"
+        ) from None
+
+
+def no_record(queue: str, flow_id: str) -> str:
+    """Why a flow is not shown, in the words of ``pyqueue flow show``."""
+    return f"no record of flow {flow_id} in {queue}: never sent from it (its first step's queue), or expired"
+
+
+def flow_page(client: Client, queue: Queue, flow_id: str, *, prefix: str, text_limit: int) -> dict[str, Any] | None:
+    """The flow ``flow_id`` whose record is in ``queue`` (a logical queue: a partitioned
+    one finds the record in the partition of the flow's id), or None when no record of it
+    is kept there (never sent from it, or expired).
+
+    The fields of ``pyqueue flow show --json`` (``id``, ``queue``, ``created_ms``,
+    ``counts``: steps per state, ``tree``: ``{"chain": [...]}`` and ``{"group": [...]}``
+    nesting step numbers, ``steps``) plus ``expires_ms`` (when the record goes) and, per
+    step, what the page shows: ``n``, ``queue`` (the partition that holds it), ``id``,
+    ``task``, ``state`` ('waiting' for a step still waiting for others, else what
+    ``Queue.get`` says), ``describe`` (that state in words, with a dead step's first
+    line of error), ``attempts`` and ``max_attempts`` (-1 where ``Queue.get`` knows
+    none: a step done or forgotten), and ``error``; ``error`` and ``describe`` clipped
+    to ``text_limit`` characters (``error_truncated``). Payloads are never read.
+
+    Raises:
+        InvalidArgument: ``flow_id`` cannot be a flow's id.
+        CorruptRecord: the record is not one this version reads.
+    """
+    check_flow_id(flow_id)
+    view = show_flow(client, queue, flow_id, prefix=prefix)
+    if view is None:
+        return None
+    steps = []
+    for step in view.steps:
+        error = step.info.error
+        steps.append({"n": step.n, "queue": step.queue, "id": step.job_id, "task": step.task, "state": step.state,
+                      "describe": describe(step)[:text_limit], "attempts": step.info.attempts,
+                      "max_attempts": step.info.max_attempts, "error": error[:text_limit],
+                      "error_truncated": len(error) > text_limit})
+    return {"id": view.id, "queue": view.queue, "created_ms": view.created_ms, "expires_ms": view.expires_ms,
+            "counts": view.counts(), "tree": view.tree, "steps": steps}
