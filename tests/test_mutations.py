@@ -2,7 +2,7 @@
 
 Each mutant is a copy of ``lua/`` with one textual replacement in one script (the
 replacement must match exactly once, so a mutant can never silently become the original).
-The model test (``tests/model.py``, fakeredis backend) runs against the copy through
+The model test (``tests/model.py``, on redis-server; fakeredis without one) runs against the copy through
 ``Queue(..., lua_directory=...)`` and must fail. If someone weakens the model (drops a
 check, narrows a strategy) so that a planted bug goes unnoticed, the mutant's test fails
 and so does CI. The unmutated copy must pass, so a mutant fails because of its mutation.
@@ -201,6 +201,8 @@ MUTANTS = [
         "scrub",
         "'[' .. owner .. '|', '(' .. owner .. '}'",
         "'[' .. owner, '(' .. owner .. '}'",
+        # Caught after 200 to 300 examples on redis-server (stop 29): a margin for moved examples.
+        examples=1000,
     ),
     Mutant(
         "dead_replay_keeps_the_old_record_and_attempts",
@@ -301,6 +303,8 @@ MUTANTS = [
         "if over > 0 then",
         "if false then",
         job_control=True,
+        # Caught after 200 to 300 examples on redis-server (stop 29): a margin for moved examples.
+        examples=1000,
     ),
     Mutant(
         "ack_result_adds_no_stream_entry",
@@ -469,6 +473,8 @@ MUTANTS += [
         "flow_expiry_key, '-inf', now_ms, 'LIMIT'",
         "flow_expiry_key, '-inf', '(' .. now_ms, 'LIMIT'",
         flows=True,
+        # Caught after 200 to 300 examples on redis-server (stop 29): a margin for moved examples.
+        examples=1000,
     ),
     Mutant(
         "flow_show_shows_a_record_expiring_now",
@@ -476,6 +482,8 @@ MUTANTS += [
         "if not expires_ms or expires_ms <= now_ms then return false end",
         "if not expires_ms or expires_ms < now_ms then return false end",
         flows=True,
+        # Caught after 200 to 300 examples on redis-server (stop 29): a margin for moved examples.
+        examples=1000,
     ),
 ]
 
