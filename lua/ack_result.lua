@@ -484,7 +484,9 @@ if #trim > 0 then
 end
 local fields, expiries = {}, {}
 for _, pair in ipairs(stored) do
-  fields[#fields + 1], fields[#fields + 2] = pair[1], now_ms .. '|' .. pair[2]
+  -- %d, not `..`: a Lua built with LUA_NUMBER_FMT "%.14g" (fakeredis's; Redis's own uses
+  -- "%.17g") writes a clock of 1e14 ms or more as "1.1258999068426e+15", which no reader parses.
+  fields[#fields + 1], fields[#fields + 2] = pair[1], string.format('%d|', now_ms) .. pair[2]
   expiries[#expiries + 1], expiries[#expiries + 2] = now_ms + ttl_ms, pair[1]
   redis.call('XADD', finished_key, 'MAXLEN', STREAM_LENGTH, '*', 'id', pair[1])
 end
