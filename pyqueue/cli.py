@@ -464,18 +464,15 @@ def cmd_job(args: argparse.Namespace) -> int:
 def cmd_flow_show(args: argparse.Namespace) -> int:
     """A flow's tree, each step with its state (pyqueue.tasks.flowview); exit 1 if no
     record of it is kept in the queue named."""
-    from pyqueue.tasks.flowview import show_flow
+    from pyqueue.tasks.flowview import no_record_message, show_flow
 
     client = connect(args.url)
     view = show_flow(client, open_queue(client, args.queue, args.prefix), args.id, prefix=args.prefix)
     if view is None:
-        print(f"no record of flow {args.id} in {args.queue}: never sent from it (its first step's queue), or expired")
+        print(no_record_message(args.queue, args.id))
         return 1
     if args.json:
-        steps = [{"n": s.n, "queue": s.queue, "id": s.job_id, "task": s.task, "state": s.state,
-                  "attempts": s.info.attempts, "error": s.info.error} for s in view.steps]
-        print(json.dumps({"id": view.id, "queue": view.queue, "created_ms": view.created_ms,
-                          "counts": view.counts(), "tree": view.tree, "steps": steps}, indent=2))
+        print(json.dumps(view.as_json(), indent=2))
     else:
         print(view.render())
     return 0

@@ -46,7 +46,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pyqueue.clients import Client, check_server
-from pyqueue.dashboard.flows import flow_page, no_record
+from pyqueue.dashboard.flows import flow_page
 from pyqueue.dashboard.groups import (
     GROUPS_PAGE,
     GROUPS_PAGE_MAX,
@@ -67,6 +67,7 @@ from pyqueue.dashboard.security import (
 )
 from pyqueue.errors import InvalidArgument, PyQueueError
 from pyqueue.queue import Queue
+from pyqueue.tasks.flowview import no_record_message
 
 HERE = Path(__file__).resolve().parent
 #: Dead letters per page, and the most one request may ask for.
@@ -451,7 +452,7 @@ def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> St
         body = await run_in_threadpool(flow_page, config.redis, queue, flow_id, prefix=config.prefix,
                                        text_limit=TEXT_LIMIT)
         if body is None:
-            return _json_error(no_record(queue.name, flow_id), 404)
+            return _json_error(no_record_message(queue.name, flow_id), 404)
         return JSONResponse(body, headers={"cache-control": "no-store"})
 
     @_handles_errors

@@ -17,7 +17,7 @@ from pyqueue.clients import Client
 from pyqueue.core import MAX_ID_BYTES, check_job_id
 from pyqueue.errors import InvalidArgument
 from pyqueue.queue import Queue
-from pyqueue.tasks.flowview import describe, show_flow
+from pyqueue.tasks.flowview import show_flow
 
 
 def check_flow_id(value: str) -> str:
@@ -34,25 +34,13 @@ def check_flow_id(value: str) -> str:
         ) from None
 
 
-def no_record(queue: str, flow_id: str) -> str:
-    """Why a flow is not shown, in the words of ``pyqueue flow show``."""
-    return f"no record of flow {flow_id} in {queue}: never sent from it (its first step's queue), or expired"
-
-
 def flow_page(client: Client, queue: Queue, flow_id: str, *, prefix: str, text_limit: int) -> dict[str, Any] | None:
     """The flow ``flow_id`` whose record is in ``queue`` (a logical queue: a partitioned
     one finds the record in the partition of the flow's id), or None when no record of it
     is kept there (never sent from it, or expired).
 
-    The fields of ``pyqueue flow show --json`` (``id``, ``queue``, ``created_ms``,
-    ``counts``: steps per state, ``tree``: ``{"chain": [...]}`` and ``{"group": [...]}``
-    nesting step numbers, ``steps``) plus ``expires_ms`` (when the record goes) and, per
-    step, what the page shows: ``n``, ``queue`` (the partition that holds it), ``id``,
-    ``task``, ``state`` ('waiting' for a step still waiting for others, else what
-    ``Queue.get`` says), ``describe`` (that state in words, with a dead step's first
-    line of error), ``attempts`` and ``max_attempts`` (-1 where ``Queue.get`` knows
-    none: a step done or forgotten), and ``error``; ``error`` and ``describe`` clipped
-    to ``text_limit`` characters (``error_truncated``). Payloads are never read.
+    :meth:`pyqueue.tasks.flowview.FlowView.as_json`, the fields of ``pyqueue flow show
+    --json``, with ``error`` and ``describe`` clipped to ``text_limit`` characters.
 
     Raises:
         InvalidArgument: ``flow_id`` cannot be a flow's id.
@@ -62,12 +50,4 @@ def flow_page(client: Client, queue: Queue, flow_id: str, *, prefix: str, text_l
     view = show_flow(client, queue, flow_id, prefix=prefix)
     if view is None:
         return None
-    steps = []
-    for step in view.steps:
-        error = step.info.error
-        steps.append({"n": step.n, "queue": step.queue, "id": step.job_id, "task": step.task, "state": step.state,
-                      "describe": describe(step)[:text_limit], "attempts": step.info.attempts,
-                      "max_attempts": step.info.max_attempts, "error": error[:text_limit],
-                      "error_truncated": len(error) > text_limit})
-    return {"id": view.id, "queue": view.queue, "created_ms": view.created_ms, "expires_ms": view.expires_ms,
-            "counts": view.counts(), "tree": view.tree, "steps": steps}
+    return view.as_json(text_limit)

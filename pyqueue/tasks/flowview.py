@@ -56,6 +56,28 @@ class FlowView:
         """How many steps are in each state."""
         return dict(Counter(step.state for step in self.steps))
 
+    def as_json(self, text_limit: int | None = None) -> dict[str, Any]:
+        """The flow as JSON (``pyqueue flow show --json`` and the dashboard's
+        ``/api/queues/{queue}/flow``): ``id``, ``queue``, ``created_ms``, ``expires_ms``
+        (when the record goes), ``counts`` (steps per state), ``tree`` (``{"chain":
+        [...]}`` and ``{"group": [...]}`` nesting step numbers) and ``steps``, each with
+        ``n``, ``queue`` (the partition that holds it), ``id``, ``task``, ``state``
+        ('waiting' for a step still waiting for others, else what ``Queue.get`` says),
+        ``describe`` (that state in words), ``attempts`` and ``max_attempts`` (-1 where
+        ``Queue.get`` knows none: a step done or forgotten), ``error`` and
+        ``error_truncated``. With ``text_limit``, ``error`` and ``describe`` are clipped
+        to that many characters. Payloads are never read."""
+        steps = []
+        for step in self.steps:
+            error, said = step.info.error, describe(step)
+            if text_limit is not None:
+                error, said = error[:text_limit], said[:text_limit]
+            steps.append({"n": step.n, "queue": step.queue, "id": step.job_id, "task": step.task, "state": step.state,
+                          "describe": said, "attempts": step.info.attempts, "max_attempts": step.info.max_attempts,
+                          "error": error, "error_truncated": len(error) < len(step.info.error)})
+        return {"id": self.id, "queue": self.queue, "created_ms": self.created_ms, "expires_ms": self.expires_ms,
+                "counts": self.counts(), "tree": self.tree, "steps": steps}
+
     def render(self) -> str:
         """The flow as a tree of text, one line per chain, group and step."""
         counts = ", ".join(f"{n} {state}" for state, n in sorted(self.counts().items()))
@@ -88,6 +110,11 @@ def describe(step: StepView) -> str:
     if step.state == "unknown":
         return "unknown (ended and forgotten, or cancelled before it ran)"
     return step.state
+
+
+def no_record_message(queue: str, flow_id: str) -> str:
+    """Why a flow cannot be shown (``show_flow`` answered None), in words for people."""
+    return f"no record of flow {flow_id} in {queue}: never sent from it (its first step's queue), or expired"
 
 
 def show_flow(client: Client, queue: Queue, flow_id: str, *, prefix: str = "pq") -> FlowView | None:
