@@ -274,11 +274,7 @@ class Tasks(TaskServing):
             return sent
         if len(signatures) == 1:  # a send: one enqueue, none of the grouping below
             sig = signatures[0]
-            new = sig.new_job(now_ms, delay_ms, metas[0] if metas else None)
-            answer = self.queue(sig.options.queue).enqueue(
-                new.payload, job_id=new.job_id, delay_ms=new.delay_ms, max_attempts=new.max_attempts,
-                priority=new.priority, group=new.group,
-            )
+            (answer,) = self.queue(sig.options.queue).enqueue_many([sig.new_job(now_ms, delay_ms, metas[0] if metas else None)])
             return [self._handle(sig, answer.job_id, answer.added)]
         jobs = [(sig, sig.new_job(now_ms, delay_ms, metas[i] if metas else None)) for i, sig in enumerate(signatures)]
         by_queue: dict[str, list[int]] = {}
@@ -287,13 +283,7 @@ class Tasks(TaskServing):
         out: list[SentTask[Any] | None] = [None] * len(jobs)
         for queue_name, indexes in by_queue.items():
             queue = self.queue(queue_name)
-            if len(indexes) == 1:
-                (i,) = indexes
-                new = jobs[i][1]
-                answers = [queue.enqueue(new.payload, job_id=new.job_id, delay_ms=new.delay_ms, max_attempts=new.max_attempts,
-                                         priority=new.priority, group=new.group)]
-            else:
-                answers = queue.enqueue_many([jobs[i][1] for i in indexes])
+            answers = queue.enqueue_many([jobs[i][1] for i in indexes])
             for i, answer in zip(indexes, answers):
                 out[i] = self._handle(jobs[i][0], answer.job_id, answer.added)
         return [sent for sent in out if sent is not None]

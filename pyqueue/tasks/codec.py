@@ -39,6 +39,7 @@ import decimal
 import json
 import math
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from pyqueue.errors import InvalidArgument
@@ -183,8 +184,34 @@ def from_json(value: Any) -> Any:
 # given options build a new encoder or decoder on every call, which costs more than
 # encoding or parsing a task's envelope (bench/bench_tasks.py). They keep no state
 # between calls, so threads share them (as json's own default ones are shared).
-_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
-_encode_canonical = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False, sort_keys=True).encode
+_encode: Callable[[Any], str] = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+_encode_canonical: Callable[[Any], str] = json.JSONEncoder(
+    separators=(",", ":"), ensure_ascii=False, allow_nan=False, sort_keys=True
+).encode
+
+
+def _not_json(value: Any) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+# Faster still where CPython's C encoder is there: JSONEncoder.encode builds a C encoder
+# on every call (a third of a task's send-side Python), so build the two once. Without
+# the circular-reference check (markers None): what they encode went through to_json,
+# which refuses nesting deeper than MAX_DEPTH, so it holds no cycle; and with no markers
+# they keep no state between calls, so threads share them.
+_c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
+if _c_make_encoder is not None:
+    _c_compact = _c_make_encoder(None, _not_json, json.encoder.encode_basestring, None, ":", ",", False, False, False)
+    _c_canonical = _c_make_encoder(None, _not_json, json.encoder.encode_basestring, None, ":", ",", True, False, False)
+
+    def _encode_c(value: Any) -> str:
+        return "".join(_c_compact(value, 0))
+
+    def _encode_canonical_c(value: Any) -> str:
+        return "".join(_c_canonical(value, 0))
+
+    _encode, _encode_canonical = _encode_c, _encode_canonical_c
+
 _decode = json.JSONDecoder(object_hook=untag).decode
 # Without a tag in the text, no object needs untagging: the decoder without a hook
 # (no Python call per JSON object) reads it the same, faster.

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import secrets
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast
 
+from pyqueue.core import new_id
 from pyqueue.errors import InvalidArgument
 from pyqueue.models import NewJob
 from pyqueue.runtime.batch import BatchSpec
@@ -71,16 +71,16 @@ class Signature:
         self.task, self.options = task, options
         #: Made with ``.si``: as a flow's step, it does not take the result before it.
         self.immutable = False
-        where = f"{task.name} argument"
-        self.json_args = to_json_args(self.args, where)
-        self.json_kwargs = to_json(self.kwargs, where) if self.kwargs else {}
+        self.json_args = to_json_args(self.args, task.argument_where)
+        self.json_kwargs = to_json(self.kwargs, task.argument_where) if self.kwargs else {}
         self._bound = bound
 
     def job_id(self) -> str:
-        """The job id this call is sent under: ``unique``'s, or a random one."""
+        """The job id this call is sent under: ``unique``'s, or a random one (128 bits in
+        hex, as the engine draws them: :func:`pyqueue.core.new_id`)."""
         unique = self.options.unique
         if unique is None or unique is False:
-            return secrets.token_hex(10)
+            return new_id()
         if unique is True:
             # The task and its arguments, canonically: the same call is the same job,
             # whether an argument was given by position or keyword, or left to its
@@ -133,10 +133,11 @@ class Signature:
             group = group(*self.args, **self.kwargs)
             if group is not None and not isinstance(group, str):
                 raise InvalidArgument(f"{self.task.name}: group must return the group as a str or None, got {group!r}")
-        # A grouped job without `unique` lets the engine draw its id: on a partitioned
-        # queue it must fall in the group's partition (pyqueue.core.new_id).
-        if job_id is None:
-            job_id = None if group is not None and self.options.unique in (None, False) else self.job_id()
+        # A job without `unique` lets the engine draw its id (pyqueue.core.new_id): a
+        # grouped one's must fall in its group's partition on a partitioned queue, and an
+        # id drawn there needs no checks.
+        if job_id is None and self.options.unique is not None and self.options.unique is not False:
+            job_id = self.job_id()
         return NewJob(payload, job_id=job_id, delay_ms=delay_ms, max_attempts=self.options.max_attempts,
                       priority=self.options.priority, group=group)
 
@@ -239,6 +240,8 @@ class Task(_Sender[P, R]):
 
     def __init__(self, app: Tasks, fn: Callable[P, R], name: str, policy: TaskOptions) -> None:
         self.app, self.fn, self.name, self.policy = app, fn, name, policy
+        #: How an argument error names where it is (made once: a send builds no text).
+        self.argument_where = f"{name} argument"
         self.task, self.opts = self, policy
         self.signature = inspect.signature(fn)
         #: How many arguments a call may give by position alone when every parameter is
