@@ -40,6 +40,7 @@ import json
 import math
 import uuid
 from collections.abc import Callable
+from json import scanner as json_scanner
 from typing import Any
 
 from pyqueue.errors import InvalidArgument
@@ -212,10 +213,30 @@ if _c_make_encoder is not None:
 
     _encode, _encode_canonical = _encode_c, _encode_canonical_c
 
-_decode = json.JSONDecoder(object_hook=untag).decode
+def _scanning(decoder: json.JSONDecoder) -> Callable[[str], Any]:
+    """``decoder.decode``, faster for text that is one JSON value with no whitespace
+    around it (every envelope): the C scanner alone, without ``decode``'s two whitespace
+    matches and its Python frames. Anything else (whitespace around, not JSON) goes to
+    ``decoder.decode``, which reads it or raises exactly as before."""
+    make_scanner = getattr(json_scanner, "c_make_scanner", None)
+    if make_scanner is None:
+        return decoder.decode
+    scan = make_scanner(decoder)
+
+    def decode(text: str) -> Any:
+        try:
+            value, end = scan(text, 0)
+        except StopIteration:
+            return decoder.decode(text)
+        return value if end == len(text) else decoder.decode(text)
+
+    return decode
+
+
+_decode = _scanning(json.JSONDecoder(object_hook=untag))
 # Without a tag in the text, no object needs untagging: the decoder without a hook
 # (no Python call per JSON object) reads it the same, faster.
-_decode_plain = json.JSONDecoder().decode
+_decode_plain = _scanning(json.JSONDecoder())
 
 
 def dumps(value: Any) -> str:
