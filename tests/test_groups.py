@@ -190,6 +190,26 @@ def test_tasks_carry_group_and_priority_from_the_task_or_the_send(r: Any) -> Non
         charge.options(priority=9)
 
 
+def test_a_group_function_gets_the_arguments_by_name_however_the_call_gave_them(r: Any) -> None:
+    """README's example, ``group=lambda account_id, **_: ...`` on a task of two
+    arguments sent by position: the function reads its argument by name (it was once
+    called with the arguments by position, and raised TypeError)."""
+    from pyqueue import Tasks
+
+    tasks = Tasks(client=r)
+
+    @tasks.task(name="deliver", group=lambda account_id, **_: f"acct-{account_id}")
+    def deliver(account_id: int, url: str, retries: int = 3) -> None: ...
+
+    @tasks.task(name="only_positional", group=lambda a, /, *rest, **_: f"g-{a}-{len(rest)}")
+    def only_positional(a: int, /, *rest: int) -> None: ...
+
+    sent = [deliver.send(7, "https://a"), deliver.send(account_id=8, url="https://b"), deliver.send(9, url="https://c"),
+            only_positional.send(1, 2, 3)]
+    q = tasks.queue("default")
+    assert [r.hget(q.keys.meta, s.id).decode().split("|")[2] for s in sent] == ["acct-7", "acct-8", "acct-9", "g-1-2"]
+
+
 def test_the_cap_holds_in_the_handlers_own_log_with_8_threads_and_a_killed_worker(r: Any) -> None:
     """Two workers of 8 threads each, the first killed mid-drain (its leases scrubbed by
     the second): the handlers' own append-only log never shows more than the cap of one

@@ -6,7 +6,7 @@ import inspect
 import logging
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
@@ -53,6 +53,12 @@ class Tasks(TaskServing):
     one, ``asend`` an asyncio one).
 
     ``default_queue`` is the queue of tasks that do not name one.
+
+    ``partitions`` names the partitioned queues among the tasks' queues, with their
+    partition counts (``{"orders": 6}``: README "Partitioned queues"): sends, results
+    and flows go to the partition of each job's id, and :meth:`worker` serves every
+    partition. A count that differs from the one recorded in Redis (or from the
+    worker's ``partitions=``) is refused (``InvalidArgument``), never absorbed.
     """
 
     def __init__(
@@ -62,9 +68,10 @@ class Tasks(TaskServing):
         client: Any = None,
         prefix: str = DEFAULT_PREFIX,
         default_queue: str = "default",
+        partitions: Mapping[str, int] | None = None,
     ) -> None:
         #: Its clients, queues and server clock (:mod:`pyqueue.tasks.connection`).
-        self.connection = Connection(url, client, prefix)
+        self.connection = Connection(url, client, prefix, partitions)
         self.default_queue = default_queue
         self._tasks: dict[str, Task[Any, Any]] = {}
         self._lock = threading.Lock()

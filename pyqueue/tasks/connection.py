@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import redis as redis_lib
@@ -13,7 +14,7 @@ import redis as redis_lib
 from pyqueue.aio import AsyncQueue
 from pyqueue.clients import Client, connect, default_client, is_cluster
 from pyqueue.errors import InvalidArgument
-from pyqueue.queue import Queue
+from pyqueue.queue import MAX_PARTITIONS, Queue, check_int
 
 #: How long a measured offset between this process's clock and the server's is trusted.
 CLOCK_REFRESH_S = 60.0
@@ -21,13 +22,32 @@ CLOCK_REFRESH_S = 60.0
 CLOCK_READS = 3
 
 
+def check_partition_counts(partitions: Mapping[str, int] | None, what: str) -> dict[str, int]:
+    """``partitions`` (queue name -> partition count, 1..MAX_PARTITIONS) as a dict.
+
+    Raises:
+        InvalidArgument: not a mapping of queue names to counts.
+    """
+    if partitions is None:
+        return {}
+    if not isinstance(partitions, Mapping):
+        raise InvalidArgument(f"{what} takes a mapping of queue name to partition count, got {type(partitions).__name__}")
+    for name, count in partitions.items():
+        if not isinstance(name, str) or not name:
+            raise InvalidArgument(f"{what}: a queue name is a non-empty str, got {name!r}")
+        check_int(count, f"{what} count of {name!r}", 1, MAX_PARTITIONS)
+    return dict(partitions)
+
+
 class Connection:
     """A Tasks object's clients, queues and server clock (see the module docstring)."""
 
-    def __init__(self, url: str | None, client: Any, prefix: str) -> None:
+    def __init__(self, url: str | None, client: Any, prefix: str, partitions: Mapping[str, int] | None = None) -> None:
         if url is not None and client is not None:
             raise InvalidArgument("give Tasks a url or a client, not both")
         self.prefix = prefix
+        #: The partitioned queues' partition counts (a queue not named has one).
+        self.partitions = check_partition_counts(partitions, "Tasks(partitions=)")
         self._url = url
         self._made: list[Any] = []  # clients this object made, and closes (close/aclose)
         self._client: Client | None = None
@@ -120,14 +140,16 @@ class Connection:
         """The :class:`~pyqueue.Queue` named ``name`` on this connection."""
         queue = self._queues.get(name)
         if queue is None:
-            queue = self._queues[name] = Queue(name, self.redis, prefix=self.prefix)
+            queue = self._queues[name] = Queue(name, self.redis, prefix=self.prefix,
+                                               partitions=self.partitions.get(name, 1))
         return queue
 
     def aqueue(self, name: str) -> AsyncQueue:
         """The :class:`~pyqueue.aio.AsyncQueue` named ``name`` on the asyncio client."""
         queue = self._aqueues.get(name)
         if queue is None:
-            queue = self._aqueues[name] = AsyncQueue(name, self.aredis, prefix=self.prefix)
+            queue = self._aqueues[name] = AsyncQueue(name, self.aredis, prefix=self.prefix,
+                                                     partitions=self.partitions.get(name, 1))
         return queue
 
     def server_now_ms(self) -> int:

@@ -148,7 +148,9 @@ class TaskOptions:
     #: The job's priority level, -5..5 (Queue.enqueue): a higher level is leased sooner.
     priority: int = 0
     #: The job's group for fair scheduling (Queue.enqueue): a str, or a function of the
-    #: task's arguments giving it (or None: no group); None: no group.
+    #: task's arguments giving it (or None: no group); None: no group. A function (here
+    #: and for ``unique``) gets the arguments by name, defaults included
+    #: (:meth:`pyqueue.tasks.task.Signature.call_by_name`).
     group: str | Callable[..., str | None] | None = None
 
     @staticmethod

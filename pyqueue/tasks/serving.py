@@ -7,14 +7,14 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pyqueue.aio_worker import AsyncWorker
 from pyqueue.clients import Client
 from pyqueue.errors import InvalidArgument
 from pyqueue.models import Job
-from pyqueue.tasks.connection import Connection
+from pyqueue.tasks.connection import Connection, check_partition_counts
 from pyqueue.tasks.runtime import Dispatcher
 from pyqueue.worker import Worker
 
@@ -68,12 +68,24 @@ class TaskServing:
         if "batch" in options or "batch_wait_ms" in options:
             raise InvalidArgument("a task worker runs in batches the tasks registered with @tasks.task(batch=...): "
                                   "give batch= to the task, not to the worker")
+        options["partitions"] = self._worker_partitions(names, options.get("partitions"))
         if options.get("redis") is not None:
             self.connection.adopt(options["redis"])
         options.setdefault("redis", self.redis)
         options.setdefault("prefix", self.prefix)
         cls = AsyncWorker if self.needs_event_loop() else Worker
         return cls(names, self.dispatcher(), **options)
+
+    def _worker_partitions(self, names: Sequence[str], given: Mapping[str, int] | None) -> dict[str, int]:
+        """The partition counts of the served queues: this object's, and those the worker
+        was given (``pyqueue worker --partitions``), which must agree with them."""
+        given = check_partition_counts(given, "the worker's partitions")
+        mine = {name: count for name, count in self.connection.partitions.items() if name in names}
+        for name, count in given.items():
+            if mine.get(name, count) != count:
+                raise InvalidArgument(f"queue {name!r}: the Tasks object says {mine[name]} partitions, the worker "
+                                      f"was given {count}: give both the count recorded for it")
+        return {**mine, **given}
 
     def run_worker(self, worker: Worker, *, burst: bool = False, install_signal_handlers: bool = True) -> int:
         """Run the start hooks, ``worker`` until it stops, then the stop hooks; the

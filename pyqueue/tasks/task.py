@@ -94,10 +94,32 @@ class Signature:
                 args, kwargs = self.json_args, self.json_kwargs
             digest = hashlib.sha256(canonical([self.task.name, args, kwargs]).encode()).hexdigest()
             return f"{self.task.name}:{digest[:32]}"
-        job_id = unique(*self.args, **self.kwargs)
+        job_id = self.call_by_name(unique)
         if not isinstance(job_id, str):
             raise InvalidArgument(f"{self.task.name}: unique must return the job id as a str, got {job_id!r}")
         return job_id
+
+    def call_by_name(self, fn: Callable[..., Any]) -> Any:
+        """``fn`` (a ``group`` or ``unique`` function) called with this call's arguments
+        by name, defaults included: ``lambda account_id, **_: ...`` reads the argument
+        ``account_id`` whether the call gave it by position or by keyword. (Positional-
+        only parameters and ``*args`` go by position, ``**kwargs`` as keywords.)"""
+        bound = self._bound if self._bound is not None else self.task.signature.bind(*self.args, **self.kwargs)
+        call = inspect.BoundArguments(bound.signature, bound.arguments.copy())
+        call.apply_defaults()
+        args: list[Any] = []
+        kwargs: dict[str, Any] = {}
+        for name, value in call.arguments.items():
+            kind = call.signature.parameters[name].kind
+            if kind is inspect.Parameter.POSITIONAL_ONLY:
+                args.append(value)
+            elif kind is inspect.Parameter.VAR_POSITIONAL:
+                args.extend(value)
+            elif kind is inspect.Parameter.VAR_KEYWORD:
+                kwargs.update(value)
+            else:
+                kwargs[name] = value
+        return fn(*args, **kwargs)
 
     def new_job(
         self, now_ms: int, delay_ms: int, extra_meta: dict[str, Any] | None = None, *,
@@ -130,7 +152,7 @@ class Signature:
         payload = self.task.encode_envelope(self.json_args, self.json_kwargs, meta)
         group = self.options.group
         if callable(group):
-            group = group(*self.args, **self.kwargs)
+            group = self.call_by_name(group)
             if group is not None and not isinstance(group, str):
                 raise InvalidArgument(f"{self.task.name}: group must return the group as a str or None, got {group!r}")
         # A job without `unique` lets the engine draw its id (pyqueue.core.new_id): a
