@@ -85,9 +85,7 @@ class Signature:
             # The task and its arguments, canonically: the same call is the same job,
             # whether an argument was given by position or keyword, or left to its
             # default, and whatever the order of a dict's keys.
-            bound = self._bound if self._bound is not None else self.task.signature.bind(*self.args)
-            call = inspect.BoundArguments(bound.signature, bound.arguments.copy())
-            call.apply_defaults()
+            call = self.with_defaults()
             try:
                 args, kwargs = to_json(list(call.args)), to_json(call.kwargs)
             except InvalidArgument:  # a default that does not travel: the call as given
@@ -99,14 +97,19 @@ class Signature:
             raise InvalidArgument(f"{self.task.name}: unique must return the job id as a str, got {job_id!r}")
         return job_id
 
+    def with_defaults(self) -> inspect.BoundArguments:
+        """This call's arguments bound to the function's parameters, defaults applied."""
+        bound = self._bound if self._bound is not None else self.task.signature.bind(*self.args, **self.kwargs)
+        call = inspect.BoundArguments(bound.signature, bound.arguments.copy())
+        call.apply_defaults()
+        return call
+
     def call_by_name(self, fn: Callable[..., Any]) -> Any:
         """``fn`` (a ``group`` or ``unique`` function) called with this call's arguments
         by name, defaults included: ``lambda account_id, **_: ...`` reads the argument
         ``account_id`` whether the call gave it by position or by keyword. (Positional-
         only parameters and ``*args`` go by position, ``**kwargs`` as keywords.)"""
-        bound = self._bound if self._bound is not None else self.task.signature.bind(*self.args, **self.kwargs)
-        call = inspect.BoundArguments(bound.signature, bound.arguments.copy())
-        call.apply_defaults()
+        call = self.with_defaults()
         args: list[Any] = []
         kwargs: dict[str, Any] = {}
         for name, value in call.arguments.items():
