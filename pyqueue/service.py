@@ -59,6 +59,12 @@ TASK_NAME = re.compile(r"[A-Za-z0-9_.:<>-]{1,200}")
 MAX_TASKS_BYTES = 65536
 
 
+#: How many of its latest renewal tokens a registration remembers (Service.recent_renewals):
+#: a check() sees the key as its own while it holds one of them, however many renewals
+#: ran while its read was in flight (one every renew_ms).
+RECENT_RENEWALS = 16
+
+
 @dataclass
 class Service:
     """A registered service (this process's registration). Not thread-safe: one
@@ -76,6 +82,9 @@ class Service:
     #: The token a renewal sent but did not hear back about (OutcomeUnknown): the next
     #: renewal sends it again, so a renewal that did apply is not mistaken for a loss.
     pending_renewal: str | None = field(default=None, repr=False)
+    #: The last tokens this registration's renewals sent (the newest last; replaced,
+    #: never mutated, so another thread reads it whole): what check() accepts.
+    recent_renewals: tuple[str, ...] = field(default=(), repr=False)
 
     @property
     def owner(self) -> str:
@@ -251,6 +260,9 @@ class Services:
                 (nothing written). The service must stop leasing at once and exit.
         """
         next_renewal = service.pending_renewal or secrets.token_hex(8)
+        # Known before it is sent: a check() whose read the server runs after this
+        # write must find the token ours.
+        service.recent_renewals = (*service.recent_renewals[-(RECENT_RENEWALS - 1):], next_renewal)
         service.pending_renewal = next_renewal
         reply = self._call(
             service_renew_call(service.keys, now_ms, service.renewal, next_renewal, expire_ms, DEAD_LIMIT)
@@ -261,8 +273,6 @@ class Services:
                 f"service {service.owner} lost its registration: its key expired (the process was paused or cut "
                 "off for longer than expire_ms, or Redis lost its data) or holds another registration"
             )
-        # renewal before pending: a concurrent check() reads pending first, then renewal,
-        # and so always sees the token the key now holds in one of them.
         service.renewal = next_renewal
         service.pending_renewal = None
         return Renewed(stop=reply[0] == b"stop", dead=self._dead(reply[3:]))
@@ -278,11 +288,14 @@ class Services:
     def check(self, service: Service) -> str:
         """Read (never write) the service key: ``'ok'``, ``'stop'`` (a remote stop was
         asked) or ``'lost'`` (the key is gone or holds another registration). Safe to
-        call while another thread renews."""
-        pending, renewal = service.pending_renewal, service.renewal
+        call while another thread renews: the key holds this registration while it holds
+        a token one of its renewals sent (each is random), whichever renewal the read
+        ran between. (Reading only the tokens current before the read once took a
+        renewal sent meanwhile for a loss, and the worker stopped with exit 75.)"""
         client: Any = self.redis  # undecoded (bytes_client); redis-py types it loosely
         current, stop = client.hmget(service.keys.role("service"), ["renewal", "stop"])
-        if current is None or current.decode() not in (renewal, pending):
+        ours = (service.renewal, service.pending_renewal, *service.recent_renewals)
+        if current is None or current.decode() not in ours:
             return "lost"
         return "stop" if stop is not None else "ok"
 

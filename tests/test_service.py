@@ -93,6 +93,36 @@ def test_a_deleted_key_makes_renewal_lost_and_writes_nothing(services: Services,
     assert dump_all(r) == before
 
 
+def test_a_check_whose_read_runs_after_renewals_it_did_not_wait_for_finds_the_key_its_own(
+    services: Services, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fetch loop checks the key while the heartbeat thread renews it. A renewal
+    sent after check() began, and run by the server before check's read, writes a new
+    token: check() once compared it with the tokens it had seen before its read, called
+    the registration lost, and the worker stopped with exit 75 (a CI run under load)."""
+    s = services.register(["q"], now_ms=T0)
+    real = services.redis
+
+    class RenewsBeforeEachRead:
+        def __init__(self, renewals: int) -> None:
+            self.renewals = renewals
+
+        def hmget(self, *args: Any, **kwargs: Any) -> Any:
+            for i in range(self.renewals):  # what the heartbeat thread sent meanwhile
+                services.renew(s, now_ms=T0 + 1 + i)
+            return real.hmget(*args, **kwargs)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+    for renewals in (1, 3, 15):
+        monkeypatch.setattr(services, "redis", RenewsBeforeEachRead(renewals))
+        assert services.check(s) == "ok", renewals
+    monkeypatch.setattr(services, "redis", real)
+    r.hset("pq:{ns}:service:1", "renewal", "someone-else")  # another registration's token
+    assert services.check(s) == "lost"
+
+
 def test_remote_stop_marks_the_key_wakes_the_service_and_renewal_answers_stop(
     services: Services, r: redis.Redis
 ) -> None:
