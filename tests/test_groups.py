@@ -247,8 +247,9 @@ def test_the_cap_holds_in_the_handlers_own_log_with_8_threads_and_a_killed_worke
     assert started.wait(10)
     time.sleep(0.05)
     victim.kill()  # as SIGKILL: its leases stay until a live worker scrubs them
-    # The rescuer's own registration has room (10 s): on a loaded CI machine a 1 s one can
-    # expire between two renewals, and the rescuer then stops, as it must, leaving jobs.
+    # The rescuer's own registration has room (10 s): on a loaded CI machine a 1 s one may
+    # expire between two renewals, and the rescuer would then stop, as it must. (Its two
+    # CI failures were another cause: Services.check's race with renewals, now fixed.)
     rescuer = Worker(["capped"], handler, redis=r, concurrency=8, renew_ms=200, expire_ms=10_000, block_ms=200)
     thread = run(rescuer)
     deadline = time.monotonic() + 30
