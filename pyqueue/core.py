@@ -679,6 +679,16 @@ def flow_show_call(keys: Keys, now_ms: int | None, flow_id: str) -> ScriptCall:
     return ScriptCall("flow_show", keys, [now_arg(now_ms), flow_id])
 
 
+def progress_call(keys: Keys, now_ms: int | None, receipt: str, value: bytes) -> ScriptCall:
+    """lua/progress.lua."""
+    return ScriptCall("progress", keys, [now_arg(now_ms), receipt, value])
+
+
+def progress_show_call(keys: Keys, ids: Sequence[str]) -> ScriptCall:
+    """lua/progress_show.lua."""
+    return ScriptCall("progress_show", keys, list(ids))
+
+
 def groups_call(keys: Keys, offset: int, limit: int) -> ScriptCall:
     """lua/groups.lua."""
     return ScriptCall("groups", keys, [offset, limit])

@@ -144,6 +144,16 @@ class QueueKeys:
         """zset: flow id -> ms at which its record is deleted."""
         return self._key("flow_expiry")
 
+    @property
+    def progress(self) -> str:
+        """hash: id -> "<written_ms>|<bytes of receipt>|<receipt><value>": running jobs' progress (progress.lua)."""
+        return self._key("progress")
+
+    @property
+    def progress_at(self) -> str:
+        """zset: id -> ms its progress was written or last looked at by progress.lua's trim."""
+        return self._key("progress_at")
+
     def role(self, name: str) -> str:
         """The key for a role by name (as listed in a script header)."""
         if name not in ROLES:
@@ -157,7 +167,8 @@ class QueueKeys:
 
 #: Every role of a queue key, in the order lua/README.md lists them.
 ROLES = ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake", "done", "results",
-         "result_expiry", "finished", "meta", "gready", "ring", "groups", "fwait", "fpending", "flows", "flow_expiry")
+         "result_expiry", "finished", "meta", "gready", "ring", "groups", "fwait", "fpending", "flows", "flow_expiry",
+         "progress", "progress_at")
 
 
 @dataclass(frozen=True)

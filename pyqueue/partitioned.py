@@ -38,6 +38,7 @@ from pyqueue.core import (
     JobTuple,
     Plan,
     Verb,
+    check_ids,
     check_int,
     check_job_id,
     partition_name,
@@ -66,6 +67,7 @@ from pyqueue.models import (
 )
 from pyqueue.queue import Queue, QueueCore, plan_peek_many, sum_stats
 from pyqueue.verbs.flows import FlowDone, FlowRecord, Ref, Waiting
+from pyqueue.verbs.progress import Progress
 
 
 class PartitionedParts(QueueCore):
@@ -311,6 +313,25 @@ class PartitionedParts(QueueCore):
     def plan_flow_show(self, flow_id: str, **kwargs: Any) -> Plan[FlowRecord | None]:
         """As :meth:`QueueCore.plan_flow_show`, in the partition of ``flow_id``."""
         return (yield from self.part_for(flow_id).plan_flow_show(flow_id, **kwargs))
+
+    def plan_progress(self, job: Job, value: bytes | str, **kwargs: Any) -> Plan[Outcome]:
+        """As :meth:`QueueCore.plan_progress`, in the partition of the job."""
+        if not isinstance(job, Job):
+            raise InvalidArgument(f"progress takes the Job from lease, got {type(job).__name__}")
+        return (yield from self.part_for(job.id).plan_progress(job, value, **kwargs))
+
+    def plan_progress_of(self, ids: Iterable[str]) -> Plan[dict[str, Progress]]:
+        """As :meth:`QueueCore.plan_progress_of`: one read per partition holding any of ``ids``."""
+        checked = check_ids(ids)
+        if not checked:
+            raise InvalidArgument("progress_of takes 1..1000 job ids")
+        by_part: dict[int, list[str]] = {}
+        for job_id in checked:
+            by_part.setdefault(partition_of(job_id, self.partitions), []).append(job_id)
+        found: dict[str, Progress] = {}
+        for part in (yield from plan_each(self.parts[p].plan_progress_of(ids) for p, ids in by_part.items())):
+            found.update(part)
+        return {job_id: found[job_id] for job_id in checked if job_id in found}
 
     def plan_flow_due(self, limit: int = 100) -> Plan[list[Waiting]]:
         """As :meth:`QueueCore.plan_flow_due`, from every partition (``limit`` each)."""

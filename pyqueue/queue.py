@@ -81,6 +81,7 @@ from pyqueue.verbs.consume import ConsumeVerbs
 from pyqueue.verbs.control import ControlVerbs
 from pyqueue.verbs.flows import FlowVerbs
 from pyqueue.verbs.produce import ProduceVerbs
+from pyqueue.verbs.progress import ProgressVerbs
 from pyqueue.verbs.reading import ReadingVerbs, parse_stats
 
 __all__ = [  # what other modules import from here (the core's names are re-exported)
@@ -96,7 +97,7 @@ DEFAULT_COALESCE_ENQUEUES = True
 Q = TypeVar("Q", bound="QueueCore")
 
 
-class QueueCore(ProduceVerbs, ConsumeVerbs, ReadingVerbs, ControlVerbs, FlowVerbs):
+class QueueCore(ProduceVerbs, ConsumeVerbs, ReadingVerbs, ControlVerbs, FlowVerbs, ProgressVerbs):
     """The verbs of one named queue, as plans (no I/O; see :mod:`pyqueue.core`), and
     the settings they use. :class:`Queue` and :class:`pyqueue.aio.AsyncQueue` are this
     class with a transport.

@@ -96,6 +96,8 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "flow_done": ("jobs", "scheduled", "wake", "fwait", "fpending"),
     "flow_record": ("flows", "flow_expiry"),
     "flow_show": ("flows", "flow_expiry"),
+    "progress": ("leased", "progress", "progress_at"),
+    "progress_show": ("leased", "progress"),
     "service_register": ("seq", "ids", "expiry", "queues", "service"),
     "service_renew": ("service", "expiry", "queues"),
     "service_deregister": ("service", "ids", "expiry", "queues", "wake"),
@@ -166,7 +168,7 @@ def _node_pool() -> ThreadPoolExecutor:
 
 
 #: Scripts that write nothing: wait_replicas sends no WAIT after them.
-READ_ONLY = frozenset({"stats", "peek", "dead_list", "get", "result"})
+READ_ONLY = frozenset({"stats", "peek", "dead_list", "get", "result", "flow_show", "progress_show"})
 
 #: How long a cluster call keeps retrying weather before it raises.
 DEFAULT_WEATHER_BUDGET_S = 30.0
