@@ -7,8 +7,8 @@ KEYS (2), all <prefix>:{<queue>}:<role>
   1 leased    zset  receipt -> deadline_ms
   2 progress  hash  id -> "<written_ms>|<bytes of receipt>|<receipt><value>"
 
-ARGV (1..1000)
-  1..  ids  job ids, each 1..256 bytes without control characters
+ARGV (k)
+  1.. ids     1..1000 job ids, each 1..256 bytes without control characters
 
 Returns  {receipt_1, written_ms_1, value_1, ..., receipt_n, written_ms_n, value_n}: per
          id, the lease that wrote its value, when (ms, server clock), and the value; or

@@ -62,7 +62,8 @@ def busy_queue(q: Queue, fair: bool = False) -> dict[str, Any]:
     ready jobs r0..r3; a scheduled job 'due' due at T0 + 10; a lease of 'poison' at its
     last attempt, expired at T0 + 5; a current lease 'held' (deadline T0 + 100_000),
     and a current lease 'retry' with attempts to spare; a dead job 'corpse'; ten
-    tombstones done0..done9 that expire at T0 + 50 (the next ack trims them).
+    tombstones done0..done9 that expire at T0 + 50 (the next ack trims them); progress
+    of 'poison' and 'held'.
     With ``fair``, the queue uses fair scheduling (lua/README.md section 2.1) and holds
     something in its keys too: every job but r3 is in group 'g' (with a cap of 9), and
     r3 is ungrouped with priority 2.
@@ -85,6 +86,8 @@ def busy_queue(q: Queue, fair: bool = False) -> dict[str, Any]:
         now_ms=T0,
     )
     held, retry, last = q.lease(lease_ms=100_000, count=3, now_ms=T0)
+    q.progress(poison, b"p", now_ms=T0)  # progress under a lease that expires (a trim deletes it once reclaimed)
+    q.progress(held, b"h", now_ms=T0)  # and under one that runs
     q.enqueue_many([NewJob(b"r", job_id=f"r{i}", **g) for i in range(3)], now_ms=T0)
     q.enqueue(b"r", job_id="r3", priority=2 if fair else 0, now_ms=T0)
     q.enqueue(b"d", job_id="due", delay_ms=10, now_ms=T0, **g)

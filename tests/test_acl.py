@@ -68,10 +68,13 @@ ROLE_SCRIPTS: dict[str, tuple[str, ...]] = {
         "service_register", "service_renew", "service_deregister",
         # flow_done: the end of a flow's step, reported by its worker and by flow checks.
         "flow_done",
+        # progress: a running task's current_job().progress(...).
+        "progress",
     ),
     "admin": ("stats", "get", "result", "cancel", "limit", "set_group_limit", "groups", "pause", "resume", "dead_list", "dead_replay", "dead_purge", "service_stop",
-              # flow_show: `pyqueue flow show` and the dashboard's flow view.
-              "flow_show"),
+              # flow_show: `pyqueue flow show` and the dashboard's flow view; progress_show:
+              # the running jobs' progress (Queue.progress_of).
+              "flow_show", "progress_show"),
 }
 
 #: The commands each role's driver code sends itself, outside any script, and why.
@@ -563,6 +566,10 @@ def script_calls(root: redis.Redis) -> dict[str, tuple[str, Any, list[Any]]]:
     q.flow_record("f0", b"{}", 1000, now_ms=T0)  # expired at now: the next record trims it
     calls["flow_record"] = ("flow_record", q.keys, [now, "f1", b"{}", 60_000])
     calls["flow_show"] = ("flow_show", q.keys, [now, "f1"])
+    # busy_queue's progress of 'poison' and 'held': this call's trim reads both and
+    # moves them (their leases are still in `leased`), then writes 'held''s.
+    calls["progress"] = ("progress", q.keys, [now, handles["held"].receipt, b"{}"])
+    calls["progress_show"] = ("progress_show", q.keys, ["held", "poison"])
     live = Services(root).register([QUEUE], now_ms=T0)
     ns = ServiceKeys("pq", NAMESPACE)
     calls["service_register"] = (

@@ -209,6 +209,11 @@ MALFORMED: list[tuple[str, list[Any]]] = [
     ("flow_show", ["x", "f"]),
     ("flow_show", ["", ""]),
     ("flow_show", ["", "a\tb" * 100]),
+    ("progress", ["x", "w|c|1|1|held", "{}"]),
+    ("progress", ["", "not a receipt", "{}"]),
+    ("progress", ["", "w|c|1|1|held", "x" * 4097]),
+    ("progress_show", [""]),
+    ("progress_show", ["held", "a\nb"]),
 ]
 
 

@@ -70,6 +70,8 @@ def world(r: redis.Redis) -> World:
         "flow_done": (q.keys, [NOW, "w1", "fail", 1000, "q\tr0", "ok"]),
         "flow_record": (q.keys, [NOW, "f1", b"{}", 1000]),
         "flow_show": (q.keys, [NOW, "f1"]),
+        "progress": (q.keys, [NOW, handles["held"].receipt, b"{}"]),
+        "progress_show": (q.keys, ["held"]),
         "service_register": (
             services.keys.of(svc.id + 1), [NOW, svc.id + 1, "host", 1, "q", 60_000, 1000, 10, "tok2", "reg2"]
         ),
