@@ -215,6 +215,10 @@ class QueueModel:
         #: Flows' records: flow id -> record, and flow id -> when it goes.
         self.flows: dict[str, bytes] = {}
         self.flow_expiry: dict[str, int] = {}
+        #: progress.lua: id -> (written_ms, the receipt that wrote it, value); and when
+        #: each entry was written or last looked at by a trim.
+        self.progress_entries: dict[str, tuple[int, str, bytes]] = {}
+        self.progress_at: dict[str, int] = {}
 
     # -- fair scheduling: the prelude's helpers -----------------------------------------
 
@@ -1036,6 +1040,32 @@ class QueueModel:
             return None
         return self.flows[flow_id], self.flow_expiry[flow_id]
 
+    def progress(self, receipt: str, value: bytes, now: int) -> str:
+        """progress.lua: 'stale' unless ``receipt`` is a current lease; else the trim
+        (the TRIM_BATCH + 1 entries looked at longest ago: an ended lease's goes, a
+        running one's is looked at now), then the value stored."""
+        if receipt not in self.leases:
+            return "stale"
+        for job_id in zsorted(self.progress_at)[: TRIM_BATCH + 1]:
+            if self.progress_entries[job_id][1] in self.leases:
+                self.progress_at[job_id] = now
+            else:
+                del self.progress_entries[job_id], self.progress_at[job_id]
+        job_id = self.leases[receipt].id
+        self.progress_entries[job_id] = (now, receipt, value)
+        self.progress_at[job_id] = now
+        return "ok"
+
+    def progress_show(self, ids: Sequence[str]) -> dict[str, tuple[str, int, bytes]]:
+        """progress_show.lua: each id's (receipt, written_ms, value) while the lease that
+        wrote it runs."""
+        shown = {}
+        for job_id in ids:
+            entry = self.progress_entries.get(job_id)
+            if entry is not None and entry[1] in self.leases:
+                shown[job_id] = (entry[1], entry[0], entry[2])
+        return shown
+
     def keyspace(self, keys: QueueKeys) -> dict[str, Any]:
         """Every key of the queue as :func:`read_keyspace` reads it (empty keys absent)."""
         counters: dict[bytes, bytes] = {name.encode(): str(v).encode() for name, v in self.counters.items() if v}
@@ -1072,6 +1102,11 @@ class QueueModel:
             keys.fpending: {m.encode(): 0.0 for m in self.fpending},
             keys.flows: {i.encode(): record for i, record in self.flows.items()},
             keys.flow_expiry: {i.encode(): float(at) for i, at in self.flow_expiry.items()},
+            keys.progress: {
+                i.encode(): f"{at}|{len(receipt.encode())}|{receipt}".encode() + value
+                for i, (at, receipt, value) in self.progress_entries.items()
+            },
+            keys.progress_at: {i.encode(): float(at) for i, at in self.progress_at.items()},
         }
         return {key: value for key, value in out.items() if value}
 
@@ -1222,11 +1257,11 @@ def read_snapshot(
     lists them, a stream's entries with their ids), as a comparable tuple: two equal
     snapshots mean every command reading these keys answers the same."""
     hashes = {queue_keys.jobs, queue_keys.errors, queue_keys.counters, queue_keys.results, queue_keys.meta,
-              queue_keys.groups, queue_keys.flows, service_keys.role("queues")}
+              queue_keys.groups, queue_keys.flows, queue_keys.progress, service_keys.role("queues")}
     lists = {queue_keys.ready, service_keys.role("ids")}
     zsets = {queue_keys.scheduled, queue_keys.leased, queue_keys.owners, queue_keys.dead, queue_keys.wake, queue_keys.done,
              queue_keys.result_expiry, queue_keys.gready, queue_keys.ring, queue_keys.fwait, queue_keys.fpending,
-             queue_keys.flow_expiry}
+             queue_keys.flow_expiry, queue_keys.progress_at}
     zsets.add(service_keys.role("expiry"))
     strings = {service_keys.role("seq")}
     service_prefix = service_keys.role("seq")[: -len("seq")]
@@ -2297,9 +2332,35 @@ class FlowLifecycleMachine(LifecycleMachine):
         assert (got and (got.record, got.expires_ms)) == expected, f"flow_show {flow_id!r}: {got}, model {expected}"
 
 
+class ProgressLifecycleMachine(LifecycleMachine):
+    """The machine with the progress of running jobs (lua/README.md section 2.3): values
+    written under current leases, by zombies and with forged receipts, sent twice, read
+    while and after their leases run, and the trim, beside every rule of the plain
+    machine."""
+
+    @rule(data=st.data(), value=st.sampled_from([b"", b"{}", b"x" * 10, b"\x00|\xff", "é|5|"]), sent_twice=SENT_TWICE)
+    def progress(self, data: st.DataObject, value: bytes | str, sent_twice: bool) -> None:
+        # Up to 14 leases (current ones mostly) report at one clock: enough entries for
+        # a trim to look at both running and ended ones.
+        data_bytes = value.encode() if isinstance(value, str) else value
+        for job in self.draw_jobs(data, 14):
+            for _ in range(1 + sent_twice):
+                got = self.q.progress(job, value, now_ms=self.now)
+                expected = self.model.progress(job.receipt, data_bytes, self.now)
+                assert got.value == expected, f"progress {job.receipt!r} answered {got}, model {expected}"
+
+    @rule(ids=st.lists(st.sampled_from(IDS + (NEVER_ENQUEUED,)), min_size=1, max_size=5))
+    def progress_show(self, ids: list[str]) -> None:
+        got = self.q.progress_of(ids)
+        expected = self.model.progress_show(ids)
+        assert {i: (p.receipt, p.written_ms, p.value) for i, p in got.items()} == expected, (
+            f"progress_of {ids}: {got}, model {expected}"
+        )
+
+
 def machine_for(
     backend: Backend, lua_directory: Path | None = None, without: Sequence[str] = (), fair: bool = False,
-    flows: bool = False,
+    flows: bool = False, progress: bool = False,
 ) -> type[LifecycleMachine]:
     """The machine bound to a backend and, for mutation tests, a scripts directory;
     ``without``: rules left out (each shadowed by a plain method, which Hypothesis does
@@ -2307,23 +2368,24 @@ def machine_for(
     machine with flows' rules too."""
     unknown = set(without) - set(JOB_CONTROL_RULES)
     assert not unknown, f"only job-control rules may be left out, not {unknown}"
-    assert not (fair and flows), "one machine at a time: fair or flows"
+    assert fair + flows + progress <= 1, "one machine at a time: fair, flows or progress"
     shadows = {name: (lambda self, *args, **kwargs: None) for name in without}
-    base = FairLifecycleMachine if fair else FlowLifecycleMachine if flows else LifecycleMachine
+    base = (FairLifecycleMachine if fair else FlowLifecycleMachine if flows else ProgressLifecycleMachine if progress
+            else LifecycleMachine)
     # The name does not say the backend: a derandomized run draws its examples from it,
     # so the same examples run on fakeredis and on redis-server (tests/test_mutations.py).
     return type(
-        f"{'Fair' if fair else 'Flow' if flows else ''}LifecycleMachine",
+        f"{'Fair' if fair else 'Flow' if flows else 'Progress' if progress else ''}LifecycleMachine",
         (base,), {"backend": backend, "lua_directory": lua_directory, **shadows},
     )
 
 
 def run_machine(
     backend: Backend, options: settings, lua_directory: Path | None = None, without: Sequence[str] = (),
-    fair: bool = False, flows: bool = False,
+    fair: bool = False, flows: bool = False, progress: bool = False,
 ) -> type[LifecycleMachine]:
     """Run the machine on ``backend`` with ``options`` (raises what the first failing
     example raised); returns the machine class, whose counters say what ran."""
-    machine = machine_for(backend, lua_directory, without, fair, flows)
+    machine = machine_for(backend, lua_directory, without, fair, flows, progress)
     run_state_machine_as_test(machine, settings=options)  # type: ignore[no-untyped-call]
     return machine

@@ -104,3 +104,28 @@ def test_flows_behave_like_the_model_on_every_step_on_a_real_redis_server(redis_
                started)
     finally:
         client.close()
+
+
+#: The progress machine (values on running jobs) runs every rule of the plain one and its
+#: own: a quarter of the examples in CI; PYQUEUE_DEEP runs it in full.
+PROGRESS_EXAMPLES = FLOW_EXAMPLES
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S)
+def test_progress_behaves_like_the_model_on_every_step_on_fakeredis() -> None:
+    started = time.monotonic()
+    report("fakeredis-progress", run_machine(FakeBackend(), model_settings(PROGRESS_EXAMPLES, STEPS), progress=True),
+           started)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S)
+def test_progress_behaves_like_the_model_on_every_step_on_a_real_redis_server(redis_server: RedisServer) -> None:
+    client = redis_server.client()
+    started = time.monotonic()
+    try:
+        report("redis-server-progress",
+               run_machine(RealBackend(client), model_settings(PROGRESS_EXAMPLES, STEPS), progress=True), started)
+    finally:
+        client.close()

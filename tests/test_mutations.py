@@ -57,6 +57,8 @@ class Mutant:
     fair: bool = False
     #: A bug of flows: the machine with jobs that wait for others finds it.
     flows: bool = False
+    #: A bug of progress: the machine with progress of running jobs finds it.
+    progress: bool = False
     #: Examples to run for this mutant, when it needs more than EXAMPLES (the budget is
     #: spent only while it survives).
     examples: int = 0
@@ -487,6 +489,20 @@ MUTANTS += [
         # Caught after 200 to 300 examples on redis-server (stop 29): a margin for moved examples.
         examples=1000,
     ),
+    Mutant(
+        "progress_trim_deletes_the_entries_of_running_jobs",
+        "progress",
+        "if writer and redis.call('ZSCORE', leased_key, writer) then",
+        "if writer and false then",
+        progress=True,
+    ),
+    Mutant(
+        "progress_show_shows_a_value_whose_lease_ended",
+        "progress_show",
+        "if redis.call('ZSCORE', leased_key, writer) then",
+        "if true then",
+        progress=True,
+    ),
 ]
 
 # Not planted, because it is equivalent (no test can tell it from the original): extend.lua
@@ -525,7 +541,7 @@ def mutant_backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
 
 def run_model(
     backend: Backend, lua_directory: Path, examples: int, *, job_control: bool = True, fair: bool = False,
-    flows: bool = False,
+    flows: bool = False, progress: bool = False,
 ) -> tuple[BaseException | None, int]:
     """Run the model test on ``backend`` against ``lua_directory``: the failure it found
     (or None), and how many examples it ran."""
@@ -539,7 +555,8 @@ def run_model(
         print_blob=False,
     )
     machine = machine_for(
-        backend, lua_directory, without=() if job_control else JOB_CONTROL_RULES, fair=fair, flows=flows
+        backend, lua_directory, without=() if job_control else JOB_CONTROL_RULES, fair=fair, flows=flows,
+        progress=progress,
     )
     try:
         run_state_machine_as_test(machine, settings=settings)  # type: ignore[no-untyped-call]
@@ -579,7 +596,8 @@ def test_the_model_test_catches_the_planted_bug(mutant: Mutant, mutant_backend: 
     backend = mutant_backend
     examples = max(EXAMPLES, mutant.examples)
     failure, ran = run_model(
-        backend, plant(mutant, tmp_path), examples, job_control=mutant.job_control, fair=mutant.fair, flows=mutant.flows
+        backend, plant(mutant, tmp_path), examples, job_control=mutant.job_control, fair=mutant.fair, flows=mutant.flows,
+        progress=mutant.progress,
     )
     assert failure is not None, f"the model test did not catch {mutant.name} in {examples} examples x {STEPS} steps"
     print(f"{mutant.name}: caught in example {ran} of at most {examples} on {backend.name}")  # pytest -rP shows it
