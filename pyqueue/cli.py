@@ -443,7 +443,8 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 def cmd_job(args: argparse.Namespace) -> int:
     """One job's state and what is known of it (Queue.get); exit 1 if it is unknown."""
-    info = open_queue(connect(args.url), args.queue, args.prefix).get(args.id, with_payload=args.payload)
+    queue = open_queue(connect(args.url), args.queue, args.prefix)
+    info = queue.get(args.id, with_payload=args.payload)
     rows: list[list[object]] = [["queue", info.queue], ["id", info.id], ["state", info.state]]
     if info.exists:
         rows += [["attempts", f"{info.attempts}/{info.max_attempts}"], ["payload", f"{info.payload_bytes} bytes"]]
@@ -453,6 +454,9 @@ def cmd_job(args: argparse.Namespace) -> int:
             "dead": [["died", f"{_ms(info.now_ms - info.due_ms)} ago"], ["error", info.error]],
         }
         rows += by_state.get(info.state, [])
+        progress = queue.progress_of([info.id]).get(info.id) if info.state == "leased" else None
+        if progress is not None:
+            rows.append(["progress", f"{progress.value.decode('utf-8', 'replace')} ({_ms(info.now_ms - progress.written_ms)} ago)"])
         if info.payload is not None:
             rows.append(["payload bytes", info.payload.decode("utf-8", "replace")])
     elif info.state == "done":

@@ -63,6 +63,17 @@ def test_job_command_says_where_a_job_is(url: str, capsys: pytest.CaptureFixture
     assert "unknown" in capsys.readouterr().out
 
 
+def test_job_command_shows_a_running_jobs_progress(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    q = Queue.from_url(url, "emails")
+    q.enqueue(b"x", job_id="j1")
+    (job,) = q.lease()
+    assert main(["--url", url, "job", "emails", "j1"]) == 0
+    assert "progress" not in capsys.readouterr().out
+    q.progress(job, '{"done": 40}')
+    assert main(["--url", url, "job", "emails", "j1"]) == 0
+    assert '{"done": 40}' in capsys.readouterr().out
+
+
 def test_pause_and_resume_commands(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     q = Queue.from_url(url, "emails")
     q.enqueue(b"x")

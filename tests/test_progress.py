@@ -5,13 +5,19 @@ drivers, fakeredis, a real redis-server and a Redis Cluster."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from conftest import all_keys, dump_all
+from tasks_support import Serving, wait_for
 
 from pyqueue import InvalidArgument, NewJob, Outcome, Queue
+from pyqueue.tasks import Tasks, current_job
+from pyqueue.tasks.runtime import TaskRun
 
 ASYNC_TOO = True
 ON_CLUSTER = True
@@ -121,3 +127,70 @@ def test_a_partitioned_queue_writes_and_reads_in_each_jobs_partition(make_queue:
     assert {shown[job.id].value for job in jobs} == {f"at {job.id}".encode() for job in jobs}
     keys = {k for k in all_keys(r) if k.endswith(b":progress")}
     assert len(keys) > 1  # spread over the partitions
+
+
+# -- the task layer: current_job().progress and SentTask.progress -----------------------
+
+
+def test_a_task_reports_progress_its_sender_reads_while_it_runs(r: Any) -> None:
+    tasks = Tasks(client=r)
+    go_on = threading.Event()
+    told: list[bool] = []
+
+    @tasks.task(name="crunch")
+    def crunch(n: int) -> None:
+        told.append(current_job().progress({"done": 0, "of": n}))
+        go_on.wait(10)
+        told.append(current_job().progress({"done": n, "of": n}))
+
+    serving = Serving(tasks, concurrency=2, block_ms=50)
+    try:
+        sent = crunch.send(3)
+        wait_for(lambda: sent.progress() == {"done": 0, "of": 3}, what="the first report")
+        go_on.set()
+        wait_for(lambda: sent.state() == "done", what="the run's end")
+        assert sent.progress() is None and told == [True, True]  # ended: none shows
+    finally:
+        serving.stop()
+
+
+def test_an_async_task_reports_with_aprogress_and_a_zombie_is_told_its_lease_ended(r: Any) -> None:
+    tasks = Tasks(client=r)
+    reported: list[tuple[bool, bool]] = []
+    go_on = asyncio.Event()
+
+    @tasks.task(name="acrunch")
+    async def acrunch(n: int) -> None:
+        first = await current_job().aprogress({"async": n})
+        while not go_on.is_set():
+            await asyncio.sleep(0.01)
+        reported.append((first, await current_job().aprogress({"async": -n})))
+
+    serving = Serving(tasks, concurrency=1, block_ms=50)
+    try:
+        assert serving.is_async
+        sent = acrunch.send(5)
+        wait_for(lambda: sent.progress() == {"async": 5}, what="the async report")
+        tasks.queue("default").cancel(sent.id)  # its lease ends under it: a zombie from now on
+        assert sent.progress() is None
+        serving.worker._loop.call_soon_threadsafe(go_on.set)  # type: ignore[attr-defined]
+        wait_for(lambda: bool(reported), what="the zombie's report")
+        assert reported == [(True, False)]  # the zombie's report is refused
+    finally:
+        serving.stop()
+
+
+def test_progress_must_be_small_json(r: Any) -> None:
+    tasks = Tasks(client=r)
+    q = tasks.queue("default")
+    q.enqueue(b"{}", job_id="raw")
+    (job,) = q.lease()
+    run = TaskRun(job, "crunch", None, None, {}, tasks)
+    with pytest.raises(InvalidArgument, match="4096 bytes"):
+        run.progress("x" * 5000)
+    with pytest.raises(InvalidArgument, match="crunch progress"):
+        run.progress(object())
+    assert q.progress_of(["raw"]) == {}
+    assert run.progress({"ok": True}) and json.loads(q.progress_of(["raw"])["raw"].value) == {"ok": True}
+
+

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pyqueue.errors import PyQueueError
 from pyqueue.models import JobResult
-from pyqueue.tasks.codec import from_json
+from pyqueue.tasks.codec import from_json, loads
 from pyqueue.worker import seconds_to_ms
 
 if TYPE_CHECKING:
@@ -61,6 +61,13 @@ class SentTask(Generic[R]):
         """Where the job is now: ready, scheduled, leased, dead, done or unknown
         (``Queue.get``)."""
         return self.app.queue(self.queue).get(self.id).state
+
+    def progress(self) -> Any:
+        """The latest progress the running job reported (``current_job().progress``),
+        decoded; None while it is not running or has reported none in this run. One
+        read (``Queue.progress_of``)."""
+        found = self.app.queue(self.queue).progress_of([self.id]).get(self.id)
+        return None if found is None else loads(found.value)
 
     def result(self, timeout: Duration | None = None) -> R:
         """Wait for the job to end, up to ``timeout`` seconds (None: no limit), and

@@ -27,6 +27,7 @@ result (:mod:`pyqueue.tasks.batch`): the worker runs its queue in batches
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -52,15 +53,18 @@ class TaskRun:
     """The running task job, as :func:`current_job` returns it. (A plain class with
     slots, not a dataclass: one is made per job, on the worker's hot path.)"""
 
-    __slots__ = ("job", "task", "enqueued_ms", "deadline_ms", "meta", "children")
+    __slots__ = ("job", "task", "enqueued_ms", "deadline_ms", "meta", "children", "app")
 
     #: Whether it runs in a batch task's batch, with other jobs (``current_batch()``).
     in_batch = False
 
     def __init__(
-        self, job: Job, task: str, enqueued_ms: int | None, deadline_ms: int | None, meta: Mapping[str, Any]
+        self, job: Job, task: str, enqueued_ms: int | None, deadline_ms: int | None, meta: Mapping[str, Any],
+        app: Any = None,
     ) -> None:
         self.job = job
+        #: The Tasks object running it (its connection reports progress).
+        self.app = app
         self.task = task
         #: When it was sent, on the server clock (ms); None if the producer did not say.
         self.enqueued_ms = enqueued_ms
@@ -108,6 +112,40 @@ class TaskRun:
         """Whether its end is decided without it: cancelled, lease lost, or time limit."""
         return self.job.cancelled.is_set()
 
+    def progress(self, value: Any) -> bool:
+        """Report how far this run is: ``value`` (JSON data, at most 4096 bytes encoded,
+        e.g. ``{"done": 40, "of": 100}``) replaces the run's previous one, and shows
+        (``SentTask.progress()``, ``Queue.progress_of``, ``pyqueue job QUEUE ID``) while
+        this lease runs. Fenced (lua/progress.lua): returns False, and stores nothing, once
+        this run's lease has ended (cancelled, expired, time limit): a sign to stop. One
+        round trip; from an ``async def`` task, ``await`` :meth:`aprogress` instead.
+
+        Raises:
+            InvalidArgument: not JSON data, or more than 4096 bytes encoded.
+        """
+        return bool(_progress_queue(self.app, self.job.queue).progress(self.job, self._progress_bytes(value)))
+
+    async def aprogress(self, value: Any) -> bool:
+        """:meth:`progress` on the asyncio client, for ``async def`` tasks (in a thread
+        on the blocking client where the Tasks object has no asyncio one: it was given
+        a cluster client, from which it makes no other)."""
+        data = self._progress_bytes(value)
+        try:
+            queue = _progress_queue(self.app, self.job.queue, use_asyncio=True)
+        except ClientUnavailable:
+            blocking = _progress_queue(self.app, self.job.queue)
+            return bool(await asyncio.to_thread(blocking.progress, self.job, data))
+        return bool(await queue.progress(self.job, data))
+
+    def _progress_bytes(self, value: Any) -> bytes:
+        from pyqueue.tasks.codec import dumps
+        from pyqueue.verbs.progress import MAX_PROGRESS_BYTES
+
+        data = dumps(to_json(value, f"{self.task} progress")).encode("utf-8")
+        if len(data) > MAX_PROGRESS_BYTES:
+            raise InvalidArgument(f"{self.task}: progress is at most {MAX_PROGRESS_BYTES} bytes as JSON, got {len(data)}")
+        return data
+
     def spawn(self, *steps: Any) -> None:
         """Add children to this run: task calls (``fn.s(...)``), chains or groups. They
         are sent together, as one flow of their own, when the task's function returns
@@ -125,6 +163,43 @@ class TaskRun:
         :mod:`pyqueue.tasks.flows`, whose ``on_failure`` rules apply)."""
         kids, _, _ = self.children or ([], None, "fail")
         self.children = (kids, callback, on_failure)
+
+
+#: Per (Tasks object, physical queue, driver): the queue object progress is reported
+#: through (one per queue, not one per report).
+_progress_queues: dict[tuple[int, str, bool], Any] = {}
+
+
+class ClientUnavailable(InvalidArgument):
+    """The Tasks object cannot make the asyncio client progress would be sent on."""
+
+
+def _progress_queue(app: Any, queue: str, use_asyncio: bool = False) -> Any:
+    """The queue object of the physical queue ``queue`` (a partition's own name for a
+    partitioned queue) on ``app``'s blocking or asyncio client.
+
+    Raises:
+        ClientUnavailable: ``use_asyncio``, and ``app`` has no asyncio client to give.
+    """
+    if app is None:
+        raise InvalidArgument("progress is reported from a task run by a worker (current_job())")
+    key = (id(app), queue, use_asyncio)
+    found = _progress_queues.get(key)
+    if use_asyncio:
+        try:
+            client = app.connection.aredis
+        except InvalidArgument as exc:
+            raise ClientUnavailable(str(exc)) from None
+    else:
+        client = app.redis
+    if found is None or found.redis is not client:
+        from pyqueue.aio import AsyncQueue
+        from pyqueue.queue import Queue
+
+        found = (AsyncQueue if use_asyncio else Queue)(queue, client, prefix=app.prefix)
+        found._partitions_checked = True  # the physical queue, named by the job itself
+        _progress_queues[key] = found
+    return found
 
 
 def send_children(app: Any, run: TaskRun) -> None:
@@ -238,7 +313,7 @@ class Dispatcher:
         if opts.time_limit_ms is not None and slot is not None:
             slot.limit(opts.time_limit_ms / 1000, self._limit_ending(task, opts, job))
             deadline_ms = slot.leased_at_ms + opts.time_limit_ms
-        run = TaskRun(job, task.name, enqueued_ms, deadline_ms, env.meta)
+        run = TaskRun(job, task.name, enqueued_ms, deadline_ms, env.meta, task.app)
         if self.run_hooks:
             return self.run_around(task, opts, env, slot, run)
         token = _current.set(run)
