@@ -164,7 +164,7 @@ def bench_bare_enqueue_script(loops: int, url: str) -> float:
     """Decomposition (no target): EVALSHA of lua/enqueue.lua for one job through bare
     redis-py, ids and arguments built before the clock starts. ``enqueue`` minus this is
     pyqueue's Python layer; this minus raw_evalsha_return1 is script work plus the
-    encoding of 5 keys and 6 arguments."""
+    encoding of 10 keys and 8 arguments."""
     client = raw_client(url)
     queue = fresh_queue(url, "bare-enqueue")
     sha = client.script_load(lua_source("enqueue"))
@@ -173,8 +173,9 @@ def bench_bare_enqueue_script(loops: int, url: str) -> float:
     evalsha = client.evalsha
     t0 = time.perf_counter()
     for job_id in ids:
-        # ARGV as Scripts.enqueue sends it: now_ms '' (server clock), n, id, payload, delay, max
-        evalsha(sha, len(keys), *keys, "", 1, job_id, PAYLOAD, 0, 5)
+        # ARGV as Scripts.enqueue sends it (contract v3): now_ms '' (server clock), n, then
+        # id, payload, delay, max_attempts, priority '' and group '' per job
+        evalsha(sha, len(keys), *keys, "", 1, job_id, PAYLOAD, 0, 5, "", "")
     elapsed = time.perf_counter() - t0
     drop(queue)
     return elapsed
@@ -297,6 +298,24 @@ def bench_promote_idle(loops: int, url: str) -> float:
     return elapsed
 
 
+def bench_progress(loops: int, url: str) -> float:
+    """Queue.progress of a 20-byte JSON value, by 20 running jobs in turn (lua/progress.lua):
+    every call's trim looks at 11 entries of running jobs and moves them, the most it
+    does (an ended job's entry is deleted instead, which costs about the same)."""
+    queue = fresh_queue(url, "progress")
+    fill(queue, 20)
+    jobs = lease_all(queue, 20)
+    progress, value = queue.progress, b'{"done":40,"of":100}'
+    for job in jobs:
+        progress(job, value)
+    t0 = time.perf_counter()
+    for i in range(loops):
+        progress(jobs[i % 20], value)
+    elapsed = time.perf_counter() - t0
+    drop(queue)
+    return elapsed
+
+
 def bench_stats(loops: int, url: str) -> float:
     """Queue.stats on a queue with 1000 ready, 100 leased and 100 scheduled jobs
     (lua/stats.lua: counts, lag and counters in one read-only call)."""
@@ -329,6 +348,7 @@ BENCHMARKS: list[tuple[str, TimeFunc]] = [
     ("extend_x10", bench_extend_x10),
     ("promote_x10", bench_promote_x10),
     ("promote_idle", bench_promote_idle),
+    ("progress", bench_progress),
     ("stats", bench_stats),
 ]
 
