@@ -547,6 +547,9 @@ def expected_info(q: Queue, job_id: str, with_payload: bool = False) -> dict[str
     info = q.get(job_id, with_payload=with_payload)
     want = {**dataclasses.asdict(info), "exists": info.exists, "error_truncated": False}
     del want["payload"], want["now_ms"]
+    progress = q.progress_of([job_id]).get(job_id) if info.state == "leased" else None
+    want["progress"] = None if progress is None else progress.value.decode()
+    want["progress_written_ms"] = None if progress is None else progress.written_ms
     return want
 
 
@@ -567,6 +570,11 @@ def test_a_job_lookup_answers_what_queue_get_does_in_every_state(r: Any, open_da
     assert dead["error"] == "ValueError: no such mailbox for d1" and dead["payload_bytes"] == 28
     leased = client.get("/api/queues/emails/job?id=j1").json()
     assert leased["deadline_ms"] > 0 and leased["fence"] >= 0 and leased["exists"] is True
+    assert leased["progress"] is None
+    (running,) = [job for job in q.lease(count=3) if job.id == "j2"] or [None]
+    assert running is not None and q.progress(running, '{"done": 7}')
+    shown = client.get("/api/queues/emails/job?id=j2").json()
+    assert shown["progress"] == '{"done": 7}' and shown["progress_written_ms"] > 0
     # A partitioned queue: the id's partition answers, and names itself.
     o1 = client.get("/api/queues/orders/job?id=o1").json()
     assert o1["state"] == "dead" and o1["queue"].startswith("orders") and o1["queue"] != "orders"

@@ -334,7 +334,8 @@ def test_looking_a_job_up_from_the_page_shows_its_state(browser: Any, r: Any, se
     q = Queue("emails", r)
     kill(q, ["d1"], "boom {id}")
     q.enqueue(b"{}", job_id="l1")
-    assert [job.id for job in q.lease()] == ["l1"]
+    (running,) = q.lease()
+    assert running.id == "l1" and q.progress(running, '{"done": 40, "of": 100}')
     q.enqueue(b"{}", job_id="r1")
     page, console = open_page(browser, serve().url)
     result = page.locator("#lookup-result")
@@ -349,6 +350,9 @@ def test_looking_a_job_up_from_the_page_shows_its_state(browser: Any, r: Any, se
             assert "example.com" not in result.inner_text()  # payloads hidden without --show-payloads
         if state == "leased":
             expect(result.locator('tr[data-field="deadline_ms"] td')).to_have_text(re.compile(r"^in "))
+            expect(result.locator('tr[data-field="progress"] td pre')).to_have_text('{"done": 40, "of": 100}')
+        else:
+            expect(result.locator('tr[data-field="progress"]')).to_have_count(0)
     assert console.errors == []
 
 

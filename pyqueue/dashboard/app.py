@@ -278,10 +278,15 @@ def job_info(queue: Queue, job_id: str, show_payloads: bool) -> dict[str, Any]:
     """One job as ``Queue.get`` reads it (``queue``: the partition that holds it), plus
     ``exists``. Its error clipped as a dead letter's is; its payload as text, only when
     the dashboard shows payloads (null for a job that is done or unknown), else only
-    ``payload_bytes``."""
+    ``payload_bytes``. A running job's progress (``Queue.progress_of``: what its task
+    reported with ``current_job().progress``) as text with ``progress_written_ms``;
+    null for a job that is not running or reported none."""
     info = queue.get(job_id, with_payload=show_payloads)
     item = dataclasses.asdict(info)
     item["exists"] = info.exists
+    progress = queue.progress_of([info.id]).get(info.id) if info.state == "leased" else None
+    item["progress"] = None if progress is None else progress.value.decode("utf-8", "replace")
+    item["progress_written_ms"] = None if progress is None else progress.written_ms
     item["error"], item["error_truncated"] = _clip(info.error)
     del item["payload"]
     if show_payloads:

@@ -692,6 +692,9 @@
     if (info.deadline_ms > 0) row("deadline_ms", "lease deadline", time(info.deadline_ms));
     if (info.owner) row("owner", "lease owner", info.owner);
     if (info.fence >= 0 && info.state === "leased") row("fence", "fence", String(info.fence));
+    if (info.progress !== null && info.progress !== undefined) {
+      row("progress", "progress", el("pre", { class: "payload", text: info.progress }), time(info.progress_written_ms));
+    }
     if (info.done_until_ms > 0) row("done_until_ms", "a duplicate until", time(info.done_until_ms));
     if (info.payload_bytes >= 0) {
       if ("payload" in info && info.payload !== null) {
