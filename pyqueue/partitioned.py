@@ -38,7 +38,6 @@ from pyqueue.core import (
     JobTuple,
     Plan,
     Verb,
-    check_ids,
     check_int,
     check_job_id,
     partition_name,
@@ -67,7 +66,7 @@ from pyqueue.models import (
 )
 from pyqueue.queue import Queue, QueueCore, plan_peek_many, sum_stats
 from pyqueue.verbs.flows import FlowDone, FlowRecord, Ref, Waiting
-from pyqueue.verbs.progress import Progress
+from pyqueue.verbs.progress import Progress, check_progress_ids, check_progress_job
 
 
 class PartitionedParts(QueueCore):
@@ -316,15 +315,11 @@ class PartitionedParts(QueueCore):
 
     def plan_progress(self, job: Job, value: bytes | str, **kwargs: Any) -> Plan[Outcome]:
         """As :meth:`QueueCore.plan_progress`, in the partition of the job."""
-        if not isinstance(job, Job):
-            raise InvalidArgument(f"progress takes the Job from lease, got {type(job).__name__}")
-        return (yield from self.part_for(job.id).plan_progress(job, value, **kwargs))
+        return (yield from self.part_for(check_progress_job(job).id).plan_progress(job, value, **kwargs))
 
     def plan_progress_of(self, ids: Iterable[str]) -> Plan[dict[str, Progress]]:
         """As :meth:`QueueCore.plan_progress_of`: one read per partition holding any of ``ids``."""
-        checked = check_ids(ids)
-        if not checked:
-            raise InvalidArgument("progress_of takes 1..1000 job ids")
+        checked = check_progress_ids(ids)
         by_part: dict[int, list[str]] = {}
         for job_id in checked:
             by_part.setdefault(partition_of(job_id, self.partitions), []).append(job_id)

@@ -33,6 +33,21 @@ class Progress:
         return self.receipt.split("|", 1)[0]
 
 
+def check_progress_ids(ids: Iterable[str]) -> list[str]:
+    """1..1000 valid job ids (``progress_of``), else InvalidArgument."""
+    checked = check_ids(ids)
+    if not checked:
+        raise InvalidArgument("progress_of takes 1..1000 job ids")
+    return checked
+
+
+def check_progress_job(job: object) -> Job:
+    """The Job from lease that ``progress`` takes, else InvalidArgument."""
+    if not isinstance(job, Job):
+        raise InvalidArgument(f"progress takes the Job from lease, got {type(job).__name__}")
+    return job
+
+
 class ProgressVerbs(QueueVerbs):
     def plan_progress(self, job: Job, value: bytes | str, *, now_ms: int | None = None) -> Plan[Outcome]:
         """Store ``value`` (0..4096 bytes; a str as UTF-8) as the progress of ``job``,
@@ -44,8 +59,7 @@ class ProgressVerbs(QueueVerbs):
         Raises:
             InvalidArgument: not a leased Job, or a value too large (nothing sent).
         """
-        if not isinstance(job, Job):
-            raise InvalidArgument(f"progress takes the Job from lease, got {type(job).__name__}")
+        check_progress_job(job)
         data = value.encode("utf-8") if isinstance(value, str) else value
         if not isinstance(data, bytes) or len(data) > MAX_PROGRESS_BYTES:
             raise InvalidArgument(f"a progress value is bytes or str of at most {MAX_PROGRESS_BYTES} bytes")
@@ -58,9 +72,7 @@ class ProgressVerbs(QueueVerbs):
         """The progress of each of ``ids`` (1..1000 job ids) that is running and whose
         current lease reported some; the others are left out. Read only, one atomic
         read (lua/progress_show.lua)."""
-        checked = check_ids(ids)
-        if not checked:
-            raise InvalidArgument("progress_of takes 1..1000 job ids")
+        checked = check_progress_ids(ids)
         reply = yield from self._run(progress_show_call(self.keys, checked))
         found = {}
         for i, job_id in enumerate(checked):
