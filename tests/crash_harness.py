@@ -618,12 +618,15 @@ class Trial:
                 "crash_handlers:tasks_async")[index % 4]
 
     def next_point(self) -> str:
-        """The crash point with the fewest hits (counting workers alive with it), so that
-        every point is hit. Ties go to the points that need a long life first: a worker
-        reaches in_extend only after lease_ms / 3 of busy work, so it should start while
-        the queue is full."""
-        pending = collections.Counter(w.point for w in self.live() if w.point)
-        return min(SPAWN_ORDER, key=lambda p: (self.hits[p] + pending[p], SPAWN_ORDER.index(p)))
+        """The crash point with the fewest hits plus workers started with it in this trial
+        (alive or not), so that the points take turns and every one is hit: counting only
+        live workers gave a point back to the front each time its worker was killed from
+        outside, and a supervised run, whose supervisors' hits are read from their logs
+        at the end, once started none with before_ack or ack_sent. Ties go to the points
+        that need a long life first: a worker reaches in_extend only after lease_ms / 3
+        of busy work, so it should start while the queue is full."""
+        started = collections.Counter(w.point for w in self.workers if w.point)
+        return min(SPAWN_ORDER, key=lambda p: (self.hits[p] + started[p], SPAWN_ORDER.index(p)))
 
     def live(self) -> list[WorkerRun]:
         return [w for w in self.workers if w.returncode is None]

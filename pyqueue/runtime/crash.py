@@ -14,6 +14,7 @@ import signal
 from typing import Any
 
 from pyqueue.clients import node_for_key
+from pyqueue.core import ack_call
 from pyqueue.errors import InvalidArgument
 from pyqueue.models import Job
 from pyqueue.queue import Queue
@@ -65,6 +66,9 @@ def send_and_die(queue: Queue, job: Job, crasher: Crasher) -> None:
     sha = queue.scripts.sha("ack")
     client.script_load(lua_source("ack"))  # EVALSHA must not fail with NOSCRIPT
     connection: Any = client.connection_pool.get_connection()
-    keys = [queue.keys.jobs, queue.keys.leased, queue.keys.owners]
-    connection.send_command("EVALSHA", sha, len(keys), *keys, job.receipt)
+    # The call the worker's ack makes (the contract's keys and ARGV: a call the script
+    # refused with PQ_CONTRACT would test nothing), sent, its reply never read.
+    call = ack_call(queue.keys, None, queue.keep_done_ms, [job.receipt])
+    keys = queue.scripts.key_list(call.script, call.keys)
+    connection.send_command("EVALSHA", sha, len(keys), *keys, *call.args)
     crasher.die("ack_sent")
