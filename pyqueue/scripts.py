@@ -96,6 +96,7 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "flow_done": ("jobs", "scheduled", "wake", "fwait", "fpending"),
     "flow_record": ("flows", "flow_expiry"),
     "flow_show": ("flows", "flow_expiry"),
+    "browse": ("jobs", "ready", "scheduled", "leased", "done", "results", "result_expiry", "gready"),
     "progress": ("leased", "progress", "progress_at"),
     "progress_show": ("leased", "progress"),
     "service_register": ("seq", "ids", "expiry", "queues", "service"),
