@@ -4,15 +4,18 @@ Jobs panel, Queue.browse). Read only.
 A page is read by rank, so every command is bounded by `count`, never by the length of
 the queue: LLEN/ZCARD/ZCOUNT for the total, one LRANGE or ZRANGE of at most `count`
 (two for ready: the list, then the zset), one HMGET of at most `count` fields, and for
-done at most `count` ZSCOREs. Payloads are never returned (they may hold personal data;
+done at most `count` ZSCOREs. A zset page costs O(log n + count); a page of the
+`ready` list O(d + count), d the distance of `start` from the list's nearer end (LRANGE
+walks to it). Payloads are never returned (they may hold personal data;
 `get` shows one job's payload on request).
 
 Order of a page, by state:
   ready      the `ready` list from its head (the jobs without group or priority, in the
              order lease takes them), then `gready` by rank (grouped or prioritised jobs:
              members "<group>|<rank>|<id>", all scores 0, so rank order is lex order:
-             by group, then by priority, then FIFO). With groups or priorities this is
-             not the order lease hands jobs out (that goes round the groups' turns).
+             by group (the ungrouped, "|<rank>|<id>", after every group), then by
+             priority, then FIFO). With groups or priorities this is not the order
+             lease hands jobs out (that goes round the groups' turns).
   scheduled  by due time, earliest first; a job waiting for others (flow_wait.lua) is
              due at WAIT_DUE_MS (2^50) and comes last.
   running    by lease deadline, earliest first (an expired lease not yet reclaimed too:

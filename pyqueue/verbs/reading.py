@@ -143,12 +143,13 @@ class ReadingVerbs(QueueVerbs):
         ``done``; the dead ones: :meth:`dead_list`): at most ``count`` (1..500) from
         rank ``start``, and how many there are in that state (lua/browse.lua).
 
-        A snapshot of one moment, read atomically in one call, and bounded: the work is
-        O(log n + count), whatever the queue's length. Payloads are never read (``get``
+        A snapshot of one moment, read atomically in one call, and bounded: each
+        command reads at most ``count`` entries, by rank (O(log n + count); for the
+        ready list, O(d + count), d the distance of ``start`` from its nearer end). Payloads are never read (``get``
         shows one job's). Pages read one after another may overlap or skip jobs that
         moved in between. Order: ready, the jobs without group or priority in the order
-        lease takes them, then the grouped or prioritised ones by group, priority and
-        age (not the order lease serves those); scheduled by due time (jobs waiting for
+        lease takes them, then the grouped or prioritised ones by group (those without
+        one last), priority and age (not the order lease serves those); scheduled by due time (jobs waiting for
         others last, ``JobEntry.waiting``); running by lease deadline; done, the
         tombstones in force, the earliest to expire first. Read only."""
         state = check_browse(state, start, count)
