@@ -121,6 +121,7 @@ def test_an_empty_queue_has_nothing_in_any_state(q: Queue) -> None:
         (("dead",), "state must be one of"),
         (("READY",), "state must be one of"),
         ((None,), "state must be one of"),
+        ((["ready"],), "state must be one of"),
         (("ready", -1), "start"),
         (("ready", 2**31 + 1), "start"),
         (("ready", 1.0), "start"),
@@ -132,9 +133,9 @@ def test_an_empty_queue_has_nothing_in_any_state(q: Queue) -> None:
 def test_bad_input_is_refused_in_python_before_anything_is_sent(q: Queue, args: tuple[Any, ...], message: str) -> None:
     with pytest.raises(InvalidArgument, match=message):
         q.browse(*args)
-    # the plan raises before its first step: nothing reaches the server
+    # the plan raises before it yields its first step: nothing reaches the server
     with pytest.raises(InvalidArgument, match=message):
-        next(Queue("q", redis.Redis(unix_socket_path="/nonexistent")).plan_browse(*args))
+        next(q.plan_browse(*args))
     with pytest.raises(InvalidArgument, match="now_ms"):
         q.browse("ready", now_ms=-1)
 

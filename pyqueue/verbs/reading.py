@@ -66,7 +66,7 @@ MAX_BROWSE = 500
 
 def check_browse(state: object, start: object, count: object) -> str:
     """``browse``'s arguments checked (InvalidArgument before anything is sent)."""
-    if state not in BROWSE_STATES:
+    if not isinstance(state, str) or state not in BROWSE_STATES:
         raise InvalidArgument(f"state must be one of {', '.join(BROWSE_STATES)}, got {state!r}")
     check_int(start, "start", 0, 2**31)
     check_int(count, "count", 1, MAX_BROWSE)
@@ -145,13 +145,14 @@ class ReadingVerbs(QueueVerbs):
 
         A snapshot of one moment, read atomically in one call, and bounded: each
         command reads at most ``count`` entries, by rank (O(log n + count); for the
-        ready list, O(d + count), d the distance of ``start`` from its nearer end). Payloads are never read (``get``
-        shows one job's). Pages read one after another may overlap or skip jobs that
-        moved in between. Order: ready, the jobs without group or priority in the order
-        lease takes them, then the grouped or prioritised ones by group (those without
-        one last), priority and age (not the order lease serves those); scheduled by due time (jobs waiting for
-        others last, ``JobEntry.waiting``); running by lease deadline; done, the
-        tombstones in force, the earliest to expire first. Read only."""
+        ready list, O(d + count), d the distance of ``start`` from its nearer end).
+        Payloads are never returned (``get`` shows one job's). Pages read one after
+        another may overlap or skip jobs that moved in between. Order: ready, the jobs
+        without group or priority in the order lease takes them, then the grouped or
+        prioritised ones by group (those without one last), priority and age (not the
+        order lease serves those); scheduled by due time (jobs waiting for others last,
+        ``JobEntry.waiting``); running by lease deadline; done, the tombstones in
+        force, the earliest to expire first. Read only."""
         state = check_browse(state, start, count)
         check_now(now_ms)
         reply = yield from self._run(browse_call(self.keys, now_ms, state, start, count))
