@@ -689,6 +689,11 @@ def progress_show_call(keys: Keys, ids: Sequence[str]) -> ScriptCall:
     return ScriptCall("progress_show", keys, list(ids))
 
 
+def browse_call(keys: Keys, now_ms: int | None, state: str, start: int, count: int) -> ScriptCall:
+    """lua/browse.lua."""
+    return ScriptCall("browse", keys, [now_arg(now_ms), state, start, count])
+
+
 def groups_call(keys: Keys, offset: int, limit: int) -> ScriptCall:
     """lua/groups.lua."""
     return ScriptCall("groups", keys, [offset, limit])

@@ -265,6 +265,55 @@ class DeadPage:
     jobs: list[DeadJob]
 
 
+#: The due time of a job waiting for other jobs (lua/flow_wait.lua): never due by time.
+WAITING_DUE_MS = 2**50
+
+
+@dataclass(frozen=True)
+class JobEntry:
+    """One job of a :class:`JobPage` (``Queue.browse``, lua/browse.lua): what its state
+    tells of it, never its payload. Fields a state has not are -1, '' or False.
+
+    ready: ``attempts``, ``max_attempts``, ``group`` and ``priority``; scheduled:
+    ``due_ms`` (:data:`WAITING_DUE_MS` for a job waiting for others: ``waiting``),
+    ``attempts``, ``max_attempts``; running: ``owner`` (the service holding the lease),
+    ``attempts`` (this run's attempt), ``max_attempts``, ``fence``, ``deadline_ms``;
+    done: ``done_until_ms`` (its id a duplicate until then), ``has_result`` and
+    ``finished_ms`` (``Queue.result`` answers the result)."""
+
+    id: str
+    #: The queue that holds it (a partition's name, on a partitioned queue).
+    queue: str
+    attempts: int = -1
+    max_attempts: int = -1
+    group: str = ""
+    priority: int = 0
+    due_ms: int = -1
+    owner: str = ""
+    fence: int = -1
+    deadline_ms: int = -1
+    done_until_ms: int = -1
+    has_result: bool = False
+    finished_ms: int = -1
+
+    @property
+    def waiting(self) -> bool:
+        """A scheduled job that waits for other jobs to end (a flow's next step)."""
+        return self.due_ms == WAITING_DUE_MS
+
+
+@dataclass(frozen=True)
+class JobPage:
+    """One page of ``Queue.browse``: the jobs of ``state`` from rank ``start``, and how
+    many jobs were in that state (``total``) at ``now_ms`` (server clock)."""
+
+    state: str
+    total: int
+    start: int
+    now_ms: int
+    jobs: list[JobEntry]
+
+
 @dataclass(frozen=True)
 class Result:
     """What a handler returns to have its job's result kept for ``ttl_ms`` (default:

@@ -40,6 +40,7 @@ from pyqueue.core import (
     Verb,
     check_int,
     check_job_id,
+    check_now,
     partition_name,
     partition_of,
     plan_each,
@@ -53,7 +54,9 @@ from pyqueue.models import (
     GroupsPage,
     Extended,
     Job,
+    JobEntry,
     JobInfo,
+    JobPage,
     JobResult,
     Leased,
     Nacked,
@@ -65,6 +68,7 @@ from pyqueue.models import (
     Stats,
 )
 from pyqueue.queue import Queue, QueueCore, plan_peek_many, sum_stats
+from pyqueue.verbs.reading import check_browse
 from pyqueue.verbs.flows import FlowDone, FlowRecord, Ref, Waiting
 from pyqueue.verbs.progress import Progress, check_progress_ids, check_progress_job
 
@@ -421,6 +425,26 @@ class PartitionedCore(PartitionedParts):
     def plan_cancel(self, job_id: str, *, now_ms: int | None = None) -> Plan[Cancelled]:
         """As :meth:`QueueCore.plan_cancel`, in the id's partition (``queue`` names it)."""
         return (yield from self.part_for(job_id).plan_cancel(job_id, now_ms=now_ms))
+
+    def plan_browse(self, state: str, start: int = 0, count: int = 50, *, now_ms: int | None = None) -> Plan[JobPage]:
+        """As :meth:`QueueCore.plan_browse`, over the partitions in order: ranks
+        ``start`` .. ``start + count - 1`` of partition 0's jobs in ``state`` followed
+        by partition 1's, and so on (``JobEntry.queue`` names each job's partition);
+        ``total`` is the sum. One call per partition, one after another: each
+        partition's part is a snapshot of one moment, the page as a whole is not."""
+        state = check_browse(state, start, count)
+        check_now(now_ms)
+        jobs: list[JobEntry] = []
+        total, latest = 0, 0
+        for part in self.parts:
+            want = count - len(jobs)
+            # A partition after the page is full is still read (one job) for its total.
+            page = yield from part.plan_browse(state, max(0, start - total), max(want, 1), now_ms=now_ms)
+            if want > 0:
+                jobs += page.jobs
+            total += page.total
+            latest = max(latest, page.now_ms)
+        return JobPage(state=state, total=total, start=start, now_ms=latest, jobs=jobs)
 
     def plan_dead_list(self, offset: int = 0, limit: int = 100) -> Plan[DeadPage]:
         """One page of DEAD over all partitions, oldest first (merged by time of death;

@@ -96,6 +96,7 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "flow_done": ("jobs", "scheduled", "wake", "fwait", "fpending"),
     "flow_record": ("flows", "flow_expiry"),
     "flow_show": ("flows", "flow_expiry"),
+    "browse": ("jobs", "ready", "scheduled", "leased", "done", "results", "result_expiry", "gready"),
     "progress": ("leased", "progress", "progress_at"),
     "progress_show": ("leased", "progress"),
     "service_register": ("seq", "ids", "expiry", "queues", "service"),
@@ -168,7 +169,7 @@ def _node_pool() -> ThreadPoolExecutor:
 
 
 #: Scripts that write nothing: wait_replicas sends no WAIT after them.
-READ_ONLY = frozenset({"stats", "peek", "dead_list", "get", "result", "flow_show", "progress_show"})
+READ_ONLY = frozenset({"stats", "peek", "dead_list", "get", "result", "flow_show", "progress_show", "browse"})
 
 #: How long a cluster call keeps retrying weather before it raises.
 DEFAULT_WEATHER_BUDGET_S = 30.0

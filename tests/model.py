@@ -49,6 +49,8 @@ from pyqueue.models import (
     Extended,
     GroupInfo,
     GroupsPage,
+    JobEntry,
+    JobPage,
     Leased,
     Nacked,
     Peeked,
@@ -853,6 +855,44 @@ class QueueModel:
             if job_id not in found and job_id in self.dead:
                 found.append(job_id)
         return found
+
+    def browse(self, state: str, start: int, count: int, now: int) -> JobPage:
+        """browse.lua: one page of a state's jobs. Ready: the `ready` list from its head,
+        then `gready` in member order; scheduled by due time, running by deadline (both
+        then by member), done: the tombstones in force, whether a result is kept."""
+        q = self.name
+        entries: list[JobEntry]
+        if state == "ready":
+            rows = [(i, "", 0) for i in self.ready]
+            for member in sorted(self.gready, key=str.encode):
+                group, rest = member.split("|", 1)
+                rows.append((rest[18:], group, 53 - ord(rest[0])))
+            total = len(rows)
+            entries = [JobEntry(i, q, attempts=self.jobs[i].attempts, max_attempts=self.jobs[i].max_attempts,
+                                group=group, priority=priority) for i, group, priority in rows[start : start + count]]
+        elif state == "scheduled":
+            total = len(self.scheduled)
+            entries = [JobEntry(i, q, due_ms=self.scheduled[i], attempts=self.jobs[i].attempts,
+                                max_attempts=self.jobs[i].max_attempts)
+                       for i in zsorted(self.scheduled)[start : start + count]]
+        elif state == "running":
+            total = len(self.leases)
+            deadlines = {receipt: lease.deadline_ms for receipt, lease in self.leases.items()}
+            entries = []
+            for receipt in zsorted(deadlines)[start : start + count]:
+                lease = self.leases[receipt]
+                entries.append(JobEntry(lease.id, q, owner=receipt.split("|", 1)[0], attempts=lease.attempt,
+                                        max_attempts=self.jobs[lease.id].max_attempts, fence=lease.fence,
+                                        deadline_ms=lease.deadline_ms))
+        else:
+            in_force = {i: until for i, until in self.done.items() if until > now}
+            total = len(in_force)
+            entries = []
+            for i in zsorted(in_force)[start : start + count]:
+                kept = i in self.results and self.result_expiry.get(i, now) > now
+                finished_ms = int(self.results[i].split(b"|", 1)[0]) if kept else -1
+                entries.append(JobEntry(i, q, done_until_ms=in_force[i], has_result=kept, finished_ms=finished_ms))
+        return JobPage(state=state, total=total, start=start, now_ms=now, jobs=entries)
 
     def dead_list(self, offset: int, limit: int) -> DeadPage:
         """dead_list.lua: oldest death first."""
@@ -2358,34 +2398,46 @@ class ProgressLifecycleMachine(LifecycleMachine):
         )
 
 
+class BrowseLifecycleMachine(FairLifecycleMachine):
+    """The fair machine (jobs with and without groups and priorities in READY, leases,
+    tombstones, results) with one more rule: ``browse`` of every state against the
+    model, pages of every size and start. A machine of its own, so that the other
+    machines' derandomized examples (and the mutants they catch) stay as they were."""
+
+    @rule(state=st.sampled_from(["ready", "ready", "scheduled", "running", "done"]),
+          start=st.sampled_from([0, 1, 2, 3, 5]), count=st.sampled_from([1, 2, 3, 500]))
+    def check_browse(self, state: str, start: int, count: int) -> None:
+        got = self.q.browse(state, start, count, now_ms=self.now)
+        expected = self.model.browse(state, start, count, self.now)
+        assert got == expected, f"browse {state} {start} {count}: {got}, model {expected}"
+
+
 def machine_for(
     backend: Backend, lua_directory: Path | None = None, without: Sequence[str] = (), fair: bool = False,
-    flows: bool = False, progress: bool = False,
+    flows: bool = False, progress: bool = False, browse: bool = False,
 ) -> type[LifecycleMachine]:
     """The machine bound to a backend and, for mutation tests, a scripts directory;
     ``without``: rules left out (each shadowed by a plain method, which Hypothesis does
     not collect); ``fair``: the machine with fair scheduling's rules too; ``flows``: the
-    machine with flows' rules too."""
+    machine with flows' rules too; ``browse``: the fair one with browse's rule too."""
     unknown = set(without) - set(JOB_CONTROL_RULES)
     assert not unknown, f"only job-control rules may be left out, not {unknown}"
-    assert fair + flows + progress <= 1, "one machine at a time: fair, flows or progress"
+    assert fair + flows + progress + browse <= 1, "one machine at a time: fair, flows, progress or browse"
     shadows = {name: (lambda self, *args, **kwargs: None) for name in without}
     base = (FairLifecycleMachine if fair else FlowLifecycleMachine if flows else ProgressLifecycleMachine if progress
-            else LifecycleMachine)
+            else BrowseLifecycleMachine if browse else LifecycleMachine)
     # The name does not say the backend: a derandomized run draws its examples from it,
     # so the same examples run on fakeredis and on redis-server (tests/test_mutations.py).
-    return type(
-        f"{'Fair' if fair else 'Flow' if flows else 'Progress' if progress else ''}LifecycleMachine",
-        (base,), {"backend": backend, "lua_directory": lua_directory, **shadows},
-    )
+    kind = "Fair" if fair else "Flow" if flows else "Progress" if progress else "Browse" if browse else ""
+    return type(f"{kind}LifecycleMachine", (base,), {"backend": backend, "lua_directory": lua_directory, **shadows})
 
 
 def run_machine(
     backend: Backend, options: settings, lua_directory: Path | None = None, without: Sequence[str] = (),
-    fair: bool = False, flows: bool = False, progress: bool = False,
+    fair: bool = False, flows: bool = False, progress: bool = False, browse: bool = False,
 ) -> type[LifecycleMachine]:
     """Run the machine on ``backend`` with ``options`` (raises what the first failing
     example raised); returns the machine class, whose counters say what ran."""
-    machine = machine_for(backend, lua_directory, without, fair, flows, progress)
+    machine = machine_for(backend, lua_directory, without, fair, flows, progress, browse)
     run_state_machine_as_test(machine, settings=options)  # type: ignore[no-untyped-call]
     return machine

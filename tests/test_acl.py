@@ -53,7 +53,7 @@ from pyqueue.worker import Retry, Worker
 RECIPE = """\
 ACL SETUSER pq-producer reset on >producer-secret resetchannels ~pq:{emails}:* -@all +ping +evalsha +script|load +script|exists +multi +exec +time +type +hget +hmget +hset +hsetnx +hincrby +rpush +lindex +llen +zadd +zcard +zcount +zrange +zmscore +xread +xrevrange +zscore +hexists "(~pq:{emails}:flows ~pq:{emails}:flow_expiry +zrangebyscore +hdel +zrem)"
 ACL SETUSER pq-worker reset on >worker-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +bzpopmin +time +type +exists +get +incr +pexpire +persist +del +hget +hmget +hexists +hset +hsetnx +hincrby +hdel +llen +lrange +ltrim +lpush +rpush +lrem +zadd +zrem +zscore +zcard +zcount +zrange +zrangebyscore +zrangebylex +zlexcount +zremrangebyrank +zremrangebylex +xadd +zmscore
-ACL SETUSER pq-admin reset on >admin-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +time +type +pexpire +pttl +hget +hgetall +hmget +hexists +hset +hsetnx +hincrby +hdel +rpush +lpush +lindex +llen +lrem +zadd +zrem +zscore +zscan +zcard +zcount +zrange +zrangebyscore +zlexcount +zremrangebyrank +xrevrange +xadd
+ACL SETUSER pq-admin reset on >admin-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +time +type +pexpire +pttl +hget +hgetall +hmget +hexists +hset +hsetnx +hincrby +hdel +rpush +lpush +lindex +llen +lrange +lrem +zadd +zrem +zscore +zscan +zcard +zcount +zrange +zrangebyscore +zlexcount +zremrangebyrank +xrevrange +xadd
 """
 
 ROLES = ("producer", "worker", "admin")
@@ -73,8 +73,9 @@ ROLE_SCRIPTS: dict[str, tuple[str, ...]] = {
     ),
     "admin": ("stats", "get", "result", "cancel", "limit", "set_group_limit", "groups", "pause", "resume", "dead_list", "dead_replay", "dead_purge", "service_stop",
               # flow_show: `pyqueue flow show` and the dashboard's flow view; progress_show:
-              # the running jobs' progress (Queue.progress_of).
-              "flow_show", "progress_show"),
+              # the running jobs' progress (Queue.progress_of); browse: the dashboard's
+              # Jobs panel (Queue.browse), the only script of the role that calls LRANGE.
+              "flow_show", "progress_show", "browse"),
 }
 
 #: The commands each role's driver code sends itself, outside any script, and why.
@@ -570,6 +571,8 @@ def script_calls(root: redis.Redis) -> dict[str, tuple[str, Any, list[Any]]]:
     # moves them (their leases are still in `leased`), then writes 'held''s.
     calls["progress"] = ("progress", q.keys, [now, handles["held"].receipt, b"{}"])
     calls["progress_show"] = ("progress_show", q.keys, ["held", "poison"])
+    for state in ("ready", "scheduled", "running", "done"):
+        calls[f"browse_{state}"] = ("browse", q.keys, [now, state, 0, 10])
     live = Services(root).register([QUEUE], now_ms=T0)
     ns = ServiceKeys("pq", NAMESPACE)
     calls["service_register"] = (

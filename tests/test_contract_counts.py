@@ -70,6 +70,7 @@ def world(r: redis.Redis) -> World:
         "flow_done": (q.keys, [NOW, "w1", "fail", 1000, "q\tr0", "ok"]),
         "flow_record": (q.keys, [NOW, "f1", b"{}", 1000]),
         "flow_show": (q.keys, [NOW, "f1"]),
+        "browse": (q.keys, [NOW, "running", 0, 10]),
         "progress": (q.keys, [NOW, handles["held"].receipt, b"{}"]),
         "progress_show": (q.keys, ["held"]),
         "service_register": (

@@ -1,5 +1,6 @@
 """The dashboard without a browser: its JSON against the driver's own answers, dead
-letters and their actions, pause and resume, the job lookup, a flow's tree and states, a
+letters and their actions, pause and resume, the job lookup, the jobs panel's pages by
+state, a flow's tree and states, a
 queue's groups and their caps, the token, CSRF and Host rules, the sampler's history, and ``pyqueue dashboard`` / ``pyqueue demo --dashboard``
 as commands. (The page in a real
 browser: tests/test_dashboard_browser.py.)"""
@@ -604,6 +605,90 @@ def test_a_lookup_shows_the_payload_only_with_show_payloads_as_text(open_dashboa
     short, long = (client.get(f"/api/queues/emails/job?id={i}").json() for i in ("short", "long"))
     assert (short["payload"], short["payload_truncated"]) == ("é" * 3000, False)
     assert (long["payload"], long["payload_truncated"]) == ("é" * 4096, True)
+
+
+# -- the jobs panel ---------------------------------------------------------------------------
+
+
+def expected_page(q: Queue, state: str, start: int = 0, count: int = 50) -> list[dict[str, Any]]:
+    """What the jobs panel should list: ``Queue.browse``'s jobs as JSON."""
+    return [{**dataclasses.asdict(job), "waiting": job.waiting} for job in q.browse(state, start, count).jobs]
+
+
+def jobs_of(client: TestClient, queue: str, **params: Any) -> Any:
+    answer = client.get(f"/api/queues/{queue}/jobs", params=params)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def test_the_jobs_panel_pages_each_state_as_queue_browse_does(r: Any, open_dashboard: Any) -> None:
+    q, p = busy(r)
+    q.flow_wait(NewJob(b"", job_id="w0"), [("emails", "j2")])
+    client = open_dashboard(r, show_payloads=True)  # payloads are never listed, shown or not
+    totals = {}
+    for state in ("ready", "scheduled", "running", "done"):
+        page = jobs_of(client, "emails", state=state)
+        assert (page["queue"], page["state"], page["start"], page["count"]) == ("emails", state, 0, 50)
+        assert page["now_ms"] > 0 and page["jobs"] == expected_page(q, state), state
+        assert all("payload" not in job for job in page["jobs"])
+        totals[state] = page["total"]
+    assert totals == {"ready": 3, "scheduled": 2, "running": 1, "done": 1}
+    assert [(j["id"], j["waiting"]) for j in jobs_of(client, "emails", state="scheduled")["jobs"]] == [
+        ("later", False), ("w0", True)
+    ]
+    dead = jobs_of(client, "emails", state="dead")
+    assert dead["total"] == 3 and [j["id"] for j in dead["jobs"]] == ["d1", "d2", "d3"]
+    assert dead["jobs"][0] == {"id": "d1", "dead_ms": q.dead_list().jobs[0].dead_ms, "attempts": 1, "max_attempts": 1,
+                               "error": "ValueError: no such mailbox for d1", "error_truncated": False}
+    # pages: start and count, the total of the whole state each time
+    second = jobs_of(client, "emails", state="ready", start=1, count=2)
+    assert second["total"] == 3 and second["jobs"] == expected_page(q, "ready", 1, 2)
+    assert [j["id"] for j in jobs_of(client, "emails", state="dead", start=2, count=5)["jobs"]] == ["d3"]
+    # a partitioned queue: pages over its partitions in order, each job naming its own
+    whole = jobs_of(client, "orders", state="ready")
+    assert whole["total"] == 7 and whole["jobs"] == expected_page(p, "ready")
+    assert {job["queue"] for job in whole["jobs"]} <= {"orders#0", "orders#1", "orders#2"}
+    pages = [jobs_of(client, "orders", state="ready", start=s, count=3)["jobs"] for s in (0, 3, 6)]
+    assert [j["id"] for page in pages for j in page] == [j["id"] for j in whole["jobs"]]
+    assert jobs_of(client, "orders", state="dead")["total"] == 4
+    # refused: a state it does not know, a count past the cap, a bad start; no such queue
+    for params in ({"state": "leased"}, {"count": 201}, {"count": 0}, {"start": -1}, {"start": "x"}):
+        assert client.get("/api/queues/emails/jobs", params=params).status_code == 400, params
+    assert client.get("/api/queues/nowhere/jobs").status_code == 404
+
+
+def test_a_done_jobs_kept_result_is_shown_on_request_clipped(r: Any, open_dashboard: Any) -> None:
+    q = Queue("emails", r)
+    q.enqueue_many([NewJob(b"", job_id=i) for i in ("json", "bytes", "long", "none")])
+    by_id = {job.id: job for job in q.lease(count=4)}
+    q.ack_result(by_id["json"], {"sent": 3, "to": "ada"})
+    q.ack_result(by_id["bytes"], b"\xff\xfeok")
+    q.ack_result(by_id["long"], "é" * 5000)
+    q.ack(by_id["none"])
+    client = open_dashboard(r)
+    done = jobs_of(client, "emails", state="done")
+    assert {j["id"]: j["has_result"] for j in done["jobs"]} == {"json": True, "bytes": True, "long": True,
+                                                                 "none": False}
+    shown = {i: client.get("/api/queues/emails/result", params={"id": i}).json()
+             for i in ("json", "bytes", "long", "none")}
+    assert (shown["json"]["state"], shown["json"]["value"]) == ("ok", '{"sent": 3, "to": "ada"}')
+    assert shown["json"]["finished_ms"] == q.result("json").finished_ms
+    assert shown["bytes"]["value"] == "\ufffd\ufffdok"
+    assert (shown["long"]["value"], shown["long"]["value_truncated"]) == ("é" * 4096, True)
+    assert (shown["none"]["state"], shown["none"]["value"]) == ("done", None)
+    assert client.get("/api/queues/emails/result").status_code == 400
+    assert client.get("/api/queues/nowhere/result?id=json").status_code == 404
+
+
+def test_the_jobs_panel_names_the_queues_tasks_no_live_worker_serves(r: Any, open_dashboard: Any) -> None:
+    billing, emails = Queue("billing", r), Queue("emails", r)
+    task_jobs(billing, "billing.charge", 2)
+    emails.enqueue(b"raw")
+    Services(r).register(["billing"], tasks=["billing.refund"])
+    client = open_dashboard(r)
+    page = jobs_of(client, "billing", state="ready")
+    assert page["unserved_tasks"] == [{"task": "billing.charge", "jobs": 2}] and page["census_ms"] > 0
+    assert jobs_of(client, "emails")["unserved_tasks"] == []
 
 
 # -- flows ---------------------------------------------------------------------------------

@@ -356,6 +356,55 @@ def test_looking_a_job_up_from_the_page_shows_its_state(browser: Any, r: Any, se
     assert console.errors == []
 
 
+def test_browsing_jobs_by_state_from_the_page_a_page_at_a_time(browser: Any, r: Any, serve: Callable[..., Any]) -> None:
+    q = Queue("emails", r)
+    kill(q, ["d1"], "boom {id}")
+    q.enqueue_many([NewJob(b'{"user": "ada@example.com"}', job_id=f"r{i:02}") for i in range(60)])
+    q.enqueue(b"{}", job_id="later", delay_ms=3_600_000)
+    running, finished = q.lease(count=2)
+    q.ack_result(finished, {"sent": True})
+    page, console = open_page(browser, serve().url)
+    jobs = page.locator("#jobs")
+    rows = jobs.locator("#jobs-table tbody tr")
+    tab = lambda state: jobs.locator(f'#jobs-tabs button[data-state="{state}"]')  # noqa: E731
+    # ready: 58 jobs, 50 a page (the server pages), the counts on the tabs
+    expect(tab("ready")).to_have_attribute("aria-selected", "true")
+    expect(tab("ready")).to_have_attribute("data-count", "58")
+    expect(tab("dead")).to_have_attribute("data-count", "1")
+    expect(rows).to_have_count(50)
+    expect(jobs.locator("#jobs-range")).to_have_text("1–50 of 58")
+    expect(rows.first).to_have_attribute("data-job", "r02")
+    jobs.locator("#jobs-next").click()
+    expect(rows).to_have_count(8)
+    expect(rows.first).to_have_attribute("data-job", "r52")
+    expect(jobs.locator("#jobs-range")).to_have_text("51–58 of 58")
+    expect(jobs.locator("#jobs-next")).to_be_disabled()
+    jobs.locator("#jobs-prev").click()
+    expect(rows).to_have_count(50)
+    assert "example.com" not in jobs.inner_text()  # never a payload
+    # the other states, each a tab
+    tab("scheduled").click()
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_have_attribute("data-job", "later")
+    expect(rows.first.locator("td").nth(1)).to_have_text(re.compile(r"^in "))
+    tab("running").click()
+    expect(rows.first).to_have_attribute("data-job", running.id)
+    expect(rows.first.locator("td").nth(1)).to_have_text(q.owner)
+    tab("done").click()
+    expect(rows.first).to_have_attribute("data-job", finished.id)
+    rows.first.get_by_role("button", name="show").click()
+    expect(jobs.locator(f'tr.result-row[data-result="{finished.id}"] pre')).to_have_text('{"sent": true}')
+    tab("dead").click()
+    expect(rows).to_have_count(1)
+    expect(rows.first.locator("pre.error")).to_have_text("boom d1")
+    # an id opens the job lookup's view of it
+    rows.first.get_by_role("button", name="d1").click()
+    result = page.locator("#lookup-result")
+    expect(result.locator('tr[data-field="id"] td')).to_have_text("d1")
+    expect(result.locator('tr[data-field="state"] td')).to_have_text("dead")
+    assert console.errors == []
+
+
 def test_cancelling_a_looked_up_job_from_the_page(browser: Any, r: Any, serve: Callable[..., Any]) -> None:
     q = Queue("emails", r)
     q.enqueue(b"{}", job_id="l1")

@@ -220,6 +220,7 @@ CASES: dict[str, Case] = {
         "flow_record", lambda q, s, w: q.flow_record("f1", b"{}", 60_000, now_ms=NOW), replayed=lambda a: "duplicate"
     ),
     "flow_show": Case("flow_show", lambda q, s, w: q.flow_show("f0", now_ms=NOW)),
+    "browse": Case("browse", lambda q, s, w: q.browse("running", 0, 10, now_ms=NOW)),
     "progress": Case("progress", lambda q, s, w: q.progress(w.held, b'{"n": 1}', now_ms=NOW)),
     "progress_show": Case("progress_show", lambda q, s, w: q.progress_of(["held", "retry"])),
 }

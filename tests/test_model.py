@@ -129,3 +129,28 @@ def test_progress_behaves_like_the_model_on_every_step_on_a_real_redis_server(re
                run_machine(RealBackend(client), model_settings(PROGRESS_EXAMPLES, STEPS), progress=True), started)
     finally:
         client.close()
+
+
+#: The browse machine (the fair one, with browse of every state checked against the
+#: model): a quarter of the examples in CI; PYQUEUE_DEEP runs it in full.
+BROWSE_EXAMPLES = FLOW_EXAMPLES
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S)
+def test_browse_answers_as_the_model_on_every_step_on_fakeredis() -> None:
+    started = time.monotonic()
+    report("fakeredis-browse", run_machine(FakeBackend(), model_settings(BROWSE_EXAMPLES, STEPS), browse=True),
+           started)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S)
+def test_browse_answers_as_the_model_on_every_step_on_a_real_redis_server(redis_server: RedisServer) -> None:
+    client = redis_server.client()
+    started = time.monotonic()
+    try:
+        report("redis-server-browse",
+               run_machine(RealBackend(client), model_settings(BROWSE_EXAMPLES, STEPS), browse=True), started)
+    finally:
+        client.close()

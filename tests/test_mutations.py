@@ -59,6 +59,8 @@ class Mutant:
     flows: bool = False
     #: A bug of progress: the machine with progress of running jobs finds it.
     progress: bool = False
+    #: A bug of browse: the fair machine with browse's rule finds it.
+    browse: bool = False
     #: Examples to run for this mutant, when it needs more than EXAMPLES (the budget is
     #: spent only while it survives).
     examples: int = 0
@@ -503,6 +505,20 @@ MUTANTS += [
         "if true then",
         progress=True,
     ),
+    Mutant(
+        "browse_pages_gready_as_if_the_ready_list_were_empty",
+        "browse",
+        "local from = math.max(0, start - listed)",
+        "local from = start",
+        browse=True,
+    ),
+    Mutant(
+        "browse_lists_a_tombstone_expiring_now",
+        "browse",
+        "redis.call('ZCOUNT', done_key, '-inf', now_ms)",
+        "redis.call('ZCOUNT', done_key, '-inf', '(' .. now_ms)",
+        browse=True,
+    ),
 ]
 
 # Not planted, because it is equivalent (no test can tell it from the original): extend.lua
@@ -541,7 +557,7 @@ def mutant_backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
 
 def run_model(
     backend: Backend, lua_directory: Path, examples: int, *, job_control: bool = True, fair: bool = False,
-    flows: bool = False, progress: bool = False,
+    flows: bool = False, progress: bool = False, browse: bool = False,
 ) -> tuple[BaseException | None, int]:
     """Run the model test on ``backend`` against ``lua_directory``: the failure it found
     (or None), and how many examples it ran."""
@@ -556,7 +572,7 @@ def run_model(
     )
     machine = machine_for(
         backend, lua_directory, without=() if job_control else JOB_CONTROL_RULES, fair=fair, flows=flows,
-        progress=progress,
+        progress=progress, browse=browse,
     )
     try:
         run_state_machine_as_test(machine, settings=settings)  # type: ignore[no-untyped-call]
@@ -597,7 +613,7 @@ def test_the_model_test_catches_the_planted_bug(mutant: Mutant, mutant_backend: 
     examples = max(EXAMPLES, mutant.examples)
     failure, ran = run_model(
         backend, plant(mutant, tmp_path), examples, job_control=mutant.job_control, fair=mutant.fair, flows=mutant.flows,
-        progress=mutant.progress,
+        progress=mutant.progress, browse=mutant.browse,
     )
     assert failure is not None, f"the model test did not catch {mutant.name} in {examples} examples x {STEPS} steps"
     print(f"{mutant.name}: caught in example {ran} of at most {examples} on {backend.name}")  # pytest -rP shows it

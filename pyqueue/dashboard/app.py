@@ -7,6 +7,8 @@ Routes (all relative, so the app also works behind a proxy under a path prefix):
 ``GET /api/overview?since=<ms>``                       queues (stats, unserved tasks), workers, history
 ``GET /api/queues/<queue>/dead?offset=&limit=``        one page of dead letters (``Queue.dead_list``)
 ``GET /api/queues/<queue>/job?id=<id>``                one job by id (``Queue.get``)
+``GET /api/queues/<queue>/jobs?state=&start=&count=``  one page of its jobs in a state (:func:`jobs_page`)
+``GET /api/queues/<queue>/result?id=<id>``             a done job's kept result (``Queue.result``)
 ``GET /api/queues/<queue>/groups?limit=``              its groups with ready jobs (``Queue.groups``)
 ``GET /api/queues/<queue>/flow?id=<id>``               a flow's tree, each step's state (:mod:`.flows`)
 ``POST /api/queues/<queue>/actions/<action>``          one entry of :data:`ACTIONS` (JSON body)
@@ -55,7 +57,7 @@ from pyqueue.dashboard.groups import (
     parse_cap_change,
     set_cap,
 )
-from pyqueue.dashboard.history import CENSUS_S, SERIES, Point, Sampler, Snapshot
+from pyqueue.dashboard.history import CENSUS_S, SERIES, Point, QueueRow, Sampler, Snapshot
 from pyqueue.dashboard.security import (
     CSRF_COOKIE,
     CSRF_HEADER,
@@ -74,6 +76,10 @@ HERE = Path(__file__).resolve().parent
 DEAD_PAGE, DEAD_PAGE_MAX = 50, 500
 #: Error text and payload shown per dead letter (the page is for reading, not export).
 TEXT_LIMIT = 4096
+#: Jobs per page of the Jobs panel, and the most one request may ask for.
+JOBS_PAGE, JOBS_PAGE_MAX = 50, 200
+#: The states the Jobs panel shows: ``Queue.browse``'s, and the dead letters.
+JOB_STATES = ("ready", "scheduled", "running", "done", "dead")
 #: Ids one action may name (the scripts take at most 1,000 per call).
 MAX_IDS = 1000
 #: "All" replays or purges in batches of this many, for at most this long per request.
@@ -274,6 +280,49 @@ def dead_page(queue: Queue, offset: int, limit: int, show_payloads: bool) -> dic
     return {"queue": queue.name, "total": page.total, "offset": offset, "limit": limit, "jobs": jobs}
 
 
+def jobs_page(queue: Queue, state: str, start: int, count: int, row: QueueRow | None) -> dict[str, Any]:
+    """One page of a queue's jobs in ``state`` (:data:`JOB_STATES`): ``Queue.browse``,
+    or ``Queue.dead_list`` for the dead ones (their errors clipped, no payload: the
+    dead letters panel shows those). Never a payload. Each job as its fields
+    (``JobEntry``'s, plus ``waiting`` for scheduled ones; ``queue``: the partition that
+    holds it). With the queue's task names no live worker serves, as the overview has
+    them (``row``: its latest sample)."""
+    body: dict[str, Any] = {"queue": queue.name, "state": state, "start": start, "count": count}
+    if state == "dead":
+        dead = queue.dead_list(start, count)
+        jobs = []
+        for job in dead.jobs:
+            error, error_cut = _clip(job.error)
+            jobs.append({"id": job.id, "dead_ms": job.dead_ms, "attempts": job.attempts,
+                         "max_attempts": job.max_attempts, "error": error, "error_truncated": error_cut})
+        body.update(total=dead.total, now_ms=0, jobs=jobs)
+    else:
+        page = queue.browse(state, start, count)
+        body.update(total=page.total, now_ms=page.now_ms,
+                    jobs=[{**dataclasses.asdict(job), "waiting": job.waiting} for job in page.jobs])
+    body["unserved_tasks"] = [{"task": task, "jobs": jobs} for task, jobs in (row.unserved if row else ())]
+    body["census_ms"] = row.census_ms if row else 0
+    return body
+
+
+def result_info(queue: Queue, job_id: str) -> dict[str, Any]:
+    """A job's outcome as ``Queue.result`` reads it, the value as text (JSON for a
+    JSON value, bytes decoded with invalid UTF-8 replaced) clipped to
+    :data:`TEXT_LIMIT`; ``value`` null when no result is kept."""
+    found = queue.result(job_id)
+    value: str | None = None
+    cut = False
+    if found.state == "ok":
+        raw = found.value
+        if isinstance(raw, bytes):
+            value, cut = _clip_bytes(raw)
+        else:
+            value, cut = _clip(raw if isinstance(raw, str) else json.dumps(raw, ensure_ascii=False))
+    error, error_cut = _clip(found.error)
+    return {"id": found.id, "queue": found.queue, "state": found.state, "finished_ms": found.finished_ms,
+            "value": value, "value_truncated": cut, "error": error, "error_truncated": error_cut}
+
+
 def job_info(queue: Queue, job_id: str, show_payloads: bool) -> dict[str, Any]:
     """One job as ``Queue.get`` reads it (``queue``: the partition that holds it), plus
     ``exists``. Its error clipped as a dead letter's is; its payload as text, only when
@@ -406,8 +455,8 @@ def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> St
             "overview": overview(snapshot, points),
             "config": {"poll_ms": int(config.poll_s * 1000), "history_ms": int(config.history_s * 1000),
                        "show_payloads": config.show_payloads, "actions": sorted(ACTIONS),
-                       "dead_page": DEAD_PAGE, "groups_page": GROUPS_PAGE, "label": config.label,
-                       "prefix": config.prefix},
+                       "dead_page": DEAD_PAGE, "groups_page": GROUPS_PAGE, "jobs_page": JOBS_PAGE,
+                       "label": config.label, "prefix": config.prefix},
         }
         html = page_template.render(initial=initial, csrf_token=token, label=config.label)
         response = HTMLResponse(html, headers={"cache-control": "no-store"})
@@ -443,6 +492,35 @@ def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> St
         except LookupError:
             return _json_error(f"no queue {request.path_params['queue']!r}", 404)
         body = await run_in_threadpool(job_info, queue, job_id, config.show_payloads)
+        return JSONResponse(body, headers={"cache-control": "no-store"})
+
+    @_handles_errors
+    async def api_jobs(request: Request) -> Response:
+        state = request.query_params.get("state", "ready")
+        if state not in JOB_STATES:
+            raise InvalidArgument(f"state must be one of {', '.join(JOB_STATES)}, got {state!r}")
+        start = _int_param(request, "start", 0, 0, 2**31)
+        count = _int_param(request, "count", JOBS_PAGE, 1, JOBS_PAGE_MAX)
+        name = request.path_params["queue"]
+        try:
+            queue = await run_in_threadpool(queue_or_404, name)
+        except LookupError:
+            return _json_error(f"no queue {name!r}", 404)
+        snapshot = await run_in_threadpool(sampler.snapshot)
+        row = next((row for row in snapshot.queues if row.name == queue.name), None)
+        body = await run_in_threadpool(jobs_page, queue, state, start, count, row)
+        return JSONResponse(body, headers={"cache-control": "no-store"})
+
+    @_handles_errors
+    async def api_result(request: Request) -> Response:
+        job_id = request.query_params.get("id")
+        if job_id is None:
+            raise InvalidArgument("name the job: ?id=<job id>")
+        try:
+            queue = await run_in_threadpool(queue_or_404, request.path_params["queue"])
+        except LookupError:
+            return _json_error(f"no queue {request.path_params['queue']!r}", 404)
+        body = await run_in_threadpool(result_info, queue, job_id)
         return JSONResponse(body, headers={"cache-control": "no-store"})
 
     @_handles_errors
@@ -511,6 +589,8 @@ def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> St
             Route("/api/overview", api_overview),
             Route("/api/queues/{queue:path}/dead", api_dead),
             Route("/api/queues/{queue:path}/job", api_job),
+            Route("/api/queues/{queue:path}/jobs", api_jobs),
+            Route("/api/queues/{queue:path}/result", api_result),
             Route("/api/queues/{queue:path}/groups", api_groups),
             Route("/api/queues/{queue:path}/flow", api_flow),
             Route("/api/queues/{queue:path}/actions/{action}", api_action, methods=["POST"]),

@@ -1,5 +1,5 @@
-"""Reading a queue: counts, the next due time, one job, results (lua/stats.lua, peek.lua,
-get.lua, result.lua). Read-only: never followed by WAIT."""
+"""Reading a queue: counts, the next due time, one job, a page of jobs by state, results
+(lua/stats.lua, peek.lua, get.lua, browse.lua, result.lua). Read-only: never followed by WAIT."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pyqueue.core import (
     Pipelined,
     Plan,
     Verb,
+    browse_call,
     check_ids,
     check_int,
     check_job_id,
@@ -26,8 +27,8 @@ from pyqueue.core import (
     stats_call,
     text,
 )
-from pyqueue.errors import map_redis_error
-from pyqueue.models import JobInfo, JobResult, Peeked, Stats
+from pyqueue.errors import InvalidArgument, map_redis_error
+from pyqueue.models import JobEntry, JobInfo, JobPage, JobResult, Peeked, Stats
 from pyqueue.verbs.base import QueueVerbs
 
 
@@ -54,6 +55,43 @@ def stream_entries(reply: Any) -> list[tuple[str, str]]:
             job = fields.get(b"id", fields.get("id", b""))
             out.append((text(entry_id), text(job)))
     return out
+
+
+#: The states ``browse`` pages through (dead jobs: ``dead_list``), and the values of one
+#: job in lua/browse.lua's reply for each.
+BROWSE_STATES = {"ready": 5, "scheduled": 4, "running": 6, "done": 4}
+#: The most jobs one ``browse`` call answers.
+MAX_BROWSE = 500
+
+
+def check_browse(state: object, start: object, count: object) -> str:
+    """``browse``'s arguments checked (InvalidArgument before anything is sent)."""
+    if not isinstance(state, str) or state not in BROWSE_STATES:
+        raise InvalidArgument(f"state must be one of {', '.join(BROWSE_STATES)}, got {state!r}")
+    check_int(start, "start", 0, 2**31)
+    check_int(count, "count", 1, MAX_BROWSE)
+    return str(state)
+
+
+def parse_browse(queue: str, state: str, start: int, reply: Sequence[Any]) -> JobPage:
+    """lua/browse.lua's reply as a :class:`JobPage` (``queue``: the queue read)."""
+    width = BROWSE_STATES[state]
+    jobs = []
+    for i in range(2, len(reply), width):
+        v = reply[i : i + width]
+        job_id = text(v[0])
+        if state == "ready":
+            entry = JobEntry(job_id, queue, attempts=int(v[1]), max_attempts=int(v[2]), group=text(v[3]),
+                             priority=int(v[4]))
+        elif state == "scheduled":
+            entry = JobEntry(job_id, queue, due_ms=int(v[1]), attempts=int(v[2]), max_attempts=int(v[3]))
+        elif state == "running":
+            entry = JobEntry(job_id, queue, owner=text(v[1]), attempts=int(v[2]), max_attempts=int(v[3]),
+                             fence=int(v[4]), deadline_ms=int(v[5]))
+        else:
+            entry = JobEntry(job_id, queue, done_until_ms=int(v[1]), has_result=int(v[2]) == 1, finished_ms=int(v[3]))
+        jobs.append(entry)
+    return JobPage(state=state, total=int(reply[1]), start=start, now_ms=int(reply[0]), jobs=jobs)
 
 
 def parse_stats(reply: Sequence[Any]) -> Stats:
@@ -99,6 +137,28 @@ class ReadingVerbs(QueueVerbs):
         )
 
     get = Verb(plan_get)
+
+    def plan_browse(self, state: str, start: int = 0, count: int = 50, *, now_ms: int | None = None) -> Plan[JobPage]:
+        """One page of the jobs in ``state`` (``ready``, ``scheduled``, ``running`` or
+        ``done``; the dead ones: :meth:`dead_list`): at most ``count`` (1..500) from
+        rank ``start``, and how many there are in that state (lua/browse.lua).
+
+        A snapshot of one moment, read atomically in one call, and bounded: each
+        command reads at most ``count`` entries, by rank (O(log n + count); for the
+        ready list, O(d + count), d the distance of ``start`` from its nearer end).
+        Payloads are never returned (``get`` shows one job's). Pages read one after
+        another may overlap or skip jobs that moved in between. Order: ready, the jobs
+        without group or priority in the order lease takes them, then the grouped or
+        prioritised ones by group (those without one last), priority and age (not the
+        order lease serves those); scheduled by due time (jobs waiting for others last,
+        ``JobEntry.waiting``); running by lease deadline; done, the tombstones in
+        force, the earliest to expire first. Read only."""
+        state = check_browse(state, start, count)
+        check_now(now_ms)
+        reply = yield from self._run(browse_call(self.keys, now_ms, state, start, count))
+        return parse_browse(self.name, state, start, reply)
+
+    browse = Verb(plan_browse)
 
     def plan_result(self, job_id: str, *, now_ms: int | None = None) -> Plan[JobResult]:
         """Job ``job_id``'s outcome now, without waiting (lua/result.lua): its kept

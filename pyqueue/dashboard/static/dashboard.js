@@ -29,6 +29,11 @@
     groupsQueue: null,
     groupsKey: "",         // the selected queue's figures when its groups were last read
     groupsAt: 0,           // and when (browser ms)
+    jobsQueue: null,       // the Jobs panel: its queue, state tab and first rank shown
+    jobsState: "ready",
+    jobsStart: 0,
+    jobsKey: "",           // the queue's figures when its page was last read
+    jobsResults: 0,        // results open under their rows: no refresh at a poll meanwhile
     pollTimer: null,
   };
 
@@ -632,6 +637,192 @@
     else form.remove();  // (a toolbar is display: flex, which the hidden attribute does not beat)
   }
 
+  // -- jobs by state -----------------------------------------------------------------
+
+  // The Jobs panel's tabs: each state, and the stats field that counts it (the counts
+  // come with every poll; the page itself is read from api/queues/<q>/jobs).
+  const JOB_TABS = [["ready", "ready"], ["scheduled", "scheduled"], ["running", "leased"], ["done", "done"],
+    ["dead", "dead"]];
+  // Each state's columns after the id (and the partition, on a partitioned queue).
+  const JOB_COLUMNS = {
+    ready: ["attempts", "group", "priority"],
+    scheduled: ["due", "attempts"],
+    running: ["owner", "attempt", "lease deadline", "fence"],
+    done: ["a duplicate until", "result"],
+    dead: ["died", "attempts", "error"],
+  };
+
+  // The figures that move when the selected state's jobs do: a change reads the page again.
+  function jobsKey(q) { return [q.name, q.ready, q.scheduled, q.leased, q.done, q.dead, q.enqueued, q.acked].join("|"); }
+
+  function renderJobsSelect() {
+    const queues = state.overview.queues;
+    if (!state.jobsQueue || !queues.some((q) => q.name === state.jobsQueue)) {
+      state.jobsQueue = queues.length ? queues[0].name : null;
+      state.jobsStart = 0;
+    }
+    document.getElementById("jobs-queue").replaceChildren(...queues.map((q) => el("option", { value: q.name,
+      text: q.name, selected: q.name === state.jobsQueue })));
+    renderJobTabs();
+  }
+
+  function renderJobTabs() {
+    const q = state.overview.queues.find((x) => x.name === state.jobsQueue);
+    document.getElementById("jobs-tabs").replaceChildren(...JOB_TABS.map(([name, field]) => {
+      const count = q ? q[field] : 0;
+      const tab = el("button", { type: "button", class: name === state.jobsState ? "active" : "", "data-state": name,
+        "data-count": String(count) }, name + " ", el("small", { text: fmtInt(count) }));
+      tab.setAttribute("role", "tab");
+      tab.setAttribute("aria-selected", String(name === state.jobsState));
+      tab.addEventListener("click", () => { state.jobsState = name; state.jobsStart = 0; renderJobTabs(); loadJobs(); });
+      return tab;
+    }));
+  }
+
+  // Read one page of the selected queue's jobs in the selected state (one call).
+  async function loadJobs() {
+    const name = state.jobsQueue, which = state.jobsState, start = state.jobsStart;
+    const q = state.overview.queues.find((x) => x.name === name);
+    state.jobsKey = q ? jobsKey(q) : "";
+    if (!name) { renderJobs(null); return; }
+    let response, page;
+    try {
+      const url = api(`${queuePath(name)}/jobs?state=${which}&start=${start}&count=${config.jobs_page}`);
+      response = await fetch(url, { credentials: "same-origin" });
+      page = await response.json();
+    } catch (error) {
+      say("Reading the jobs failed: " + error.message, true, "jobs-message");
+      return;
+    }
+    if (!response.ok) { say(page.error || `HTTP ${response.status}`, true, "jobs-message"); return; }
+    if (name !== state.jobsQueue || which !== state.jobsState || start !== state.jobsStart) return;  // moved on
+    if (start > 0 && start >= page.total) {  // the page emptied meanwhile: show the last one
+      state.jobsStart = Math.max(0, Math.ceil(page.total / config.jobs_page) - 1) * config.jobs_page;
+      return loadJobs();
+    }
+    say("", false, "jobs-message");
+    renderJobs(page);
+  }
+
+  // At a poll: read the page again if the selected queue's figures moved (unless a
+  // result is open under a row: it would go).
+  function refreshJobs() {
+    const q = state.overview.queues.find((x) => x.name === state.jobsQueue);
+    if (q && jobsKey(q) !== state.jobsKey && state.jobsResults === 0) loadJobs();
+  }
+
+  // Show a job in the job lookup (the same view as typing its id there).
+  function openJob(name, id) {
+    document.getElementById("lookup-queue").value = name;
+    document.getElementById("lookup-id").value = id;
+    lookup({ preventDefault() {} });
+    document.getElementById("lookup").scrollIntoView();
+  }
+
+  // A done job's kept result (api/queues/<q>/result), in a row under the job's.
+  async function showResult(name, id, tr, button) {
+    if (tr.nextSibling && tr.nextSibling.classList.contains("result-row")) {
+      tr.nextSibling.remove();
+      state.jobsResults = Math.max(0, state.jobsResults - 1);
+      button.textContent = "show";
+      return;
+    }
+    let response, found;
+    try {
+      response = await fetch(api(`${queuePath(name)}/result?id=${encodeURIComponent(id)}`), { credentials: "same-origin" });
+      found = await response.json();
+    } catch (error) {
+      say("Reading the result failed: " + error.message, true, "jobs-message");
+      return;
+    }
+    if (!response.ok) { say(found.error || `HTTP ${response.status}`, true, "jobs-message"); return; }
+    const shown = found.value !== null
+      ? el("pre", { class: "payload", text: found.value + (found.value_truncated ? " …" : "") })
+      : el("span", { class: "muted", text: `no result kept now (${found.state})` });
+    const columns = document.querySelectorAll("#jobs-table thead th").length;
+    tr.after(el("tr", { class: "result-row", "data-result": id }, el("td", { colSpan: columns }, shown)));
+    state.jobsResults += 1;
+    button.textContent = "hide";
+  }
+
+  // The page of api/queues/<q>/jobs (``page``), or nothing when there is no queue.
+  function renderJobs(page) {
+    const body = document.querySelector("#jobs-table tbody");
+    const head = document.querySelector("#jobs-table thead tr");
+    const empty = document.querySelector("#jobs .empty");
+    const unserved = document.getElementById("jobs-unserved");
+    state.jobsResults = 0;
+    if (!page) {
+      head.replaceChildren(); body.replaceChildren(); unserved.replaceChildren();
+      empty.textContent = "No queues."; empty.hidden = false;
+      document.getElementById("jobs-range").textContent = "";
+      document.getElementById("jobs-prev").disabled = document.getElementById("jobs-next").disabled = true;
+      return;
+    }
+    const q = state.overview.queues.find((x) => x.name === page.queue);
+    const partitioned = q && q.partitions > 1;
+    const badge = unservedBadge({ name: page.queue, unserved_tasks: page.unserved_tasks, census_ms: page.census_ms });
+    unserved.replaceChildren(...(badge ? [badge] : []));
+    head.replaceChildren(el("th", { text: "id" }), ...(partitioned ? [el("th", { text: "partition" })] : []),
+      ...JOB_COLUMNS[page.state].map((c) => el("th", { text: c })));
+    const now = page.now_ms || serverNow();
+    const time = (ms) => { const t = when(ms, now); return el("td", { text: t.text, title: t.title }); };
+    body.replaceChildren(...page.jobs.map((job) => {
+      const idButton = el("button", { type: "button", class: "link id", text: job.id, title: "show this job" });
+      idButton.addEventListener("click", () => openJob(page.queue, job.id));
+      const tr = el("tr", { "data-job": job.id }, el("td", {}, idButton));
+      if (partitioned) tr.append(el("td", { class: "muted", text: job.queue || "" }));
+      const tries = el("td", { text: `${job.attempts}/${job.max_attempts}` });
+      if (page.state === "ready") {
+        tr.append(tries, el("td", { text: job.group || "–" }), el("td", { text: String(job.priority) }));
+      } else if (page.state === "scheduled") {
+        tr.append(job.waiting ? el("td", { class: "muted", text: "waiting for other jobs",
+          title: "a flow's next step: due when the jobs it waits for have ended" }) : time(job.due_ms), tries);
+      } else if (page.state === "running") {
+        const deadline = time(job.deadline_ms);
+        if (job.deadline_ms <= now) {
+          deadline.classList.add("expired");
+          deadline.title += " (expired: the job goes back to ready at the next promote)";
+        }
+        tr.append(el("td", { text: job.owner }), tries, deadline, el("td", { text: String(job.fence) }));
+      } else if (page.state === "done") {
+        const cell = el("td", {});
+        if (job.has_result) {
+          const button = el("button", { type: "button", text: "show", title: "show the result it returned" });
+          button.addEventListener("click", () => showResult(page.queue, job.id, tr, button));
+          cell.append(button);
+        } else {
+          cell.append(el("span", { class: "muted", text: "none" }));
+        }
+        tr.append(time(job.done_until_ms), cell);
+      } else {
+        const died = ago(job.dead_ms);
+        tr.append(el("td", { text: died.text, title: died.title }), tries,
+          el("td", {}, el("pre", { class: "error", text: job.error + (job.error_truncated ? " …" : "") })));
+      }
+      return tr;
+    }));
+    empty.textContent = `No ${page.state} jobs in ${page.queue}.`;
+    empty.hidden = page.jobs.length > 0;
+    const last = page.start + page.jobs.length;
+    document.getElementById("jobs-range").textContent =
+      page.total ? `${fmtInt(page.start + 1)}–${fmtInt(last)} of ${fmtInt(page.total)}` : "";
+    document.getElementById("jobs-prev").disabled = page.start === 0;
+    document.getElementById("jobs-next").disabled = last >= page.total;
+  }
+
+  function wireJobs() {
+    document.getElementById("jobs-queue").addEventListener("change", (e) => {
+      state.jobsQueue = e.target.value; state.jobsStart = 0; renderJobTabs(); loadJobs();
+    });
+    document.getElementById("jobs-prev").addEventListener("click", () => {
+      state.jobsStart = Math.max(0, state.jobsStart - config.jobs_page); loadJobs();
+    });
+    document.getElementById("jobs-next").addEventListener("click", () => {
+      state.jobsStart += config.jobs_page; loadJobs();
+    });
+  }
+
   // -- job lookup --------------------------------------------------------------------
 
   // The queue selects of the job lookup and the flow panel: every queue by name.
@@ -829,6 +1020,7 @@
     renderWorkers();
     renderDeadSelect();
     renderGroupsSelect();
+    renderJobsSelect();
     renderLookupSelect();
     drawCharts();
     const status = document.getElementById("status");
@@ -846,6 +1038,7 @@
       const dead = apply(await response.json());
       if (!now && dead !== state.deadTotal) await loadDead();
       if (!now) refreshGroups();
+      if (!now) refreshJobs();
     } catch (error) {
       setBanner("The dashboard server did not answer: " + error.message);
     } finally {
@@ -858,8 +1051,10 @@
     wireLookup();
     wireFlow();
     wireGroups();
+    wireJobs();
     apply(initial.overview);
     loadDead();
+    loadJobs();
     if (state.groupsShown) loadGroups();
     window.addEventListener("resize", drawCharts);
     state.pollTimer = setTimeout(() => poll(false), config.poll_ms);

@@ -1,0 +1,539 @@
+--[[ browse: one page of the jobs in one state, for an operator's view (the dashboard's
+Jobs panel, Queue.browse). Read only.
+
+A page is read by rank, so every command is bounded by `count`, never by the length of
+the queue: LLEN/ZCARD/ZCOUNT for the total, one LRANGE or ZRANGE of at most `count`
+(two for ready: the list, then the zset), one HMGET of at most `count` fields, and for
+done at most `count` ZSCOREs. A zset page costs O(log n + count); a page of the
+`ready` list O(d + count), d the distance of `start` from the list's nearer end (LRANGE
+walks to it). Payloads are never returned (they may hold personal data;
+`get` shows one job's payload on request).
+
+Order of a page, by state:
+  ready      the `ready` list from its head (the jobs without group or priority, in the
+             order lease takes them), then `gready` by rank (grouped or prioritised jobs:
+             members "<group>|<rank>|<id>", all scores 0, so rank order is lex order:
+             by group (the ungrouped, "|<rank>|<id>", after every group), then by
+             priority, then FIFO). With groups or priorities this is not the order
+             lease hands jobs out (that goes round the groups' turns).
+  scheduled  by due time, earliest first; a job waiting for others (flow_wait.lua) is
+             due at WAIT_DUE_MS (2^50) and comes last.
+  running    by lease deadline, earliest first (an expired lease not yet reclaimed too:
+             its deadline_ms is <= now_ms).
+  done       the tombstones in force (score > now_ms), the earliest to expire first; an
+             expired tombstone not yet trimmed is neither counted nor listed, as stats
+             counts `done`. A job acked with keep_done_ms 0 leaves no tombstone and is
+             not listed.
+
+KEYS (8), all <prefix>:{<queue>}:<role>
+  1 jobs           hash  id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
+  2 ready          list  READY ids without group or priority, head first
+  3 scheduled      zset  id -> due_ms
+  4 leased         zset  receipt "<owner>|<call>|<fence>|<attempt>|<id>" -> deadline_ms
+  5 done           zset  id -> ms until which an acked id stays a duplicate
+  6 results        hash  id -> "<finished_ms>|<value>" (ack_result.lua)
+  7 result_expiry  zset  id -> ms at which its result is deleted
+  8 gready         zset  "<group>|<rank>|<id>" -> 0: READY ids with a group or priority
+
+ARGV (4)
+  1  now_ms  '' (use the server clock) or integer >= 0; tests only
+  2  state   'ready', 'scheduled', 'running' or 'done'
+  3  start   integer 0..2^31: rank of the page's first job in that state
+  4  count   integer 1..500: the most jobs in the page
+
+Returns  {now_ms, total, entry_1 .. entry_k}, k <= count: total is how many jobs are in
+         that state now; each entry is a fixed number of values by state:
+         ready      5: id, attempts, max_attempts, group ('' none), priority (-5..5)
+         scheduled  4: id, due_ms (WAIT_DUE_MS: waits for other jobs), attempts,
+                       max_attempts
+         running    6: id, owner (a service id), attempt, max_attempts, fence,
+                       deadline_ms
+         done       4: id, done_until_ms, result (1: a result is kept and in force,
+                       result.lua answers it; 0: none), finished_ms (-1 without one)
+Errors   PQ_BADARG (nothing read), PQ_CORRUPT (a record, receipt or gready member of
+         the page does not parse), WRONGTYPE (every key is probed before any read, so a
+         planted key is reported whatever the state asked for). Writes nothing.
+Replay   read only.
+Contract v3 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
+         PQ_CONTRACT, before anything is read or written.
+]]
+
+local jobs_key, ready_key, scheduled_key, leased_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local done_key, results_key, result_expiry_key, gready_key = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+
+-- >>> pyqueue prelude: the same in every script; source tests/lua_prelude.lua, copied by tests/lua_prelude.py
+-- Edit tests/lua_prelude.lua, then run `python tests/lua_prelude.py --write`; never edit a copy.
+-- Every helper is in every script; an unused one is harmless and calls nothing.
+
+local MAX_BATCH = 1000 -- per call at most this many jobs, receipts or ids; also the most count/limit
+local CHUNK = 500 -- values per unpack(); keeps every redis.call well under Lua's C stack limit
+local TRIM_BATCH = 10 -- expired tombstones are trimmed this many at a time, at least
+local MAINTENANCE_INTERVAL_MS = 50 -- while READY is busy, maintenance still runs this often
+local NONE = {} -- an empty list to read from; never written to, so no call allocates its own
+local CONTRACT_VERSION = 3 -- of the KEYS and ARGV the headers list; lua/README.md section 10
+local WAIT_DUE_MS = 1125899906842624 -- 2^50: the due time of a job waiting for others (flow_wait.lua)
+
+-- Every script's first check, before any other check, read or write: a PQ_CONTRACT text
+-- unless the call passes `nkeys` KEYS and lo..hi ARGV (with `step`: lo plus a multiple
+-- of it), else nil. A client written for another contract version gets this answer,
+-- never a Lua error, an error about some other argument, or a write.
+local function contract(script, nkeys, lo, hi, step)
+  local expected, got
+  if #KEYS ~= nkeys then
+    expected, got = nkeys .. (nkeys == 1 and ' key' or ' keys'), #KEYS
+  elseif #ARGV < lo or #ARGV > hi or (#ARGV - lo) % (step or 1) ~= 0 then
+    expected, got = lo .. (lo == 1 and ' argument' or ' arguments'), #ARGV
+    if hi > lo then expected = lo .. '..' .. hi .. ' arguments' end
+    if step then expected = expected .. ' in steps of ' .. step end
+  else
+    return nil
+  end
+  return string.format('PQ_CONTRACT %s expects %s (contract v%d), got %d', script, expected, CONTRACT_VERSION, got)
+end
+
+-- An integer argument in [lo, hi] ('^-?%d+$'), or nil and a PQ_BADARG text naming it.
+local function int_arg(value, name, lo, hi)
+  if type(value) ~= 'string' or not string.find(value, '^%-?%d+$') then
+    return nil, 'PQ_BADARG ' .. name .. ' must be an integer, got ' .. string.format('%q', tostring(value))
+  end
+  local n = tonumber(value)
+  if n < lo or n > hi then
+    return nil, string.format('PQ_BADARG %s must be in [%d, %d], got %s', name, lo, hi, value)
+  end
+  return n
+end
+
+-- A PQ_BADARG text unless `value` (a string) is 1..64 bytes of [A-Za-z0-9_.:-]; else nil.
+local function name_arg(value, name)
+  if #value < 1 or #value > 64 or not string.find(value, '^[%w_.:%-]+$') then
+    return 'PQ_BADARG ' .. name .. ' must be 1..64 bytes of [A-Za-z0-9_.:-]'
+  end
+end
+
+-- A PQ_BADARG text unless `value` is a job id: 1..256 bytes without control characters.
+local function id_arg(value)
+  if type(value) ~= 'string' or #value < 1 or #value > 256 or string.find(value, '%c') then
+    return 'PQ_BADARG id must be 1..256 bytes without control characters'
+  end
+end
+
+-- ARGV now_ms: nil for '' (read the clock later, with server_now_ms), else as int_arg.
+local function now_arg(value)
+  if value == '' then return nil end
+  return int_arg(value, 'now_ms', 0, 2 ^ 53)
+end
+
+-- The server clock in ms. One TIME call: call it only where the script needs the time.
+local function server_now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- The id of a receipt "<owner>|<call>|<fence>|<attempt>|<id>", or nil if it does not parse.
+-- The same rule as parse_receipt, without a table: acks need only the id.
+local function receipt_id(receipt)
+  return string.match(receipt, '^[%w_.:%-]+|[%w_.:%-]+|%d+|%d+|(.+)$')
+end
+
+-- "<owner>|<call>|<fence>|<attempt>|<id>" as {receipt, id, fence, attempt}, or nil.
+local function parse_receipt(receipt)
+  local owner, call, fence, attempt, id = string.match(receipt, '^([%w_.:%-]+)|([%w_.:%-]+)|(%d+)|(%d+)|(.+)$')
+  if not owner then return nil end
+  return { receipt = receipt, id = id, fence = tonumber(fence), attempt = tonumber(attempt) }
+end
+
+-- "<attempts>|<max_attempts>|<due_ms>|<payload>" as the 3 numbers and the payload's index, or nil.
+local function parse_record(record)
+  local attempts, max_attempts, due_ms, at = string.match(record, '^(%d+)|(%d+)|(%d+)|()')
+  if not attempts then return nil end
+  return tonumber(attempts), tonumber(max_attempts), tonumber(due_ms), at
+end
+
+-- A WRONGTYPE text if `key` exists with another type than `want`; else nil. One TYPE call.
+local function expect_type(key, want)
+  local got = redis.call('TYPE', key).ok
+  if got ~= 'none' and got ~= want then
+    return 'WRONGTYPE ' .. key .. ' holds a ' .. got .. ', expected a ' .. want
+  end
+end
+
+-- redis.call(cmd, key, values...) in CHUNK-sized calls (none when `values` is empty).
+local function call_chunked(cmd, key, values)
+  for i = 1, #values, CHUNK do
+    redis.call(cmd, key, unpack(values, i, math.min(i + CHUNK - 1, #values)))
+  end
+end
+
+-- HMGET of any number of fields, in CHUNK-sized calls; no call for no fields.
+local function hmget(key, fields)
+  if #fields == 0 then return {} end
+  if #fields <= CHUNK then return redis.call('HMGET', key, unpack(fields)) end
+  local out = {}
+  for i = 1, #fields, CHUNK do
+    local part = redis.call('HMGET', key, unpack(fields, i, math.min(i + CHUNK - 1, #fields)))
+    for j = 1, #part do out[i + j - 1] = part[j] end
+  end
+  return out
+end
+
+-- Remove up to `most` of the `expired` tombstones of `key` (done), counted before any
+-- write, once at least TRIM_BATCH have expired: the lowest ranks are the earliest
+-- expiries. A removal is a write Redis allows at its memory limit, and after it the
+-- script's other writes are allowed too (tests/test_operations.py pins this down).
+local function trim_done(key, expired, most)
+  if expired >= TRIM_BATCH then
+    redis.call('ZREMRANGEBYRANK', key, 0, math.min(expired, most) - 1)
+  end
+end
+
+-- Tombstone acked ids in `key` (done; ack.lua). Trim the `expired` lowest ranks first: ZADD may re-rank them.
+local function bury(key, ids, expired, now_ms, keep_done_ms)
+  trim_done(key, expired, #ids + TRIM_BATCH)
+  local kept_until = now_ms + keep_done_ms
+  if keep_done_ms == 0 then
+    return
+  elseif #ids == 1 then
+    redis.call('ZADD', key, kept_until, ids[1])
+  else
+    local args = {}
+    for i, id in ipairs(ids) do args[2 * i - 1], args[2 * i] = kept_until, id end
+    call_chunked('ZADD', key, args)
+  end
+end
+-- The current lease of job `id`: a ZSCAN of `key` (leased) for receipts ending in
+-- '|<id>'. MATCH narrows the scan (the id's glob characters escaped); the exact parse
+-- decides, since another id may end with this one after a '|'. Goes on from `cursor`
+-- ('0' to start) for at most `max_pages` pages of 1000: callers pass a constant, so the
+-- work is bounded. Returns the receipt and its deadline (nil if not found), and the
+-- cursor to go on from ('0': LEASED was scanned to its end).
+local function find_lease(key, id, cursor, max_pages)
+  local pattern = '*|' .. string.gsub(id, '([%*%?%[%]\\])', '\\%1')
+  local pages = 0
+  repeat
+    pages = pages + 1
+    local page = redis.call('ZSCAN', key, cursor, 'MATCH', pattern, 'COUNT', 1000)
+    cursor = page[1]
+    local entries = page[2]
+    for i = 1, #entries, 2 do
+      if receipt_id(entries[i]) == id then return entries[i], tonumber(entries[i + 1]), cursor end
+    end
+  until cursor == '0' or pages == max_pages
+  return nil, nil, cursor
+end
+-- Fair scheduling (lua/README.md section 2.1). A job enqueued with a group or with a
+-- priority other than 0 keeps a `meta` entry "<priority>|<pos>|<group>" for its whole
+-- life (group '' = none). While READY it is not in the `ready` list but in `gready`, a
+-- lexicographic zset of members "<group>|<rank>|<id>": rank is one character for the
+-- priority ('0' for 5 .. ':' for -5, so higher first) and its 16-digit position `pos`
+-- (tail: POS_MID + seq, head: POS_MID - seq). `ring` holds the groups with ready jobs:
+-- score = turn (>= 1, lowest is served next) while one is believed to have a free
+-- slot, -1 (parked) while it is at its cap. `groups` holds r:<group> (its leases
+-- running), c:<group> (its own cap), cap (the default cap; 0 or absent: none), and the
+-- counters turn, seq and uturn (the ungrouped jobs' last turn).
+-- Only fair_keys, fair_meta and push_ready are made on every call; the other helpers
+-- are made at their first use in a call (fair_lib, fair_enter_lib), so that a queue
+-- without groups or priorities does not pay for making their closures.
+local PRIORITY_MIN, PRIORITY_MAX = -5, 5
+local POS_MID = 5000000000000000
+
+-- The four fair-scheduling keys, from KEYS[first] on: the scripts that take them take them last.
+local function fair_keys(first)
+  return { meta = KEYS[first], gready = KEYS[first + 1], ring = KEYS[first + 2], groups = KEYS[first + 3] }
+end
+
+-- The meta of each of `ids` (one HMGET, which also proves `meta` a hash): {priority,
+-- pos, group} per id, false for an id without one, and whether any id has one; or nil
+-- and a PQ_CORRUPT text.
+local function fair_meta(F, ids)
+  local out, any = {}, false
+  if #ids == 0 then return out, nil, false end
+  local values = hmget(F.meta, ids)
+  for i = 1, #ids do
+    local value = values[i]
+    if value then
+      local p, pos, g = string.match(value, '^(%-?%d+)|(%d*)|(.*)$')
+      if not p then return nil, 'PQ_CORRUPT unparsable entry in ' .. F.meta end
+      out[i], any = { priority = tonumber(p), pos = pos, group = g }, true
+    else
+      out[i] = false
+    end
+  end
+  return out, nil, any
+end
+
+-- Push `ids` to the head of the `ready` list (`head`, in the order given) or its tail.
+local function push_ready(ready_key, ids, head)
+  if #ids > 0 and head then
+    local reversed = {}
+    for i = #ids, 1, -1 do reversed[#reversed + 1] = ids[i] end
+    call_chunked('LPUSH', ready_key, reversed)
+  elseif #ids > 0 then
+    call_chunked('RPUSH', ready_key, ids)
+  end
+end
+
+-- What a producer needs (enqueue.lua): arg, member, slots, activate, enter, types.
+local fair_enter_made
+local function fair_enter_lib()
+  if fair_enter_made then return fair_enter_made end
+  local L = {}
+
+  -- A job's priority ('' = 0) as a number, or nil and a PQ_BADARG text; likewise for
+  -- its group ('' = none; else 1..128 bytes without '|' or control characters).
+  function L.arg(priority, group)
+    local p, err = 0, nil
+    if priority ~= '' then
+      p, err = int_arg(priority, 'priority', PRIORITY_MIN, PRIORITY_MAX)
+      if err then return nil, err end
+    end
+    if #group > 128 or string.find(group, '[%c|]') then
+      return nil, 'PQ_BADARG group must be 1..128 bytes without | or control characters'
+    end
+    return p
+  end
+
+  -- The `gready` member of job `id` at position `pos` (16 digits).
+  function L.member(group, priority, pos, id)
+    return group .. '|' .. string.char(53 - priority) .. pos .. '|' .. id
+  end
+
+  -- Leases running and the cap (0: none) of `group`.
+  function L.slots(F, group)
+    local v = redis.call('HMGET', F.groups, 'r:' .. group, 'c:' .. group, 'cap')
+    return tonumber(v[1] or '0') or 0, tonumber(v[2] or v[3] or '0') or 0
+  end
+
+  -- Give `group`, which has ready jobs, a place in `ring` unless it has one: at the
+  -- back (a new turn) with a free slot, else parked.
+  function L.activate(F, group)
+    if redis.call('ZSCORE', F.ring, group) then return end
+    local running, cap = L.slots(F, group)
+    if cap == 0 or running < cap then
+      redis.call('ZADD', F.ring, redis.call('HINCRBY', F.groups, 'turn', 1), group)
+    else
+      redis.call('ZADD', F.ring, -1, group)
+    end
+  end
+
+  -- Put the jobs of `ids` whose metas[i] is an entry in `gready`, at the head (`head`,
+  -- in the order given) or the tail of their priority in their group, and give their
+  -- groups a place in `ring`. Returns the other ids, which belong in the `ready` list.
+  function L.enter(F, ids, metas, head)
+    local plain, fair = {}, {}
+    for i, id in ipairs(ids) do
+      if metas[i] then fair[#fair + 1] = i else plain[#plain + 1] = id end
+    end
+    if #fair == 0 then return plain end
+    local last = redis.call('HINCRBY', F.groups, 'seq', #fair)
+    local members, entries, activate = {}, {}, {}
+    for k, i in ipairs(fair) do
+      local meta, id = metas[i], ids[i]
+      local seq = head and last - k + 1 or last - #fair + k
+      local pos = string.format('%016.0f', head and POS_MID - seq or POS_MID + seq)
+      members[2 * k - 1], members[2 * k] = 0, L.member(meta.group, meta.priority, pos, id)
+      entries[2 * k - 1], entries[2 * k] = id, meta.priority .. '|' .. pos .. '|' .. meta.group
+      if meta.group ~= '' and not activate[meta.group] then
+        activate[meta.group] = true
+        activate[#activate + 1] = meta.group
+      end
+    end
+    call_chunked('ZADD', F.gready, members)
+    call_chunked('HSET', F.meta, entries)
+    for _, g in ipairs(activate) do L.activate(F, g) end
+    return plain
+  end
+
+  -- A type error text if any fair-scheduling key holds another Redis type, else nil.
+  function L.types(F)
+    return expect_type(F.meta, 'hash') or expect_type(F.gready, 'zset') or expect_type(F.ring, 'zset')
+      or expect_type(F.groups, 'hash')
+  end
+
+  fair_enter_made = L
+  return L
+end
+
+-- Everything else (the scripts that end leases and move jobs), on top of fair_enter_lib.
+local fair_made
+local function fair_lib()
+  if fair_made then return fair_made end
+  local L = {}
+  for name, fn in pairs(fair_enter_lib()) do L[name] = fn end
+
+  -- Give back one slot per entry of `metas` with a group (their leases ended), one
+  -- HINCRBY per group: a parked group with a free slot again goes to the back of
+  -- `ring`, in the order the groups first appear in `metas`. Returns whether one did,
+  -- so that the caller raises the wake marker.
+  function L.release(F, metas)
+    local counts, order = {}, {}
+    for _, meta in ipairs(metas) do
+      if meta and meta.group ~= '' then
+        local g = meta.group
+        if not counts[g] then
+          counts[g] = 0
+          order[#order + 1] = g
+        end
+        counts[g] = counts[g] + 1
+      end
+    end
+    local woke = false
+    for _, g in ipairs(order) do
+      local running = redis.call('HINCRBY', F.groups, 'r:' .. g, -counts[g])
+      local score = redis.call('ZSCORE', F.ring, g)
+      -- At 0 the count goes, unless the group is in the ring: a lease is likely to count
+      -- it up again soon, and lease deletes it when it drops the group from the ring.
+      if running <= 0 and not score then redis.call('HDEL', F.groups, 'r:' .. g) end
+      if tonumber(score or '0') < 0 then
+        local _, cap = L.slots(F, g)
+        if cap == 0 or running < cap then
+          redis.call('ZADD', F.ring, redis.call('HINCRBY', F.groups, 'turn', 1), g)
+          woke = true
+        end
+      end
+    end
+    return woke
+  end
+
+  -- Make `ids` READY (metas from fair_meta): those with meta by L.enter, the others to
+  -- the head of the `ready` list (`head`, in the order given) or its tail.
+  function L.ready(ready_key, F, ids, metas, head)
+    push_ready(ready_key, L.enter(F, ids, metas, head), head)
+  end
+
+  -- Remove READY job `id` from `gready` if it is there (meta from fair_meta): 1 if it was.
+  function L.unready(F, id, meta)
+    if not meta or meta.pos == '' then return 0 end
+    return redis.call('ZREM', F.gready, L.member(meta.group, meta.priority, meta.pos, id))
+  end
+
+  -- Forget the meta of jobs that ended for good (acked, cancelled) and give back their
+  -- slots; raise the wake marker if a parked group got one. metas[i] belongs to ids[i].
+  function L.finish(F, ids, metas, wake_key)
+    local gone = {}
+    for i, meta in ipairs(metas) do
+      if meta then gone[#gone + 1] = ids[i] end
+    end
+    if #gone == 0 then return end
+    call_chunked('HDEL', F.meta, gone)
+    if L.release(F, metas) then redis.call('ZADD', wake_key, 0, 'wake') end
+  end
+
+  fair_made = L
+  return L
+end
+
+-- <<< pyqueue prelude
+
+local contract_error = contract('browse', 8, 4, 4)
+if contract_error then return redis.error_reply(contract_error) end
+local MAX_PAGE = 500 -- the most jobs per page
+
+local now_ms, err = now_arg(ARGV[1])
+if err then return redis.error_reply(err) end
+local state = ARGV[2]
+if state ~= 'ready' and state ~= 'scheduled' and state ~= 'running' and state ~= 'done' then
+  return redis.error_reply('PQ_BADARG state must be ready, scheduled, running or done, got '
+    .. string.format('%q', string.sub(state, 1, 32)))
+end
+local start, count
+start, err = int_arg(ARGV[3], 'start', 0, 2 ^ 31)
+if err then return redis.error_reply(err) end
+count, err = int_arg(ARGV[4], 'count', 1, MAX_PAGE)
+if err then return redis.error_reply(err) end
+
+-- Every key is probed, whatever the state: a page reads some keys only when it is not
+-- empty, and the answer to a planted key should not depend on that.
+local TYPES = { 'hash', 'list', 'zset', 'zset', 'zset', 'hash', 'zset', 'zset' }
+for i, want in ipairs(TYPES) do
+  err = expect_type(KEYS[i], want)
+  if err then return redis.error_reply(err) end
+end
+now_ms = now_ms or server_now_ms()
+
+-- attempts and max_attempts of each id (one HMGET), or nil and a PQ_CORRUPT text.
+local function counts(ids)
+  local records = hmget(jobs_key, ids)
+  local out = {}
+  for i, id in ipairs(ids) do
+    local attempts, max_attempts = parse_record(records[i] or '')
+    if not attempts then return nil, 'PQ_CORRUPT job ' .. id .. ' has no valid record in ' .. jobs_key end
+    out[i] = { attempts, max_attempts }
+  end
+  return out
+end
+
+local reply = { now_ms, 0 }
+local function add(...)
+  for _, v in ipairs({ ... }) do reply[#reply + 1] = v end
+end
+
+if state == 'ready' then
+  local listed = redis.call('LLEN', ready_key)
+  reply[2] = listed + redis.call('ZCARD', gready_key)
+  local ids, groups, priorities = {}, {}, {}
+  if start < listed then
+    ids = redis.call('LRANGE', ready_key, start, math.min(listed, start + count) - 1)
+    for i = 1, #ids do groups[i], priorities[i] = '', 0 end
+  end
+  if #ids < count then
+    local from = math.max(0, start - listed)
+    for _, member in ipairs(redis.call('ZRANGE', gready_key, from, from + count - #ids - 1)) do
+      -- "<group>|<rank>|<id>": a group holds no '|'; rank is the priority's character
+      -- ('0' for 5 .. ':' for -5) and a 16-digit position.
+      local bar = string.find(member, '|', 1, true)
+      local rank = bar and string.sub(member, bar + 1, bar + 17)
+      if not bar or #rank ~= 17 or string.sub(member, bar + 18, bar + 18) ~= '|' or #member < bar + 19 then
+        return redis.error_reply('PQ_CORRUPT unreadable member in ' .. gready_key)
+      end
+      ids[#ids + 1] = string.sub(member, bar + 19)
+      groups[#ids], priorities[#ids] = string.sub(member, 1, bar - 1), 53 - string.byte(rank, 1)
+    end
+  end
+  local known
+  known, err = counts(ids)
+  if err then return redis.error_reply(err) end
+  for i, id in ipairs(ids) do add(id, known[i][1], known[i][2], groups[i], priorities[i]) end
+elseif state == 'scheduled' then
+  reply[2] = redis.call('ZCARD', scheduled_key)
+  local page = redis.call('ZRANGE', scheduled_key, start, start + count - 1, 'WITHSCORES')
+  local ids = {}
+  for i = 1, #page, 2 do ids[#ids + 1] = page[i] end
+  local known
+  known, err = counts(ids)
+  if err then return redis.error_reply(err) end
+  for i, id in ipairs(ids) do add(id, tonumber(page[2 * i]), known[i][1], known[i][2]) end
+elseif state == 'running' then
+  reply[2] = redis.call('ZCARD', leased_key)
+  local page = redis.call('ZRANGE', leased_key, start, start + count - 1, 'WITHSCORES')
+  local leases, ids = {}, {}
+  for i = 1, #page, 2 do
+    local lease = parse_receipt(page[i])
+    if not lease then return redis.error_reply('PQ_CORRUPT unreadable receipt in ' .. leased_key) end
+    lease.owner, lease.deadline_ms = string.match(page[i], '^[^|]+'), tonumber(page[i + 1])
+    leases[#leases + 1], ids[#ids + 1] = lease, lease.id
+  end
+  local known
+  known, err = counts(ids)
+  if err then return redis.error_reply(err) end
+  for i, lease in ipairs(leases) do
+    add(lease.id, lease.owner, lease.attempt, known[i][2], lease.fence, lease.deadline_ms)
+  end
+else -- done
+  local expired = redis.call('ZCOUNT', done_key, '-inf', now_ms)
+  reply[2] = redis.call('ZCARD', done_key) - expired
+  local first = expired + start
+  local page = redis.call('ZRANGE', done_key, first, first + count - 1, 'WITHSCORES')
+  local ids = {}
+  for i = 1, #page, 2 do ids[#ids + 1] = page[i] end
+  local results = hmget(results_key, ids)
+  for i, id in ipairs(ids) do
+    local finished_ms = string.match(results[i] or '', '^(%d+)|')
+    local expires_ms = finished_ms and tonumber(redis.call('ZSCORE', result_expiry_key, id))
+    if expires_ms and expires_ms > now_ms then
+      add(id, tonumber(page[2 * i]), 1, tonumber(finished_ms))
+    else
+      add(id, tonumber(page[2 * i]), 0, -1)
+    end
+  end
+end
+return reply
