@@ -188,8 +188,11 @@ def test_a_remote_stop_wakes_a_blocked_worker_which_deregisters_and_exits_0(
 def test_a_lost_renewal_stops_the_worker_with_exit_75(r: redis.Redis, running: Callable[..., Running]) -> None:
     run = running(["q"], lambda job: None, renew_ms=100, expire_ms=1_000, block_ms=10_000)
     assert run.worker.service is not None
-    # Another registration holds the key now.
-    r.hset(run.worker.service.keys.role("service"), mapping={"renewal": "theirs", "registration": "theirs"})
+    # Another registration holds the key now (and keeps it alive: without the PERSIST the
+    # key's 1 s TTL could run out while a loaded machine stops the worker, as once in CI).
+    key = run.worker.service.keys.role("service")
+    r.hset(key, mapping={"renewal": "theirs", "registration": "theirs"})
+    r.persist(key)
     run.thread.join(5)
     assert not run.thread.is_alive()
     assert "lost its registration" in run.worker.exit_reason
