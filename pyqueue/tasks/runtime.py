@@ -165,9 +165,9 @@ class TaskRun:
         self.children = (kids, callback, on_failure)
 
 
-#: Per (Tasks object, physical queue): the asyncio queue object progress is reported
-#: through (the blocking ones are pyqueue.tasks.flows' readers).
-_aprogress_queues: dict[tuple[int, str], Any] = {}
+#: Per (Tasks object, physical queue, driver): the queue object progress is reported
+#: through (one per queue, not one per report).
+_progress_queues: dict[tuple[int, str, bool], Any] = {}
 
 
 class ClientUnavailable(InvalidArgument):
@@ -183,21 +183,22 @@ def _progress_queue(app: Any, queue: str, use_asyncio: bool = False) -> Any:
     """
     if app is None:
         raise InvalidArgument("progress is reported from a task run by a worker (current_job())")
-    if not use_asyncio:
-        from pyqueue.tasks.flows import _reader
-
-        return _reader(app, queue)
-    try:
-        client = app.connection.aredis
-    except InvalidArgument as exc:
-        raise ClientUnavailable(str(exc)) from None
-    found = _aprogress_queues.get((id(app), queue))
+    key = (id(app), queue, use_asyncio)
+    found = _progress_queues.get(key)
+    if use_asyncio:
+        try:
+            client = app.connection.aredis
+        except InvalidArgument as exc:
+            raise ClientUnavailable(str(exc)) from None
+    else:
+        client = app.redis
     if found is None or found.redis is not client:
         from pyqueue.aio import AsyncQueue
+        from pyqueue.queue import Queue
 
-        found = AsyncQueue(queue, client, prefix=app.prefix)
+        found = (AsyncQueue if use_asyncio else Queue)(queue, client, prefix=app.prefix)
         found._partitions_checked = True  # the physical queue, named by the job itself
-        _aprogress_queues[(id(app), queue)] = found
+        _progress_queues[key] = found
     return found
 
 
