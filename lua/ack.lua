@@ -14,7 +14,7 @@ batches (when at least 10 have expired, up to 10 more than this call acks): unde
 steady load `done` holds about keep_done_ms of acks plus fewer than 10 expired entries,
 and a backlog left by a quiet period shrinks by at least 10 per acking call.
 
-KEYS (9), all <prefix>:{<queue>}:<role>
+KEYS (11), all <prefix>:{<queue>}:<role>
   1 jobs     hash  id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
   2 leased   zset  receipt -> deadline_ms
   3 owners   zset  receipt -> 0 (lexicographic index: receipts by owner, then call)
@@ -24,6 +24,8 @@ KEYS (9), all <prefix>:{<queue>}:<role>
   7 gready   zset  "<group>|<rank>|<id>" -> 0: READY jobs with meta (lexicographic)
   8 ring     zset  group -> turn (>= 1) or -1 (parked at its cap)
   9 groups   hash  r:<group>, c:<group>, cap, turn, seq, uturn
+ 10 counters hash  read only: `events`, the event stream's bound (section 2.5)
+ 11 events   stream  the queue's events, when it has opted in: 'acked' per job acked
 
 Groups: an acked job with meta loses it, and its group gets its slot back; a group
 parked at its cap rejoins the ring and the wake marker is raised (section 2.1).
@@ -40,7 +42,7 @@ Errors   PQ_BADARG (nothing written), WRONGTYPE (a key holds another Redis type;
          nothing written).
 Replay   a re-sent call finds its receipts gone and changes nothing; its answer is
          'gone' where the lost reply said 'ok'.
-Contract v3 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
+Contract v4 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
          PQ_CONTRACT, before anything is read or written.
 ]]
 
@@ -53,7 +55,8 @@ local CHUNK = 500 -- values per unpack(); keeps every redis.call well under Lua'
 local TRIM_BATCH = 10 -- expired tombstones are trimmed this many at a time, at least
 local MAINTENANCE_INTERVAL_MS = 50 -- while READY is busy, maintenance still runs this often
 local NONE = {} -- an empty list to read from; never written to, so no call allocates its own
-local CONTRACT_VERSION = 3 -- of the KEYS and ARGV the headers list; lua/README.md section 10
+local CONTRACT_VERSION = 4 -- of the KEYS and ARGV the headers list; lua/README.md section 10
+local EVENT_TEXT_BYTES = 1024 -- an error text in an event is cut to this many bytes (section 2.5)
 local WAIT_DUE_MS = 1125899906842624 -- 2^50: the due time of a job waiting for others (flow_wait.lua)
 
 -- Every script's first check, before any other check, read or write: a PQ_CONTRACT text
@@ -137,6 +140,49 @@ local function expect_type(key, want)
   local got = redis.call('TYPE', key).ok
   if got ~= 'none' and got ~= want then
     return 'WRONGTYPE ' .. key .. ' holds a ' .. got .. ', expected a ' .. want
+  end
+end
+
+-- The queue's event stream (lua/README.md section 2.5): a queue opts in with the `events`
+-- field of `counters`, the stream's length bound (set_events.lua). Returns the bound, or
+-- nil when the queue has not opted in; or nil and a WRONGTYPE text when the stream key
+-- holds another type. Called before any write. `value`: the field, when an HMGET of
+-- `counters` read it already (false: absent); nil reads it here (one HGET).
+local function events_bound(counters_key, events_key, value)
+  if value == nil then value = redis.call('HGET', counters_key, 'events') end
+  local bound = value and tonumber(value)
+  if not bound or bound < 1 then return nil end
+  local err = expect_type(events_key, 'stream')
+  if err then return nil, err end
+  return bound
+end
+
+-- Append one event when `bound` is set (section 2.5). Its ID is 0-<n>, n one more than
+-- the last event's (Redis makes it), so a reader counts the events trimming took from it.
+-- `...`: more field, value pairs (strings: a number of 15 digits or more must be passed
+-- formatted with %d, see ack_result.lua). Called after the script's first write (never a
+-- growing first write at the memory limit).
+local function emit(events_key, bound, kind, id, now_ms, ...)
+  if bound then
+    redis.call('XADD', events_key, 'MAXLEN', bound, '0-*', 'type', kind, 'id', id, 'ms', string.format('%d', now_ms), ...)
+  end
+end
+
+-- The events of leases reclaimed at their deadline (lease.lua, promote.lua): 'retried'
+-- (ready again now) or 'dead' (attempts used up). A lease without `max` (its job record
+-- was gone) has no event.
+local function emit_reclaimed(events_key, bound, leases, now_ms)
+  if not bound then return end
+  for _, lease in ipairs(leases) do
+    if lease.max then
+      local reason = string.format('lease expired on attempt %d of %d', lease.attempt, lease.max)
+      if lease.attempt >= lease.max then
+        emit(events_key, bound, 'dead', lease.id, now_ms, 'attempt', lease.attempt, 'error', reason)
+      else
+        emit(events_key, bound, 'retried', lease.id, now_ms, 'attempt', lease.attempt, 'due_ms',
+          string.format('%d', now_ms), 'error', reason)
+      end
+    end
   end
 end
 
@@ -408,7 +454,8 @@ end
 -- <<< pyqueue prelude
 
 local jobs_key, leased_key, owners_key, done_key, wake_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local contract_error = contract('ack', 9, 3, 2 + MAX_BATCH)
+local counters_key, events_key = KEYS[10], KEYS[11]
+local contract_error = contract('ack', 11, 3, 2 + MAX_BATCH)
 if contract_error then return redis.error_reply(contract_error) end
 local F = fair_keys(6)
 
@@ -449,10 +496,11 @@ end
 -- `jobs` is probed unless a HEXISTS above read it.
 if #receipts > 0 then
   -- The meta of the acked jobs: one HMGET, which proves `meta` a hash.
-  local metas, fair
+  local metas, fair, bound
   metas, err, fair = fair_meta(F, acked_ids)
   err = err or not jobs_read and expect_type(jobs_key, 'hash')
     or fair and (fair_lib().types(F) or expect_type(wake_key, 'zset'))
+  if not err then bound, err = events_bound(counters_key, events_key) end
   if err then return redis.error_reply(err) end
   now_ms = now_ms or server_now_ms()
   local expired = redis.call('ZCOUNT', done_key, '-inf', now_ms)
@@ -461,5 +509,10 @@ if #receipts > 0 then
   call_chunked('HDEL', jobs_key, acked_ids)
   bury(done_key, acked_ids, expired, now_ms, keep_done_ms)
   if fair then fair_lib().finish(F, acked_ids, metas, wake_key) end
+  if bound then
+    for i, receipt in ipairs(receipts) do
+      emit(events_key, bound, 'acked', acked_ids[i], now_ms, 'attempt', parse_receipt(receipt).attempt)
+    end
+  end
 end
 return status

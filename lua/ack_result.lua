@@ -9,7 +9,7 @@ Memory is bounded: each call first deletes up to n + 10 results whose time is up
 the oldest-expiring results beyond max_results, so at most max_results results are
 kept, each at most 524288 bytes.
 
-KEYS (12), all <prefix>:{<queue>}:<role>
+KEYS (14), all <prefix>:{<queue>}:<role>
   1 jobs           hash    id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
   2 leased         zset    receipt -> deadline_ms
   3 owners         zset    receipt -> 0
@@ -22,6 +22,8 @@ KEYS (12), all <prefix>:{<queue>}:<role>
  10 gready         zset    "<group>|<rank>|<id>" -> 0: READY jobs with meta (lexicographic)
  11 ring           zset    group -> turn (>= 1) or -1 (parked at its cap)
  12 groups         hash    r:<group>, c:<group>, cap, turn, seq, uturn
+ 13 counters       hash    read only: `events`, the event stream's bound (section 2.5)
+ 14 events         stream  the queue's events, when it has opted in: 'acked' per job acked
 
 ARGV (4 + 2n)
   1  now_ms          '' (use the server clock) or integer >= 0; tests only
@@ -36,7 +38,7 @@ Returns  {status_1 .. status_n} as ack.lua: 'ok' (acked, result stored), 'stale'
 Errors   PQ_BADARG, WRONGTYPE (nothing written).
 Replay   a re-sent call finds its receipts gone and writes nothing more: one effect.
 Groups   as ack.lua: an acked job's group gets its slot back (section 2.1).
-Contract v3 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
+Contract v4 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
          PQ_CONTRACT, before anything is read or written.
 ]]
 
@@ -49,7 +51,8 @@ local CHUNK = 500 -- values per unpack(); keeps every redis.call well under Lua'
 local TRIM_BATCH = 10 -- expired tombstones are trimmed this many at a time, at least
 local MAINTENANCE_INTERVAL_MS = 50 -- while READY is busy, maintenance still runs this often
 local NONE = {} -- an empty list to read from; never written to, so no call allocates its own
-local CONTRACT_VERSION = 3 -- of the KEYS and ARGV the headers list; lua/README.md section 10
+local CONTRACT_VERSION = 4 -- of the KEYS and ARGV the headers list; lua/README.md section 10
+local EVENT_TEXT_BYTES = 1024 -- an error text in an event is cut to this many bytes (section 2.5)
 local WAIT_DUE_MS = 1125899906842624 -- 2^50: the due time of a job waiting for others (flow_wait.lua)
 
 -- Every script's first check, before any other check, read or write: a PQ_CONTRACT text
@@ -133,6 +136,49 @@ local function expect_type(key, want)
   local got = redis.call('TYPE', key).ok
   if got ~= 'none' and got ~= want then
     return 'WRONGTYPE ' .. key .. ' holds a ' .. got .. ', expected a ' .. want
+  end
+end
+
+-- The queue's event stream (lua/README.md section 2.5): a queue opts in with the `events`
+-- field of `counters`, the stream's length bound (set_events.lua). Returns the bound, or
+-- nil when the queue has not opted in; or nil and a WRONGTYPE text when the stream key
+-- holds another type. Called before any write. `value`: the field, when an HMGET of
+-- `counters` read it already (false: absent); nil reads it here (one HGET).
+local function events_bound(counters_key, events_key, value)
+  if value == nil then value = redis.call('HGET', counters_key, 'events') end
+  local bound = value and tonumber(value)
+  if not bound or bound < 1 then return nil end
+  local err = expect_type(events_key, 'stream')
+  if err then return nil, err end
+  return bound
+end
+
+-- Append one event when `bound` is set (section 2.5). Its ID is 0-<n>, n one more than
+-- the last event's (Redis makes it), so a reader counts the events trimming took from it.
+-- `...`: more field, value pairs (strings: a number of 15 digits or more must be passed
+-- formatted with %d, see ack_result.lua). Called after the script's first write (never a
+-- growing first write at the memory limit).
+local function emit(events_key, bound, kind, id, now_ms, ...)
+  if bound then
+    redis.call('XADD', events_key, 'MAXLEN', bound, '0-*', 'type', kind, 'id', id, 'ms', string.format('%d', now_ms), ...)
+  end
+end
+
+-- The events of leases reclaimed at their deadline (lease.lua, promote.lua): 'retried'
+-- (ready again now) or 'dead' (attempts used up). A lease without `max` (its job record
+-- was gone) has no event.
+local function emit_reclaimed(events_key, bound, leases, now_ms)
+  if not bound then return end
+  for _, lease in ipairs(leases) do
+    if lease.max then
+      local reason = string.format('lease expired on attempt %d of %d', lease.attempt, lease.max)
+      if lease.attempt >= lease.max then
+        emit(events_key, bound, 'dead', lease.id, now_ms, 'attempt', lease.attempt, 'error', reason)
+      else
+        emit(events_key, bound, 'retried', lease.id, now_ms, 'attempt', lease.attempt, 'due_ms',
+          string.format('%d', now_ms), 'error', reason)
+      end
+    end
   end
 end
 
@@ -405,7 +451,8 @@ end
 
 local jobs_key, leased_key, owners_key, done_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local results_key, result_expiry_key, finished_key, wake_key = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local contract_error = contract('ack_result', 12, 6, 4 + 2 * MAX_BATCH, 2)
+local counters_key, events_key = KEYS[13], KEYS[14]
+local contract_error = contract('ack_result', 14, 6, 4 + 2 * MAX_BATCH, 2)
 if contract_error then return redis.error_reply(contract_error) end
 local MAX_RESULT_BYTES, STREAM_LENGTH = 524288, 1000
 
@@ -462,6 +509,8 @@ local metas, fair
 metas, err, fair = fair_meta(F, acked_ids)
 err = err or (not jobs_read and expect_type(jobs_key, 'hash')) or expect_type(results_key, 'hash')
   or expect_type(finished_key, 'stream') or fair and (fair_lib().types(F) or expect_type(wake_key, 'zset'))
+local bound
+if not err then bound, err = events_bound(counters_key, events_key) end
 if err then return redis.error_reply(err) end
 local expired = redis.call('ZCOUNT', done_key, '-inf', now_ms)
 local trim = redis.call('ZRANGEBYSCORE', result_expiry_key, '-inf', now_ms, 'LIMIT', 0, n + TRIM_BATCH)
@@ -492,4 +541,9 @@ for _, pair in ipairs(stored) do
 end
 call_chunked('HSET', results_key, fields)
 call_chunked('ZADD', result_expiry_key, expiries)
+if bound then
+  for i, receipt in ipairs(receipts) do
+    emit(events_key, bound, 'acked', acked_ids[i], now_ms, 'attempt', parse_receipt(receipt).attempt)
+  end
+end
 return status

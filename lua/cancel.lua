@@ -9,7 +9,7 @@ The job's record is deleted and its id is tombstoned in `done` like an acked one
 keep_done_ms: while the tombstone lives a producer's retried enqueue of the id is a
 duplicate, so a cancelled job does not come back.
 
-KEYS (14), all <prefix>:{<queue>}:<role>
+KEYS (15), all <prefix>:{<queue>}:<role>
   1 jobs       hash  id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
   2 ready      list  job ids
   3 scheduled  zset  id -> due_ms
@@ -25,6 +25,8 @@ KEYS (14), all <prefix>:{<queue>}:<role>
  12 gready     zset  "<group>|<rank>|<id>" -> 0: READY jobs with meta (lexicographic)
  13 ring       zset  group -> turn (>= 1) or -1 (parked at its cap)
  14 groups     hash  r:<group>, c:<group>, cap, turn, seq, uturn
+ 15 events     stream  the queue's events, when it has opted in (section 2.5): 'cancelled',
+                   with the state the job was cancelled in
 
 ARGV (3)
   1  now_ms        '' (use the server clock) or integer >= 0; tests only
@@ -41,7 +43,7 @@ Cost     O(1) for a scheduled or dead job. Otherwise a ZSCAN of LEASED for the r
          past 10,000 leases without a match, an LREM on READY (O(position)) first, then
          the rest of the scan. A ready job costs the scan of L and the LREM.
 Replay   a re-sent call finds the job gone ('done' or 'unknown') and writes nothing.
-Contract v3 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
+Contract v4 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
          PQ_CONTRACT, before anything is read or written.
 ]]
 
@@ -54,7 +56,8 @@ local CHUNK = 500 -- values per unpack(); keeps every redis.call well under Lua'
 local TRIM_BATCH = 10 -- expired tombstones are trimmed this many at a time, at least
 local MAINTENANCE_INTERVAL_MS = 50 -- while READY is busy, maintenance still runs this often
 local NONE = {} -- an empty list to read from; never written to, so no call allocates its own
-local CONTRACT_VERSION = 3 -- of the KEYS and ARGV the headers list; lua/README.md section 10
+local CONTRACT_VERSION = 4 -- of the KEYS and ARGV the headers list; lua/README.md section 10
+local EVENT_TEXT_BYTES = 1024 -- an error text in an event is cut to this many bytes (section 2.5)
 local WAIT_DUE_MS = 1125899906842624 -- 2^50: the due time of a job waiting for others (flow_wait.lua)
 
 -- Every script's first check, before any other check, read or write: a PQ_CONTRACT text
@@ -138,6 +141,49 @@ local function expect_type(key, want)
   local got = redis.call('TYPE', key).ok
   if got ~= 'none' and got ~= want then
     return 'WRONGTYPE ' .. key .. ' holds a ' .. got .. ', expected a ' .. want
+  end
+end
+
+-- The queue's event stream (lua/README.md section 2.5): a queue opts in with the `events`
+-- field of `counters`, the stream's length bound (set_events.lua). Returns the bound, or
+-- nil when the queue has not opted in; or nil and a WRONGTYPE text when the stream key
+-- holds another type. Called before any write. `value`: the field, when an HMGET of
+-- `counters` read it already (false: absent); nil reads it here (one HGET).
+local function events_bound(counters_key, events_key, value)
+  if value == nil then value = redis.call('HGET', counters_key, 'events') end
+  local bound = value and tonumber(value)
+  if not bound or bound < 1 then return nil end
+  local err = expect_type(events_key, 'stream')
+  if err then return nil, err end
+  return bound
+end
+
+-- Append one event when `bound` is set (section 2.5). Its ID is 0-<n>, n one more than
+-- the last event's (Redis makes it), so a reader counts the events trimming took from it.
+-- `...`: more field, value pairs (strings: a number of 15 digits or more must be passed
+-- formatted with %d, see ack_result.lua). Called after the script's first write (never a
+-- growing first write at the memory limit).
+local function emit(events_key, bound, kind, id, now_ms, ...)
+  if bound then
+    redis.call('XADD', events_key, 'MAXLEN', bound, '0-*', 'type', kind, 'id', id, 'ms', string.format('%d', now_ms), ...)
+  end
+end
+
+-- The events of leases reclaimed at their deadline (lease.lua, promote.lua): 'retried'
+-- (ready again now) or 'dead' (attempts used up). A lease without `max` (its job record
+-- was gone) has no event.
+local function emit_reclaimed(events_key, bound, leases, now_ms)
+  if not bound then return end
+  for _, lease in ipairs(leases) do
+    if lease.max then
+      local reason = string.format('lease expired on attempt %d of %d', lease.attempt, lease.max)
+      if lease.attempt >= lease.max then
+        emit(events_key, bound, 'dead', lease.id, now_ms, 'attempt', lease.attempt, 'error', reason)
+      else
+        emit(events_key, bound, 'retried', lease.id, now_ms, 'attempt', lease.attempt, 'due_ms',
+          string.format('%d', now_ms), 'error', reason)
+      end
+    end
   end
 end
 
@@ -410,7 +456,8 @@ end
 
 local jobs_key, ready_key, scheduled_key, leased_key, owners_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local dead_key, errors_key, counters_key, done_key, wake_key = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
-local contract_error = contract('cancel', 14, 3, 3)
+local events_key = KEYS[15]
+local contract_error = contract('cancel', 15, 3, 3)
 local F = fair_keys(11)
 if contract_error then return redis.error_reply(contract_error) end
 
@@ -454,6 +501,8 @@ local MAX_SCAN_PAGES, FIRST_PAGES = 1000, 10
 -- count the expired tombstones (ZCOUNT proves `done` a zset).
 err = expect_type(counters_key, 'hash') or (state == 'dead' and expect_type(errors_key, 'hash'))
   or expect_type(owners_key, 'zset') or meta and (fair_lib().types(F) or expect_type(wake_key, 'zset'))
+local bound
+if not err then bound, err = events_bound(counters_key, events_key) end
 if err then return redis.error_reply(err) end
 local expired = redis.call('ZCOUNT', done_key, '-inf', now_ms)
 
@@ -493,4 +542,5 @@ if meta then redis.call('HDEL', F.meta, id) end
 redis.call('HDEL', jobs_key, id)
 bury(done_key, { id }, expired, now_ms, keep_done_ms)
 redis.call('HINCRBY', counters_key, 'cancelled', 1)
+emit(events_key, bound, 'cancelled', id, now_ms, 'state', state)
 return { state }

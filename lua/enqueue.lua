@@ -9,7 +9,7 @@ Jobs with delay_ms = 0 go to the tail of READY; others to SCHEDULED at now + del
 A job with a group or a priority other than 0 gets a `meta` entry, and while READY it
 waits in `gready` (its group gets a place in `ring`), not in `ready` (section 2.1).
 
-KEYS (10), all <prefix>:{<queue>}:<role>
+KEYS (11), all <prefix>:{<queue>}:<role>
   1 jobs       hash  id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
   2 ready      list  job ids, head = next to lease
   3 scheduled  zset  id -> due_ms
@@ -20,6 +20,8 @@ KEYS (10), all <prefix>:{<queue>}:<role>
   8 gready     zset  "<group>|<rank>|<id>" -> 0: READY jobs with meta (lexicographic)
   9 ring       zset  group -> turn (>= 1) or -1 (parked at its cap)
  10 groups     hash  r:<group>, c:<group>, cap, turn, seq, uturn
+ 11 events     stream  the queue's events, when it has opted in (section 2.5): 'enqueued'
+                   per job added (not per duplicate), with due_ms when it is delayed
 
 ARGV (2 + 6n)
   1  now_ms        '' (use the server clock) or integer >= 0; tests only
@@ -39,7 +41,7 @@ Errors   PQ_BADARG (nothing written), WRONGTYPE (a key holds another Redis type;
          nothing written).
 Replay   re-sending the same call finds every job present, or acked and tombstoned,
          and adds nothing (an ack with keep_done_ms = 0 leaves no tombstone).
-Contract v3 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
+Contract v4 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
          PQ_CONTRACT, before anything is read or written.
 ]]
 
@@ -52,7 +54,8 @@ local CHUNK = 500 -- values per unpack(); keeps every redis.call well under Lua'
 local TRIM_BATCH = 10 -- expired tombstones are trimmed this many at a time, at least
 local MAINTENANCE_INTERVAL_MS = 50 -- while READY is busy, maintenance still runs this often
 local NONE = {} -- an empty list to read from; never written to, so no call allocates its own
-local CONTRACT_VERSION = 3 -- of the KEYS and ARGV the headers list; lua/README.md section 10
+local CONTRACT_VERSION = 4 -- of the KEYS and ARGV the headers list; lua/README.md section 10
+local EVENT_TEXT_BYTES = 1024 -- an error text in an event is cut to this many bytes (section 2.5)
 local WAIT_DUE_MS = 1125899906842624 -- 2^50: the due time of a job waiting for others (flow_wait.lua)
 
 -- Every script's first check, before any other check, read or write: a PQ_CONTRACT text
@@ -136,6 +139,49 @@ local function expect_type(key, want)
   local got = redis.call('TYPE', key).ok
   if got ~= 'none' and got ~= want then
     return 'WRONGTYPE ' .. key .. ' holds a ' .. got .. ', expected a ' .. want
+  end
+end
+
+-- The queue's event stream (lua/README.md section 2.5): a queue opts in with the `events`
+-- field of `counters`, the stream's length bound (set_events.lua). Returns the bound, or
+-- nil when the queue has not opted in; or nil and a WRONGTYPE text when the stream key
+-- holds another type. Called before any write. `value`: the field, when an HMGET of
+-- `counters` read it already (false: absent); nil reads it here (one HGET).
+local function events_bound(counters_key, events_key, value)
+  if value == nil then value = redis.call('HGET', counters_key, 'events') end
+  local bound = value and tonumber(value)
+  if not bound or bound < 1 then return nil end
+  local err = expect_type(events_key, 'stream')
+  if err then return nil, err end
+  return bound
+end
+
+-- Append one event when `bound` is set (section 2.5). Its ID is 0-<n>, n one more than
+-- the last event's (Redis makes it), so a reader counts the events trimming took from it.
+-- `...`: more field, value pairs (strings: a number of 15 digits or more must be passed
+-- formatted with %d, see ack_result.lua). Called after the script's first write (never a
+-- growing first write at the memory limit).
+local function emit(events_key, bound, kind, id, now_ms, ...)
+  if bound then
+    redis.call('XADD', events_key, 'MAXLEN', bound, '0-*', 'type', kind, 'id', id, 'ms', string.format('%d', now_ms), ...)
+  end
+end
+
+-- The events of leases reclaimed at their deadline (lease.lua, promote.lua): 'retried'
+-- (ready again now) or 'dead' (attempts used up). A lease without `max` (its job record
+-- was gone) has no event.
+local function emit_reclaimed(events_key, bound, leases, now_ms)
+  if not bound then return end
+  for _, lease in ipairs(leases) do
+    if lease.max then
+      local reason = string.format('lease expired on attempt %d of %d', lease.attempt, lease.max)
+      if lease.attempt >= lease.max then
+        emit(events_key, bound, 'dead', lease.id, now_ms, 'attempt', lease.attempt, 'error', reason)
+      else
+        emit(events_key, bound, 'retried', lease.id, now_ms, 'attempt', lease.attempt, 'due_ms',
+          string.format('%d', now_ms), 'error', reason)
+      end
+    end
   end
 end
 
@@ -408,7 +454,8 @@ end
 
 local jobs_key, ready_key, scheduled_key, counters_key, wake_key, done_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local contract_error = contract('enqueue', 10, 8, 2 + 6 * MAX_BATCH, 6)
+local events_key = KEYS[11]
+local contract_error = contract('enqueue', 11, 8, 2 + 6 * MAX_BATCH, 6)
 if contract_error then return redis.error_reply(contract_error) end
 
 -- 1. Validate every argument before touching a key.
@@ -494,6 +541,8 @@ if not err and #scheduled_args > 0 then err = expect_type(scheduled_key, 'zset')
 local F = fair_keys(7)
 fair = fair and added > 0
 if not err and fair then err = fair_enter_lib().types(F) end
+local bound
+if not err and added > 0 then bound, err = events_bound(counters_key, events_key) end
 if err then return redis.error_reply(err) end
 local raised = added > 0 and redis.call('ZMSCORE', wake_key, 'wake')[1]
 
@@ -511,5 +560,16 @@ if added > 0 then
   if #scheduled_args > 0 then call_chunked('ZADD', scheduled_key, scheduled_args) end
   -- A delayed job also wakes a worker: it may have to shorten its blocking wait.
   if not raised then redis.call('ZADD', wake_key, 0, 'wake') end
+  if bound then
+    for i = 1, n do
+      if reply[2 + i] == 1 then
+        if delays[i] == 0 then
+          emit(events_key, bound, 'enqueued', ids[i], now_ms)
+        else
+          emit(events_key, bound, 'enqueued', ids[i], now_ms, 'due_ms', string.format('%d', now_ms + delays[i]))
+        end
+      end
+    end
+  end
 end
 return reply

@@ -14,7 +14,7 @@ No counter is kept: a member is removed at most once (ZREM), so a report sent tw
 by a replay or by a zombie, cannot count twice, and exactly one call sees the set
 become empty.
 
-KEYS (7), all <prefix>:{<queue>}:<role>
+KEYS (8), all <prefix>:{<queue>}:<role>
   1 jobs       hash  id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
   2 scheduled  zset  id -> due_ms
   3 counters   hash  counter name -> integer
@@ -22,6 +22,8 @@ KEYS (7), all <prefix>:{<queue>}:<role>
   5 meta       hash  id -> "<priority>|<pos>|<group>" of jobs with a group or a priority
   6 fwait      zset  id -> ms of its next check: the jobs waiting for others
   7 fpending   zset  "<id>\t<queue>\t<job id>" -> 0: what each waits for (lexicographic)
+  8 events     stream  the queue's events, when it has opted in (section 2.5): 'enqueued',
+                   with `waiting` (how many jobs it waits for)
 
 ARGV (7 + c)
   1  now_ms        '' (use the server clock) or integer >= 0; tests only
@@ -40,7 +42,7 @@ Returns  'ok' (added and armed), 'armed' (it waits already: a re-sent call; noth
 Errors   PQ_BADARG (nothing written), WRONGTYPE (a key holds another Redis type;
          nothing written).
 Replay   a re-sent call finds the job armed and writes nothing: one effect.
-Contract v3 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
+Contract v4 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
          PQ_CONTRACT, before anything is read or written.
 ]]
 
@@ -56,7 +58,8 @@ local CHUNK = 500 -- values per unpack(); keeps every redis.call well under Lua'
 local TRIM_BATCH = 10 -- expired tombstones are trimmed this many at a time, at least
 local MAINTENANCE_INTERVAL_MS = 50 -- while READY is busy, maintenance still runs this often
 local NONE = {} -- an empty list to read from; never written to, so no call allocates its own
-local CONTRACT_VERSION = 3 -- of the KEYS and ARGV the headers list; lua/README.md section 10
+local CONTRACT_VERSION = 4 -- of the KEYS and ARGV the headers list; lua/README.md section 10
+local EVENT_TEXT_BYTES = 1024 -- an error text in an event is cut to this many bytes (section 2.5)
 local WAIT_DUE_MS = 1125899906842624 -- 2^50: the due time of a job waiting for others (flow_wait.lua)
 
 -- Every script's first check, before any other check, read or write: a PQ_CONTRACT text
@@ -140,6 +143,49 @@ local function expect_type(key, want)
   local got = redis.call('TYPE', key).ok
   if got ~= 'none' and got ~= want then
     return 'WRONGTYPE ' .. key .. ' holds a ' .. got .. ', expected a ' .. want
+  end
+end
+
+-- The queue's event stream (lua/README.md section 2.5): a queue opts in with the `events`
+-- field of `counters`, the stream's length bound (set_events.lua). Returns the bound, or
+-- nil when the queue has not opted in; or nil and a WRONGTYPE text when the stream key
+-- holds another type. Called before any write. `value`: the field, when an HMGET of
+-- `counters` read it already (false: absent); nil reads it here (one HGET).
+local function events_bound(counters_key, events_key, value)
+  if value == nil then value = redis.call('HGET', counters_key, 'events') end
+  local bound = value and tonumber(value)
+  if not bound or bound < 1 then return nil end
+  local err = expect_type(events_key, 'stream')
+  if err then return nil, err end
+  return bound
+end
+
+-- Append one event when `bound` is set (section 2.5). Its ID is 0-<n>, n one more than
+-- the last event's (Redis makes it), so a reader counts the events trimming took from it.
+-- `...`: more field, value pairs (strings: a number of 15 digits or more must be passed
+-- formatted with %d, see ack_result.lua). Called after the script's first write (never a
+-- growing first write at the memory limit).
+local function emit(events_key, bound, kind, id, now_ms, ...)
+  if bound then
+    redis.call('XADD', events_key, 'MAXLEN', bound, '0-*', 'type', kind, 'id', id, 'ms', string.format('%d', now_ms), ...)
+  end
+end
+
+-- The events of leases reclaimed at their deadline (lease.lua, promote.lua): 'retried'
+-- (ready again now) or 'dead' (attempts used up). A lease without `max` (its job record
+-- was gone) has no event.
+local function emit_reclaimed(events_key, bound, leases, now_ms)
+  if not bound then return end
+  for _, lease in ipairs(leases) do
+    if lease.max then
+      local reason = string.format('lease expired on attempt %d of %d', lease.attempt, lease.max)
+      if lease.attempt >= lease.max then
+        emit(events_key, bound, 'dead', lease.id, now_ms, 'attempt', lease.attempt, 'error', reason)
+      else
+        emit(events_key, bound, 'retried', lease.id, now_ms, 'attempt', lease.attempt, 'due_ms',
+          string.format('%d', now_ms), 'error', reason)
+      end
+    end
   end
 end
 
@@ -410,7 +456,8 @@ end
 
 -- <<< pyqueue prelude
 
-local contract_error = contract('flow_wait', 7, 8, 7 + MAX_BATCH)
+local events_key = KEYS[8]
+local contract_error = contract('flow_wait', 8, 8, 7 + MAX_BATCH)
 if contract_error then return redis.error_reply(contract_error) end
 
 -- 1. Validate every argument before touching a key.
@@ -450,6 +497,8 @@ now_ms = now_ms or server_now_ms()
 if kept_until and tonumber(kept_until) > now_ms then return 'duplicate' end
 err = expect_type(scheduled_key, 'zset') or expect_type(fpending_key, 'zset')
   or (p ~= 0 or group ~= '') and expect_type(meta_key, 'hash')
+local bound
+if not err then bound, err = events_bound(counters_key, events_key) end
 if err then return redis.error_reply(err) end
 
 -- 3. Write. `counters` needs no probe: HINCRBY is the first write.
@@ -463,4 +512,5 @@ if p ~= 0 or group ~= '' then
 end
 redis.call('ZADD', fwait_key, now_ms + check_ms, id)
 call_chunked('ZADD', fpending_key, members)
+emit(events_key, bound, 'enqueued', id, now_ms, 'waiting', #members / 2)
 return 'ok'

@@ -32,7 +32,7 @@ Under a rate limit (limit.lua), step 4 leases at most the permits due now (GCRA:
 period_ms/count, up to `burst` at once) and advances `rate_tat` by the jobs leased; when
 the limit cut the count and every permit was used, next_due_ms is when the next is due.
 
-KEYS (14), all <prefix>:{<queue>}:<role>
+KEYS (15), all <prefix>:{<queue>}:<role>
   1 jobs       hash  id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
   2 ready      list  job ids, head = next to lease
   3 scheduled  zset  id -> due_ms
@@ -49,6 +49,9 @@ KEYS (14), all <prefix>:{<queue>}:<role>
  12 gready     zset  "<group>|<rank>|<id>" -> 0: READY jobs with meta (lexicographic)
  13 ring       zset  group -> turn (>= 1) or -1 (parked at its cap)
  14 groups     hash  r:<group>, c:<group>, cap, turn, seq, uturn
+ 15 events     stream  the queue's events, when it has opted in (section 2.5): 'acked' per
+                   receipt acked, 'retried' or 'dead' per lease reclaimed, 'leased' per
+                   lease made (with attempt, owner and deadline_ms)
 
 ARGV (7 + r)
   1  now_ms      '' (use the server clock) or integer >= 0; tests only
@@ -74,7 +77,7 @@ Returns  {now_ms, next_due_ms, r, ack_status_1 .. ack_status_r, m, job_1 .. job_
          job: 7 values: receipt, id, payload, fence, attempt, max_attempts, deadline_ms.
 Errors   PQ_BADARG (nothing written), PQ_CORRUPT (a record does not parse; nothing
          written), WRONGTYPE (a key holds another Redis type; nothing written).
-Contract v3 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
+Contract v4 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
          PQ_CONTRACT, before anything is read or written.
 ]]
 
@@ -87,7 +90,8 @@ local CHUNK = 500 -- values per unpack(); keeps every redis.call well under Lua'
 local TRIM_BATCH = 10 -- expired tombstones are trimmed this many at a time, at least
 local MAINTENANCE_INTERVAL_MS = 50 -- while READY is busy, maintenance still runs this often
 local NONE = {} -- an empty list to read from; never written to, so no call allocates its own
-local CONTRACT_VERSION = 3 -- of the KEYS and ARGV the headers list; lua/README.md section 10
+local CONTRACT_VERSION = 4 -- of the KEYS and ARGV the headers list; lua/README.md section 10
+local EVENT_TEXT_BYTES = 1024 -- an error text in an event is cut to this many bytes (section 2.5)
 local WAIT_DUE_MS = 1125899906842624 -- 2^50: the due time of a job waiting for others (flow_wait.lua)
 
 -- Every script's first check, before any other check, read or write: a PQ_CONTRACT text
@@ -171,6 +175,49 @@ local function expect_type(key, want)
   local got = redis.call('TYPE', key).ok
   if got ~= 'none' and got ~= want then
     return 'WRONGTYPE ' .. key .. ' holds a ' .. got .. ', expected a ' .. want
+  end
+end
+
+-- The queue's event stream (lua/README.md section 2.5): a queue opts in with the `events`
+-- field of `counters`, the stream's length bound (set_events.lua). Returns the bound, or
+-- nil when the queue has not opted in; or nil and a WRONGTYPE text when the stream key
+-- holds another type. Called before any write. `value`: the field, when an HMGET of
+-- `counters` read it already (false: absent); nil reads it here (one HGET).
+local function events_bound(counters_key, events_key, value)
+  if value == nil then value = redis.call('HGET', counters_key, 'events') end
+  local bound = value and tonumber(value)
+  if not bound or bound < 1 then return nil end
+  local err = expect_type(events_key, 'stream')
+  if err then return nil, err end
+  return bound
+end
+
+-- Append one event when `bound` is set (section 2.5). Its ID is 0-<n>, n one more than
+-- the last event's (Redis makes it), so a reader counts the events trimming took from it.
+-- `...`: more field, value pairs (strings: a number of 15 digits or more must be passed
+-- formatted with %d, see ack_result.lua). Called after the script's first write (never a
+-- growing first write at the memory limit).
+local function emit(events_key, bound, kind, id, now_ms, ...)
+  if bound then
+    redis.call('XADD', events_key, 'MAXLEN', bound, '0-*', 'type', kind, 'id', id, 'ms', string.format('%d', now_ms), ...)
+  end
+end
+
+-- The events of leases reclaimed at their deadline (lease.lua, promote.lua): 'retried'
+-- (ready again now) or 'dead' (attempts used up). A lease without `max` (its job record
+-- was gone) has no event.
+local function emit_reclaimed(events_key, bound, leases, now_ms)
+  if not bound then return end
+  for _, lease in ipairs(leases) do
+    if lease.max then
+      local reason = string.format('lease expired on attempt %d of %d', lease.attempt, lease.max)
+      if lease.attempt >= lease.max then
+        emit(events_key, bound, 'dead', lease.id, now_ms, 'attempt', lease.attempt, 'error', reason)
+      else
+        emit(events_key, bound, 'retried', lease.id, now_ms, 'attempt', lease.attempt, 'due_ms',
+          string.format('%d', now_ms), 'error', reason)
+      end
+    end
   end
 end
 
@@ -443,7 +490,8 @@ end
 
 local jobs_key, ready_key, scheduled_key, leased_key, owners_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local dead_key, errors_key, counters_key, wake_key, done_key = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
-local contract_error = contract('lease', 14, 7, 7 + MAX_BATCH)
+local events_key = KEYS[15]
+local contract_error = contract('lease', 15, 7, 7 + MAX_BATCH)
 if contract_error then return redis.error_reply(contract_error) end
 
 -- 1. Validate every argument before touching a key.
@@ -550,14 +598,21 @@ if #prior > 0 then
   -- Every key written below was read above (`owners` by the replay check), so its type
   -- is proven, but for the fair-scheduling keys when an acked job has meta.
   if #to_ack > 0 then
+    local bound
     ack_metas, err, fair = fair_meta(F, acked_ids)
     err = err or fair and (fair_lib().types(F) or expect_type(wake_key, 'zset'))
+    if not err then bound, err = events_bound(counters_key, events_key) end
     if err then return redis.error_reply(err) end
     call_chunked('ZREM', owners_key, to_ack)
     call_chunked('ZREM', leased_key, to_ack)
     call_chunked('HDEL', jobs_key, acked_ids)
     bury(done_key, acked_ids, expired_done, now_ms, keep_done_ms)
     if fair then fair_lib().finish(F, acked_ids, ack_metas, wake_key) end
+    if bound then
+      for i, receipt in ipairs(to_ack) do
+        emit(events_key, bound, 'acked', acked_ids[i], now_ms, 'attempt', parse_receipt(receipt).attempt)
+      end
+    end
   end
 else
   -- 4. Read the rest of the plan: counters, the head of READY, maintenance candidates.
@@ -566,8 +621,13 @@ else
   -- So are the rate limit's fields: an unlimited queue pays nothing more either.
   -- So is `fair` (enqueue.lua sets it when a job has a group or a priority): a queue
   -- without either takes the path below unchanged, at the cost of no command.
+  -- So is `events` (the event stream's bound, section 2.5): a queue that has not opted in
+  -- pays nothing more for it either.
   local counters = redis.call('HMGET', counters_key, 'leased', 'next_maintenance_ms', 'paused', 'rate_limit', 'rate_tat',
-    'fair')
+    'fair', 'events')
+  local bound
+  bound, err = events_bound(counters_key, events_key, counters[7])
+  if err then return redis.error_reply(err) end
   local fence0 = tonumber(counters[1] or '0') or 0
   local maintenance_due = tonumber(counters[2] or '0') or 0
   local paused = counters[3] ~= false
@@ -780,6 +840,11 @@ else
     call_chunked('HDEL', jobs_key, acked_ids)
     bury(done_key, acked_ids, expired_done, now_ms, keep_done_ms)
     if fair then fair_lib().finish(F, acked_ids, ack_metas, wake_key) end
+    if bound then
+      for i, receipt in ipairs(to_ack) do
+        emit(events_key, bound, 'acked', acked_ids[i], now_ms, 'attempt', parse_receipt(receipt).attempt)
+      end
+    end
   elseif maintain then
     trim_done(done_key, expired_done, MAX_BATCH)
   end
@@ -826,6 +891,8 @@ else
     if #rewritten > 0 then call_chunked('HSET', jobs_key, rewritten) end
     if #ended > 0 then redis.call('HINCRBY', counters_key, 'reclaimed', #ended) end
     if #promoted > 0 then redis.call('HINCRBY', counters_key, 'promoted', #promoted) end
+    emit_reclaimed(events_key, bound, reclaimed, now_ms)
+    emit_reclaimed(events_key, bound, to_dead, now_ms)
   end
   -- Rate-limit maintenance while READY is busy. Written only when this call wrote
   -- something else first, so it is never a growing first write (see above).
@@ -1019,6 +1086,13 @@ else
     redis.call('HINCRBY', counters_key, 'leased', m)
     call_chunked('ZADD', leased_key, leased_args)
     call_chunked('ZADD', owners_key, owner_args)
+    if bound then
+      for k = 1, m do
+        local o = at0 + 7 * (k - 1)
+        emit(events_key, bound, 'leased', reply[o + 2], now_ms, 'attempt', reply[o + 5], 'owner', owner, 'deadline_ms',
+          string.format('%d', deadline_ms))
+      end
+    end
   end
 
   if wake then redis.call('ZADD', wake_key, 0, 'wake') end

@@ -25,7 +25,7 @@ Returns  {now_ms, ready, next_due_ms}: the length of READY, and the earliest due
          still promotes and reclaims).
 Errors   PQ_BADARG, WRONGTYPE. Writes nothing.
 Replay   read only.
-Contract v3 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
+Contract v4 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
          PQ_CONTRACT, before anything is read or written.
 ]]
 
@@ -38,7 +38,8 @@ local CHUNK = 500 -- values per unpack(); keeps every redis.call well under Lua'
 local TRIM_BATCH = 10 -- expired tombstones are trimmed this many at a time, at least
 local MAINTENANCE_INTERVAL_MS = 50 -- while READY is busy, maintenance still runs this often
 local NONE = {} -- an empty list to read from; never written to, so no call allocates its own
-local CONTRACT_VERSION = 3 -- of the KEYS and ARGV the headers list; lua/README.md section 10
+local CONTRACT_VERSION = 4 -- of the KEYS and ARGV the headers list; lua/README.md section 10
+local EVENT_TEXT_BYTES = 1024 -- an error text in an event is cut to this many bytes (section 2.5)
 local WAIT_DUE_MS = 1125899906842624 -- 2^50: the due time of a job waiting for others (flow_wait.lua)
 
 -- Every script's first check, before any other check, read or write: a PQ_CONTRACT text
@@ -122,6 +123,49 @@ local function expect_type(key, want)
   local got = redis.call('TYPE', key).ok
   if got ~= 'none' and got ~= want then
     return 'WRONGTYPE ' .. key .. ' holds a ' .. got .. ', expected a ' .. want
+  end
+end
+
+-- The queue's event stream (lua/README.md section 2.5): a queue opts in with the `events`
+-- field of `counters`, the stream's length bound (set_events.lua). Returns the bound, or
+-- nil when the queue has not opted in; or nil and a WRONGTYPE text when the stream key
+-- holds another type. Called before any write. `value`: the field, when an HMGET of
+-- `counters` read it already (false: absent); nil reads it here (one HGET).
+local function events_bound(counters_key, events_key, value)
+  if value == nil then value = redis.call('HGET', counters_key, 'events') end
+  local bound = value and tonumber(value)
+  if not bound or bound < 1 then return nil end
+  local err = expect_type(events_key, 'stream')
+  if err then return nil, err end
+  return bound
+end
+
+-- Append one event when `bound` is set (section 2.5). Its ID is 0-<n>, n one more than
+-- the last event's (Redis makes it), so a reader counts the events trimming took from it.
+-- `...`: more field, value pairs (strings: a number of 15 digits or more must be passed
+-- formatted with %d, see ack_result.lua). Called after the script's first write (never a
+-- growing first write at the memory limit).
+local function emit(events_key, bound, kind, id, now_ms, ...)
+  if bound then
+    redis.call('XADD', events_key, 'MAXLEN', bound, '0-*', 'type', kind, 'id', id, 'ms', string.format('%d', now_ms), ...)
+  end
+end
+
+-- The events of leases reclaimed at their deadline (lease.lua, promote.lua): 'retried'
+-- (ready again now) or 'dead' (attempts used up). A lease without `max` (its job record
+-- was gone) has no event.
+local function emit_reclaimed(events_key, bound, leases, now_ms)
+  if not bound then return end
+  for _, lease in ipairs(leases) do
+    if lease.max then
+      local reason = string.format('lease expired on attempt %d of %d', lease.attempt, lease.max)
+      if lease.attempt >= lease.max then
+        emit(events_key, bound, 'dead', lease.id, now_ms, 'attempt', lease.attempt, 'error', reason)
+      else
+        emit(events_key, bound, 'retried', lease.id, now_ms, 'attempt', lease.attempt, 'due_ms',
+          string.format('%d', now_ms), 'error', reason)
+      end
+    end
   end
 end
 

@@ -15,10 +15,14 @@ running job that reported, plus those left since the last calls (fewer than 11 m
 than the running ones); when calls stop, what is left (at most the jobs that ran then)
 stays until the next call. Cost: O(log n) per entry looked at, at most 11 + 1.
 
-KEYS (3), all <prefix>:{<queue>}:<role>
+KEYS (5), all <prefix>:{<queue>}:<role>
   1 leased       zset  receipt -> deadline_ms (read only)
   2 progress     hash  id -> "<written_ms>|<bytes of receipt>|<receipt><value>"
   3 progress_at  zset  id -> ms it was written or last looked at by a trim
+  4 counters     hash  read only: `events`, the event stream's bound (section 2.5)
+  5 events       stream  the queue's events, when it has opted in: 'progress', with the
+                     attempt and the value, when the value differs from the one this
+                     lease stored last
 
 ARGV (3)
   1  now_ms   '' (use the server clock) or integer >= 0; tests only
@@ -31,7 +35,7 @@ Errors   PQ_BADARG (nothing written), WRONGTYPE (a key holds another Redis type;
          nothing written).
 Replay   a re-sent call stores the same value again ('ok'), or answers 'stale' if the
          lease ended meanwhile: one effect either way.
-Contract v3 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
+Contract v4 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
          PQ_CONTRACT, before anything is read or written.
 ]]
 
@@ -46,7 +50,8 @@ local CHUNK = 500 -- values per unpack(); keeps every redis.call well under Lua'
 local TRIM_BATCH = 10 -- expired tombstones are trimmed this many at a time, at least
 local MAINTENANCE_INTERVAL_MS = 50 -- while READY is busy, maintenance still runs this often
 local NONE = {} -- an empty list to read from; never written to, so no call allocates its own
-local CONTRACT_VERSION = 3 -- of the KEYS and ARGV the headers list; lua/README.md section 10
+local CONTRACT_VERSION = 4 -- of the KEYS and ARGV the headers list; lua/README.md section 10
+local EVENT_TEXT_BYTES = 1024 -- an error text in an event is cut to this many bytes (section 2.5)
 local WAIT_DUE_MS = 1125899906842624 -- 2^50: the due time of a job waiting for others (flow_wait.lua)
 
 -- Every script's first check, before any other check, read or write: a PQ_CONTRACT text
@@ -130,6 +135,49 @@ local function expect_type(key, want)
   local got = redis.call('TYPE', key).ok
   if got ~= 'none' and got ~= want then
     return 'WRONGTYPE ' .. key .. ' holds a ' .. got .. ', expected a ' .. want
+  end
+end
+
+-- The queue's event stream (lua/README.md section 2.5): a queue opts in with the `events`
+-- field of `counters`, the stream's length bound (set_events.lua). Returns the bound, or
+-- nil when the queue has not opted in; or nil and a WRONGTYPE text when the stream key
+-- holds another type. Called before any write. `value`: the field, when an HMGET of
+-- `counters` read it already (false: absent); nil reads it here (one HGET).
+local function events_bound(counters_key, events_key, value)
+  if value == nil then value = redis.call('HGET', counters_key, 'events') end
+  local bound = value and tonumber(value)
+  if not bound or bound < 1 then return nil end
+  local err = expect_type(events_key, 'stream')
+  if err then return nil, err end
+  return bound
+end
+
+-- Append one event when `bound` is set (section 2.5). Its ID is 0-<n>, n one more than
+-- the last event's (Redis makes it), so a reader counts the events trimming took from it.
+-- `...`: more field, value pairs (strings: a number of 15 digits or more must be passed
+-- formatted with %d, see ack_result.lua). Called after the script's first write (never a
+-- growing first write at the memory limit).
+local function emit(events_key, bound, kind, id, now_ms, ...)
+  if bound then
+    redis.call('XADD', events_key, 'MAXLEN', bound, '0-*', 'type', kind, 'id', id, 'ms', string.format('%d', now_ms), ...)
+  end
+end
+
+-- The events of leases reclaimed at their deadline (lease.lua, promote.lua): 'retried'
+-- (ready again now) or 'dead' (attempts used up). A lease without `max` (its job record
+-- was gone) has no event.
+local function emit_reclaimed(events_key, bound, leases, now_ms)
+  if not bound then return end
+  for _, lease in ipairs(leases) do
+    if lease.max then
+      local reason = string.format('lease expired on attempt %d of %d', lease.attempt, lease.max)
+      if lease.attempt >= lease.max then
+        emit(events_key, bound, 'dead', lease.id, now_ms, 'attempt', lease.attempt, 'error', reason)
+      else
+        emit(events_key, bound, 'retried', lease.id, now_ms, 'attempt', lease.attempt, 'due_ms',
+          string.format('%d', now_ms), 'error', reason)
+      end
+    end
   end
 end
 
@@ -400,7 +448,8 @@ end
 
 -- <<< pyqueue prelude
 
-local contract_error = contract('progress', 3, 3, 3)
+local counters_key, events_key = KEYS[4], KEYS[5]
+local contract_error = contract('progress', 5, 3, 3)
 if contract_error then return redis.error_reply(contract_error) end
 
 -- 1. Validate every argument before touching a key.
@@ -414,6 +463,8 @@ if #value > 4096 then return redis.error_reply('PQ_BADARG value must be 0..4096 
 -- 2. Read. ZSCORE proves `leased` a zset; the others are probed before any write.
 if not redis.call('ZSCORE', leased_key, receipt) then return 'stale' end
 err = expect_type(progress_key, 'hash') or expect_type(progress_at_key, 'zset')
+local bound
+if not err then bound, err = events_bound(counters_key, events_key) end
 if err then return redis.error_reply(err) end
 now_ms = now_ms or server_now_ms()
 
@@ -430,6 +481,13 @@ for _, other in ipairs(looked) do
     redis.call('ZREM', progress_at_key, other)
   end
 end
-redis.call('HSET', progress_key, id, now_ms .. '|' .. #receipt .. '|' .. receipt .. value)
+local entry = #receipt .. '|' .. receipt .. value
+local previous = bound and redis.call('HGET', progress_key, id)
+redis.call('HSET', progress_key, id, now_ms .. '|' .. entry)
 redis.call('ZADD', progress_at_key, now_ms, id)
+-- An event when the value changed (a re-sent call, or the same value reported again by
+-- this lease, writes none).
+if bound and string.match(previous or '', '^%d+|(.*)$') ~= entry then
+  emit(events_key, bound, 'progress', id, now_ms, 'attempt', parse_receipt(receipt).attempt, 'value', value)
+end
 return 'ok'

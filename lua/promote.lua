@@ -4,7 +4,7 @@ lease (lease.lua runs the same maintenance itself):
   - expired leases (deadline_ms <= now) end: the job goes to the head of READY with the
     attempt counted, or to DEAD once attempts reach max_attempts (poison pill).
 
-KEYS (13), all <prefix>:{<queue>}:<role>
+KEYS (14), all <prefix>:{<queue>}:<role>
   1 jobs       hash  id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
   2 ready      list  job ids, head = next to lease
   3 scheduled  zset  id -> due_ms
@@ -18,6 +18,8 @@ KEYS (13), all <prefix>:{<queue>}:<role>
  11 gready     zset  "<group>|<rank>|<id>" -> 0: READY jobs with meta (lexicographic)
  12 ring       zset  group -> turn (>= 1) or -1 (parked at its cap)
  13 groups     hash  r:<group>, c:<group>, cap, turn, seq, uturn
+ 14 events     stream  the queue's events, when it has opted in (section 2.5): 'retried'
+                   (due now) or 'dead' per lease reclaimed; promotion writes none
 
 ARGV (2)
   1  now_ms   '' (use the server clock) or integer >= 0; tests only
@@ -30,7 +32,7 @@ Errors   PQ_BADARG (nothing written), PQ_CORRUPT (nothing written), WRONGTYPE (n
          written).
 Replay   a re-sent call finds nothing more due (or promotes what became due since):
          each job moves once.
-Contract v3 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
+Contract v4 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
          PQ_CONTRACT, before anything is read or written.
 ]]
 
@@ -43,7 +45,8 @@ local CHUNK = 500 -- values per unpack(); keeps every redis.call well under Lua'
 local TRIM_BATCH = 10 -- expired tombstones are trimmed this many at a time, at least
 local MAINTENANCE_INTERVAL_MS = 50 -- while READY is busy, maintenance still runs this often
 local NONE = {} -- an empty list to read from; never written to, so no call allocates its own
-local CONTRACT_VERSION = 3 -- of the KEYS and ARGV the headers list; lua/README.md section 10
+local CONTRACT_VERSION = 4 -- of the KEYS and ARGV the headers list; lua/README.md section 10
+local EVENT_TEXT_BYTES = 1024 -- an error text in an event is cut to this many bytes (section 2.5)
 local WAIT_DUE_MS = 1125899906842624 -- 2^50: the due time of a job waiting for others (flow_wait.lua)
 
 -- Every script's first check, before any other check, read or write: a PQ_CONTRACT text
@@ -127,6 +130,49 @@ local function expect_type(key, want)
   local got = redis.call('TYPE', key).ok
   if got ~= 'none' and got ~= want then
     return 'WRONGTYPE ' .. key .. ' holds a ' .. got .. ', expected a ' .. want
+  end
+end
+
+-- The queue's event stream (lua/README.md section 2.5): a queue opts in with the `events`
+-- field of `counters`, the stream's length bound (set_events.lua). Returns the bound, or
+-- nil when the queue has not opted in; or nil and a WRONGTYPE text when the stream key
+-- holds another type. Called before any write. `value`: the field, when an HMGET of
+-- `counters` read it already (false: absent); nil reads it here (one HGET).
+local function events_bound(counters_key, events_key, value)
+  if value == nil then value = redis.call('HGET', counters_key, 'events') end
+  local bound = value and tonumber(value)
+  if not bound or bound < 1 then return nil end
+  local err = expect_type(events_key, 'stream')
+  if err then return nil, err end
+  return bound
+end
+
+-- Append one event when `bound` is set (section 2.5). Its ID is 0-<n>, n one more than
+-- the last event's (Redis makes it), so a reader counts the events trimming took from it.
+-- `...`: more field, value pairs (strings: a number of 15 digits or more must be passed
+-- formatted with %d, see ack_result.lua). Called after the script's first write (never a
+-- growing first write at the memory limit).
+local function emit(events_key, bound, kind, id, now_ms, ...)
+  if bound then
+    redis.call('XADD', events_key, 'MAXLEN', bound, '0-*', 'type', kind, 'id', id, 'ms', string.format('%d', now_ms), ...)
+  end
+end
+
+-- The events of leases reclaimed at their deadline (lease.lua, promote.lua): 'retried'
+-- (ready again now) or 'dead' (attempts used up). A lease without `max` (its job record
+-- was gone) has no event.
+local function emit_reclaimed(events_key, bound, leases, now_ms)
+  if not bound then return end
+  for _, lease in ipairs(leases) do
+    if lease.max then
+      local reason = string.format('lease expired on attempt %d of %d', lease.attempt, lease.max)
+      if lease.attempt >= lease.max then
+        emit(events_key, bound, 'dead', lease.id, now_ms, 'attempt', lease.attempt, 'error', reason)
+      else
+        emit(events_key, bound, 'retried', lease.id, now_ms, 'attempt', lease.attempt, 'due_ms',
+          string.format('%d', now_ms), 'error', reason)
+      end
+    end
   end
 end
 
@@ -399,7 +445,8 @@ end
 
 local jobs_key, ready_key, scheduled_key, leased_key, owners_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local dead_key, errors_key, counters_key, wake_key = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-local contract_error = contract('promote', 13, 2, 2)
+local events_key = KEYS[14]
+local contract_error = contract('promote', 14, 2, 2)
 local F = fair_keys(10)
 if contract_error then return redis.error_reply(contract_error) end
 
@@ -444,6 +491,8 @@ err = err or fair and fair_lib().types(F)
 err = err or expect_type(jobs_key, 'hash') or expect_type(ready_key, 'list') or expect_type(owners_key, 'zset')
   or expect_type(wake_key, 'zset') or expect_type(counters_key, 'hash')
 if not err and #to_dead > 0 then err = expect_type(dead_key, 'zset') or expect_type(errors_key, 'hash') end
+local bound
+if not err and #expired > 0 then bound, err = events_bound(counters_key, events_key) end
 if err then return redis.error_reply(err) end
 
 -- 3. Write. With nothing due, nothing is written.
@@ -498,6 +547,7 @@ if #expired > 0 then
     call_chunked('ZADD', dead_key, dead_args)
     call_chunked('HSET', errors_key, error_args)
   end
+  emit_reclaimed(events_key, bound, leases, now_ms)
 end
 if #promoted + #to_ready > 0 or woke then redis.call('ZADD', wake_key, 0, 'wake') end
 if #promoted + #expired > 0 then

@@ -4,7 +4,7 @@ to DEAD once attempts reach max_attempts (a job that kills its worker every time
 there). Leases are found through the `owners` index (receipts sort by owner), so no
 scan; at most `limit` per call. Safe to run concurrently and twice: a lease ends once.
 
-KEYS (12), all <prefix>:{<queue>}:<role>
+KEYS (13), all <prefix>:{<queue>}:<role>
   1 jobs       hash  id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
   2 ready      list  job ids, head = next to lease
   3 leased     zset  receipt -> deadline_ms
@@ -17,6 +17,8 @@ KEYS (12), all <prefix>:{<queue>}:<role>
  10 gready     zset  "<group>|<rank>|<id>" -> 0: READY jobs with meta (lexicographic)
  11 ring       zset  group -> turn (>= 1) or -1 (parked at its cap)
  12 groups     hash  r:<group>, c:<group>, cap, turn, seq, uturn
+ 13 events     stream  the queue's events, when it has opted in (section 2.5): 'retried'
+                   (due now) or 'dead' per lease ended, with the attempt and the reason
 
 ARGV (3)
   1  now_ms   '' (use the server clock) or integer >= 0; tests only
@@ -26,7 +28,7 @@ ARGV (3)
 Returns  {scrubbed, dead, more}: leases ended, of which jobs sent to DEAD, and 1 if
          the limit was reached (call again).
 Errors   PQ_BADARG, PQ_CORRUPT, WRONGTYPE (nothing written on any error).
-Contract v3 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
+Contract v4 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
          PQ_CONTRACT, before anything is read or written.
 ]]
 
@@ -39,7 +41,8 @@ local CHUNK = 500 -- values per unpack(); keeps every redis.call well under Lua'
 local TRIM_BATCH = 10 -- expired tombstones are trimmed this many at a time, at least
 local MAINTENANCE_INTERVAL_MS = 50 -- while READY is busy, maintenance still runs this often
 local NONE = {} -- an empty list to read from; never written to, so no call allocates its own
-local CONTRACT_VERSION = 3 -- of the KEYS and ARGV the headers list; lua/README.md section 10
+local CONTRACT_VERSION = 4 -- of the KEYS and ARGV the headers list; lua/README.md section 10
+local EVENT_TEXT_BYTES = 1024 -- an error text in an event is cut to this many bytes (section 2.5)
 local WAIT_DUE_MS = 1125899906842624 -- 2^50: the due time of a job waiting for others (flow_wait.lua)
 
 -- Every script's first check, before any other check, read or write: a PQ_CONTRACT text
@@ -123,6 +126,49 @@ local function expect_type(key, want)
   local got = redis.call('TYPE', key).ok
   if got ~= 'none' and got ~= want then
     return 'WRONGTYPE ' .. key .. ' holds a ' .. got .. ', expected a ' .. want
+  end
+end
+
+-- The queue's event stream (lua/README.md section 2.5): a queue opts in with the `events`
+-- field of `counters`, the stream's length bound (set_events.lua). Returns the bound, or
+-- nil when the queue has not opted in; or nil and a WRONGTYPE text when the stream key
+-- holds another type. Called before any write. `value`: the field, when an HMGET of
+-- `counters` read it already (false: absent); nil reads it here (one HGET).
+local function events_bound(counters_key, events_key, value)
+  if value == nil then value = redis.call('HGET', counters_key, 'events') end
+  local bound = value and tonumber(value)
+  if not bound or bound < 1 then return nil end
+  local err = expect_type(events_key, 'stream')
+  if err then return nil, err end
+  return bound
+end
+
+-- Append one event when `bound` is set (section 2.5). Its ID is 0-<n>, n one more than
+-- the last event's (Redis makes it), so a reader counts the events trimming took from it.
+-- `...`: more field, value pairs (strings: a number of 15 digits or more must be passed
+-- formatted with %d, see ack_result.lua). Called after the script's first write (never a
+-- growing first write at the memory limit).
+local function emit(events_key, bound, kind, id, now_ms, ...)
+  if bound then
+    redis.call('XADD', events_key, 'MAXLEN', bound, '0-*', 'type', kind, 'id', id, 'ms', string.format('%d', now_ms), ...)
+  end
+end
+
+-- The events of leases reclaimed at their deadline (lease.lua, promote.lua): 'retried'
+-- (ready again now) or 'dead' (attempts used up). A lease without `max` (its job record
+-- was gone) has no event.
+local function emit_reclaimed(events_key, bound, leases, now_ms)
+  if not bound then return end
+  for _, lease in ipairs(leases) do
+    if lease.max then
+      local reason = string.format('lease expired on attempt %d of %d', lease.attempt, lease.max)
+      if lease.attempt >= lease.max then
+        emit(events_key, bound, 'dead', lease.id, now_ms, 'attempt', lease.attempt, 'error', reason)
+      else
+        emit(events_key, bound, 'retried', lease.id, now_ms, 'attempt', lease.attempt, 'due_ms',
+          string.format('%d', now_ms), 'error', reason)
+      end
+    end
   end
 end
 
@@ -395,7 +441,8 @@ end
 
 local jobs_key, ready_key, leased_key, owners_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local dead_key, errors_key, counters_key, wake_key = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local contract_error = contract('scrub', 12, 3, 3)
+local events_key = KEYS[13]
+local contract_error = contract('scrub', 13, 3, 3)
 local F = fair_keys(9)
 if contract_error then return redis.error_reply(contract_error) end
 
@@ -443,6 +490,8 @@ err = expect_type(ready_key, 'list') or expect_type(leased_key, 'zset') or expec
   or expect_type(counters_key, 'hash')
 if not err and #to_dead > 0 then err = expect_type(dead_key, 'zset') or expect_type(errors_key, 'hash') end
 err = err or fair and fair_lib().types(F)
+local bound
+if not err then bound, err = events_bound(counters_key, events_key) end
 if err then return redis.error_reply(err) end
 
 -- 3. Write.
@@ -478,5 +527,18 @@ if #to_dead > 0 then
   redis.call('HINCRBY', counters_key, 'dead', #to_dead)
   call_chunked('ZADD', dead_key, dead_args)
   call_chunked('HSET', errors_key, error_args)
+end
+if bound then
+  for _, lease in ipairs(leases) do
+    if lease.max then
+      local reason = string.format('worker %s died on attempt %d of %d', owner, lease.attempt, lease.max)
+      if lease.attempt >= lease.max then
+        emit(events_key, bound, 'dead', lease.id, now_ms, 'attempt', lease.attempt, 'error', reason)
+      else
+        emit(events_key, bound, 'retried', lease.id, now_ms, 'attempt', lease.attempt, 'due_ms',
+          string.format('%d', now_ms), 'error', reason)
+      end
+    end
+  end
 end
 return { #receipts, #to_dead, #receipts == limit and 1 or 0 }

@@ -57,6 +57,7 @@ from pyqueue.models import (
 )
 from pyqueue.clients import connect, default_client, embedded_redis
 from pyqueue.queue import Queue
+from pyqueue.verbs.events import Event, EventPage, EventsSetting
 from pyqueue.slots import TimeLimitExceeded
 from pyqueue.worker import Fail, Retry
 
@@ -116,6 +117,9 @@ __all__ = [
     "default_client",
     "embedded_redis",
     "Enqueued",
+    "Event",
+    "EventPage",
+    "EventsSetting",
     "Extended",
     "Fail",
     "FlowHandle",

@@ -689,6 +689,11 @@ def progress_show_call(keys: Keys, ids: Sequence[str]) -> ScriptCall:
     return ScriptCall("progress_show", keys, list(ids))
 
 
+def set_events_call(keys: Keys, bound: int) -> ScriptCall:
+    """lua/set_events.lua."""
+    return ScriptCall("set_events", keys, [bound])
+
+
 def browse_call(keys: Keys, now_ms: int | None, state: str, start: int, count: int) -> ScriptCall:
     """lua/browse.lua."""
     return ScriptCall("browse", keys, [now_arg(now_ms), state, start, count])

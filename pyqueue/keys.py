@@ -154,6 +154,11 @@ class QueueKeys:
         """zset: id -> ms its progress was written or last looked at by progress.lua's trim."""
         return self._key("progress_at")
 
+    @property
+    def events(self) -> str:
+        """stream: the queue's events, ID 0-<n>, when it has opted in (set_events.lua; lua/README.md section 2.5)."""
+        return self._key("events")
+
     def role(self, name: str) -> str:
         """The key for a role by name (as listed in a script header)."""
         if name not in ROLES:
@@ -168,7 +173,7 @@ class QueueKeys:
 #: Every role of a queue key, in the order lua/README.md lists them.
 ROLES = ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake", "done", "results",
          "result_expiry", "finished", "meta", "gready", "ring", "groups", "fwait", "fpending", "flows", "flow_expiry",
-         "progress", "progress_at")
+         "progress", "progress_at", "events")
 
 
 @dataclass(frozen=True)

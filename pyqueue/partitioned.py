@@ -70,6 +70,7 @@ from pyqueue.models import (
 from pyqueue.queue import Queue, QueueCore, plan_peek_many, sum_stats
 from pyqueue.verbs.reading import check_browse
 from pyqueue.verbs.flows import FlowDone, FlowRecord, Ref, Waiting
+from pyqueue.verbs.events import EventPage, EventsSetting, Since
 from pyqueue.verbs.progress import Progress, check_progress_ids, check_progress_job
 
 
@@ -419,6 +420,24 @@ class PartitionedCore(PartitionedParts):
         partitions, and a share per partition would slow a backlog that sits in one."""
         raise InvalidArgument(
             f"{self.name} has {self.partitions} partitions: a rate limit applies to an unpartitioned queue only"
+        )
+        yield  # a generator, like every plan
+
+    def plan_set_events(self, bound: int) -> Plan[EventsSetting]:
+        """As :meth:`QueueCore.plan_set_events`, in every partition (each keeps its own
+        stream of ``bound`` events); ``previous`` is the largest bound found, ``length``
+        the sum."""
+        answers = yield from plan_each(part.plan_set_events(bound) for part in self.parts)
+        return EventsSetting(max(a.previous for a in answers), sum(a.length for a in answers))
+
+    def plan_events(self, since: Since = None, count: int = 100, *, block_ms: int = 0) -> Plan[EventPage]:
+        """Refused: each partition has its own stream, numbered on its own, so one
+        number cannot say where a reader of the whole queue is. Read each partition's
+        events: ``Queue(partition_name(name, p, partitions))`` (``pyqueue events`` takes
+        the partition's name too)."""
+        raise InvalidArgument(
+            f"{self.name} has {self.partitions} partitions, each with its own event stream: read one partition's "
+            f"events (queue {partition_name(self.name, 0, self.partitions)!r} and the others)"
         )
         yield  # a generator, like every plan
 

@@ -81,6 +81,7 @@ from pyqueue.verbs.consume import ConsumeVerbs
 from pyqueue.verbs.control import ControlVerbs
 from pyqueue.verbs.flows import FlowVerbs
 from pyqueue.verbs.produce import ProduceVerbs
+from pyqueue.verbs.events import EventVerbs
 from pyqueue.verbs.progress import ProgressVerbs
 from pyqueue.verbs.reading import ReadingVerbs, parse_stats
 
@@ -97,7 +98,7 @@ DEFAULT_COALESCE_ENQUEUES = True
 Q = TypeVar("Q", bound="QueueCore")
 
 
-class QueueCore(ProduceVerbs, ConsumeVerbs, ReadingVerbs, ControlVerbs, FlowVerbs, ProgressVerbs):
+class QueueCore(ProduceVerbs, ConsumeVerbs, ReadingVerbs, ControlVerbs, FlowVerbs, ProgressVerbs, EventVerbs):
     """The verbs of one named queue, as plans (no I/O; see :mod:`pyqueue.core`), and
     the settings they use. :class:`Queue` and :class:`pyqueue.aio.AsyncQueue` are this
     class with a transport.

@@ -50,10 +50,10 @@ from pyqueue.errors import ContractMismatch, NotReplicated, map_redis_error
 
 #: The version of the scripts' contract (the KEYS and ARGV of every script, lua/README.md
 #: section 10) this driver is written for: the one number to change with the scripts.
-#: Every script's header states it (a line ``Contract v3``), :class:`ScriptTable` refuses
+#: Every script's header states it (a line ``Contract v4``), :class:`ScriptTable` refuses
 #: scripts whose header states another, and a script called with other counts of KEYS or
-#: ARGV answers ``PQ_CONTRACT <script> expects ... (contract v3), got ...``.
-CONTRACT_VERSION = 3
+#: ARGV answers ``PQ_CONTRACT <script> expects ... (contract v4), got ...``.
+CONTRACT_VERSION = 4
 _CONTRACT_LINE = re.compile(r"^Contract v(\d+)\b", re.M)
 
 
@@ -65,40 +65,41 @@ def contract_version(source: str) -> int | None:
 
 #: The keys each script takes, by role, in header order (tests compare with the headers).
 SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
-    "enqueue": ("jobs", "ready", "scheduled", "counters", "wake", "done", "meta", "gready", "ring", "groups"),
+    "enqueue": ("jobs", "ready", "scheduled", "counters", "wake", "done", "meta", "gready", "ring", "groups", "events"),
     "lease": ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake", "done",
-              "meta", "gready", "ring", "groups"),
-    "ack": ("jobs", "leased", "owners", "done", "wake", "meta", "gready", "ring", "groups"),
+              "meta", "gready", "ring", "groups", "events"),
+    "ack": ("jobs", "leased", "owners", "done", "wake", "meta", "gready", "ring", "groups", "counters", "events"),
     "ack_result": ("jobs", "leased", "owners", "done", "results", "result_expiry", "finished", "wake",
-                   "meta", "gready", "ring", "groups"),
+                   "meta", "gready", "ring", "groups", "counters", "events"),
     "nack": ("jobs", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake", "finished",
-             "meta", "gready", "ring", "groups"),
+             "meta", "gready", "ring", "groups", "events"),
     "extend": ("jobs", "leased"),
-    "release": ("jobs", "ready", "leased", "owners", "counters", "wake", "meta", "gready", "ring", "groups"),
+    "release": ("jobs", "ready", "leased", "owners", "counters", "wake", "meta", "gready", "ring", "groups", "events"),
     "promote": ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake",
-                "meta", "gready", "ring", "groups"),
+                "meta", "gready", "ring", "groups", "events"),
     "stats": ("jobs", "ready", "scheduled", "leased", "dead", "counters", "done", "gready", "ring"),
     "peek": ("ready", "scheduled", "leased", "counters", "gready", "ring"),
     "get": ("jobs", "scheduled", "leased", "dead", "errors", "done"),
     "result": ("jobs", "dead", "errors", "done", "results", "result_expiry", "finished"),
     "cancel": ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "done", "wake",
-               "meta", "gready", "ring", "groups"),
+               "meta", "gready", "ring", "groups", "events"),
     "limit": ("counters", "wake"),
     "set_group_limit": ("counters", "wake", "ring", "groups"),
     "groups": ("gready", "ring", "groups"),
     "pause": ("counters",),
     "resume": ("counters", "wake"),
     "dead_list": ("jobs", "dead", "errors"),
-    "dead_replay": ("jobs", "ready", "dead", "errors", "counters", "wake", "meta", "gready", "ring", "groups"),
+    "dead_replay": ("jobs", "ready", "dead", "errors", "counters", "wake", "meta", "gready", "ring", "groups", "events"),
     "dead_purge": ("jobs", "dead", "errors", "counters", "meta"),
-    "scrub": ("jobs", "ready", "leased", "owners", "dead", "errors", "counters", "wake", "meta", "gready", "ring", "groups"),
-    "flow_wait": ("jobs", "scheduled", "counters", "done", "meta", "fwait", "fpending"),
+    "scrub": ("jobs", "ready", "leased", "owners", "dead", "errors", "counters", "wake", "meta", "gready", "ring", "groups", "events"),
+    "flow_wait": ("jobs", "scheduled", "counters", "done", "meta", "fwait", "fpending", "events"),
     "flow_done": ("jobs", "scheduled", "wake", "fwait", "fpending"),
     "flow_record": ("flows", "flow_expiry"),
     "flow_show": ("flows", "flow_expiry"),
     "browse": ("jobs", "ready", "scheduled", "leased", "done", "results", "result_expiry", "gready"),
-    "progress": ("leased", "progress", "progress_at"),
+    "progress": ("leased", "progress", "progress_at", "counters", "events"),
     "progress_show": ("leased", "progress"),
+    "set_events": ("counters", "events"),
     "service_register": ("seq", "ids", "expiry", "queues", "service"),
     "service_renew": ("service", "expiry", "queues"),
     "service_deregister": ("service", "ids", "expiry", "queues", "wake"),

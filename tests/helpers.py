@@ -63,12 +63,14 @@ def busy_queue(q: Queue, fair: bool = False) -> dict[str, Any]:
     last attempt, expired at T0 + 5; a current lease 'held' (deadline T0 + 100_000),
     and a current lease 'retry' with attempts to spare; a dead job 'corpse'; ten
     tombstones done0..done9 that expire at T0 + 50 (the next ack trims them); progress
-    of 'poison' and 'held'.
+    of 'poison' and 'held'. The queue has opted in to its event stream, which holds
+    the events of all that.
     With ``fair``, the queue uses fair scheduling (lua/README.md section 2.1) and holds
     something in its keys too: every job but r3 is in group 'g' (with a cap of 9), and
     r3 is ungrouped with priority 2.
     """
     g = {"group": "g"} if fair else {}
+    q.set_events(1000)  # every state-changing script writes its events too (lua/README.md section 2.5)
     finisher = q.physical(q.name)  # the same driver and client (sync or async)
     finisher.keep_done_ms = 50
     finisher.enqueue_many([NewJob(b"", job_id=f"done{i}") for i in range(10)], now_ms=T0)

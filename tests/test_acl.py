@@ -51,9 +51,9 @@ from pyqueue.worker import Retry, Worker
 #: it implies ``resetkeys`` and ``-@all``); ``resetchannels`` also holds when
 #: ``acl-pubsub-default`` is ``allchannels``.
 RECIPE = """\
-ACL SETUSER pq-producer reset on >producer-secret resetchannels ~pq:{emails}:* -@all +ping +evalsha +script|load +script|exists +multi +exec +time +type +hget +hmget +hset +hsetnx +hincrby +rpush +lindex +llen +zadd +zcard +zcount +zrange +zmscore +xread +xrevrange +zscore +hexists "(~pq:{emails}:flows ~pq:{emails}:flow_expiry +zrangebyscore +hdel +zrem)"
+ACL SETUSER pq-producer reset on >producer-secret resetchannels ~pq:{emails}:* -@all +ping +evalsha +script|load +script|exists +multi +exec +time +type +hget +hmget +hset +hsetnx +hincrby +rpush +lindex +llen +zadd +zcard +zcount +zrange +zmscore +xread +xrevrange +zscore +hexists +xadd "(~pq:{emails}:flows ~pq:{emails}:flow_expiry +zrangebyscore +hdel +zrem)"
 ACL SETUSER pq-worker reset on >worker-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +bzpopmin +time +type +exists +get +incr +pexpire +persist +del +hget +hmget +hexists +hset +hsetnx +hincrby +hdel +llen +lrange +ltrim +lpush +rpush +lrem +zadd +zrem +zscore +zcard +zcount +zrange +zrangebyscore +zrangebylex +zlexcount +zremrangebyrank +zremrangebylex +xadd +zmscore
-ACL SETUSER pq-admin reset on >admin-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +time +type +pexpire +pttl +hget +hgetall +hmget +hexists +hset +hsetnx +hincrby +hdel +rpush +lpush +lindex +llen +lrange +lrem +zadd +zrem +zscore +zscan +zcard +zcount +zrange +zrangebyscore +zlexcount +zremrangebyrank +xrevrange +xadd
+ACL SETUSER pq-admin reset on >admin-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +time +type +pexpire +pttl +hget +hgetall +hmget +hexists +hset +hsetnx +hincrby +hdel +rpush +lpush +lindex +llen +lrange +lrem +zadd +zrem +zscore +zscan +zcard +zcount +zrange +zrangebyscore +zlexcount +zremrangebyrank +xrevrange +xadd +xtrim +xlen +xrange +xread
 """
 
 ROLES = ("producer", "worker", "admin")
@@ -75,7 +75,9 @@ ROLE_SCRIPTS: dict[str, tuple[str, ...]] = {
               # flow_show: `pyqueue flow show` and the dashboard's flow view; progress_show:
               # the running jobs' progress (Queue.progress_of); browse: the dashboard's
               # Jobs panel (Queue.browse), the only script of the role that calls LRANGE.
-              "flow_show", "progress_show", "browse"),
+              "flow_show", "progress_show", "browse",
+              # set_events: opting a queue in to its event stream (Queue.set_events).
+              "set_events"),
 }
 
 #: The commands each role's driver code sends itself, outside any script, and why.
@@ -113,6 +115,9 @@ SENT_BY_DRIVER: dict[str, dict[str, str]] = {
         "time": "Services.list: which services are alive",
         "zrange": "Services.list: the expiry zset",
         "hgetall": "Services.list: the queues hash and each service key",
+        "xrange": "Queue.events: a page of the queue's event stream",
+        "xrevrange": "Queue.events(since='now'): the stream's newest event",
+        "xread": "Queue.events(block_ms=...): waits for the next events",
     },
 }
 
@@ -571,6 +576,7 @@ def script_calls(root: redis.Redis) -> dict[str, tuple[str, Any, list[Any]]]:
     # moves them (their leases are still in `leased`), then writes 'held''s.
     calls["progress"] = ("progress", q.keys, [now, handles["held"].receipt, b"{}"])
     calls["progress_show"] = ("progress_show", q.keys, ["held", "poison"])
+    calls["set_events"] = ("set_events", q.keys, [10])  # busy_queue opted in with 1000: this trims
     for state in ("ready", "scheduled", "running", "done"):
         calls[f"browse_{state}"] = ("browse", q.keys, [now, state, 0, 10])
     live = Services(root).register([QUEUE], now_ms=T0)

@@ -223,6 +223,10 @@ MALFORMED: list[tuple[str, list[Any]]] = [
     ("progress", ["", "w|c|1|1|held", "x" * 4097]),
     ("progress_show", [""]),
     ("progress_show", ["held", "a\nb"]),
+    ("set_events", ["-1"]),
+    ("set_events", ["10000001"]),
+    ("set_events", ["ten"]),
+    ("set_events", ["1.5"]),
 ]
 
 
@@ -263,6 +267,7 @@ ROLE_TYPES = {
     "dead": "zset", "errors": "hash", "counters": "hash", "wake": "zset", "done": "zset",
     "results": "hash", "result_expiry": "zset", "finished": "stream",
     "meta": "hash", "gready": "zset", "ring": "zset", "groups": "hash", "fwait": "zset", "fpending": "zset",
+    "events": "stream",
 }
 #: The fair-scheduling keys (lua/README.md section 2.1).
 FAIR_ROLES = {"meta", "gready", "ring", "groups"}

@@ -73,6 +73,7 @@ def world(r: redis.Redis) -> World:
         "browse": (q.keys, [NOW, "running", 0, 10]),
         "progress": (q.keys, [NOW, handles["held"].receipt, b"{}"]),
         "progress_show": (q.keys, ["held"]),
+        "set_events": (q.keys, [50]),
         "service_register": (
             services.keys.of(svc.id + 1), [NOW, svc.id + 1, "host", 1, "q", 60_000, 1000, 10, "tok2", "reg2"]
         ),
@@ -142,8 +143,8 @@ def test_the_exact_wording_of_a_contract_error(r: redis.Redis) -> None:
     keys_obj, args = w.calls["nack"]
     keys = [keys_obj.role(role) for role in SCRIPT_KEYS["nack"]]
     expect = {
-        (12, 6): f"PQ_CONTRACT nack expects 13 keys (contract v{CONTRACT_VERSION}), got 12",
-        (13, 5): f"PQ_CONTRACT nack expects 6..7 arguments (contract v{CONTRACT_VERSION}), got 5",
+        (13, 6): f"PQ_CONTRACT nack expects 14 keys (contract v{CONTRACT_VERSION}), got 13",
+        (14, 5): f"PQ_CONTRACT nack expects 6..7 arguments (contract v{CONTRACT_VERSION}), got 5",
     }
     for (n_keys, n_args), text in expect.items():
         with pytest.raises(redis.ResponseError, match=rf"^{re.escape(text)}$"):
@@ -154,7 +155,7 @@ def test_the_exact_wording_of_a_contract_error(r: redis.Redis) -> None:
         r.eval(lua_source("stats"), 9, *[w.q.keys.role(k) for k in SCRIPT_KEYS["stats"]], NOW, NOW)
     enqueue = [w.q.keys.role(k) for k in SCRIPT_KEYS["enqueue"]]
     with pytest.raises(redis.ResponseError, match=r"^PQ_CONTRACT enqueue expects 8\.\.6002 arguments in steps of 6 "):
-        r.eval(lua_source("enqueue"), 10, *enqueue, NOW, 1, "id", b"", 0)
+        r.eval(lua_source("enqueue"), len(enqueue), *enqueue, NOW, 1, "id", b"", 0)
 
 
 def test_the_count_table_of_lua_readme_agrees_with_the_headers() -> None:

@@ -53,7 +53,7 @@ from proxy import Fault, FaultProxy, Rule, evalsha_of
 from pyqueue.core import service_register_call, service_renew_call
 from pyqueue import aio
 from pyqueue.aio import AsyncQueue
-from pyqueue import Job, Leased, NewJob, Outcome, OutcomeUnknown, Queue, ServiceLost, connect
+from pyqueue import EventsSetting, Job, Leased, NewJob, Outcome, OutcomeUnknown, Queue, ServiceLost, connect
 from pyqueue.scripts import SCRIPT_KEYS, lua_source
 from pyqueue.service import Service, Services
 from pyqueue.worker import Worker
@@ -84,6 +84,7 @@ def build(r: redis.Redis) -> World:
     yet forgotten.
     """
     q = Queue("q", r, owner="setup")
+    q.set_events(1000)  # a re-sent call must not write its events twice either
     q.enqueue(b"c", job_id="corpse", max_attempts=1, now_ms=T0)
     (corpse,) = q.lease_call(call="s1", now_ms=T0).jobs
     q.nack(corpse, "died", now_ms=T0)
@@ -223,6 +224,7 @@ CASES: dict[str, Case] = {
     "browse": Case("browse", lambda q, s, w: q.browse("running", 0, 10, now_ms=NOW)),
     "progress": Case("progress", lambda q, s, w: q.progress(w.held, b'{"n": 1}', now_ms=NOW)),
     "progress_show": Case("progress_show", lambda q, s, w: q.progress_of(["held", "retry"])),
+    "set_events": Case("set_events", lambda q, s, w: q.set_events(10), replayed=lambda a: EventsSetting(10, a.length)),
 }
 
 

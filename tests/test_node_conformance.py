@@ -718,6 +718,25 @@ def test_node_enqueues_grouped_and_prioritized_jobs_and_leases_them_fairly(serve
     assert [j.id for j in q.lease(count=5)] == ["a2"]
 
 
+def test_node_writes_and_reads_the_event_stream_python_reads_the_same_events(
+    server: RedisServer, client: redis.Redis
+) -> None:
+    q = Queue("events", client)
+    node = run_node("events", server, {"queue": "events"})
+    assert node["set"] == {"previous": 0, "length": 0}
+    # Six events were written (2 enqueued, 2 leased, acked, dead); the bound keeps 3, and
+    # both readers count the 3 trimmed before them.
+    page = q.events(since=0)
+    assert (page.missed, page.last) == (3, 6) and node["all"]["missed"] == 3
+    assert [(e.seq, e.type, e.job_id) for e in page.events] == [(4, "leased", "e2"), (5, "acked", "e1"), (6, "dead", "e2")]
+    assert [(e["seq"], e["type"], e["id"]) for e in node["all"]["events"]] == [(e.seq, e.type, e.job_id) for e in page.events]
+    dead = page.events[-1]
+    assert (dead.attempt, dead.fields["error"]) == (1, "node says no")
+    assert node["all"]["events"][2] == {"seq": 6, "type": "dead", "id": "e2", "ms": str(dead.at_ms), "attempt": "1",
+                                        "error": "node says no"}
+    assert [e["seq"] for e in node["after"]["events"]] == [5, 6] and node["after"]["missed"] == 0
+
+
 def test_node_reads_the_contract_version_and_calls_of_the_earlier_contract_get_pq_contract(
     server: RedisServer, client: redis.Redis, tmp_path: Path
 ) -> None:
@@ -737,7 +756,7 @@ def test_node_reads_the_contract_version_and_calls_of_the_earlier_contract_get_p
     assert node["versions"] and set(node["versions"].values()) == {CONTRACT_VERSION}
     v = f"(contract v{CONTRACT_VERSION})"
     assert node["calls"] == {
-        "nack_v1_keys": {"code": "PQ_CONTRACT", "message": f"PQ_CONTRACT nack expects 13 keys {v}, got 8"},
+        "nack_v1_keys": {"code": "PQ_CONTRACT", "message": f"PQ_CONTRACT nack expects 14 keys {v}, got 8"},
         "nack_extra_argument": {"code": "PQ_CONTRACT", "message": f"PQ_CONTRACT nack expects 6..7 arguments {v}, got 8"},
         "service_register_v1_arguments": {
             "code": "PQ_CONTRACT", "message": f"PQ_CONTRACT service_register expects 10..11 arguments {v}, got 9",

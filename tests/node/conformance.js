@@ -562,6 +562,21 @@ async function fair(q) {
   return out;
 }
 
+// The event stream across languages (README §2.5): Node opts the queue in, enqueues,
+// leases, acks one job and nacks the other final; its scripts write the events, which
+// Node reads back here and Python reads with its own driver.
+async function events(q) {
+  const out = {};
+  out.set = await q.setEvents(3);
+  await q.enqueue([{ id: 'e1', payload: 'a' }, { id: 'e2', payload: 'b' }]);
+  const leased = await q.lease({ count: 2 });
+  await q.ack([leased.jobs[0].receipt]);
+  await q.nack(leased.jobs[1].receipt, 'node says no', { final: true });
+  out.all = await q.events(0);
+  out.after = await q.events(out.all.events[0].seq);
+  return out;
+}
+
 async function main() {
   const [scenario, target] = process.argv.slice(2);
   if (scenario === 'keys') {
@@ -577,7 +592,7 @@ async function main() {
   try {
     const q = new Queue(redis, opts.queue);
     const scenarios = {
-      produce, consume, share, service, control, contract, fair,
+      produce, consume, share, service, control, contract, fair, events,
       'task-produce': taskProduce, 'task-work': taskWork, 'task-decode': taskDecode,
     };
     if (!scenarios[scenario]) throw new Error(`unknown scenario ${scenario}`);

@@ -15,24 +15,26 @@ const LUA_DIR = path.resolve(__dirname, '..', '..', 'lua');
 // KEYS of each script, in the order its header lists them (README §4.2). A script
 // never builds a key name: the client passes every key.
 const SCRIPT_KEYS = {
-  enqueue: ['jobs', 'ready', 'scheduled', 'counters', 'wake', 'done', 'meta', 'gready', 'ring', 'groups'],
+  enqueue: ['jobs', 'ready', 'scheduled', 'counters', 'wake', 'done', 'meta', 'gready', 'ring', 'groups', 'events'],
   lease: ['jobs', 'ready', 'scheduled', 'leased', 'owners', 'dead', 'errors', 'counters', 'wake', 'done',
-    'meta', 'gready', 'ring', 'groups'],
-  ack: ['jobs', 'leased', 'owners', 'done', 'wake', 'meta', 'gready', 'ring', 'groups'],
+    'meta', 'gready', 'ring', 'groups', 'events'],
+  ack: ['jobs', 'leased', 'owners', 'done', 'wake', 'meta', 'gready', 'ring', 'groups', 'counters', 'events'],
   nack: ['jobs', 'scheduled', 'leased', 'owners', 'dead', 'errors', 'counters', 'wake', 'finished',
-    'meta', 'gready', 'ring', 'groups'],
+    'meta', 'gready', 'ring', 'groups', 'events'],
   extend: ['jobs', 'leased'],
-  release: ['jobs', 'ready', 'leased', 'owners', 'counters', 'wake', 'meta', 'gready', 'ring', 'groups'],
+  release: ['jobs', 'ready', 'leased', 'owners', 'counters', 'wake', 'meta', 'gready', 'ring', 'groups', 'events'],
   stats: ['jobs', 'ready', 'scheduled', 'leased', 'dead', 'counters', 'done', 'gready', 'ring'],
-  scrub: ['jobs', 'ready', 'leased', 'owners', 'dead', 'errors', 'counters', 'wake', 'meta', 'gready', 'ring', 'groups'],
+  scrub: ['jobs', 'ready', 'leased', 'owners', 'dead', 'errors', 'counters', 'wake', 'meta', 'gready', 'ring', 'groups',
+    'events'],
   cancel: ['jobs', 'ready', 'scheduled', 'leased', 'owners', 'dead', 'errors', 'counters', 'done', 'wake',
-    'meta', 'gready', 'ring', 'groups'],
+    'meta', 'gready', 'ring', 'groups', 'events'],
   limit: ['counters', 'wake'],
   set_group_limit: ['counters', 'wake', 'ring', 'groups'],
   ack_result: ['jobs', 'leased', 'owners', 'done', 'results', 'result_expiry', 'finished', 'wake',
-    'meta', 'gready', 'ring', 'groups'],
+    'meta', 'gready', 'ring', 'groups', 'counters', 'events'],
   result: ['jobs', 'dead', 'errors', 'done', 'results', 'result_expiry', 'finished'],
   flow_done: ['jobs', 'scheduled', 'wake', 'fwait', 'fpending'],
+  set_events: ['counters', 'events'],
 };
 
 // The service scripts' KEYS (README §7): namespace keys <prefix>:{<ns>}:service:<role>,
@@ -66,7 +68,7 @@ class PqError extends Error {
 
 // The contract version this client is written for (README §10): the KEYS and ARGV of
 // every script as SCRIPT_KEYS and the calls below send them.
-const CONTRACT_VERSION = 3;
+const CONTRACT_VERSION = 4;
 
 // The contract version a script's header states (its line "Contract v<n>"), or null.
 function contractVersion(source) {
@@ -270,6 +272,26 @@ class Queue {
   async setGroupLimit(cap, group = '') {
     const [changed, unparked] = await this.run('set_group_limit', [group, int(cap, 'cap', 0, 1000000)]);
     return { changed: changed === 1, unparked };
+  }
+
+  // Opt this queue in to its event stream (README §2.5), keeping the newest `bound`
+  // events; 0 opts out.
+  async setEvents(bound) {
+    const [previous, length] = await this.run('set_events', [int(bound, 'bound', 0, 10000000)]);
+    return { previous, length };
+  }
+
+  // Up to `count` events after event number `since` (README §2.5): entry IDs are 0-<n>,
+  // so a gap in the numbers is what the stream's bound trimmed before this read.
+  async events(since = 0, count = 100) {
+    const entries = await this.redis.xrange(this.key('events'), `(0-${int(since, 'since', 0, 2 ** 53)}`, '+',
+      'COUNT', int(count, 'count', 1, 1000));
+    const events = entries.map(([id, fields]) => {
+      const event = { seq: Number(id.split('-')[1]) };
+      for (let i = 0; i < fields.length; i += 2) event[fields[i]] = fields[i + 1];
+      return event;
+    });
+    return { events, missed: events.length ? events[0].seq - since - 1 : 0 };
   }
 
   // Ack with results: pairs of [receipt, value]; a value is pyqueue's encoding (README
