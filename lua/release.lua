@@ -18,8 +18,9 @@ KEYS (11), all <prefix>:{<queue>}:<role>
  11 events    stream  the queue's events, when it has opted in (section 2.5): 'released'
                   per lease given back, with its attempt (not counted)
 
-ARGV (r)
-  1..r receipts  1..1000 receipts from lease
+ARGV (1 + r)
+  1     now_ms    '' (use the server clock) or integer >= 0; tests only (the events' time)
+  2..   receipts  1..1000 receipts from lease
 
 Returns  {status_1 .. status_r}: 'ok', 'stale' or 'gone' (as ack.lua).
 Errors   PQ_BADARG (nothing written), WRONGTYPE (nothing written).
@@ -438,17 +439,19 @@ end
 local jobs_key, ready_key, leased_key, owners_key, counters_key, wake_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local events_key = KEYS[11]
-local contract_error = contract('release', 11, 1, MAX_BATCH)
+local contract_error = contract('release', 11, 2, 1 + MAX_BATCH)
 local F = fair_keys(7)
 if contract_error then return redis.error_reply(contract_error) end
 
 -- 1. Validate.
-if #ARGV < 1 or #ARGV > MAX_BATCH then return redis.error_reply('PQ_BADARG 1..1000 receipts per call') end
+local now_ms, err = now_arg(ARGV[1])
+if err then return redis.error_reply(err) end
+if #ARGV < 2 or #ARGV > 1 + MAX_BATCH then return redis.error_reply('PQ_BADARG 1..1000 receipts per call') end
 local leases = {}
-for i = 1, #ARGV do
+for i = 2, #ARGV do
   local lease = parse_receipt(ARGV[i])
   if not lease then return redis.error_reply('PQ_BADARG malformed receipt ' .. string.format('%q', ARGV[i])) end
-  leases[i] = lease
+  leases[i - 1] = lease
 end
 
 -- 2. Read.
@@ -489,7 +492,7 @@ if #receipts > 0 then
   end
   redis.call('ZADD', wake_key, 0, 'wake')
   if bound then
-    local now_ms = server_now_ms()
+    now_ms = now_ms or server_now_ms()
     for i, lease in ipairs(leases) do
       if status[i] == 'ok' then emit(events_key, bound, 'released', lease.id, now_ms, 'attempt', lease.attempt) end
     end

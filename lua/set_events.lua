@@ -440,17 +440,22 @@ if contract_error then return redis.error_reply(contract_error) end
 local bound, err = int_arg(ARGV[1], 'bound', 0, 10000000)
 if err then return redis.error_reply(err) end
 
--- 2. Read (HGET proves `counters` a hash).
+-- 2. Read (HGET proves `counters` a hash, XLEN `events` a stream). Everything is read
+-- before the first write, and the trim comes first: a client refused a command of this
+-- script is refused before anything is written.
 local previous = tonumber(redis.call('HGET', counters_key, 'events') or '0') or 0
 err = expect_type(events_key, 'stream')
 if err then return redis.error_reply(err) end
+local length = redis.call('XLEN', events_key)
 
--- 3. Write.
+-- 3. Write. A smaller bound trims now (also after an opt-out and a smaller opt-in).
+if bound > 0 and length > bound then
+  redis.call('XTRIM', events_key, 'MAXLEN', bound)
+  length = bound
+end
 if bound == 0 then
   if previous ~= 0 then redis.call('HDEL', counters_key, 'events') end
-else
-  if bound ~= previous then redis.call('HSET', counters_key, 'events', bound) end
-  -- Also after an opt-out and a smaller opt-in: the stream kept then may be longer.
-  redis.call('XTRIM', events_key, 'MAXLEN', bound)
+elseif bound ~= previous then
+  redis.call('HSET', counters_key, 'events', bound)
 end
-return { previous, redis.call('XLEN', events_key) }
+return { previous, length }

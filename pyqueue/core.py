@@ -613,9 +613,9 @@ def extend_call(keys: Keys, now_ms: int | None, lease_ms: int, receipts: Sequenc
     return ScriptCall("extend", keys, [now_arg(now_ms), lease_ms, *receipts])
 
 
-def release_call(keys: Keys, receipts: Sequence[str]) -> ScriptCall:
+def release_call(keys: Keys, now_ms: int | None, receipts: Sequence[str]) -> ScriptCall:
     """lua/release.lua."""
-    return ScriptCall("release", keys, list(receipts))
+    return ScriptCall("release", keys, [now_arg(now_ms), *receipts])
 
 
 def promote_call(keys: Keys, now_ms: int | None, limit: int) -> ScriptCall:

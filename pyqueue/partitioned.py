@@ -285,9 +285,9 @@ class PartitionedParts(QueueCore):
         """As :meth:`QueueCore.plan_extend`; one call per partition involved."""
         return (yield from self._per_partition(jobs, lambda part, group: part.plan_extend(group, lease_ms, now_ms=now_ms)))
 
-    def plan_release(self, jobs: Iterable[Job]) -> Plan[list[Outcome]]:
+    def plan_release(self, jobs: Iterable[Job], *, now_ms: int | None = None) -> Plan[list[Outcome]]:
         """As :meth:`QueueCore.plan_release`; one call per partition involved."""
-        return (yield from self._per_partition(jobs, lambda part, group: part.plan_release(group)))
+        return (yield from self._per_partition(jobs, lambda part, group: part.plan_release(group, now_ms=now_ms)))
 
     def _per_partition(self, jobs: Iterable[Job], plan: Any) -> Plan[list[Any]]:
         out: list[Any] = []

@@ -113,7 +113,7 @@ def calls_touching_every_key(q: Queue, h: dict[str, Any]) -> dict[str, tuple[str
         "nack_to_dead": ("nack", [now, h["last"].receipt, "e", "", 100, 1000]),
         "nack_final": ("nack", [now, retry, "e", "", 100, 1000, "1"]),  # to DEAD with attempts to spare
         "extend": ("extend", [now, 5000, held, "w|c|99|1|r1"]),
-        "release": ("release", [held, "w|c|99|1|r1"]),
+        "release": ("release", [now, held, "w|c|99|1|r1"]),
         "promote": ("promote", [now, 100]),
         "stats": ("stats", [now]),
         "dead_list": ("dead_list", [0, 10]),

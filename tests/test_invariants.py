@@ -293,7 +293,7 @@ def test_cluster_safe_scripts_only_touch_keys_passed_in_keys() -> None:
             command, first = match.groups()
             if command in ("TIME",):
                 continue
-            allowed = {"key", "ready_key", "wake_key", *fair} if start <= match.start() < end else key_names | {"key"}
+            allowed = {"key", "ready_key", "wake_key", "counters_key", "events_key", *fair} if start <= match.start() < end else key_names | {"key"}
             assert first.strip() in allowed, f"{path.name}: {match.group(0)}"
 
 

@@ -159,7 +159,7 @@ CASES: dict[str, Case] = {
         replayed=lambda a: dataclasses.replace(a, outcome=Outcome.STALE, state=None, at_ms=0),
     ),
     "extend": Case("extend", lambda q, s, w: q.extend([w.held, w.retry], 5000, now_ms=NOW)),
-    "release": Case("release", lambda q, s, w: q.release([w.held, w.retry]), replayed=lambda a: [Outcome.STALE] * 2),
+    "release": Case("release", lambda q, s, w: q.release([w.held, w.retry], now_ms=NOW), replayed=lambda a: [Outcome.STALE] * 2),
     "promote": Case(
         "promote", lambda q, s, w: q.promote(now_ms=NOW),
         replayed=lambda a: dataclasses.replace(a, promoted=0, reclaimed=0, dead=0),

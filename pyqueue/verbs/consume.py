@@ -288,10 +288,12 @@ class ConsumeVerbs(QueueVerbs):
 
     extend = Verb(plan_extend)
 
-    def plan_release(self, jobs: Iterable[Job]) -> Plan[list[Outcome]]:
+    def plan_release(self, jobs: Iterable[Job], *, now_ms: int | None = None) -> Plan[list[Outcome]]:
         """Give leases back to the head of READY without counting the attempt
         (lua/release.lua), e.g. at shutdown. Stale receipts change nothing."""
-        reply = yield from self._run(release_call(self.keys, receipts_of(jobs)))
+        receipts = receipts_of(jobs)
+        check_now(now_ms)
+        reply = yield from self._run(release_call(self.keys, now_ms, receipts))
         return [Outcome(text(s)) for s in reply]
 
     release = Verb(plan_release)

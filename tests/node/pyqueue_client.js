@@ -242,7 +242,7 @@ class Queue {
   }
 
   async release(receipts) {
-    return (await this.run('release', receipts)).map(str);
+    return (await this.run('release', ['', ...receipts])).map(str);
   }
 
   // 26 name/value pairs, in a fixed order (README §4.2).
