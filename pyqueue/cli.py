@@ -9,6 +9,7 @@ cannot see it).
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import asyncio
 import importlib
@@ -22,6 +23,7 @@ import redis
 
 from pyqueue.errors import InvalidArgument, PyQueueError, map_redis_error
 from pyqueue.models import Job
+from pyqueue.verbs.events import Event
 from pyqueue.clients import Client, connect
 from pyqueue.discovery import logical_queues, open_queue
 from pyqueue.keys import check_name
@@ -465,6 +467,54 @@ def cmd_job(args: argparse.Namespace) -> int:
     return 0 if info.state != "unknown" else 1
 
 
+def _token(value: str) -> str:
+    """``value`` as is when it is one plain word, else quoted as JSON (errors, progress)."""
+    plain = value and value.isprintable() and not any(c in value for c in ' ="\\')
+    return value if plain else json.dumps(value)
+
+
+def format_event(event: Event) -> str:
+    """One line of ``pyqueue events``: number, server time (UTC), type, job, details."""
+    when = datetime.datetime.fromtimestamp(event.at_ms / 1000, datetime.timezone.utc)
+    details = ([f"attempt={event.attempt}"] if event.attempt is not None else []) + [
+        f"{name}={_token(value)}" for name, value in event.fields.items()
+    ]
+    return " ".join([f"#{event.seq}", when.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+                     event.type, event.job_id, *details])
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    """Opt a queue in to its event stream (--keep N) or out (--keep 0); or print its
+    events (Queue.events) from --since (an event number, ``now`` or the oldest kept),
+    and with --follow keep printing new ones until interrupted. Trimmed events a read
+    skipped are reported on stderr."""
+    q = open_queue(connect(args.url), args.queue, args.prefix)
+    if args.keep is not None:
+        setting = q.set_events(args.keep)
+        was = f"kept {setting.previous}" if setting.previous else "was off"
+        now = f"keeps the newest {args.keep} events" if args.keep else "writes no more events (the stream is kept)"
+        print(f"{args.queue}: events {was}; now {now}; {setting.length} in the stream")
+        return 0
+    since: int | str | None = args.since
+    if isinstance(since, str) and since != "now":
+        if not since.isdigit():
+            raise PyQueueError(f"--since takes an event number or now, got {since!r}")
+        since = int(since)
+    try:
+        while True:
+            page = q.events(since, args.count, block_ms=5_000 if args.follow else 0)
+            if page.missed:
+                print(f"({page.missed} events were trimmed before they were read: raise the bound with --keep)",
+                      file=sys.stderr)
+            for event in page.events:
+                print(json.dumps(event.as_json()) if args.json else format_event(event), flush=True)
+            since = page.last
+            if not args.follow and len(page.events) < args.count:
+                return 0
+    except KeyboardInterrupt:
+        return 0
+
+
 def cmd_flow_show(args: argparse.Namespace) -> int:
     """A flow's tree, each step with its state (pyqueue.tasks.flowview); exit 1 if no
     record of it is kept in the queue named."""
@@ -682,6 +732,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id")
     p.add_argument("--payload", action="store_true", help="print the payload too (it may hold personal data)")
     p.set_defaults(func=cmd_job)
+
+    p = sub.add_parser("events", help="a queue's event stream: print it, follow it, or opt in (--keep N)")
+    p.add_argument("queue")
+    p.add_argument("--since", default=None,
+                   help="print the events after this event number, or only new ones (now); default: from the "
+                        "oldest kept")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing new events until interrupted")
+    p.add_argument("--count", type=int, default=100, help="events per read (1..1000)")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument("--keep", type=int, default=None, metavar="N",
+                   help="opt the queue in, keeping its newest N events (every producer and worker writes them "
+                        "from their next call); 0 opts out")
+    p.set_defaults(func=cmd_events)
 
     p = sub.add_parser("flow", help="workflows: show a flow's steps and their states")
     flow = p.add_subparsers(dest="flow_command", required=True)

@@ -4,8 +4,10 @@ cluster."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import RedisClusterProcesses, RedisServer
@@ -72,6 +74,50 @@ def test_job_command_shows_a_running_jobs_progress(url: str, capsys: pytest.Capt
     q.progress(job, '{"done": 40}')
     assert main(["--url", url, "job", "emails", "j1"]) == 0
     assert '{"done": 40}' in capsys.readouterr().out
+
+
+def test_events_command_opts_in_prints_reads_on_and_reports_trimmed_events(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    q = Queue.from_url(url, "emails")
+    assert main(["--url", url, "events", "emails", "--keep", "3"]) == 0
+    assert "keeps the newest 3 events" in capsys.readouterr().out
+    q.enqueue(b"x", job_id="j1")
+    (job,) = q.lease()
+    q.nack(job, "it broke", final=True)
+    assert main(["--url", url, "events", "emails"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0::2][:2] for line in lines] == [["#1", "enqueued"], ["#2", "leased"], ["#3", "dead"]]
+    assert lines[2].endswith('j1 attempt=1 error="it broke"')
+    q.enqueue(b"x", job_id="j2")  # the bound (3) trims event 1
+    assert main(["--url", url, "events", "emails", "--since", "0", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert [json.loads(line)["seq"] for line in captured.out.splitlines()] == [2, 3, 4]
+    assert "1 events were trimmed" in captured.err
+    assert main(["--url", url, "events", "emails", "--since", "3", "--json"]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    assert json.loads(line) == {"seq": 4, "type": "enqueued", "id": "j2", "at_ms": json.loads(line)["at_ms"]}
+    assert main(["--url", url, "events", "emails", "--keep", "0"]) == 0
+    assert "writes no more events" in capsys.readouterr().out
+    assert main(["--url", url, "events", "emails", "--since", "soon"]) == 2
+
+
+def test_events_follow_prints_events_as_they_are_written(url: str) -> None:
+    q = Queue.from_url(url, "emails")
+    q.set_events(100)
+    q.enqueue(b"x", job_id="before")
+    command = [sys.executable, "-m", "pyqueue", "--url", url, "events", "emails", "--since", "1", "--follow"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as follower:
+        try:
+            assert follower.stdout is not None
+            for job_id in ("second", "third"):  # the third is written once the follower has printed the second
+                time.sleep(0.5)
+                q.enqueue(b"x", job_id=job_id)
+                line = follower.stdout.readline()
+                assert line.split()[2:4] == ["enqueued", job_id]
+        finally:
+            follower.send_signal(signal.SIGINT)
+            assert follower.wait(timeout=20) == 0
 
 
 def test_pause_and_resume_commands(url: str, capsys: pytest.CaptureFixture[str]) -> None:
