@@ -91,6 +91,8 @@ BOOKKEEPING_COMMANDS = frozenset({"config|resetstat", "info", "ping"})
 GROUP = 8
 #: Jobs per interleaving block of the lifecycle measurements (a multiple of GROUP).
 LIFECYCLE_BLOCK = 80
+#: The event stream bound of the events_* lifecycles (Queue.set_events).
+EVENTS_BOUND = 10_000
 #: name -> (Lifecycles method, description) of each lifecycle measured.
 LIFECYCLES: dict[str, tuple[str, str]] = {
     "one_at_a_time": ("one_at_a_time", "enqueue x1 + ack_and_lease x1 per call"),
@@ -355,6 +357,16 @@ class Lifecycles:
             name: getattr(self, method) for name, (method, _label) in LIFECYCLES.items()
         }
         self.labels = {name: label for name, (_method, label) in LIFECYCLES.items()}
+        # The same lifecycles on queues opted in to their event stream (Queue.set_events):
+        # what writing the events costs.
+        self.queues["events_one"] = Queue(f"bench-tp-life-ev-one-{tag}", self.client)
+        self.queues["events_group"] = Queue(f"bench-tp-life-ev-x{GROUP}-{tag}", self.client)
+        self.queues["events_one"].set_events(EVENTS_BOUND)
+        self.queues["events_group"].set_events(EVENTS_BOUND)
+        self.runs["events_one_at_a_time"] = lambda n: self.one_at_a_time(n, "events_one")
+        self.runs[f"events_batched_x{GROUP}"] = lambda n: self.batched(n, "events_group")
+        self.labels["events_one_at_a_time"] = f"one_at_a_time on a queue keeping {EVENTS_BOUND} events"
+        self.labels[f"events_batched_x{GROUP}"] = f"batched_x{GROUP} on a queue keeping {EVENTS_BOUND} events"
         if baseline_lua is not None:
             self.queues["base_one"] = Queue(f"bench-tp-life-base-one-{tag}", self.client, lua_directory=baseline_lua)
             self.queues["base_group"] = Queue(
@@ -545,6 +557,8 @@ def lifecycle_cost(url: str, jobs: int, repetitions: int, baseline_lua: Path | N
         median, samples = round_ratios(num, den)
         ratios[label] = {"ratio": median, "samples": samples, "target": target, "met": median <= target}
     context = dict(CPU_CONTEXT_RATIOS)
+    context["events_one_at_a_time / one_at_a_time"] = ("events_one_at_a_time", "one_at_a_time")
+    context[f"events_batched_x{GROUP} / batched_x{GROUP}"] = (f"events_batched_x{GROUP}", f"batched_x{GROUP}")
     if baseline_lua is not None:
         context["one_at_a_time / baseline_one_at_a_time"] = ("one_at_a_time", "baseline_one_at_a_time")
         context[f"batched_x{GROUP} / baseline_batched_x{GROUP}"] = (f"batched_x{GROUP}", f"baseline_batched_x{GROUP}")

@@ -40,6 +40,8 @@ PAYLOAD = b"p" * 64
 LONG_LEASE_MS = 3_600_000
 #: Setup enqueues and leases in batches of this size (the scripts' MAX_BATCH).
 SETUP_BATCH = 1000
+#: The event stream bound of the *_events benchmarks (Queue.set_events).
+EVENTS_BOUND = 10_000
 
 TimeFunc = Callable[[int, str], float]
 
@@ -196,6 +198,20 @@ def bench_enqueue(loops: int, url: str) -> float:
     return elapsed
 
 
+def bench_enqueue_events(loops: int, url: str) -> float:
+    """Queue.enqueue as ``enqueue``, on a queue opted in to its event stream
+    (Queue.set_events(10000)): the cost of writing the 'enqueued' event."""
+    queue = fresh_queue(url, "enqueue-events")
+    queue.set_events(EVENTS_BOUND)
+    enqueue = queue.enqueue
+    t0 = time.perf_counter()
+    for _ in range(loops):
+        enqueue(PAYLOAD)
+    elapsed = time.perf_counter() - t0
+    drop(queue)
+    return elapsed
+
+
 def bench_enqueue_many_x100(loops: int, url: str) -> float:
     """Queue.enqueue_many: 100 jobs per call; time per call (lua/enqueue.lua, n = 100)."""
     queue = fresh_queue(url, "enqueue-many")
@@ -230,6 +246,22 @@ def bench_ack_and_lease(loops: int, url: str) -> float:
     one receipt); time per call = per job."""
     queue = fresh_queue(url, "ack-and-lease")
     fill(queue, loops + 1)
+    (job,) = queue.lease(LONG_LEASE_MS)
+    ack_and_lease = queue.ack_and_lease
+    t0 = time.perf_counter()
+    for _ in range(loops):
+        _outcome, (job,) = ack_and_lease(job, lease_ms=LONG_LEASE_MS)
+    elapsed = time.perf_counter() - t0
+    drop(queue)
+    return elapsed
+
+
+def bench_ack_and_lease_events(loops: int, url: str) -> float:
+    """Queue.ack_and_lease as ``ack_and_lease``, on a queue opted in to its event stream
+    (Queue.set_events(10000)): the cost of writing the 'acked' and 'leased' events."""
+    queue = fresh_queue(url, "ack-and-lease-events")
+    fill(queue, loops + 1)
+    queue.set_events(EVENTS_BOUND)
     (job,) = queue.lease(LONG_LEASE_MS)
     ack_and_lease = queue.ack_and_lease
     t0 = time.perf_counter()
@@ -341,9 +373,11 @@ BENCHMARKS: list[tuple[str, TimeFunc]] = [
     ("raw_evalsha_return1_pipelined_x100", bench_raw_evalsha_return1_pipelined_x100),
     ("bare_enqueue_script", bench_bare_enqueue_script),
     ("enqueue", bench_enqueue),
+    ("enqueue_events", bench_enqueue_events),
     ("enqueue_many_x100", bench_enqueue_many_x100),
     ("lease_ack", bench_lease_ack),
     ("ack_and_lease", bench_ack_and_lease),
+    ("ack_and_lease_events", bench_ack_and_lease_events),
     ("nack", bench_nack),
     ("extend_x10", bench_extend_x10),
     ("promote_x10", bench_promote_x10),
