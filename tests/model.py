@@ -39,7 +39,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
-from pyqueue import Job, JobInfo, JobResult, NewJob, Outcome, Queue, ServiceLost
+from pyqueue import EventsSetting, Job, JobInfo, JobResult, NewJob, Outcome, Queue, ServiceLost
 from pyqueue.core import decode_result, encode_result
 from pyqueue.keys import QueueKeys, ServiceKeys
 from pyqueue.models import (
@@ -70,6 +70,10 @@ T0 = 1_700_000_000_000
 MAINTENANCE_INTERVAL_MS = 50
 #: ack.lua / lease.lua trim expired tombstones once at least this many have expired.
 TRIM_BATCH = 10
+#: An error text in an event is cut to this many bytes (the prelude's EVENT_TEXT_BYTES).
+EVENT_TEXT_BYTES = 1024
+#: The machines' event stream bound (every machine opts its queue in).
+EVENTS_BOUND = 30
 #: The most expired tombstones a lease that acks nothing trims (the prelude's MAX_BATCH).
 MAX_BATCH = 1000
 #: ack_result.lua: the finished stream keeps this many entries.
@@ -221,6 +225,38 @@ class QueueModel:
         #: each entry was written or last looked at by a trim.
         self.progress_entries: dict[str, tuple[int, str, bytes]] = {}
         self.progress_at: dict[str, int] = {}
+        #: The event stream (lua/README.md section 2.5): its bound (0: not opted in), the
+        #: number of the last event written, and the entries kept: (number, fields).
+        self.events_bound = 0
+        self.events_seq = 0
+        self.events: list[tuple[int, dict[bytes, bytes]]] = []
+
+    def _emit(self, kind: str, job_id: str, now: int, **fields: Any) -> None:
+        """The prelude's emit: one event, when the queue has opted in; the stream keeps
+        the newest ``events_bound`` (exact MAXLEN)."""
+        if not self.events_bound:
+            return
+        self.events_seq += 1
+        entry = {b"type": kind.encode(), b"id": job_id.encode(), b"ms": str(now).encode()}
+        for name, value in fields.items():
+            entry[name.encode()] = value if isinstance(value, bytes) else str(value).encode()
+        self.events = (self.events + [(self.events_seq, entry)])[-self.events_bound :]
+
+    def _emit_failed(self, lease: Lease, record: Record, now: int, reason: str) -> None:
+        """A lease that ended in failure at ``now`` (expired, scrubbed): 'dead' once its
+        attempts are used up, else 'retried' (ready again now)."""
+        if lease.attempt >= record.max_attempts:
+            self._emit("dead", lease.id, now, attempt=lease.attempt, error=reason)
+        else:
+            self._emit("retried", lease.id, now, attempt=lease.attempt, due_ms=now, error=reason)
+
+    def set_events(self, bound: int) -> tuple[int, int]:
+        """set_events.lua: (the bound before, the stream's length after)."""
+        previous = self.events_bound
+        if bound and len(self.events) > bound:
+            self.events = self.events[-bound:]
+        self.events_bound = bound
+        return previous, len(self.events)
 
     # -- fair scheduling: the prelude's helpers -----------------------------------------
 
@@ -477,6 +513,10 @@ class QueueModel:
             self.counters["enqueued"] += 1
             self.epoch[job_id] += 1
             self.jobs[job_id] = Record(0, max_attempts, now + delay_ms, payload)
+            if delay_ms:
+                self._emit("enqueued", job_id, now, due_ms=now + delay_ms)
+            else:
+                self._emit("enqueued", job_id, now)
             if delay_ms == 0:
                 ready_ids.append(job_id)
                 ready_metas.append(meta)
@@ -501,6 +541,8 @@ class QueueModel:
         if not receipts:
             return
         ids = [self.leases[receipt].id for receipt in receipts]
+        for receipt in receipts:
+            self._emit("acked", self.leases[receipt].id, now, attempt=self.leases[receipt].attempt)
         self._bury(ids, now, keep_done_ms)
         self._end_leases(receipts)
         self._finish(ids)
@@ -619,6 +661,10 @@ class QueueModel:
             for lease in to_dead:
                 record = self._fail(lease, now)
                 self._to_dead(lease.id, now, f"lease expired on attempt {lease.attempt} of {record.max_attempts}".encode())
+            # The script writes the reclaimed ones' events, then the dead ones'.
+            for lease in reclaimed + to_dead:
+                record = self.jobs[lease.id]
+                self._emit_failed(lease, record, now, f"lease expired on attempt {lease.attempt} of {record.max_attempts}")
             self.counters["reclaimed"] += len(reclaimed) + len(to_dead)
             self.counters["promoted"] += len(promoted)
             # Rate-limited, and written only by a call that writes something else first.
@@ -643,6 +689,7 @@ class QueueModel:
             receipt = f"{owner}|{call}|{fence}|{attempt}|{job_id}"
             self.leases[receipt] = Lease(receipt, job_id, fence, attempt, now + lease_ms)
             jobs.append(self.job(receipt, self.name))
+            self._emit("leased", job_id, now, attempt=attempt, owner=owner, deadline_ms=now + lease_ms)
         self.counters["leased"] += len(jobs)
         self.wake = self.wake or wake
         if spacing is not None and jobs:
@@ -719,6 +766,7 @@ class QueueModel:
         self.meta.pop(job_id, None)
         self._bury([job_id], now, keep_done_ms)
         self.counters["cancelled"] += 1
+        self._emit("cancelled", job_id, now, state=state)
         return state
 
     def limit(self, count: int, period_ms: int, burst: int) -> bool:
@@ -762,6 +810,7 @@ class QueueModel:
             self._fail(lease, now)
             self._to_dead(lease.id, now, error)
             self.finished = (self.finished + [lease.id])[-STREAM_LENGTH:]  # waiters wake for it
+            self._emit("dead", lease.id, now, attempt=lease.attempt, error=error[:EVENT_TEXT_BYTES])
             return Nacked(Outcome.OK, "dead", now)
         if delay_ms is None:
             delay_ms = backoff_delay_ms(lease.attempt, lease.fence, base_ms, cap_ms)
@@ -769,6 +818,7 @@ class QueueModel:
         self._fail(lease, now, due_ms)
         self.scheduled[lease.id] = due_ms
         self.wake = True
+        self._emit("retried", lease.id, now, attempt=lease.attempt, due_ms=due_ms, error=error[:EVENT_TEXT_BYTES])
         return Nacked(Outcome.OK, "scheduled", due_ms)
 
     def extend(self, receipts: Sequence[str], lease_ms: int, now: int) -> list[Extended]:
@@ -786,10 +836,12 @@ class QueueModel:
             self.leases[receipt].deadline_ms = deadline
         return answers
 
-    def release(self, receipts: Sequence[str]) -> list[str]:
+    def release(self, receipts: Sequence[str], now: int) -> list[str]:
         """release.lua: back to the head of READY in receipt order; no attempt counted."""
         status, ok = self.statuses(receipts)
         ids = [self.leases[r].id for r in ok]
+        for receipt in ok:
+            self._emit("released", self.leases[receipt].id, now, attempt=self.leases[receipt].attempt)
         self._end_leases(ok)
         self.counters["released"] += len(ok)
         self._release(self._metas(ids))
@@ -820,6 +872,9 @@ class QueueModel:
                 self._to_dead(lease.id, now, f"lease expired on attempt {lease.attempt} of {record.max_attempts}".encode())
             else:
                 to_ready.append(lease.id)
+        for lease in expired:
+            record = self.jobs[lease.id]
+            self._emit_failed(lease, record, now, f"lease expired on attempt {lease.attempt} of {record.max_attempts}")
         self._make_ready(to_ready, head=True)
         self.wake = self.wake or bool(promoted or to_ready) or woke
         more = len(promoted) == limit or len(expired) == limit
@@ -833,8 +888,10 @@ class QueueModel:
         to_ready = []
         dead = 0
         metas = self._metas([self.leases[receipt].id for receipt in receipts])
+        ended = []
         for receipt in receipts:
             lease = self.leases.pop(receipt)
+            ended.append(lease)
             record = self._fail(lease, now)
             if lease.attempt >= record.max_attempts:
                 dead += 1
@@ -846,6 +903,9 @@ class QueueModel:
         woke = self._release(metas)
         self._make_ready(to_ready, head=True)
         self.counters["scrubbed"] += len(receipts)
+        for lease in ended:
+            record = self.jobs[lease.id]
+            self._emit_failed(lease, record, now, f"worker {owner} died on attempt {lease.attempt} of {record.max_attempts}")
         self.wake = self.wake or bool(to_ready) or woke
         return Scrubbed(len(receipts), dead, len(receipts) == limit)
 
@@ -923,6 +983,8 @@ class QueueModel:
             self.epoch[job_id] += 1
         self._make_ready(moved, head=False)
         self.counters["replayed"] += len(moved)
+        for job_id in moved:
+            self._emit("enqueued", job_id, now, replayed=1)
         self.wake = self.wake or bool(moved)
         return len(moved)
 
@@ -1031,6 +1093,7 @@ class QueueModel:
         self.scheduled[job_id] = WAIT_DUE_MS
         self.fwait[job_id] = now + check_ms
         self.fpending |= {f"{job_id}\t{ref}" for ref in refs}
+        self._emit("enqueued", job_id, now, waiting=len(refs))
         return "ok"
 
     def flow_done(self, job_id: str, policy: str, check_ms: int, ended: Sequence[tuple[str, str]],
@@ -1092,6 +1155,9 @@ class QueueModel:
             else:
                 del self.progress_entries[job_id], self.progress_at[job_id]
         job_id = self.leases[receipt].id
+        previous = self.progress_entries.get(job_id)
+        if previous is None or previous[1:] != (receipt, value):  # a value that changed: an event
+            self._emit("progress", job_id, now, attempt=self.leases[receipt].attempt, value=value)
         self.progress_entries[job_id] = (now, receipt, value)
         self.progress_at[job_id] = now
         return "ok"
@@ -1120,6 +1186,8 @@ class QueueModel:
             counters[b"rate_tat"] = self.rate_tat.encode()
         if self.fair:
             counters[b"fair"] = b"1"
+        if self.events_bound:
+            counters[b"events"] = str(self.events_bound).encode()
         out: dict[str, Any] = {
             keys.jobs: {i.encode(): record.encode() for i, record in self.jobs.items()},
             keys.ready: [i.encode() for i in self.ready],
@@ -1147,6 +1215,7 @@ class QueueModel:
                 for i, (at, receipt, value) in self.progress_entries.items()
             },
             keys.progress_at: {i.encode(): float(at) for i, at in self.progress_at.items()},
+            keys.events: [(f"0-{seq}".encode(), entry) for seq, entry in self.events],
         }
         return {key: value for key, value in out.items() if value}
 
@@ -1321,6 +1390,8 @@ def read_snapshot(
             pipe.get(key)
         elif key == queue_keys.finished:
             pipe.xrange(key)  # read as the job ids of its entries (their ids carry the clock)
+        elif key == queue_keys.events:
+            pipe.xrange(key)  # read whole: entry ids (0-<n>) and fields
         else:
             unexpected.append(key)
             continue
@@ -1331,12 +1402,14 @@ def read_snapshot(
     for key, value in zip(read, replies):
         if isinstance(value, dict):
             snapshot.append((key, tuple(value.items())))
-        elif key == queue_keys.finished:
+        elif key in (queue_keys.finished, queue_keys.events):
             snapshot.append((key, tuple((entry, tuple(fields.items())) for entry, fields in value)))
         else:
             snapshot.append((key, tuple(value) if isinstance(value, list) else value))
         if key == queue_keys.finished:
             value = [fields[b"id"] for _, fields in value]
+        elif key == queue_keys.events:
+            value = [(entry, dict(fields)) for entry, fields in value]
         elif isinstance(value, list) and value and isinstance(value[0], (tuple, list)) and key not in lists:
             value = {member: float(score) for member, score in value}
         out[key] = value
@@ -1595,6 +1668,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.workers: dict[str, Queue] = {}
         self.q = self.worker("solo")
         self.q.check_partitions()  # what every queue object does at its first call
+        # Every machine runs with the queue's event stream on (lua/README.md section 2.5),
+        # with a bound small enough that the model's trimming is checked too.
+        assert self.q.set_events(EVENTS_BOUND) == EventsSetting(*self.model.set_events(EVENTS_BOUND))
         self.services = Services(self.r, namespace=NAMESPACE)
         if self.lua_directory is not None:  # Services has no lua_directory option (yet)
             self.services.scripts = Scripts(self.services.redis, self.lua_directory)
@@ -1827,7 +1903,9 @@ class LifecycleMachine(RuleBasedStateMachine):
                 got = worker.nack(job, "failed", delay_ms=delay_ms, backoff_base_ms=10, now_ms=self.now)
                 assert got == self.model.nack(job.receipt, b"failed", delay_ms, 10, 3_600_000, self.now)
             elif then == "release":
-                assert [o.value for o in worker.release([job])] == self.model.release([job.receipt])
+                assert [o.value for o in worker.release([job], now_ms=self.now)] == self.model.release(
+                    [job.receipt], self.now
+                )
             elif then == "extend":
                 assert worker.extend([job], lease_ms, now_ms=self.now) == self.model.extend([job.receipt], lease_ms, self.now)
 
@@ -1907,8 +1985,8 @@ class LifecycleMachine(RuleBasedStateMachine):
     def release(self, data: st.DataObject, sent_twice: bool) -> None:
         jobs = self.draw_jobs(data, 3)
         for _ in range(1 + sent_twice):
-            got = [o.value for o in self.q.release(jobs)]
-            expected = self.model.release([j.receipt for j in jobs])
+            got = [o.value for o in self.q.release(jobs, now_ms=self.now)]
+            expected = self.model.release([j.receipt for j in jobs], self.now)
             assert got == expected, f"release answered {got}, model {expected}"
 
     # -- rules: maintenance ----------------------------------------------------------------
@@ -2398,6 +2476,20 @@ class ProgressLifecycleMachine(LifecycleMachine):
         )
 
 
+class EventsLifecycleMachine(LifecycleMachine):
+    """The machine with one more rule: ``set_events``, which changes the event stream's
+    bound (a smaller one trims at once), opts out (0: no more events, the stream kept)
+    and in again (its numbering goes on). A machine of its own, so that the other
+    machines' derandomized examples (and the mutants they catch) stay as they were."""
+
+    @rule(bound=st.sampled_from([0, 1, 2, 5, EVENTS_BOUND, 1000]), sent_twice=SENT_TWICE)
+    def set_events(self, bound: int, sent_twice: bool) -> None:
+        for _ in range(1 + sent_twice):
+            got = self.q.set_events(bound)
+            expected = EventsSetting(*self.model.set_events(bound))
+            assert got == expected, f"set_events({bound}) answered {got}, model {expected}"
+
+
 class BrowseLifecycleMachine(FairLifecycleMachine):
     """The fair machine (jobs with and without groups and priorities in READY, leases,
     tombstones, results) with one more rule: ``browse`` of every state against the
@@ -2414,7 +2506,7 @@ class BrowseLifecycleMachine(FairLifecycleMachine):
 
 def machine_for(
     backend: Backend, lua_directory: Path | None = None, without: Sequence[str] = (), fair: bool = False,
-    flows: bool = False, progress: bool = False, browse: bool = False,
+    flows: bool = False, progress: bool = False, browse: bool = False, events: bool = False,
 ) -> type[LifecycleMachine]:
     """The machine bound to a backend and, for mutation tests, a scripts directory;
     ``without``: rules left out (each shadowed by a plain method, which Hypothesis does
@@ -2422,22 +2514,23 @@ def machine_for(
     machine with flows' rules too; ``browse``: the fair one with browse's rule too."""
     unknown = set(without) - set(JOB_CONTROL_RULES)
     assert not unknown, f"only job-control rules may be left out, not {unknown}"
-    assert fair + flows + progress + browse <= 1, "one machine at a time: fair, flows, progress or browse"
+    assert fair + flows + progress + browse + events <= 1, "one machine at a time: fair, flows, progress, browse or events"
     shadows = {name: (lambda self, *args, **kwargs: None) for name in without}
     base = (FairLifecycleMachine if fair else FlowLifecycleMachine if flows else ProgressLifecycleMachine if progress
-            else BrowseLifecycleMachine if browse else LifecycleMachine)
+            else BrowseLifecycleMachine if browse else EventsLifecycleMachine if events else LifecycleMachine)
     # The name does not say the backend: a derandomized run draws its examples from it,
     # so the same examples run on fakeredis and on redis-server (tests/test_mutations.py).
-    kind = "Fair" if fair else "Flow" if flows else "Progress" if progress else "Browse" if browse else ""
+    kind = ("Fair" if fair else "Flow" if flows else "Progress" if progress else "Browse" if browse
+            else "Events" if events else "")
     return type(f"{kind}LifecycleMachine", (base,), {"backend": backend, "lua_directory": lua_directory, **shadows})
 
 
 def run_machine(
     backend: Backend, options: settings, lua_directory: Path | None = None, without: Sequence[str] = (),
-    fair: bool = False, flows: bool = False, progress: bool = False, browse: bool = False,
+    fair: bool = False, flows: bool = False, progress: bool = False, browse: bool = False, events: bool = False,
 ) -> type[LifecycleMachine]:
     """Run the machine on ``backend`` with ``options`` (raises what the first failing
     example raised); returns the machine class, whose counters say what ran."""
-    machine = machine_for(backend, lua_directory, without, fair, flows, progress, browse)
+    machine = machine_for(backend, lua_directory, without, fair, flows, progress, browse, events)
     run_state_machine_as_test(machine, settings=options)  # type: ignore[no-untyped-call]
     return machine

@@ -154,3 +154,29 @@ def test_browse_answers_as_the_model_on_every_step_on_a_real_redis_server(redis_
                run_machine(RealBackend(client), model_settings(BROWSE_EXAMPLES, STEPS), browse=True), started)
     finally:
         client.close()
+
+
+#: The events machine (the plain one, with set_events changing the stream's bound and
+#: opting out and in): a quarter of the examples in CI; PYQUEUE_DEEP runs it in full.
+#: Every machine checks the event stream on every step; this one also its bound's changes.
+EVENTS_EXAMPLES = FLOW_EXAMPLES
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S)
+def test_the_event_stream_is_as_the_model_on_every_step_on_fakeredis() -> None:
+    started = time.monotonic()
+    report("fakeredis-events", run_machine(FakeBackend(), model_settings(EVENTS_EXAMPLES, STEPS), events=True),
+           started)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S)
+def test_the_event_stream_is_as_the_model_on_every_step_on_a_real_redis_server(redis_server: RedisServer) -> None:
+    client = redis_server.client()
+    started = time.monotonic()
+    try:
+        report("redis-server-events",
+               run_machine(RealBackend(client), model_settings(EVENTS_EXAMPLES, STEPS), events=True), started)
+    finally:
+        client.close()

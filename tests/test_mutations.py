@@ -61,6 +61,8 @@ class Mutant:
     progress: bool = False
     #: A bug of browse: the fair machine with browse's rule finds it.
     browse: bool = False
+    #: A bug of set_events: the machine whose rules change the event stream's bound.
+    events: bool = False
     #: Examples to run for this mutant, when it needs more than EXAMPLES (the budget is
     #: spent only while it survives).
     examples: int = 0
@@ -506,6 +508,32 @@ MUTANTS += [
         progress=True,
     ),
     Mutant(
+        "set_events_trims_one_event_too_few",
+        "set_events",
+        "if bound > 0 and length > bound then",
+        "if bound > 0 and length > bound + 1 then",
+        events=True,
+    ),
+    Mutant(
+        "enqueue_writes_an_event_for_a_duplicate",
+        "enqueue",
+        "      if reply[2 + i] == 1 then",
+        "      if true then",
+    ),
+    Mutant(
+        "lease_writes_the_fence_as_the_leased_attempt",
+        "lease",
+        "'leased', reply[o + 2], now_ms, 'attempt', reply[o + 5]",
+        "'leased', reply[o + 2], now_ms, 'attempt', reply[o + 4]",
+    ),
+    Mutant(
+        "progress_writes_an_event_for_an_unchanged_value",
+        "progress",
+        "if bound and string.match(previous or '', '^%d+|(.*)$') ~= entry then",
+        "if bound then",
+        progress=True,
+    ),
+    Mutant(
         "browse_pages_gready_as_if_the_ready_list_were_empty",
         "browse",
         "local from = math.max(0, start - listed)",
@@ -557,7 +585,7 @@ def mutant_backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
 
 def run_model(
     backend: Backend, lua_directory: Path, examples: int, *, job_control: bool = True, fair: bool = False,
-    flows: bool = False, progress: bool = False, browse: bool = False,
+    flows: bool = False, progress: bool = False, browse: bool = False, events: bool = False,
 ) -> tuple[BaseException | None, int]:
     """Run the model test on ``backend`` against ``lua_directory``: the failure it found
     (or None), and how many examples it ran."""
@@ -572,7 +600,7 @@ def run_model(
     )
     machine = machine_for(
         backend, lua_directory, without=() if job_control else JOB_CONTROL_RULES, fair=fair, flows=flows,
-        progress=progress, browse=browse,
+        progress=progress, browse=browse, events=events,
     )
     try:
         run_state_machine_as_test(machine, settings=settings)  # type: ignore[no-untyped-call]
@@ -613,7 +641,7 @@ def test_the_model_test_catches_the_planted_bug(mutant: Mutant, mutant_backend: 
     examples = max(EXAMPLES, mutant.examples)
     failure, ran = run_model(
         backend, plant(mutant, tmp_path), examples, job_control=mutant.job_control, fair=mutant.fair, flows=mutant.flows,
-        progress=mutant.progress, browse=mutant.browse,
+        progress=mutant.progress, browse=mutant.browse, events=mutant.events,
     )
     assert failure is not None, f"the model test did not catch {mutant.name} in {examples} examples x {STEPS} steps"
     print(f"{mutant.name}: caught in example {ran} of at most {examples} on {backend.name}")  # pytest -rP shows it
