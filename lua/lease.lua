@@ -203,14 +203,23 @@ local function emit(events_key, bound, kind, id, now_ms, ...)
   end
 end
 
--- The events of leases reclaimed at their deadline (lease.lua, promote.lua): 'retried'
--- (ready again now) or 'dead' (attempts used up). A lease without `max` (its job record
--- was gone) has no event.
-local function emit_reclaimed(events_key, bound, leases, now_ms)
+-- The 'acked' events of the `receipts` acked (`ids`: their jobs), in their order.
+local function emit_acked(events_key, bound, receipts, ids, now_ms)
+  if not bound then return end
+  for i, receipt in ipairs(receipts) do
+    emit(events_key, bound, 'acked', ids[i], now_ms, 'attempt', parse_receipt(receipt).attempt)
+  end
+end
+
+-- The events of leases that ended in failure at now_ms: 'retried' (ready again now) or
+-- 'dead' (attempts used up), with the error "<why> on attempt N of M", as the scripts
+-- write it in `errors`: leases reclaimed at their deadline (lease.lua, promote.lua) and
+-- scrubbed (scrub.lua). A lease without `max` (its job record was gone) has no event.
+local function emit_failed(events_key, bound, leases, now_ms, why)
   if not bound then return end
   for _, lease in ipairs(leases) do
     if lease.max then
-      local reason = string.format('lease expired on attempt %d of %d', lease.attempt, lease.max)
+      local reason = string.format('%s on attempt %d of %d', why, lease.attempt, lease.max)
       if lease.attempt >= lease.max then
         emit(events_key, bound, 'dead', lease.id, now_ms, 'attempt', lease.attempt, 'error', reason)
       else
@@ -608,11 +617,7 @@ if #prior > 0 then
     call_chunked('HDEL', jobs_key, acked_ids)
     bury(done_key, acked_ids, expired_done, now_ms, keep_done_ms)
     if fair then fair_lib().finish(F, acked_ids, ack_metas, wake_key) end
-    if bound then
-      for i, receipt in ipairs(to_ack) do
-        emit(events_key, bound, 'acked', acked_ids[i], now_ms, 'attempt', parse_receipt(receipt).attempt)
-      end
-    end
+    emit_acked(events_key, bound, to_ack, acked_ids, now_ms)
   end
 else
   -- 4. Read the rest of the plan: counters, the head of READY, maintenance candidates.
@@ -840,11 +845,7 @@ else
     call_chunked('HDEL', jobs_key, acked_ids)
     bury(done_key, acked_ids, expired_done, now_ms, keep_done_ms)
     if fair then fair_lib().finish(F, acked_ids, ack_metas, wake_key) end
-    if bound then
-      for i, receipt in ipairs(to_ack) do
-        emit(events_key, bound, 'acked', acked_ids[i], now_ms, 'attempt', parse_receipt(receipt).attempt)
-      end
-    end
+    emit_acked(events_key, bound, to_ack, acked_ids, now_ms)
   elseif maintain then
     trim_done(done_key, expired_done, MAX_BATCH)
   end
@@ -891,8 +892,8 @@ else
     if #rewritten > 0 then call_chunked('HSET', jobs_key, rewritten) end
     if #ended > 0 then redis.call('HINCRBY', counters_key, 'reclaimed', #ended) end
     if #promoted > 0 then redis.call('HINCRBY', counters_key, 'promoted', #promoted) end
-    emit_reclaimed(events_key, bound, reclaimed, now_ms)
-    emit_reclaimed(events_key, bound, to_dead, now_ms)
+    emit_failed(events_key, bound, reclaimed, now_ms, 'lease expired')
+    emit_failed(events_key, bound, to_dead, now_ms, 'lease expired')
   end
   -- Rate-limit maintenance while READY is busy. Written only when this call wrote
   -- something else first, so it is never a growing first write (see above).

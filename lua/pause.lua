@@ -143,14 +143,23 @@ local function emit(events_key, bound, kind, id, now_ms, ...)
   end
 end
 
--- The events of leases reclaimed at their deadline (lease.lua, promote.lua): 'retried'
--- (ready again now) or 'dead' (attempts used up). A lease without `max` (its job record
--- was gone) has no event.
-local function emit_reclaimed(events_key, bound, leases, now_ms)
+-- The 'acked' events of the `receipts` acked (`ids`: their jobs), in their order.
+local function emit_acked(events_key, bound, receipts, ids, now_ms)
+  if not bound then return end
+  for i, receipt in ipairs(receipts) do
+    emit(events_key, bound, 'acked', ids[i], now_ms, 'attempt', parse_receipt(receipt).attempt)
+  end
+end
+
+-- The events of leases that ended in failure at now_ms: 'retried' (ready again now) or
+-- 'dead' (attempts used up), with the error "<why> on attempt N of M", as the scripts
+-- write it in `errors`: leases reclaimed at their deadline (lease.lua, promote.lua) and
+-- scrubbed (scrub.lua). A lease without `max` (its job record was gone) has no event.
+local function emit_failed(events_key, bound, leases, now_ms, why)
   if not bound then return end
   for _, lease in ipairs(leases) do
     if lease.max then
-      local reason = string.format('lease expired on attempt %d of %d', lease.attempt, lease.max)
+      local reason = string.format('%s on attempt %d of %d', why, lease.attempt, lease.max)
       if lease.attempt >= lease.max then
         emit(events_key, bound, 'dead', lease.id, now_ms, 'attempt', lease.attempt, 'error', reason)
       else
