@@ -23,7 +23,7 @@ import redis
 
 from pyqueue.errors import InvalidArgument, PyQueueError, map_redis_error
 from pyqueue.models import Job
-from pyqueue.verbs.events import Event
+from pyqueue.verbs.events import Event, Since
 from pyqueue.clients import Client, connect
 from pyqueue.discovery import logical_queues, open_queue
 from pyqueue.keys import check_name
@@ -495,11 +495,13 @@ def cmd_events(args: argparse.Namespace) -> int:
         now = f"keeps the newest {args.keep} events" if args.keep else "writes no more events (the stream is kept)"
         print(f"{args.queue}: events {was}; now {now}; {setting.length} in the stream")
         return 0
-    since: int | str | None = args.since
-    if isinstance(since, str) and since != "now":
-        if not since.isdigit():
-            raise PyQueueError(f"--since takes an event number or now, got {since!r}")
-        since = int(since)
+    since: Since = None
+    if args.since == "now":
+        since = "now"
+    elif args.since is not None:
+        if not args.since.isdigit():
+            raise PyQueueError(f"--since takes an event number or now, got {args.since!r}")
+        since = int(args.since)
     try:
         while True:
             page = q.events(since, args.count, block_ms=5_000 if args.follow else 0)

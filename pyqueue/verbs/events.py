@@ -82,7 +82,7 @@ class EventsSetting:
 def check_since(since: object) -> Since:
     """``since`` as ``events`` takes it: None, ``"now"``, or an event number >= 0."""
     if since is None or since == "now":
-        return since  # type: ignore[return-value]
+        return since
     return check_int(since, "since", 0, 2**63 - 1)
 
 
