@@ -580,6 +580,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         connect(args.url), url=args.url, host=args.bind, port=args.port, prefix=args.prefix, queues=args.queue,
         namespaces=args.workers_namespace or [args.namespace], token=args.token or None,
         show_payloads=args.show_payloads, every_s=args.sample_s, history_s=args.history_s,
+        worker_metrics=args.worker_metrics or (),
     )
 
 
@@ -776,6 +777,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="service namespaces whose workers to show (repeat; default: --namespace)")
     p.add_argument("--sample-s", type=float, default=5.0, help="seconds between history points (default 5)")
     p.add_argument("--history-s", type=float, default=600.0, help="seconds of history to keep (default 600)")
+    p.add_argument("--worker-metrics", action="append", metavar="URL",
+                   help="a worker's (or a --processes supervisor's) metrics, http://HOST:PORT/metrics from "
+                        "`pyqueue worker --metrics-port`: the Tasks panel shows runs, failures and p50/p99 "
+                        "durations summed over every URL given (repeat; needs pyqueue[metrics])")
     p.set_defaults(func=cmd_dashboard)
 
     p = sub.add_parser("demo", help="the main job: workers drain two queues while one is killed")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -568,3 +569,45 @@ def test_setting_a_group_cap_from_the_page_changes_the_groups_table(
     assert asked and not [url for url in asked if "/queues/emails/" in url], asked
     # The refused cap logged its 400; nothing else went wrong.
     assert [e for e in console.errors if "400" not in e] == []
+
+
+def test_the_tasks_panel_shows_a_real_workers_runs_failures_and_durations(
+    browser: Any, r: Any, serve: Callable[..., Any], redis_server: RedisServer, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    import metrics_app
+    from conftest import free_ports
+
+    metrics_app.tasks.bind(r)
+    (port,) = free_ports(1)
+    tests_dir = Path(__file__).resolve().parent
+    env = dict(os.environ, PYTHONPATH=f"{tests_dir}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    log_path = tmp_path / "worker.log"
+    with open(log_path, "wb") as log:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "pyqueue", "--url", redis_server.url(), "worker", "metrics_app:tasks",
+             "--metrics-port", str(port), "--block-ms", "200"], env=env, stdout=log, stderr=subprocess.STDOUT,
+        )
+    try:
+        for n in range(5):
+            metrics_app.ok.send(n)
+        metrics_app.flaky.send(0)  # fails its first attempt, then runs
+        metrics_app.boom.send(0)  # fails at once: to the dead letters
+        page, console = open_page(browser, serve(worker_metrics=[f"http://127.0.0.1:{port}/metrics"]).url)
+        row = page.locator('#tasks tr[data-task="mx.ok"][data-queue="mx"]')
+        expect(row.locator('[data-field="runs"]')).to_have_text("5", timeout=30_000)
+        expect(row.locator('[data-field="failures"]')).to_have_text("0")
+        expect(row.locator('[data-field="run_p50"]')).not_to_have_text("–")  # a duration, from the buckets
+        flaky = page.locator('#tasks tr[data-task="mx.flaky"]')
+        expect(flaky.locator('[data-field="runs"]')).to_have_text("2", timeout=30_000)
+        expect(flaky.locator('[data-field="ok"]')).to_have_text("1")
+        expect(flaky.locator('[data-field="failures"]')).to_have_text("1")
+        boom = page.locator('#tasks tr[data-task="mx.boom"]')
+        expect(boom.locator('[data-field="failures"]')).to_have_text("1", timeout=30_000)
+        expect(page.locator("#tasks-message")).to_have_text("")
+        assert console.errors == []
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0, log_path.read_text()

@@ -67,6 +67,7 @@ from pyqueue.dashboard.security import (
     host_name,
     same_origin,
 )
+from pyqueue.dashboard.taskview import FRESH_S, TaskView
 from pyqueue.errors import InvalidArgument, PyQueueError
 from pyqueue.queue import Queue
 from pyqueue.tasks.flowview import no_record_message
@@ -117,6 +118,8 @@ class DashboardConfig:
         census_s: how often each queue's waiting task names are read again, to show
             those no live worker serves (see :class:`Sampler`; tests: short).
         label: what the page says it is connected to (a URL without credentials).
+        worker_metrics: the workers' metrics URLs (``pyqueue worker --metrics-port``)
+            the task view reads and sums (see :mod:`.taskview`); none: no task view.
     """
 
     redis: Client
@@ -132,6 +135,7 @@ class DashboardConfig:
     fresh_s: float = 1.0
     census_s: float = CENSUS_S
     label: str = ""
+    worker_metrics: Sequence[str] = ()
 
 
 # -- actions ---------------------------------------------------------------------------
@@ -439,6 +443,7 @@ def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> St
         loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True, undefined=jinja2.StrictUndefined
     )
     page_template = templates.get_template("index.html")
+    task_view = TaskView(config.worker_metrics, fresh_s=min(FRESH_S, config.fresh_s))
 
     def queue_or_404(name: str) -> Queue:
         queue = sampler.queue(name)
@@ -456,7 +461,8 @@ def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> St
             "config": {"poll_ms": int(config.poll_s * 1000), "history_ms": int(config.history_s * 1000),
                        "show_payloads": config.show_payloads, "actions": sorted(ACTIONS),
                        "dead_page": DEAD_PAGE, "groups_page": GROUPS_PAGE, "jobs_page": JOBS_PAGE,
-                       "label": config.label, "prefix": config.prefix},
+                       "label": config.label, "prefix": config.prefix,
+                       "task_view": bool(config.worker_metrics)},
         }
         html = page_template.render(initial=initial, csrf_token=token, label=config.label)
         response = HTMLResponse(html, headers={"cache-control": "no-store"})
@@ -470,6 +476,11 @@ def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> St
         snapshot = await run_in_threadpool(sampler.snapshot)
         points = await run_in_threadpool(sampler.history, since)
         return JSONResponse(overview(snapshot, points), headers={"cache-control": "no-store"})
+
+    @_handles_errors
+    async def api_tasks(request: Request) -> Response:
+        body = await run_in_threadpool(task_view.read)
+        return JSONResponse(body, headers={"cache-control": "no-store"})
 
     @_handles_errors
     async def api_dead(request: Request) -> Response:
@@ -587,6 +598,7 @@ def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> St
         routes=[
             Route("/", page),
             Route("/api/overview", api_overview),
+            Route("/api/tasks", api_tasks),
             Route("/api/queues/{queue:path}/dead", api_dead),
             Route("/api/queues/{queue:path}/job", api_job),
             Route("/api/queues/{queue:path}/jobs", api_jobs),

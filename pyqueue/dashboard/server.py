@@ -23,6 +23,7 @@ from pyqueue.clients import Client, redact_url
 from pyqueue.dashboard.app import DashboardConfig, create_app
 from pyqueue.dashboard.history import Sampler
 from pyqueue.dashboard.security import DashboardRefused, check_bind, is_loopback, loopback_hosts
+from pyqueue.dashboard.taskview import check_urls
 
 log = logging.getLogger("pyqueue.dashboard")
 
@@ -92,11 +93,12 @@ def serve_until_signalled(
     show_payloads: bool,
     every_s: float,
     history_s: float,
+    worker_metrics: Sequence[str] = (),
 ) -> int:
     """``pyqueue dashboard``: serve until SIGTERM or SIGINT, then exit 0."""
     config = DashboardConfig(client, prefix=prefix, queues=queues, namespaces=namespaces, token=token,
                              show_payloads=show_payloads, every_s=every_s, history_s=history_s,
-                             label=public_label(url))
+                             label=public_label(url), worker_metrics=check_urls(worker_metrics))
     running = RunningDashboard(config, host, port)
     notes = []
     if token:

@@ -1009,6 +1009,47 @@
     document.getElementById("flow-form").addEventListener("submit", showFlow);
   }
 
+  // -- the task view (workers' metrics, --worker-metrics) ----------------------------
+
+  // A duration in seconds from a histogram quantile (null: no observation).
+  function fmtSeconds(s) {
+    if (s === null || s === undefined) return "–";
+    return s < 1 ? fmtMs(s * 1000) : s < 60 ? s.toFixed(s < 10 ? 2 : 1) + " s" : fmtMs(s * 1000);
+  }
+
+  async function loadTasks() {
+    if (!config.task_view) return;
+    let response, view;
+    try {
+      response = await fetch(api("tasks"), { credentials: "same-origin" });
+      view = await response.json();
+    } catch (error) {
+      say("Reading the task view failed: " + error.message, true, "tasks-message");
+      return;
+    }
+    if (!response.ok) { say(view.error || `HTTP ${response.status}`, true, "tasks-message"); return; }
+    renderTasks(view);
+  }
+
+  function renderTasks(view) {
+    const section = document.getElementById("tasks");
+    section.hidden = false;
+    const down = view.sources.filter((s) => !s.ok);
+    const message = view.error ||
+      (down.length ? down.map((s) => `${s.url} did not answer: ${s.error}`).join("; ") : "");
+    say(message, Boolean(message), "tasks-message");
+    document.querySelector("#tasks .empty").hidden = view.tasks.length > 0 || Boolean(view.error);
+    const num = (n, field) => el("td", { class: "num", "data-field": field, text: fmtInt(n) });
+    const dur = (s, field) => el("td", { class: "num", "data-field": field, text: fmtSeconds(s),
+                                         title: s === null ? "no run yet" : s + " s (estimated from the buckets)" });
+    section.querySelector("tbody").replaceChildren(...view.tasks.map((t) =>
+      el("tr", { "data-task": t.task, "data-queue": t.queue },
+        el("td", { text: t.task }), el("td", { text: t.queue }),
+        num(t.runs, "runs"), num(t.outcomes.ok, "ok"), num(t.failures, "failures"), num(t.outcomes.dead, "dead"),
+        dur(t.run_p50_s, "run_p50"), dur(t.run_p99_s, "run_p99"),
+        dur(t.wait_p50_s, "wait_p50"), dur(t.wait_p99_s, "wait_p99"))));
+  }
+
   // -- polling -----------------------------------------------------------------------
 
   function apply(overview) {
@@ -1039,6 +1080,7 @@
       if (!now && dead !== state.deadTotal) await loadDead();
       if (!now) refreshGroups();
       if (!now) refreshJobs();
+      if (!now) loadTasks();
     } catch (error) {
       setBanner("The dashboard server did not answer: " + error.message);
     } finally {
@@ -1055,6 +1097,7 @@
     apply(initial.overview);
     loadDead();
     loadJobs();
+    loadTasks();
     if (state.groupsShown) loadGroups();
     window.addEventListener("resize", drawCharts);
     state.pollTimer = setTimeout(() => poll(false), config.poll_ms);
