@@ -170,7 +170,7 @@ def _node_pool() -> ThreadPoolExecutor:
 
 
 #: Scripts that write nothing: wait_replicas sends no WAIT after them.
-READ_ONLY = frozenset({"stats", "peek", "dead_list", "get", "result", "flow_show", "progress_show", "browse"})
+READ_ONLY = frozenset({"stats", "peek", "dead_list", "get", "result", "flow_show", "progress_show", "browse", "groups"})
 
 #: How long a cluster call keeps retrying weather before it raises.
 DEFAULT_WEATHER_BUDGET_S = 30.0

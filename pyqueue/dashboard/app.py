@@ -416,13 +416,19 @@ def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> i
     return value
 
 
+class NoSuchQueue(LookupError):
+    """A URL names a queue the dashboard does not show (404)."""
+
+
 def _handles_errors(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
-    """Driver errors as JSON: a refused argument is the caller's (400), an unreachable
-    Redis is not (503)."""
+    """Driver errors as JSON: a queue it does not show is 404, a refused argument is the
+    caller's (400), an unreachable Redis is not (503)."""
 
     async def wrapped(request: Request) -> Response:
         try:
             return await endpoint(request)
+        except NoSuchQueue as exc:
+            return _json_error(str(exc), 404)
         except InvalidArgument as exc:
             return _json_error(str(exc), 400)
         except (PyQueueError, redis_lib.RedisError) as exc:
@@ -445,10 +451,12 @@ def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> St
     page_template = templates.get_template("index.html")
     task_view = TaskView(config.worker_metrics, fresh_s=min(FRESH_S, config.fresh_s))
 
-    def queue_or_404(name: str) -> Queue:
-        queue = sampler.queue(name)
+    async def queue_of(request: Request) -> Queue:
+        """The queue the URL names, or NoSuchQueue (404)."""
+        name = request.path_params["queue"]
+        queue = await run_in_threadpool(sampler.queue, name)
         if queue is None:
-            raise LookupError(name)
+            raise NoSuchQueue(f"no queue {name!r}")
         return queue
 
     async def page(request: Request) -> Response:
@@ -486,10 +494,7 @@ def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> St
     async def api_dead(request: Request) -> Response:
         offset = _int_param(request, "offset", 0, 0, 2**31)
         limit = _int_param(request, "limit", DEAD_PAGE, 1, DEAD_PAGE_MAX)
-        try:
-            queue = await run_in_threadpool(queue_or_404, request.path_params["queue"])
-        except LookupError:
-            return _json_error(f"no queue {request.path_params['queue']!r}", 404)
+        queue = await queue_of(request)
         body = await run_in_threadpool(dead_page, queue, offset, limit, config.show_payloads)
         return JSONResponse(body, headers={"cache-control": "no-store"})
 
@@ -498,10 +503,7 @@ def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> St
         job_id = request.query_params.get("id")
         if job_id is None:
             raise InvalidArgument("name the job: ?id=<job id>")
-        try:
-            queue = await run_in_threadpool(queue_or_404, request.path_params["queue"])
-        except LookupError:
-            return _json_error(f"no queue {request.path_params['queue']!r}", 404)
+        queue = await queue_of(request)
         body = await run_in_threadpool(job_info, queue, job_id, config.show_payloads)
         return JSONResponse(body, headers={"cache-control": "no-store"})
 
@@ -512,11 +514,7 @@ def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> St
             raise InvalidArgument(f"state must be one of {', '.join(JOB_STATES)}, got {state!r}")
         start = _int_param(request, "start", 0, 0, 2**31)
         count = _int_param(request, "count", JOBS_PAGE, 1, JOBS_PAGE_MAX)
-        name = request.path_params["queue"]
-        try:
-            queue = await run_in_threadpool(queue_or_404, name)
-        except LookupError:
-            return _json_error(f"no queue {name!r}", 404)
+        queue = await queue_of(request)
         snapshot = await run_in_threadpool(sampler.snapshot)
         row = next((row for row in snapshot.queues if row.name == queue.name), None)
         body = await run_in_threadpool(jobs_page, queue, state, start, count, row)
@@ -527,10 +525,7 @@ def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> St
         job_id = request.query_params.get("id")
         if job_id is None:
             raise InvalidArgument("name the job: ?id=<job id>")
-        try:
-            queue = await run_in_threadpool(queue_or_404, request.path_params["queue"])
-        except LookupError:
-            return _json_error(f"no queue {request.path_params['queue']!r}", 404)
+        queue = await queue_of(request)
         body = await run_in_threadpool(result_info, queue, job_id)
         return JSONResponse(body, headers={"cache-control": "no-store"})
 
@@ -539,10 +534,7 @@ def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> St
         flow_id = request.query_params.get("id")
         if flow_id is None:
             raise InvalidArgument("name the flow: ?id=<flow id>")
-        try:
-            queue = await run_in_threadpool(queue_or_404, request.path_params["queue"])
-        except LookupError:
-            return _json_error(f"no queue {request.path_params['queue']!r}", 404)
+        queue = await queue_of(request)
         body = await run_in_threadpool(flow_page, config.redis, queue, flow_id, prefix=config.prefix,
                                        text_limit=TEXT_LIMIT)
         if body is None:
@@ -552,10 +544,7 @@ def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> St
     @_handles_errors
     async def api_groups(request: Request) -> Response:
         limit = _int_param(request, "limit", GROUPS_PAGE, 1, GROUPS_PAGE_MAX)
-        try:
-            queue = await run_in_threadpool(queue_or_404, request.path_params["queue"])
-        except LookupError:
-            return _json_error(f"no queue {request.path_params['queue']!r}", 404)
+        queue = await queue_of(request)
         body = await run_in_threadpool(groups_page, queue, limit)
         return JSONResponse(body, headers={"cache-control": "no-store"})
 
@@ -577,10 +566,7 @@ def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> St
         except ValueError:
             return _json_error("the body is not JSON", 400)
         argument = action.argument(body)
-        try:
-            queue = await run_in_threadpool(queue_or_404, request.path_params["queue"])
-        except LookupError:
-            return _json_error(f"no queue {request.path_params['queue']!r}", 404)
+        queue = await queue_of(request)
         count, more = await run_in_threadpool(action.run, queue, argument)
         sampler.invalidate()
         return JSONResponse({"action": action.name, "queue": queue.name, "count": count, "more": more,
