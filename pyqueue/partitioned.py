@@ -441,6 +441,10 @@ class PartitionedCore(PartitionedParts):
         )
         yield  # a generator, like every plan
 
+    def plan_recent_events(self, count: int = 50) -> Plan[EventPage]:
+        """Refused, as :meth:`plan_events`."""
+        return (yield from self.plan_events())
+
     def plan_cancel(self, job_id: str, *, now_ms: int | None = None) -> Plan[Cancelled]:
         """As :meth:`QueueCore.plan_cancel`, in the id's partition (``queue`` names it)."""
         return (yield from self.part_for(job_id).plan_cancel(job_id, now_ms=now_ms))

@@ -1032,3 +1032,27 @@ def test_pyqueue_demo_dashboard_serves_the_demo_queues_while_it_runs_and_after()
         if proc.stdout is not None:
             proc.stdout.close()
     assert code == 0
+
+
+def test_the_events_endpoint_reads_the_newest_then_what_follows(open_dashboard: Any) -> None:
+    r = fakeredis.FakeRedis()
+    q = Queue("emails", r)
+    q.enqueue(b"", job_id="before")  # not opted in yet: no event
+    Queue("orders", r, partitions=3).enqueue(b"")
+    client = open_dashboard(r)
+    assert client.get("/api/queues/emails/events").json() == {"events": [], "last": 0, "missed": 0}
+    q.set_events(5)
+    q.enqueue_many([NewJob(b"", job_id=f"j{i}") for i in range(7)])  # 7 events, 5 kept
+    newest = client.get("/api/queues/emails/events?count=3").json()
+    assert [e["seq"] for e in newest["events"]] == [5, 6, 7] and newest["last"] == 7
+    assert newest["events"][0] == {"seq": 5, "type": "enqueued", "id": "j4", "at_ms": newest["events"][0]["at_ms"]}
+    (job,) = q.lease()
+    q.ack(job)
+    after = client.get("/api/queues/emails/events?since=7").json()
+    assert [(e["seq"], e["type"], e["id"], e["attempt"]) for e in after["events"]] == [
+        (8, "leased", "before", 1), (9, "acked", "before", 1)]
+    assert client.get("/api/queues/emails/events?since=1").json()["missed"] == 3  # 2..4 trimmed
+    assert client.get("/api/queues/nope/events").status_code == 404
+    assert client.get("/api/queues/emails/events?count=0").status_code == 400
+    refused = client.get("/api/queues/orders/events")
+    assert refused.status_code == 400 and "partitions" in refused.json()["error"]

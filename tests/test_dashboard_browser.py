@@ -611,3 +611,25 @@ def test_the_tasks_panel_shows_a_real_workers_runs_failures_and_durations(
     finally:
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(30) == 0, log_path.read_text()
+
+
+def test_the_events_panel_shows_the_newest_events_and_new_ones_as_they_come(
+    browser: Any, r: Any, serve: Callable[..., Any]
+) -> None:
+    q = Queue("emails", r)
+    q.set_events(1000)
+    q.enqueue_many([NewJob(b"{}", job_id=f"e{i}") for i in range(3)])
+    (job,) = q.lease()
+    q.nack(job, "smtp timeout", final=True)
+    page, console = open_page(browser, serve(poll_s=0.3).url)
+    rows = page.locator("#events tbody tr")
+    expect(rows).to_have_count(5)
+    newest = rows.first  # newest first: the death, with its error
+    expect(newest.locator('[data-field="type"]')).to_have_text("dead")
+    expect(newest.locator('[data-field="details"]')).to_have_text("error=smtp timeout")
+    q.cancel("e1")  # written while the page is open: the next poll shows it on top
+    expect(rows.first.locator('[data-field="type"]')).to_have_text("cancelled")
+    expect(rows).to_have_count(6)
+    rows.first.locator("button.link").click()  # the job id opens the lookup
+    expect(page.locator("#lookup-result")).to_contain_text("done")
+    assert console.errors == []

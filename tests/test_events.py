@@ -142,6 +142,8 @@ def test_pages_read_on_from_their_last_event_miss_nothing(make_queue: Callable[.
     assert seen == list(range(1, 41)) and page.last == 40
     now = q.events(since="now")
     assert (now.events, now.last) == ([], 40)
+    tail = q.recent_events(3)  # the newest, oldest first, to read on from
+    assert ([e.seq for e in tail.events], tail.last, tail.missed) == ([38, 39, 40], 40, 0)
 
 
 def test_a_blocking_read_wakes_for_the_next_event(make_queue: Callable[..., Queue], r: Any) -> None:
@@ -184,6 +186,8 @@ def test_a_partitioned_queue_opts_in_every_partition_and_refuses_one_number_for_
     assert sorted(e.job_id for events in per_part for e in events) == sorted(f"j{i}" for i in range(12))
     with pytest.raises(InvalidArgument, match="partitions"):
         q.events()
+    with pytest.raises(InvalidArgument, match="partitions"):
+        q.recent_events()
 
 
 #: What a job's event says about where it is: its state as `get` reports it, with READY

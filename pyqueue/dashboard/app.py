@@ -69,6 +69,7 @@ from pyqueue.dashboard.security import (
 )
 from pyqueue.dashboard.taskview import FRESH_S, TaskView
 from pyqueue.errors import InvalidArgument, PyQueueError
+from pyqueue.verbs.events import MAX_EVENTS_PAGE
 from pyqueue.queue import Queue
 from pyqueue.tasks.flowview import no_record_message
 
@@ -79,6 +80,8 @@ DEAD_PAGE, DEAD_PAGE_MAX = 50, 500
 TEXT_LIMIT = 4096
 #: Jobs per page of the Jobs panel, and the most one request may ask for.
 JOBS_PAGE, JOBS_PAGE_MAX = 50, 200
+#: Events the Events panel shows at first (the newest), and reads at most per poll.
+EVENTS_PAGE = 50
 #: The states the Jobs panel shows: ``Queue.browse``'s, and the dead letters.
 JOB_STATES = ("ready", "scheduled", "running", "done", "dead")
 #: Ids one action may name (the scripts take at most 1,000 per call).
@@ -470,7 +473,7 @@ def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> St
                        "show_payloads": config.show_payloads, "actions": sorted(ACTIONS),
                        "dead_page": DEAD_PAGE, "groups_page": GROUPS_PAGE, "jobs_page": JOBS_PAGE,
                        "label": config.label, "prefix": config.prefix,
-                       "task_view": bool(config.worker_metrics)},
+                       "task_view": bool(config.worker_metrics), "events_page": EVENTS_PAGE},
         }
         html = page_template.render(initial=initial, csrf_token=token, label=config.label)
         response = HTMLResponse(html, headers={"cache-control": "no-store"})
@@ -488,6 +491,18 @@ def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> St
     @_handles_errors
     async def api_tasks(request: Request) -> Response:
         body = await run_in_threadpool(task_view.read)
+        return JSONResponse(body, headers={"cache-control": "no-store"})
+
+    @_handles_errors
+    async def api_events(request: Request) -> Response:
+        count = _int_param(request, "count", EVENTS_PAGE, 1, MAX_EVENTS_PAGE)
+        since = _int_param(request, "since", -1, -1, 2**63 - 1)
+        queue = await queue_of(request)
+        if since < 0:  # the newest, to start from
+            page = await run_in_threadpool(queue.recent_events, count)
+        else:
+            page = await run_in_threadpool(queue.events, since, count)
+        body = {"events": [event.as_json() for event in page.events], "last": page.last, "missed": page.missed}
         return JSONResponse(body, headers={"cache-control": "no-store"})
 
     @_handles_errors
@@ -590,6 +605,7 @@ def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> St
             Route("/api/queues/{queue:path}/jobs", api_jobs),
             Route("/api/queues/{queue:path}/result", api_result),
             Route("/api/queues/{queue:path}/groups", api_groups),
+            Route("/api/queues/{queue:path}/events", api_events),
             Route("/api/queues/{queue:path}/flow", api_flow),
             Route("/api/queues/{queue:path}/actions/{action}", api_action, methods=["POST"]),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),

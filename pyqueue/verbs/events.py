@@ -160,3 +160,13 @@ class EventVerbs(QueueVerbs):
         return EventPage(events, events[-1].seq if events else base, max(missed, 0))
 
     events = Verb(plan_events)
+
+    def plan_recent_events(self, count: int = 50) -> Plan[EventPage]:
+        """The newest ``count`` (1..1000) events, oldest first (``tail``); ``last`` is the
+        newest's number, to read on from with ``events(since=last)``. Read only."""
+        check_int(count, "count", 1, MAX_EVENTS_PAGE)
+        key = self.keys.events
+        events = events_of((yield Commands(key, [("XREVRANGE", key, "+", "-", "COUNT", count)]))[0])[::-1]
+        return EventPage(events, events[-1].seq if events else 0, 0)
+
+    recent_events = Verb(plan_recent_events)

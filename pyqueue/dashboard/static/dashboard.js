@@ -34,6 +34,9 @@
     jobsStart: 0,
     jobsKey: "",           // the queue's figures when its page was last read
     jobsResults: 0,        // results open under their rows: no refresh at a poll meanwhile
+    eventsQueue: null,     // the Events panel: its queue, the newest event's number read, and
+    eventsLast: -1,        // the rows shown (newest first); -1: read the newest anew
+    eventsRows: [],
     pollTimer: null,
   };
 
@@ -823,6 +826,70 @@
     });
   }
 
+  // -- events (a queue's event stream, lua/README.md section 2.5) ---------------------
+
+  const EVENTS_KEPT = 200;   // rows the panel keeps, newest first
+
+  function renderEventsSelect() {
+    const queues = state.overview.queues;
+    if (!state.eventsQueue || !queues.some((q) => q.name === state.eventsQueue)) {
+      state.eventsQueue = queues.length ? queues[0].name : null;
+      state.eventsLast = -1;
+      state.eventsRows = [];
+    }
+    document.getElementById("events-queue").replaceChildren(...queues.map((q) => el("option", { value: q.name,
+      text: q.name, selected: q.name === state.eventsQueue })));
+  }
+
+  // The newest events at first (since -1), then at each poll those after the last read.
+  async function loadEvents() {
+    const name = state.eventsQueue;
+    if (!name) { renderEvents(); return; }
+    let response, page;
+    try {
+      const url = api(`${queuePath(name)}/events?since=${state.eventsLast}&count=${config.events_page}`);
+      response = await fetch(url, { credentials: "same-origin" });
+      page = await response.json();
+    } catch (error) {
+      say("Reading the events failed: " + error.message, true, "events-message");
+      return;
+    }
+    if (name !== state.eventsQueue) return;   // another queue was chosen meanwhile
+    if (!response.ok) { say(page.error || `HTTP ${response.status}`, true, "events-message"); return; }
+    const fresh = page.events.slice().reverse();
+    state.eventsRows = (state.eventsLast < 0 ? fresh : fresh.concat(state.eventsRows)).slice(0, EVENTS_KEPT);
+    state.eventsLast = page.last;
+    say(page.missed ? `${fmtInt(page.missed)} events were trimmed before this page read them` : "",
+        page.missed > 0, "events-message");
+    renderEvents();
+  }
+
+  function renderEvents() {
+    const now = serverNow();
+    const rows = state.eventsRows;
+    document.querySelector("#events .empty").hidden = rows.length > 0;
+    document.querySelector("#events tbody").replaceChildren(...rows.map((e) => {
+      const at = when(e.at_ms, now);
+      const details = Object.entries(e).filter(([k]) => !["seq", "type", "id", "at_ms", "attempt"].includes(k))
+        .map(([k, v]) => `${k}=${v}`).join("  ");
+      const idButton = el("button", { type: "button", class: "link id", text: e.id, title: "look this job up" });
+      idButton.addEventListener("click", () => openJob(state.eventsQueue, e.id));
+      return el("tr", { "data-seq": String(e.seq), "data-type": e.type },
+        el("td", { class: "num", text: String(e.seq) }),
+        el("td", { text: at.text, title: at.title }),
+        el("td", { class: "event-" + e.type, "data-field": "type", text: e.type }),
+        el("td", {}, idButton),
+        el("td", { class: "num", text: e.attempt === undefined ? "–" : String(e.attempt) }),
+        el("td", { class: "details", "data-field": "details", text: details }));
+    }));
+  }
+
+  function wireEvents() {
+    document.getElementById("events-queue").addEventListener("change", (e) => {
+      state.eventsQueue = e.target.value; state.eventsLast = -1; state.eventsRows = []; loadEvents();
+    });
+  }
+
   // -- job lookup --------------------------------------------------------------------
 
   // The queue selects of the job lookup and the flow panel: every queue by name.
@@ -1062,6 +1129,7 @@
     renderDeadSelect();
     renderGroupsSelect();
     renderJobsSelect();
+    renderEventsSelect();
     renderLookupSelect();
     drawCharts();
     const status = document.getElementById("status");
@@ -1081,6 +1149,7 @@
       if (!now) refreshGroups();
       if (!now) refreshJobs();
       if (!now) loadTasks();
+      if (!now) loadEvents();
     } catch (error) {
       setBanner("The dashboard server did not answer: " + error.message);
     } finally {
@@ -1094,10 +1163,12 @@
     wireFlow();
     wireGroups();
     wireJobs();
+    wireEvents();
     apply(initial.overview);
     loadDead();
     loadJobs();
     loadTasks();
+    loadEvents();
     if (state.groupsShown) loadGroups();
     window.addEventListener("resize", drawCharts);
     state.pollTimer = setTimeout(() => poll(false), config.poll_ms);
