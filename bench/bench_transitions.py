@@ -186,9 +186,11 @@ def bench_bare_enqueue_script(loops: int, url: str) -> float:
 # -- pyqueue transitions ----------------------------------------------------------------------
 
 
-def bench_enqueue(loops: int, url: str) -> float:
+def bench_enqueue(loops: int, url: str, events_bound: int = 0) -> float:
     """Queue.enqueue: one 64-byte job per call (lua/enqueue.lua, n = 1)."""
-    queue = fresh_queue(url, "enqueue")
+    queue = fresh_queue(url, "enqueue-events" if events_bound else "enqueue")
+    if events_bound:
+        queue.set_events(events_bound)
     enqueue = queue.enqueue
     t0 = time.perf_counter()
     for _ in range(loops):
@@ -201,15 +203,7 @@ def bench_enqueue(loops: int, url: str) -> float:
 def bench_enqueue_events(loops: int, url: str) -> float:
     """Queue.enqueue as ``enqueue``, on a queue opted in to its event stream
     (Queue.set_events(10000)): the cost of writing the 'enqueued' event."""
-    queue = fresh_queue(url, "enqueue-events")
-    queue.set_events(EVENTS_BOUND)
-    enqueue = queue.enqueue
-    t0 = time.perf_counter()
-    for _ in range(loops):
-        enqueue(PAYLOAD)
-    elapsed = time.perf_counter() - t0
-    drop(queue)
-    return elapsed
+    return bench_enqueue(loops, url, EVENTS_BOUND)
 
 
 def bench_enqueue_many_x100(loops: int, url: str) -> float:
@@ -240,12 +234,14 @@ def bench_lease_ack(loops: int, url: str) -> float:
     return elapsed
 
 
-def bench_ack_and_lease(loops: int, url: str) -> float:
+def bench_ack_and_lease(loops: int, url: str, events_bound: int = 0) -> float:
     """Queue.ack_and_lease in steady state: each call acks the job leased by the
     previous one and leases the next, with a backlog of ready jobs (lua/lease.lua with
     one receipt); time per call = per job."""
-    queue = fresh_queue(url, "ack-and-lease")
+    queue = fresh_queue(url, "ack-and-lease-events" if events_bound else "ack-and-lease")
     fill(queue, loops + 1)
+    if events_bound:  # after the fill: the backlog's own events are not timed
+        queue.set_events(events_bound)
     (job,) = queue.lease(LONG_LEASE_MS)
     ack_and_lease = queue.ack_and_lease
     t0 = time.perf_counter()
@@ -259,17 +255,7 @@ def bench_ack_and_lease(loops: int, url: str) -> float:
 def bench_ack_and_lease_events(loops: int, url: str) -> float:
     """Queue.ack_and_lease as ``ack_and_lease``, on a queue opted in to its event stream
     (Queue.set_events(10000)): the cost of writing the 'acked' and 'leased' events."""
-    queue = fresh_queue(url, "ack-and-lease-events")
-    fill(queue, loops + 1)
-    queue.set_events(EVENTS_BOUND)
-    (job,) = queue.lease(LONG_LEASE_MS)
-    ack_and_lease = queue.ack_and_lease
-    t0 = time.perf_counter()
-    for _ in range(loops):
-        _outcome, (job,) = ack_and_lease(job, lease_ms=LONG_LEASE_MS)
-    elapsed = time.perf_counter() - t0
-    drop(queue)
-    return elapsed
+    return bench_ack_and_lease(loops, url, EVENTS_BOUND)
 
 
 def bench_nack(loops: int, url: str) -> float:
