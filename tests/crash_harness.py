@@ -628,6 +628,15 @@ class Trial:
         started = collections.Counter(w.point for w in self.workers if w.point)
         return min(SPAWN_ORDER, key=lambda p: (self.hits[p] + started[p], SPAWN_ORDER.index(p)))
 
+    def point_reached(self, w: WorkerRun) -> bool:
+        """Whether the crash point of ``w`` has been hit: by a worker that died at it, or,
+        for a supervisor, by one of its children (they write to its log as they die)."""
+        if not w.point:
+            return False  # the drain workers: never killed from outside
+        if self.hits[w.point] > 0:
+            return True
+        return w.supervised and f"crash point {w.point}: SIGKILL".encode() in w.log_path.read_bytes()
+
     def live(self) -> list[WorkerRun]:
         return [w for w in self.workers if w.returncode is None]
 
@@ -776,10 +785,9 @@ class Trial:
                 now = time.monotonic()
                 if now >= next_kill:
                     # Spare a worker whose crash point was never hit yet: let it get there.
-                    # (A supervisor's children are fair game: it replaces them, and its hits
-                    # are counted from its log at the end.)
-                    victims = [w for w in self.live() if now - w.started > 0.3
-                               and (w.supervised or self.hits[w.point or ""] > 0)]
+                    # A supervisor too, until its children's log shows its point hit: its
+                    # children, killed at random, once never reached ack_sent in a run.
+                    victims = [w for w in self.live() if now - w.started > 0.3 and self.point_reached(w)]
                     if victims:
                         victim = self.rng.choice(victims)
                         if victim.supervised:  # the supervisor replaces its child and scrubs
