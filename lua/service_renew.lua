@@ -18,13 +18,18 @@ KEYS (3), all <prefix>:{<namespace>}:service:<role>
   2 expiry    zset  id -> expires_ms
   3 queues    hash  id -> "<registration> <queues>"
 
-ARGV (6)
+ARGV (6 or 7)
   1  now_ms       '' (use the server clock) or integer >= 0; tests only
   2  id           the service id
   3  renewal      the token this service wrote last (register or the previous renew)
   4  next         the new token, 1..64 bytes of [A-Za-z0-9_.:-], fresh per renewal
   5  expire_ms    integer 1000..86400000
   6  limit        integer 0..100, most dead services listed
+  7  running      optional: what the service runs now, 0..65536 bytes, opaque here,
+                  kept in the key's `running` field ('' deletes it; left out, the field
+                  stays as it was). pyqueue's workers write one line per job,
+                  "<queue>\t<job id>\t<leased_ms>\t<limit_ms or ''>" (lua/README.md
+                  section 7): what the dashboard shows of running jobs.
 
 Returns  {status, renewed_ms, d, dead_id_1, dead_registration_1, dead_queues_1, ..}
          status 'ok', 'stop' (renewed; a remote stop asked this service to stop) or
@@ -455,7 +460,7 @@ end
 -- <<< pyqueue prelude
 
 local service_key, expiry_key, queues_key = KEYS[1], KEYS[2], KEYS[3]
-local contract_error = contract('service_renew', 3, 6, 6)
+local contract_error = contract('service_renew', 3, 6, 7)
 if contract_error then return redis.error_reply(contract_error) end
 
 -- 1. Validate.
@@ -470,6 +475,10 @@ expire_ms, err = int_arg(ARGV[5], 'expire_ms', 1000, 86400000)
 if err then return redis.error_reply(err) end
 limit, err = int_arg(ARGV[6], 'limit', 0, 100)
 if err then return redis.error_reply(err) end
+local running = ARGV[7]
+if running and #running > 65536 then
+  return redis.error_reply('PQ_BADARG running must be 0..65536 bytes, got ' .. #running)
+end
 now_ms = now_ms or server_now_ms()
 
 -- 2. Read, all before the first write.
@@ -495,6 +504,11 @@ if current == renewal or current == next_token then
   -- worker must not lose its registration because the queues are full.
   redis.call('PEXPIRE', service_key, expire_ms)
   redis.call('HSET', service_key, 'renewed', now_ms, 'renewal', next_token)
+  if running == '' then
+    redis.call('HDEL', service_key, 'running')
+  elseif running then
+    redis.call('HSET', service_key, 'running', running)
+  end
   redis.call('ZADD', expiry_key, now_ms + expire_ms, id)
   if not owner then
     -- Forgotten by a reaper while we were slow (should not happen: it checks expiry):

@@ -769,10 +769,12 @@ def service_register_call(
 
 
 def service_renew_call(
-    keys: ServiceKeyset, now_ms: int | None, renewal: str, next_renewal: str, expire_ms: int, limit: int
+    keys: ServiceKeyset, now_ms: int | None, renewal: str, next_renewal: str, expire_ms: int, limit: int,
+    running: str | None = None,
 ) -> ScriptCall:
-    """lua/service_renew.lua."""
-    return ScriptCall("service_renew", keys, [now_arg(now_ms), keys.id or 0, renewal, next_renewal, expire_ms, limit])
+    """lua/service_renew.lua; ``running`` (ARGV 7) only when given."""
+    args: list[Arg] = [now_arg(now_ms), keys.id or 0, renewal, next_renewal, expire_ms, limit]
+    return ScriptCall("service_renew", keys, args if running is None else [*args, running])
 
 
 def service_deregister_call(

@@ -57,6 +57,8 @@ MAX_NAMESPACE = 40
 TASK_NAME = re.compile(r"[A-Za-z0-9_.:<>-]{1,200}")
 #: The most bytes of all task names of one service, comma-separated.
 MAX_TASKS_BYTES = 65536
+#: The most bytes of a service's report of what it runs (lua/service_renew.lua, ARGV 7).
+MAX_RUNNING_BYTES = 65536
 
 
 #: How many of its latest renewal tokens a registration remembers (Service.recent_renewals):
@@ -114,6 +116,43 @@ class Renewed:
 
 
 @dataclass(frozen=True)
+class RunningJob:
+    """A job a service said it runs, at its last renewal (``Services.renew(running=)``)."""
+
+    queue: str
+    job_id: str
+    #: When its lease was taken (ms, server clock).
+    leased_ms: int
+    #: When its time limit ends it (ms, server clock); None: no time limit.
+    limit_ms: int | None = None
+
+
+def encode_running(jobs: Sequence[RunningJob]) -> str:
+    """``jobs`` as lua/service_renew.lua's ARGV 7: one line per job,
+    ``<queue>\t<job id>\t<leased_ms>\t<limit_ms or ''>``, the longest-running first; the
+    lines past MAX_RUNNING_BYTES are left out (a report, not a record)."""
+    lines: list[str] = []
+    size = 0
+    for job in sorted(jobs, key=lambda j: (j.leased_ms, j.queue, j.job_id)):
+        line = f"{job.queue}\t{job.job_id}\t{job.leased_ms}\t{'' if job.limit_ms is None else job.limit_ms}"
+        size += len(line.encode()) + (1 if lines else 0)
+        if size > MAX_RUNNING_BYTES:
+            break
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def decode_running(text: str) -> tuple[RunningJob, ...]:
+    """The inverse of :func:`encode_running`; a malformed line is left out."""
+    out = []
+    for line in text.split("\n") if text else ():
+        parts = line.split("\t")
+        if len(parts) == 4 and parts[2].isdigit() and (parts[3] == "" or parts[3].isdigit()):
+            out.append(RunningJob(parts[0], parts[1], int(parts[2]), int(parts[3]) if parts[3] else None))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
 class ServiceInfo:
     """A listed service, as ``pyqueue services`` shows it."""
 
@@ -133,6 +172,8 @@ class ServiceInfo:
     #: The task names it said it runs when it registered (``register(tasks=...)``), in
     #: that order; empty when it named none, or once its key expired.
     tasks: tuple[str, ...] = ()
+    #: What it said it runs at its last renewal (``renew(running=)``), the longest-running first.
+    running: tuple[RunningJob, ...] = ()
 
 
 def check_tasks(tasks: Sequence[str]) -> str:
@@ -251,9 +292,14 @@ class Services:
             expected = int(reply[1])
         raise ServiceExists("could not allocate a service id after 100 tries")
 
-    def renew(self, service: Service, *, expire_ms: int = DEFAULT_EXPIRE_MS, now_ms: int | None = None) -> Renewed:
+    def renew(
+        self, service: Service, *, expire_ms: int = DEFAULT_EXPIRE_MS, now_ms: int | None = None,
+        running: Sequence[RunningJob] | None = None,
+    ) -> Renewed:
         """Renew ``service`` (lua/service_renew.lua): whether a remote stop was asked,
-        and the dead services found.
+        and the dead services found. ``running``: what it runs now, kept in its key for
+        ``list()`` (and the dashboard) until the next renewal that reports; None leaves
+        the last report as it was.
 
         Raises:
             ServiceLost: the key expired, was deleted or holds another registration
@@ -265,7 +311,8 @@ class Services:
         service.recent_renewals = (*service.recent_renewals[-(RECENT_RENEWALS - 1):], next_renewal)
         service.pending_renewal = next_renewal
         reply = self._call(
-            service_renew_call(service.keys, now_ms, service.renewal, next_renewal, expire_ms, DEAD_LIMIT)
+            service_renew_call(service.keys, now_ms, service.renewal, next_renewal, expire_ms, DEAD_LIMIT,
+                               None if running is None else encode_running(running))
         )
         if reply[0] == b"lost":
             service.pending_renewal = None
@@ -358,6 +405,7 @@ class Services:
                     started_ms=int(fields.get(b"started", 0)),
                     renewed_ms=int(fields.get(b"renewed", 0)),
                     tasks=tuple(t for t in fields.get(b"tasks", b"").decode().split(",") if t),
+                    running=decode_running(fields.get(b"running", b"").decode("utf-8", "replace")),
                 )
             )
         return out

@@ -277,6 +277,8 @@ class Worker(ExecutorHooks):
             self.services, self.control, queue_names=[q.name for q in self.queues], by_name=self._by_name,
             redis=self.redis, prefix=prefix, expire_ms=self.expire_ms, task_names=self.task_names,
         )
+        # Each renewal reports what runs (the dashboard's running jobs: elapsed, time limit).
+        self.registration.report = lambda: self.running.report(self.lease_ms)
         self.endings = Endings(
             by_name=self._by_name, first_group=self.groups[0], commits=self._commits, running=self.running,
             control=self.control, registration=self.registration, crash=self._crash, retrying=retrying,

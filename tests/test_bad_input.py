@@ -138,6 +138,7 @@ MALFORMED: list[tuple[str, list[Any]]] = [
     ("service_renew", ["", "1", "tok", "", 60000, 10]),
     ("service_renew", ["", "1", "tok", "next", 0, 10]),
     ("service_renew", ["", "1", "tok", "next", 60000, 101]),
+    ("service_renew", ["", "1", "tok", "next", 60000, 10, "x" * 65537]),
     ("service_deregister", ["", "x", "0", "reg"]),
     ("service_deregister", ["", "1", "2", "reg"]),
     ("service_deregister", ["", "2", "0", "reg"]),  # key is :1, id 2

@@ -34,7 +34,7 @@ from pyqueue.dashboard import app as app_module  # noqa: E402
 from pyqueue.dashboard.app import DashboardConfig, create_app  # noqa: E402
 from pyqueue.dashboard.history import Sampler  # noqa: E402
 from pyqueue.dashboard.security import CSRF_COOKIE, DashboardRefused, check_bind  # noqa: E402
-from pyqueue.service import Services  # noqa: E402
+from pyqueue.service import RunningJob, Services  # noqa: E402
 from pyqueue.tasks import TaskDead, Tasks, chord  # noqa: E402
 
 #: Also on the Redis Cluster backend (conftest.BACKENDS).
@@ -1056,3 +1056,23 @@ def test_the_events_endpoint_reads_the_newest_then_what_follows(open_dashboard: 
     assert client.get("/api/queues/emails/events?count=0").status_code == 400
     refused = client.get("/api/queues/orders/events")
     assert refused.status_code == 400 and "partitions" in refused.json()["error"]
+
+
+def test_running_jobs_show_what_their_worker_reported_and_their_progress(open_dashboard: Any) -> None:
+    r = fakeredis.FakeRedis()
+    services = Services(r)
+    svc = services.register(["emails"])
+    q = Queue("emails", r, owner=svc.owner)
+    q.enqueue_many([NewJob(b"", job_id=i) for i in ("reported", "fresh")])
+    reported, fresh = q.lease(count=2)
+    q.progress(reported, '{"done": 3}')
+    services.renew(svc, running=[RunningJob("emails", "reported", reported.deadline_ms - 30_000,
+                                            reported.deadline_ms + 60_000)])
+    client = open_dashboard(r)
+    page = client.get("/api/queues/emails/jobs?state=running").json()
+    by_id = {job["id"]: job for job in page["jobs"]}
+    assert by_id["reported"]["leased_ms"] == reported.deadline_ms - 30_000
+    assert by_id["reported"]["limit_ms"] == reported.deadline_ms + 60_000
+    assert by_id["reported"]["progress"] == '{"done": 3}'
+    # Leased after the worker's last report: nothing known yet, and no progress.
+    assert (by_id["fresh"]["leased_ms"], by_id["fresh"]["limit_ms"], by_id["fresh"]["progress"]) == (None, None, None)

@@ -12,7 +12,7 @@ from helpers import T0, dump_all
 
 from pyqueue.core import service_register_call, service_renew_call
 from pyqueue import InvalidArgument, NewJob, Outcome, Queue, ServiceExists, ServiceLost
-from pyqueue.service import Renewed, Services
+from pyqueue.service import MAX_RUNNING_BYTES, Renewed, RunningJob, Services, encode_running
 
 #: Also on the Redis Cluster backend (conftest.BACKENDS).
 ON_CLUSTER = True
@@ -74,6 +74,35 @@ def test_renew_extends_the_key_and_rotates_the_token(services: Services, r: redi
     assert s.renewal != first
     assert r.hget("pq:{ns}:service:1", "renewed") == str(T0 + 5_000).encode()
     assert r.zscore("pq:{ns}:service:expiry", "1") == T0 + 15_000
+
+
+def test_a_renewal_reports_what_the_service_runs_and_list_reads_it_back(services: Services, r: redis.Redis) -> None:
+    svc = services.register(["q"], now_ms=T0)
+    running = [RunningJob("q", "b", T0 + 5, T0 + 30_005), RunningJob("q#1", "a\u00e9", T0 + 2)]
+    services.renew(svc, now_ms=T0 + 10, running=running)
+    (info,) = services.list(now_ms=T0 + 10)
+    # The longest-running first; a job without a time limit has none.
+    assert info.running == (RunningJob("q#1", "a\u00e9", T0 + 2, None), RunningJob("q", "b", T0 + 5, T0 + 30_005))
+    services.renew(svc, now_ms=T0 + 20)  # no report: the last one stays
+    assert services.list(now_ms=T0 + 20)[0].running == info.running
+    services.renew(svc, now_ms=T0 + 30, running=[])  # nothing runs: the field goes
+    assert services.list(now_ms=T0 + 30)[0].running == ()
+    assert b"running" not in r.hgetall(svc.keys.role("service"))
+    # A report longer than the script takes is cut to whole lines, the longest-running kept.
+    many = [RunningJob("q", f"job-{i:05d}", T0 + i) for i in range(5000)]
+    services.renew(svc, now_ms=T0 + 40, running=many)
+    kept = services.list(now_ms=T0 + 40)[0].running
+    assert 0 < len(kept) < 5000 and kept == tuple(many[: len(kept)])
+    assert len(encode_running(many).encode()) <= MAX_RUNNING_BYTES
+
+
+def test_a_lost_renewal_writes_no_report(services: Services, r: redis.Redis) -> None:
+    svc = services.register(["q"], now_ms=T0)
+    r.delete(svc.keys.role("service"))
+    before = dump_all(r)
+    with pytest.raises(ServiceLost):
+        services.renew(svc, now_ms=T0 + 10, running=[RunningJob("q", "a", T0)])
+    assert dump_all(r) == before
 
 
 def test_renew_after_the_token_changed_is_lost(services: Services, r: redis.Redis) -> None:

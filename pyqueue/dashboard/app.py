@@ -57,7 +57,7 @@ from pyqueue.dashboard.groups import (
     parse_cap_change,
     set_cap,
 )
-from pyqueue.dashboard.history import CENSUS_S, SERIES, Point, QueueRow, Sampler, Snapshot
+from pyqueue.dashboard.history import CENSUS_S, SERIES, Point, QueueRow, Sampler, Snapshot, WorkerRow
 from pyqueue.dashboard.security import (
     CSRF_COOKIE,
     CSRF_HEADER,
@@ -287,13 +287,18 @@ def dead_page(queue: Queue, offset: int, limit: int, show_payloads: bool) -> dic
     return {"queue": queue.name, "total": page.total, "offset": offset, "limit": limit, "jobs": jobs}
 
 
-def jobs_page(queue: Queue, state: str, start: int, count: int, row: QueueRow | None) -> dict[str, Any]:
+def jobs_page(
+    queue: Queue, state: str, start: int, count: int, row: QueueRow | None, workers: Sequence[WorkerRow] = ()
+) -> dict[str, Any]:
     """One page of a queue's jobs in ``state`` (:data:`JOB_STATES`): ``Queue.browse``,
     or ``Queue.dead_list`` for the dead ones (their errors clipped, no payload: the
     dead letters panel shows those). Never a payload. Each job as its fields
     (``JobEntry``'s, plus ``waiting`` for scheduled ones; ``queue``: the partition that
-    holds it). With the queue's task names no live worker serves, as the overview has
-    them (``row``: its latest sample)."""
+    holds it). A running job also has ``leased_ms`` and ``limit_ms`` (its time limit's
+    end), as its worker reported them at its last renewal (``workers``: the latest
+    sample's; null when not reported yet, or for a lease no worker holds), and
+    ``progress`` (clipped text, null if none). With the queue's task names no live
+    worker serves, as the overview has them (``row``: its latest sample)."""
     body: dict[str, Any] = {"queue": queue.name, "state": state, "start": start, "count": count}
     if state == "dead":
         dead = queue.dead_list(start, count)
@@ -305,8 +310,17 @@ def jobs_page(queue: Queue, state: str, start: int, count: int, row: QueueRow | 
         body.update(total=dead.total, now_ms=0, jobs=jobs)
     else:
         page = queue.browse(state, start, count)
-        body.update(total=page.total, now_ms=page.now_ms,
-                    jobs=[{**dataclasses.asdict(job), "waiting": job.waiting} for job in page.jobs])
+        entries: list[dict[str, Any]] = [{**dataclasses.asdict(e), "waiting": e.waiting} for e in page.jobs]
+        if state == "running" and entries:
+            reported = {(w.info.owner, r.queue, r.job_id): r for w in workers for r in w.info.running}
+            progress = queue.progress_of([entry["id"] for entry in entries])
+            for entry in entries:
+                report = reported.get((entry["owner"], entry["queue"], entry["id"]))
+                entry["leased_ms"] = report.leased_ms if report else None
+                entry["limit_ms"] = report.limit_ms if report else None
+                shown = progress.get(entry["id"])
+                entry["progress"] = _clip(shown.value.decode("utf-8", "replace"))[0] if shown else None
+        body.update(total=page.total, now_ms=page.now_ms, jobs=entries)
     body["unserved_tasks"] = [{"task": task, "jobs": jobs} for task, jobs in (row.unserved if row else ())]
     body["census_ms"] = row.census_ms if row else 0
     return body
@@ -532,7 +546,7 @@ def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> St
         queue = await queue_of(request)
         snapshot = await run_in_threadpool(sampler.snapshot)
         row = next((row for row in snapshot.queues if row.name == queue.name), None)
-        body = await run_in_threadpool(jobs_page, queue, state, start, count, row)
+        body = await run_in_threadpool(jobs_page, queue, state, start, count, row, snapshot.workers)
         return JSONResponse(body, headers={"cache-control": "no-store"})
 
     @_handles_errors

@@ -13,12 +13,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from pyqueue.clients import Client
 from pyqueue.queue import Queue, physical_queue
 from pyqueue.runtime.lifecycle import EXIT_REGISTRATION_LOST, Control
-from pyqueue.service import DeadService, Renewed, Service, Services
+from pyqueue.service import DeadService, Renewed, RunningJob, Service, Services
 
 log = logging.getLogger("pyqueue.worker")
 
@@ -51,6 +51,8 @@ class Registration:
         # earlier than expire_ms after that. Leasing needs it to be recent.
         self.renewed_at = 0.0
         self._renew_lock = threading.Lock()  # the heartbeat and the fetch loop both renew
+        #: What each renewal reports the worker runs (the worker sets it; None: nothing).
+        self.report: Callable[[], Sequence[RunningJob]] | None = None
 
     def register(self) -> Service:
         sent_at = time.monotonic()
@@ -85,7 +87,8 @@ class Registration:
         assert self.service is not None
         with self._renew_lock:
             sent_at = time.monotonic()
-            renewed = self.services.renew(self.service, expire_ms=self.expire_ms)
+            running = self.report() if self.report is not None else None
+            renewed = self.services.renew(self.service, expire_ms=self.expire_ms, running=running)
             self.renewed_at = self.checked_at = sent_at
         return renewed
 

@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 
 from pyqueue.models import Job
+from pyqueue.service import RunningJob
 from pyqueue.slots import Slot
 
 
@@ -141,6 +142,24 @@ class Running:
                     self._count_ended()
                 out.append(tracked)
             return out
+
+    def report(self, lease_ms: int) -> list[RunningJob]:
+        """What this worker runs, as its registration reports it at each renewal
+        (``Services.renew(running=)``): each job's lease time and time limit on the
+        server clock. A job whose handler has not started yet was leased at its
+        deadline minus ``lease_ms`` (the lease's own length); its limit is not known yet."""
+        with self.lock:
+            jobs = list(self.jobs.items())
+            slots = dict(self.slots_running)
+        out = []
+        for receipt, job in jobs:
+            slot = slots.get(receipt)
+            leased_ms = slot.leased_at_ms if slot is not None else job.deadline_ms - lease_ms
+            limit_ms = None
+            if slot is not None and slot.limit_at is not None:
+                limit_ms = slot.leased_at_ms + round(slot.limit_s * 1000)
+            out.append(RunningJob(job.queue, job.id, leased_ms, limit_ms))
+        return out
 
     def is_tracked(self, job: Job) -> bool:
         with self.lock:

@@ -650,7 +650,7 @@
   const JOB_COLUMNS = {
     ready: ["attempts", "group", "priority"],
     scheduled: ["due", "attempts"],
-    running: ["owner", "attempt", "lease deadline", "fence"],
+    running: ["owner", "attempt", "running for", "time limit", "progress", "lease deadline", "fence"],
     done: ["a duplicate until", "result"],
     dead: ["died", "attempts", "error"],
   };
@@ -787,7 +787,25 @@
           deadline.classList.add("expired");
           deadline.title += " (expired: the job goes back to ready at the next promote)";
         }
-        tr.append(el("td", { text: job.owner }), tries, deadline, el("td", { text: String(job.fence) }));
+        // Elapsed and time limit as the worker reported them at its last renewal (a job
+        // leased since has none yet); progress as the job's task wrote it.
+        const elapsed = job.leased_ms === null || job.leased_ms === undefined
+          ? el("td", { class: "muted", "data-field": "elapsed", text: "–",
+                       title: "not reported yet: a worker reports what it runs at each heartbeat" })
+          : el("td", { "data-field": "elapsed", text: fmtMs(Math.max(0, now - job.leased_ms)),
+                       title: "leased " + new Date(job.leased_ms).toISOString() });
+        let limit;
+        if (job.limit_ms === null || job.limit_ms === undefined) {
+          limit = el("td", { class: "muted", "data-field": "limit", text: job.leased_ms == null ? "–" : "none" });
+        } else {
+          limit = time(job.limit_ms);
+          limit.dataset.field = "limit";
+          if (job.limit_ms <= now) limit.classList.add("expired");
+        }
+        const progress = el("td", { class: job.progress ? "" : "muted", "data-field": "progress",
+                                    text: job.progress || "–" });
+        tr.append(el("td", { text: job.owner }), tries, elapsed, limit, progress, deadline,
+          el("td", { text: String(job.fence) }));
       } else if (page.state === "done") {
         const cell = el("td", {});
         if (job.has_result) {
