@@ -661,7 +661,7 @@ def test_the_running_tab_shows_each_jobs_elapsed_time_time_limit_and_progress(
         jobs.locator("#jobs-queue").select_option("mx")
         jobs.locator('#jobs-tabs button[data-state="running"]').click()
         row = jobs.locator(f'#jobs-table tbody tr[data-job="{sent.id}"]')
-        expect(row.locator('[data-field="progress"]')).to_have_text('{"step": 1}', timeout=30_000)
+        expect(row.locator('[data-field="progress"]')).to_have_text('{"step":1}', timeout=30_000)
         expect(row.locator('[data-field="limit"]')).to_have_text(re.compile(r"^in "), timeout=30_000)
         expect(row.locator('[data-field="elapsed"]')).not_to_have_text("–")
         assert console.errors == []
