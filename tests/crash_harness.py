@@ -547,6 +547,15 @@ _SERVICE_WAKE = re.compile(r"^\d+:wake$")
 #: Crash points, longest-lived first (see Trial.next_point).
 SPAWN_ORDER = ("in_extend", *(p for p in CRASH_POINTS if p != "in_extend"))
 
+def _zombie(pid: int) -> bool:
+    """Whether process ``pid`` has ended and waits to be reaped (or is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[0] in ("Z", "X")
+
+
 _CRASH_LINE = re.compile(rb"crash point (\w+): SIGKILL")
 _POISON_LINE = re.compile(rb"poison job \S+ attempt \d+: SIGKILL")
 _EVICTED = re.compile(rb"lost its registration")
@@ -707,7 +716,10 @@ class Trial:
     def kill_child(self, w: WorkerRun) -> bool:
         """SIGKILL a random child of the supervisor ``w`` (found by its parent PID)."""
         out = subprocess.run(["pgrep", "-P", str(w.proc.pid)], capture_output=True, text=True).stdout
-        children = [int(pid) for pid in out.split()]
+        # A child that died already (its own crash point, or the poison job) and is not
+        # reaped yet is a zombie, which SIGKILL "kills" without error: it is not counted
+        # as killed from outside (its death is its crash point's, or the poison's).
+        children = [int(pid) for pid in out.split() if not _zombie(int(pid))]
         if not children:
             return False
         try:
