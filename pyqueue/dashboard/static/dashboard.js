@@ -34,6 +34,7 @@
     jobsStart: 0,
     jobsKey: "",           // the queue's figures when its page was last read
     jobsResults: 0,        // results open under their rows: no refresh at a poll meanwhile
+    jobsAt: 0,             // when its page was last read (browser ms)
     eventsQueue: null,     // the Events panel: its queue, the newest event's number read, and
     eventsLast: -1,        // the rows shown (newest first); -1: read the newest anew
     eventsRows: [],
@@ -687,6 +688,7 @@
     const name = state.jobsQueue, which = state.jobsState, start = state.jobsStart;
     const q = state.overview.queues.find((x) => x.name === name);
     state.jobsKey = q ? jobsKey(q) : "";
+    state.jobsAt = Date.now();
     if (!name) { renderJobs(null); return; }
     let response, page;
     try {
@@ -709,9 +711,13 @@
 
   // At a poll: read the page again if the selected queue's figures moved (unless a
   // result is open under a row: it would go).
+  // At a poll: read the page again if the queue's figures moved; the running tab also
+  // every RUNNING_STALE_MS, since its workers' reports and progress change without them.
+  const RUNNING_STALE_MS = 3000;
   function refreshJobs() {
     const q = state.overview.queues.find((x) => x.name === state.jobsQueue);
-    if (q && jobsKey(q) !== state.jobsKey && state.jobsResults === 0) loadJobs();
+    const stale = state.jobsState === "running" && Date.now() - state.jobsAt > RUNNING_STALE_MS;
+    if (q && (jobsKey(q) !== state.jobsKey || stale) && state.jobsResults === 0) loadJobs();
   }
 
   // Show a job in the job lookup (the same view as typing its id there).
