@@ -634,3 +634,41 @@ def test_the_events_panel_shows_the_newest_events_and_new_ones_as_they_come(
     expect(page.locator("#lookup-result")).to_contain_text("done")
     assert console.errors == []
 
+
+def test_the_running_tab_shows_each_jobs_elapsed_time_time_limit_and_progress(
+    browser: Any, r: Any, serve: Callable[..., Any], redis_server: RedisServer, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    import metrics_app
+
+    metrics_app.tasks.bind(r)
+    tests_dir = Path(__file__).resolve().parent
+    env = dict(os.environ, PYTHONPATH=f"{tests_dir}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    log_path = tmp_path / "worker.log"
+    with open(log_path, "wb") as log:
+        # Renewals every 500 ms: the report of what runs follows within that. The expiry
+        # is long: a loaded CI machine must not cost the worker its registration.
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "pyqueue", "--url", redis_server.url(), "worker", "metrics_app:tasks",
+             "--renew-ms", "500", "--expire-ms", "20000", "--block-ms", "200"],
+            env=env, stdout=log, stderr=subprocess.STDOUT,
+        )
+    try:
+        sent = metrics_app.slow.send(90)  # still running when the page reads it, however slow the machine
+        page, console = open_page(browser, serve(poll_s=0.3).url)
+        jobs = page.locator("#jobs")
+        jobs.locator("#jobs-queue").select_option("mx")
+        jobs.locator('#jobs-tabs button[data-state="running"]').click()
+        row = jobs.locator(f'#jobs-table tbody tr[data-job="{sent.id}"]')
+        expect(row.locator('[data-field="progress"]')).to_have_text('{"step":1}', timeout=60_000)
+        expect(row.locator('[data-field="limit"]')).to_have_text(re.compile(r"^in "), timeout=60_000)
+        expect(row.locator('[data-field="elapsed"]')).not_to_have_text("–")
+        assert console.errors == []
+    finally:
+        # SIGKILL: the slow job's lease expires on its own. (Two SIGTERMs sent back to
+        # back can reach the worker as one, as the kernel merges a pending signal with a
+        # new one of its kind: that one drains, which waits for the 90 s job.)
+        worker.kill()
+        worker.wait(30)
