@@ -10,7 +10,8 @@ Nothing else deletes an entry: the scripts that end leases do not take these key
 each call first looks at up to TRIM_BATCH + 1 entries, those looked at longest ago
 (lowest `progress_at`): one whose lease has ended goes, one whose lease still runs gets
 `progress_at` = now (so the next calls look at others). Every entry is looked at within
-ceil(entries / 11) calls: a queue whose jobs report progress keeps about one entry per
+ceil(entries / 11) calls made in distinct milliseconds (entries of the same ms tie, and
+ZRANGE orders ties by id): a queue whose jobs report progress keeps about one entry per
 running job that reported, plus those left since the last calls (fewer than 11 more
 than the running ones); when calls stop, what is left (at most the jobs that ran then)
 stays until the next call. Cost: O(log n) per entry looked at, at most 11 + 1.

@@ -502,6 +502,17 @@ def cmd_events(args: argparse.Namespace) -> int:
         if not args.since.isdigit():
             raise PyQueueError(f"--since takes an event number or now, got {args.since!r}")
         since = int(args.since)
+    if args.follow:
+        # Ctrl-C and SIGTERM end a follow, also when it was started with SIGINT ignored
+        # (a background job of a non-interactive shell, a test runner's worker): there
+        # Python installs no KeyboardInterrupt of its own.
+        import signal
+
+        def interrupt(_signum: int, _frame: object) -> None:
+            raise KeyboardInterrupt
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, interrupt)
     try:
         while True:
             page = q.events(since, args.count, block_ms=5_000 if args.follow else 0)

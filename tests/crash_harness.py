@@ -799,15 +799,21 @@ class Trial:
                     # Spare a worker whose crash point was never hit yet: let it get there.
                     # A supervisor too, until its children's log shows its point hit: its
                     # children, killed at random, once never reached ack_sent in a run.
+                    # A tick that kills nothing (no worker may be killed yet, or the
+                    # child picked had just died) tries again next round, not after a
+                    # whole interval: a short trial must still see a death from outside.
                     victims = [w for w in self.live() if now - w.started > 0.3 and self.point_reached(w)]
+                    killed = False
                     if victims:
                         victim = self.rng.choice(victims)
                         if victim.supervised:  # the supervisor replaces its child and scrubs
-                            self.kill_child(victim)
+                            killed = self.kill_child(victim)
                         else:
                             victim.killed_by_harness = True
                             os.kill(victim.proc.pid, signal.SIGKILL)
-                    next_kill = now + self.rng.uniform(*cfg.external_kill_s)
+                            killed = True
+                    if killed:
+                        next_kill = now + self.rng.uniform(*cfg.external_kill_s)
                 if now > deadline:
                     timed_out = True
                     break

@@ -102,12 +102,17 @@ def test_events_command_opts_in_prints_reads_on_and_reports_trimmed_events(
     assert main(["--url", url, "events", "emails", "--since", "soon"]) == 2
 
 
-def test_events_follow_prints_events_as_they_are_written(url: str) -> None:
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM])
+def test_events_follow_prints_events_as_they_are_written(url: str, stop_signal: signal.Signals) -> None:
     q = Queue.from_url(url, "emails")
     q.set_events(100)
     q.enqueue(b"x", job_id="before")
     command = [sys.executable, "-m", "pyqueue", "--url", url, "events", "emails", "--since", "1", "--follow"]
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as follower:
+    # Started with SIGINT ignored, as a non-interactive shell starts a background job
+    # (and pytest-xdist its workers): Python then has no KeyboardInterrupt of its own,
+    # and the follow must still end on Ctrl-C.
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) as follower:
         try:
             assert follower.stdout is not None
             for job_id in ("second", "third"):  # the third is written once the follower has printed the second
@@ -116,8 +121,11 @@ def test_events_follow_prints_events_as_they_are_written(url: str) -> None:
                 line = follower.stdout.readline()
                 assert line.split()[2:4] == ["enqueued", job_id]
         finally:
-            follower.send_signal(signal.SIGINT)
-            assert follower.wait(timeout=20) == 0
+            follower.send_signal(stop_signal)
+            try:
+                assert follower.wait(timeout=20) == 0
+            finally:
+                follower.kill()  # (a no-op once it has exited)
 
 
 def test_pause_and_resume_commands(url: str, capsys: pytest.CaptureFixture[str]) -> None:
