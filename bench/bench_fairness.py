@@ -12,10 +12,11 @@ Three parts, each in one run on one server:
    here, plus the 8 leased before B..J arrived). The same load on a queue without groups
    is the reference: there B..J's jobs wait behind all of A's. The ratio reported is
    when the last of B..J's jobs started against when A's last job did.
-2. **Cap throughput.** ``--cap-jobs`` no-op jobs spread evenly over T tenants (4 and 8)
+2. **Cap throughput.** ``--cap-jobs`` jobs spread evenly over T tenants (4 and 8)
    and 8 handler threads: with a cap of 2 per tenant, with groups and no cap, and
    without groups: jobs/s of a burst drain by one Worker, interleaved repetitions,
-   median.
+   median. Twice: no-op jobs (bound by CPU: what a grouped lease costs), then jobs
+   that take ``--cap-work-ms`` (5 ms: whether the cap keeps the 8 threads busy).
 3. **Cost for a queue without groups or priorities.** The Redis CPU of a job's life
    (enqueue, then lease-and-ack one at a time, through raw EVALSHA with each
    contract's keys) under the scripts of this checkout against those of
@@ -105,11 +106,11 @@ def timeline(client: redis.Redis, backlog: int, work_ms: float, grouped: bool, t
 # -- 2. cap throughput -----------------------------------------------------------------
 
 
-def drain_rate(client: redis.Redis, jobs: int, tenants: int, kind: str, tag: str) -> float:
-    """Jobs/s of one Worker (8 threads, no-op handler) draining ``jobs`` spread over
-    ``tenants`` tenants: ``capped`` (groups, a cap of 2 each), ``grouped`` (groups, no
-    cap) or ``plain`` (the same jobs without groups)."""
-    q = Queue(f"bench-fair-cap-{tenants}-{kind}-{tag}", client)
+def drain_rate(client: redis.Redis, jobs: int, tenants: int, kind: str, tag: str, work_ms: float) -> float:
+    """Jobs/s of one Worker (8 threads) draining ``jobs`` spread over ``tenants``
+    tenants: ``capped`` (groups, a cap of 2 each), ``grouped`` (groups, no cap) or
+    ``plain`` (the same jobs without groups). Each job sleeps ``work_ms`` (0: a no-op)."""
+    q = Queue(f"bench-fair-cap-{tenants}-{kind}-{work_ms:g}-{tag}", client)
     if kind == "capped":
         q.set_group_limit(2)
     for first in range(0, jobs, 1000):
@@ -119,6 +120,8 @@ def drain_rate(client: redis.Redis, jobs: int, tenants: int, kind: str, tag: str
     done = [0]
 
     def handler(job: Job) -> None:
+        if work_ms:
+            time.sleep(work_ms / 1000)
         done[0] += 1
 
     worker = Worker([q.name], handler, redis=client, concurrency=8, block_ms=200)
@@ -129,11 +132,14 @@ def drain_rate(client: redis.Redis, jobs: int, tenants: int, kind: str, tag: str
     return jobs / elapsed
 
 
-def cap_throughput(client: redis.Redis, jobs: int, repetitions: int, tag: str) -> dict[str, Any]:
+def cap_throughput(client: redis.Redis, jobs: int, repetitions: int, tag: str, work_ms: float) -> dict[str, Any]:
     """Per tenant count, the median jobs/s of each kind, and the ratios per repetition
     (median): capped / grouped is what the cap costs, capped / plain what groups and the
-    cap cost together."""
-    out: dict[str, Any] = {}
+    cap cost together. With no-op jobs (``work_ms`` 0) the drain is bound by the scripts'
+    and the worker's CPU, so capped / plain is what a grouped lease costs over a plain
+    one; with jobs that take time it is whether a cap of 2 x the tenants keeps the 8
+    threads busy (the scheduling)."""
+    out: dict[str, Any] = {"work_ms": work_ms}
     kinds = ["capped", "grouped", "plain"]
     for tenants in (4, 8):
         rates: dict[str, list[float]] = {k: [] for k in kinds}
@@ -141,7 +147,7 @@ def cap_throughput(client: redis.Redis, jobs: int, repetitions: int, tag: str) -
             order = kinds[:]
             random.shuffle(order)
             for kind in order:
-                rates[kind].append(drain_rate(client, jobs, tenants, kind, f"{tag}-{rep}"))
+                rates[kind].append(drain_rate(client, jobs, tenants, kind, f"{tag}-{rep}", work_ms))
         out[f"{tenants}_tenants"] = {
             **{f"{k}_jobs_per_s": round(statistics.median(v)) for k, v in rates.items()},
             "capped / grouped": round(statistics.median(c / g for c, g in zip(rates["capped"], rates["grouped"])), 3),
@@ -224,14 +230,18 @@ def main() -> None:
     parser.add_argument("--backlog", type=int, default=10_000, help="tenant A's jobs")
     parser.add_argument("--work-ms", type=float, default=1.0, help="what each job of the timeline takes")
     parser.add_argument("--cap-jobs", type=int, default=8000, help="jobs per drain of the cap throughput part")
+    parser.add_argument("--cap-work-ms", type=float, default=5.0,
+                        help="what each job takes in the cap throughput's second part (the first runs no-op jobs)")
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--baseline-lua", type=Path, default=None, help="an older lua/ (contract v2) for part 3")
     parser.add_argument("--plain-jobs", type=int, default=2000)
     parser.add_argument("--plain-rounds", type=int, default=10)
     parser.add_argument("--json-out", default=None)
     args = parser.parse_args()
-    if not (100 <= args.backlog <= 100_000 and 800 <= args.cap_jobs <= 100_000 and 1 <= args.repetitions <= 20):
-        parser.error("--backlog in [100, 100000], --cap-jobs in [800, 100000], --repetitions in [1, 20]")
+    if not (100 <= args.backlog <= 100_000 and 800 <= args.cap_jobs <= 100_000 and 1 <= args.repetitions <= 20
+            and 0 < args.cap_work_ms <= 100):
+        parser.error("--backlog in [100, 100000], --cap-jobs in [800, 100000], --repetitions in [1, 20], "
+                     "--cap-work-ms in (0, 100]")
     server: _server.LoopbackRedis | None = None
     if args.redis_url is None:
         server = _server.LoopbackRedis(args.redis_server).start()
@@ -243,7 +253,8 @@ def main() -> None:
         report: dict[str, Any] = {
             "timeline_grouped": timeline(client, args.backlog, args.work_ms, True, tag),
             "timeline_without_groups": timeline(client, args.backlog, args.work_ms, False, tag),
-            "cap_throughput": cap_throughput(client, args.cap_jobs, args.repetitions, tag),
+            "cap_throughput": cap_throughput(client, args.cap_jobs, args.repetitions, tag, 0.0),
+            "cap_throughput_with_work": cap_throughput(client, args.cap_jobs, args.repetitions, tag, args.cap_work_ms),
         }
         if args.baseline_lua is not None:
             report["plain_queue_cost"] = plain_cost(args.redis_url, args.baseline_lua, args.plain_jobs, args.plain_rounds)
