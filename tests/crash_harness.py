@@ -778,6 +778,7 @@ class Trial:
             self.rng.shuffle(to_cancel)
             deadline = time.monotonic() + cfg.timeout_s()
             next_kill = time.monotonic() + self.rng.uniform(*cfg.external_kill_s)
+            killed_from_outside = False
             timed_out = False
             while True:
                 self.reap()
@@ -799,9 +800,11 @@ class Trial:
                     # Spare a worker whose crash point was never hit yet: let it get there.
                     # A supervisor too, until its children's log shows its point hit: its
                     # children, killed at random, once never reached ack_sent in a run.
-                    # A tick that kills nothing (no worker may be killed yet, or the
-                    # child picked had just died) tries again next round, not after a
-                    # whole interval: a short trial must still see a death from outside.
+                    # Until the trial's first kill from outside, a tick that kills
+                    # nothing (no worker may be killed yet, or the child picked had just
+                    # died) tries again next round, not after a whole interval: a short
+                    # trial must still see one. After it, the interval holds either way
+                    # (retrying every tick would kill far more often than it).
                     victims = [w for w in self.live() if now - w.started > 0.3 and self.point_reached(w)]
                     killed = False
                     if victims:
@@ -812,7 +815,8 @@ class Trial:
                             victim.killed_by_harness = True
                             os.kill(victim.proc.pid, signal.SIGKILL)
                             killed = True
-                    if killed:
+                    killed_from_outside = killed_from_outside or killed
+                    if killed_from_outside:
                         next_kill = now + self.rng.uniform(*cfg.external_kill_s)
                 if now > deadline:
                     timed_out = True
