@@ -814,10 +814,10 @@ else
     or nil
   -- A fair queue proves every key it may write, or read after writing, that no read
   -- above has proven (`ready`, `gready` and `leased` are; `meta` when acks read it;
-  -- `owners` needs none when ZREM on it is the first write): a few TYPE calls, paid
-  -- only by queues with groups or priorities.
+  -- `owners` needs none when ZREM on it is the first write; `jobs` not twice): a few
+  -- TYPE calls, paid only by queues with groups or priorities.
   err = err or fair and ((#to_ack == 0 and expect_type(F.meta, 'hash')) or expect_type(F.ring, 'zset')
-    or expect_type(F.groups, 'hash') or (not jobs_read and expect_type(jobs_key, 'hash'))
+    or expect_type(F.groups, 'hash') or (not jobs_read and not write_jobs and expect_type(jobs_key, 'hash'))
     or (not scheduled_read and expect_type(scheduled_key, 'zset'))
     or (#to_ack == 0 and not owners_read and expect_type(owners_key, 'zset')) or expect_type(wake_key, 'zset'))
   if err then return redis.error_reply(err) end
