@@ -164,13 +164,15 @@ V2_KEYS = {
     "lease": ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake", "done"),
 }
 FAIR = ("meta", "gready", "ring", "groups")
-V3_KEYS = {"enqueue": V2_KEYS["enqueue"] + FAIR, "lease": V2_KEYS["lease"] + FAIR}
+# This checkout's contract (v4): the fair-scheduling keys, then the event stream.
+NEW_KEYS = {"enqueue": V2_KEYS["enqueue"] + FAIR + ("events",), "lease": V2_KEYS["lease"] + FAIR + ("events",)}
 
 
 class RawScripts:
     """enqueue and lease of one scripts directory, called with raw EVALSHA."""
 
     def __init__(self, client: redis.Redis, directory: Path, keys: dict[str, tuple[str, ...]], v3: bool, queue: str) -> None:
+        # v3: the contract since fair scheduling (each job also has a priority and a group).
         self.client, self.v3 = client, v3
         self.sha = {name: client.script_load((directory / f"{name}.lua").read_text()) for name in keys}
         self.keys = {name: [f"pq:{{{queue}}}:{role}" for role in roles] for name, roles in keys.items()}
@@ -200,7 +202,7 @@ def script_usec(admin: redis.Redis) -> float:
 def plain_cost(url: str, baseline: Path, jobs: int, rounds: int) -> dict[str, Any]:
     client = redis.Redis.from_url(url)
     tag = str(time.time_ns())
-    new = RawScripts(client, _server.REPO_ROOT / "lua", V3_KEYS, True, f"bench-plain-new-{tag}")
+    new = RawScripts(client, _server.REPO_ROOT / "lua", NEW_KEYS, True, f"bench-plain-new-{tag}")
     old = RawScripts(client, baseline, V2_KEYS, False, f"bench-plain-old-{tag}")
     per_job: dict[str, list[float]] = {"new": [], "old": []}
     for rnd in range(rounds):
@@ -236,6 +238,8 @@ def main() -> None:
     parser.add_argument("--baseline-lua", type=Path, default=None, help="an older lua/ (contract v2) for part 3")
     parser.add_argument("--plain-jobs", type=int, default=2000)
     parser.add_argument("--plain-rounds", type=int, default=10)
+    parser.add_argument("--only", nargs="+", choices=["timeline", "cap", "plain"], default=["timeline", "cap", "plain"],
+                        help="the parts to run (default: all; plain needs --baseline-lua)")
     parser.add_argument("--json-out", default=None)
     args = parser.parse_args()
     if not (100 <= args.backlog <= 100_000 and 800 <= args.cap_jobs <= 100_000 and 1 <= args.repetitions <= 20
@@ -250,13 +254,15 @@ def main() -> None:
     try:
         client = redis.Redis.from_url(args.redis_url)
         tag = str(time.time_ns())
-        report: dict[str, Any] = {
-            "timeline_grouped": timeline(client, args.backlog, args.work_ms, True, tag),
-            "timeline_without_groups": timeline(client, args.backlog, args.work_ms, False, tag),
-            "cap_throughput": cap_throughput(client, args.cap_jobs, args.repetitions, tag, 0.0),
-            "cap_throughput_with_work": cap_throughput(client, args.cap_jobs, args.repetitions, tag, args.cap_work_ms),
-        }
-        if args.baseline_lua is not None:
+        report: dict[str, Any] = {}
+        if "timeline" in args.only:
+            report["timeline_grouped"] = timeline(client, args.backlog, args.work_ms, True, tag)
+            report["timeline_without_groups"] = timeline(client, args.backlog, args.work_ms, False, tag)
+        if "cap" in args.only:
+            report["cap_throughput"] = cap_throughput(client, args.cap_jobs, args.repetitions, tag, 0.0)
+            report["cap_throughput_with_work"] = cap_throughput(client, args.cap_jobs, args.repetitions, tag,
+                                                                args.cap_work_ms)
+        if "plain" in args.only and args.baseline_lua is not None:
             report["plain_queue_cost"] = plain_cost(args.redis_url, args.baseline_lua, args.plain_jobs, args.plain_rounds)
     finally:
         if server is not None:
