@@ -192,3 +192,28 @@ def test_an_async_handlers_task_is_cancelled(r: redis.Redis) -> None:
     finally:
         worker.stop("test finished")
         thread.join(10)
+
+
+def test_a_jobs_cancelled_flag_acts_as_an_event_between_threads() -> None:
+    """``Job.cancelled`` is a flag that makes its Event only when a handler waits (one
+    per leased job otherwise costs a lock and a condition): set before a wait, during
+    one, from another thread, by many waiters at once: every waiter wakes."""
+    from pyqueue.models import CancelFlag
+
+    flag = CancelFlag()
+    assert not flag.is_set() and flag.wait(0.01) is False
+    flag.set()
+    assert flag.is_set() and flag.wait(0) is True
+    flag.clear()
+    assert not flag.is_set() and flag.wait(0.01) is False
+
+    for _ in range(200):  # set while waiters are making the Event
+        flag = CancelFlag()
+        woke: list[bool] = []
+        waiters = [threading.Thread(target=lambda f=flag: woke.append(f.wait(5))) for _ in range(3)]
+        for t in waiters:
+            t.start()
+        flag.set()
+        for t in waiters:
+            t.join(10)
+        assert woke == [True, True, True]
