@@ -16,14 +16,17 @@ R = TypeVar("R")
 
 
 class _Member(Generic[I, R]):
-    """One submitted item and what its call answers it. Its event is made only for a
-    member that has to wait: a lone caller, the common case, never needs one."""
+    """One submitted item and what its call answers it. A member that has to wait (a
+    lone caller, the common case, never does) waits on ``woken``: a lock made held, which
+    whoever wakes it releases once. A lock rather than a ``threading.Event``: making an
+    Event (a condition and its lock, in Python) and setting it cost several times more,
+    once per job of a busy worker."""
 
     __slots__ = ("item", "woken", "lead", "result", "error")
 
     def __init__(self, item: I) -> None:
         self.item = item
-        self.woken: threading.Event | None = None
+        self.woken: threading.Lock | None = None
         self.lead = False  # woken to send the next call rather than with an answer
         self.result: R | None = None
         self.error: BaseException | None = None
@@ -57,9 +60,13 @@ class ThreadBatcher(Generic[I, R]):
         with self._lock:
             lead = self.state.join(me)
             if not lead:
-                me.woken = threading.Event()
+                me.woken = threading.Lock()
+                me.woken.acquire()
         if me.woken is not None:
-            me.woken.wait()
+            me.woken.acquire()  # until _send releases it: an answer, or the lead
+            # Woken once: as the new leader it is in the batch it sends itself, whose
+            # members _send wakes, and it must not be released twice.
+            me.woken = None
         if lead or me.lead:
             self._send()
         if me.error is not None:
@@ -80,7 +87,7 @@ class ThreadBatcher(Generic[I, R]):
         if leader is not None:
             leader.lead = True
             assert leader.woken is not None  # it joined while a call was in flight
-            leader.woken.set()
+            leader.woken.release()
         for member in batch:
             if member.woken is not None:
-                member.woken.set()
+                member.woken.release()
