@@ -34,6 +34,7 @@ from pyqueue.errors import (
 )
 from pyqueue.keys import QueueKeys
 from pyqueue.models import (
+    CancelFlag,
     Cancelled,
     DeadJob,
     DeadPage,
@@ -104,6 +105,7 @@ except PackageNotFoundError:  # running from a checkout that was never installed
 __all__ = [
     "__version__",
     "AuthenticationFailed",
+    "CancelFlag",
     "Cancelled",
     "chain",
     "chord",
