@@ -571,25 +571,34 @@ def test_setting_a_group_cap_from_the_page_changes_the_groups_table(
     assert [e for e in console.errors if "400" not in e] == []
 
 
-def test_the_tasks_panel_shows_a_real_workers_runs_failures_and_durations(
-    browser: Any, r: Any, serve: Callable[..., Any], redis_server: RedisServer, tmp_path: Path
-) -> None:
+def start_metrics_worker(r: Any, redis_server: RedisServer, tmp_path: Path, *options: str) -> tuple[Any, Path]:
+    """A real ``pyqueue worker metrics_app:tasks`` (tests/metrics_app.py) on the test's
+    server, with ``options``; its process and the file its output goes to."""
     import subprocess
     import sys
 
     import metrics_app
-    from conftest import free_ports
 
     metrics_app.tasks.bind(r)
-    (port,) = free_ports(1)
     tests_dir = Path(__file__).resolve().parent
     env = dict(os.environ, PYTHONPATH=f"{tests_dir}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     log_path = tmp_path / "worker.log"
     with open(log_path, "wb") as log:
         worker = subprocess.Popen(
             [sys.executable, "-m", "pyqueue", "--url", redis_server.url(), "worker", "metrics_app:tasks",
-             "--metrics-port", str(port), "--block-ms", "200"], env=env, stdout=log, stderr=subprocess.STDOUT,
+             "--block-ms", "200", *options], env=env, stdout=log, stderr=subprocess.STDOUT,
         )
+    return worker, log_path
+
+
+def test_the_tasks_panel_shows_a_real_workers_runs_failures_and_durations(
+    browser: Any, r: Any, serve: Callable[..., Any], redis_server: RedisServer, tmp_path: Path
+) -> None:
+    import metrics_app
+    from conftest import free_ports
+
+    (port,) = free_ports(1)
+    worker, log_path = start_metrics_worker(r, redis_server, tmp_path, "--metrics-port", str(port))
     try:
         for n in range(5):
             metrics_app.ok.send(n)
@@ -638,23 +647,11 @@ def test_the_events_panel_shows_the_newest_events_and_new_ones_as_they_come(
 def test_the_running_tab_shows_each_jobs_elapsed_time_time_limit_and_progress(
     browser: Any, r: Any, serve: Callable[..., Any], redis_server: RedisServer, tmp_path: Path
 ) -> None:
-    import subprocess
-    import sys
-
     import metrics_app
 
-    metrics_app.tasks.bind(r)
-    tests_dir = Path(__file__).resolve().parent
-    env = dict(os.environ, PYTHONPATH=f"{tests_dir}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    log_path = tmp_path / "worker.log"
-    with open(log_path, "wb") as log:
-        # Renewals every 500 ms: the report of what runs follows within that. The expiry
-        # is long: a loaded CI machine must not cost the worker its registration.
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "pyqueue", "--url", redis_server.url(), "worker", "metrics_app:tasks",
-             "--renew-ms", "500", "--expire-ms", "20000", "--block-ms", "200"],
-            env=env, stdout=log, stderr=subprocess.STDOUT,
-        )
+    # Renewals every 500 ms: the report of what runs follows within that. The expiry is
+    # long: a loaded CI machine must not cost the worker its registration.
+    worker, _log_path = start_metrics_worker(r, redis_server, tmp_path, "--renew-ms", "500", "--expire-ms", "20000")
     try:
         sent = metrics_app.slow.send(90)  # still running when the page reads it, however slow the machine
         page, console = open_page(browser, serve(poll_s=0.3).url)
