@@ -52,7 +52,7 @@ def test_supervised_children_killed_at_every_crash_point_lose_no_job_and_ack_eac
     by the poison job; the supervisor replaces each one and scrubs its leases at once."""
     require_redis_server()
     # 120 s a trial, not 60: a supervisor's children start one by one, and beside the
-    # other CI lane a trial once took over 60 s to settle (nothing lost: it was only slow).
+    # rest of a loaded CI run a trial once took over 60 s to settle (nothing lost: it was only slow).
     summary = run(dataclasses.replace(SIZE, trials=2, processes=2, trial_timeout_s=120), tmp_path)
     print("\n" + summary.render())
     assert summary.violations == [], summary.render()
