@@ -571,8 +571,10 @@ class Trial:
     """Runs one trial on ``server`` and collects its observations."""
 
     def __init__(self, server: RedisProcess, cfg: Config, number: int, workdir: Path, rng: random.Random,
-                 hits: collections.Counter[str]) -> None:
+                 hits: collections.Counter[str], carried: collections.Counter[str] | None = None) -> None:
         self.server, self.cfg, self.number, self.rng, self.hits = server, cfg, number, rng, hits
+        #: Per crash point, the supervisors of earlier trials that carried it (see next_point).
+        self.carried: collections.Counter[str] = carried if carried is not None else collections.Counter()
         self.workdir = workdir / f"trial-{number}"
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.queue = f"crash{number}"
@@ -631,11 +633,15 @@ class Trial:
         (alive or not), so that the points take turns and every one is hit: counting only
         live workers gave a point back to the front each time its worker was killed from
         outside, and a supervised run, whose supervisors' hits are read from their logs
-        at the end, once started none with before_ack or ack_sent. Ties go to the points
+        at the end, once started none with before_ack or ack_sent. A supervisor lives through
+        its trial, so a supervised trial carries only ``workers`` points: those carried in
+        earlier trials count too (``carried``), or a point its supervisor did not hit in
+        one trial took a later trial's slot again and a point never started in any
+        (ack_sent, in a CI run of 2 trials). Ties go to the points
         that need a long life first: a worker reaches in_extend only after lease_ms / 3
         of busy work, so it should start while the queue is full."""
         started = collections.Counter(w.point for w in self.workers if w.point)
-        return min(SPAWN_ORDER, key=lambda p: (self.hits[p] + started[p], SPAWN_ORDER.index(p)))
+        return min(SPAWN_ORDER, key=lambda p: (self.hits[p] + started[p] + self.carried[p], SPAWN_ORDER.index(p)))
 
     def point_reached(self, w: WorkerRun) -> bool:
         """Whether the crash point of ``w`` has been hit: by a worker that died at it, or,
@@ -997,13 +1003,15 @@ def run(cfg: Config, workdir: Path, *, progress: bool = False) -> Summary:
     seed = cfg.seed if cfg.seed is not None else random.randrange(2**32)
     rng = random.Random(seed)
     hits: collections.Counter[str] = collections.Counter()
+    carried: collections.Counter[str] = collections.Counter()
     reports = []
     started = time.monotonic()
     with RedisProcess(workdir) as server:
         for number in range(cfg.trials):
             t0 = time.monotonic()
-            trial = Trial(server, cfg, number, workdir, rng, hits)
+            trial = Trial(server, cfg, number, workdir, rng, hits, carried)
             obs = trial.run()
+            carried.update(w.point for w in trial.workers if w.supervised and w.point)
             report = check_trial(number, obs)
             report.workers = len(trial.workers)
             report.seconds = time.monotonic() - t0
