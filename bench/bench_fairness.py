@@ -238,14 +238,17 @@ def main() -> None:
     parser.add_argument("--baseline-lua", type=Path, default=None, help="an older lua/ (contract v2) for part 3")
     parser.add_argument("--plain-jobs", type=int, default=2000)
     parser.add_argument("--plain-rounds", type=int, default=10)
-    parser.add_argument("--only", nargs="+", choices=["timeline", "cap", "plain"], default=["timeline", "cap", "plain"],
-                        help="the parts to run (default: all; plain needs --baseline-lua)")
+    parser.add_argument("--only", nargs="+", choices=["timeline", "cap", "plain"], default=None,
+                        help="the parts to run (default: all, plain only with --baseline-lua)")
     parser.add_argument("--json-out", default=None)
     args = parser.parse_args()
     if not (100 <= args.backlog <= 100_000 and 800 <= args.cap_jobs <= 100_000 and 1 <= args.repetitions <= 20
             and 0 < args.cap_work_ms <= 100):
         parser.error("--backlog in [100, 100000], --cap-jobs in [800, 100000], --repetitions in [1, 20], "
                      "--cap-work-ms in (0, 100]")
+    if args.only is not None and "plain" in args.only and args.baseline_lua is None:
+        parser.error("--only plain compares with older scripts: give them with --baseline-lua DIR")
+    parts = args.only or ["timeline", "cap", "plain"]
     server: _server.LoopbackRedis | None = None
     if args.redis_url is None:
         server = _server.LoopbackRedis(args.redis_server).start()
@@ -255,14 +258,14 @@ def main() -> None:
         client = redis.Redis.from_url(args.redis_url)
         tag = str(time.time_ns())
         report: dict[str, Any] = {}
-        if "timeline" in args.only:
+        if "timeline" in parts:
             report["timeline_grouped"] = timeline(client, args.backlog, args.work_ms, True, tag)
             report["timeline_without_groups"] = timeline(client, args.backlog, args.work_ms, False, tag)
-        if "cap" in args.only:
+        if "cap" in parts:
             report["cap_throughput"] = cap_throughput(client, args.cap_jobs, args.repetitions, tag, 0.0)
             report["cap_throughput_with_work"] = cap_throughput(client, args.cap_jobs, args.repetitions, tag,
                                                                 args.cap_work_ms)
-        if "plain" in args.only and args.baseline_lua is not None:
+        if "plain" in parts and args.baseline_lua is not None:
             report["plain_queue_cost"] = plain_cost(args.redis_url, args.baseline_lua, args.plain_jobs, args.plain_rounds)
     finally:
         if server is not None:

@@ -709,10 +709,9 @@
     renderJobs(page);
   }
 
-  // At a poll: read the page again if the selected queue's figures moved (unless a
-  // result is open under a row: it would go).
-  // At a poll: read the page again if the queue's figures moved; the running tab also
-  // every RUNNING_STALE_MS, since its workers' reports and progress change without them.
+  // At a poll: read the page again if the selected queue's figures moved; the running
+  // tab also every RUNNING_STALE_MS, since its workers' reports and progress change
+  // without them. Never while a result is open under a row: it would go.
   const RUNNING_STALE_MS = 3000;
   function refreshJobs() {
     const q = state.overview.queues.find((x) => x.name === state.jobsQueue);
