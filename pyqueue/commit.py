@@ -1,30 +1,49 @@
 """Group commit: handlers that finish together are acked, and their replacements leased,
 in one ``lease`` call (DESIGN §10).
 
-A handler thread whose job succeeded calls :meth:`GroupCommit.commit`. If no commit call
-of the queue is in flight, it sends one at once with every job that is waiting (a lone
-busy handler is never delayed waiting for company); if one is in flight, it waits, and
-the jobs that gathered meanwhile go together in the next call, sent by the first of
-them. Each call acks its batch and leases as many new jobs as its members asked for
-(lua/lease.lua acks many receipts and leases many jobs per call), or, when none asked,
-acks with lua/ack.lua. The more handlers finish per round trip, the fewer round trips
-and Redis calls each job costs.
+The worker's **commit loop** (:class:`CommitLoop`, one thread) sends them. A handler
+thread whose job succeeded posts it (:meth:`CommitLoop.post`) and goes on at once to the
+next job waiting in its executor, without waiting for the ack's answer; the loop takes
+every job posted meanwhile, sends one call per queue (lua/lease.lua acks many receipts
+and leases many jobs per call; lua/ack.lua when no slot wants a job in its place), and
+hands each job a call leased to the executor, in the slot of the job it replaces. So a
+busy worker sends one call per round trip whatever its concurrency, and its handler
+threads never wait on Redis for an ack. A post that finds the loop asleep and nothing
+else waiting (a worker that is not saturated, concurrency 1) is sent by the posting
+thread itself when no other handler runs a job (concurrency 1, or a worker that is
+not saturated): two hand-offs between threads cost more than the call. A slot stays taken until its job's ack has
+answered: the worker's shutdown (which waits for its slots) and a burst run's end wait
+for every ack.
+
+:class:`GroupCommit` is one queue's half of it, and also serves a caller that waits
+for its answer (:meth:`GroupCommit.commit`: the task layer's test drain, which runs
+jobs in its own thread with no loop running). If no commit call of the queue is in
+flight, it sends one at once with every job that is waiting (a lone caller is never
+delayed waiting for company); if one is in flight, it waits, and the jobs that gathered
+meanwhile go together in the next call, sent by the first of them.
 
 What a batch promises is what each of its calls promises: every receipt gets its own
 outcome (a stale receipt answers STALE and stops nothing else); a call re-sent after a
 lost reply carries the same call token, so it has one effect and hands back the jobs
-the first run leased.
+the first run leased. Delivery stays at least once: a job is acked only after its
+handler returned, and a worker that dies with acks not yet sent leaves those jobs
+leased, to be reclaimed and run again.
 """
 
 from __future__ import annotations
 
+import logging
 import secrets
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Mapping
 from typing import Protocol, TypeVar
 
 from pyqueue.batching import ThreadBatcher
+from pyqueue.core import MAX_BATCH
 from pyqueue.models import Job, Outcome
 from pyqueue.queue import Queue
+
+log = logging.getLogger("pyqueue.worker")
 
 T = TypeVar("T")
 
@@ -60,21 +79,16 @@ class GroupCommit:
         self._retrying = retrying
         self._on_leased = on_leased
         self._batcher: ThreadBatcher[Finished, Answer] = ThreadBatcher(self.send)
-
-    @property
-    def calls(self) -> int:
-        """Calls sent so far."""
-        return self._batcher.state.calls
-
-    @property
-    def acked(self) -> int:
-        """Jobs those calls acked (any outcome): their mean batch is acked / calls."""
-        return self._batcher.state.items
+        #: Calls sent so far, and the jobs they acked (any outcome): the mean batch is
+        #: acked / calls.
+        self.calls = 0
+        self.acked = 0
 
     def commit(self, job: Job, *, wants_job: bool) -> Answer:
         """Ack ``job`` (its handler succeeded) and, if ``wants_job``, lease one job in
-        its place, together with whatever other handlers of the queue finish meanwhile.
-        Returns the ack's outcome and the job leased for this caller, if any.
+        its place, together with whatever other callers of the queue finish meanwhile;
+        wait for the answer. Returns the ack's outcome and the job leased for this
+        caller, if any.
 
         Raises:
             what the call raised after the retry policy gave up (every member of the
@@ -87,6 +101,8 @@ class GroupCommit:
         each that wants one (as many as are ready), or ack.lua when none does."""
         jobs = [job for job, _ in batch]
         wanted = sum(1 for _, wants in batch if wants)
+        self.calls += 1  # (read for figures only; a lost increment between threads is harmless)
+        self.acked += len(jobs)
         if not wanted:
             return [(outcome, None) for outcome in self._retrying(lambda: self.queue.ack_many(jobs))]
         call = secrets.token_hex(8)  # the same token on every retry: one effect
@@ -97,3 +113,156 @@ class GroupCommit:
             self._on_leased(leased.jobs)
         handed = iter(leased.jobs)
         return [(outcome, next(handed, None) if wants else None) for outcome, (_, wants) in zip(leased.acks, batch)]
+
+
+class Posted:
+    """A finished job posted to the commit loop: its slot (how logs name it), whether
+    the slot wants a job in its place, the slot's streak (how many jobs in a row it
+    leased for itself), and, for a poster that waits, what the call answered it."""
+
+    __slots__ = ("job", "label", "wants", "streak", "woken", "outcome", "next_job")
+
+    def __init__(self, job: Job, label: object, wants: bool, streak: int, wait: bool) -> None:
+        self.job, self.label, self.wants, self.streak = job, label, wants, streak
+        #: A lock made held, released once the call answered (None: nobody waits).
+        self.woken: threading.Lock | None = None
+        if wait:
+            self.woken = threading.Lock()
+            self.woken.acquire()
+        self.outcome: Outcome | None = None  # None: never sent (killed), or the call failed
+        self.next_job: Job | None = None
+
+
+class CommitLoop:
+    """The worker's commit loop (see the module docstring): one thread sends the acks of
+    the jobs its handler threads post, one call per queue per round.
+
+    Args:
+        commits: the group commit of each queue, by name.
+        give_back: gives ``n`` handler slots back (those whose jobs' acks answered and
+            that got no job in their place).
+        lone: whether the posting handler is the only one running a job.
+        killed: once set, nothing more is sent (a killed process acks nothing).
+
+    ``hand_out(job, streak)`` must be set before :meth:`start`: it runs ``job`` in the
+    slot of the one it replaces (the executor's ``resume``).
+    """
+
+    def __init__(
+        self, commits: Mapping[str, GroupCommit], *, give_back: Callable[[int], None], lone: Callable[[], bool],
+        killed: threading.Event,
+    ) -> None:
+        self.commits = commits
+        self.give_back = give_back
+        self.lone = lone
+        self.killed = killed
+        self.hand_out: Callable[[Job, int], None] | None = None
+        self._lock = threading.Lock()
+        self._pending: dict[str, list[Posted]] = {}
+        # The loop sleeps on a lock made held, released once by whoever posts to an idle
+        # loop (cheaper than a Condition, whose every wait makes a lock of its own).
+        self._wake = threading.Lock()
+        self._wake.acquire()
+        self._idle = False  # the loop's thread sleeps (no call of its own in flight)
+        self._inline = False  # a poster's own call is in flight
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether the loop's thread has started (and not been closed)."""
+        return self._thread is not None and not self._closed
+
+    def start(self) -> None:
+        assert self.hand_out is not None, "CommitLoop.hand_out is set when the executor is made"
+        self._thread = threading.Thread(target=self._run, name="pyqueue-commit", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Send what was posted, then end the thread (the worker is done with it). Acks
+        that come later are sent by their own threads (:class:`Endings` asks
+        :attr:`running`)."""
+        with self._lock:
+            self._closed = True
+            self._wake_if_idle()
+
+    def post(self, job: Job, label: object, *, wants: bool, streak: int, wait: bool = False) -> Posted:
+        """Ack ``job`` in the next call to its queue and, if ``wants``, lease a job in its
+        place (handed out with ``streak + 1``). The slot passes to the loop: it gives it
+        back, or hands it the new job. Returns at once, unless ``wait``: then once the
+        call answered, with ``outcome`` and ``next_job`` set and the slot left to the
+        caller (``next_job`` is the caller's to run or hand out)."""
+        posted = Posted(job, label, wants, streak, wait)
+        with self._lock:
+            # A lone handler (no other slot runs a job), with nobody sending and nothing
+            # waiting: the call goes from this thread, as two hand-offs between threads
+            # would cost more than the call saves. With other handlers running, the
+            # loop's call takes theirs too, and this thread goes on.
+            inline = self._closed or (
+                self._idle and not self._inline and not self._pending and self.lone()
+            )
+            if inline:
+                self._inline = True
+            else:
+                pending = self._pending.get(job.queue)
+                if pending is None:
+                    self._pending[job.queue] = [posted]
+                else:
+                    pending.append(posted)
+                self._wake_if_idle()
+        if inline:
+            try:
+                self._send(self.commits[job.queue], [posted])
+            finally:
+                with self._lock:
+                    self._inline = False
+                    if self._pending:
+                        self._wake_if_idle()
+        if posted.woken is not None:
+            posted.woken.acquire()
+        return posted
+
+    def _wake_if_idle(self) -> None:  # under _lock
+        if self._idle:
+            self._idle = False
+            self._wake.release()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                batches, self._pending = self._pending, {}
+                if not batches:
+                    if self._closed:
+                        return
+                    self._idle = True
+            if not batches:
+                self._wake.acquire()  # until a post (or the close) releases it
+                continue
+            for name, posted in batches.items():
+                for start in range(0, len(posted), MAX_BATCH):
+                    self._send(self.commits[name], posted[start : start + MAX_BATCH])
+
+    def _send(self, commit: GroupCommit, batch: list[Posted]) -> None:
+        answers: list[Answer] = []
+        if not self.killed.is_set():
+            try:
+                answers = commit.send([(p.job, p.wants) for p in batch])
+            except Exception:
+                # The retry policy gave up (the worker is past its grace period) or a bug:
+                # the jobs stay leased until their leases expire, and run again elsewhere.
+                log.exception("%d acks of %s were not sent: those jobs may run again", len(batch), commit.queue.name)
+        assert self.hand_out is not None
+        freed = 0
+        for i, posted in enumerate(batch):
+            outcome, next_job = answers[i] if answers else (None, None)
+            if outcome is not None and not outcome:
+                log.warning("%s finished but its lease was lost (%s): it may run again", posted.label, outcome.value)
+            if posted.woken is not None:
+                posted.outcome, posted.next_job = outcome, next_job
+                posted.woken.release()
+            elif next_job is not None:
+                self.hand_out(next_job, posted.streak + 1)
+            else:
+                freed += 1
+        if freed:
+            self.give_back(freed)

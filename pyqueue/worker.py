@@ -11,11 +11,13 @@ Threads and connections:
   private wake key, for at most the time to the next due job or lease deadline. It owns
   the *blocking* connection, whose socket timeout exceeds the longest block.
 * **handler threads** (``concurrency`` of them; the executor,
-  :mod:`pyqueue.runtime.executor`) run the handler. On success the job is acked by group
-  commit (:mod:`pyqueue.commit`, :mod:`pyqueue.runtime.endings`): in one call with the
-  jobs of the other handlers that finish meanwhile, a call that for the first queue also
-  leases their replacements, so a busy worker needs at most one round trip per job, and
-  fewer the more handlers finish together. On an exception the job is nacked.
+  :mod:`pyqueue.runtime.executor`) run the handler. On success the job's ack is posted to
+  the commit loop and the thread takes its next job at once; on an exception the job is
+  nacked (:mod:`pyqueue.runtime.endings`).
+* the **commit loop** (:mod:`pyqueue.commit`, one thread) acks by group commit: the jobs
+  of every handler that finished since its last call in one call per queue, a call that
+  for the first queue also leases their replacements, so a busy worker needs at most one
+  round trip per job, and fewer the more handlers finish together.
 * the **heartbeat thread** (:mod:`pyqueue.runtime.heartbeat`) extends the leases of
   running jobs (one batched call per queue, every third of ``lease_ms``), renews the
   service every ``renew_ms``, scrubs the leases of dead services that renewal reports,
@@ -48,7 +50,7 @@ from typing import cast
 import redis as redis_lib
 
 from pyqueue.clients import Client, bytes_client, check_server, default_client
-from pyqueue.commit import GroupCommit
+from pyqueue.commit import CommitLoop, GroupCommit
 from pyqueue.core import DEFAULT_MAX_RESULTS
 from pyqueue.errors import InvalidArgument
 from pyqueue.queue import (
@@ -273,6 +275,9 @@ class Worker(ExecutorHooks):
         self._commits = {
             q.name: GroupCommit(q, self.lease_ms, retrying, self.running.track_all) for q in self.queues
         }
+        self.commit_loop = CommitLoop(
+            self._commits, give_back=self.running.give_back, lone=self.running.lone, killed=self.control.killed
+        )
         self.registration = Registration(
             self.services, self.control, queue_names=[q.name for q in self.queues], by_name=self._by_name,
             redis=self.redis, prefix=prefix, expire_ms=self.expire_ms, task_names=self.task_names,
@@ -280,17 +285,20 @@ class Worker(ExecutorHooks):
         # Each renewal reports what runs (the dashboard's running jobs: elapsed, time limit).
         self.registration.report = lambda: self.running.report(self.lease_ms)
         self.endings = Endings(
-            by_name=self._by_name, first_group=self.groups[0], commits=self._commits, running=self.running,
+            by_name=self._by_name, first_group=self.groups[0], commit_loop=self.commit_loop, running=self.running,
             control=self.control, registration=self.registration, crash=self._crash, retrying=retrying,
             keep_results_ms=self.keep_results_ms, max_results=self.max_results,
             backoff_base_ms=self.backoff_base_ms, backoff_cap_ms=self.backoff_cap_ms,
-            on_ended=getattr(handler, "job_ended", None),
+            on_ended=getattr(handler, "job_ended", None), reports_end=getattr(handler, "reports_end", None),
         )
         self.executor = self.executor_class(
             # (With batch=, every queue is served in batches: the executor's one-job calls are never made.)
             cast(Handler, handler), concurrency=self.concurrency, lease_ms=self.lease_ms, slot_owner=self, running=self.running,
             endings=self.endings, crash=self._crash, partitioned_first=len(self.groups[0]) > 1,
         )
+        # The commit loop hands the jobs it leases to the executor, in the slots of the
+        # jobs they replace (made after the endings, which post to the loop).
+        self.commit_loop.hand_out = self.executor.resume
         self.heartbeat = Heartbeat(
             queues=self.queues, by_name=self._by_name, running=self.running, registration=self.registration,
             executor=self.executor, control=self.control, crash=self._crash, wake_fetch_loop=self._wake_fetch_loop,
@@ -408,19 +416,26 @@ class Worker(ExecutorHooks):
             )
             self._scheduler.start()
         self.executor.start()
+        self.commit_loop.start()
         try:
             self.fetch.run(burst)
         finally:
             if not control.killed.is_set():
                 shutdown(
                     control=control, running=self.running, queues=self.queues, services=self.services,
-                    service=service, grace_ms=self.grace_ms, close_executor=self.executor.shutdown,
+                    service=service, grace_ms=self.grace_ms, close_executor=self._close_handlers,
                 )
             else:
-                self.executor.shutdown()
+                self._close_handlers()
             control.hard_stop.set()
             self.heartbeat.join(5)
             if self._scheduler is not None:
                 self._scheduler.join(5)
             control.restore_signal_handlers(previous)
         return self.exit_code
+
+    def _close_handlers(self) -> None:
+        """Run no more jobs (the handler threads end once done), and end the commit loop
+        once it has sent what was posted."""
+        self.executor.shutdown()
+        self.commit_loop.close()

@@ -1,9 +1,10 @@
 """How a job's run ends, once its handler returned or raised: the transition it becomes.
 
-* it returned: ``ack`` by group commit (:mod:`pyqueue.commit`), in one call with the jobs
-  of other handlers that finish meanwhile, which for the first queue also leases their
-  replacements; ``ack_result`` when a result is kept (a :class:`~pyqueue.Result`, or any
-  value with ``keep_results_ms``);
+* it returned: ``ack`` by group commit (:mod:`pyqueue.commit`): posted to the worker's
+  commit loop, which acks it in one call with the jobs of other handlers that finish
+  meanwhile and, for the first queue, leases their replacements; the handler thread goes
+  on at once. ``ack_result`` when a result is kept (a :class:`~pyqueue.Result`, or any
+  value with ``keep_results_ms``), sent from the handler thread;
 * it raised :class:`Retry`: ``nack`` after its delay (or the backoff), the attempt counted;
   :class:`Fail`: ``nack`` to the dead letters now; anything else: ``nack`` with the
   backoff, dead at max attempts;
@@ -16,7 +17,8 @@ Delivery: at least once. If an ack's answer is not OK the lease was lost (expire
 reclaimed, or scrubbed) and the job may run, or have run, again elsewhere.
 
 Runs in the handler thread that ran the job (both for sync and asyncio handlers: the
-asyncio executor waits for its task in a handler thread). :class:`Retry`, :class:`Fail`,
+asyncio executor waits for its task in a handler thread); only a plain ack leaves it,
+for the commit loop. :class:`Retry`, :class:`Fail`,
 :func:`error_text` and :func:`seconds_to_ms` do no I/O and are shared by every driver
 and by the task layer.
 """
@@ -31,7 +33,7 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 
-from pyqueue.commit import GroupCommit, Retrying
+from pyqueue.commit import CommitLoop, Retrying
 from pyqueue.core import DEFAULT_RESULT_TTL_MS
 from pyqueue.errors import InvalidArgument
 from pyqueue.models import Job, Outcome, Result
@@ -133,23 +135,29 @@ class Endings:
         first_group: the queues of the first (highest-priority) logical queue: group
             commit leases replacements only from there, so a lower-priority job never
             overtakes a ready higher-priority one.
-        commits: the group commit of each queue, by name.
+        commit_loop: sends the acks (and leases the replacements) of the jobs whose
+            handlers returned.
         on_ended: the handler's ``job_ended(job, how)``, if it has one: called once this
             worker's ack ('ok') or nack ('dead') of a job answered OK, so what waits for
             the job hears of it at once (the task layer's flows; a flow check covers a
             worker that dies first). Its errors are logged, never the job's.
+        reports_end: the handler's ``reports_end(job)``, if it has one: whether
+            ``on_ended`` wants to hear of ``job`` (without it, of every job). The handler
+            thread of such a job waits for its ack's answer to call the hook; the others
+            go on at once.
     """
 
     def __init__(
-        self, *, by_name: Mapping[str, Queue], first_group: Sequence[Queue], commits: Mapping[str, GroupCommit],
+        self, *, by_name: Mapping[str, Queue], first_group: Sequence[Queue], commit_loop: CommitLoop,
         running: Running, control: Control, registration: Registration, crash: Crasher, retrying: Retrying,
         keep_results_ms: int | None, max_results: int, backoff_base_ms: int, backoff_cap_ms: int,
-        on_ended: Callable[[Job, str], None] | None = None,
+        on_ended: Callable[[Job, str], None] | None = None, reports_end: Callable[[Job], bool] | None = None,
     ) -> None:
         self.by_name = by_name
         self.on_ended = on_ended
+        self.reports_end = reports_end
         self.first_group = list(first_group)
-        self.commits = commits
+        self.commit_loop = commit_loop
         self.running = running
         self.control = control
         self.registration = registration
@@ -162,12 +170,16 @@ class Endings:
         self._stopping: threading.Event = control.stopping
         self._paused: threading.Event = control.leasing_paused
 
-    def end(self, job: Job, slot: Slot, result: object, error: BaseException | None, *, may_lease: bool) -> Job | None:
+    def end(
+        self, job: Job, slot: Slot, result: object, error: BaseException | None, *, may_lease: bool, streak: int = 1
+    ) -> bool:
         """End the run of ``job``: its handler returned ``result`` or raised ``error``.
-        Returns the job group commit leased in its place for this slot, if any
-        (``may_lease``: the slot wants one)."""
+        Returns whether the slot passed on to the commit loop (its job's ack was
+        posted, or a job leased in its place was handed out): then the caller must not
+        give it back. ``may_lease``: the slot wants a job in its place; ``streak``: how
+        many jobs in a row it ran so."""
         if self._killed.is_set():
-            return None  # a killed process acks nothing
+            return False  # a killed process acks nothing
         queue = self.by_name[job.queue]
         label = slot  # logged as str(slot): built only if a line is logged
         # Untracked here, or by the heartbeat at the time limit (then `limited` is set
@@ -183,20 +195,20 @@ class Endings:
             log.info(
                 "%s stopped at its time limit (%s)", label, "raised " + type(error).__name__ if error else "returned"
             )
-            return None
+            return False
         if error is None and (inspect.isawaitable(result) or inspect.isasyncgen(result)):
             self.refuse_awaitable(queue, job, result, tracked)
-            return None
+            return False
         if not tracked:
             # The shutdown released this job after the grace period: its receipt is
             # stale, and another worker may be running it.
             log.warning("%s finished after its lease was released at shutdown", label)
-            return None
+            return False
         if job.cancelled.is_set():
             # Cancelled (or its lease lost): its end is decided already; an ack or nack
             # would answer GONE or STALE and change nothing.
             log.info("%s ended as cancelled (its handler %s)", label, "failed" if error else "returned")
-            return None
+            return False
         keep = self.result_to_keep(result) if error is None else None
         if keep is not None:
             value, ttl_ms = keep
@@ -215,24 +227,41 @@ class Endings:
                 log_ack(label, outcome)
                 if outcome and self.on_ended is not None:
                     self.ended(job, "ok")
-                return None
+                return False
         if error is None:
             self.crash.at("before_ack")
             if self.crash.armed("ack_sent"):
                 send_and_die(queue, job, self.crash)
             # Group commit: acked together with the jobs of other handlers that finish
             # meanwhile, in one call that also leases their replacements.
+            loop = self.commit_loop
             wants_job = (
                 queue in self.first_group and may_lease and not self._stopping.is_set()
                 and not self._paused.is_set() and self.registration.confirmed()
             )
-            outcome, next_job = self.commits[queue.name].commit(job, wants_job=wants_job)
-            log_ack(label, outcome)
-            if outcome and self.on_ended is not None:
+            if not loop.running:
+                # No loop sends this worker's acks (the task layer's test drain runs jobs
+                # in its own thread; a handler that ends as the worker closes): the ack
+                # is sent and answered here.
+                outcome, _ = loop.commits[queue.name].commit(job, wants_job=False)
+                log_ack(label, outcome)
+                if outcome and self.on_ended is not None and self.wants_report(job):
+                    self.ended(job, "ok")
+                return False
+            if self.on_ended is None or not self.wants_report(job):
+                loop.post(job, label, wants=wants_job, streak=streak)
+                return True
+            # Its hook is told once the ack answered OK: wait for that here.
+            posted = loop.post(job, label, wants=wants_job, streak=streak, wait=True)
+            if posted.outcome:
                 self.ended(job, "ok")
-            return next_job
+            if posted.next_job is None:
+                return False
+            assert loop.hand_out is not None
+            loop.hand_out(posted.next_job, streak + 1)
+            return True
         self.fail(queue, job, error, label)
-        return None
+        return False
 
     def fail(self, queue: Queue, job: Job, error: BaseException, label: object) -> None:
         """Nack a job whose handler raised: :class:`Retry` after its delay (or the
@@ -254,6 +283,10 @@ class Endings:
             log.warning("%s: nack found the lease %s", label, nacked.outcome.value)
         elif nacked.state == "scheduled":
             self.running.note_retry(nacked.at_ms)
+
+    def wants_report(self, job: Job) -> bool:
+        """Whether the handler's ``job_ended`` hook wants to hear of ``job``."""
+        return self.reports_end is None or self.reports_end(job)
 
     def ended(self, job: Job, how: str) -> None:
         """Tell the handler that ``job`` ended ``how`` (``on_ended``)."""

@@ -8,10 +8,13 @@ this worker, :meth:`shutdown` when the worker ends). What each can interrupt dif
 and is said honestly per executor (:mod:`pyqueue.slots`): the lease is the backstop.
 
 :class:`ThreadExecutor` (the sync :class:`~pyqueue.worker.Worker`'s): ``concurrency``
-**handler threads** run the handler. A thread runs a job, hands its end to group commit,
-and runs the job that commit leased in its place, if any, so a busy worker needs at most
-one round trip per job. A time limit raises :class:`~pyqueue.slots.TimeLimitExceeded`
-in the thread; a job whose lease ended gets ``job.cancelled`` set.
+**handler threads** take work from one queue (a ``queue.SimpleQueue``, the cheapest
+hand-off between threads CPython has). A thread runs a job, posts its ack to the
+commit loop (:mod:`pyqueue.commit`), and takes the next job at once; the commit loop puts
+the jobs it leased in their place on the same queue, in the slots of the jobs they
+replace. So a thread waits only when there is no job to run, never on an ack's round
+trip. A time limit raises :class:`~pyqueue.slots.TimeLimitExceeded` in the thread; a job
+whose lease ended gets ``job.cancelled`` set.
 
 :class:`~pyqueue.runtime.aio_executor.AsyncioExecutor` (the
 :class:`~pyqueue.aio_worker.AsyncWorker`'s) is a ThreadExecutor whose handler threads
@@ -22,8 +25,9 @@ from __future__ import annotations
 
 import inspect
 import logging
+import queue as queue_lib
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from pyqueue.errors import InvalidArgument
@@ -95,7 +99,9 @@ class ThreadExecutor:
         self.endings = endings
         self.crash = crash
         self.partitioned_first = partitioned_first
-        self._pool: ThreadPoolExecutor | None = None
+        #: The handler threads' work: (function, *arguments) to call; None ends a thread.
+        self._work: queue_lib.SimpleQueue[tuple[Any, ...] | None] = queue_lib.SimpleQueue()
+        self._threads: list[threading.Thread] = []
 
     @staticmethod
     def check_handler(handler: object) -> None:
@@ -103,38 +109,57 @@ class ThreadExecutor:
         check_sync_handler(handler)
 
     def start(self) -> None:
-        self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="pyqueue-handler")
+        # Daemon threads: one stuck past its time limit in C code must not hold the
+        # process at exit (its job was ended by the heartbeat, its slot written off).
+        self._threads = [
+            threading.Thread(target=self._serve_forever, name=f"pyqueue-handler-{i}", daemon=True)
+            for i in range(self.concurrency)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _serve_forever(self) -> None:
+        get = self._work.get
+        while (work := get()) is not None:
+            try:
+                work[0](*work[1:])
+            except BaseException:  # the slot was given back; the thread must live on for the next one
+                log.exception("a handler thread's work failed (the worker's own error, not a handler's)")
 
     def submit(self, job: Job) -> None:
-        assert self._pool is not None
-        self._pool.submit(self.serve, job)
+        self._work.put((self.serve, job, 1))
+
+    def resume(self, job: Job, streak: int) -> None:
+        """Run ``job``, which the commit loop leased in the slot of the job it replaces,
+        the ``streak``-th job in a row that slot leased for itself."""
+        self._work.put((self.serve, job, streak))
 
     def spawn(self, serve: Callable[..., None], *args: Any) -> None:
         """Run ``serve(*args)`` in a handler thread, in the slot the caller took for it
         (a batch of jobs: :mod:`pyqueue.runtime.batch`)."""
-        assert self._pool is not None
-        self._pool.submit(serve, *args)
+        self._work.put((serve, *args))
 
     def shutdown(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
+        for _ in self._threads:
+            self._work.put(None)  # a thread ends once it is done with what it runs
 
-    def serve(self, first: Job) -> None:
-        """Run jobs in this slot: ``first``, then whatever ack-and-lease hands back (in
-        a partitioned queue at most PARTITION_STREAK jobs in a row: then the slot goes
-        back to a lease round, which moves on to the next partition)."""
-        job: Job | None = first
-        streak = 0
+    def serve(self, job: Job, streak: int) -> None:
+        """Run ``job`` in its slot; the slot passes on to the commit loop with its ack
+        (which leases a job in its place, in a partitioned queue at most
+        PARTITION_STREAK in a row: then the slot goes back to a lease round, which moves
+        on to the next partition), or is given back here."""
+        handed_on = False
         try:
-            while job is not None:
-                streak += 1
-                job = self.run_one(job, may_lease=not self.partitioned_first or streak < PARTITION_STREAK)
+            handed_on = self.run_one(
+                job, may_lease=not self.partitioned_first or streak < PARTITION_STREAK, streak=streak
+            )
         finally:
-            self.running.give_back()
+            if not handed_on:
+                self.running.give_back()
 
-    def run_one(self, job: Job, *, may_lease: bool = True) -> Job | None:
-        """Run ``job``'s handler in this thread, then end it (:meth:`Endings.end`); the
-        job leased in its place, if any."""
+    def run_one(self, job: Job, *, may_lease: bool = True, streak: int = 1) -> bool:
+        """Run ``job``'s handler in this thread, then end it (:meth:`Endings.end`);
+        whether its slot passed on to the commit loop."""
         error: BaseException | None = None
         result: object = None
         slot = Slot(self.slot_owner, job)
@@ -152,7 +177,7 @@ class ThreadExecutor:
         finally:
             enter_slot(None)
             self.running.leave(slot)
-        return self.endings.end(job, slot, result, error, may_lease=may_lease)
+        return self.endings.end(job, slot, result, error, may_lease=may_lease, streak=streak)
 
     def call_handler(self, job: Job) -> object:
         """Run the handler on ``job`` in this handler thread; what it returns."""

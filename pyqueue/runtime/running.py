@@ -2,8 +2,8 @@
 leased that have not ended. The one piece of state the parts of a worker share.
 
 Who touches it, from which thread: the fetch loop takes free slots and tracks the jobs it
-leased; the handler threads (and group commit, for the jobs it leases in their place)
-track and untrack jobs and give their slot back; the heartbeat reads the jobs to extend
+leased; the handler threads untrack jobs and give their slot back, and the commit loop tracks
+the jobs it leases in their place (or gives the slots back once their acks answered); the heartbeat reads the jobs to extend
 their leases and the slots to enforce time limits; the shutdown takes what is left.
 
 Two locks, as before the split: ``slots`` (a Condition) guards the free count, the
@@ -60,11 +60,17 @@ class Running:
         with self.slots:
             self.free -= count
 
-    def give_back(self) -> None:
-        """A handler thread is done with its slot."""
+    def give_back(self, count: int = 1) -> None:
+        """Handler slots are free again (their jobs ended; for those the commit loop
+        acked, once the acks answered)."""
         with self.slots:
-            self.free += 1
+            self.free += count
             self.slots.notify_all()
+
+    def lone(self) -> bool:
+        """Whether at most one slot runs a job (asked by a handler about to end its own;
+        read without the lock: a hint, never a decision of correctness)."""
+        return self.free + self.written_off >= self.concurrency - 1
 
     def wake(self) -> None:
         """Wake whoever waits on the slots (a stop was asked)."""

@@ -333,6 +333,12 @@ class Dispatcher:
             _current.reset(token)
         return None if opts.keep_result_ms is None else self.result(task, opts, value)
 
+    @staticmethod
+    def reports_end(job: Job) -> bool:
+        """Whether :meth:`job_ended` wants to hear of ``job``: a flow step's. The worker's
+        handler thread waits for the ack of such a job only (one substring test)."""
+        return b'"flow"' in job.payload
+
     def job_ended(self, job: Job, how: str) -> None:
         """The worker's hook once its ack ('ok') or dead-nack ('dead') of ``job`` answered
         OK: a flow step's end is reported to the steps waiting for it
