@@ -599,7 +599,8 @@ DRAIN_FUNCTIONS = {
     "envelope.decode": ("tasks/envelope.py", "decode"),
     "codec.loads (json decode)": ("tasks/codec.py", "loads"),
     "codec.untag": ("tasks/codec.py", "untag"),
-    "GroupCommit.commit (ack + next lease)": ("pyqueue/commit.py", "commit"),
+    "CommitLoop.post (a handler posts its ack)": ("pyqueue/commit.py", "post"),
+    "GroupCommit.send (the commit loop's call: acks + next leases)": ("pyqueue/commit.py", "send"),
 }
 
 
