@@ -5,6 +5,16 @@
 * a lone handler is not held back: its call goes out at once;
 * a batch whose reply is lost is sent again with the same token and has one effect;
 * a stale receipt in a batch answers STALE and stops none of the others.
+
+The commit loop (the worker's sender of group commits):
+
+* a handler that posts its ack goes on at once, while the loop's call is in flight, and
+  the acks posted meanwhile go together in the loop's next call;
+* a slot is given back only once its job's ack answered; a job leased in its place is
+  handed out in that slot, its streak counted on;
+* a lone handler sends its own call, from its own thread;
+* a poster that waits (a flow step's) gets its outcome and its replacement itself;
+* a killed worker sends nothing more.
 """
 
 from __future__ import annotations
@@ -15,7 +25,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from pyqueue import Job, Leased, NewJob, Outcome, OutcomeUnknown, Queue
-from pyqueue.commit import GroupCommit
+from pyqueue.commit import CommitLoop, GroupCommit
 
 T = TypeVar("T")
 T0 = 1_000_000
@@ -121,3 +131,141 @@ class LoseFirstReply:
             self.first_jobs = leased.jobs
             raise OutcomeUnknown("reply lost (simulated)")
         return leased
+
+
+class Gated:
+    """A queue whose calls wait for ``gate`` once sent (each sets ``entered``), and that
+    records the thread each call was sent from."""
+
+    def __init__(self, q: Queue) -> None:
+        self.q, self.gate, self.entered = q, threading.Event(), threading.Event()
+        self.name = q.name
+        self.threads: list[int] = []
+
+    def _sent(self) -> None:
+        self.threads.append(threading.get_ident())
+        self.entered.set()
+        assert self.gate.wait(5)
+
+    def lease_call(self, **kwargs: Any) -> Leased:
+        leased = self.q.lease_call(**kwargs)
+        self._sent()
+        return leased
+
+    def ack_many(self, jobs: list[Job]) -> list[Outcome]:
+        outcomes = self.q.ack_many(jobs)
+        self._sent()
+        return outcomes
+
+
+class LoopHarness:
+    """A CommitLoop over one gated queue, recording what it gives back and hands out."""
+
+    def __init__(self, q: Queue, *, lone: bool = False) -> None:
+        self.gated = Gated(q)
+        self.commit = GroupCommit(self.gated, 30_000, retry_forever, lambda jobs: None)  # type: ignore[arg-type]
+        self.killed = threading.Event()
+        self.freed = 0
+        self.handed: list[tuple[Job, int]] = []
+        self.changed = threading.Condition()
+        self.loop = CommitLoop({q.name: self.commit}, give_back=self.give_back, lone=lambda: lone, killed=self.killed)
+        self.loop.hand_out = self.hand_out
+
+    def give_back(self, count: int) -> None:
+        with self.changed:
+            self.freed += count
+            self.changed.notify_all()
+
+    def hand_out(self, job: Job, streak: int) -> None:
+        with self.changed:
+            self.handed.append((job, streak))
+            self.changed.notify_all()
+
+    def wait_for(self, done: Callable[[], bool]) -> None:
+        with self.changed:
+            assert self.changed.wait_for(done, 5)
+
+
+def test_a_posting_handler_goes_on_while_the_loops_call_is_in_flight(q: Queue) -> None:
+    q.enqueue_many([NewJob(b"", job_id=f"j{i}") for i in range(16)])
+    first = q.lease(count=8)
+    h = LoopHarness(q)
+    h.loop.start()
+    try:
+        h.loop.post(first[0], "first", wants=True, streak=1)  # returns at once: the loop sends it
+        assert h.gated.entered.wait(5)
+        for job in first[1:]:
+            h.loop.post(job, job.id, wants=True, streak=3)  # while the first call waits at the gate
+        assert h.handed == [] and h.freed == 0  # no slot moved before its ack answered
+        h.gated.gate.set()
+        h.wait_for(lambda: len(h.handed) == 8)
+    finally:
+        h.loop.close()
+    assert h.commit.calls == 2 and h.commit.acked == 8  # one call for the first, one for the seven
+    assert sorted(streak for _, streak in h.handed) == [2] + [4] * 7
+    assert len({job.id for job, _ in h.handed}) == 8 and h.freed == 0
+    assert h.gated.threads[0] != threading.get_ident()  # sent by the loop's thread
+    assert q.stats().acked == 8 and q.stats().leased == 8
+
+
+def test_a_slot_whose_ack_gets_no_job_is_given_back_once_the_ack_answered(q: Queue) -> None:
+    q.enqueue_many([NewJob(b"", job_id=f"j{i}") for i in range(2)])
+    jobs = q.lease(count=2)
+    h = LoopHarness(q)
+    h.loop.start()
+    try:
+        h.loop.post(jobs[0], "a", wants=False, streak=1)
+        assert h.gated.entered.wait(5)
+        h.loop.post(jobs[1], "b", wants=True, streak=1)  # wants one, none is ready
+        time.sleep(0.05)
+        assert h.freed == 0  # the acks are in flight: the slots stay taken
+        h.gated.gate.set()
+        h.wait_for(lambda: h.freed == 2)
+    finally:
+        h.loop.close()
+    assert h.handed == [] and q.stats().acked == 2
+
+
+def test_a_lone_handler_sends_its_own_call_from_its_own_thread(q: Queue) -> None:
+    q.enqueue_many([NewJob(b"", job_id=f"j{i}") for i in range(2)])
+    (job,) = q.lease()
+    h = LoopHarness(q, lone=True)
+    h.gated.gate.set()
+    h.loop.start()
+    try:
+        time.sleep(0.05)  # the loop's thread is asleep: nothing was posted
+        h.loop.post(job, "lone", wants=True, streak=1)
+        # Returned only after its call answered, sent from this thread.
+        assert h.gated.threads == [threading.get_ident()] and [j.id for j, _ in h.handed] == ["j1"]
+    finally:
+        h.loop.close()
+    assert q.stats().acked == 1
+
+
+def test_a_poster_that_waits_gets_its_outcome_and_its_replacement(q: Queue) -> None:
+    q.enqueue_many([NewJob(b"", job_id=f"j{i}") for i in range(2)])
+    (job,) = q.lease()
+    h = LoopHarness(q)
+    h.gated.gate.set()
+    h.loop.start()
+    try:
+        posted = h.loop.post(job, "waits", wants=True, streak=1, wait=True)
+    finally:
+        h.loop.close()
+    assert posted.outcome is Outcome.OK and posted.next_job is not None and posted.next_job.id == "j1"
+    assert h.handed == [] and h.freed == 0  # the replacement and the slot are the poster's
+
+
+def test_a_killed_worker_sends_no_ack_and_frees_its_slots(q: Queue) -> None:
+    q.enqueue_many([NewJob(b"", job_id="j0")])
+    (job,) = q.lease()
+    h = LoopHarness(q)
+    h.gated.gate.set()
+    h.killed.set()
+    h.loop.start()
+    try:
+        h.loop.post(job, "killed", wants=True, streak=1)
+        h.wait_for(lambda: h.freed == 1)
+    finally:
+        h.loop.close()
+    assert h.gated.threads == [] and q.stats().acked == 0 and q.stats().leased == 1
