@@ -51,7 +51,8 @@ Steps (``--only``, repeatable; default: all three):
     acked (and the next 100 leased) in one call. The issue's goal: one process, ≥ 100,000
     jobs/s at concurrency 1;
   - ``raw_batch``: ``worker_handlers:noop_batch --batch 100``, the engine's batch handler
-    on the ``raw`` variant's jobs.
+    on the ``raw`` variant's jobs; ``raw_batch_base`` (with ``--baseline DIR``): the same
+    on DIR's pyqueue.
 
   - ``task_mw0``: ``task_handlers_mw:tasks_mw0``, the ``task`` variant's tasks with one
     middleware that has a send hook only (its worker has no run hook: the no-middleware
@@ -442,12 +443,16 @@ DRAIN_VARIANTS: dict[str, tuple[str, str | None]] = {
     "task_base": ("task_handlers:tasks", "task_baseline"),
     "task_batch": ("batch_handlers:tasks", None),
     "raw_batch": ("worker_handlers:noop_batch", None),
+    "raw_batch_base": ("worker_handlers:noop_batch", "baseline"),
     "task_mw0": ("task_handlers_mw:tasks_mw0", None),
     "task_mw1": ("task_handlers_mw:tasks_mw1", None),
     "task_metrics": ("task_handlers:tasks", None),
 }
 #: More `pyqueue worker` options of a variant.
-DRAIN_OPTIONS = {"raw_batch": ["--batch", str(batch_handlers.BATCH)], "task_metrics": ["--metrics-port", "0"]}
+DRAIN_OPTIONS = {
+    "raw_batch": ["--batch", str(batch_handlers.BATCH)], "raw_batch_base": ["--batch", str(batch_handlers.BATCH)],
+    "task_metrics": ["--metrics-port", "0"],
+}
 #: label -> (numerator, denominator): jobs/s and worker CPU per job ratios, where both ran.
 DRAIN_PAIRS = {
     "task / raw": ("task", "raw"),
@@ -456,6 +461,7 @@ DRAIN_PAIRS = {
     "task / task_base": ("task", "task_base"),
     "task_batch / task": ("task_batch", "task"),
     "raw_batch / raw": ("raw_batch", "raw"),
+    "raw_batch / raw_batch_base": ("raw_batch", "raw_batch_base"),
     "task_mw0 / task": ("task_mw0", "task"),
     "task_mw1 / task": ("task_mw1", "task"),
     "task_metrics / task": ("task_metrics", "task"),
