@@ -8,12 +8,11 @@ every job posted meanwhile, sends one call per queue (lua/lease.lua acks many re
 and leases many jobs per call; lua/ack.lua when no slot wants a job in its place), and
 hands each job a call leased to the executor, in the slot of the job it replaces. So a
 busy worker sends one call per round trip whatever its concurrency, and its handler
-threads never wait on Redis for an ack. A post that finds the loop asleep and nothing
-else waiting (a worker that is not saturated, concurrency 1) is sent by the posting
-thread itself when no other handler runs a job (concurrency 1, or a worker that is
-not saturated): two hand-offs between threads cost more than the call. A slot stays taken until its job's ack has
-answered: the worker's shutdown (which waits for its slots) and a burst run's end wait
-for every ack.
+threads never wait on Redis for an ack. A post that finds the loop asleep, nothing else
+waiting, and no other handler running a job (concurrency 1, or a worker that is not
+saturated) is sent by the posting thread itself: two hand-offs between threads would
+cost more than the call. A slot stays taken until its job's ack has answered: the
+worker's shutdown (which waits for its slots) and a burst run's end wait for every ack.
 
 :class:`GroupCommit` is one queue's half of it, and also serves a caller that waits
 for its answer (:meth:`GroupCommit.commit`: the task layer's test drain, which runs

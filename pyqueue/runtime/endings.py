@@ -18,9 +18,8 @@ reclaimed, or scrubbed) and the job may run, or have run, again elsewhere.
 
 Runs in the handler thread that ran the job (both for sync and asyncio handlers: the
 asyncio executor waits for its task in a handler thread); only a plain ack leaves it,
-for the commit loop. :class:`Retry`, :class:`Fail`,
-:func:`error_text` and :func:`seconds_to_ms` do no I/O and are shared by every driver
-and by the task layer.
+for the commit loop. :class:`Retry`, :class:`Fail`, :func:`error_text` and
+:func:`seconds_to_ms` do no I/O and are shared by every driver and by the task layer.
 """
 
 from __future__ import annotations

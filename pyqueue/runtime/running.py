@@ -2,9 +2,10 @@
 leased that have not ended. The one piece of state the parts of a worker share.
 
 Who touches it, from which thread: the fetch loop takes free slots and tracks the jobs it
-leased; the handler threads untrack jobs and give their slot back, and the commit loop tracks
-the jobs it leases in their place (or gives the slots back once their acks answered); the heartbeat reads the jobs to extend
-their leases and the slots to enforce time limits; the shutdown takes what is left.
+leased; the handler threads untrack jobs and give their slot back; the commit loop tracks
+the jobs it leases in their place (or gives the slots back once their acks answered);
+the heartbeat reads the jobs to extend their leases and the slots to enforce time
+limits; the shutdown takes what is left.
 
 Two locks, as before the split: ``slots`` (a Condition) guards the free count, the
 written-off count and the latest retry due time, and is what the fetch loop and the
