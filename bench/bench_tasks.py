@@ -50,6 +50,8 @@ Steps (``--only``, repeatable; default: all three):
     enqueued (each item the ``[1, 2]`` of ``noop(1, 2)``): one handler call per 100 jobs,
     acked (and the next 100 leased) in one call. The issue's goal: one process, ≥ 100,000
     jobs/s at concurrency 1;
+  - ``raw_prefetch`` and ``task_prefetch``: the ``raw`` and ``task`` variants with
+    ``--prefetch 8`` (8 jobs leased ahead of the handler threads);
   - ``raw_batch``: ``worker_handlers:noop_batch --batch 100``, the engine's batch handler
     on the ``raw`` variant's jobs; ``raw_batch_base`` (with ``--baseline DIR``): the same
     on DIR's pyqueue.
@@ -447,11 +449,14 @@ DRAIN_VARIANTS: dict[str, tuple[str, str | None]] = {
     "task_mw0": ("task_handlers_mw:tasks_mw0", None),
     "task_mw1": ("task_handlers_mw:tasks_mw1", None),
     "task_metrics": ("task_handlers:tasks", None),
+    "raw_prefetch": ("worker_handlers:noop", None),
+    "task_prefetch": ("task_handlers:tasks", None),
 }
 #: More `pyqueue worker` options of a variant.
 DRAIN_OPTIONS = {
     "raw_batch": ["--batch", str(batch_handlers.BATCH)], "raw_batch_base": ["--batch", str(batch_handlers.BATCH)],
     "task_metrics": ["--metrics-port", "0"],
+    "raw_prefetch": ["--prefetch", "8"], "task_prefetch": ["--prefetch", "8"],
 }
 #: label -> (numerator, denominator): jobs/s and worker CPU per job ratios, where both ran.
 DRAIN_PAIRS = {
@@ -465,6 +470,8 @@ DRAIN_PAIRS = {
     "task_mw0 / task": ("task_mw0", "task"),
     "task_mw1 / task": ("task_mw1", "task"),
     "task_metrics / task": ("task_metrics", "task"),
+    "raw_prefetch / raw": ("raw_prefetch", "raw"),
+    "task_prefetch / task": ("task_prefetch", "task"),
 }
 
 

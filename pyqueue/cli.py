@@ -132,6 +132,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         prefix=args.prefix,
         namespace=args.namespace,
         concurrency=args.concurrency,
+        prefetch=args.prefetch,
         lease_ms=args.lease_ms,
         block_ms=args.block_ms,
         renew_ms=args.renew_ms,
@@ -627,6 +628,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "function handler needs one; a Tasks object defaults to its tasks' queues)")
     p.add_argument("--queues", action="append", metavar="A,B", help="queues to serve, comma-separated (as -q)")
     p.add_argument("--concurrency", type=int, default=1)
+    p.add_argument("--prefetch", type=int, default=0, metavar="P",
+                   help="hold up to P jobs leased ahead of the handler threads, so a busy worker never waits for a "
+                        "lease's round trip (short jobs; default 0: none). A prefetched job waits for a free thread, "
+                        "and that wait counts toward its time limit")
     p.add_argument("--lease-ms", type=int, default=DEFAULT_LEASE_MS)
     p.add_argument("--block-ms", type=int, default=10_000)
     p.add_argument("--renew-ms", type=int, default=15_000)

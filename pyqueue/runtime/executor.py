@@ -150,9 +150,15 @@ class ThreadExecutor:
         on to the next partition), or is given back here."""
         handed_on = False
         try:
-            handed_on = self.run_one(
-                job, may_lease=not self.partitioned_first or streak < PARTITION_STREAK, streak=streak
-            )
+            if job.cancelled.is_set() or not self.running.is_tracked(job):
+                # Its lease ended while it waited for a thread (a prefetched job that was
+                # cancelled, or released at the end of a stop's grace period): not run.
+                self.running.untrack(job)
+                log.info("job %s: its lease ended before it started; not run", job.id)
+            else:
+                handed_on = self.run_one(
+                    job, may_lease=not self.partitioned_first or streak < PARTITION_STREAK, streak=streak
+                )
         finally:
             if not handed_on:
                 self.running.give_back()

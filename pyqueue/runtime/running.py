@@ -28,6 +28,7 @@ class Running:
     """The slots and jobs of one worker (see the module docstring). Thread-safe."""
 
     def __init__(self, concurrency: int) -> None:
+        #: Slots: one per handler thread, and one per job a worker prefetches.
         self.concurrency = concurrency
         self.slots = threading.Condition()
         self.free = concurrency
