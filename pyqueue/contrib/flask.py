@@ -85,14 +85,15 @@ def _commands() -> AppGroup:
     @group.command("worker")
     @click.option("-q", "--queue", "queues", multiple=True, help="a queue to serve (repeat; default: the tasks' queues)")
     @click.option("--concurrency", default=1, show_default=True, help="jobs run at once")
+    @click.option("--prefetch", default=0, show_default=True, help="jobs leased ahead of the running ones (short jobs)")
     @click.option("--block-ms", default=10_000, show_default=True, help="how long one wait for jobs blocks")
     @click.option("--burst", is_flag=True, help="run until the queues are empty, then exit")
-    def worker(queues: tuple[str, ...], concurrency: int, block_ms: int, burst: bool) -> None:
+    def worker(queues: tuple[str, ...], concurrency: int, prefetch: int, block_ms: int, burst: bool) -> None:
         """Run a worker of the app's pyqueue tasks."""
         pq: PyQueue = current_app.extensions["pyqueue"]
         if not pq.tasks.tasks:
             raise click.ClickException("no pyqueue tasks are registered: is the module defining them imported by the app?")
-        worker = pq.tasks.worker(list(queues) or None, concurrency=concurrency, block_ms=block_ms)
+        worker = pq.tasks.worker(list(queues) or None, concurrency=concurrency, prefetch=prefetch, block_ms=block_ms)
         code = pq.tasks.run_worker(worker, burst=burst)
         if code:
             raise SystemExit(code)

@@ -22,6 +22,8 @@ class Command(BaseCommand):  # type: ignore[misc]  # Django ships no types
         parser.add_argument("-m", "--module", action="append", default=[], help="a module to import for its tasks "
                             "(repeat), beyond the installed apps' tasks modules")
         parser.add_argument("--concurrency", type=int, default=1, help="jobs run at once, each in a thread")
+        parser.add_argument("--prefetch", type=int, default=0, help="jobs leased ahead of the running ones (short "
+                            "jobs; default 0)")
         parser.add_argument("--block-ms", type=int, default=10_000, help="how long one wait for jobs blocks")
         parser.add_argument("--burst", action="store_true", help="run until the queues are empty, then exit")
 
@@ -37,7 +39,7 @@ class Command(BaseCommand):  # type: ignore[misc]  # Django ships no types
             logging.getLogger("pyqueue.tasks").addFilter(quiet)
             try:
                 worker = tasks.worker(options["queue"] or queues, concurrency=options["concurrency"],
-                                      block_ms=options["block_ms"])
+                                      prefetch=options["prefetch"], block_ms=options["block_ms"])
             finally:
                 logging.getLogger("pyqueue.tasks").removeFilter(quiet)
         except InvalidArgument as exc:
