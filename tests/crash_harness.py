@@ -41,7 +41,8 @@ One trial:
 
 **The redelivery bound.** A worker holds at most ``concurrency`` leases at once (one
 per handler slot: a slot's ack-and-lease acks its job and leases the next in one
-call). A kill orphans at most those leases, and only an orphaned lease whose handler
+call), plus its ``prefetch`` (``--prefetch``: jobs leased ahead of its threads; the
+bound below then counts concurrency + prefetch). A kill orphans at most those leases, and only an orphaned lease whose handler
 had started produces a second execution. So executions - distinct ids executed (poison
 excluded) <= concurrency x (kills + evictions) + leases lost by live workers, where an
 eviction is a worker that lost its registration while alive (a stall longer than
@@ -228,8 +229,11 @@ class Config:
     jobs: int = 1000
     #: worker processes alive at once during the chaos phase
     workers: int = 3
-    #: handler threads per worker: the most leases one kill can orphan
+    #: handler threads per worker
     concurrency: int = 4
+    #: jobs each worker leases ahead of its threads (--prefetch): a kill orphans at most
+    #: concurrency + prefetch leases
+    prefetch: int = 0
     #: leases are extended every third of this: a worker must live that long to reach
     #: the in_extend crash point
     lease_ms: int = 2000
@@ -320,6 +324,7 @@ class Observations:
     enqueued: list[str]
     poison_id: str
     poison_max_attempts: int
+    #: the most leases one worker holds: its concurrency, plus its prefetch
     concurrency: int
     #: (id, fence) of every logged execution, in log order
     runs: list[tuple[str, int]]
@@ -606,6 +611,8 @@ class Trial:
                 "worker", self.handler_of(len(self.workers)), "-q", self.queue, "--concurrency", str(cfg.concurrency),
                 "--lease-ms", str(cfg.lease_ms), "--renew-ms", str(cfg.renew_ms), "--expire-ms", str(cfg.expire_ms),
                 "--block-ms", str(cfg.block_ms)]
+        if cfg.prefetch:
+            argv += ["--prefetch", str(cfg.prefetch)]
         if cfg.tick_every_s and role == "chaos":  # the drain worker adds none: it must settle
             argv += ["--every", f"tick={cfg.tick_every_s}s"]
         supervised = bool(cfg.processes) and role == "chaos"
@@ -907,7 +914,7 @@ class Trial:
         return Observations(
             queue=self.queue, namespace=self.namespace, runs_key=self.runs_key, acks_key=self.acks_key,
             enqueued=ids, poison_id=self.poison_id, poison_max_attempts=self.cfg.poison_max_attempts,
-            concurrency=self.cfg.concurrency, runs=runs, acks=acks, stats=q.stats(), states=states,
+            concurrency=self.cfg.concurrency + self.cfg.prefetch, runs=runs, acks=acks, stats=q.stats(), states=states,
             dead=q.dead_list(0, 1000).jobs, keys=keys, wake_members=wake_members, service_wakes=service_wakes,
             deaths=dict(deaths), strict_keys=self.cfg.strict_keys,
             evictions=evictions, lost_leases=sum(w.lost_leases for w in self.workers),
@@ -963,9 +970,10 @@ class Summary:
         kills = sum(n for cause, n in deaths.items() if cause != "clean")
         poison_ok = sum(1 for r in reports if r.poison_dead)
         errors = sorted({re.sub(r"worker \S+ died", "worker <owner> died", r.poison_error) for r in reports})
+        prefetch = f" + prefetch {cfg.prefetch}" if cfg.prefetch else ""
         lines = [
             f"crash harness: {len(reports)} trials x {cfg.jobs} jobs (+1 poison each), {cfg.workers} workers at a "
-            f"time x concurrency {cfg.concurrency}; lease {cfg.lease_ms} ms, renew {cfg.renew_ms} ms, "
+            f"time x concurrency {cfg.concurrency}{prefetch}; lease {cfg.lease_ms} ms, renew {cfg.renew_ms} ms, "
             f"expire {cfg.expire_ms} ms; seed {self.seed}",
             f"workers started: {self.total('workers')}; kills: {kills} (external {deaths['external']}, "
             f"crash points {sum(deaths[p] for p in CRASH_POINTS)}, poison {deaths['poison']}); "
@@ -1044,6 +1052,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=5000)
     parser.add_argument("--workers", type=int, default=Config.workers)
     parser.add_argument("--concurrency", type=int, default=Config.concurrency)
+    parser.add_argument("--prefetch", type=int, default=Config.prefetch,
+                        help="each worker leases this many jobs ahead of its threads (default 0)")
     parser.add_argument("--lease-ms", type=int, default=Config.lease_ms)
     parser.add_argument("--processes", type=int, default=0,
                         help="each chaos worker is a supervisor of this many processes (default 0: a plain worker)")
@@ -1054,7 +1064,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-q", "--quiet", action="store_true", help="no line per trial")
     args = parser.parse_args(argv)
     cfg = Config(trials=args.trials, jobs=args.jobs, workers=args.workers, concurrency=args.concurrency,
-                 lease_ms=args.lease_ms, seed=args.seed, strict_keys=args.strict_keys, processes=args.processes)
+                 lease_ms=args.lease_ms, seed=args.seed, strict_keys=args.strict_keys, processes=args.processes,
+                 prefetch=args.prefetch)
     with workspace(args.keep) as workdir:
         summary = run(cfg, workdir, progress=not args.quiet)
     print(summary.render())

@@ -45,6 +45,19 @@ def test_workers_killed_at_every_crash_point_lose_no_job_and_ack_each_exactly_on
         assert report.acked_server == SIZE.jobs - report.cancelled + report.ticks
 
 
+@pytest.mark.timeout(240)
+def test_prefetching_workers_killed_at_every_crash_point_lose_no_job_and_ack_each_exactly_once(tmp_path: Path) -> None:
+    """The same chaos with ``--prefetch 4``: a kill orphans the prefetched jobs too (leased,
+    not started), and they are reclaimed like the running ones."""
+    require_redis_server()
+    summary = run(dataclasses.replace(SIZE, trials=3, prefetch=4), tmp_path)
+    print("\n" + summary.render())
+    assert summary.violations == [], summary.render()
+    assert {p: summary.hits.get(p, 0) for p in CRASH_POINTS if not summary.hits.get(p)} == {}, "points never hit"
+    for report in summary.reports:
+        assert report.kills > 0 and report.poison_dead and report.cancelled > 0
+
+
 @pytest.mark.timeout(480)
 def test_supervised_children_killed_at_every_crash_point_lose_no_job_and_ack_each_exactly_once(tmp_path: Path) -> None:
     """The same chaos with ``pyqueue worker --processes 2`` (issue #21): each chaos worker
