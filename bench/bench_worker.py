@@ -18,7 +18,7 @@ Figures (each a separate phase, with a fresh keyspace):
 * drain: jobs/s for one `pyqueue worker` process with a no-op handler, at concurrency 1
   and 8, from the first lease to the last ack of N jobs enqueued beforehand.
 * processes: the same drain with `--processes 1` and `--processes 2` (concurrency 8
-  each, under the supervisor), with the Redis server's CPU time (INFO cpu) per job and
+  each, under the supervisor; `--prefetch P` for each child), with the Redis server's CPU time (INFO cpu) per job and
   its share of one core: the scaling from one process to two, and its projection to
   more cores (Redis, one core, is the bound: 1e6 / its µs per job).
 * supervised recovery: under `--processes 2`, a child holding 4 leases (600 s long) is
@@ -237,13 +237,14 @@ def redis_cpu_s(client: redis.Redis) -> float:
     return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
 
 
-def bench_processes(url: str, jobs: int, processes: int, concurrency: int = 8) -> dict[str, Any]:
+def bench_processes(url: str, jobs: int, processes: int, concurrency: int = 8, prefetch: int = 0) -> dict[str, Any]:
     client = redis.Redis.from_url(url)
     client.flushall()
     q = Queue("drain", client)
     for i in range(0, jobs, 1000):
         q.enqueue_many([b""] * min(1000, jobs - i))
-    proc = spawn(url, "noop", "drain", "--concurrency", str(concurrency), "--processes", str(processes), "--burst")
+    proc = spawn(url, "noop", "drain", "--concurrency", str(concurrency), "--processes", str(processes),
+                 "--prefetch", str(prefetch), "--burst")
     try:
         while q.stats().leased_total == 0:
             time.sleep(0.001)
@@ -257,7 +258,7 @@ def bench_processes(url: str, jobs: int, processes: int, concurrency: int = 8) -
     finally:
         stop(proc)
     us_per_job = cpu / jobs * 1e6
-    return {"jobs": jobs, "processes": processes, "concurrency": concurrency, "seconds": elapsed,
+    return {"jobs": jobs, "processes": processes, "concurrency": concurrency, "prefetch": prefetch, "seconds": elapsed,
             "jobs_per_s": jobs / elapsed, "redis_cpu_us_per_job": us_per_job, "redis_cpu_share": cpu / elapsed,
             "redis_bound_jobs_per_s": 1e6 / us_per_job}
 
@@ -314,6 +315,7 @@ def main() -> None:
     parser.add_argument("--recovery-trials", type=int, default=3)
     parser.add_argument("--idle-s", type=float, default=60.0, help="idle measurement window")
     parser.add_argument("--drain-jobs", type=int, default=20000)
+    parser.add_argument("--prefetch", type=int, default=0, help="the processes phase's workers' --prefetch")
     parser.add_argument("--json-out", help="write the results here")
     parser.add_argument("--only", action="append", choices=PHASES, help="run only these phases (repeat)")
     args = parser.parse_args()
@@ -331,7 +333,7 @@ def main() -> None:
             "recovery": lambda: bench_recovery(url, args.recovery_trials, renew_ms=1000, expire_ms=3000),
             "idle": lambda: bench_idle(url, args.idle_s),
             "drain": lambda: [bench_drain(url, args.drain_jobs, c) for c in (1, 8)],
-            "processes": lambda: [bench_processes(url, args.drain_jobs, p) for p in (1, 2)],
+            "processes": lambda: [bench_processes(url, args.drain_jobs, p, prefetch=args.prefetch) for p in (1, 2)],
             "supervised_recovery": lambda: bench_supervised_recovery(url, args.recovery_trials),
         }
         report = {name: phases[name]() for name in PHASES if not args.only or name in args.only}
