@@ -7,11 +7,14 @@ on fakeredis and a real server.
 * a prefetched job cancelled while it waits is not run;
 * a stop runs the prefetched jobs within its grace period, and those still waiting at
   its end are released, not run;
+* an AsyncWorker prefetches as the sync one does, and still runs at most
+  ``concurrency`` handlers at once;
 * a bad count is refused before anything runs.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +23,7 @@ import pytest
 import redis
 
 from pyqueue import InvalidArgument, Job, NewJob, Queue
+from pyqueue.aio_worker import AsyncWorker
 from pyqueue.cli import main
 from pyqueue.worker import Worker
 
@@ -144,3 +148,21 @@ def test_a_bad_prefetch_is_refused(r: redis.Redis, capsys: pytest.CaptureFixture
             Worker(["q"], lambda job: None, redis=r, prefetch=bad)  # type: ignore[arg-type]
     assert main(["worker", "handlers:slow", "-q", "q", "--prefetch", "-1", "--burst"]) != 0
     assert "prefetch" in capsys.readouterr().err
+
+
+def test_an_async_worker_prefetches_and_still_runs_at_most_concurrency_handlers_at_once(r: redis.Redis) -> None:
+    q = Queue("q", r)
+    q.enqueue_many([NewJob(b"", job_id=f"j{i}") for i in range(30)])
+    now, most, seen = [0], [0], []
+
+    async def handle(job: Job) -> None:
+        now[0] += 1  # the handlers' tasks all run on the one event loop: no lock needed
+        most[0] = max(most[0], now[0])
+        seen.append(q.stats().leased)
+        await asyncio.sleep(0.005)
+        now[0] -= 1
+
+    worker = AsyncWorker(["q"], handle, redis=r, concurrency=2, prefetch=4, block_ms=100)
+    assert asyncio.run(worker.run(burst=True, install_signal_handlers=False)) == 0
+    assert q.stats().acked == 30 and most[0] == 2
+    assert max(seen) == 6  # 2 running + 4 prefetched, never more
