@@ -34,13 +34,16 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
-from collections.abc import Callable, Mapping
-from typing import Protocol, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from pyqueue.batching import ThreadBatcher
 from pyqueue.core import MAX_BATCH
 from pyqueue.models import Job, Outcome
 from pyqueue.queue import Queue
+
+if TYPE_CHECKING:
+    from pyqueue.runtime.running import Running
 
 log = logging.getLogger("pyqueue.worker")
 
@@ -144,7 +147,7 @@ class CommitLoop:
         killed: once set, nothing more is sent (a killed process acks nothing).
 
     ``hand_out(job, streak)`` must be set before :meth:`start`: it runs ``job`` in the
-    slot of the one it replaces (the executor's ``resume``).
+    slot of the one it replaces (the executor that runs the loop sets its ``resume``).
     """
 
     def __init__(
@@ -166,6 +169,16 @@ class CommitLoop:
         self._inline = False  # a poster's own call is in flight
         self._closed = False
         self._thread: threading.Thread | None = None
+
+    @classmethod
+    def for_worker(
+        cls, queues: Sequence[Queue], *, lease_ms: int, retrying: Retrying, running: Running,
+        killed: threading.Event,
+    ) -> CommitLoop:
+        """The commit loop of a worker leasing from ``queues``: a group commit per queue,
+        tracking the jobs it leases, and the worker's slots."""
+        commits = {q.name: GroupCommit(q, lease_ms, retrying, running.track_all) for q in queues}
+        return cls(commits, give_back=running.give_back, lone=running.lone, killed=killed)
 
     @property
     def running(self) -> bool:

@@ -50,7 +50,7 @@ from typing import cast
 import redis as redis_lib
 
 from pyqueue.clients import Client, bytes_client, check_server, default_client
-from pyqueue.commit import CommitLoop, GroupCommit
+from pyqueue.commit import CommitLoop
 from pyqueue.core import DEFAULT_MAX_RESULTS
 from pyqueue.errors import InvalidArgument
 from pyqueue.queue import (
@@ -127,6 +127,26 @@ def check_worker_client(client: object) -> Client:
     raise InvalidArgument(f"a worker needs a redis-py client (redis.Redis or RedisCluster), got {type(client).__name__}")
 
 
+def named_queues(
+    names: Sequence[str], redis: Client, prefix: str, keep_done_ms: int, partitions: Mapping[str, int] | None,
+    wait_replicas: int,
+) -> list[Queue]:
+    """A worker's queues as named, in priority order (a partitioned one as one queue).
+
+    Raises:
+        InvalidArgument: a partition count for a queue not in ``names``, or a bad name.
+    """
+    partitions = dict(partitions or {})
+    unknown = sorted(set(partitions) - set(names))
+    if unknown:
+        raise InvalidArgument(f"partitions given for queues this worker does not serve: {unknown}")
+    return [
+        Queue(name, redis, prefix=prefix, keep_done_ms=keep_done_ms, partitions=partitions.get(name, 1),
+              wait_replicas=wait_replicas)
+        for name in names
+    ]
+
+
 class Worker(ExecutorHooks):
     """Runs ``handler`` on jobs from ``queues``, in priority order.
 
@@ -145,17 +165,10 @@ class Worker(ExecutorHooks):
             (:func:`pyqueue.clients.default_client`).
         service_redis: the server of the service namespace (default: ``redis``).
         concurrency: handler threads.
-        prefetch: jobs held leased ahead of the handler threads (default 0: none; at
-            most 1000). With ``prefetch=P`` the worker keeps up to ``concurrency + P``
-            jobs leased, the P beyond its threads waiting in the worker for the next
-            free thread, so a busy worker's threads never wait for a lease call's round
-            trip: short jobs run about 1.5 times faster (``bench/README.md`` §9). The
-            cost: a prefetched job waits behind the jobs running when it was leased
-            (another worker could have run it meanwhile), and its time limit counts from
-            its lease, so it includes that wait. Its lease is extended like a running
-            one; a job cancelled while it waits is not run; a graceful stop runs the
-            prefetched jobs within its grace period and releases the rest. Leave it 0
-            for jobs of more than a few milliseconds.
+        prefetch: jobs held leased ahead of the handler threads (0..1000, default 0):
+            up to ``concurrency + prefetch`` are leased, so busy threads never wait for a
+            lease's round trip; a prefetched job waits for a free thread, and its time
+            limit counts from its lease (README, "Prefetch, for short jobs").
         lease_ms: lease length; running jobs are extended every third of it.
         block_ms: longest blocking wait when idle (the idle command rate's period).
         renew_ms / expire_ms: service heartbeat period and expiry (seed: 15 s / 60 s).
@@ -259,18 +272,8 @@ class Worker(ExecutorHooks):
             keep_results_ms, "keep_results_ms", 1, 2**40
         )
         self.max_results = check_int(max_results, "max_results", 1, 10_000_000)
-        partitions = dict(partitions or {})
-        unknown = sorted(set(partitions) - set(self.queue_names))
-        if unknown:
-            raise InvalidArgument(f"partitions given for queues this worker does not serve: {unknown}")
         #: The queues as named, in priority order (a partitioned one as one queue).
-        self.logical = [
-            Queue(
-                name, self.redis, prefix=prefix, keep_done_ms=keep_done_ms, partitions=partitions.get(name, 1),
-                wait_replicas=wait_replicas,
-            )
-            for name in queues
-        ]
+        self.logical = named_queues(self.queue_names, self.redis, prefix, keep_done_ms, partitions, wait_replicas)
         #: Periodic jobs this worker enqueues (its Scheduler runs while it is registered).
         self.schedules = check_schedules(schedules, self.queue_names, self.keep_done_ms)
         self._scheduler: Scheduler | None = None
@@ -286,11 +289,8 @@ class Worker(ExecutorHooks):
         self.control = Control(self.running, supervisor_link.parent_gone if supervisor_link is not None else None)
         self._crash = Crasher()
         retrying = Retrying(self.control.hard_stop)
-        self._commits = {
-            q.name: GroupCommit(q, self.lease_ms, retrying, self.running.track_all) for q in self.queues
-        }
-        self.commit_loop = CommitLoop(
-            self._commits, give_back=self.running.give_back, lone=self.running.lone, killed=self.control.killed
+        self.commit_loop = CommitLoop.for_worker(
+            self.queues, lease_ms=self.lease_ms, retrying=retrying, running=self.running, killed=self.control.killed
         )
         self.registration = Registration(
             self.services, self.control, queue_names=[q.name for q in self.queues], by_name=self._by_name,
@@ -310,9 +310,6 @@ class Worker(ExecutorHooks):
             cast(Handler, handler), concurrency=self.concurrency, lease_ms=self.lease_ms, slot_owner=self, running=self.running,
             endings=self.endings, crash=self._crash, partitioned_first=len(self.groups[0]) > 1,
         )
-        # The commit loop hands the jobs it leases to the executor, in the slots of the
-        # jobs they replace (made after the endings, which post to the loop).
-        self.commit_loop.hand_out = self.executor.resume
         self.heartbeat = Heartbeat(
             queues=self.queues, by_name=self._by_name, running=self.running, registration=self.registration,
             executor=self.executor, control=self.control, crash=self._crash, wake_fetch_loop=self._wake_fetch_loop,
@@ -429,27 +426,20 @@ class Worker(ExecutorHooks):
                 self.schedules, {q.name: q for q in self.logical}, self.keep_done_ms, control.stopping
             )
             self._scheduler.start()
-        self.executor.start()
-        self.commit_loop.start()
+        self.executor.start()  # and its commit loop
         try:
             self.fetch.run(burst)
         finally:
             if not control.killed.is_set():
                 shutdown(
                     control=control, running=self.running, queues=self.queues, services=self.services,
-                    service=service, grace_ms=self.grace_ms, close_executor=self._close_handlers,
+                    service=service, grace_ms=self.grace_ms, close_executor=self.executor.shutdown,
                 )
             else:
-                self._close_handlers()
+                self.executor.shutdown()
             control.hard_stop.set()
             self.heartbeat.join(5)
             if self._scheduler is not None:
                 self._scheduler.join(5)
             control.restore_signal_handlers(previous)
         return self.exit_code
-
-    def _close_handlers(self) -> None:
-        """Run no more jobs (the handler threads end once done), and end the commit loop
-        once it has sent what was posted."""
-        self.executor.shutdown()
-        self.commit_loop.close()

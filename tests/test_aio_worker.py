@@ -81,7 +81,7 @@ def test_handlers_that_finish_together_are_acked_in_fewer_calls_than_jobs(r: red
 
     worker = AsyncWorker(["q"], handle, redis=r, concurrency=20, block_ms=100)
     assert asyncio.run(worker.run(burst=True)) == 0
-    commit = worker._commits["q"]
+    commit = worker.commit_loop.commits["q"]
     assert commit.acked == 200 and commit.calls < 200  # group commit formed batches
     assert q.stats().acked == 200
 

@@ -161,15 +161,26 @@ class Gated:
 class LoopHarness:
     """A CommitLoop over one gated queue, recording what it gives back and hands out."""
 
-    def __init__(self, q: Queue, *, lone: bool = False) -> None:
+    def __init__(self, q: Queue, *, lone: bool = False, open_gate: bool = False, killed: bool = False) -> None:
         self.gated = Gated(q)
+        if open_gate:
+            self.gated.gate.set()
         self.commit = GroupCommit(self.gated, 30_000, retry_forever, lambda jobs: None)  # type: ignore[arg-type]
         self.killed = threading.Event()
+        if killed:
+            self.killed.set()
         self.freed = 0
         self.handed: list[tuple[Job, int]] = []
         self.changed = threading.Condition()
         self.loop = CommitLoop({q.name: self.commit}, give_back=self.give_back, lone=lambda: lone, killed=self.killed)
         self.loop.hand_out = self.hand_out
+
+    def __enter__(self) -> LoopHarness:
+        self.loop.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.loop.close()
 
     def give_back(self, count: int) -> None:
         with self.changed:
@@ -189,9 +200,7 @@ class LoopHarness:
 def test_a_posting_handler_goes_on_while_the_loops_call_is_in_flight(q: Queue) -> None:
     q.enqueue_many([NewJob(b"", job_id=f"j{i}") for i in range(16)])
     first = q.lease(count=8)
-    h = LoopHarness(q)
-    h.loop.start()
-    try:
+    with LoopHarness(q) as h:
         h.loop.post(first[0], "first", wants=True, streak=1)  # returns at once: the loop sends it
         assert h.gated.entered.wait(5)
         for job in first[1:]:
@@ -199,8 +208,6 @@ def test_a_posting_handler_goes_on_while_the_loops_call_is_in_flight(q: Queue) -
         assert h.handed == [] and h.freed == 0  # no slot moved before its ack answered
         h.gated.gate.set()
         h.wait_for(lambda: len(h.handed) == 8)
-    finally:
-        h.loop.close()
     assert h.commit.calls == 2 and h.commit.acked == 8  # one call for the first, one for the seven
     assert sorted(streak for _, streak in h.handed) == [2] + [4] * 7
     assert len({job.id for job, _ in h.handed}) == 8 and h.freed == 0
@@ -211,9 +218,7 @@ def test_a_posting_handler_goes_on_while_the_loops_call_is_in_flight(q: Queue) -
 def test_a_slot_whose_ack_gets_no_job_is_given_back_once_the_ack_answered(q: Queue) -> None:
     q.enqueue_many([NewJob(b"", job_id=f"j{i}") for i in range(2)])
     jobs = q.lease(count=2)
-    h = LoopHarness(q)
-    h.loop.start()
-    try:
+    with LoopHarness(q) as h:
         h.loop.post(jobs[0], "a", wants=False, streak=1)
         assert h.gated.entered.wait(5)
         h.loop.post(jobs[1], "b", wants=True, streak=1)  # wants one, none is ready
@@ -221,37 +226,25 @@ def test_a_slot_whose_ack_gets_no_job_is_given_back_once_the_ack_answered(q: Que
         assert h.freed == 0  # the acks are in flight: the slots stay taken
         h.gated.gate.set()
         h.wait_for(lambda: h.freed == 2)
-    finally:
-        h.loop.close()
     assert h.handed == [] and q.stats().acked == 2
 
 
 def test_a_lone_handler_sends_its_own_call_from_its_own_thread(q: Queue) -> None:
     q.enqueue_many([NewJob(b"", job_id=f"j{i}") for i in range(2)])
     (job,) = q.lease()
-    h = LoopHarness(q, lone=True)
-    h.gated.gate.set()
-    h.loop.start()
-    try:
+    with LoopHarness(q, lone=True, open_gate=True) as h:
         time.sleep(0.05)  # the loop's thread is asleep: nothing was posted
         h.loop.post(job, "lone", wants=True, streak=1)
         # Returned only after its call answered, sent from this thread.
         assert h.gated.threads == [threading.get_ident()] and [j.id for j, _ in h.handed] == ["j1"]
-    finally:
-        h.loop.close()
     assert q.stats().acked == 1
 
 
 def test_a_poster_that_waits_gets_its_outcome_and_its_replacement(q: Queue) -> None:
     q.enqueue_many([NewJob(b"", job_id=f"j{i}") for i in range(2)])
     (job,) = q.lease()
-    h = LoopHarness(q)
-    h.gated.gate.set()
-    h.loop.start()
-    try:
+    with LoopHarness(q, open_gate=True) as h:
         posted = h.loop.post(job, "waits", wants=True, streak=1, wait=True)
-    finally:
-        h.loop.close()
     assert posted.outcome is Outcome.OK and posted.next_job is not None and posted.next_job.id == "j1"
     assert h.handed == [] and h.freed == 0  # the replacement and the slot are the poster's
 
@@ -259,13 +252,7 @@ def test_a_poster_that_waits_gets_its_outcome_and_its_replacement(q: Queue) -> N
 def test_a_killed_worker_sends_no_ack_and_frees_its_slots(q: Queue) -> None:
     q.enqueue_many([NewJob(b"", job_id="j0")])
     (job,) = q.lease()
-    h = LoopHarness(q)
-    h.gated.gate.set()
-    h.killed.set()
-    h.loop.start()
-    try:
+    with LoopHarness(q, open_gate=True, killed=True) as h:
         h.loop.post(job, "killed", wants=True, streak=1)
         h.wait_for(lambda: h.freed == 1)
-    finally:
-        h.loop.close()
     assert h.gated.threads == [] and q.stats().acked == 0 and q.stats().leased == 1

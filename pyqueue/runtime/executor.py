@@ -99,6 +99,10 @@ class ThreadExecutor:
         self.endings = endings
         self.crash = crash
         self.partitioned_first = partitioned_first
+        #: Sends the acks the handler threads post; it hands the jobs it leases in their
+        #: place back to this executor (:meth:`resume`), and runs while the executor does.
+        self.commit_loop = endings.commit_loop
+        self.commit_loop.hand_out = self.resume
         #: The handler threads' work: (function, *arguments) to call; None ends a thread.
         self._work: queue_lib.SimpleQueue[tuple[Any, ...] | None] = queue_lib.SimpleQueue()
         self._threads: list[threading.Thread] = []
@@ -117,6 +121,7 @@ class ThreadExecutor:
         ]
         for thread in self._threads:
             thread.start()
+        self.commit_loop.start()
 
     def _serve_forever(self) -> None:
         get = self._work.get
@@ -142,6 +147,7 @@ class ThreadExecutor:
     def shutdown(self) -> None:
         for _ in self._threads:
             self._work.put(None)  # a thread ends once it is done with what it runs
+        self.commit_loop.close()  # once it has sent what was posted
 
     def serve(self, job: Job, streak: int) -> None:
         """Run ``job`` in its slot; the slot passes on to the commit loop with its ack
