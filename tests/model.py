@@ -70,15 +70,15 @@ T0 = 1_700_000_000_000
 MAINTENANCE_INTERVAL_MS = 50
 #: ack.lua / lease.lua trim expired tombstones once at least this many have expired.
 TRIM_BATCH = 10
-#: An error text in an event is cut to this many bytes (the prelude's EVENT_TEXT_BYTES).
+#: An error text in an event is cut to this many bytes (the helper EVENT_TEXT_BYTES).
 EVENT_TEXT_BYTES = 1024
 #: The machines' event stream bound (every machine opts its queue in).
 EVENTS_BOUND = 30
-#: The most expired tombstones a lease that acks nothing trims (the prelude's MAX_BATCH).
+#: The most expired tombstones a lease that acks nothing trims (the helper MAX_BATCH).
 MAX_BATCH = 1000
 #: ack_result.lua: the finished stream keeps this many entries.
 STREAM_LENGTH = 1000
-#: The prelude's READY positions of jobs with meta: tail = POS_MID + seq, head = POS_MID - seq.
+#: The helper READY positions of jobs with meta: tail = POS_MID + seq, head = POS_MID - seq.
 POS_MID = 5_000_000_000_000_000
 #: lease.lua's fair pick drops or parks at most this many ring entries beyond `count`.
 STALE_BUDGET = 100
@@ -232,7 +232,7 @@ class QueueModel:
         self.events: list[tuple[int, dict[bytes, bytes]]] = []
 
     def _emit(self, kind: str, job_id: str, now: int, **fields: Any) -> None:
-        """The prelude's emit: one event, when the queue has opted in; the stream keeps
+        """The helper emit: one event, when the queue has opted in; the stream keeps
         the newest ``events_bound`` (exact MAXLEN)."""
         if not self.events_bound:
             return
@@ -258,7 +258,7 @@ class QueueModel:
         self.events_bound = bound
         return previous, len(self.events)
 
-    # -- fair scheduling: the prelude's helpers -----------------------------------------
+    # -- fair scheduling: the helper helpers -----------------------------------------
 
     def _hincr(self, field: str, by: int) -> int:
         value = int(self.groups.get(field, 0)) + by
@@ -549,7 +549,7 @@ class QueueModel:
         self.acked_ok += len(receipts)
 
     def _bury(self, ids: Sequence[str], now: int, keep_done_ms: int) -> None:
-        """Delete the jobs' records and tombstone their ids (the prelude's bury): trim
+        """Delete the jobs' records and tombstone their ids (the helper bury): trim
         expired tombstones first (counted before any write, at least TRIM_BATCH at a
         time, at most TRIM_BATCH more than buried)."""
         for job_id in ids:
@@ -559,7 +559,7 @@ class QueueModel:
             self.done.update((job_id, now + keep_done_ms) for job_id in ids)
 
     def _trim_done(self, now: int, most: int) -> None:
-        """The prelude's trim_done: once at least TRIM_BATCH tombstones have expired,
+        """The helper trim_done: once at least TRIM_BATCH tombstones have expired,
         remove up to ``most`` of them, earliest expiry first."""
         expired = sum(1 for until in self.done.values() if until <= now)
         if expired >= TRIM_BATCH:

@@ -32,7 +32,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import lua_prelude
 import pytest
 import redis
 from conftest import RedisServer, require_redis_server
@@ -159,31 +158,15 @@ def granted(role: str) -> set[str]:
 def script_commands(name: str) -> set[str]:
     """Every command ``lua/<name>.lua`` calls, lower case (read from the source).
 
-    The prelude block (tests/lua_prelude.lua) is the same in every script, helpers a
-    script never calls included: a helper's commands count only for a script whose own
-    code names the helper (or names a helper that names it).
+    The include block holds exactly the helpers the script calls (lua/build.py), so
+    every command in the file counts.
     """
     source = lua_source(name)
     # Every other redis.call is the body of call_chunked, whose commands are counted where it is called.
     dynamic = re.findall(r"redis\.p?call\((?!')([^,]*),", source)
     assert set(dynamic) <= {"cmd"}, f"{name}.lua calls a command this test cannot read: {dynamic}"
-
-    def commands(text: str) -> set[str]:
-        return set(re.findall(r"redis\.p?call\('([A-Za-z]+)'", text) + re.findall(r"call_chunked\('([A-Za-z]+)'", text))
-
-    spans = lua_prelude.block_spans(source)
-    assert len(spans) == 1, f"{name}.lua has {len(spans)} prelude blocks"
-    block = source[spans[0][0]:spans[0][1]]
-    helpers = {m.group(1): m.group(0) for m in re.finditer(r"^local function (\w+)\(.*?^end$", block, re.M | re.S)}
-    code = re.sub(r"--.*", "", lua_prelude.outside(source).split("\n]]\n", 1)[1])  # no header, no comments
-    found, used, pending = commands(code), set(), [code]
-    while pending:
-        text = pending.pop()
-        for helper, body in helpers.items():
-            if helper not in used and re.search(rf"\b{helper}\b", text):
-                used.add(helper)
-                found |= commands(body)
-                pending.append(body)
+    code = re.sub(r"--.*", "", source.split("\n]]\n", 1)[1])  # no header, no comments
+    found = set(re.findall(r"redis\.p?call\('([A-Za-z]+)'", code) + re.findall(r"call_chunked\('([A-Za-z]+)'", code))
     return {c.lower() for c in found}
 
 

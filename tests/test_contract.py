@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import lua_prelude
+import lua_build
 import pytest
 
 import pyqueue
@@ -86,39 +86,49 @@ def test_public_api_all_is_sorted_and_complete() -> None:
     assert public == set(pyqueue.__all__) - {"__version__"}
 
 
-def test_every_script_holds_the_one_prelude_and_no_other_copy_of_its_helpers() -> None:
-    # Scripts load verbatim with no includes (DESIGN §3.10), so the shared helpers are
-    # copied: one block, tests/lua_prelude.lua byte for byte, in every script (written by
-    # `python tests/lua_prelude.py --write`); no script defines a prelude name again.
-    block = lua_prelude.source()
-    assert {"int_arg", "now_arg", "server_now_ms", "expect_type", "call_chunked", "bury", "CHUNK"} <= (
-        lua_prelude.prelude_names(block)
-    )
+def test_every_script_holds_exactly_the_helpers_it_calls_as_lua_build_writes_them() -> None:
+    # Scripts load verbatim with no includes (DESIGN §19), so the helpers of lua/include/
+    # a script calls are written into it by `python lua/build.py`; a stale block fails here.
+    assert lua_build.build.stale() == [], "run python lua/build.py"
     scripts = sorted(lua_dir().glob("*.lua"))
     assert {p.stem for p in scripts} == set(SCRIPT_KEYS)
+    helpers = lua_build.build.all_helpers()
     for path in scripts:
         text = path.read_bytes().decode("ascii")
-        spans = lua_prelude.block_spans(text)
-        assert len(spans) == 1, f"{path.name}: {len(spans)} prelude blocks"
-        (start, end), = spans
-        assert text[start:end] == block, f"{path.name}: prelude differs; run python tests/lua_prelude.py --write"
-        assert lua_prelude.stray_definitions(text, block) == [], f"{path.name} defines a prelude name again"
-        assert lua_prelude.problems(text, block) == []
+        held = {h.names[0] for h in lua_build.build.closure(lua_build.outside(text), helpers)}
+        assert {"contract", "CONTRACT_VERSION"} <= held, path.name  # every script checks its contract first
+    # A script carries only what it calls: pause holds no fair scheduling, lease does.
+    pause = (lua_dir() / "pause.lua").read_text()
+    lease = (lua_dir() / "lease.lua").read_text()
+    assert "fair_lib" not in pause and "hmget" not in pause and "emit" not in pause
+    assert "local function fair_lib()" in lease and "local function bury(" in lease
 
 
-def test_the_prelude_check_finds_a_drifted_copy_and_a_stray_helper() -> None:
-    block = lua_prelude.source()
+def test_the_build_check_finds_a_stale_block_and_a_stray_helper() -> None:
+    build, helpers = lua_build.build, lua_build.build.all_helpers()
     script = (lua_dir() / "ack.lua").read_text()
-    assert lua_prelude.problems(script, block) == []
+    assert build.built(script, "ack.lua", helpers) == script
     drifted = script.replace("local CHUNK = 500", "local CHUNK = 400", 1)
-    assert drifted != script and lua_prelude.problems(drifted, block)
+    assert drifted != script and build.built(drifted, "ack.lua", helpers) == script
+    # A body that stops calling a helper drops it (and what only it needed) from its block.
+    assert "local function bury(" in script
+    unburied = script.replace("bury(done_key", "nothing(done_key")
+    assert "local function bury(" not in build.built(unburied, "ack.lua", helpers)
     stray = script + "\nlocal function hmget(key, fields) return {} end\n"
-    assert lua_prelude.stray_definitions(stray, block) == ["hmget"]
-    bare = script.replace(block, "")
-    assert lua_prelude.problems(bare, block) == ["no prelude block"]
-    written = lua_prelude.with_prelude(bare, block)  # inserted after the header and the KEYS locals
-    assert lua_prelude.problems(written, block) == []
-    assert written.index("= KEYS[1]") < written.index(block) < written.index("-- 1. Validate.")
+    with pytest.raises(build.BuildError, match="hmget"):
+        build.built(stray, "ack.lua", helpers)
+    # A script without a block gets one after its header and its named KEYS locals.
+    start, end = lua_build.include_span(script)
+    bare = script[:start] + script[end:]
+    written = build.built(bare, "ack.lua", helpers)
+    assert written.index("= KEYS[1]") < written.index(build.START) < written.index("-- 1. Validate.")
+    assert build.built(written, "ack.lua", helpers) == written
+
+
+def test_the_build_reads_names_outside_strings_comments_and_fields() -> None:
+    code = "local x = hmget(k, f) -- bury(k)\nlocal s = 'emit(x)' .. t.fair_lib .. call_chunked"
+    assert lua_build.build.identifiers(code) >= {"hmget", "call_chunked", "x", "s", "t"}
+    assert not lua_build.build.identifiers(code) & {"bury", "emit", "fair_lib"}
 
 
 def test_every_script_is_pure_ascii_so_a_string_api_loads_it_byte_for_byte() -> None:

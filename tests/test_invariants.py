@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import redis
-import lua_prelude
+import lua_build
 from helpers import T0, busy_queue, calls_touching_every_key, contents, dump_all, job_states, restore_all
 from redis.cluster import key_slot
 
@@ -252,14 +252,14 @@ def test_bounded_work_one_call_reclaims_and_promotes_at_most_limit(q: Queue) -> 
 
 def test_bounded_work_no_script_scans_the_keyspace() -> None:
     zscan = re.compile(r"""redis\.call\(\s*['"]ZSCAN['"]""", re.I)
-    # One key's ZSCAN only in the prelude's find_lease, whose loop stops at max_pages...
-    prelude = (Path(__file__).parent / "lua_prelude.lua").read_text()
-    assert len(zscan.findall(prelude)) == 1 and "until cursor == '0' or pages == max_pages" in prelude
+    # One key's ZSCAN only in the helper find_lease, whose loop stops at max_pages...
+    helpers = "".join(p.read_text() for p in (lua_dir() / "include").glob("*.lua"))
+    assert len(zscan.findall(helpers)) == 1 and "until cursor == '0' or pages == max_pages" in helpers
     for path in lua_dir().glob("*.lua"):
         body = path.read_text()
         assert not re.search(r"""redis\.call\(\s*['"](KEYS|SCAN|HSCAN|SSCAN|HGETALL|HKEYS|HVALS|SMEMBERS)['"]""",
                              body, re.I), path
-        own = body.replace(prelude, "")
+        own = lua_build.outside(body)
         assert not zscan.search(own), f"{path}: ZSCAN outside find_lease"
         # ...and every call passes a page limit fixed in the script (get and cancel).
         for limit in re.findall(r"find_lease\([^)]*,\s*([^,)]+)\)", own):
@@ -287,8 +287,8 @@ def test_cluster_safe_scripts_only_touch_keys_passed_in_keys() -> None:
         fair = {f"F.{role}" for role in ("meta", "gready", "ring", "groups")}
         if re.search(r"^local F = fair_keys\(\d+\)$", body, re.M):
             key_names |= fair
-        # The prelude's helpers take the keys they touch from their callers.
-        ((start, end),) = lua_prelude.block_spans(body)
+        # The helpers of lua/include/ take the keys they touch from their callers.
+        start, end = lua_build.include_span(body)
         for match in re.finditer(r"redis\.call\(\s*'(\w+)',\s*([^,)]+)", body):
             command, first = match.groups()
             if command in ("TIME",):

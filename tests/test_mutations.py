@@ -278,7 +278,7 @@ MUTANTS = [
     ),
     Mutant(
         "get_takes_a_lease_of_another_id_ending_in_this_one",
-        "get",  # its copy of the prelude's find_lease
+        "get",  # its copy of find_lease (lua/include/records.lua)
         "      if receipt_id(entries[i]) == id then return entries[i], tonumber(entries[i + 1]), cursor end",
         "      return entries[i], tonumber(entries[i + 1]), cursor",
     ),
