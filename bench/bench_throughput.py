@@ -100,6 +100,18 @@ LIFECYCLES: dict[str, tuple[str, str]] = {
     "dramatiq_like": ("dramatiq_like", f"dramatiq's commands: enqueue, fetch (prefetch {GROUP}), ack scripts"),
     "raw_list": ("raw_list", "bare LPUSH + LMOVE + LREM per item"),
     "raw_evalsha_x2": ("raw_evalsha", "2 x EVALSHA 'return 1' per item (two-script floor)"),
+    "lua_toy": ("lua_toy", "the 8-line Lua toy: enqueue, lease, ack scripts (3 EVALSHA, 8 commands inside)"),
+}
+#: The 8-line Lua toy queue the lean-scripts issue (#33) measures against: a job is a
+#: hash field and a list entry; a lease pops the id and records a deadline on the server
+#: clock; an ack removes the lease and the job. No fencing, tombstones, counters, replay
+#: tokens, maintenance or events: what a job costs with none of pyqueue's guarantees.
+LUA_TOY = {
+    "enqueue": "redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])\nredis.call('RPUSH', KEYS[2], ARGV[1])\nreturn 1",
+    "lease": "local id = redis.call('LPOP', KEYS[2])\nif not id then return false end\n"
+             "local t = redis.call('TIME')\nredis.call('ZADD', KEYS[3], t[1] * 1000 + ARGV[1], id)\n"
+             "return {id, redis.call('HGET', KEYS[1], id)}",
+    "ack": "if redis.call('ZREM', KEYS[3], ARGV[1]) == 1 then redis.call('HDEL', KEYS[1], ARGV[1]) end\nreturn 1",
 }
 #: A stand-in for dramatiq's Redis broker (its dispatch script), one call per command:
 #: every call refreshes the worker's heartbeat (ZADD); enqueue stores the message and
@@ -150,6 +162,8 @@ CPU_RATIO_TARGETS: dict[str, tuple[str, str, float]] = {
 CPU_CONTEXT_RATIOS: dict[str, tuple[str, str]] = {
     "one_at_a_time / raw_list": ("one_at_a_time", "raw_list"),
     "one_at_a_time / raw_evalsha_x2": ("one_at_a_time", "raw_evalsha_x2"),
+    "one_at_a_time / lua_toy": ("one_at_a_time", "lua_toy"),
+    f"batched_x{GROUP} / lua_toy": (f"batched_x{GROUP}", "lua_toy"),
 }
 
 UNITS: dict[str, str] = {
@@ -379,6 +393,9 @@ class Lifecycles:
         self.raw_keys = (f"bench-tp-life-src-{tag}", f"bench-tp-life-proc-{tag}")
         self.tag = f"bench-tp-life-dq-{tag}"
         self.dramatiq_sha = self.client.script_load(DRAMATIQ_LIKE)
+        self.toy_sha = {verb: self.client.script_load(source) for verb, source in LUA_TOY.items()}
+        self.toy_keys = tuple(f"bench-tp-life-toy-{tag}:{role}" for role in ("jobs", "ready", "leased"))
+        self.toy_seq = 0
         self.dramatiq_seq = 0
         self.hand: dict[str, list[Job]] = {name: [] for name in self.queues}
         self.done: dict[str, int] = dict.fromkeys(self.queues, 0)
@@ -429,6 +446,16 @@ class Lifecycles:
             for message_id in reply[::2]:  # message ids at even positions
                 client.evalsha(sha, 1, tag, "ack", int(time.time() * 1000), "default", "w1", 60_000, 0, "0", 7999,
                                message_id)
+
+    def lua_toy(self, n: int) -> None:
+        """LUA_TOY: one enqueue call per job, then one lease call and one ack call per job."""
+        client, sha, keys = self.client, self.toy_sha, self.toy_keys
+        for _ in range(n):
+            self.toy_seq += 1
+            client.evalsha(sha["enqueue"], 3, *keys, self.toy_seq, PAYLOAD)
+        for _ in range(n):
+            job_id, _payload = client.evalsha(sha["lease"], 3, *keys, LONG_LEASE_MS)
+            client.evalsha(sha["ack"], 3, *keys, job_id)
 
     def raw_list(self, n: int) -> None:
         """A dramatiq-like bare reliable queue: LPUSH per item, then LMOVE to a
@@ -490,6 +517,9 @@ class Lifecycles:
                 raise RuntimeError(f"lifecycle {name}: acked {self.done[name]} of {jobs}, {stats}")
             queue.redis.unlink(*queue.keys.all())
         self.client.unlink(*self.raw_keys)
+        if self.client.hlen(self.toy_keys[0]) or self.client.llen(self.toy_keys[1]):
+            raise RuntimeError("lifecycle lua_toy: jobs left over")
+        self.client.unlink(*self.toy_keys)
         dramatiq_keys = list(self.client.scan_iter(match=f"{self.tag}:*"))
         if self.client.llen(f"{self.tag}:default") or self.client.hlen(f"{self.tag}:default.msgs"):
             raise RuntimeError("lifecycle dramatiq_like: messages left over")
@@ -656,14 +686,15 @@ def lifecycle_lines(life: dict[str, Any]) -> list[str]:
     lines = [
         f"Redis CPU per job over the whole lifecycle ({life['jobs_per_repetition']} jobs each x "
         f"{life['repetitions']} repetitions; {life['method']}; samples: median per repetition):",
-        f"  {'lifecycle':<24} {'cpu_us/job':>10} {'cmds/job':>9} {'TYPE':>6} {'TIME':>6} {'trips/job':>9}"
+        f"  {'lifecycle':<24} {'cpu_us/job':>10} {'script_us':>9} {'cmds/job':>9} {'TYPE':>6} {'TIME':>6} {'trips/job':>9}"
         f"  {'samples (us/job)':<24} description",
     ]
     for name, fig in life["lifecycles"].items():
         cmds = fig["per_command_per_job"]
         samples = " ".join(f"{x:.1f}" for x in fig["cpu_us_per_job_samples"])
         lines.append(
-            f"  {name:<24} {fig['cpu_us_per_job']:>10.1f} {fig['commands_per_job']:>9.2f} {cmds.get('type', 0):>6.2f} "
+            f"  {name:<24} {fig['cpu_us_per_job']:>10.1f} {fig['server_script_us_per_job']:>9.1f} "
+            f"{fig['commands_per_job']:>9.2f} {cmds.get('type', 0):>6.2f} "
             f"{cmds.get('time', 0):>6.2f} {fig['round_trips_per_job']:>9.3f}  {samples:<24} {fig['label']}"
         )
     for label, r in life["cpu_ratios"].items():
@@ -673,6 +704,14 @@ def lifecycle_lines(life: dict[str, Any]) -> list[str]:
         else:
             verdict = "met" if r["met"] else "NOT met"
             lines.append(f"  {label:<42} {r['ratio']:6.3f}  target <= {r['target']:.2f}  {verdict}  ({samples})")
+    toy = life["lifecycles"].get("lua_toy")
+    if toy:
+        for name in ("one_at_a_time", f"batched_x{GROUP}"):
+            fig = life["lifecycles"][name]
+            lines.append(
+                f"  {name} / lua_toy: script time {fig['server_script_us_per_job'] / toy['server_script_us_per_job']:.2f}x"
+                f" (target <= 1.5 at one_at_a_time), commands {fig['commands_per_job'] / toy['commands_per_job']:.2f}x"
+            )
     for name, fig in life["lifecycles"].items():
         if name.startswith("raw_"):
             continue

@@ -481,6 +481,73 @@ end
 
 -- While READY is busy, maintenance still runs this often
 local MAINTENANCE_INTERVAL_MS = 50
+
+-- The leases of `receipts` (members of `source_key`, leased or owners) as parse_receipt
+-- tables, each with its job's `max`, `record` and `payload_at` (where the payload
+-- starts) when the job has a record; and their job ids. Or nil, nil and a PQ_CORRUPT
+-- text. One HMGET of `jobs_key` (none for no receipts).
+local function read_leases(jobs_key, source_key, receipts)
+  local leases, ids = {}, {}
+  for i, receipt in ipairs(receipts) do
+    local lease = parse_receipt(receipt)
+    if not lease then return nil, nil, 'PQ_CORRUPT malformed receipt in ' .. source_key end
+    leases[i], ids[i] = lease, lease.id
+  end
+  local records = hmget(jobs_key, ids)
+  for i, lease in ipairs(leases) do
+    if records[i] then
+      local _, max_attempts, _, at = parse_record(records[i])
+      if not max_attempts then return nil, nil, 'PQ_CORRUPT unparsable record in ' .. jobs_key end
+      lease.max, lease.record, lease.payload_at = max_attempts, records[i], at
+    end
+  end
+  return leases, ids
+end
+
+-- Reclaim `leases` (from read_leases; metas[i], from fair_meta, is the meta of
+-- leases[i], or metas is nil when `fair` is false). Each lease ends (out of `leased`
+-- and `owners`, counted under `counter`); its failed attempt is kept in its record
+-- (due_ms = now) and its group's slot given back. A job whose attempts are used up
+-- goes to DEAD with the error "<why> on attempt N of M" (a poison pill cannot loop
+-- forever); a lease whose job has no record (removed by another program) is dropped.
+-- Events: 'retried' or 'dead' per lease, in order. K: the keys jobs, leased, owners,
+-- dead, errors, counters and events; the caller has proven the type of each it writes.
+-- Returns the ids to make READY (at the head, in order: the caller does it, since
+-- lease.lua may hand some out again at once), their metas, and whether a parked group
+-- got a free slot (then raise the wake marker).
+local function reclaim(K, F, fair, leases, metas, now_ms, why, counter, bound)
+  local receipts, rewritten, dead_args, error_args, back, back_metas = {}, {}, {}, {}, {}, {}
+  for i, lease in ipairs(leases) do
+    receipts[i] = lease.receipt
+    if lease.max then
+      rewritten[#rewritten + 1] = lease.id
+      rewritten[#rewritten + 1] = string.format('%d|%d|%d|', lease.attempt, lease.max, now_ms)
+        .. string.sub(lease.record, lease.payload_at)
+      if lease.attempt >= lease.max then
+        dead_args[#dead_args + 1], dead_args[#dead_args + 2] = now_ms, lease.id
+        error_args[#error_args + 1] = lease.id
+        error_args[#error_args + 1] = string.format('%s on attempt %d of %d', why, lease.attempt, lease.max)
+      else
+        back[#back + 1] = lease.id
+        back_metas[#back] = fair and metas[i] or false
+      end
+    end
+  end
+  -- A removal first: at its memory limit Redis refuses a script only at a first write
+  -- that may grow memory, so a full server still reclaims (and frees) what it moves.
+  call_chunked('ZREM', K.leased, receipts)
+  call_chunked('ZREM', K.owners, receipts)
+  redis.call('HINCRBY', K.counters, counter, #receipts)
+  if #rewritten > 0 then call_chunked('HSET', K.jobs, rewritten) end
+  if #dead_args > 0 then
+    call_chunked('ZADD', K.dead, dead_args)
+    call_chunked('HSET', K.errors, error_args)
+    redis.call('HINCRBY', K.counters, 'dead', #dead_args / 2)
+  end
+  local woke = fair and fair_lib().release(F, metas)
+  emit_failed(K.events, bound, leases, now_ms, why)
+  return back, back_metas, woke
+end
 -- <<< pyqueue includes
 
 local contract_error = contract('lease', 15, 7, 7 + MAX_BATCH)
@@ -674,30 +741,20 @@ else
     stopped_at_limit = #promoted == limit
     local acked_now = {}
     for _, receipt in ipairs(to_ack) do acked_now[receipt] = true end
-    local candidates, ids = {}, {}
+    local candidates = {}
     for _, receipt in ipairs(expired) do
-      if not acked_now[receipt] and #candidates < limit then
-        local lease = parse_receipt(receipt)
-        if not lease then return redis.error_reply('PQ_CORRUPT malformed receipt in ' .. leased_key) end
-        candidates[#candidates + 1] = lease
-        ids[#ids + 1] = lease.id
-      end
+      if not acked_now[receipt] and #candidates < limit then candidates[#candidates + 1] = receipt end
     end
     if #candidates == limit then stopped_at_limit = true end
-    local records = hmget(jobs_key, ids)
-    if #ids > 0 then jobs_read = true end
-    for i, lease in ipairs(candidates) do
-      local attempts, max_attempts, _, at = parse_record(records[i] or '')
-      lease.record = records[i]
-      if attempts and lease.attempt >= max_attempts then
-        lease.payload_at, lease.max = at, max_attempts
+    local leases, _
+    leases, _, err = read_leases(jobs_key, leased_key, candidates)
+    if err then return redis.error_reply(err) end
+    if #candidates > 0 then jobs_read = true end
+    for _, lease in ipairs(leases) do
+      if lease.max and lease.attempt >= lease.max then
         to_dead[#to_dead + 1] = lease
-      elseif attempts then
-        lease.payload_at, lease.max = at, max_attempts
-        reclaimed[#reclaimed + 1] = lease
       else
-        -- A lease without a job record: the job was removed by another program. Drop the lease.
-        lease.orphan = true
+        -- (A lease without a job record, its job removed by another program, is dropped.)
         reclaimed[#reclaimed + 1] = lease
       end
     end
@@ -723,7 +780,7 @@ else
   if #reclaimed > 0 then
     back_leases = {}
     for _, lease in ipairs(reclaimed) do
-      if not lease.orphan then back_leases[#back_leases + 1] = lease end
+      if lease.max then back_leases[#back_leases + 1] = lease end
     end
   end
   local n_back = #back_leases
@@ -837,46 +894,18 @@ else
   -- Maintenance. With nothing due it writes nothing (an idle call stays read-only).
   if maintain and #promoted + #reclaimed + #to_dead > 0 then
     if #promoted > 0 then call_chunked('ZREM', scheduled_key, promoted) end
-    local ended, rewritten = {}, {}
-    for _, lease in ipairs(reclaimed) do ended[#ended + 1] = lease.receipt end
-    for _, lease in ipairs(to_dead) do ended[#ended + 1] = lease.receipt end
+    -- Reclaimed leases, then those whose attempts are used up (their events in that order).
+    local ended, ended_metas = {}, {}
+    for _, lease in ipairs(reclaimed) do ended[#ended + 1] = lease end
+    for _, lease in ipairs(to_dead) do ended[#ended + 1] = lease end
     if #ended > 0 then
-      call_chunked('ZREM', leased_key, ended)
-      call_chunked('ZREM', owners_key, ended)
-      -- Their groups get the slots back (the jobs' meta stays: they go on).
-      if fair then
-        local ended_metas = {}
-        for _, lease in ipairs(reclaimed) do ended_metas[#ended_metas + 1] = moved_metas[lease.id] end
-        for _, lease in ipairs(to_dead) do ended_metas[#ended_metas + 1] = moved_metas[lease.id] end
-        fair_lib().release(F, ended_metas)
-      end
+      for i, lease in ipairs(ended) do ended_metas[i] = moved_metas[lease.id] or false end
+      local K = { jobs = jobs_key, leased = leased_key, owners = owners_key, dead = dead_key }
+      K.errors, K.counters, K.events = errors_key, counters_key, events_key
+      -- What goes back to READY is decided by step 5 (some are leased again at once).
+      reclaim(K, F, fair, ended, ended_metas, now_ms, 'lease expired', 'reclaimed', bound)
     end
-    -- The lease counted as an attempt: persist it in the record (due_ms = now: ready again).
-    for _, lease in ipairs(reclaimed) do
-      if not lease.orphan then
-        rewritten[#rewritten + 1] = lease.id
-        rewritten[#rewritten + 1] = string.format('%d|%d|%d|', lease.attempt, lease.max, now_ms) .. string.sub(lease.record, lease.payload_at)
-      end
-    end
-    if #to_dead > 0 then
-      local dead_args, error_args = {}, {}
-      for _, lease in ipairs(to_dead) do
-        rewritten[#rewritten + 1] = lease.id
-        rewritten[#rewritten + 1] = string.format('%d|%d|%d|', lease.attempt, lease.max, now_ms) .. string.sub(lease.record, lease.payload_at)
-        dead_args[#dead_args + 1] = now_ms
-        dead_args[#dead_args + 1] = lease.id
-        error_args[#error_args + 1] = lease.id
-        error_args[#error_args + 1] = string.format('lease expired on attempt %d of %d', lease.attempt, lease.max)
-      end
-      call_chunked('ZADD', dead_key, dead_args)
-      call_chunked('HSET', errors_key, error_args)
-      redis.call('HINCRBY', counters_key, 'dead', #to_dead)
-    end
-    if #rewritten > 0 then call_chunked('HSET', jobs_key, rewritten) end
-    if #ended > 0 then redis.call('HINCRBY', counters_key, 'reclaimed', #ended) end
     if #promoted > 0 then redis.call('HINCRBY', counters_key, 'promoted', #promoted) end
-    emit_failed(events_key, bound, reclaimed, now_ms, 'lease expired')
-    emit_failed(events_key, bound, to_dead, now_ms, 'lease expired')
   end
   -- Rate-limit maintenance while READY is busy. Written only when this call wrote
   -- something else first, so it is never a growing first write (see above).

@@ -44,6 +44,9 @@ local events_key = KEYS[14]
 -- Per call at most this many jobs, receipts or ids; also the most count/limit
 local MAX_BATCH = 1000
 
+-- An empty list to read from; never written to, so no call allocates its own
+local NONE = {}
+
 -- Of the KEYS and ARGV the headers list; lua/README.md section 10
 local CONTRACT_VERSION = 4
 
@@ -384,6 +387,84 @@ end
 
 -- While READY is busy, maintenance still runs this often
 local MAINTENANCE_INTERVAL_MS = 50
+
+-- The leases of `receipts` (members of `source_key`, leased or owners) as parse_receipt
+-- tables, each with its job's `max`, `record` and `payload_at` (where the payload
+-- starts) when the job has a record; and their job ids. Or nil, nil and a PQ_CORRUPT
+-- text. One HMGET of `jobs_key` (none for no receipts).
+local function read_leases(jobs_key, source_key, receipts)
+  local leases, ids = {}, {}
+  for i, receipt in ipairs(receipts) do
+    local lease = parse_receipt(receipt)
+    if not lease then return nil, nil, 'PQ_CORRUPT malformed receipt in ' .. source_key end
+    leases[i], ids[i] = lease, lease.id
+  end
+  local records = hmget(jobs_key, ids)
+  for i, lease in ipairs(leases) do
+    if records[i] then
+      local _, max_attempts, _, at = parse_record(records[i])
+      if not max_attempts then return nil, nil, 'PQ_CORRUPT unparsable record in ' .. jobs_key end
+      lease.max, lease.record, lease.payload_at = max_attempts, records[i], at
+    end
+  end
+  return leases, ids
+end
+
+-- Reclaim `leases` (from read_leases; metas[i], from fair_meta, is the meta of
+-- leases[i], or metas is nil when `fair` is false). Each lease ends (out of `leased`
+-- and `owners`, counted under `counter`); its failed attempt is kept in its record
+-- (due_ms = now) and its group's slot given back. A job whose attempts are used up
+-- goes to DEAD with the error "<why> on attempt N of M" (a poison pill cannot loop
+-- forever); a lease whose job has no record (removed by another program) is dropped.
+-- Events: 'retried' or 'dead' per lease, in order. K: the keys jobs, leased, owners,
+-- dead, errors, counters and events; the caller has proven the type of each it writes.
+-- Returns the ids to make READY (at the head, in order: the caller does it, since
+-- lease.lua may hand some out again at once), their metas, and whether a parked group
+-- got a free slot (then raise the wake marker).
+local function reclaim(K, F, fair, leases, metas, now_ms, why, counter, bound)
+  local receipts, rewritten, dead_args, error_args, back, back_metas = {}, {}, {}, {}, {}, {}
+  for i, lease in ipairs(leases) do
+    receipts[i] = lease.receipt
+    if lease.max then
+      rewritten[#rewritten + 1] = lease.id
+      rewritten[#rewritten + 1] = string.format('%d|%d|%d|', lease.attempt, lease.max, now_ms)
+        .. string.sub(lease.record, lease.payload_at)
+      if lease.attempt >= lease.max then
+        dead_args[#dead_args + 1], dead_args[#dead_args + 2] = now_ms, lease.id
+        error_args[#error_args + 1] = lease.id
+        error_args[#error_args + 1] = string.format('%s on attempt %d of %d', why, lease.attempt, lease.max)
+      else
+        back[#back + 1] = lease.id
+        back_metas[#back] = fair and metas[i] or false
+      end
+    end
+  end
+  -- A removal first: at its memory limit Redis refuses a script only at a first write
+  -- that may grow memory, so a full server still reclaims (and frees) what it moves.
+  call_chunked('ZREM', K.leased, receipts)
+  call_chunked('ZREM', K.owners, receipts)
+  redis.call('HINCRBY', K.counters, counter, #receipts)
+  if #rewritten > 0 then call_chunked('HSET', K.jobs, rewritten) end
+  if #dead_args > 0 then
+    call_chunked('ZADD', K.dead, dead_args)
+    call_chunked('HSET', K.errors, error_args)
+    redis.call('HINCRBY', K.counters, 'dead', #dead_args / 2)
+  end
+  local woke = fair and fair_lib().release(F, metas)
+  emit_failed(K.events, bound, leases, now_ms, why)
+  return back, back_metas, woke
+end
+
+-- Make `ids` READY at the head (`head`, in the order given) or the tail: a job with
+-- meta (metas[i], from fair_meta) into its group's place in `gready`, the others into
+-- the `ready` list.
+local function make_ready(ready_key, F, fair, ids, metas, head)
+  if fair then
+    fair_lib().ready(ready_key, F, ids, metas, head)
+  else
+    push_ready(ready_key, ids, head)
+  end
+end
 -- <<< pyqueue includes
 
 local contract_error = contract('promote', 14, 2, 2)
@@ -401,25 +482,12 @@ now_ms = now_ms or server_now_ms()
 -- 2. Read.
 local promoted = redis.call('ZRANGEBYSCORE', scheduled_key, '-inf', now_ms, 'LIMIT', 0, limit)
 local expired = redis.call('ZRANGEBYSCORE', leased_key, '-inf', now_ms, 'LIMIT', 0, limit)
-local leases, ids = {}, {}
-for i, receipt in ipairs(expired) do
-  local lease = parse_receipt(receipt)
-  if not lease then return redis.error_reply('PQ_CORRUPT malformed receipt in ' .. leased_key) end
-  leases[i] = lease
-  ids[i] = lease.id
-end
-local records = {}
-if #ids > 0 then records = redis.call('HMGET', jobs_key, unpack(ids)) end
-local to_ready, to_dead = {}, {}
-for i, lease in ipairs(leases) do
-  local record = records[i]
-  if record then
-    local _, max_attempts, _, payload_at = parse_record(record)
-    if not max_attempts then return redis.error_reply('PQ_CORRUPT unparsable record in ' .. jobs_key) end
-    lease.max, lease.payload = max_attempts, string.sub(record, payload_at)
-    if lease.attempt >= lease.max then to_dead[#to_dead + 1] = lease else to_ready[#to_ready + 1] = lease end
-  end
-  -- A lease without a record (removed by another program) is simply dropped.
+local leases, ids
+leases, ids, err = read_leases(jobs_key, leased_key, expired)
+if err then return redis.error_reply(err) end
+local to_dead = 0
+for _, lease in ipairs(leases) do
+  if lease.max and lease.attempt >= lease.max then to_dead = to_dead + 1 end
 end
 -- The meta of the jobs moved (section 2.1): promoted ones and reclaimed leases.
 local lease_metas, promoted_metas
@@ -430,66 +498,29 @@ local fair = leases_fair or promoted_fair
 err = err or fair and fair_lib().types(F)
 err = err or expect_type(jobs_key, 'hash') or expect_type(ready_key, 'list') or expect_type(owners_key, 'zset')
   or expect_type(wake_key, 'zset') or expect_type(counters_key, 'hash')
-if not err and #to_dead > 0 then err = expect_type(dead_key, 'zset') or expect_type(errors_key, 'hash') end
+if not err and to_dead > 0 then err = expect_type(dead_key, 'zset') or expect_type(errors_key, 'hash') end
 local bound
 if not err and #expired > 0 then bound, err = events_bound(counters_key, events_key) end
 if err then return redis.error_reply(err) end
 
 -- 3. Write. With nothing due, nothing is written.
-local woke = false
+local woke, back = false, NONE
 -- The first write removes something: at its memory limit Redis refuses a script only at a
 -- first write that may grow memory, so this transition (which frees what it moves) still runs.
 if #promoted > 0 then
   call_chunked('ZREM', scheduled_key, promoted)
-  if fair then
-    fair_lib().ready(ready_key, F, promoted, promoted_metas, false)
-  else
-    push_ready(ready_key, promoted, false)
-  end
+  make_ready(ready_key, F, fair, promoted, promoted_metas, false)
   redis.call('HINCRBY', counters_key, 'promoted', #promoted)
 end
 if #expired > 0 then
-  call_chunked('ZREM', leased_key, expired)
-  call_chunked('ZREM', owners_key, expired)
-  redis.call('HINCRBY', counters_key, 'reclaimed', #expired)
-  local rewritten = {}
-  for _, lease in ipairs(leases) do
-    if lease.max then
-      rewritten[#rewritten + 1] = lease.id
-      rewritten[#rewritten + 1] = string.format('%d|%d|%d|', lease.attempt, lease.max, now_ms) .. lease.payload
-    end
-  end
-  if #rewritten > 0 then call_chunked('HSET', jobs_key, rewritten) end
-  woke = fair and fair_lib().release(F, lease_metas)
-  if #to_ready > 0 then
-    -- Earliest deadline first at the head.
-    local ready_ids, ready_metas = {}, {}
-    for i, lease in ipairs(leases) do
-      if lease.max and lease.attempt < lease.max then
-        ready_ids[#ready_ids + 1], ready_metas[#ready_ids + 1] = lease.id, lease_metas[i]
-      end
-    end
-    if fair then
-      fair_lib().ready(ready_key, F, ready_ids, ready_metas, true)
-    else
-      push_ready(ready_key, ready_ids, true)
-    end
-  end
-  if #to_dead > 0 then
-    local dead_args, error_args = {}, {}
-    for _, lease in ipairs(to_dead) do
-      dead_args[#dead_args + 1] = now_ms
-      dead_args[#dead_args + 1] = lease.id
-      error_args[#error_args + 1] = lease.id
-      error_args[#error_args + 1] = string.format('lease expired on attempt %d of %d', lease.attempt, lease.max)
-    end
-    redis.call('HINCRBY', counters_key, 'dead', #to_dead)
-    call_chunked('ZADD', dead_key, dead_args)
-    call_chunked('HSET', errors_key, error_args)
-  end
-  emit_failed(events_key, bound, leases, now_ms, 'lease expired')
+  local K = { jobs = jobs_key, leased = leased_key, owners = owners_key, dead = dead_key }
+  K.errors, K.counters, K.events = errors_key, counters_key, events_key
+  local back_metas
+  back, back_metas, woke = reclaim(K, F, fair, leases, lease_metas, now_ms, 'lease expired', 'reclaimed', bound)
+  -- Earliest deadline first at the head.
+  make_ready(ready_key, F, fair, back, back_metas, true)
 end
-if #promoted + #to_ready > 0 or woke then redis.call('ZADD', wake_key, 0, 'wake') end
+if #promoted + #back > 0 or woke then redis.call('ZADD', wake_key, 0, 'wake') end
 if #promoted + #expired > 0 then
   redis.call('HSET', counters_key, 'next_maintenance_ms', now_ms + MAINTENANCE_INTERVAL_MS)
 end
@@ -500,4 +531,4 @@ local l = redis.call('ZRANGE', leased_key, 0, 0, 'WITHSCORES')
 if s[2] then next_due_ms = tonumber(s[2]) end
 if l[2] and (next_due_ms < 0 or tonumber(l[2]) < next_due_ms) then next_due_ms = tonumber(l[2]) end
 local more = (#promoted == limit or #expired == limit) and 1 or 0
-return { #promoted, #expired, #to_dead, more, next_due_ms }
+return { #promoted, #expired, to_dead, more, next_due_ms }

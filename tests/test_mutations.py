@@ -199,7 +199,7 @@ MUTANTS = [
     Mutant(
         "scrub_leaves_receipts_in_the_owners_index",
         "scrub",
-        "call_chunked('ZREM', owners_key, receipts)",
+        "call_chunked('ZREM', K.owners, receipts)",
         "",
     ),
     Mutant(
@@ -391,15 +391,15 @@ MUTANTS += [
     Mutant(
         "lease_keeps_the_slot_of_a_lease_it_reclaims",
         "lease",
-        "        fair_lib().release(F, ended_metas)\n",
-        "\n",
+        "  local woke = fair and fair_lib().release(F, metas)\n",
+        "  local woke = false\n",
         fair=True,
     ),
     Mutant(
         "promote_keeps_the_slot_of_a_lease_it_reclaims",
         "promote",
-        "  woke = fair and fair_lib().release(F, lease_metas)\n",
-        "\n",
+        "  local woke = fair and fair_lib().release(F, metas)\n",
+        "  local woke = false\n",
         fair=True,
     ),
     Mutant(
