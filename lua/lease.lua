@@ -479,6 +479,171 @@ local function fair_lib()
   return L
 end
 
+-- A fair pick may also drop or park this many ring entries that had nothing to give
+local STALE_BUDGET = 100
+
+-- A fair pick reads a group's READY members this many at a time
+local PICK_CHUNK = 8
+
+-- Read the front of `ring`, the ungrouped lane and the slots of the groups read.
+local function pick_read(F, ready_key, want)
+  local fields = redis.call('HMGET', F.groups, 'turn', 'uturn', 'cap')
+  local P = { want = want, budget = want + STALE_BUDGET, entries = {}, state = {}, picks = {} }
+  P.turn, P.uturn = tonumber(fields[1] or '0') or 0, tonumber(fields[2] or '0') or 0
+  local default_cap = tonumber(fields[3] or '0') or 0
+  P.front = redis.call('ZRANGEBYSCORE', F.ring, '(0', '+inf', 'WITHSCORES', 'LIMIT', 0, P.budget)
+  P.plain = redis.call('LRANGE', ready_key, 0, want - 1)
+  P.lane = redis.call('ZRANGEBYLEX', F.gready, '[|', '(}', 'LIMIT', 0, want)
+  -- Ring entries in turn order: those read, then groups served again (their new turns
+  -- are above every turn in the ring, so the list stays in turn order).
+  local names = {}
+  for i = 1, #P.front, 2 do
+    P.entries[#P.entries + 1] = { g = P.front[i], turn = tonumber(P.front[i + 1]) }
+    names[#names + 1] = 'r:' .. P.front[i]
+    names[#names + 1] = 'c:' .. P.front[i]
+  end
+  local slots = hmget(F.groups, names)
+  for k, e in ipairs(P.entries) do
+    local cap = tonumber(slots[2 * k] or '') or default_cap
+    P.state[e.g] = { running = tonumber(slots[2 * k - 1] or '0') or 0, cap = cap, taken = 0 }
+  end
+  P.qi, P.pi, P.li, P.steps = 1, 1, 1, 0
+  return P
+end
+
+-- Serve group entry `e` once: its next member, or its fate (park at its cap, drop when
+-- it has nothing ready). This group's next member and whether another follows are read
+-- PICK_CHUNK at a time (O(log N + PICK_CHUNK)): a group served several times in one
+-- call is read once.
+local function pick_from_group(F, P, e)
+  local st = P.state[e.g]
+  if st.cap ~= 0 and st.running >= st.cap then
+    st.fate = 'park'
+    return
+  end
+  if not st.cache or (#st.cache == PICK_CHUNK and st.taken + 2 > st.from + #st.cache) then
+    st.cache = redis.call('ZRANGEBYLEX', F.gready, '[' .. e.g .. '|', '(' .. e.g .. '}', 'LIMIT', st.taken, PICK_CHUNK)
+    st.from = st.taken
+  end
+  local member, after = st.cache[st.taken - st.from + 1], st.cache[st.taken - st.from + 2]
+  if not member then
+    st.fate = 'drop'
+    return
+  end
+  st.taken = st.taken + 1
+  st.running = st.running + 1
+  P.turn = P.turn + 1
+  P.picks[#P.picks + 1] = { id = string.sub(member, #e.g + 20), member = member, group = e.g }
+  if not after then
+    st.fate = 'drop'
+  elseif st.cap ~= 0 and st.running >= st.cap then
+    st.fate = 'park'
+  else
+    st.fate = 'turn'
+    st.turn = P.turn
+    P.entries[#P.entries + 1] = { g = e.g, turn = P.turn }
+  end
+end
+
+-- Choose the picks, turn by turn, within the budget of steps.
+local function pick_choose(F, P)
+  while #P.picks < P.want and P.steps < P.budget do
+    P.steps = P.steps + 1
+    local e = P.entries[P.qi]
+    local ungrouped = P.pi <= #P.plain or P.li <= #P.lane
+    if not e and not ungrouped then break end
+    if ungrouped and (not e or P.uturn < e.turn) then
+      -- A member of the '' range is "|<rank>|<id>": rank's first character below '5' is a
+      -- priority above 0, which goes before the `ready` list (priority 0).
+      local member = P.lane[P.li]
+      if member and (string.byte(member, 2) < 53 or P.pi > #P.plain) then
+        P.picks[#P.picks + 1] = { id = string.sub(member, 20), member = member }
+        P.li = P.li + 1
+      else
+        P.picks[#P.picks + 1] = { id = P.plain[P.pi] }
+        P.pi = P.pi + 1
+      end
+      P.turn = P.turn + 1
+      P.uturn = P.turn
+    else
+      P.qi = P.qi + 1
+      pick_from_group(F, P, e)
+    end
+  end
+end
+
+-- The records of the picks, before any write: a corrupt one is an error with nothing of
+-- the pick written. An id without a record (removed by another program) is popped and
+-- dropped, and its slot is not taken. Returns the picks kept, or nil and an error.
+local function pick_records(jobs_key, P)
+  local ids = {}
+  for i, pick in ipairs(P.picks) do ids[i] = pick.id end
+  local records = hmget(jobs_key, ids)
+  local kept = {}
+  for i, pick in ipairs(P.picks) do
+    if records[i] then
+      if not parse_record(records[i]) then return nil, 'PQ_CORRUPT unparsable record for job in ' .. jobs_key end
+      pick.record = records[i]
+      kept[#kept + 1] = pick
+    elseif pick.group then
+      local st = P.state[pick.group]
+      st.taken = st.taken - 1
+      st.running = st.running - 1
+      if st.fate == 'park' and st.running < st.cap then
+        P.turn = P.turn + 1
+        st.fate = 'turn'
+        st.turn = P.turn
+      end
+    end
+  end
+  return kept
+end
+
+-- Write the pick: its members out of READY, each group's new place in `ring` and its
+-- running count, and the turns.
+local function pick_write(F, ready_key, P)
+  local members, seen = {}, {}
+  for _, pick in ipairs(P.picks) do
+    if pick.member then members[#members + 1] = pick.member end
+  end
+  if #members > 0 then call_chunked('ZREM', F.gready, members) end
+  if P.pi > 1 then redis.call('LTRIM', ready_key, P.pi - 1, -1) end
+  for _, e in ipairs(P.entries) do
+    local st = P.state[e.g]
+    if not seen[e.g] and st.fate then
+      seen[e.g] = true
+      if st.fate == 'turn' then
+        redis.call('ZADD', F.ring, st.turn, e.g)
+      elseif st.fate == 'park' then
+        redis.call('ZADD', F.ring, -1, e.g)
+      else
+        redis.call('ZREM', F.ring, e.g)
+      end
+      if st.taken > 0 then
+        redis.call('HINCRBY', F.groups, 'r:' .. e.g, st.taken)
+      elseif st.fate == 'drop' and st.running <= 0 then
+        -- Out of the ring with nothing running: its count (kept at 0 while it was in the
+        -- ring, see fair_lib's release) goes.
+        redis.call('HDEL', F.groups, 'r:' .. e.g)
+      end
+    end
+  end
+  if P.steps > 0 then redis.call('HSET', F.groups, 'turn', P.turn, 'uturn', P.uturn) end
+end
+
+-- Returns the picks ({id, record}), whether leasable work is left, and whether the pick
+-- stopped at its budget short of `want`; or nil, nil, nil and a PQ_CORRUPT text.
+local function fair_pick(F, ready_key, jobs_key, want)
+  local P = pick_read(F, ready_key, want)
+  pick_choose(F, P)
+  local kept, err = pick_records(jobs_key, P)
+  if err then return nil, nil, nil, err end
+  pick_write(F, ready_key, P)
+  local left = P.qi <= #P.entries or P.pi <= #P.plain or P.li <= #P.lane or #P.plain == want
+    or #P.front == 2 * P.budget
+  return kept, left, P.steps >= P.budget and #P.picks < want
+end
+
 -- While READY is busy, maintenance still runs this often
 local MAINTENANCE_INTERVAL_MS = 50
 
@@ -580,8 +745,6 @@ for i = 1, n_acks do
 end
 
 local F = fair_keys(11)
-local STALE_BUDGET = 100 -- a pick may also drop or park this many ring entries that had nothing to give
-local PICK_CHUNK = 8 -- a pick reads a group's READY members this many at a time
 
 -- Which keys a read has proven to hold the right type; a key written but not read is
 -- probed before the first write (6). The busy path reads every key it writes.
@@ -932,149 +1095,8 @@ else
 
   -- The fair pick, now that maintenance has made its jobs READY.
   if fair and want > 0 then
-    -- Made here, on the fair path only: a plain queue's call does not make its closure.
-    -- The fair pick (queues with groups or priorities, section 2.1): up to `want` jobs,
-    -- round-robin between the groups in `ring` (lowest turn first; a group served goes to
-    -- the back with a new turn) and the ungrouped lane (the `ready` list and gready's ''
-    -- range, which takes the turn `uturn`), the highest priority first within each. A
-    -- group at its cap is parked, one with nothing ready dropped from the ring: neither
-    -- consumes a pick, and no job moves. Reads everything, and every record, before its
-    -- first write. Cost: O((want + skipped) * log(N)) for N ready jobs, with skipped at most
-    -- STALE_BUDGET; a group leaves the ring at most once per time it entered it.
-    -- Returns the picks ({id, record}), whether leasable work is left, or nil and an error.
-    local function fair_pick(want)
-      local fields = redis.call('HMGET', F.groups, 'turn', 'uturn', 'cap')
-      local turn, uturn = tonumber(fields[1] or '0') or 0, tonumber(fields[2] or '0') or 0
-      local default_cap = tonumber(fields[3] or '0') or 0
-      local budget = want + STALE_BUDGET
-      local front = redis.call('ZRANGEBYSCORE', F.ring, '(0', '+inf', 'WITHSCORES', 'LIMIT', 0, budget)
-      local plain = redis.call('LRANGE', ready_key, 0, want - 1)
-      local lane = redis.call('ZRANGEBYLEX', F.gready, '[|', '(}', 'LIMIT', 0, want)
-      -- Ring entries in turn order: those read, then groups served again (their new turns
-      -- are above every turn in the ring, so the list stays in turn order).
-      local entries, state, names = {}, {}, {}
-      for i = 1, #front, 2 do
-        entries[#entries + 1] = { g = front[i], turn = tonumber(front[i + 1]) }
-        names[#names + 1] = 'r:' .. front[i]
-        names[#names + 1] = 'c:' .. front[i]
-      end
-      local slots = hmget(F.groups, names)
-      for k, e in ipairs(entries) do
-        local cap = tonumber(slots[2 * k] or '') or default_cap
-        state[e.g] = { running = tonumber(slots[2 * k - 1] or '0') or 0, cap = cap, taken = 0 }
-      end
-      local picks, qi, pi, li, steps = {}, 1, 1, 1, 0
-      while #picks < want and steps < budget do
-        steps = steps + 1
-        local e = entries[qi]
-        local ungrouped = pi <= #plain or li <= #lane
-        if not e and not ungrouped then break end
-        if ungrouped and (not e or uturn < e.turn) then
-          -- A member of the '' range is "|<rank>|<id>": rank's first character below '5' is a
-          -- priority above 0, which goes before the `ready` list (priority 0).
-          local member = lane[li]
-          if member and (string.byte(member, 2) < 53 or pi > #plain) then
-            picks[#picks + 1] = { id = string.sub(member, 20), member = member }
-            li = li + 1
-          else
-            picks[#picks + 1] = { id = plain[pi] }
-            pi = pi + 1
-          end
-          turn = turn + 1
-          uturn = turn
-        else
-          qi = qi + 1
-          local st = state[e.g]
-          if st.cap ~= 0 and st.running >= st.cap then
-            st.fate = 'park'
-          else
-            -- This group's next member and whether another follows, read PICK_CHUNK at a
-            -- time (O(log N + PICK_CHUNK)): a group served several times in one call is
-            -- read once.
-            if not st.cache or (#st.cache == PICK_CHUNK and st.taken + 2 > st.from + #st.cache) then
-              st.cache = redis.call('ZRANGEBYLEX', F.gready, '[' .. e.g .. '|', '(' .. e.g .. '}', 'LIMIT', st.taken,
-                PICK_CHUNK)
-              st.from = st.taken
-            end
-            local member, after = st.cache[st.taken - st.from + 1], st.cache[st.taken - st.from + 2]
-            if not member then
-              st.fate = 'drop'
-            else
-              st.taken = st.taken + 1
-              st.running = st.running + 1
-              turn = turn + 1
-              picks[#picks + 1] = { id = string.sub(member, #e.g + 20), member = member, group = e.g }
-              if not after then
-                st.fate = 'drop'
-              elseif st.cap ~= 0 and st.running >= st.cap then
-                st.fate = 'park'
-              else
-                st.fate = 'turn'
-                st.turn = turn
-                entries[#entries + 1] = { g = e.g, turn = turn }
-              end
-            end
-          end
-        end
-      end
-      -- The records, before any write: a corrupt one is an error with nothing of the pick
-      -- written. An id without a record (removed by another program) is popped and dropped,
-      -- and its slot is not taken.
-      local ids = {}
-      for i, pick in ipairs(picks) do ids[i] = pick.id end
-      local records = hmget(jobs_key, ids)
-      local kept = {}
-      for i, pick in ipairs(picks) do
-        if records[i] then
-          if not parse_record(records[i]) then
-            return nil, nil, 'PQ_CORRUPT unparsable record for job in ' .. jobs_key
-          end
-          pick.record = records[i]
-          kept[#kept + 1] = pick
-        elseif pick.group then
-          local st = state[pick.group]
-          st.taken = st.taken - 1
-          st.running = st.running - 1
-          if st.fate == 'park' and st.running < st.cap then
-            turn = turn + 1
-            st.fate = 'turn'
-            st.turn = turn
-          end
-        end
-      end
-      -- Write.
-      local members, seen = {}, {}
-      for _, pick in ipairs(picks) do
-        if pick.member then members[#members + 1] = pick.member end
-      end
-      if #members > 0 then call_chunked('ZREM', F.gready, members) end
-      if pi > 1 then redis.call('LTRIM', ready_key, pi - 1, -1) end
-      for _, e in ipairs(entries) do
-        local st = state[e.g]
-        if not seen[e.g] and st.fate then
-          seen[e.g] = true
-          if st.fate == 'turn' then
-            redis.call('ZADD', F.ring, st.turn, e.g)
-          elseif st.fate == 'park' then
-            redis.call('ZADD', F.ring, -1, e.g)
-          else
-            redis.call('ZREM', F.ring, e.g)
-          end
-          if st.taken > 0 then
-            redis.call('HINCRBY', F.groups, 'r:' .. e.g, st.taken)
-          elseif st.fate == 'drop' and st.running <= 0 then
-            -- Out of the ring with nothing running: its count (kept at 0 while it was in
-            -- the ring, see fair_lib's release) goes.
-            redis.call('HDEL', F.groups, 'r:' .. e.g)
-          end
-        end
-      end
-      if steps > 0 then redis.call('HSET', F.groups, 'turn', turn, 'uturn', uturn) end
-      local left = qi <= #entries or pi <= #plain or li <= #lane or #plain == want or #front == 2 * budget
-      return kept, left, nil, steps >= budget and #picks < want
-    end
     local picks, left, short
-    picks, left, err, short = fair_pick(want)
+    picks, left, short, err = fair_pick(F, ready_key, jobs_key, want)
     if err then return redis.error_reply(err) end
     for _, pick in ipairs(picks) do
       local attempts, max_attempts, _, at = parse_record(pick.record)

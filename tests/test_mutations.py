@@ -412,15 +412,15 @@ MUTANTS += [
     Mutant(
         "lease_runs_one_job_of_a_group_beyond_its_cap",
         "lease",
-        "              elseif st.cap ~= 0 and st.running >= st.cap then",
-        "              elseif st.cap ~= 0 and st.running > st.cap then",
+        "  elseif st.cap ~= 0 and st.running >= st.cap then",
+        "  elseif st.cap ~= 0 and st.running > st.cap then",
         fair=True,
     ),
     Mutant(
         "lease_puts_ungrouped_priority_1_after_priority_0",
         "lease",
-        "(string.byte(member, 2) < 53 or pi > #plain)",
-        "(string.byte(member, 2) < 52 or pi > #plain)",
+        "(string.byte(member, 2) < 53 or P.pi > #P.plain)",
+        "(string.byte(member, 2) < 52 or P.pi > #P.plain)",
         fair=True,
     ),
     Mutant(
