@@ -151,19 +151,7 @@ local function emit(events_key, bound, kind, id, now_ms, ...)
   end
 end
 
--- Fair scheduling (lua/README.md section 2.1). A job enqueued with a group or with a
--- priority other than 0 keeps a `meta` entry "<priority>|<pos>|<group>" for its whole
--- life (group '' = none). While READY it is not in the `ready` list but in `gready`, a
--- lexicographic zset of members "<group>|<rank>|<id>": rank is one character for the
--- priority ('0' for 5 .. ':' for -5, so higher first) and its 16-digit position `pos`
--- (tail: POS_MID + seq, head: POS_MID - seq). `ring` holds the groups with ready jobs:
--- score = turn (>= 1, lowest is served next) while one is believed to have a free
--- slot, -1 (parked) while it is at its cap. `groups` holds r:<group> (its leases
--- running), c:<group> (its own cap), cap (the default cap; 0 or absent: none), and the
--- counters turn, seq and uturn (the ungrouped jobs' last turn).
--- Only fair_keys, fair_meta and push_ready are made on every call; the other helpers
--- are made at their first use in a call (fair_lib, fair_enter_lib), so that a queue
--- without groups or priorities does not pay for making their closures.
+-- Priorities: -5..5, higher leased sooner (lua/include/groups.lua has the whole scheme)
 local PRIORITY_MIN, PRIORITY_MAX = -5, 5
 
 local POS_MID = 5000000000000000
@@ -173,86 +161,75 @@ local function fair_keys(first)
   return { meta = KEYS[first], gready = KEYS[first + 1], ring = KEYS[first + 2], groups = KEYS[first + 3] }
 end
 
--- What a producer needs (enqueue.lua): arg, member, slots, activate, enter, types.
-local fair_enter_made
+-- A job's priority ('' = 0) as a number, or nil and a PQ_BADARG text; likewise for
+-- its group ('' = none; else 1..128 bytes without '|' or control characters).
+local function fair_arg(priority, group)
+  local p, err = 0, nil
+  if priority ~= '' then
+    p, err = int_arg(priority, 'priority', PRIORITY_MIN, PRIORITY_MAX)
+    if err then return nil, err end
+  end
+  if #group > 128 or string.find(group, '[%c|]') then
+    return nil, 'PQ_BADARG group must be 1..128 bytes without | or control characters'
+  end
+  return p
+end
 
-local function fair_enter_lib()
-  if fair_enter_made then return fair_enter_made end
-  local L = {}
+-- The `gready` member of job `id` at position `pos` (16 digits).
+local function fair_member(group, priority, pos, id)
+  return group .. '|' .. string.char(53 - priority) .. pos .. '|' .. id
+end
 
-  -- A job's priority ('' = 0) as a number, or nil and a PQ_BADARG text; likewise for
-  -- its group ('' = none; else 1..128 bytes without '|' or control characters).
-  function L.arg(priority, group)
-    local p, err = 0, nil
-    if priority ~= '' then
-      p, err = int_arg(priority, 'priority', PRIORITY_MIN, PRIORITY_MAX)
-      if err then return nil, err end
+-- Leases running and the cap (0: none) of `group`.
+local function fair_slots(F, group)
+  local v = redis.call('HMGET', F.groups, 'r:' .. group, 'c:' .. group, 'cap')
+  return tonumber(v[1] or '0') or 0, tonumber(v[2] or v[3] or '0') or 0
+end
+
+-- Give `group`, which has ready jobs, a place in `ring` unless it has one: at the
+-- back (a new turn) with a free slot, else parked.
+local function fair_activate(F, group)
+  if redis.call('ZSCORE', F.ring, group) then return end
+  local running, cap = fair_slots(F, group)
+  if cap == 0 or running < cap then
+    redis.call('ZADD', F.ring, redis.call('HINCRBY', F.groups, 'turn', 1), group)
+  else
+    redis.call('ZADD', F.ring, -1, group)
+  end
+end
+
+-- Put the jobs of `ids` whose metas[i] is an entry in `gready`, at the head (`head`,
+-- in the order given) or the tail of their priority in their group, and give their
+-- groups a place in `ring`. Returns the other ids, which belong in the `ready` list.
+local function fair_enter(F, ids, metas, head)
+  local plain, fair = {}, {}
+  for i, id in ipairs(ids) do
+    if metas[i] then fair[#fair + 1] = i else plain[#plain + 1] = id end
+  end
+  if #fair == 0 then return plain end
+  local last = redis.call('HINCRBY', F.groups, 'seq', #fair)
+  local members, entries, activate = {}, {}, {}
+  for k, i in ipairs(fair) do
+    local meta, id = metas[i], ids[i]
+    local seq = head and last - k + 1 or last - #fair + k
+    local pos = string.format('%016.0f', head and POS_MID - seq or POS_MID + seq)
+    members[2 * k - 1], members[2 * k] = 0, fair_member(meta.group, meta.priority, pos, id)
+    entries[2 * k - 1], entries[2 * k] = id, meta.priority .. '|' .. pos .. '|' .. meta.group
+    if meta.group ~= '' and not activate[meta.group] then
+      activate[meta.group] = true
+      activate[#activate + 1] = meta.group
     end
-    if #group > 128 or string.find(group, '[%c|]') then
-      return nil, 'PQ_BADARG group must be 1..128 bytes without | or control characters'
-    end
-    return p
   end
+  call_chunked('ZADD', F.gready, members)
+  call_chunked('HSET', F.meta, entries)
+  for _, g in ipairs(activate) do fair_activate(F, g) end
+  return plain
+end
 
-  -- The `gready` member of job `id` at position `pos` (16 digits).
-  function L.member(group, priority, pos, id)
-    return group .. '|' .. string.char(53 - priority) .. pos .. '|' .. id
-  end
-
-  -- Leases running and the cap (0: none) of `group`.
-  function L.slots(F, group)
-    local v = redis.call('HMGET', F.groups, 'r:' .. group, 'c:' .. group, 'cap')
-    return tonumber(v[1] or '0') or 0, tonumber(v[2] or v[3] or '0') or 0
-  end
-
-  -- Give `group`, which has ready jobs, a place in `ring` unless it has one: at the
-  -- back (a new turn) with a free slot, else parked.
-  function L.activate(F, group)
-    if redis.call('ZSCORE', F.ring, group) then return end
-    local running, cap = L.slots(F, group)
-    if cap == 0 or running < cap then
-      redis.call('ZADD', F.ring, redis.call('HINCRBY', F.groups, 'turn', 1), group)
-    else
-      redis.call('ZADD', F.ring, -1, group)
-    end
-  end
-
-  -- Put the jobs of `ids` whose metas[i] is an entry in `gready`, at the head (`head`,
-  -- in the order given) or the tail of their priority in their group, and give their
-  -- groups a place in `ring`. Returns the other ids, which belong in the `ready` list.
-  function L.enter(F, ids, metas, head)
-    local plain, fair = {}, {}
-    for i, id in ipairs(ids) do
-      if metas[i] then fair[#fair + 1] = i else plain[#plain + 1] = id end
-    end
-    if #fair == 0 then return plain end
-    local last = redis.call('HINCRBY', F.groups, 'seq', #fair)
-    local members, entries, activate = {}, {}, {}
-    for k, i in ipairs(fair) do
-      local meta, id = metas[i], ids[i]
-      local seq = head and last - k + 1 or last - #fair + k
-      local pos = string.format('%016.0f', head and POS_MID - seq or POS_MID + seq)
-      members[2 * k - 1], members[2 * k] = 0, L.member(meta.group, meta.priority, pos, id)
-      entries[2 * k - 1], entries[2 * k] = id, meta.priority .. '|' .. pos .. '|' .. meta.group
-      if meta.group ~= '' and not activate[meta.group] then
-        activate[meta.group] = true
-        activate[#activate + 1] = meta.group
-      end
-    end
-    call_chunked('ZADD', F.gready, members)
-    call_chunked('HSET', F.meta, entries)
-    for _, g in ipairs(activate) do L.activate(F, g) end
-    return plain
-  end
-
-  -- A type error text if any fair-scheduling key holds another Redis type, else nil.
-  function L.types(F)
-    return expect_type(F.meta, 'hash') or expect_type(F.gready, 'zset') or expect_type(F.ring, 'zset')
-      or expect_type(F.groups, 'hash')
-  end
-
-  fair_enter_made = L
-  return L
+-- A type error text if any fair-scheduling key holds another Redis type, else nil.
+local function fair_types(F)
+  return expect_type(F.meta, 'hash') or expect_type(F.gready, 'zset') or expect_type(F.ring, 'zset')
+    or expect_type(F.groups, 'hash')
 end
 -- <<< pyqueue includes
 
@@ -283,7 +260,7 @@ for i = 1, n do
   metas[i] = false
   if priority ~= '' or group ~= '' then
     local p
-    p, err = fair_enter_lib().arg(priority, group)
+    p, err = fair_arg(priority, group)
     if err then return redis.error_reply(err .. ', job ' .. i) end
     if p ~= 0 or group ~= '' then
       metas[i] = { priority = p, pos = '', group = group }
@@ -341,7 +318,7 @@ if not err and #scheduled_args > 0 then err = expect_type(scheduled_key, 'zset')
 -- A queue that uses groups or priorities says so in `counters` (lease.lua reads it).
 local F = fair_keys(7)
 fair = fair and added > 0
-if not err and fair then err = fair_enter_lib().types(F) end
+if not err and fair then err = fair_types(F) end
 local bound
 if not err and added > 0 then bound, err = events_bound(counters_key, events_key) end
 if err then return redis.error_reply(err) end
@@ -355,7 +332,7 @@ if added > 0 then
   if fair then
     redis.call('HSET', counters_key, 'fair', 1)
     if #later_metas > 0 then call_chunked('HSET', F.meta, later_metas) end
-    ready_ids = fair_enter_lib().enter(F, ready_ids, ready_metas, false)
+    ready_ids = fair_enter(F, ready_ids, ready_metas, false)
   end
   if #ready_ids > 0 then call_chunked('RPUSH', ready_key, ready_ids) end
   if #scheduled_args > 0 then call_chunked('ZADD', scheduled_key, scheduled_args) end

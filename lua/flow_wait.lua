@@ -149,103 +149,21 @@ local function emit(events_key, bound, kind, id, now_ms, ...)
   end
 end
 
--- Fair scheduling (lua/README.md section 2.1). A job enqueued with a group or with a
--- priority other than 0 keeps a `meta` entry "<priority>|<pos>|<group>" for its whole
--- life (group '' = none). While READY it is not in the `ready` list but in `gready`, a
--- lexicographic zset of members "<group>|<rank>|<id>": rank is one character for the
--- priority ('0' for 5 .. ':' for -5, so higher first) and its 16-digit position `pos`
--- (tail: POS_MID + seq, head: POS_MID - seq). `ring` holds the groups with ready jobs:
--- score = turn (>= 1, lowest is served next) while one is believed to have a free
--- slot, -1 (parked) while it is at its cap. `groups` holds r:<group> (its leases
--- running), c:<group> (its own cap), cap (the default cap; 0 or absent: none), and the
--- counters turn, seq and uturn (the ungrouped jobs' last turn).
--- Only fair_keys, fair_meta and push_ready are made on every call; the other helpers
--- are made at their first use in a call (fair_lib, fair_enter_lib), so that a queue
--- without groups or priorities does not pay for making their closures.
+-- Priorities: -5..5, higher leased sooner (lua/include/groups.lua has the whole scheme)
 local PRIORITY_MIN, PRIORITY_MAX = -5, 5
 
-local POS_MID = 5000000000000000
-
--- What a producer needs (enqueue.lua): arg, member, slots, activate, enter, types.
-local fair_enter_made
-
-local function fair_enter_lib()
-  if fair_enter_made then return fair_enter_made end
-  local L = {}
-
-  -- A job's priority ('' = 0) as a number, or nil and a PQ_BADARG text; likewise for
-  -- its group ('' = none; else 1..128 bytes without '|' or control characters).
-  function L.arg(priority, group)
-    local p, err = 0, nil
-    if priority ~= '' then
-      p, err = int_arg(priority, 'priority', PRIORITY_MIN, PRIORITY_MAX)
-      if err then return nil, err end
-    end
-    if #group > 128 or string.find(group, '[%c|]') then
-      return nil, 'PQ_BADARG group must be 1..128 bytes without | or control characters'
-    end
-    return p
+-- A job's priority ('' = 0) as a number, or nil and a PQ_BADARG text; likewise for
+-- its group ('' = none; else 1..128 bytes without '|' or control characters).
+local function fair_arg(priority, group)
+  local p, err = 0, nil
+  if priority ~= '' then
+    p, err = int_arg(priority, 'priority', PRIORITY_MIN, PRIORITY_MAX)
+    if err then return nil, err end
   end
-
-  -- The `gready` member of job `id` at position `pos` (16 digits).
-  function L.member(group, priority, pos, id)
-    return group .. '|' .. string.char(53 - priority) .. pos .. '|' .. id
+  if #group > 128 or string.find(group, '[%c|]') then
+    return nil, 'PQ_BADARG group must be 1..128 bytes without | or control characters'
   end
-
-  -- Leases running and the cap (0: none) of `group`.
-  function L.slots(F, group)
-    local v = redis.call('HMGET', F.groups, 'r:' .. group, 'c:' .. group, 'cap')
-    return tonumber(v[1] or '0') or 0, tonumber(v[2] or v[3] or '0') or 0
-  end
-
-  -- Give `group`, which has ready jobs, a place in `ring` unless it has one: at the
-  -- back (a new turn) with a free slot, else parked.
-  function L.activate(F, group)
-    if redis.call('ZSCORE', F.ring, group) then return end
-    local running, cap = L.slots(F, group)
-    if cap == 0 or running < cap then
-      redis.call('ZADD', F.ring, redis.call('HINCRBY', F.groups, 'turn', 1), group)
-    else
-      redis.call('ZADD', F.ring, -1, group)
-    end
-  end
-
-  -- Put the jobs of `ids` whose metas[i] is an entry in `gready`, at the head (`head`,
-  -- in the order given) or the tail of their priority in their group, and give their
-  -- groups a place in `ring`. Returns the other ids, which belong in the `ready` list.
-  function L.enter(F, ids, metas, head)
-    local plain, fair = {}, {}
-    for i, id in ipairs(ids) do
-      if metas[i] then fair[#fair + 1] = i else plain[#plain + 1] = id end
-    end
-    if #fair == 0 then return plain end
-    local last = redis.call('HINCRBY', F.groups, 'seq', #fair)
-    local members, entries, activate = {}, {}, {}
-    for k, i in ipairs(fair) do
-      local meta, id = metas[i], ids[i]
-      local seq = head and last - k + 1 or last - #fair + k
-      local pos = string.format('%016.0f', head and POS_MID - seq or POS_MID + seq)
-      members[2 * k - 1], members[2 * k] = 0, L.member(meta.group, meta.priority, pos, id)
-      entries[2 * k - 1], entries[2 * k] = id, meta.priority .. '|' .. pos .. '|' .. meta.group
-      if meta.group ~= '' and not activate[meta.group] then
-        activate[meta.group] = true
-        activate[#activate + 1] = meta.group
-      end
-    end
-    call_chunked('ZADD', F.gready, members)
-    call_chunked('HSET', F.meta, entries)
-    for _, g in ipairs(activate) do L.activate(F, g) end
-    return plain
-  end
-
-  -- A type error text if any fair-scheduling key holds another Redis type, else nil.
-  function L.types(F)
-    return expect_type(F.meta, 'hash') or expect_type(F.gready, 'zset') or expect_type(F.ring, 'zset')
-      or expect_type(F.groups, 'hash')
-  end
-
-  fair_enter_made = L
-  return L
+  return p
 end
 
 -- 2^50: the due time of a job waiting for others (flow_wait.lua)
@@ -267,7 +185,7 @@ if err then return redis.error_reply(err) end
 local priority, group = ARGV[5], ARGV[6]
 local p = 0
 if priority ~= '' or group ~= '' then
-  p, err = fair_enter_lib().arg(priority, group)
+  p, err = fair_arg(priority, group)
   if err then return redis.error_reply(err) end
 end
 local check_ms

@@ -274,21 +274,6 @@ local function emit_failed(events_key, bound, leases, now_ms, why)
   end
 end
 
--- Fair scheduling (lua/README.md section 2.1). A job enqueued with a group or with a
--- priority other than 0 keeps a `meta` entry "<priority>|<pos>|<group>" for its whole
--- life (group '' = none). While READY it is not in the `ready` list but in `gready`, a
--- lexicographic zset of members "<group>|<rank>|<id>": rank is one character for the
--- priority ('0' for 5 .. ':' for -5, so higher first) and its 16-digit position `pos`
--- (tail: POS_MID + seq, head: POS_MID - seq). `ring` holds the groups with ready jobs:
--- score = turn (>= 1, lowest is served next) while one is believed to have a free
--- slot, -1 (parked) while it is at its cap. `groups` holds r:<group> (its leases
--- running), c:<group> (its own cap), cap (the default cap; 0 or absent: none), and the
--- counters turn, seq and uturn (the ungrouped jobs' last turn).
--- Only fair_keys, fair_meta and push_ready are made on every call; the other helpers
--- are made at their first use in a call (fair_lib, fair_enter_lib), so that a queue
--- without groups or priorities does not pay for making their closures.
-local PRIORITY_MIN, PRIORITY_MAX = -5, 5
-
 local POS_MID = 5000000000000000
 
 -- The four fair-scheduling keys, from KEYS[first] on: the scripts that take them take them last.
@@ -327,156 +312,113 @@ local function push_ready(ready_key, ids, head)
   end
 end
 
--- What a producer needs (enqueue.lua): arg, member, slots, activate, enter, types.
-local fair_enter_made
-
-local function fair_enter_lib()
-  if fair_enter_made then return fair_enter_made end
-  local L = {}
-
-  -- A job's priority ('' = 0) as a number, or nil and a PQ_BADARG text; likewise for
-  -- its group ('' = none; else 1..128 bytes without '|' or control characters).
-  function L.arg(priority, group)
-    local p, err = 0, nil
-    if priority ~= '' then
-      p, err = int_arg(priority, 'priority', PRIORITY_MIN, PRIORITY_MAX)
-      if err then return nil, err end
-    end
-    if #group > 128 or string.find(group, '[%c|]') then
-      return nil, 'PQ_BADARG group must be 1..128 bytes without | or control characters'
-    end
-    return p
-  end
-
-  -- The `gready` member of job `id` at position `pos` (16 digits).
-  function L.member(group, priority, pos, id)
-    return group .. '|' .. string.char(53 - priority) .. pos .. '|' .. id
-  end
-
-  -- Leases running and the cap (0: none) of `group`.
-  function L.slots(F, group)
-    local v = redis.call('HMGET', F.groups, 'r:' .. group, 'c:' .. group, 'cap')
-    return tonumber(v[1] or '0') or 0, tonumber(v[2] or v[3] or '0') or 0
-  end
-
-  -- Give `group`, which has ready jobs, a place in `ring` unless it has one: at the
-  -- back (a new turn) with a free slot, else parked.
-  function L.activate(F, group)
-    if redis.call('ZSCORE', F.ring, group) then return end
-    local running, cap = L.slots(F, group)
-    if cap == 0 or running < cap then
-      redis.call('ZADD', F.ring, redis.call('HINCRBY', F.groups, 'turn', 1), group)
-    else
-      redis.call('ZADD', F.ring, -1, group)
-    end
-  end
-
-  -- Put the jobs of `ids` whose metas[i] is an entry in `gready`, at the head (`head`,
-  -- in the order given) or the tail of their priority in their group, and give their
-  -- groups a place in `ring`. Returns the other ids, which belong in the `ready` list.
-  function L.enter(F, ids, metas, head)
-    local plain, fair = {}, {}
-    for i, id in ipairs(ids) do
-      if metas[i] then fair[#fair + 1] = i else plain[#plain + 1] = id end
-    end
-    if #fair == 0 then return plain end
-    local last = redis.call('HINCRBY', F.groups, 'seq', #fair)
-    local members, entries, activate = {}, {}, {}
-    for k, i in ipairs(fair) do
-      local meta, id = metas[i], ids[i]
-      local seq = head and last - k + 1 or last - #fair + k
-      local pos = string.format('%016.0f', head and POS_MID - seq or POS_MID + seq)
-      members[2 * k - 1], members[2 * k] = 0, L.member(meta.group, meta.priority, pos, id)
-      entries[2 * k - 1], entries[2 * k] = id, meta.priority .. '|' .. pos .. '|' .. meta.group
-      if meta.group ~= '' and not activate[meta.group] then
-        activate[meta.group] = true
-        activate[#activate + 1] = meta.group
-      end
-    end
-    call_chunked('ZADD', F.gready, members)
-    call_chunked('HSET', F.meta, entries)
-    for _, g in ipairs(activate) do L.activate(F, g) end
-    return plain
-  end
-
-  -- A type error text if any fair-scheduling key holds another Redis type, else nil.
-  function L.types(F)
-    return expect_type(F.meta, 'hash') or expect_type(F.gready, 'zset') or expect_type(F.ring, 'zset')
-      or expect_type(F.groups, 'hash')
-  end
-
-  fair_enter_made = L
-  return L
+-- The `gready` member of job `id` at position `pos` (16 digits).
+local function fair_member(group, priority, pos, id)
+  return group .. '|' .. string.char(53 - priority) .. pos .. '|' .. id
 end
 
--- Everything else (the scripts that end leases and move jobs), on top of fair_enter_lib.
-local fair_made
+-- Leases running and the cap (0: none) of `group`.
+local function fair_slots(F, group)
+  local v = redis.call('HMGET', F.groups, 'r:' .. group, 'c:' .. group, 'cap')
+  return tonumber(v[1] or '0') or 0, tonumber(v[2] or v[3] or '0') or 0
+end
 
-local function fair_lib()
-  if fair_made then return fair_made end
-  local L = {}
-  for name, fn in pairs(fair_enter_lib()) do L[name] = fn end
+-- Give `group`, which has ready jobs, a place in `ring` unless it has one: at the
+-- back (a new turn) with a free slot, else parked.
+local function fair_activate(F, group)
+  if redis.call('ZSCORE', F.ring, group) then return end
+  local running, cap = fair_slots(F, group)
+  if cap == 0 or running < cap then
+    redis.call('ZADD', F.ring, redis.call('HINCRBY', F.groups, 'turn', 1), group)
+  else
+    redis.call('ZADD', F.ring, -1, group)
+  end
+end
 
-  -- Give back one slot per entry of `metas` with a group (their leases ended), one
-  -- HINCRBY per group: a parked group with a free slot again goes to the back of
-  -- `ring`, in the order the groups first appear in `metas`. Returns whether one did,
-  -- so that the caller raises the wake marker.
-  function L.release(F, metas)
-    local counts, order = {}, {}
-    for _, meta in ipairs(metas) do
-      if meta and meta.group ~= '' then
-        local g = meta.group
-        if not counts[g] then
-          counts[g] = 0
-          order[#order + 1] = g
-        end
-        counts[g] = counts[g] + 1
+-- Put the jobs of `ids` whose metas[i] is an entry in `gready`, at the head (`head`,
+-- in the order given) or the tail of their priority in their group, and give their
+-- groups a place in `ring`. Returns the other ids, which belong in the `ready` list.
+local function fair_enter(F, ids, metas, head)
+  local plain, fair = {}, {}
+  for i, id in ipairs(ids) do
+    if metas[i] then fair[#fair + 1] = i else plain[#plain + 1] = id end
+  end
+  if #fair == 0 then return plain end
+  local last = redis.call('HINCRBY', F.groups, 'seq', #fair)
+  local members, entries, activate = {}, {}, {}
+  for k, i in ipairs(fair) do
+    local meta, id = metas[i], ids[i]
+    local seq = head and last - k + 1 or last - #fair + k
+    local pos = string.format('%016.0f', head and POS_MID - seq or POS_MID + seq)
+    members[2 * k - 1], members[2 * k] = 0, fair_member(meta.group, meta.priority, pos, id)
+    entries[2 * k - 1], entries[2 * k] = id, meta.priority .. '|' .. pos .. '|' .. meta.group
+    if meta.group ~= '' and not activate[meta.group] then
+      activate[meta.group] = true
+      activate[#activate + 1] = meta.group
+    end
+  end
+  call_chunked('ZADD', F.gready, members)
+  call_chunked('HSET', F.meta, entries)
+  for _, g in ipairs(activate) do fair_activate(F, g) end
+  return plain
+end
+
+-- A type error text if any fair-scheduling key holds another Redis type, else nil.
+local function fair_types(F)
+  return expect_type(F.meta, 'hash') or expect_type(F.gready, 'zset') or expect_type(F.ring, 'zset')
+    or expect_type(F.groups, 'hash')
+end
+
+-- Give back one slot per entry of `metas` with a group (their leases ended), one
+-- HINCRBY per group: a parked group with a free slot again goes to the back of
+-- `ring`, in the order the groups first appear in `metas`. Returns whether one did,
+-- so that the caller raises the wake marker.
+local function fair_release(F, metas)
+  local counts, order = {}, {}
+  for _, meta in ipairs(metas) do
+    if meta and meta.group ~= '' then
+      local g = meta.group
+      if not counts[g] then
+        counts[g] = 0
+        order[#order + 1] = g
+      end
+      counts[g] = counts[g] + 1
+    end
+  end
+  local woke = false
+  for _, g in ipairs(order) do
+    local running = redis.call('HINCRBY', F.groups, 'r:' .. g, -counts[g])
+    local score = redis.call('ZSCORE', F.ring, g)
+    -- At 0 the count goes, unless the group is in the ring: a lease is likely to count
+    -- it up again soon, and lease deletes it when it drops the group from the ring.
+    if running <= 0 and not score then redis.call('HDEL', F.groups, 'r:' .. g) end
+    if tonumber(score or '0') < 0 then
+      local _, cap = fair_slots(F, g)
+      if cap == 0 or running < cap then
+        redis.call('ZADD', F.ring, redis.call('HINCRBY', F.groups, 'turn', 1), g)
+        woke = true
       end
     end
-    local woke = false
-    for _, g in ipairs(order) do
-      local running = redis.call('HINCRBY', F.groups, 'r:' .. g, -counts[g])
-      local score = redis.call('ZSCORE', F.ring, g)
-      -- At 0 the count goes, unless the group is in the ring: a lease is likely to count
-      -- it up again soon, and lease deletes it when it drops the group from the ring.
-      if running <= 0 and not score then redis.call('HDEL', F.groups, 'r:' .. g) end
-      if tonumber(score or '0') < 0 then
-        local _, cap = L.slots(F, g)
-        if cap == 0 or running < cap then
-          redis.call('ZADD', F.ring, redis.call('HINCRBY', F.groups, 'turn', 1), g)
-          woke = true
-        end
-      end
-    end
-    return woke
   end
+  return woke
+end
 
-  -- Make `ids` READY (metas from fair_meta): those with meta by L.enter, the others to
-  -- the head of the `ready` list (`head`, in the order given) or its tail.
-  function L.ready(ready_key, F, ids, metas, head)
-    push_ready(ready_key, L.enter(F, ids, metas, head), head)
+-- Make `ids` READY (metas from fair_meta): those with meta by L.enter, the others to
+-- the head of the `ready` list (`head`, in the order given) or its tail.
+local function fair_ready(ready_key, F, ids, metas, head)
+  push_ready(ready_key, fair_enter(F, ids, metas, head), head)
+end
+
+-- Forget the meta of jobs that ended for good (acked, cancelled) and give back their
+-- slots; raise the wake marker if a parked group got one. metas[i] belongs to ids[i].
+local function fair_finish(F, ids, metas, wake_key)
+  local gone = {}
+  for i, meta in ipairs(metas) do
+    if meta then gone[#gone + 1] = ids[i] end
   end
-
-  -- Remove READY job `id` from `gready` if it is there (meta from fair_meta): 1 if it was.
-  function L.unready(F, id, meta)
-    if not meta or meta.pos == '' then return 0 end
-    return redis.call('ZREM', F.gready, L.member(meta.group, meta.priority, meta.pos, id))
-  end
-
-  -- Forget the meta of jobs that ended for good (acked, cancelled) and give back their
-  -- slots; raise the wake marker if a parked group got one. metas[i] belongs to ids[i].
-  function L.finish(F, ids, metas, wake_key)
-    local gone = {}
-    for i, meta in ipairs(metas) do
-      if meta then gone[#gone + 1] = ids[i] end
-    end
-    if #gone == 0 then return end
-    call_chunked('HDEL', F.meta, gone)
-    if L.release(F, metas) then redis.call('ZADD', wake_key, 0, 'wake') end
-  end
-
-  fair_made = L
-  return L
+  if #gone == 0 then return end
+  call_chunked('HDEL', F.meta, gone)
+  if fair_release(F, metas) then redis.call('ZADD', wake_key, 0, 'wake') end
 end
 
 -- A fair pick may also drop or park this many ring entries that had nothing to give
@@ -623,7 +565,7 @@ local function pick_write(F, ready_key, P)
         redis.call('HINCRBY', F.groups, 'r:' .. e.g, st.taken)
       elseif st.fate == 'drop' and st.running <= 0 then
         -- Out of the ring with nothing running: its count (kept at 0 while it was in the
-        -- ring, see fair_lib's release) goes.
+        -- ring, see fair_release) goes.
         redis.call('HDEL', F.groups, 'r:' .. e.g)
       end
     end
@@ -709,7 +651,7 @@ local function reclaim(K, F, fair, leases, metas, now_ms, why, counter, bound)
     call_chunked('HSET', K.errors, error_args)
     redis.call('HINCRBY', K.counters, 'dead', #dead_args / 2)
   end
-  local woke = fair and fair_lib().release(F, metas)
+  local woke = fair and fair_release(F, metas)
   emit_failed(K.events, bound, leases, now_ms, why)
   return back, back_metas, woke
 end
@@ -822,14 +764,14 @@ if #prior > 0 then
   if #to_ack > 0 then
     local bound
     ack_metas, err, fair = fair_meta(F, acked_ids)
-    err = err or fair and (fair_lib().types(F) or expect_type(wake_key, 'zset'))
+    err = err or fair and (fair_types(F) or expect_type(wake_key, 'zset'))
     if not err then bound, err = events_bound(counters_key, events_key) end
     if err then return redis.error_reply(err) end
     call_chunked('ZREM', owners_key, to_ack)
     call_chunked('ZREM', leased_key, to_ack)
     call_chunked('HDEL', jobs_key, acked_ids)
     bury(done_key, acked_ids, expired_done, now_ms, keep_done_ms)
-    if fair then fair_lib().finish(F, acked_ids, ack_metas, wake_key) end
+    if fair then fair_finish(F, acked_ids, ack_metas, wake_key) end
     emit_acked(events_key, bound, to_ack, acked_ids, now_ms)
   end
 else
@@ -1047,7 +989,7 @@ else
     call_chunked('ZREM', leased_key, to_ack)
     call_chunked('HDEL', jobs_key, acked_ids)
     bury(done_key, acked_ids, expired_done, now_ms, keep_done_ms)
-    if fair then fair_lib().finish(F, acked_ids, ack_metas, wake_key) end
+    if fair then fair_finish(F, acked_ids, ack_metas, wake_key) end
     emit_acked(events_key, bound, to_ack, acked_ids, now_ms)
   elseif maintain then
     trim_done(done_key, expired_done, MAX_BATCH)
@@ -1078,14 +1020,14 @@ else
 
   -- Unleased reclaimed jobs go to the head (earliest deadline first), unleased promoted
   -- jobs to the tail.
-  -- In a fair queue, a job with meta goes to `gready` instead (fair_lib().ready).
+  -- In a fair queue, a job with meta goes to `gready` instead (fair_ready).
   if fair then
     local metas = {}
     for i, id in ipairs(head_back) do metas[i] = moved_metas[id] or false end
-    fair_lib().ready(ready_key, F, head_back, metas, true)
+    fair_ready(ready_key, F, head_back, metas, true)
     metas = {}
     for i, id in ipairs(tail_back) do metas[i] = moved_metas[id] or false end
-    fair_lib().ready(ready_key, F, tail_back, metas, false)
+    fair_ready(ready_key, F, tail_back, metas, false)
   elseif #head_back > 0 then
     local reversed = {}
     for i = #head_back, 1, -1 do reversed[#reversed + 1] = head_back[i] end

@@ -286,7 +286,7 @@ class QueueModel:
         self.ring[group] = self._hincr("turn", 1) if cap == 0 or running < cap else -1
 
     def _release(self, metas: Iterable[Meta | None]) -> bool:
-        """fair_lib's release: each group's slots back in one step, the groups in the
+        """fair_release: each group's slots back in one step, the groups in the
         order they first appear; whether a parked group got a turn again."""
         counts: Counter[str] = Counter(meta.group for meta in metas if meta is not None and meta.group != "")
         woke = False

@@ -67,7 +67,7 @@ local function reclaim(K, F, fair, leases, metas, now_ms, why, counter, bound)
     call_chunked('HSET', K.errors, error_args)
     redis.call('HINCRBY', K.counters, 'dead', #dead_args / 2)
   end
-  local woke = fair and fair_lib().release(F, metas)
+  local woke = fair and fair_release(F, metas)
   emit_failed(K.events, bound, leases, now_ms, why)
   return back, back_metas, woke
 end
@@ -77,7 +77,7 @@ end
 -- the `ready` list.
 local function make_ready(ready_key, F, fair, ids, metas, head)
   if fair then
-    fair_lib().ready(ready_key, F, ids, metas, head)
+    fair_ready(ready_key, F, ids, metas, head)
   else
     push_ready(ready_key, ids, head)
   end
