@@ -245,6 +245,8 @@ def run_supervisor(args: argparse.Namespace) -> int:
             raise InvalidArgument(f"--{name.replace('_', '-')} must be >= 0 (0: no limit)")
     if args.crash_loop < 1:
         raise InvalidArgument(f"--crash-loop must be >= 1, got {args.crash_loop}")
+    if args.fast_death_ms < 0:
+        raise InvalidArgument(f"--fast-death-ms must be >= 0 (0: no death counts as fast), got {args.fast_death_ms}")
     # Import the target here first: a handler that does not import is reported once, by
     # the supervisor (exit 2), not by every child in turn.
     target = load_target(args.handler)
@@ -258,7 +260,7 @@ def run_supervisor(args: argparse.Namespace) -> int:
     supervisor = Supervisor(
         args.argv, processes=args.processes, url=args.url, prefix=args.prefix, namespace=args.namespace,
         max_jobs_per_child=args.max_jobs_per_child, max_memory_mb_per_child=args.max_memory_per_child,
-        crash_loop=args.crash_loop, metrics=metrics,
+        crash_loop=args.crash_loop, fast_death_s=args.fast_death_ms / 1000, metrics=metrics,
     )
     return supervisor.run()
 
@@ -672,7 +674,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --processes: replace a child above this resident memory, in MiB (0: never)")
     p.add_argument("--crash-loop", type=int, default=DEFAULT_CRASH_LOOP, metavar="K",
                    help=f"with --processes: give up (exit {EXIT_CRASH_LOOP}) after K children in a row died within "
-                        f"{FAST_DEATH_S:.0f}s of starting (default {DEFAULT_CRASH_LOOP})")
+                        f"--fast-death-ms of starting (default {DEFAULT_CRASH_LOOP}); the replacement of each such "
+                        "death waits 0.25 s, doubled per death in the row, at most 10 s")
+    p.add_argument("--fast-death-ms", type=int, default=int(FAST_DEATH_S * 1000), metavar="MS",
+                   help=f"with --processes: a child that dies sooner than this after its start is a fast death "
+                        f"(default {FAST_DEATH_S * 1000:.0f}; 0: none is, so every death is replaced at once and "
+                        "--crash-loop never gives up)")
     p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                    help="serve per-task Prometheus metrics (run time, queue wait, runs by outcome; README, Metrics) "
                         "on http://HOST:PORT/metrics; a Tasks target only; with --processes the supervisor serves "

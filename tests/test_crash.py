@@ -64,10 +64,10 @@ def test_supervised_children_killed_at_every_crash_point_lose_no_job_and_ack_eac
     is a supervisor whose children die at its crash point, are killed by the harness or
     by the poison job; the supervisor replaces each one and scrubs its leases at once."""
     require_redis_server()
-    # 240 s a trial, not 60: a supervisor's children start one by one, and beside the
-    # rest of a loaded CI run a trial once took over 60 s to settle, and twice over 120 s
-    # (stop 33: 53 and 62 in_extend deaths, the in_extend supervisor's children dying at
-    # their first extension for as long as the trial ran; nothing lost: it was only slow).
+    # 240 s a trial, not 60: a supervisor's children start one by one. Trials that took
+    # over 120 s (stop 33), and one over 240 s (stop 34), were the supervisors' crash-loop
+    # backoff: children dying at their crash point over and over waited 10 s each to be
+    # replaced. The harness now runs them with --fast-death-ms 0 (a trial: 5-20 s).
     # 3 trials: a supervisor lives through its trial, so 3 trials of 3 carry the 6 crash
     # points with room for one whose supervisor did not reach it (in_extend needs a
     # slow job) to be carried again.

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -181,6 +182,23 @@ def test_a_crash_loop_gives_up_with_its_exit_code(supervised: Callable[..., Supe
     # Every death's leases were scrubbed: nothing is left leased to a dead process.
     assert sv.queue.stats().leased == 0
     sv.close()
+
+
+def test_with_no_fast_deaths_every_death_is_replaced_at_once_and_the_loop_never_gives_up(
+        supervised: Callable[..., Supervised]) -> None:
+    """``--fast-death-ms 0`` (what the crash harness runs): a job that kills every child
+    that runs it is a poison pill for the queue's attempts to bound, not a crash loop."""
+    sv = supervised("--crash-loop", "3", "--fast-death-ms", "0", "--concurrency", "1")
+    sv.wait_serving(2)
+    job = supervisor_app.die.send(0)
+    wait_for("6 children killed by the job and replaced", lambda: sv.log().count("replacing it in") >= 6)
+    assert sv.proc.poll() is None, sv.log()
+    delays = re.findall(r"replacing it in (\S+)s", sv.log())
+    assert len(delays) >= 6 and set(delays) == {"0.00"}, delays
+    sv.queue.cancel(job.id)  # it would go on killing children for its 100 attempts
+    wait_for("the queue settled", sv.settled)
+    assert sv.stop() == 0
+    assert "crash loop" not in sv.log()
 
 
 def test_recycling_by_jobs_hands_over_without_losing_or_repeating(supervised: Callable[..., Supervised]) -> None:

@@ -12,7 +12,7 @@ What it does, and the guarantees:
   attempt) in well under a second, not at lease expiry, and its service is forgotten.
   A job it ran may therefore run again (at least once, as always); a job is never lost.
 * **Backoff and a crash-loop cap.** A child that dies within :data:`FAST_DEATH_S` of
-  its start is a fast death; the replacement of the k-th fast death in a row waits
+  its start (``--fast-death-ms``) is a fast death; the replacement of the k-th fast death in a row waits
   0.25 s × 2^(k-1), at most 10 s. After ``crash_loop`` fast deaths in a row it gives up: it stops
   the children (they drain) and exits :data:`EXIT_CRASH_LOOP`. A death after a longer
   life restarts at once and ends the row.
@@ -125,6 +125,8 @@ class Supervisor:
             to scrub a dead child's leases.
         max_jobs_per_child / max_memory_mb_per_child: recycling limits (0: none).
         crash_loop: fast deaths in a row before giving up (exit :data:`EXIT_CRASH_LOOP`).
+        fast_death_s: a child that dies sooner than this after its start is a fast death
+            (0: none is; every death is then replaced at once and the loop never gives up).
         metrics: (host, port) to serve the children's Prometheus metrics on, summed
             (see the module docstring); None: no metrics. Port 0 picks a free port
             (``summed.port`` says which).
