@@ -336,14 +336,14 @@ MUTANTS = [
     Mutant(
         "lease_ignores_the_rate_limit",
         "lease",
-        "if permits < count then count, rate_cut = permits, true end",
+        "if permits < count then count, limited.cut = permits, true end",
         "",
         job_control=True,
     ),
     Mutant(
         "lease_does_not_spend_its_permits",
         "lease",
-        "    redis.call('HSET', counters_key, 'rate_tat', string.format('%.3f', tat))\n",
+        "  redis.call('HSET', counters_key, 'rate_tat', string.format('%.3f', R.tat))\n",
         "\n",
         job_control=True,
     ),
@@ -357,8 +357,8 @@ MUTANTS = [
     Mutant(
         "lease_ignores_a_pause",
         "lease",
-        "  if paused then count = 0 end",
-        "",
+        "\nif paused then count = 0 end",
+        "\n",
         job_control=True,
     ),
     Mutant(
