@@ -223,6 +223,15 @@ local function fair_finish(F, ids, metas, wake_key)
   call_chunked('HDEL', F.meta, gone)
   if fair_release(F, metas) then redis.call('ZADD', wake_key, 0, 'wake') end
 end
+-- lua/include/acks.lua (each helper's note is there)
+local function write_acked(K, F, receipts, ids, fair, metas, expired, now_ms, keep_done_ms, bound)
+  call_chunked('ZREM', K.owners, receipts)
+  call_chunked('ZREM', K.leased, receipts)
+  call_chunked('HDEL', K.jobs, ids)
+  bury(K.done, ids, expired, now_ms, keep_done_ms)
+  if fair then fair_finish(F, ids, metas, K.wake) end
+  emit_acked(K.events, bound, receipts, ids, now_ms)
+end
 -- <<< pyqueue includes
 
 local contract_error = contract('ack', 11, 3, 2 + MAX_BATCH)
@@ -274,11 +283,8 @@ if #receipts > 0 then
   if err then return redis.error_reply(err) end
   now_ms = now_ms or server_now_ms()
   local expired = redis.call('ZCOUNT', done_key, '-inf', now_ms)
-  call_chunked('ZREM', owners_key, receipts)
-  call_chunked('ZREM', leased_key, receipts)
-  call_chunked('HDEL', jobs_key, acked_ids)
-  bury(done_key, acked_ids, expired, now_ms, keep_done_ms)
-  if fair then fair_finish(F, acked_ids, metas, wake_key) end
-  emit_acked(events_key, bound, receipts, acked_ids, now_ms)
+  local K = { jobs = jobs_key, leased = leased_key, owners = owners_key, done = done_key }
+  K.wake, K.events = wake_key, events_key
+  write_acked(K, F, receipts, acked_ids, fair, metas, expired, now_ms, keep_done_ms, bound)
 end
 return status

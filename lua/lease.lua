@@ -481,6 +481,15 @@ local function fair_pick(F, ready_key, jobs_key, want)
     or #P.front == 2 * P.budget
   return kept, left, P.steps >= P.budget and #P.picks < want
 end
+-- lua/include/acks.lua (each helper's note is there)
+local function write_acked(K, F, receipts, ids, fair, metas, expired, now_ms, keep_done_ms, bound)
+  call_chunked('ZREM', K.owners, receipts)
+  call_chunked('ZREM', K.leased, receipts)
+  call_chunked('HDEL', K.jobs, ids)
+  bury(K.done, ids, expired, now_ms, keep_done_ms)
+  if fair then fair_finish(F, ids, metas, K.wake) end
+  emit_acked(K.events, bound, receipts, ids, now_ms)
+end
 -- lua/include/reclaim.lua (each helper's note is there)
 local MAINTENANCE_INTERVAL_MS = 50
 local function read_leases(jobs_key, source_key, receipts)
@@ -533,11 +542,21 @@ local function reclaim(K, F, fair, leases, metas, now_ms, why, counter, bound)
   emit_failed(K.events, bound, leases, now_ms, why)
   return back, back_metas, woke
 end
+local function earliest_due_ms(scheduled_key, leased_key)
+  local due = -1
+  local s = redis.call('ZRANGE', scheduled_key, 0, 0, 'WITHSCORES')
+  local l = redis.call('ZRANGE', leased_key, 0, 0, 'WITHSCORES')
+  if s[2] then due = tonumber(s[2]) end
+  if l[2] and (due < 0 or tonumber(l[2]) < due) then due = tonumber(l[2]) end
+  return due
+end
 -- <<< pyqueue includes
 
 -- The call's state. Each local is set by the step named beside it, and read by the
 -- steps after it; no step before prove_types writes a key.
 local F = fair_keys(11)
+local K = { jobs = jobs_key, leased = leased_key, owners = owners_key, dead = dead_key, done = done_key }
+K.errors, K.counters, K.wake, K.events = errors_key, counters_key, wake_key, events_key
 local owner, call, count, lease_ms, limit, keep_done_ms, now_ms, n_acks -- read_args
 local ack_ids = {} -- read_args: the job id of each receipt to ack
 local to_ack, acked_ids, all_acked = {}, {}, true -- ack_statuses: receipts acked 'ok', their ids
@@ -622,16 +641,9 @@ local function new_lease(id, record, attempt, max_attempts, at)
   add_lease(receipt, id, string.sub(record, at), fence, attempt, max_attempts, deadline_ms)
 end
 
--- The acks' writes. ZREM on `owners` is the call's first write (see prove_types). It
--- removes something, so at its memory limit Redis still runs the call (it refuses only
--- a growing first write): a full server keeps draining.
+-- The acks' writes; ZREM on `owners` is the call's first write (see prove_types).
 local function write_acks()
-  call_chunked('ZREM', owners_key, to_ack)
-  call_chunked('ZREM', leased_key, to_ack)
-  call_chunked('HDEL', jobs_key, acked_ids)
-  bury(done_key, acked_ids, expired_done, now_ms, keep_done_ms)
-  if fair then fair_finish(F, acked_ids, ack_metas, wake_key) end
-  emit_acked(events_key, bound, to_ack, acked_ids, now_ms)
+  write_acked(K, F, to_ack, acked_ids, fair, ack_metas, expired_done, now_ms, keep_done_ms, bound)
 end
 
 -- A replay: hand back the leases the first run of this (owner, call) made, unchanged,
@@ -809,8 +821,6 @@ local function write_maintenance(wrote)
   for _, lease in ipairs(to_dead) do ended[#ended + 1] = lease end
   if #ended > 0 then
     for i, lease in ipairs(ended) do ended_metas[i] = moved_metas[lease.id] or false end
-    local K = { jobs = jobs_key, leased = leased_key, owners = owners_key, dead = dead_key }
-    K.errors, K.counters, K.events = errors_key, counters_key, events_key
     reclaim(K, F, fair, ended, ended_metas, now_ms, 'lease expired', 'reclaimed', bound)
   end
   if #promoted > 0 then redis.call('HINCRBY', counters_key, 'promoted', #promoted) end
@@ -879,12 +889,7 @@ local function next_due()
   elseif stopped_at_limit then
     return now_ms
   end
-  local next_due_ms = -1
-  local s = redis.call('ZRANGE', scheduled_key, 0, 0, 'WITHSCORES')
-  local l = redis.call('ZRANGE', leased_key, 0, 0, 'WITHSCORES')
-  if s[2] then next_due_ms = tonumber(s[2]) end
-  if l[2] and (next_due_ms < 0 or tonumber(l[2]) < next_due_ms) then next_due_ms = tonumber(l[2]) end
-  return next_due_ms
+  return earliest_due_ms(scheduled_key, leased_key)
 end
 
 -- The call: the steps above, in order.

@@ -304,6 +304,14 @@ local function make_ready(ready_key, F, fair, ids, metas, head)
     push_ready(ready_key, ids, head)
   end
 end
+local function earliest_due_ms(scheduled_key, leased_key)
+  local due = -1
+  local s = redis.call('ZRANGE', scheduled_key, 0, 0, 'WITHSCORES')
+  local l = redis.call('ZRANGE', leased_key, 0, 0, 'WITHSCORES')
+  if s[2] then due = tonumber(s[2]) end
+  if l[2] and (due < 0 or tonumber(l[2]) < due) then due = tonumber(l[2]) end
+  return due
+end
 -- <<< pyqueue includes
 
 local contract_error = contract('promote', 14, 2, 2)
@@ -364,10 +372,5 @@ if #promoted + #expired > 0 then
   redis.call('HSET', counters_key, 'next_maintenance_ms', now_ms + MAINTENANCE_INTERVAL_MS)
 end
 
-local next_due_ms = -1
-local s = redis.call('ZRANGE', scheduled_key, 0, 0, 'WITHSCORES')
-local l = redis.call('ZRANGE', leased_key, 0, 0, 'WITHSCORES')
-if s[2] then next_due_ms = tonumber(s[2]) end
-if l[2] and (next_due_ms < 0 or tonumber(l[2]) < next_due_ms) then next_due_ms = tonumber(l[2]) end
 local more = (#promoted == limit or #expired == limit) and 1 or 0
-return { #promoted, #expired, to_dead, more, next_due_ms }
+return { #promoted, #expired, to_dead, more, earliest_due_ms(scheduled_key, leased_key) }

@@ -114,9 +114,10 @@ def test_the_build_check_finds_a_stale_block_and_a_stray_helper() -> None:
     drifted = script.replace("local CHUNK = 500", "local CHUNK = 400", 1)
     assert drifted != script and build.built(drifted, "ack.lua", helpers) == script
     # A body that stops calling a helper drops it (and what only it needed) from its block.
-    assert "local function bury(" in script
-    unburied = script.replace("bury(done_key", "nothing(done_key")
-    assert "local function bury(" not in build.built(unburied, "ack.lua", helpers)
+    assert "local function write_acked(" in script and "local function bury(" in script
+    unacked = script.replace("write_acked(K, F", "nothing(K, F")
+    assert "local function write_acked(" not in build.built(unacked, "ack.lua", helpers)
+    assert "local function bury(" not in build.built(unacked, "ack.lua", helpers)
     stray = script + "\nlocal function hmget(key, fields) return {} end\n"
     with pytest.raises(build.BuildError, match="hmget"):
         build.built(stray, "ack.lua", helpers)

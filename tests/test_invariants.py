@@ -294,8 +294,13 @@ def test_cluster_safe_scripts_only_touch_keys_passed_in_keys() -> None:
             if command in ("TIME",):
                 continue
             in_helper = start <= match.start() < end
-            allowed = {"key", "ready_key", "wake_key", "counters_key", "events_key", *fair} if in_helper else key_names | {"key"}
-            # A helper may also take a table K of the caller's keys (reclaim).
+            allowed = key_names | {"key"}
+            if in_helper:
+                # A helper touches only keys its caller passes: a parameter named like a
+                # key, or a field of a table of the caller's keys (K, F).
+                defs = re.findall(r"^local function \w+\(([^)]*)\)", body[start:match.start()], re.M)
+                params = {n.strip() for n in defs[-1].split(",")} if defs else set()
+                allowed = {n for n in params if n == "key" or n.endswith("_key")} | fair
             assert first.strip() in allowed or in_helper and re.fullmatch(r"K\.\w+", first.strip()), (
                 f"{path.name}: {match.group(0)}")
 

@@ -405,7 +405,7 @@ MUTANTS += [
     Mutant(
         "ack_keeps_the_slot_and_the_meta",
         "ack",
-        "  if fair then fair_finish(F, acked_ids, metas, wake_key) end\n",
+        "  if fair then fair_finish(F, ids, metas, K.wake) end\n",
         "\n",
         fair=True,
     ),

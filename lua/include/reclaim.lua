@@ -82,3 +82,14 @@ local function make_ready(ready_key, F, fair, ids, metas, head)
     push_ready(ready_key, ids, head)
   end
 end
+
+-- When a worker that found nothing to lease should look again: the earliest due_ms in
+-- SCHEDULED or deadline in LEASED, or -1 when both are empty.
+local function earliest_due_ms(scheduled_key, leased_key)
+  local due = -1
+  local s = redis.call('ZRANGE', scheduled_key, 0, 0, 'WITHSCORES')
+  local l = redis.call('ZRANGE', leased_key, 0, 0, 'WITHSCORES')
+  if s[2] then due = tonumber(s[2]) end
+  if l[2] and (due < 0 or tonumber(l[2]) < due) then due = tonumber(l[2]) end
+  return due
+end

@@ -1,0 +1,20 @@
+-- Acking: the writes that end current leases as done. ack.lua, ack_result.lua and
+-- lease.lua (its acks before it leases) all ack through this helper.
+
+-- End the current leases `receipts` of the jobs `ids` as acked. The caller has found
+-- each receipt in `leased` and proven the type of every key written here, so nothing
+-- here fails: the leases and the records go, the ids become tombstones kept
+-- keep_done_ms (after trimming `expired` old ones), a fair job's group gets its slot
+-- back (with `fair`: `metas` holds each job's meta or false), and each job gets its
+-- 'acked' event when the queue has opted in (`bound`). K holds the keys jobs, leased,
+-- owners, done, wake and events. ZREM on `owners` is the first write: it removes
+-- something, so at its memory limit Redis still runs the call (it refuses only a
+-- growing first write), and a full server keeps draining.
+local function write_acked(K, F, receipts, ids, fair, metas, expired, now_ms, keep_done_ms, bound)
+  call_chunked('ZREM', K.owners, receipts)
+  call_chunked('ZREM', K.leased, receipts)
+  call_chunked('HDEL', K.jobs, ids)
+  bury(K.done, ids, expired, now_ms, keep_done_ms)
+  if fair then fair_finish(F, ids, metas, K.wake) end
+  emit_acked(K.events, bound, receipts, ids, now_ms)
+end
