@@ -552,233 +552,243 @@ local function earliest_due_ms(scheduled_key, leased_key)
 end
 -- <<< pyqueue includes
 
--- The call's state. Each local is set by the step named beside it, and read by the
--- steps after it; no step before prove_types writes a key.
+-- The call's keys, and its state: each field of C is set by the step named beside it and
+-- read by the steps after it; no step before prove_types writes a key. The steps take C,
+-- K and F as arguments, not as upvalues: Redis runs the whole script each call, so every
+-- upvalue of every local function is bound again each time (about 40 ns each), and the
+-- steps would name some 180 of them.
 local F = fair_keys(11)
-local K = { jobs = jobs_key, leased = leased_key, owners = owners_key, dead = dead_key, done = done_key }
-K.errors, K.counters, K.wake, K.events = errors_key, counters_key, wake_key, events_key
-local owner, call, count, lease_ms, limit, keep_done_ms, now_ms, n_acks -- read_args
-local ack_ids = {} -- read_args: the job id of each receipt to ack
-local to_ack, acked_ids, all_acked = {}, {}, true -- ack_statuses: receipts acked 'ok', their ids
--- The reply, built as the steps go: {now_ms, next_due_ms, r, status_1 .. status_r, m,
--- job_1 .. job_m}; add_lease puts each job's 7 values after the count m at index at0.
-local reply, at0, m = nil, 0, 0
--- Which keys a read has proven to hold the right type: prove_types probes the others
--- the call writes. The busy path reads every key it writes.
-local jobs_read, ready_read, scheduled_read, leased_read, owners_read = false, false, false, false, false
--- The stream's bound (nil: not opted in), whether the queue is fair, the acked jobs'
--- meta, and the tombstones expired (counted before any write).
-local bound, fair, ack_metas, expired_done = nil, false, NONE, 0
--- The plan (read_counters, rate_cut, maintain_read, choose).
-local fence0, paused, R, want, deadline_ms = 0, false, nil, 0, 0
-local ready_head, promoted, reclaimed, to_dead, stopped_at_limit = NONE, NONE, NONE, NONE, false
-local moved_metas = {} -- read_moved_metas: id -> meta of each job maintenance moves (fair)
-local order, back_leases, n_back, take = NONE, NONE, 0, 0 -- choose
-local leased_args, owner_args = {}, {} -- add_lease: ZADD arguments of `leased` and `owners`
+local K = { jobs = jobs_key, ready = ready_key, scheduled = scheduled_key, leased = leased_key }
+K.owners, K.dead, K.errors, K.counters, K.wake = owners_key, dead_key, errors_key, counters_key, wake_key
+K.done, K.events = done_key, events_key
+-- One constructor with every field, so that the table is made at its size at once.
+local C = {
+  -- read_args: the arguments, and the job id of each receipt to ack.
+  owner = false, call = false, count = 0, lease_ms = 0, limit = 0, keep_done_ms = 0, now_ms = false, n_acks = 0,
+  ack_ids = {},
+  -- ack_statuses: the receipts acked 'ok', their ids, and whether every receipt was.
+  to_ack = {}, acked_ids = {}, all_acked = true,
+  -- The reply, built as the steps go: {now_ms, next_due_ms, r, status_1 .. status_r, m,
+  -- job_1 .. job_m}; add_lease puts each job's 7 values after the count m at index at0.
+  reply = false, at0 = 0, m = 0,
+  -- Which keys a read has proven to hold the right type: prove_types probes the others
+  -- the call writes. The busy path reads every key it writes.
+  jobs_read = false, ready_read = false, scheduled_read = false, leased_read = false, owners_read = false,
+  -- The stream's bound (false: not opted in), whether the queue is fair, the acked jobs'
+  -- meta, and the tombstones expired (counted before any write).
+  bound = false, fair = false, ack_metas = NONE, expired_done = 0,
+  -- The plan: the counters read (fence0, paused, want; R from rate_cut), maintain_read,
+  -- read_moved_metas (id -> meta of each job maintenance moves, in a fair queue), choose.
+  fence0 = 0, paused = false, R = false, want = 0, deadline_ms = 0,
+  ready_head = NONE, promoted = NONE, reclaimed = NONE, to_dead = NONE, stopped_at_limit = false,
+  moved_metas = {}, order = NONE, back_leases = NONE, n_back = 0, take = 0,
+  -- add_lease: the ZADD arguments of `leased` and `owners`.
+  leased_args = {}, owner_args = {},
+}
 
 -- Validate every argument before touching a key. Answers nil or a PQ_BADARG text.
-local function read_args()
+local function read_args(C)
   local err
-  owner, call = ARGV[2], ARGV[3]
-  err = name_arg(owner, 'owner') or name_arg(call, 'call')
+  C.owner, C.call = ARGV[2], ARGV[3]
+  err = name_arg(C.owner, 'owner') or name_arg(C.call, 'call')
   if err then return err end
-  count, err = int_arg(ARGV[4], 'count', 0, MAX_BATCH)
+  C.count, err = int_arg(ARGV[4], 'count', 0, MAX_BATCH)
   if err then return err end
-  lease_ms, err = int_arg(ARGV[5], 'lease_ms', 1, 604800000)
+  C.lease_ms, err = int_arg(ARGV[5], 'lease_ms', 1, 604800000)
   if err then return err end
-  limit, err = int_arg(ARGV[6], 'limit', 1, MAX_BATCH)
+  C.limit, err = int_arg(ARGV[6], 'limit', 1, MAX_BATCH)
   if err then return err end
-  keep_done_ms, err = int_arg(ARGV[7], 'keep_done_ms', 0, 2 ^ 40)
+  C.keep_done_ms, err = int_arg(ARGV[7], 'keep_done_ms', 0, 2 ^ 40)
   if err then return err end
-  now_ms, err = now_arg(ARGV[1])
+  C.now_ms, err = now_arg(ARGV[1])
   if err then return err end
-  n_acks = #ARGV - 7
-  if n_acks > MAX_BATCH then return 'PQ_BADARG at most 1000 receipts per call' end
-  for i = 1, n_acks do
-    ack_ids[i] = receipt_id(ARGV[7 + i])
-    if not ack_ids[i] then return 'PQ_BADARG malformed receipt ' .. string.format('%q', ARGV[7 + i]) end
+  C.n_acks = #ARGV - 7
+  if C.n_acks > MAX_BATCH then return 'PQ_BADARG at most 1000 receipts per call' end
+  for i = 1, C.n_acks do
+    C.ack_ids[i] = receipt_id(ARGV[7 + i])
+    if not C.ack_ids[i] then return 'PQ_BADARG malformed receipt ' .. string.format('%q', ARGV[7 + i]) end
   end
 end
 
 -- What the acks need: a receipt still in `leased` is the current lease. Each status
 -- goes into the reply now. A receipt repeated in this call is acked once.
-local function ack_statuses()
-  local acking = n_acks > 1 and {} or nil
-  leased_read = n_acks > 0
-  for i = 1, n_acks do
+local function ack_statuses(C, K)
+  local acking = C.n_acks > 1 and {} or nil
+  C.leased_read = C.n_acks > 0
+  for i = 1, C.n_acks do
     local receipt, status = ARGV[7 + i], 'gone'
     if acking and acking[receipt] then
-      all_acked = false
-    elseif redis.call('ZSCORE', leased_key, receipt) then
+      C.all_acked = false
+    elseif redis.call('ZSCORE', K.leased, receipt) then
       status = 'ok'
-      to_ack[#to_ack + 1], acked_ids[#acked_ids + 1] = receipt, ack_ids[i]
+      C.to_ack[#C.to_ack + 1], C.acked_ids[#C.acked_ids + 1] = receipt, C.ack_ids[i]
       if acking then acking[receipt] = true end
     else
-      all_acked = false
-      jobs_read = true
-      if redis.call('HEXISTS', jobs_key, ack_ids[i]) == 1 then status = 'stale' end
+      C.all_acked = false
+      C.jobs_read = true
+      if redis.call('HEXISTS', K.jobs, C.ack_ids[i]) == 1 then status = 'stale' end
     end
-    reply[3 + i] = status
+    C.reply[3 + i] = status
   end
 end
 
 -- One lease into the reply (its 7 values) and into the ZADD arguments that record it
 -- (write_leases; a replay's are not written again).
-local function add_lease(receipt, id, payload, fence, attempt, max_attempts, deadline)
-  local o = at0 + 7 * m
-  reply[o + 1], reply[o + 2], reply[o + 3] = receipt, id, payload
-  reply[o + 4], reply[o + 5], reply[o + 6], reply[o + 7] = fence, attempt, max_attempts, deadline
-  m = m + 1
-  leased_args[2 * m - 1], leased_args[2 * m] = deadline, receipt
-  owner_args[2 * m - 1], owner_args[2 * m] = 0, receipt
+local function add_lease(C, receipt, id, payload, fence, attempt, max_attempts, deadline)
+  local o = C.at0 + 7 * C.m
+  C.reply[o + 1], C.reply[o + 2], C.reply[o + 3] = receipt, id, payload
+  C.reply[o + 4], C.reply[o + 5], C.reply[o + 6], C.reply[o + 7] = fence, attempt, max_attempts, deadline
+  C.m = C.m + 1
+  C.leased_args[2 * C.m - 1], C.leased_args[2 * C.m] = deadline, receipt
+  C.owner_args[2 * C.m - 1], C.owner_args[2 * C.m] = 0, receipt
 end
 
 -- A new lease of job `id` (its record, and where its payload starts): the next fence of
 -- the queue's `leased` counter, and the call's deadline.
-local function new_lease(id, record, attempt, max_attempts, at)
-  local fence = fence0 + m + 1
-  local receipt = string.format('%s|%s|%d|%d|', owner, call, fence, attempt) .. id
-  add_lease(receipt, id, string.sub(record, at), fence, attempt, max_attempts, deadline_ms)
+local function new_lease(C, id, record, attempt, max_attempts, at)
+  local fence = C.fence0 + C.m + 1
+  local receipt = string.format('%s|%s|%d|%d|', C.owner, C.call, fence, attempt) .. id
+  add_lease(C, receipt, id, string.sub(record, at), fence, attempt, max_attempts, C.deadline_ms)
 end
 
 -- The acks' writes; ZREM on `owners` is the call's first write (see prove_types).
-local function write_acks()
-  write_acked(K, F, to_ack, acked_ids, fair, ack_metas, expired_done, now_ms, keep_done_ms, bound)
+local function write_acks(C, K, F)
+  write_acked(K, F, C.to_ack, C.acked_ids, C.fair, C.ack_metas, C.expired_done, C.now_ms, C.keep_done_ms, C.bound)
 end
 
 -- A replay: hand back the leases the first run of this (owner, call) made, unchanged,
 -- and lease nothing more; the acks are written as usual. Every key written was read
 -- (`owners` by the replay check), so its type is proven, but for the fair-scheduling
 -- keys when an acked job has meta.
-local function replay(prior)
+local function replay(C, K, F, prior)
   local ids, deadlines = {}, {}
   for i, receipt in ipairs(prior) do
     local lease = parse_receipt(receipt)
-    if not lease then return 'PQ_CORRUPT malformed receipt in ' .. owners_key end
+    if not lease then return 'PQ_CORRUPT malformed receipt in ' .. K.owners end
     prior[i], ids[i] = lease, lease.id
-    deadlines[i] = redis.call('ZSCORE', leased_key, receipt)
+    deadlines[i] = redis.call('ZSCORE', K.leased, receipt)
   end
-  local records = hmget(jobs_key, ids)
+  local records = hmget(K.jobs, ids)
   for i, lease in ipairs(prior) do
     local attempts, max_attempts, _, at = parse_record(records[i] or '')
     if not attempts or not deadlines[i] then
-      return 'PQ_CORRUPT ' .. owners_key .. ' lists a lease without a valid job or deadline'
+      return 'PQ_CORRUPT ' .. K.owners .. ' lists a lease without a valid job or deadline'
     end
-    add_lease(lease.receipt, lease.id, string.sub(records[i], at), lease.fence, lease.attempt, max_attempts,
+    add_lease(C, lease.receipt, lease.id, string.sub(records[i], at), lease.fence, lease.attempt, max_attempts,
       tonumber(deadlines[i]))
   end
-  if #to_ack == 0 then return nil end
+  if #C.to_ack == 0 then return nil end
   local err
-  ack_metas, err, fair = fair_meta(F, acked_ids)
-  err = err or fair and (fair_types(F) or expect_type(wake_key, 'zset'))
-  if not err then bound, err = events_bound(counters_key, events_key) end
+  C.ack_metas, err, C.fair = fair_meta(F, C.acked_ids)
+  err = err or C.fair and (fair_types(F) or expect_type(K.wake, 'zset'))
+  if not err then C.bound, err = events_bound(K.counters, K.events) end
   if err then return err end
-  write_acks()
+  write_acks(C, K, F)
 end
 
 -- Under a rate limit (limit.lua's GCRA): a permit every `spacing` ms; `tat` is when the
 -- next would be due if none were banked; up to `burst` are banked after a quiet spell.
 -- Cuts `count` to the permits due now; answers the limit's state.
-local function rate_cut(rate_limit, rate_tat)
+local function rate_cut(C, K, rate_limit, rate_tat)
   local per, period_ms, burst = string.match(rate_limit, '^(%d+)/(%d+)/(%d+)$')
-  if not per then return nil, 'PQ_CORRUPT unparsable rate_limit in ' .. counters_key end
+  if not per then return nil, 'PQ_CORRUPT unparsable rate_limit in ' .. K.counters end
   local limited = { spacing = tonumber(period_ms) / tonumber(per) }
   limited.burst_ms = tonumber(burst) * limited.spacing
-  limited.tat = math.max(tonumber(rate_tat or '0') or 0, now_ms)
+  limited.tat = math.max(tonumber(rate_tat or '0') or 0, C.now_ms)
   -- The small epsilon keeps float rounding from losing a whole permit.
-  local permits = math.max(0, math.floor((now_ms + limited.burst_ms - limited.tat) / limited.spacing + 1e-9))
-  if permits < count then count, limited.cut = permits, true end
+  local permits = math.max(0, math.floor((C.now_ms + limited.burst_ms - limited.tat) / limited.spacing + 1e-9))
+  if permits < C.count then C.count, limited.cut = permits, true end
   return limited
 end
 
 -- Maintenance's reads: due SCHEDULED jobs to promote, and expired leases to reclaim
 -- (not those this call acks), each up to `limit`; a reclaimed lease at its last attempt
 -- goes to DEAD.
-local function maintain_read()
-  reclaimed, to_dead = {}, {}
+local function maintain_read(C, K)
+  C.reclaimed, C.to_dead = {}, {}
   -- Expired tombstones, trimmed below even when nothing is acked: an idle or drained
   -- queue gets no acks, and its tombstones must not hold memory for good.
-  if #to_ack == 0 then expired_done = redis.call('ZCOUNT', done_key, '-inf', now_ms) end
-  promoted = redis.call('ZRANGEBYSCORE', scheduled_key, '-inf', now_ms, 'LIMIT', 0, limit)
-  local expired = redis.call('ZRANGEBYSCORE', leased_key, '-inf', now_ms, 'LIMIT', 0, limit + #to_ack)
-  scheduled_read, leased_read = true, true
-  stopped_at_limit = #promoted == limit
+  if #C.to_ack == 0 then C.expired_done = redis.call('ZCOUNT', K.done, '-inf', C.now_ms) end
+  C.promoted = redis.call('ZRANGEBYSCORE', K.scheduled, '-inf', C.now_ms, 'LIMIT', 0, C.limit)
+  local expired = redis.call('ZRANGEBYSCORE', K.leased, '-inf', C.now_ms, 'LIMIT', 0, C.limit + #C.to_ack)
+  C.scheduled_read, C.leased_read = true, true
+  C.stopped_at_limit = #C.promoted == C.limit
   local acked_now, candidates = {}, {}
-  for _, receipt in ipairs(to_ack) do acked_now[receipt] = true end
+  for _, receipt in ipairs(C.to_ack) do acked_now[receipt] = true end
   for _, receipt in ipairs(expired) do
-    if not acked_now[receipt] and #candidates < limit then candidates[#candidates + 1] = receipt end
+    if not acked_now[receipt] and #candidates < C.limit then candidates[#candidates + 1] = receipt end
   end
-  if #candidates == limit then stopped_at_limit = true end
-  local leases, _, err = read_leases(jobs_key, leased_key, candidates)
+  if #candidates == C.limit then C.stopped_at_limit = true end
+  local leases, _, err = read_leases(K.jobs, K.leased, candidates)
   if err then return err end
-  if #candidates > 0 then jobs_read = true end
+  if #candidates > 0 then C.jobs_read = true end
   for _, lease in ipairs(leases) do
     if lease.max and lease.attempt >= lease.max then
-      to_dead[#to_dead + 1] = lease
+      C.to_dead[#C.to_dead + 1] = lease
     else
       -- (A lease without a job record, its job removed by another program, is dropped.)
-      reclaimed[#reclaimed + 1] = lease
+      C.reclaimed[#C.reclaimed + 1] = lease
     end
   end
 end
 
 -- In a fair queue: the meta of every job maintenance moves, read before any write.
-local function read_moved_metas()
+local function read_moved_metas(C, F)
   local moved = {}
-  for _, id in ipairs(promoted) do moved[#moved + 1] = id end
-  for _, lease in ipairs(reclaimed) do moved[#moved + 1] = lease.id end
-  for _, lease in ipairs(to_dead) do moved[#moved + 1] = lease.id end
+  for _, id in ipairs(C.promoted) do moved[#moved + 1] = id end
+  for _, lease in ipairs(C.reclaimed) do moved[#moved + 1] = lease.id end
+  for _, lease in ipairs(C.to_dead) do moved[#moved + 1] = lease.id end
   local metas, err = fair_meta(F, moved)
   if err then return err end
-  for i, id in ipairs(moved) do moved_metas[id] = metas[i] end
+  for i, id in ipairs(moved) do C.moved_metas[id] = metas[i] end
 end
 
 -- What to lease: READY after maintenance reads reclaimed (earliest deadline first)
 -- ++ READY's head ++ promoted, and the first `take` are leased. Items 1..n_back of
 -- `order` are the reclaimed leases that go back (back_leases).
-local function choose()
-  order = ready_head
-  if #reclaimed > 0 then
-    back_leases = {}
-    for _, lease in ipairs(reclaimed) do
-      if lease.max then back_leases[#back_leases + 1] = lease end
+local function choose(C)
+  C.order = C.ready_head
+  if #C.reclaimed > 0 then
+    C.back_leases = {}
+    for _, lease in ipairs(C.reclaimed) do
+      if lease.max then C.back_leases[#C.back_leases + 1] = lease end
     end
   end
-  n_back = #back_leases
-  if n_back + #promoted > 0 then
-    order = {}
-    for i, lease in ipairs(back_leases) do order[i] = lease.id end
-    for _, id in ipairs(ready_head) do order[#order + 1] = id end
-    for _, id in ipairs(promoted) do order[#order + 1] = id end
+  C.n_back = #C.back_leases
+  if C.n_back + #C.promoted > 0 then
+    C.order = {}
+    for i, lease in ipairs(C.back_leases) do C.order[i] = lease.id end
+    for _, id in ipairs(C.ready_head) do C.order[#C.order + 1] = id end
+    for _, id in ipairs(C.promoted) do C.order[#C.order + 1] = id end
   end
-  take = math.min(count, #order)
+  C.take = math.min(C.count, #C.order)
 end
 
 -- The leases of the chosen jobs, all decided before the first write: a corrupt record
 -- is an error while nothing is written yet. Reads the records maintenance has not.
-local function plan_leases()
+local function plan_leases(C, K)
   local records = NONE
-  if take > n_back then
+  if C.take > C.n_back then
     local need = {}
-    for i = n_back + 1, take do need[i - n_back] = order[i] end
-    records = hmget(jobs_key, need)
-    jobs_read = true
+    for i = C.n_back + 1, C.take do need[i - C.n_back] = C.order[i] end
+    records = hmget(K.jobs, need)
+    C.jobs_read = true
   end
-  for i = 1, take do
+  for i = 1, C.take do
     local record, attempt, max_attempts, at, _
-    if i <= n_back then
+    if i <= C.n_back then
       -- The record is rewritten by reclaim with the expired lease's attempt.
-      local lease = back_leases[i]
+      local lease = C.back_leases[i]
       record, attempt, max_attempts, at = lease.record, lease.attempt + 1, lease.max, lease.payload_at
     else
-      record = records[i - n_back]
+      record = records[i - C.n_back]
       local attempts
       attempts, max_attempts, _, at = parse_record(record or '')
-      if record and not attempts then return 'PQ_CORRUPT unparsable record for job in ' .. jobs_key end
+      if record and not attempts then return 'PQ_CORRUPT unparsable record for job in ' .. K.jobs end
       attempt = attempts and attempts + 1
     end
     -- An id in READY without a record (removed by another program) is popped and dropped.
-    if attempt then new_lease(order[i], record, attempt, max_attempts, at) end
+    if attempt then new_lease(C, C.order[i], record, attempt, max_attempts, at) end
   end
 end
 
@@ -786,26 +796,26 @@ end
 -- that no read has proven. `owners` needs no probe when this call acks: ZREM on it is
 -- then the first write, and if that key held another type, the error would come before
 -- anything was written (one command less per job).
-local function prove_types(read_after)
-  local write_jobs = #to_ack > 0 or #reclaimed + #to_dead > 0
-  local write_ready = take > 0 or n_back + #promoted > 0
-  local write_leased = #to_ack > 0 or m > 0 or #reclaimed + #to_dead > 0 or read_after
-  local write_owners = #to_ack == 0 and (m > 0 or #reclaimed + #to_dead > 0)
-  local err = write_jobs and not jobs_read and expect_type(jobs_key, 'hash')
-    or write_ready and not ready_read and expect_type(ready_key, 'list')
-    or write_leased and not leased_read and expect_type(leased_key, 'zset')
-    or write_owners and not owners_read and expect_type(owners_key, 'zset')
-    or read_after and not scheduled_read and expect_type(scheduled_key, 'zset')
-    or #to_dead > 0 and (expect_type(dead_key, 'zset') or expect_type(errors_key, 'hash'))
+local function prove_types(C, K, F, read_after)
+  local write_jobs = #C.to_ack > 0 or #C.reclaimed + #C.to_dead > 0
+  local write_ready = C.take > 0 or C.n_back + #C.promoted > 0
+  local write_leased = #C.to_ack > 0 or C.m > 0 or #C.reclaimed + #C.to_dead > 0 or read_after
+  local write_owners = #C.to_ack == 0 and (C.m > 0 or #C.reclaimed + #C.to_dead > 0)
+  local err = write_jobs and not C.jobs_read and expect_type(K.jobs, 'hash')
+    or write_ready and not C.ready_read and expect_type(K.ready, 'list')
+    or write_leased and not C.leased_read and expect_type(K.leased, 'zset')
+    or write_owners and not C.owners_read and expect_type(K.owners, 'zset')
+    or read_after and not C.scheduled_read and expect_type(K.scheduled, 'zset')
+    or #C.to_dead > 0 and (expect_type(K.dead, 'zset') or expect_type(K.errors, 'hash'))
     or nil
   -- A fair queue proves every key it may write, or read after writing, that no read
   -- above has proven (`ready`, `gready` and `leased` are; `meta` when acks read it;
   -- `owners` needs none when ZREM on it is the first write; `jobs` not twice): a few
   -- TYPE calls, paid only by queues with groups or priorities.
-  return err or fair and ((#to_ack == 0 and expect_type(F.meta, 'hash')) or expect_type(F.ring, 'zset')
-    or expect_type(F.groups, 'hash') or (not jobs_read and not write_jobs and expect_type(jobs_key, 'hash'))
-    or (not scheduled_read and expect_type(scheduled_key, 'zset'))
-    or (#to_ack == 0 and not owners_read and expect_type(owners_key, 'zset')) or expect_type(wake_key, 'zset'))
+  return err or C.fair and ((#C.to_ack == 0 and expect_type(F.meta, 'hash')) or expect_type(F.ring, 'zset')
+    or expect_type(F.groups, 'hash') or (not C.jobs_read and not write_jobs and expect_type(K.jobs, 'hash'))
+    or (not C.scheduled_read and expect_type(K.scheduled, 'zset'))
+    or (#C.to_ack == 0 and not C.owners_read and expect_type(K.owners, 'zset')) or expect_type(K.wake, 'zset'))
     or nil
 end
 
@@ -814,192 +824,192 @@ end
 -- DEAD (reclaim; what goes back to READY is put_back's); READY busy or not, the next
 -- maintenance is due in MAINTENANCE_INTERVAL_MS, written only after another write (never
 -- a growing first write).
-local function write_maintenance(wrote)
-  if #promoted > 0 then call_chunked('ZREM', scheduled_key, promoted) end
+local function write_maintenance(C, K, F, wrote)
+  if #C.promoted > 0 then call_chunked('ZREM', K.scheduled, C.promoted) end
   local ended, ended_metas = {}, {}
-  for _, lease in ipairs(reclaimed) do ended[#ended + 1] = lease end
-  for _, lease in ipairs(to_dead) do ended[#ended + 1] = lease end
+  for _, lease in ipairs(C.reclaimed) do ended[#ended + 1] = lease end
+  for _, lease in ipairs(C.to_dead) do ended[#ended + 1] = lease end
   if #ended > 0 then
-    for i, lease in ipairs(ended) do ended_metas[i] = moved_metas[lease.id] or false end
-    reclaim(K, F, fair, ended, ended_metas, now_ms, 'lease expired', 'reclaimed', bound)
+    for i, lease in ipairs(ended) do ended_metas[i] = C.moved_metas[lease.id] or false end
+    reclaim(K, F, C.fair, ended, ended_metas, C.now_ms, 'lease expired', 'reclaimed', C.bound)
   end
-  if #promoted > 0 then redis.call('HINCRBY', counters_key, 'promoted', #promoted) end
-  if wrote or #promoted + #ended > 0 then
-    redis.call('HSET', counters_key, 'next_maintenance_ms', now_ms + MAINTENANCE_INTERVAL_MS)
+  if #C.promoted > 0 then redis.call('HINCRBY', K.counters, 'promoted', #C.promoted) end
+  if wrote or #C.promoted + #ended > 0 then
+    redis.call('HSET', K.counters, 'next_maintenance_ms', C.now_ms + MAINTENANCE_INTERVAL_MS)
   end
 end
 
 -- The moved jobs this call does not lease go back to READY: reclaimed ones to its head
 -- (earliest deadline first), promoted ones to its tail; in a fair queue a job with meta
 -- goes to `gready` instead (fair_ready).
-local function put_back()
+local function put_back(C, K, F)
   local head_back, tail_back = {}, {}
-  for i = take + 1, n_back do head_back[#head_back + 1] = order[i] end
-  if #promoted > 0 then
-    for i = math.max(take, n_back + #ready_head) + 1, #order do tail_back[#tail_back + 1] = order[i] end
+  for i = C.take + 1, C.n_back do head_back[#head_back + 1] = C.order[i] end
+  if #C.promoted > 0 then
+    for i = math.max(C.take, C.n_back + #C.ready_head) + 1, #C.order do tail_back[#tail_back + 1] = C.order[i] end
   end
-  if fair then
+  if C.fair then
     local metas = {}
-    for i, id in ipairs(head_back) do metas[i] = moved_metas[id] or false end
-    fair_ready(ready_key, F, head_back, metas, true)
+    for i, id in ipairs(head_back) do metas[i] = C.moved_metas[id] or false end
+    fair_ready(K.ready, F, head_back, metas, true)
     metas = {}
-    for i, id in ipairs(tail_back) do metas[i] = moved_metas[id] or false end
-    fair_ready(ready_key, F, tail_back, metas, false)
+    for i, id in ipairs(tail_back) do metas[i] = C.moved_metas[id] or false end
+    fair_ready(K.ready, F, tail_back, metas, false)
   else
-    push_ready(ready_key, head_back, true)
-    push_ready(ready_key, tail_back, false)
+    push_ready(K.ready, head_back, true)
+    push_ready(K.ready, tail_back, false)
   end
 end
 
 -- The fair pick (fair_pick), now that maintenance has made its jobs READY: leases up to
 -- `want`, and wakes another worker when leasable work is left after a plain lease.
-local function fair_lease()
-  local picks, left, short, err = fair_pick(F, ready_key, jobs_key, want)
+local function fair_lease(C, K, F)
+  local picks, left, short, err = fair_pick(F, K.ready, K.jobs, C.want)
   if err then return err end
   for _, pick in ipairs(picks) do
     local attempts, max_attempts, _, at = parse_record(pick.record)
-    new_lease(pick.id, pick.record, attempts + 1, max_attempts, at)
+    new_lease(C, pick.id, pick.record, attempts + 1, max_attempts, at)
   end
-  stopped_at_limit = stopped_at_limit or short
-  if n_acks == 0 and left and not paused and not (R and R.cut) and not redis.call('ZSCORE', wake_key, 'wake') then
-    redis.call('ZADD', wake_key, 0, 'wake')
+  C.stopped_at_limit = C.stopped_at_limit or short
+  if C.n_acks == 0 and left and not C.paused and not (C.R and C.R.cut) and not redis.call('ZSCORE', K.wake, 'wake') then
+    redis.call('ZADD', K.wake, 0, 'wake')
   end
 end
 
 -- The leases' writes: the fence counter, `leased` and `owners`, their events.
-local function write_leases()
-  redis.call('HINCRBY', counters_key, 'leased', m)
-  call_chunked('ZADD', leased_key, leased_args)
-  call_chunked('ZADD', owners_key, owner_args)
-  if not bound then return end
-  for k = 1, m do
-    local o = at0 + 7 * (k - 1)
-    emit(events_key, bound, 'leased', reply[o + 2], now_ms, 'attempt', reply[o + 5], 'owner', owner, 'deadline_ms',
-      string.format('%d', deadline_ms))
+local function write_leases(C, K)
+  redis.call('HINCRBY', K.counters, 'leased', C.m)
+  call_chunked('ZADD', K.leased, C.leased_args)
+  call_chunked('ZADD', K.owners, C.owner_args)
+  if not C.bound then return end
+  for k = 1, C.m do
+    local o = C.at0 + 7 * (k - 1)
+    emit(K.events, C.bound, 'leased', C.reply[o + 2], C.now_ms, 'attempt', C.reply[o + 5], 'owner', C.owner,
+      'deadline_ms', string.format('%d', C.deadline_ms))
   end
 end
 
 -- The reply's next_due_ms (see the header).
-local function next_due()
-  if R and R.cut and m == want then
+local function next_due(C, K)
+  if C.R and C.R.cut and C.m == C.want then
     -- Every permit due was used: the next one is due when tat is within a burst of now.
-    return math.ceil(R.tat + R.spacing - R.burst_ms)
-  elseif m >= want then
+    return math.ceil(C.R.tat + C.R.spacing - C.R.burst_ms)
+  elseif C.m >= C.want then
     return -1
-  elseif stopped_at_limit then
-    return now_ms
+  elseif C.stopped_at_limit then
+    return C.now_ms
   end
-  return earliest_due_ms(scheduled_key, leased_key)
+  return earliest_due_ms(K.scheduled, K.leased)
 end
 
 -- The call: the steps above, in order.
 local contract_error = contract('lease', 15, 7, 7 + MAX_BATCH)
 if contract_error then return redis.error_reply(contract_error) end
-local err = read_args()
+local err = read_args(C)
 if err then return redis.error_reply(err) end
-reply, at0 = { 0, -1, n_acks }, 4 + n_acks
-ack_statuses()
-reply[at0] = 0 -- the count of jobs, set at the end; a placeholder keeps the reply one array
+C.reply, C.at0 = { 0, -1, C.n_acks }, 4 + C.n_acks
+ack_statuses(C, K)
+C.reply[C.at0] = 0 -- the count of jobs, set at the end; a placeholder keeps the reply one array
 
 -- The replay check. A call whose acks all succeeded cannot be a replay (the first run
 -- would have removed them), so the busy path skips this read.
 local prior = NONE
-if count > 0 and (n_acks == 0 or not all_acked) then
-  prior = redis.call('ZRANGEBYLEX', owners_key, '[' .. owner .. '|' .. call .. '|', '(' .. owner .. '|' .. call .. '}',
-    'LIMIT', 0, count)
-  owners_read = true
+if C.count > 0 and (C.n_acks == 0 or not C.all_acked) then
+  local from = C.owner .. '|' .. C.call
+  prior = redis.call('ZRANGEBYLEX', K.owners, '[' .. from .. '|', '(' .. from .. '}', 'LIMIT', 0, C.count)
+  C.owners_read = true
 end
-now_ms = now_ms or server_now_ms()
-reply[1] = now_ms
+C.now_ms = C.now_ms or server_now_ms()
+C.reply[1] = C.now_ms
 -- Expired tombstones, counted before any write (ZCOUNT also proves `done` is a zset).
-expired_done = #to_ack > 0 and redis.call('ZCOUNT', done_key, '-inf', now_ms) or 0
+C.expired_done = #C.to_ack > 0 and redis.call('ZCOUNT', K.done, '-inf', C.now_ms) or 0
 
 if #prior > 0 then
-  err = replay(prior)
+  err = replay(C, K, F, prior)
   if err then return redis.error_reply(err) end
-  reply[at0] = m
-  return reply
+  C.reply[C.at0] = C.m
+  return C.reply
 end
 
 -- The plan's first read: counters. `paused` (pause.lua), the rate limit's fields
 -- (limit.lua), `fair` (set by enqueue.lua for a job with a group or a priority) and
 -- `events` (the stream's bound) come with the fields read anyway: a queue without them
 -- pays no command for their checks.
-local counters = redis.call('HMGET', counters_key, 'leased', 'next_maintenance_ms', 'paused', 'rate_limit', 'rate_tat',
+local counters = redis.call('HMGET', K.counters, 'leased', 'next_maintenance_ms', 'paused', 'rate_limit', 'rate_tat',
   'fair', 'events')
-bound, err = events_bound(counters_key, events_key, counters[7])
+C.bound, err = events_bound(K.counters, K.events, counters[7])
 if err then return redis.error_reply(err) end
-fence0 = tonumber(counters[1] or '0') or 0
+C.fence0 = tonumber(counters[1] or '0') or 0
 local maintenance_due = tonumber(counters[2] or '0') or 0
 -- Paused: lease nothing (acks, promotion and reclaim go on) and answer next_due_ms -1:
 -- workers wait for the marker that resume.lua raises.
-paused = counters[3] ~= false
-if paused then count = 0 end
-if counters[4] and count > 0 then
-  R, err = rate_cut(counters[4], counters[5])
+C.paused = counters[3] ~= false
+if C.paused then C.count = 0 end
+if counters[4] and C.count > 0 then
+  C.R, err = rate_cut(C, K, counters[4], counters[5])
   if err then return redis.error_reply(err) end
 end
 -- A fair queue leases by fair_lease after maintenance is written: the steps below run
 -- with count 0, and `want` is what the call asked for (after pause and rate limit).
-fair, want = counters[6] ~= false, count
+C.fair, C.want = counters[6] ~= false, C.count
 local fair_short = false
-if fair then
-  if #to_ack > 0 then
-    ack_metas, err = fair_meta(F, acked_ids)
+if C.fair then
+  if #C.to_ack > 0 then
+    C.ack_metas, err = fair_meta(F, C.acked_ids)
     if err then return redis.error_reply(err) end
   end
   -- Maintenance also when a lease has expired: a group at its cap gets its slot back
   -- only when the lease is reclaimed, which must not wait for the maintenance timer.
   -- (These reads also prove `ready`, `gready` and `leased`.)
-  local waiting = redis.call('LLEN', ready_key) + redis.call('ZCARD', F.gready)
-  local expired_now = redis.call('ZCOUNT', leased_key, '-inf', now_ms)
-  ready_read, leased_read = true, true
-  fair_short = want > 0 and (waiting < want or expired_now > 0)
-  count = 0
+  local waiting = redis.call('LLEN', K.ready) + redis.call('ZCARD', F.gready)
+  local expired_now = redis.call('ZCOUNT', K.leased, '-inf', C.now_ms)
+  C.ready_read, C.leased_read = true, true
+  fair_short = C.want > 0 and (waiting < C.want or expired_now > 0)
+  C.count = 0
 end
-if count > 0 then
-  ready_head = redis.call('LRANGE', ready_key, 0, count) -- one extra: is more work waiting?
-  ready_read = true
+if C.count > 0 then
+  C.ready_head = redis.call('LRANGE', K.ready, 0, C.count) -- one extra: is more work waiting?
+  C.ready_read = true
 end
-local maintain = (count > 0 and #ready_head < count) or fair_short or now_ms >= maintenance_due
-if maintain then err = maintain_read() end
-if not err and fair and #promoted + #reclaimed + #to_dead > 0 then err = read_moved_metas() end
+local maintain = (C.count > 0 and #C.ready_head < C.count) or fair_short or C.now_ms >= maintenance_due
+if maintain then err = maintain_read(C, K) end
+if not err and C.fair and #C.promoted + #C.reclaimed + #C.to_dead > 0 then err = read_moved_metas(C, F) end
 if err then return redis.error_reply(err) end
-choose()
-deadline_ms = now_ms + lease_ms
-err = plan_leases()
+choose(C)
+C.deadline_ms = C.now_ms + C.lease_ms
+err = plan_leases(C, K)
 if err then return redis.error_reply(err) end
 -- Wake another worker when work is left over after a plain lease: the wake marker woke
 -- one worker only. A worker that acks and leases is busy and comes back by itself.
-local wake = n_acks == 0 and #order > take and not paused and not (R and R.cut)
+local wake = C.n_acks == 0 and #C.order > C.take and not C.paused and not (C.R and C.R.cut)
 -- next_due_ms is read from SCHEDULED and LEASED after the writes when fewer than count
 -- are leased, so those reads must be proven too.
-err = prove_types(m < count and not stopped_at_limit)
+err = prove_types(C, K, F, C.m < C.count and not C.stopped_at_limit)
 if err then return redis.error_reply(err) end
 -- The marker's read proves `wake` a zset, and spares the write when it is already up.
-wake = wake and not redis.call('ZSCORE', wake_key, 'wake')
+wake = wake and not redis.call('ZSCORE', K.wake, 'wake')
 
 -- The writes: acks, the pop from READY, maintenance, put back, the fair pick, the leases.
-if #to_ack > 0 then
-  write_acks()
+if #C.to_ack > 0 then
+  write_acks(C, K, F)
 elseif maintain then
-  trim_done(done_key, expired_done, MAX_BATCH)
+  trim_done(K.done, C.expired_done, MAX_BATCH)
 end
-local from_ready = math.max(0, math.min(take, n_back + #ready_head) - n_back)
-if from_ready > 0 then redis.call('LTRIM', ready_key, from_ready, -1) end
-if maintain then write_maintenance(#to_ack + from_ready > 0) end
-put_back()
-if fair and want > 0 then
-  err = fair_lease()
+local from_ready = math.max(0, math.min(C.take, C.n_back + #C.ready_head) - C.n_back)
+if from_ready > 0 then redis.call('LTRIM', K.ready, from_ready, -1) end
+if maintain then write_maintenance(C, K, F, #C.to_ack + from_ready > 0) end
+put_back(C, K, F)
+if C.fair and C.want > 0 then
+  err = fair_lease(C, K, F)
   if err then return redis.error_reply(err) end
 end
-if m > 0 then write_leases() end
-if wake then redis.call('ZADD', wake_key, 0, 'wake') end
+if C.m > 0 then write_leases(C, K) end
+if wake then redis.call('ZADD', K.wake, 0, 'wake') end
 -- Spend the permits. Written after the leases (never a growing first write).
-if R and m > 0 then
-  R.tat = R.tat + m * R.spacing
-  redis.call('HSET', counters_key, 'rate_tat', string.format('%.3f', R.tat))
+if C.R and C.m > 0 then
+  C.R.tat = C.R.tat + C.m * C.R.spacing
+  redis.call('HSET', K.counters, 'rate_tat', string.format('%.3f', C.R.tat))
 end
-reply[2] = next_due()
-reply[at0] = m
-return reply
+C.reply[2] = next_due(C, K)
+C.reply[C.at0] = C.m
+return C.reply

@@ -287,6 +287,12 @@ def test_cluster_safe_scripts_only_touch_keys_passed_in_keys() -> None:
         fair = {f"F.{role}" for role in ("meta", "gready", "ring", "groups")}
         if re.search(r"^local F = fair_keys\(\d+\)$", body, re.M):
             key_names |= fair
+        # A script may gather its keys in a table K (`local K = { jobs = jobs_key, ... }`,
+        # then `K.a, K.b = a_key, b_key`) for the helpers and steps that take it.
+        for fields in re.findall(r"^local K = \{([^}]*)\}$", body, re.M):
+            key_names |= {f"K.{f}" for f, v in re.findall(r"(\w+) = (\w+)", fields) if v in key_names}
+        for targets, values in re.findall(r"^(K\.\w+(?:, K\.\w+)*) = (\w+(?:, \w+)*)$", body, re.M):
+            key_names |= {t for t, v in zip(targets.split(", "), values.split(", ")) if v in key_names}
         # The helpers of lua/include/ take the keys they touch from their callers.
         start, end = lua_build.include_span(body)
         for match in re.finditer(r"redis\.call\(\s*'(\w+)',\s*([^,)]+)", body):
@@ -313,8 +319,13 @@ def undeclared_assignments(code: str) -> list[str]:
     """
     declared: set[str] = set()
     bad = []
+    depth = 0  # open table constructors: `name = value` inside one is a field, not an assignment
     for line in code.splitlines():
         line = line.split("--", 1)[0]
+        bare = re.sub(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"", "''", line)  # braces in strings do not count
+        inside, depth = depth > 0, depth + bare.count("{") - bare.count("}")
+        if inside:
+            continue
         for names in re.findall(r"\blocal\s+function\s+(\w+)\s*\(([^)]*)\)", line):
             declared |= {names[0], *(n.strip() for n in names[1].split(",") if n.strip())}
         for params in re.findall(r"\bfunction\s*\(([^)]*)\)", line):

@@ -78,8 +78,8 @@ MUTANTS = [
     Mutant(
         "lease_reclaims_only_after_the_deadline_not_at_it",
         "lease",
-        "'ZRANGEBYSCORE', leased_key, '-inf', now_ms, 'LIMIT', 0, limit + #to_ack)",
-        "'ZRANGEBYSCORE', leased_key, '-inf', '(' .. now_ms, 'LIMIT', 0, limit + #to_ack)",
+        "'ZRANGEBYSCORE', K.leased, '-inf', C.now_ms, 'LIMIT', 0, C.limit + #C.to_ack)",
+        "'ZRANGEBYSCORE', K.leased, '-inf', '(' .. C.now_ms, 'LIMIT', 0, C.limit + #C.to_ack)",
     ),
     Mutant(
         "ack_trims_one_tombstone_still_in_force",
@@ -104,7 +104,7 @@ MUTANTS = [
     Mutant(
         "lease_has_no_replay_check",
         "lease",
-        "if count > 0 and (n_acks == 0 or not all_acked) then",
+        "if C.count > 0 and (C.n_acks == 0 or not C.all_acked) then",
         "if false then",
     ),
     Mutant(
@@ -336,14 +336,14 @@ MUTANTS = [
     Mutant(
         "lease_ignores_the_rate_limit",
         "lease",
-        "if permits < count then count, limited.cut = permits, true end",
+        "if permits < C.count then C.count, limited.cut = permits, true end",
         "",
         job_control=True,
     ),
     Mutant(
         "lease_does_not_spend_its_permits",
         "lease",
-        "  redis.call('HSET', counters_key, 'rate_tat', string.format('%.3f', R.tat))\n",
+        "  redis.call('HSET', K.counters, 'rate_tat', string.format('%.3f', C.R.tat))\n",
         "\n",
         job_control=True,
     ),
@@ -357,7 +357,7 @@ MUTANTS = [
     Mutant(
         "lease_ignores_a_pause",
         "lease",
-        "\nif paused then count = 0 end",
+        "\nif C.paused then C.count = 0 end",
         "\n",
         job_control=True,
     ),
@@ -523,8 +523,8 @@ MUTANTS += [
     Mutant(
         "lease_writes_the_fence_as_the_leased_attempt",
         "lease",
-        "'leased', reply[o + 2], now_ms, 'attempt', reply[o + 5]",
-        "'leased', reply[o + 2], now_ms, 'attempt', reply[o + 4]",
+        "'leased', C.reply[o + 2], C.now_ms, 'attempt', C.reply[o + 5]",
+        "'leased', C.reply[o + 2], C.now_ms, 'attempt', C.reply[o + 4]",
     ),
     Mutant(
         "progress_writes_an_event_for_an_unchanged_value",
