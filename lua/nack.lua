@@ -40,7 +40,7 @@ ARGV (6 or 7)
 
 Returns  {status, state, at_ms}: status 'ok', 'stale' or 'gone' (as ack.lua); when 'ok',
          state is 'scheduled' (at_ms = due time) or 'dead' (at_ms = now); else '' and 0.
-Cost     plain case (one current receipt): 15 commands (to SCHEDULED); 18 (to DEAD)
+Cost     plain case (one current receipt): 13 commands (to SCHEDULED); 16 (to DEAD)
 Errors   PQ_BADARG (nothing written), PQ_CORRUPT (the job record does not parse; nothing
          written), WRONGTYPE (nothing written).
 Replay   a re-sent call finds its receipt gone and changes nothing (final or not).
@@ -103,6 +103,20 @@ local function hmget(key, fields)
     for j = 1, #part do out[i + j - 1] = part[j] end
   end
   return out
+end
+local function first_write(cmd, key, values, want)
+  local reply = redis.pcall(cmd, key, unpack(values, 1, math.min(CHUNK, #values)))
+  if type(reply) == 'table' and reply.err then
+    -- tostring: fakeredis's Lua hands the error text over as a userdata.
+    local text = tostring(reply.err)
+    if string.find(text, 'WRONGTYPE', 1, true) then
+      return 'WRONGTYPE ' .. key .. ' holds a ' .. redis.call('TYPE', key).ok .. ', expected a ' .. want
+    end
+    return text
+  end
+  for i = CHUNK + 1, #values, CHUNK do
+    redis.call(cmd, key, unpack(values, i, math.min(i + CHUNK - 1, #values)))
+  end
 end
 -- lua/include/records.lua (each helper's note is there)
 local function parse_receipt(receipt)
@@ -230,23 +244,26 @@ metas, err, fair = fair_meta(F, { id })
 if err then return redis.error_reply(err) end
 now_ms = now_ms or server_now_ms()
 local to_dead = attempt >= max_attempts or final == '1'
-if to_dead then
-  err = expect_type(owners_key, 'zset') or expect_type(dead_key, 'zset') or expect_type(errors_key, 'hash')
-    or expect_type(finished_key, 'stream')
-else
-  err = expect_type(owners_key, 'zset') or expect_type(scheduled_key, 'zset') or expect_type(wake_key, 'zset')
-end
-err = err or expect_type(counters_key, 'hash') or fair and (fair_types(F) or expect_type(wake_key, 'zset'))
+-- Prove the keys written that no read has proven. `counters` is proven by the read of
+-- its `events` field; `owners` by the first write (first_write).
 local bound
-if not err then bound, err = events_bound(counters_key, events_key) end
+bound, err = events_bound(counters_key, events_key)
+if err then return redis.error_reply(err) end
+if to_dead then
+  err = expect_type(dead_key, 'zset') or expect_type(errors_key, 'hash') or expect_type(finished_key, 'stream')
+else
+  err = expect_type(scheduled_key, 'zset') or expect_type(wake_key, 'zset')
+end
+err = err or fair and (fair_types(F) or expect_type(wake_key, 'zset'))
 if err then return redis.error_reply(err) end
 local event_text = string.sub(error_text, 1, EVENT_TEXT_BYTES)
 
 -- 3. Write.
 -- The first write removes something: at its memory limit Redis refuses a script only at a
 -- first write that may grow memory, so this transition (which frees what it moves) still runs.
+err = first_write('ZREM', owners_key, { receipt }, 'zset')
+if err then return redis.error_reply(err) end
 redis.call('ZREM', leased_key, receipt)
-redis.call('ZREM', owners_key, receipt)
 redis.call('HINCRBY', counters_key, 'nacked', 1)
 local woke = fair and fair_release(F, metas)
 local payload = string.sub(record, payload_at)

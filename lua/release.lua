@@ -23,7 +23,7 @@ ARGV (1 + r)
   2..   receipts  1..1000 receipts from lease
 
 Returns  {status_1 .. status_r}: 'ok', 'stale' or 'gone' (as ack.lua).
-Cost     plain case (one current receipt): 12 commands
+Cost     plain case (one current receipt): 10 commands
 Errors   PQ_BADARG (nothing written), WRONGTYPE (nothing written).
 Replay   a re-sent call finds its receipts gone and changes nothing.
 Contract v4 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
@@ -91,6 +91,20 @@ local function hmget(key, fields)
     for j = 1, #part do out[i + j - 1] = part[j] end
   end
   return out
+end
+local function first_write(cmd, key, values, want)
+  local reply = redis.pcall(cmd, key, unpack(values, 1, math.min(CHUNK, #values)))
+  if type(reply) == 'table' and reply.err then
+    -- tostring: fakeredis's Lua hands the error text over as a userdata.
+    local text = tostring(reply.err)
+    if string.find(text, 'WRONGTYPE', 1, true) then
+      return 'WRONGTYPE ' .. key .. ' holds a ' .. redis.call('TYPE', key).ok .. ', expected a ' .. want
+    end
+    return text
+  end
+  for i = CHUNK + 1, #values, CHUNK do
+    redis.call(cmd, key, unpack(values, i, math.min(i + CHUNK - 1, #values)))
+  end
 end
 -- lua/include/records.lua (each helper's note is there)
 local function parse_receipt(receipt)
@@ -254,16 +268,18 @@ end
 if #receipts > 0 then
   -- The jobs' meta (section 2.1): their groups get the slots back, and a job with meta
   -- goes back to the head of its group in `gready`.
+  -- Keys written that no read proves are probed; `counters` is proven by the read of its
+  -- `events` field, `owners` by the first write (first_write).
   local metas, err, fair = fair_meta(F, ids)
-  err = err or expect_type(owners_key, 'zset') or expect_type(ready_key, 'list') or expect_type(wake_key, 'zset')
-    or expect_type(counters_key, 'hash') or fair and fair_types(F)
   local bound
   if not err then bound, err = events_bound(counters_key, events_key) end
+  err = err or expect_type(ready_key, 'list') or expect_type(wake_key, 'zset') or fair and fair_types(F)
   if err then return redis.error_reply(err) end
   -- The first write removes something: at its memory limit Redis refuses a script only at a
   -- first write that may grow memory, so this transition (which frees what it moves) still runs.
+  err = first_write('ZREM', owners_key, receipts, 'zset')
+  if err then return redis.error_reply(err) end
   call_chunked('ZREM', leased_key, receipts)
-  call_chunked('ZREM', owners_key, receipts)
   redis.call('HINCRBY', counters_key, 'released', #receipts)
   if fair then
     fair_release(F, metas)
