@@ -60,10 +60,11 @@ from pyqueue.clients import connect, default_client, embedded_redis
 from pyqueue.queue import Queue
 from pyqueue.verbs.events import Event, EventPage, EventsSetting
 from pyqueue.slots import TimeLimitExceeded
-from pyqueue.worker import Fail, Retry
+from pyqueue.worker import Fail, Retry, Worker
 
 if _TYPE_CHECKING:
     from pyqueue.tasks import (
+        Backoff,
         FlowHandle,
         Middleware,
         MiddlewareError,
@@ -81,7 +82,7 @@ if _TYPE_CHECKING:
 #: Names of the task layer, imported on first use: ``import pyqueue`` for the engine
 #: alone does not load it (the engine never imports the task layer).
 _TASK_LAYER = (
-    "FlowHandle", "Middleware", "MiddlewareError", "ResultTimeout", "TaskDead", "TaskResultMissing", "Tasks",
+    "Backoff", "FlowHandle", "Middleware", "MiddlewareError", "ResultTimeout", "TaskDead", "TaskResultMissing", "Tasks",
     "chain", "chord", "current_batch", "current_job", "group",
 )
 
@@ -105,6 +106,7 @@ except PackageNotFoundError:  # running from a checkout that was never installed
 __all__ = [
     "__version__",
     "AuthenticationFailed",
+    "Backoff",
     "CancelFlag",
     "Cancelled",
     "chain",
@@ -163,5 +165,6 @@ __all__ = [
     "Tasks",
     "TimeLimitExceeded",
     "TLSError",
+    "Worker",
     "WrongTypeError",
 ]

@@ -13,7 +13,7 @@ from pyqueue.tasks.envelope import Envelope, EnvelopeError
 from pyqueue.tasks.flows import FlowHandle, chain, chord, group
 from pyqueue.tasks.handle import ResultTimeout, SentTask, TaskDead, TaskError, TaskResultMissing
 from pyqueue.tasks.middleware import HookOutcome, Middleware, MiddlewareError, Sending
-from pyqueue.tasks.policy import Backoff, TaskOptions
+from pyqueue.tasks.policy import Backoff, SendOptionsDict, TaskOptions, TaskOptionsDict
 from pyqueue.tasks.runtime import Dispatcher, TaskRun, current_job
 from pyqueue.tasks.task import BatchOptions, BatchTask, Options, Signature, Task
 from pyqueue.worker import Fail, Retry
@@ -34,12 +34,14 @@ __all__ = [
     "ResultTimeout",
     "Retry",
     "Sending",
+    "SendOptionsDict",
     "SentTask",
     "Signature",
     "Task",
     "TaskDead",
     "TaskError",
     "TaskOptions",
+    "TaskOptionsDict",
     "TaskResultMissing",
     "TaskRun",
     "Tasks",

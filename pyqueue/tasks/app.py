@@ -20,12 +20,16 @@ from pyqueue.service import TASK_NAME
 from pyqueue.tasks.connection import Connection
 from pyqueue.tasks.handle import SentTask
 from pyqueue.tasks.middleware import Hook as MiddlewareHook, Sending, enter_sends, hook_of, resume_sends
-from pyqueue.tasks.policy import Duration, TaskOptions
+from pyqueue.tasks.policy import Duration, TaskOptions, TaskOptionsDict
 from pyqueue.tasks.serving import TaskServing
 from pyqueue.tasks.task import BatchTask, Signature, Task
 from pyqueue.runtime.batch import MAX_BATCH_WAIT_MS, BatchSpec
 from pyqueue.worker import seconds_to_ms
 
+if sys.version_info >= (3, 11):
+    from typing import Unpack
+elif TYPE_CHECKING:
+    from typing_extensions import Unpack
 if TYPE_CHECKING:
     from pyqueue.tasks.testing import TaskTesting
 
@@ -54,6 +58,19 @@ class Tasks(TaskServing):
 
     ``default_queue`` is the queue of tasks that do not name one.
 
+    **Defaults of every task.** The other keywords are task options
+    (:class:`~pyqueue.tasks.policy.TaskOptionsDict`: ``queue``, ``max_attempts``,
+    ``backoff``, ``retry_on``, ``fail_on``, ``max_age``, ``time_limit``, ``unique``,
+    ``keep_result``, ``priority``, ``group``), checked as ``@tasks.task`` checks them,
+    and each is the default of every task registered on this object:
+    ``Tasks(max_attempts=7, time_limit=30)``. A task's own option replaces the default
+    (``@tasks.task(max_attempts=3)``; ``max_attempts=None`` gives it back the engine's
+    default), and ``fn.options(...)`` replaces either for the sends made through it.
+    They are read when a task is registered (:attr:`defaults` holds them): the task's
+    :attr:`~pyqueue.tasks.task.Task.policy` holds them, and a worker applies them as
+    its task's own. ``queue=`` is the same as ``default_queue=`` (give one of them).
+    ``job_id`` is one send's, never a default (``InvalidArgument``).
+
     ``partitions`` names the partitioned queues among the tasks' queues, with their
     partition counts (``{"orders": 6}``: README "Partitioned queues"): sends, results
     and flows go to the partition of each job's id, and :meth:`worker` serves every
@@ -67,12 +84,20 @@ class Tasks(TaskServing):
         *,
         client: Any = None,
         prefix: str = DEFAULT_PREFIX,
-        default_queue: str = "default",
+        default_queue: str | None = None,
         partitions: Mapping[str, int] | None = None,
+        **defaults: Unpack[TaskOptionsDict],
     ) -> None:
+        given: dict[str, Any] = dict(defaults)
+        if default_queue is not None:
+            if "queue" in given:
+                raise InvalidArgument("Tasks(default_queue=) and Tasks(queue=) name the same thing: give one of them")
+            given["queue"] = default_queue
+        given.setdefault("queue", "default")
+        #: The options every task registered here starts from (``Tasks(...)``'s task options).
+        self.defaults = TaskOptions.build(None, **_task_options(given, "Tasks()"))
         #: Its clients, queues and server clock (:mod:`pyqueue.tasks.connection`).
         self.connection = Connection(url, client, prefix, partitions)
-        self.default_queue = default_queue
         self._tasks: dict[str, Task[Any, Any]] = {}
         self._lock = threading.Lock()
         self._raw: Callable[[Job], object] | None = None
@@ -88,22 +113,27 @@ class Tasks(TaskServing):
     def task(self, fn: Callable[P, R], /) -> Task[P, R]: ...
 
     @overload
-    def task(  # batch= picks this one; the next takes any other keywords
-        self, *, batch: int, batch_wait: Duration = 0, name: str | None = None, **options: Any
+    def task(  # batch= picks this one; the next takes the other keywords
+        self, *, batch: int, batch_wait: Duration = 0, name: str | None = None, **options: Unpack[TaskOptionsDict]
     ) -> Callable[[Callable[[list[T]], Sequence[R | BaseException]]], BatchTask[T, R]]: ...
 
     @overload
-    def task(self, *, name: str | None = None, **options: Any) -> Callable[[Callable[P, R]], Task[P, R]]: ...
+    def task(
+        self, *, name: str | None = None, **options: Unpack[TaskOptionsDict]
+    ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(  # type: ignore[misc]
         self, fn: Any = None, /, *, name: str | None = None, batch: int | None = None,
-        batch_wait: Duration | None = None, **options: Any,
+        batch_wait: Duration | None = None, **options: Unpack[TaskOptionsDict],
     ) -> Any:
         """Register a function (plain or ``async def``) as a task: ``@tasks.task`` or
         ``@tasks.task(queue=..., max_attempts=..., backoff=..., retry_on=..., fail_on=...,
-        max_age=..., time_limit=..., unique=..., keep_result=..., priority=..., group=...)``.
-        Its name is ``module.qualname`` unless ``name=`` gives one: keep it stable, since
-        queued jobs name it. Durations are seconds (int or float) or a ``timedelta``.
+        max_age=..., time_limit=..., unique=..., keep_result=..., priority=..., group=...)``
+        (:class:`~pyqueue.tasks.policy.TaskOptionsDict`: a type checker checks their names
+        and types). An option not given is this object's default (``Tasks(...)``'s
+        options), else unset. Its name is ``module.qualname`` unless ``name=`` gives
+        one: keep it stable, since queued jobs name it. Durations are seconds (int or
+        float) or a ``timedelta``.
         ``priority`` (-5..5) and ``group`` (a str, or a function of the task's arguments
         giving one, e.g. ``group=lambda account_id, **_: account_id``) are the engine's
         fair scheduling (``Queue.enqueue``, ``Queue.set_group_limit``).
@@ -114,14 +144,16 @@ class Tasks(TaskServing):
         ``batch_wait`` seconds (default 0) for more. Its queue must hold its jobs only.
 
         Raises:
-            InvalidArgument: a bad option, a name taken by another function, a function
-                that cannot be a task (a generator, a lambda without ``name=``), or a
-                queue shared with a batch task.
+            InvalidArgument: a bad option (an unknown one too, given through ``**``: a
+                type checker sees only the ones written out), ``job_id`` (one send's:
+                ``fn.options(job_id=...)``), a name taken by another function, a
+                function that cannot be a task (a generator, a lambda without
+                ``name=``), or a queue shared with a batch task.
         """
-        options.setdefault("queue", self.default_queue)
-        if "batch_wait_ms" in options:
+        given: dict[str, Any] = dict(options)
+        if "batch_wait_ms" in given:
             raise InvalidArgument("the task layer takes durations in seconds: batch_wait=0.05, not batch_wait_ms=50")
-        policy = TaskOptions.build(None, **options)
+        policy = TaskOptions.build(self.defaults, **_task_options(given, "@tasks.task()"))
         spec = _batch_spec(batch, batch_wait)
 
         def register(fn: Callable[..., Any]) -> Task[Any, Any]:
@@ -206,6 +238,16 @@ class Tasks(TaskServing):
         """Run ``hook()`` once in each worker process after its last job ended."""
         self.on_stop.append(hook)
         return hook
+
+    @property
+    def default_queue(self) -> str:
+        """The queue of the tasks that do not name one (``Tasks(default_queue=)``, the
+        ``queue`` of :attr:`defaults`); set, it applies to the tasks registered after."""
+        return self.defaults.queue
+
+    @default_queue.setter
+    def default_queue(self, queue: str) -> None:
+        self.defaults = TaskOptions.build(self.defaults, queue=queue)
 
     @property
     def tasks(self) -> dict[str, Task[Any, Any]]:
@@ -331,6 +373,20 @@ class Tasks(TaskServing):
 
     def __repr__(self) -> str:
         return f"<Tasks {len(self._tasks)} tasks on {self.queue_names()}>"
+
+
+def _task_options(options: dict[str, Any], where: str) -> dict[str, Any]:
+    """``options``, which are a task's or every task's (``where``): not ``job_id``.
+
+    Raises:
+        InvalidArgument: ``job_id`` is among them.
+    """
+    if "job_id" in options:
+        raise InvalidArgument(
+            f"{where} does not take job_id: it is one send's job id (fn.options(job_id=...).send(...)); every send "
+            "under one id would be the same job (unique= derives an id from each call's arguments)"
+        )
+    return options
 
 
 def _check_name(name: object) -> None:

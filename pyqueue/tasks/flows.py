@@ -191,6 +191,11 @@ class _Compiler:
             raise InvalidArgument("every task of a flow must belong to the same Tasks object")
         if item.task.batch is not None:
             raise InvalidArgument(f"{item.task.name} is a batch task: a flow's steps are plain tasks")
+        if item.options.job_id is not None:
+            raise InvalidArgument(
+                f"{item!r} has job_id={item.options.job_id!r}: a flow names its steps' jobs (<flow id>.<n>), so a "
+                "step takes no job_id"
+            )
         if input is None and item.awaits_input and not item.immutable:
             raise TypeError(f"{item!r} lacks an argument, and as a first step nothing gives it one")
         if input is not None and not item.immutable:

@@ -45,8 +45,9 @@ class ResultTimeout(TaskError, TimeoutError):
 
 @dataclass(frozen=True)
 class SentTask(Generic[R]):
-    """A sent task run. ``added`` is false when ``unique`` found the job there already
-    (or acked less than ``keep_done_ms`` ago): then this handle names that job."""
+    """A sent task run. ``added`` is false when its id (``unique``'s, or the send's
+    ``job_id``) found the job there already (or acked less than ``keep_done_ms`` ago):
+    then this handle names that job."""
 
     id: str
     queue: str

@@ -12,15 +12,17 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypedDict
 
-from pyqueue.core import check_group, check_priority
+from pyqueue.core import check_group, check_job_id, check_priority
 from pyqueue.errors import InvalidArgument
 from pyqueue.worker import seconds_to_ms
 
 Duration = float | timedelta
 #: A job id from the call's arguments, or True for a hash of the task and its arguments.
 Unique = Callable[..., str] | bool
+#: ``retry_on`` / ``fail_on``: an exception class, or a tuple or list of them.
+ExceptionTypes = type[BaseException] | tuple[type[BaseException], ...] | list[type[BaseException]]
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,58 @@ class Backoff:
         return Backoff(kind, base_ms=int(arg[0]), cap_ms=int(arg[1]))
 
 
+class TaskOptionsDict(TypedDict, total=False):
+    """A task's options as keywords, one home for their names and types: the options of
+    ``@tasks.task(...)``, of ``Tasks(...)`` (the defaults of every task registered on
+    it) and of ``fn.options(...)`` (one send's, which also takes ``job_id``:
+    :class:`SendOptionsDict`). Those take ``**options: Unpack[TaskOptionsDict]``, so a
+    type checker refuses a misspelt option or a value of the wrong type;
+    :meth:`TaskOptions.build` checks them again at run time (``InvalidArgument``), for
+    the options a type checker does not see (a dict passed with ``**``).
+
+    Durations are seconds (int or float) or a ``timedelta``; None, where a key takes
+    it, is "not set" (the worker's or the engine's default), as in :class:`TaskOptions`.
+    """
+
+    #: The queue its jobs go to (a non-empty str); not set: ``Tasks(default_queue=)``.
+    queue: str
+    #: Runs in all, the first included (1..10,000); None: the engine's default (5).
+    max_attempts: int | None
+    #: The delay before a retry: seconds or a timedelta (fixed), a :class:`Backoff`, or
+    #: a function of the attempt (1 = the first failure) giving seconds (module-level
+    #: for a per-send one, which the envelope names); None: the worker's backoff.
+    backoff: Backoff | Duration | Callable[[int], Duration] | None
+    #: Only these exceptions retry, any other is dead at once; None: every Exception retries.
+    retry_on: ExceptionTypes | None
+    #: These exceptions are dead at once, whatever ``retry_on`` says (None: none).
+    fail_on: ExceptionTypes | None
+    #: A job older than this (from when it was due) when leased is dead without running.
+    max_age: Duration | None
+    #: The longest a run may take, from its lease (at least 1 ms).
+    time_limit: Duration | None
+    #: True: the job id is a hash of the task and its arguments; a function of the
+    #: arguments (by name, defaults included) giving the job id; False or None: a
+    #: random id. A second send under an id that exists is a duplicate (``added`` false).
+    unique: Unique | None
+    #: Keep the return value this long for ``sent.result()`` (at least 1 ms); None: not kept.
+    keep_result: Duration | None
+    #: The priority level, -5..5: a higher level is leased sooner.
+    priority: int
+    #: The fair-scheduling group: a str, or a function of the arguments (by name,
+    #: defaults included) giving one or None; None: no group.
+    group: str | Callable[..., str | None] | None
+
+
+class SendOptionsDict(TaskOptionsDict, total=False):
+    """The options of ``fn.options(...)``: a task's options (:class:`TaskOptionsDict`)
+    and the job id of the sends made through it."""
+
+    #: The job id (1..256 UTF-8 bytes, no control characters), in place of ``unique``'s
+    #: or a random one: a send under an id whose job exists (or whose tombstone lasts,
+    #: ``keep_done_ms``) adds nothing and its handle names that job (``added`` false).
+    job_id: str
+
+
 def qualified_name(obj: object, what: str) -> str:
     """``module:qualname`` of a module-level function or class, checked to resolve."""
     module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
@@ -127,6 +181,10 @@ def exception_types(value: object, name: str) -> tuple[type[BaseException], ...]
     return tuple(items)
 
 
+#: The options that act when sending (the job's queue, record and id), not in the envelope.
+_SEND_TIME = frozenset(("queue", "max_attempts", "unique", "priority", "group", "job_id"))
+
+
 @dataclass(frozen=True)
 class TaskOptions:
     """A task's policy. None means "not set": the worker's or the engine's default."""
@@ -152,11 +210,16 @@ class TaskOptions:
     #: and for ``unique``) gets the arguments by name, defaults included
     #: (:meth:`pyqueue.tasks.task.Signature.call_by_name`).
     group: str | Callable[..., str | None] | None = None
+    #: The job id of one send (``fn.options(job_id=...)``), in place of ``unique``'s or
+    #: a random one; None: those. Never a task's own option, nor a ``Tasks`` default.
+    job_id: str | None = None
 
     @staticmethod
     def build(base: TaskOptions | None = None, **given: Any) -> TaskOptions:
-        """Options from a task's or a send's keyword arguments (seconds or timedelta for
-        durations), on top of ``base``.
+        """Options from a task's or a send's keyword arguments (the keys of
+        :class:`SendOptionsDict`; seconds or timedelta for durations), on top of
+        ``base``. (``job_id`` is one send's: :class:`~pyqueue.tasks.app.Tasks` refuses it
+        as a task's option or a default before calling this.)
 
         Raises:
             InvalidArgument: an unknown option, or a value of the wrong kind.
@@ -195,10 +258,10 @@ class TaskOptions:
                 if value is not None and not callable(value):
                     check_group(value)
                 out["group"] = value
+            elif key == "job_id":
+                out["job_id"] = None if value is None else check_job_id(value)
             else:
-                known = ("queue, max_attempts, backoff, retry_on, fail_on, max_age, time_limit, unique, keep_result, "
-                         "priority, group")
-                raise InvalidArgument(f"unknown task option {key!r}; known: {known}")
+                raise InvalidArgument(f"unknown task option {key!r}; known: {', '.join(SendOptionsDict.__annotations__)}")
         return replace(base or TaskOptions(), **out)
 
     def fails_at_once(self, error: BaseException) -> bool:
@@ -215,12 +278,12 @@ class TaskOptions:
 
     def overrides(self, base: TaskOptions) -> dict[str, Any]:
         """The options of this send that differ from the task's and that its worker
-        applies (queue, max_attempts, unique, priority and group act at send time), as
-        plain JSON."""
+        applies (queue, max_attempts, unique, priority, group and job_id act at send
+        time), as plain JSON."""
         out: dict[str, Any] = {}
         for f in fields(self):
             mine, theirs = getattr(self, f.name), getattr(base, f.name)
-            if f.name in ("queue", "max_attempts", "unique", "priority", "group") or mine == theirs:
+            if f.name in _SEND_TIME or mine == theirs:
                 continue
             if f.name == "backoff":
                 out[f.name] = None if mine is None else mine.to_json()

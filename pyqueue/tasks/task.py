@@ -3,8 +3,8 @@
 Sending checks everything it can before anything reaches Redis: the arguments are bound
 to the function's signature (a wrong call raises ``TypeError`` in the caller, as calling
 the function would) and must travel as JSON (:mod:`pyqueue.tasks.codec`). Then it is
-one ``enqueue`` call: one round trip, and a duplicate id (``unique``) is the engine's
-reported no-op.
+one ``enqueue`` call: one round trip, and a duplicate id (``unique``, or a send's
+``job_id``) is the engine's reported no-op.
 
 Delivery: at least once, as every job (see :mod:`pyqueue.queue`). A task that must not
 repeat a side effect checks ``current_job().fence`` against its store, or is idempotent.
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast
@@ -26,9 +27,13 @@ from pyqueue.tasks import envelope
 from pyqueue.tasks.codec import canonical, to_json, to_json_args
 from pyqueue.tasks.handle import SentTask
 from pyqueue.tasks.middleware import RESERVED_META
-from pyqueue.tasks.policy import Duration, TaskOptions
+from pyqueue.tasks.policy import Duration, SendOptionsDict, TaskOptions
 from pyqueue.worker import seconds_to_ms
 
+if sys.version_info >= (3, 11):
+    from typing import Unpack
+elif TYPE_CHECKING:
+    from typing_extensions import Unpack
 if TYPE_CHECKING:
     from pyqueue.tasks.app import Tasks
 
@@ -76,8 +81,11 @@ class Signature:
         self._bound = bound
 
     def job_id(self) -> str:
-        """The job id this call is sent under: ``unique``'s, or a random one (128 bits in
-        hex, as the engine draws them: :func:`pyqueue.core.new_id`)."""
+        """The job id this call is sent under: its ``job_id`` option's, else
+        ``unique``'s, else a random one (128 bits in hex, as the engine draws them:
+        :func:`pyqueue.core.new_id`)."""
+        if self.options.job_id is not None:
+            return self.options.job_id
         unique = self.options.unique
         if unique is None or unique is False:
             return new_id()
@@ -158,9 +166,11 @@ class Signature:
             group = self.call_by_name(group)
             if group is not None and not isinstance(group, str):
                 raise InvalidArgument(f"{self.task.name}: group must return the group as a str or None, got {group!r}")
-        # A job without `unique` lets the engine draw its id (pyqueue.core.new_id): a
-        # grouped one's must fall in its group's partition on a partitioned queue, and an
-        # id drawn there needs no checks.
+        # A job without `job_id` or `unique` lets the engine draw its id
+        # (pyqueue.core.new_id): a grouped one's must fall in its group's partition on a
+        # partitioned queue, and an id drawn there needs no checks.
+        if job_id is None:
+            job_id = self.options.job_id
         if job_id is None and self.options.unique is not None and self.options.unique is not False:
             job_id = self.job_id()
         return NewJob(payload, job_id=job_id, delay_ms=delay_ms, max_attempts=self.options.max_attempts,
@@ -285,10 +295,20 @@ class Task(_Sender[P, R]):
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.fn(*args, **kwargs)
 
-    def options(self, **overrides: Any) -> Options[P, R]:
+    def options(self, **overrides: Unpack[SendOptionsDict]) -> Options[P, R]:
         """This task with options changed for the sends made through the result:
         ``fn.options(time_limit=5, queue="slow").send(...)``. Same keywords as
-        ``@tasks.task``; durations in seconds or a timedelta."""
+        ``@tasks.task`` (:class:`~pyqueue.tasks.policy.TaskOptionsDict`), durations in
+        seconds or a timedelta, and ``job_id``: the sends' job id, in place of
+        ``unique``'s or a random one (``fn.options(job_id="order-42").send(...)``). A
+        send under an id whose job exists, or whose tombstone lasts (``keep_done_ms``
+        after its ack), adds nothing: its handle's ``added`` is false and it names that
+        job, as with ``unique``. A flow's steps take no ``job_id`` (a flow names them).
+
+        Raises:
+            InvalidArgument: an unknown option or a bad value (a ``job_id`` that is not
+                1..256 UTF-8 bytes without control characters).
+        """
         return Options(self, TaskOptions.build(self.policy, **overrides))
 
     def __repr__(self) -> str:
@@ -301,7 +321,8 @@ class Options(_Sender[P, R]):
     def __init__(self, task: Task[P, R], options: TaskOptions) -> None:
         self.task, self.opts = task, options
 
-    def options(self, **overrides: Any) -> Options[P, R]:
+    def options(self, **overrides: Unpack[SendOptionsDict]) -> Options[P, R]:
+        """These options with more changed (:meth:`Task.options`)."""
         return Options(self.task, TaskOptions.build(self.opts, **overrides))
 
 
@@ -362,9 +383,10 @@ class BatchTask(Task[[T], R]):
     def __call__(self, items: list[T]) -> Sequence[R | BaseException]:  # type: ignore[override]
         return self.batch_fn(items)
 
-    def options(self, **overrides: Any) -> BatchOptions[T, R]:
+    def options(self, **overrides: Unpack[SendOptionsDict]) -> BatchOptions[T, R]:
         """This task with options changed for the sends made through the result (the
-        keywords of ``@tasks.task``, but not ``batch``, which is the task's)."""
+        keywords of :meth:`Task.options`, ``job_id`` included; not ``batch``, which is
+        the task's)."""
         return BatchOptions(self, TaskOptions.build(self.policy, **overrides))
 
     def send_many(self, items: Iterable[T]) -> list[SentTask[R]]:  # type: ignore[override]
@@ -379,7 +401,8 @@ class BatchTask(Task[[T], R]):
 class BatchOptions(Options[[T], R]):
     """A batch task with per-send options (``fn.options(...)``)."""
 
-    def options(self, **overrides: Any) -> BatchOptions[T, R]:
+    def options(self, **overrides: Unpack[SendOptionsDict]) -> BatchOptions[T, R]:
+        """These options with more changed (:meth:`BatchTask.options`)."""
         return BatchOptions(self.task, TaskOptions.build(self.opts, **overrides))
 
     def send_many(self, items: Iterable[T]) -> list[SentTask[R]]:  # type: ignore[override]

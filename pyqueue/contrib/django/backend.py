@@ -411,7 +411,7 @@ class PyQueueBackend(_Base):  # type: ignore[misc]
         args, kwargs = _fw.normalize_json(list(args)), _fw.normalize_json(dict(kwargs))
         job_id = secrets.token_hex(16)
         sender = self.pyqueue().tasks[task.module_path].options(
-            queue=task.queue_name, priority=priority_level(task.priority), unique=lambda *_, **__: job_id,
+            queue=task.queue_name, priority=priority_level(task.priority), job_id=job_id,
         )
         result = _fw.TaskResult(
             task=task, id=job_id, status=_fw.TaskResultStatus.READY, enqueued_at=timezone.now(), started_at=None,
