@@ -36,13 +36,14 @@ and the client's round trips per job over a job's whole life, for
 * ``one_at_a_time``   Queue.enqueue per job + Queue.ack_and_lease per job (count=1);
 * ``batched_x8``      Queue.enqueue_many of 8 + Queue.lease_call(ack=8, count=8), what
                       a worker's group commit sends;
+* ``batched_x100``    the same with 100 jobs per call: the per-job floor of a lease call;
 * ``dramatiq_like``   the reference: the Redis commands dramatiq's broker sends per
                       message (a dispatch script call per enqueue, per fetch of 8 and
                       per ack; 10.25 commands, 2.125 round trips per message);
 * ``raw_list``        the bare list floor: LPUSH, LMOVE, LREM per item;
 * ``raw_evalsha_x2``  two EVALSHA of ``return 1`` per item (the floor of two scripts).
 
-They run interleaved in blocks of 80 jobs (shuffled order), ``--lifecycle-jobs`` each
+They run interleaved in blocks of 200 jobs (shuffled order), ``--lifecycle-jobs`` each
 per repetition. CPU is the growth of ``used_cpu_sys + used_cpu_user`` (INFO cpu) over
 each block; commands come from ``INFO commandstats`` differences (which count the
 commands scripts run inside Redis as well as the EVALSHA calls themselves); round trips
@@ -89,14 +90,18 @@ BLOCK = 100
 BOOKKEEPING_COMMANDS = frozenset({"config|resetstat", "info", "ping"})
 #: Jobs per call in the batched lifecycle: what a worker's group commit sends.
 GROUP = 8
-#: Jobs per interleaving block of the lifecycle measurements (a multiple of GROUP).
-LIFECYCLE_BLOCK = 80
+#: Jobs per call in the large batched lifecycle (a lease call's per-call work over 100 jobs).
+BIG_GROUP = 100
+#: Jobs per interleaving block of the lifecycle measurements (a multiple of GROUP and
+#: of BIG_GROUP).
+LIFECYCLE_BLOCK = 200
 #: The event stream bound of the events_* lifecycles (Queue.set_events).
 EVENTS_BOUND = 10_000
 #: name -> (Lifecycles method, description) of each lifecycle measured.
 LIFECYCLES: dict[str, tuple[str, str]] = {
     "one_at_a_time": ("one_at_a_time", "enqueue x1 + ack_and_lease x1 per call"),
     f"batched_x{GROUP}": ("batched", f"enqueue_many x{GROUP} + lease_call(ack={GROUP}, count={GROUP})"),
+    f"batched_x{BIG_GROUP}": ("batched_big", f"enqueue_many x{BIG_GROUP} + lease_call(ack={BIG_GROUP}, count={BIG_GROUP})"),
     "dramatiq_like": ("dramatiq_like", f"dramatiq's commands: enqueue, fetch (prefetch {GROUP}), ack scripts"),
     "raw_list": ("raw_list", "bare LPUSH + LMOVE + LREM per item"),
     "raw_evalsha_x2": ("raw_evalsha", "2 x EVALSHA 'return 1' per item (two-script floor)"),
@@ -365,6 +370,7 @@ class Lifecycles:
         self.queues = {
             "one": Queue(f"bench-tp-life-one-{tag}", self.client),
             "group": Queue(f"bench-tp-life-x{GROUP}-{tag}", self.client),
+            "big": Queue(f"bench-tp-life-x{BIG_GROUP}-{tag}", self.client),
         }
         #: name -> the block it runs; with a baseline, its pyqueue lifecycles run too.
         self.runs: dict[str, Callable[[int], None]] = {
@@ -420,15 +426,19 @@ class Lifecycles:
             else:
                 self.hand[which] = one.lease(LONG_LEASE_MS)
 
-    def batched(self, n: int, which: str = "group") -> None:
-        """Queue.enqueue_many of GROUP jobs, then Queue.lease_call(ack=the GROUP jobs in
-        hand, count=GROUP): what a worker's group commit sends."""
+    def batched_big(self, n: int) -> None:
+        """``batched`` with BIG_GROUP jobs per call."""
+        self.batched(n, "big", BIG_GROUP)
+
+    def batched(self, n: int, which: str = "group", size: int = GROUP) -> None:
+        """Queue.enqueue_many of ``size`` jobs, then Queue.lease_call(ack=the ``size``
+        jobs in hand, count=``size``): what a worker's group commit sends."""
         group = self.queues[which]
-        batch = [PAYLOAD] * GROUP
-        for _ in range(n // GROUP):
+        batch = [PAYLOAD] * size
+        for _ in range(n // size):
             group.enqueue_many(batch)
-        for _ in range(n // GROUP):
-            leased = group.lease_call(ack=self.hand[which], count=GROUP, lease_ms=LONG_LEASE_MS)
+        for _ in range(n // size):
+            leased = group.lease_call(ack=self.hand[which], count=size, lease_ms=LONG_LEASE_MS)
             self.done[which] += sum(outcome is Outcome.OK for outcome in leased.acks)
             self.hand[which] = leased.jobs
 
