@@ -77,6 +77,7 @@ from pyqueue.runtime.executor import (
 )
 from pyqueue.runtime.fetch import SERVER_TIMER_SLACK_MS, FetchLoop
 from pyqueue.runtime.flows import FlowChecks
+from pyqueue.runtime.handler import spec_of
 from pyqueue.verbs.flows import DEFAULT_FLOW_CHECK_MS
 from pyqueue.runtime.heartbeat import TICK_S, Heartbeat
 from pyqueue.runtime.lifecycle import (
@@ -255,9 +256,10 @@ class Worker(ExecutorHooks):
         self.grace_ms = check_int(grace_ms, "grace_ms", 0, 86_400_000)
         self.backoff_base_ms, self.backoff_cap_ms = backoff_base_ms, backoff_cap_ms
         self.check_handler(handler)
-        #: The task names this worker runs, advertised in its service registration: what
-        #: the handler says it serves (its ``task_names``; a task-layer dispatcher has them).
-        self.task_names: tuple[str, ...] = tuple(getattr(handler, "task_names", ()))
+        #: What the handler declares beyond being callable (pyqueue.runtime.handler).
+        self.handler_spec = spec_of(handler)
+        #: The task names this worker runs, advertised in its service registration.
+        self.task_names = self.handler_spec.task_names
         self.prefix = prefix
         self.redis = bytes_client(check_worker_client(redis) if redis is not None else default_client())
         # Renewals wait for the replicas too (see Services), on the worker's own server.
@@ -303,7 +305,7 @@ class Worker(ExecutorHooks):
             control=self.control, registration=self.registration, crash=self._crash, retrying=retrying,
             keep_results_ms=self.keep_results_ms, max_results=self.max_results,
             backoff_base_ms=self.backoff_base_ms, backoff_cap_ms=self.backoff_cap_ms,
-            on_ended=getattr(handler, "job_ended", None), reports_end=getattr(handler, "reports_end", None),
+            on_ended=self.handler_spec.job_ended, reports_end=self.handler_spec.reports_end,
         )
         self.executor = self.executor_class(
             # (With batch=, every queue is served in batches: the executor's one-job calls are never made.)

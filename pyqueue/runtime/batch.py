@@ -52,6 +52,7 @@ from pyqueue.queue import Queue
 from pyqueue.runtime.batch_endings import BatchEndings, BatchError
 from pyqueue.runtime.crash import Crasher
 from pyqueue.runtime.executor import PARTITION_STREAK, ThreadExecutor
+from pyqueue.runtime.handler import spec_of
 from pyqueue.runtime.lifecycle import Control
 from pyqueue.runtime.registration import Registration
 from pyqueue.runtime.retries import RETRY_ON
@@ -175,21 +176,24 @@ class BatchRunner:
 
         With ``batch``, every queue of the worker is served in batches of ``handler``
         (a :data:`BatchHandler`). Else a handler that serves some queues in batches says
-        so with a ``batch_queues`` attribute (queue name -> :class:`BatchSpec`) and a
-        ``run_batch`` method (the task layer's dispatcher); its other queues are served
-        one job per call.
+        so in its :class:`~pyqueue.runtime.handler.HandlerSpec` (``batch_queues``, queue
+        name -> :class:`BatchSpec`, and ``run_batch``: the task layer's dispatcher); its
+        other queues are served one job per call.
 
         Raises:
             InvalidArgument: a bad ``batch`` or ``batch_wait_ms``, ``batch_wait_ms``
                 without ``batch``, or ``batch`` for a handler that sets its own batches.
         """
-        served: Mapping[str, BatchSpec] | None = getattr(handler, "batch_queues", None)
+        declared = spec_of(handler)
+        served: Mapping[str, BatchSpec] | None = declared.batch_queues
         if batch is None:
             if batch_wait_ms is not None:
                 raise InvalidArgument("batch_wait_ms is the wait of a batch handler: give batch=N with it")
             if not served:
                 return None
-            batch_handler: Callable[[list[Job]], object] = getattr(handler, "run_batch")
+            if declared.run_batch is None:
+                raise InvalidArgument("a handler that declares batch_queues must declare run_batch too")
+            batch_handler: Callable[[list[Job]], object] = declared.run_batch
         else:
             if served is not None:
                 raise InvalidArgument(

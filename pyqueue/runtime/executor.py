@@ -34,6 +34,7 @@ from pyqueue.errors import InvalidArgument
 from pyqueue.models import Job, Outcome
 from pyqueue.runtime.crash import Crasher
 from pyqueue.runtime.endings import Endings
+from pyqueue.runtime.handler import spec_of
 from pyqueue.runtime.running import Running
 from pyqueue.slots import Slot, TimeLimitExceeded, enter_slot
 
@@ -234,10 +235,10 @@ def check_sync_handler(handler: object) -> None:
 
     Raises:
         InvalidArgument: not callable, a coroutine or async generator function, or a
-            handler that says it runs coroutines (``needs_event_loop``: the task
-            layer's dispatcher of ``async def`` tasks).
+            handler that declares it runs coroutines (its HandlerSpec's
+            ``needs_event_loop``: the task layer's dispatcher of ``async def`` tasks).
     """
-    if getattr(handler, "needs_event_loop", False) is True:
+    if spec_of(handler).needs_event_loop:
         raise InvalidArgument(
             f"handler {handler!r} runs async def tasks: this sync Worker has no event loop to run them on. Run it "
             "with pyqueue.aio_worker.AsyncWorker (Tasks.worker() and pyqueue worker pick that one by themselves)."

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from pyqueue.errors import InvalidArgument
 from pyqueue.models import Job, Result
+from pyqueue.runtime.handler import HandlerSpec
 from pyqueue.slots import LimitEnding, Slot, TimeLimitExceeded, current_slot
 from pyqueue.tasks import envelope
 from pyqueue.tasks.codec import to_json
@@ -332,6 +333,16 @@ class Dispatcher:
         finally:
             _current.reset(token)
         return None if opts.keep_result_ms is None else self.result(task, opts, value)
+
+    def handler_spec(self) -> HandlerSpec:
+        """What the worker reads of this dispatcher besides calling it
+        (:mod:`pyqueue.runtime.handler`): its task names, the end hook of flow steps, its
+        batch tasks' queues, and whether it needs an event loop."""
+        return HandlerSpec(
+            task_names=self.task_names, job_ended=self.job_ended, reports_end=self.reports_end,
+            needs_event_loop=self.needs_event_loop, batch_queues=self.batch_queues,
+            run_batch=self.run_batch,
+        )
 
     @staticmethod
     def reports_end(job: Job) -> bool:
