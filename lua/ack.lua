@@ -39,8 +39,8 @@ Returns  {status_1 .. status_r}: 'ok' (acked by this call), 'stale' (the job exi
          under another lease or in another state: this lease lost it), 'gone' (no such
          job: acked before, purged, never enqueued, or repeated in this call).
 Cost     plain case (one current receipt, no tombstone trim due): 10 commands
-Errors   PQ_BADARG (nothing written), WRONGTYPE (a key holds another Redis type;
-         nothing written).
+Errors   PQ_BADARG (nothing written), PQ_CORRUPT (a job's `meta` entry does not parse;
+         nothing written), WRONGTYPE (a key holds another Redis type; nothing written).
 Replay   a re-sent call finds its receipts gone and changes nothing; its answer is
          'gone' where the lost reply said 'ok'.
 Contract v4 (lua/README.md section 10): other counts of KEYS or ARGV than above answer

@@ -36,7 +36,8 @@ ARGV (4 + 2n)
 Returns  {status_1 .. status_n} as ack.lua: 'ok' (acked, result stored), 'stale' or
          'gone' (nothing written for it).
 Cost     plain case (one current receipt, no expired result): 17 commands
-Errors   PQ_BADARG, WRONGTYPE (nothing written).
+Errors   PQ_BADARG, PQ_CORRUPT (a job's `meta` entry does not parse), WRONGTYPE (nothing
+         written).
 Replay   a re-sent call finds its receipts gone and writes nothing more: one effect.
 Groups   as ack.lua: an acked job's group gets its slot back (section 2.1).
 Contract v4 (lua/README.md section 10): other counts of KEYS or ARGV than above answer

@@ -35,7 +35,8 @@ Returns  {state, counted}: state 'released' (by this call), 'waiting', or 'gone'
          waiting, or no longer existing); counted: how many reported jobs were removed.
 Cost     plain case: 13 commands (the last job it waits for ended: released);
          9 (one of two ended: still waiting)
-Errors   PQ_BADARG (nothing written), WRONGTYPE (nothing written).
+Errors   PQ_BADARG (nothing written), PQ_CORRUPT (a waiting job's record does not parse;
+         nothing written), WRONGTYPE (nothing written).
 Replay   a re-sent call finds its members removed: it counts 0 and releases nothing more.
 Contract v4 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
          PQ_CONTRACT, before anything is read or written.

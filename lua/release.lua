@@ -24,7 +24,8 @@ ARGV (1 + r)
 
 Returns  {status_1 .. status_r}: 'ok', 'stale' or 'gone' (as ack.lua).
 Cost     plain case (one current receipt): 10 commands
-Errors   PQ_BADARG (nothing written), WRONGTYPE (nothing written).
+Errors   PQ_BADARG (nothing written), PQ_CORRUPT (a job's `meta` entry does not parse;
+         nothing written), WRONGTYPE (nothing written).
 Replay   a re-sent call finds its receipts gone and changes nothing.
 Contract v4 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
          PQ_CONTRACT, before anything is read or written.
