@@ -290,9 +290,10 @@ WRONG_TYPE_CASES = [
 
 
 #: On a queue without groups or priorities (busy_queue), the fair-scheduling keys a variant
-#: reads: the meta of the jobs it ends or moves (one HMGET), and stats' counts.
+#: reads: the meta of the jobs it ends or moves (one HMGET), and stats' counts. An ack (and
+#: ack-and-lease) reads meta only when `counters` says the queue is fair (ack_settings).
 FAIR_READ = {
-    (variant, role) for variant in ("ack", "ack_result", "nack_to_scheduled", "nack_to_dead", "nack_final",
+    (variant, role) for variant in ("nack_to_scheduled", "nack_to_dead", "nack_final",
                                     "release", "promote", "dead_replay", "dead_purge") for role in ("meta",)
 } | {("stats", "gready"), ("stats", "ring")}
 #: On a fair queue (busy_queue(fair=True)), the fair-scheduling keys a variant does not

@@ -18,3 +18,18 @@ local function write_acked(K, F, receipts, ids, fair, metas, expired, now_ms, ke
   if fair then fair_finish(F, ids, metas, K.wake) end
   emit_acked(K.events, bound, receipts, ids, now_ms)
 end
+
+-- What an ack needs of the queue's settings, in one read of `counters`: the event
+-- stream's bound, and the meta of the acked jobs `ids` only when the queue is fair
+-- (`fair`: set by enqueue.lua for a job with a group or a priority, and by
+-- set_group_limit.lua; lease.lua decides so too). A plain queue reads no meta. Answers
+-- bound, metas, fair; or nil, nil, false and an error text.
+local function ack_settings(counters_key, events_key, F, ids)
+  local settings = redis.call('HMGET', counters_key, 'fair', 'events')
+  local bound, err = events_bound(counters_key, events_key, settings[2])
+  if err then return nil, nil, false, err end
+  if not settings[1] then return bound, NONE, false end
+  local metas, fair
+  metas, err, fair = fair_meta(F, ids)
+  return bound, metas, fair, err
+end
