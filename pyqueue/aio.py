@@ -58,7 +58,7 @@ from pyqueue.core import (
     merge_enqueues,
     split_enqueue_reply,
 )
-from pyqueue.errors import InvalidArgument, OutcomeUnknown, map_redis_error
+from pyqueue.errors import InvalidArgument, OutcomeUnknown, ScriptNotLoaded, map_redis_error
 from pyqueue.models import Peeked
 from pyqueue.partitioned import PartitionedCore
 from pyqueue.queue import QueueCore, plan_peek_many
@@ -229,38 +229,38 @@ class AsyncScripts(ScriptTable):
         return batcher
 
     async def run(self, name: str, keys: Keys, args: Sequence[Arg]) -> Any:
-        """Run script ``name`` once (EVALSHA, reloaded on NOSCRIPT); raw reply, redis-py
-        errors."""
+        """Run script ``name`` once (EVALSHA); raw reply, redis-py errors. A call
+        answered NOSCRIPT loads the script and is sent again, as the blocking driver's
+        (:meth:`pyqueue.scripts.Scripts.run`), up to NOSCRIPT_RELOADS loads: past that
+        it raises :class:`~pyqueue.errors.ScriptNotLoaded`."""
         script, key_list = self._scripts[name], self.key_list(name, keys)
+        client: Any = self.client
         weather = Weather(self.weather_budget_s if self.cluster else 0.0)
-        noscript: Weather | None = None
+        reloads, load = 0, False
         while True:
             try:
+                if load:  # its exact source, on every primary of a cluster
+                    self.check_loaded(name, script, await client.script_load(script.script))
+                    load = False
                 if self.waits(name):
                     return await self._run_and_wait(script, key_list, args)
-                return await script(keys=key_list, args=args)
+                return await client.evalsha(script.sha, len(key_list), *key_list, *args)
             except CLUSTER_WEATHER:
                 await asyncio.sleep(weather.pause())
-            except redis.exceptions.NoScriptError:  # flushed again: see scripts.NOSCRIPT_BUDGET_S
-                noscript = noscript or self.noscript_weather()
-                await asyncio.sleep(noscript.pause())
+            except redis.exceptions.NoScriptError as exc:
+                # Load it and send the same call again, up to the bound. Safe: NOSCRIPT
+                # means the script did not run, and every script is replay-safe anyway.
+                reloads, load = self.count_reload(name, reloads, exc), True
 
     async def _run_and_wait(self, script: AsyncScript, key_list: list[str], args: Sequence[Arg]) -> Any:
         """EVALSHA then WAIT, pipelined on one connection (one server only, see
-        ``__init__``): one round trip, and a second only after NOSCRIPT (a restarted or
-        flushed server), once the script is loaded."""
+        ``__init__``): one round trip. A NOSCRIPT answer is raised (NoScriptError) for
+        :meth:`run` to load the script and send again."""
         client: Any = self.client
-
-        async def send() -> list[Any]:
-            pipe = client.pipeline(transaction=False)
-            pipe.evalsha(script.sha, len(key_list), *key_list, *args)
-            pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
-            return list(await pipe.execute(raise_on_error=False))
-
-        reply, replicas = await send()
-        if isinstance(reply, redis.exceptions.NoScriptError):
-            await client.script_load(script.script)
-            reply, replicas = await send()
+        pipe = client.pipeline(transaction=False)
+        pipe.evalsha(script.sha, len(key_list), *key_list, *args)
+        pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
+        reply, replicas = list(await pipe.execute(raise_on_error=False))
         return self.replicated(reply, replicas)
 
     async def call(self, step: ScriptCall) -> Any:
@@ -286,7 +286,7 @@ class AsyncScripts(ScriptTable):
             if self.resend(reply):
                 try:
                     out[i] = await self.run(name, *calls[i])
-                except redis.exceptions.RedisError as exc:
+                except (redis.exceptions.RedisError, ScriptNotLoaded) as exc:
                     out[i] = exc
         return out
 

@@ -22,8 +22,11 @@
         │                            so sending the same call again is safe); also a
         │                            cluster that stayed in motion (TRYAGAIN,
         │                            CLUSTERDOWN) past the driver's retry budget
-        └── NotReplicated            the call ran on the primary, but fewer replicas than
-                                     ``wait_replicas`` confirmed it in time
+        ├── NotReplicated            the call ran on the primary, but fewer replicas than
+        │                            ``wait_replicas`` confirmed it in time
+        └── ScriptNotLoaded          the server answered NOSCRIPT after each of the
+                                     driver's reloads of the script (NOSCRIPT_RELOADS):
+                                     the script never ran, nothing was written
 
 Scripts report errors as ``redis.error_reply("PQ_CODE detail")``; :data:`CODES` is the
 table of those codes, and :func:`map_redis_error` turns a redis-py exception into the
@@ -144,6 +147,26 @@ class NotReplicated(OutcomeUnknown):
         super().__init__(message)
         self.replicas = replicas
         self.reply = reply
+
+
+class ScriptNotLoaded(OutcomeUnknown):
+    """The server answered ``NOSCRIPT`` to a script call again and again: the driver
+    loaded the script (``SCRIPT LOAD`` of its exact source) and sent the call again
+    :data:`pyqueue.scripts.NOSCRIPT_RELOADS` times, and every time the script was gone
+    again. Something empties the server's script cache between the load and the call
+    (``SCRIPT FLUSH`` in a loop, a storm of failovers or restarts), or the load and the
+    call reach different servers (a proxy that routes them apart). ``script`` names the
+    script (``lua/<script>.lua``), ``reloads`` counts the loads.
+
+    NOSCRIPT means the script did not run: unlike its base class, nothing was written.
+    It is an :class:`OutcomeUnknown` so that whatever sends a lost call again sends this
+    one again too: the same call later has the effect of one call (a worker waits it
+    out with backoff, as a lost connection, and logs each retry)."""
+
+    def __init__(self, message: str, script: str = "", reloads: int = 0) -> None:
+        super().__init__(message)
+        self.script = script
+        self.reloads = reloads
 
 
 #: Error codes a script may return, the class each maps to, and what it means.

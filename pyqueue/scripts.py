@@ -2,9 +2,12 @@
 
 The script ABI itself, one builder per ``lua/*.lua`` with keys and arguments in the
 order its header lists them, is in :mod:`pyqueue.core`. :class:`Scripts` registers every script on one redis-py client with
-``register_script``, whose ``Script`` objects run ``EVALSHA`` and reload the source on
-``NOSCRIPT`` (after a restart, failover or ``SCRIPT FLUSH``), also inside pipelines.
-Replies are returned raw (lists of bytes and ints); the plans parse them.
+``register_script`` (its SHA1 and exact source) and calls it with ``EVALSHA``. A call
+answered ``NOSCRIPT`` (the server lost its script cache: a restart, a failover,
+``SCRIPT FLUSH``) loads the script (``SCRIPT LOAD`` of its exact source) and is sent
+again, for as long as the answer is NOSCRIPT, up to :data:`NOSCRIPT_RELOADS` loads; past
+that it raises :class:`~pyqueue.errors.ScriptNotLoaded`, naming the script. Replies are
+returned raw (lists of bytes and ints); the plans parse them.
 :meth:`Scripts.execute` raises pyqueue errors (mapped); :meth:`Scripts.run` and
 :meth:`Scripts.call` raise redis-py's own (tests and tools).
 
@@ -45,7 +48,7 @@ from pyqueue.core import (
     merge_enqueues,
     split_enqueue_reply,
 )
-from pyqueue.errors import ContractMismatch, NotReplicated, map_redis_error
+from pyqueue.errors import ContractMismatch, NotReplicated, ScriptError, ScriptNotLoaded, map_redis_error
 
 
 #: The version of the scripts' contract (the KEYS and ARGV of every script, lua/README.md
@@ -174,11 +177,13 @@ READ_ONLY = frozenset({"stats", "peek", "dead_list", "get", "result", "flow_show
 
 #: How long a cluster call keeps retrying weather before it raises.
 DEFAULT_WEATHER_BUDGET_S = 30.0
-#: How long a call keeps re-sending while the server answers NOSCRIPT although the
-#: script was just loaded (SCRIPT FLUSH again and again, a failover storm): redis-py
-#: loads and re-sends once; every further NOSCRIPT is paused, reloaded and re-sent here,
-#: within this budget, on one server as on a cluster. Replay-safe, as every script is.
-NOSCRIPT_BUDGET_S = 30.0
+#: How many times one call answered NOSCRIPT loads its script (``SCRIPT LOAD`` of its
+#: exact source) and is sent again before it raises ScriptNotLoaded: the first load
+#: follows a restart, failover or SCRIPT FLUSH; each further one a cache emptied again
+#: between the load and the call (SCRIPT FLUSH in a loop, a failover storm). Both
+#: drivers, every path (a call, a call followed by WAIT, a pipelined call sent again
+#: alone), one server or a cluster.
+NOSCRIPT_RELOADS = 5
 _WEATHER_BACKOFF_CAP_S = 1.0
 
 
@@ -280,10 +285,40 @@ class ScriptTable:
         return reply
 
     @staticmethod
-    def noscript_weather() -> Weather:
-        """The pauses of a call answered NOSCRIPT again after redis-py's own reload,
-        within NOSCRIPT_BUDGET_S (both drivers' ``run``)."""
-        return Weather(NOSCRIPT_BUDGET_S)
+    def count_reload(name: str, reloads: int, noscript: Exception) -> int:
+        """Called as a call of script ``name`` is answered NOSCRIPT after ``reloads``
+        loads of it (both drivers' ``run``): the number of the load to make now, or,
+        past :data:`NOSCRIPT_RELOADS`, :class:`ScriptNotLoaded` raised.
+
+        Loading and sending again is safe: NOSCRIPT means the script did not run (the
+        server found no script by that SHA1, so nothing was read or written), and every
+        script is replay-safe anyway for the case where an earlier send did run."""
+        if reloads >= NOSCRIPT_RELOADS:
+            raise ScriptNotLoaded(
+                f"script {name!r} (lua/{name}.lua): the server answered NOSCRIPT after each of {reloads} loads of "
+                "it (SCRIPT LOAD, then the call again): something empties its script cache between the load and "
+                "the call (SCRIPT FLUSH, failovers), or they reach different servers (a proxy). The script did "
+                "not run: nothing was written, and the same call can be sent again",
+                name,
+                reloads,
+            ) from noscript
+        return reloads + 1
+
+    @staticmethod
+    def check_loaded(name: str, script: Any, answer: Any) -> None:
+        """Check the SHA1 that ``SCRIPT LOAD`` answered for script ``name``: another than
+        the one computed from its file means its bytes were changed on the way
+        (lua/README.md section 1.1), and the call would never find it.
+
+        Raises:
+            ScriptError: the SHA1s differ.
+        """
+        loaded = answer.decode() if isinstance(answer, bytes) else str(answer)
+        if loaded != script.sha:
+            raise ScriptError(
+                f"script {name!r}: SCRIPT LOAD answered SHA1 {loaded}, not {script.sha}, the SHA1 of "
+                f"lua/{name}.lua: its bytes were changed on the way"
+            )
 
     def resend(self, reply: Any) -> bool:
         """Whether a pipelined call's reply asks for the call to be sent again alone: a
@@ -328,38 +363,49 @@ class Scripts(ScriptTable):
             return batcher
 
     def run(self, name: str, keys: Keys, args: Sequence[Arg], client: Any = None) -> Any:
-        """Run script `name` with the keys its header lists and raw ARGV (tests, tools)."""
+        """Run script `name` with the keys its header lists and raw ARGV (tests, tools).
+
+        ``client``: a pipeline to queue the call on instead (redis-py's ``Script``,
+        which makes sure the script is loaded before the pipeline runs).
+
+        Raises:
+            ScriptNotLoaded: answered NOSCRIPT after every one of NOSCRIPT_RELOADS
+                loads (see :meth:`ScriptTable.count_reload`).
+        """
         script, key_list = self._scripts[name], self.key_list(name, keys)
         if client is not None:
             return script(keys=key_list, args=args, client=client)
         waits = self.waits(name)
         weather = Weather(self.weather_budget_s if self.cluster else 0.0)
-        noscript: Weather | None = None
+        reloads, load = 0, False
         while True:
             try:
-                return self._run_and_wait(script, key_list, args) if waits else script(keys=key_list, args=args)
+                if load:
+                    # The exact source, on every primary of a cluster (redis-py sends
+                    # SCRIPT LOAD to all of them): its SHA1 is the one sent.
+                    self.check_loaded(name, script, self.client.script_load(script.script))
+                    load = False
+                if waits:
+                    return self._run_and_wait(script, key_list, args)
+                return self.client.evalsha(script.sha, len(key_list), *key_list, *args)
             except CLUSTER_WEATHER:
                 time.sleep(weather.pause())
-            except redis.exceptions.NoScriptError:
-                # Flushed again after redis-py's own reload: pause, then the next call
-                # reloads it (Script.__call__) and sends it again.
-                noscript = noscript or self.noscript_weather()
-                time.sleep(noscript.pause())
+            except redis.exceptions.NoScriptError as exc:
+                # Load it and send the same call again, as long as the answer is NOSCRIPT,
+                # up to the bound. Safe: NOSCRIPT means the script did not run (nothing
+                # was read or written), and every script is replay-safe anyway.
+                reloads, load = self.count_reload(name, reloads, exc), True
 
     def _run_and_wait(self, script: Script, key_list: list[str], args: Sequence[Arg]) -> Any:
         """EVALSHA then WAIT, pipelined on one connection of the keys' server (WAIT
-        counts the replicas that have this connection's writes)."""
+        counts the replicas that have this connection's writes). A NOSCRIPT answer is
+        raised (NoScriptError) for :meth:`run` to load the script and send again."""
         node = node_for_key(self.client, key_list[0])
-        for attempt in range(2):
-            pipe = node.pipeline(transaction=False)
-            pipe.evalsha(script.sha, len(key_list), *key_list, *args)
-            pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)  # type: ignore[no-untyped-call]
-            reply, replicas = pipe.execute(raise_on_error=False)
-            if isinstance(reply, redis.exceptions.NoScriptError) and attempt == 0:
-                node.script_load(script.script)
-                continue
-            return self.replicated(reply, replicas)
-        raise AssertionError("unreachable")
+        pipe = node.pipeline(transaction=False)
+        pipe.evalsha(script.sha, len(key_list), *key_list, *args)
+        pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)  # type: ignore[no-untyped-call]
+        reply, replicas = pipe.execute(raise_on_error=False)
+        return self.replicated(reply, replicas)
 
     def run_pipelined(self, name: str, calls: Sequence[tuple[Keys, Sequence[Arg]]]) -> list[Any]:
         """Run script ``name`` once per (keys, ARGV) in ``calls``, in one round trip per
@@ -369,10 +415,11 @@ class Scripts(ScriptTable):
         ``Script`` (a second round trip), and its cluster pipelines refuse ``EVALSHA``;
         so this sends plain ``EVALSHA`` on a pipeline of each primary, for the calls
         whose keys it holds. A call answered ``NOSCRIPT`` (a restarted or flushed
-        server) is sent again after loading the script there; one answered with a
-        redirection or a cluster error (a slot moved meanwhile) is sent again alone
-        through :meth:`run`, which follows redirects and waits out weather. Use it for
-        read-only or replay-safe scripts only: a call can be sent twice.
+        server), or with a redirection or a cluster error (a slot moved meanwhile), is
+        sent again alone through :meth:`run`, which loads the script (up to
+        NOSCRIPT_RELOADS times: past that its reply is a ScriptNotLoaded), follows
+        redirects and waits out weather. Use it for read-only or replay-safe scripts
+        only: a call can be sent twice.
         """
         script = self._scripts[name]
         key_lists = [self.key_list(name, keys) for keys, _ in calls]
@@ -399,7 +446,7 @@ class Scripts(ScriptTable):
             if self.resend(reply):
                 try:
                     replies[i] = self.run(name, calls[i][0], calls[i][1])
-                except redis.exceptions.RedisError as exc:
+                except (redis.exceptions.RedisError, ScriptNotLoaded) as exc:
                     replies[i] = exc
         return replies
 

@@ -465,9 +465,12 @@ def test_the_error_texts_lua_readme_quotes_are_the_ones_checked_here() -> None:
 @pytest.mark.parametrize("quoted", sorted(SCRIPT_ERRORS))
 def test_each_quoted_error_text_is_what_a_call_gets(r: Any, backend: str, quoted: str) -> None:
     where, only, provoke = SCRIPT_ERRORS[quoted]
-    if only is not None and backend != only:
-        pytest.skip(f"Redis's own text: checked on the {only} server")
     for got in provoke(r):
+        if only is not None and backend != only:
+            # Redis's own text, which only the real server words exactly so: elsewhere
+            # the error's kind (its first word) must still be the one quoted.
+            assert got.split(" ", 1)[0] == quoted.split(" ", 1)[0], f"{where}: {quoted!r}, got {got!r}"
+            continue
         assert pattern(quoted).fullmatch(got), f"lua/README.md ({where}) quotes {quoted!r}; the call got {got!r}"
 
 
