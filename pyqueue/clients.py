@@ -67,6 +67,7 @@ import os
 import re
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Union
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -229,6 +230,42 @@ def redact_url(url: str) -> str:
     return re.sub(r"([?&](?:sentinel_|ssl_)?password=)[^&#]*", r"\1***", url)
 
 
+#: The URL each client :func:`connect` made was made from, passwords hidden
+#: (:func:`client_url`).
+_client_urls: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+def client_url(client: Any) -> str:
+    """The server (or cluster) ``client`` talks to, as a URL fit for a log line: the
+    one :func:`connect` made it from with its passwords hidden (:func:`redact_url`), else
+    one built from the client's settings, never with a password (``:***@`` where one is
+    set); ``embedded`` for the in-process fakeredis."""
+    try:
+        known = _client_urls.get(client)
+    except TypeError:  # not weakly referenceable: not one connect() made
+        known = None
+    if known is not None:
+        return known
+    manager = getattr(client, "nodes_manager", None)  # a cluster client, sync or asyncio
+    if manager is not None:
+        return "redis+cluster://" + ",".join(sorted(manager.startup_nodes))
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", {})
+    if "server" in kwargs or type(client).__module__.startswith("fakeredis"):
+        return "embedded"
+    user = kwargs.get("username") or ""
+    userinfo = f"{user}:***@" if kwargs.get("password") else (f"{user}@" if user else "")
+    db = kwargs.get("db") or 0
+    service = getattr(pool, "service_name", None)  # a Sentinel pool: the service it follows
+    if service is not None:
+        return f"redis+sentinel://{userinfo}<sentinels>/{service}" + (f"?db={db}" if db else "")
+    if kwargs.get("path"):
+        return f"unix://{userinfo}{kwargs['path']}" + (f"?db={db}" if db else "")
+    connection_class = getattr(pool, "connection_class", None)
+    scheme = "rediss" if connection_class is not None and issubclass(connection_class, redis_lib.SSLConnection) else "redis"
+    return f"{scheme}://{userinfo}{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{db}"
+
+
 def connect(
     url: str,
     *,
@@ -262,6 +299,7 @@ def connect(
     """
     if url in ("embedded", "fakeredis://"):
         return embedded_redis()
+    given = url
     url, cluster, settings = client_settings(
         url,
         retries=retries,
@@ -270,16 +308,19 @@ def connect(
         cluster=cluster,
     )
     try:
+        client: Client
         if is_sentinel_url(url):
-            client: Client = sentinel_master(parse_sentinel_url(url), {**settings, **ONE_SERVER_SETTINGS})
-            return client
-        if cluster:
-            return RedisCluster.from_url(url, **settings)
-        return redis_lib.Redis.from_url(url, **settings, **ONE_SERVER_SETTINGS)
+            client = sentinel_master(parse_sentinel_url(url), {**settings, **ONE_SERVER_SETTINGS})
+        elif cluster:
+            client = RedisCluster.from_url(url, **settings)
+        else:
+            client = redis_lib.Redis.from_url(url, **settings, **ONE_SERVER_SETTINGS)
     except InvalidArgument:
         raise
     except ValueError as exc:  # redis-py's word on a URL it cannot read
         raise unreadable_url(url, exc) from exc
+    _client_urls[client] = redact_url(given)
+    return client
 
 
 def unreadable_url(url: str, exc: ValueError) -> InvalidArgument:

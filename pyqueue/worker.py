@@ -49,7 +49,7 @@ from typing import cast
 
 import redis as redis_lib
 
-from pyqueue.clients import Client, bytes_client, check_server, default_client
+from pyqueue.clients import Client, bytes_client, check_server, client_url, default_client
 from pyqueue.commit import CommitLoop
 from pyqueue.core import DEFAULT_MAX_RESULTS
 from pyqueue.errors import InvalidArgument
@@ -401,8 +401,10 @@ class Worker(ExecutorHooks):
         previous = control.install_signal_handlers(install_signal_handlers)
         try:
             # (This module's AUTH_GRACE_S, read at each run: a test shortens it here.)
-            control.start_up(self._check_partitions, "start-up check", AUTH_GRACE_S)
-            service = control.start_up(self.registration.register, "registration", AUTH_GRACE_S)
+            control.start_up(self._check_partitions, "start-up check", AUTH_GRACE_S, server=client_url(self.redis))
+            service = control.start_up(
+                self.registration.register, "registration", AUTH_GRACE_S, server=client_url(self.services.redis)
+            )
         except BaseException as exc:
             control.restore_signal_handlers(previous)
             if isinstance(exc, StoppedDuringStartUp):

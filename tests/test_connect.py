@@ -10,10 +10,11 @@ from collections.abc import Iterator
 
 import fakeredis
 import pytest
+import redis
 
-from pyqueue import InvalidArgument, Queue
+from pyqueue import InvalidArgument, Queue, connect
 from pyqueue.aio import AsyncQueue
-from pyqueue.clients import embedded_redis, embedded_server, redact_url, reset_default_clients
+from pyqueue.clients import client_url, embedded_redis, embedded_server, redact_url, reset_default_clients
 from pyqueue.partitioned import PartitionedQueue
 
 from conftest import RedisServer, free_ports
@@ -128,6 +129,19 @@ def test_redact_url_hides_only_passwords() -> None:
     assert redact_url("unix://:pw@/tmp/r.sock") == "unix://:***@/tmp/r.sock"
     for plain in ("redis://h:6379/0", "unix:///tmp/r.sock", "redis://user@h"):
         assert redact_url(plain) == plain
+
+
+def test_client_url_names_a_clients_server_without_its_password() -> None:
+    """What a worker's warnings call its server (pyqueue.clients.client_url)."""
+    made = connect("unix://:s3cret@/tmp/nowhere.sock?db=2")  # no connection is opened yet
+    assert client_url(made) == "unix://:***@/tmp/nowhere.sock?db=2"  # the URL it was made from
+    assert client_url(connect("redis://u:s3cret@10.0.0.1:7000/1", cluster=False)) == "redis://u:***@10.0.0.1:7000/1"
+    # A client made without connect(): built from its settings, never with the password.
+    assert client_url(redis.Redis(host="10.0.0.1", port=7000, db=3, password="s3cret")) == "redis://:***@10.0.0.1:7000/3"
+    assert client_url(redis.Redis(host="h", username="worker")) == "redis://worker@h:6379/0"
+    assert client_url(redis.Redis(unix_socket_path="/tmp/r.sock")) == "unix:///tmp/r.sock"
+    assert client_url(redis.Redis(host="h", ssl=True)) == "rediss://h:6379/0"
+    assert client_url(embedded_redis()) == "embedded"
 
 
 def test_the_async_driver_honours_pyqueue_url_too(server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,6 +1,7 @@
 """The rows of README's exit-code table that the other tests do not reach (issue #19):
 bad URLs and refused credentials exit 2 with one line and no traceback, a starting
-worker gives up on refused credentials after AUTH_GRACE_S instead of retrying for ever,
+worker gives up on refused credentials after AUTH_GRACE_S instead of retrying for ever
+(and warns at the first refusal, once, naming the URL without its password: issue #36),
 and SIGTERM or SIGINT while a worker is still starting (Redis unreachable) exits 0 at
 once. The rows already tested elsewhere: 0 and 1 (tests/test_worker.py, signals), 75
 (test_worker.py, a lost registration), 78 (test_worker.py, an async handler), and 2 for
@@ -9,11 +10,13 @@ On a real redis-server that requires a password."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +24,7 @@ from pathlib import Path
 import pytest
 from conftest import RedisServer, free_ports, require_redis_server
 
-from pyqueue import AuthenticationFailed, OutcomeUnknown, Queue
+from pyqueue import AuthenticationFailed, OutcomeUnknown, Queue, Worker, connect
 from pyqueue import worker as worker_module
 from pyqueue.cli import main
 
@@ -90,6 +93,62 @@ def test_a_starting_worker_gives_up_on_refused_credentials_after_the_grace_perio
     assert code == 2
     assert 0.5 <= time.monotonic() - started < 10  # waited out the grace period, then gave up
     assert main(["--url", url(locked, PASSWORD), "stats"]) == 0  # the right password works
+
+
+class Records(logging.Handler):
+    """The records of logger "pyqueue"; ``warned`` is set at the first WARNING."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+        self.warned = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+        if record.levelno >= logging.WARNING:
+            self.warned.set()
+
+    def count(self, level: int) -> int:
+        return sum(1 for rec in self.records if rec.levelno == level)
+
+
+def test_a_worker_refused_its_credentials_warns_once_at_the_first_failure_naming_the_url_without_the_password(
+    locked: RedisServer,
+) -> None:
+    secret = "not-the-s3cret"
+    records, logger = Records(), logging.getLogger("pyqueue")
+    # The retries are INFO lines of "pyqueue.worker" (whose level an earlier test may
+    # have set: `pyqueue demo` quiets it in its process).
+    levels = {name: logging.getLogger(name).level for name in ("pyqueue", "pyqueue.worker")}
+    for name in levels:
+        logging.getLogger(name).setLevel(logging.INFO)
+    logger.addHandler(records)
+    codes: list[int] = []
+    try:
+        worker = Worker(["q"], lambda job: None, redis=connect(url(locked, secret)))
+        started = time.monotonic()
+        runner = threading.Thread(target=lambda: codes.append(worker.run(install_signal_handlers=False)))
+        runner.start()
+        try:
+            assert records.warned.wait(30), "no warning at all"
+            assert time.monotonic() - started < 2.0  # at the first failure, not seconds later
+            deadline = time.monotonic() + 30
+            while records.count(logging.INFO) < 2:  # two retries after it, still refused
+                assert time.monotonic() < deadline and runner.is_alive(), "the worker did not retry"
+                time.sleep(0.01)
+        finally:
+            worker.stop()
+            runner.join(30)
+    finally:
+        logger.removeHandler(records)
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+    assert codes == [0]  # stopped while it retried: a requested stop
+    (warning,) = [rec for rec in records.records if rec.levelno >= logging.WARNING]  # once, not per retry
+    said = warning.getMessage()
+    assert said.startswith(f"Redis at unix://:***@{locked.socket} refused this worker's credentials"), said
+    assert "retrying for 10s" in said
+    assert not any(secret in rec.getMessage() for rec in records.records)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])

@@ -74,6 +74,8 @@ class Control:
         #: What run() returns: EXIT_OK unless the stop was caused by a failure.
         self.exit_code = EXIT_OK
         self._signals = 0
+        #: Whether refused credentials were reported (a warning, once per worker).
+        self._auth_warned = False
 
     def stop(self, reason: str = "stop requested", exit_code: int = EXIT_OK) -> None:
         """Ask the worker to stop gracefully (thread-safe, idempotent). The first stop's
@@ -114,20 +116,28 @@ class Control:
         for signum, old_handler in previous.items():
             signal.signal(signum, old_handler)
 
-    def start_up(self, call: Callable[[], T], what: str, auth_grace_s: float = AUTH_GRACE_S) -> T:
+    def start_up(
+        self, call: Callable[[], T], what: str, auth_grace_s: float = AUTH_GRACE_S, *, server: str = "Redis"
+    ) -> T:
         """``call()`` (replay-safe) until it answers, as the worker starts. It waits out,
         with backoff, what a running worker waits out (the connection, a cluster in
         motion, a server at its memory limit), and refused credentials for
         ``auth_grace_s`` (a password being rotated) before raising
         :class:`AuthenticationFailed`. A stop (SIGTERM, SIGINT, :meth:`stop`) ends it at
         once, also in the middle of a wait: it raises :class:`StoppedDuringStartUp`, and
-        ``Worker.run`` returns the stop's exit code."""
+        ``Worker.run`` returns the stop's exit code.
+
+        The first refusal of the credentials is logged as a WARNING naming ``server``
+        (the URL without its password, :func:`pyqueue.clients.client_url`) and how long
+        the worker keeps trying: once per worker, at the first failure, so a wrong
+        password is visible at once; the retries after it are logged at INFO."""
         delay, refused_since = 0.1, None
         while not self.stopping.is_set():
             try:
                 return call()
             except RETRY_ON as exc:
-                if isinstance(exc, AuthenticationFailed):
+                refused = isinstance(exc, AuthenticationFailed)
+                if refused:
                     refused_since = refused_since if refused_since is not None else time.monotonic()
                     if time.monotonic() - refused_since >= auth_grace_s:
                         raise
@@ -137,7 +147,16 @@ class Control:
                     self.stop("its supervisor is gone (while starting)")
                 if self.stopping.is_set():
                     break
-                log.warning("%s failed (%s); retrying in %.1fs", what, exc, delay)
+                if refused and not self._auth_warned:
+                    self._auth_warned = True
+                    log.warning(
+                        "Redis at %s refused this worker's credentials at its %s (%s): retrying for %gs in case the "
+                        "password is being rotated, then giving up", server, what, exc, auth_grace_s,
+                    )
+                elif refused:
+                    log.info("%s: the credentials are still refused; retrying in %.1fs", what, delay)
+                else:
+                    log.warning("%s failed (%s); retrying in %.1fs", what, exc, delay)
                 self.stopping.wait(delay)
                 delay = min(delay * 2, MAX_BACKOFF_S)
         raise StoppedDuringStartUp
