@@ -22,12 +22,12 @@ from typing import Any
 import redis
 
 from pyqueue.errors import InvalidArgument, PyQueueError, map_redis_error
-from pyqueue.models import Job
+from pyqueue.models import Job, JobInfo
 from pyqueue.verbs.events import Event, Since
 from pyqueue.clients import Client, connect
 from pyqueue.discovery import logical_queues, open_queue
 from pyqueue.keys import check_name
-from pyqueue.queue import DEFAULT_KEEP_DONE_MS, DEFAULT_LEASE_MS
+from pyqueue.queue import DEFAULT_KEEP_DONE_MS, DEFAULT_LEASE_MS, Queue, physical_queue
 from pyqueue.verbs.flows import DEFAULT_FLOW_CHECK_MS
 from pyqueue.runtime.supervised import ENV_VAR, SupervisorLink
 from pyqueue.runtime.supervisor import DEFAULT_CRASH_LOOP, EXIT_CRASH_LOOP, FAST_DEATH_S, Supervisor
@@ -446,13 +446,50 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0 if result.cancelled else 1
 
 
+#: How many of a queue's newest events ``pyqueue job`` reads (one XREVRANGE) to tell a
+#: cancelled job from an acked one, which leave the same tombstone.
+JOB_EVENTS_READ = 1000
+
+
+def how_it_ended(queue: Queue, info: JobInfo) -> tuple[str, str]:
+    """The state ``pyqueue job`` shows for a job ``get`` finds ended ('done') or
+    forgotten ('unknown'), and how it ended, in words ('' if unknown).
+
+    The engine records the end of a job that is gone in two places only: a kept
+    result (``ack_result``; cancel keeps none), and the queue's event stream when the
+    queue keeps one ('acked' or 'cancelled'). Its tombstone in ``done`` is the same for
+    an ack and a cancel. So: a kept result says acked; else the newest
+    :data:`JOB_EVENTS_READ` events are searched for the job's end; else it stays 'done',
+    and the words say that it may have been cancelled."""
+    if queue.result(info.id).state == "ok":
+        return "done", "acked; its result is kept"
+    if info.state != "done":
+        return info.state, ""
+    for event in reversed(queue.recent_events(JOB_EVENTS_READ).events):
+        if event.job_id == info.id and event.type == "cancelled":
+            return "cancelled", f"cancelled while {event.fields.get('state', 'in an unknown state')} (its event #{event.seq})"
+        if event.job_id == info.id and event.type == "acked":
+            return "done", f"acked (its event #{event.seq})"
+    return "done", "acked, or cancelled: both leave the same tombstone (the queue's events, when it keeps them, tell)"
+
+
 def cmd_job(args: argparse.Namespace) -> int:
-    """One job's state and what is known of it (Queue.get); exit 1 if it is unknown."""
-    queue = open_queue(connect(args.url), args.queue, args.prefix)
+    """One job's state and what is known of it (Queue.get); exit 1 if it is unknown.
+    Attempts count from 1 (a running first attempt is 1/N); a job that ended says how,
+    where the engine recorded it (:func:`how_it_ended`)."""
+    client = connect(args.url)
+    queue = open_queue(client, args.queue, args.prefix)
     info = queue.get(args.id, with_payload=args.payload)
-    rows: list[list[object]] = [["queue", info.queue], ["id", info.id], ["state", info.state]]
+    state, ended = info.state, ""
+    if not info.exists:
+        # info.queue: the partition that holds the id, for a partitioned queue
+        state, ended = how_it_ended(physical_queue(info.queue, client, prefix=args.prefix), info)
+    rows: list[list[object]] = [["queue", info.queue], ["id", info.id], ["state", state]]
     if info.exists:
-        rows += [["attempts", f"{info.attempts}/{info.max_attempts}"], ["payload", f"{info.payload_bytes} bytes"]]
+        attempts = f"{info.attempts_made}/{info.max_attempts}"
+        if info.state == "leased":
+            attempts += f" (attempt {info.attempts_made} running)"
+        rows += [["attempts", attempts], ["payload", f"{info.payload_bytes} bytes"]]
         by_state: dict[str, list[list[object]]] = {
             "scheduled": [["due in", _ms(info.due_ms - info.now_ms)]],
             "leased": [["owner", info.owner], ["fence", info.fence], ["deadline in", _ms(info.deadline_ms - info.now_ms)]],
@@ -464,10 +501,12 @@ def cmd_job(args: argparse.Namespace) -> int:
             rows.append(["progress", f"{progress.value.decode('utf-8', 'replace')} ({_ms(info.now_ms - progress.written_ms)} ago)"])
         if info.payload is not None:
             rows.append(["payload bytes", info.payload.decode("utf-8", "replace")])
-    elif info.state == "done":
+    if ended:
+        rows.append(["ended", ended])
+    if info.state == "done":
         rows.append(["duplicate for", _ms(info.done_until_ms - info.now_ms)])
     print(table(rows, ["field", "value"]))
-    return 0 if info.state != "unknown" else 1
+    return 0 if state != "unknown" else 1
 
 
 def _token(value: str) -> str:

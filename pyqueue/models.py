@@ -425,9 +425,10 @@ class Cancelled:
 class JobInfo:
     """What ``get`` knows of one job (lua/get.lua), read atomically.
 
-    ``state`` is one of ``ready``, ``scheduled``, ``leased``, ``dead``, ``done`` (acked,
-    its id a duplicate until ``done_until_ms``), ``unknown`` (never enqueued, purged,
-    or acked with its tombstone gone), or ``ready_or_leased`` (the queue holds more than
+    ``state`` is one of ``ready``, ``scheduled``, ``leased``, ``dead``, ``done`` (ended:
+    acked, or cancelled, which leaves the same tombstone; its id a duplicate until
+    ``done_until_ms``), ``unknown`` (never enqueued, purged, or ended with its tombstone
+    gone), or ``ready_or_leased`` (the queue holds more than
     10,000 leases, more than one call scans for the job's). Fields a state does not have
     are -1, '' or None.
     """
@@ -455,3 +456,13 @@ class JobInfo:
     def exists(self) -> bool:
         """Whether the job is in the queue (not done, not unknown)."""
         return self.state not in ("done", "unknown")
+
+    @property
+    def attempts_made(self) -> int:
+        """Attempts made so far, counted from 1: those that ended (``attempts``, the
+        record's count) and, for a leased job, the one running now (so a running first
+        attempt is 1, its attempt number; lua/README.md section 2). -1 where ``get``
+        knows none (a job done or unknown)."""
+        if self.attempts < 0:
+            return -1
+        return self.attempts + 1 if self.state == "leased" else self.attempts

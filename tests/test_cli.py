@@ -65,6 +65,54 @@ def test_job_command_says_where_a_job_is(url: str, capsys: pytest.CaptureFixture
     assert "unknown" in capsys.readouterr().out
 
 
+def job_rows(out: str) -> dict[str, str]:
+    """The field/value rows of ``pyqueue job``'s table."""
+    return {line.split(None, 1)[0]: line.split(None, 1)[1].strip() for line in out.splitlines()[2:] if " " in line}
+
+
+def test_job_command_counts_attempts_from_1_and_tells_a_cancelled_job_where_the_engine_recorded_it(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    q = Queue.from_url(url, "emails")
+    q.enqueue(b"x", job_id="j1", max_attempts=5)
+    assert main(["--url", url, "job", "emails", "j1"]) == 0
+    assert job_rows(capsys.readouterr().out)["attempts"] == "0/5"  # none made yet
+    (job,) = q.lease()
+    assert main(["--url", url, "job", "emails", "j1"]) == 0
+    rows = job_rows(capsys.readouterr().out)
+    assert (rows["state"], rows["attempts"]) == ("leased", "1/5 (attempt 1 running)")  # not 0/5
+    q.nack(job, "once", delay_ms=60_000)
+    assert main(["--url", url, "job", "emails", "j1"]) == 0
+    assert job_rows(capsys.readouterr().out)["attempts"] == "1/5"  # one made, ended
+    # Without events, a cancel and an ack leave the same tombstone: said, not guessed.
+    q.cancel("j1")
+    assert main(["--url", url, "job", "emails", "j1"]) == 0
+    rows = job_rows(capsys.readouterr().out)
+    assert rows["state"] == "done" and rows["ended"].startswith("acked, or cancelled")
+    # With the queue's events kept, the event tells.
+    q.set_events(100)
+    q.enqueue(b"x", job_id="j2")
+    q.enqueue(b"x", job_id="j3")
+    (leased,) = q.lease()
+    q.cancel("j2")  # while it runs
+    assert main(["--url", url, "job", "emails", "j2"]) == 0
+    rows = job_rows(capsys.readouterr().out)
+    assert (rows["state"], rows["ended"].split(" (")[0]) == ("cancelled", "cancelled while leased")
+    (other,) = q.lease()
+    q.ack(other)
+    assert main(["--url", url, "job", "emails", "j3"]) == 0
+    rows = job_rows(capsys.readouterr().out)
+    assert (rows["state"], rows["ended"].split(" (")[0]) == ("done", "acked")
+    # A kept result says acked, events or not.
+    q.set_events(0)
+    q.enqueue(b"x", job_id="j4")
+    (last,) = q.lease()
+    q.ack_result(last, "value")
+    assert main(["--url", url, "job", "emails", "j4"]) == 0
+    rows = job_rows(capsys.readouterr().out)
+    assert (rows["state"], rows["ended"]) == ("done", "acked; its result is kept")
+
+
 def test_job_command_shows_a_running_jobs_progress(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     q = Queue.from_url(url, "emails")
     q.enqueue(b"x", job_id="j1")

@@ -287,13 +287,38 @@ def test_cancel_removes_the_steps_not_started_and_a_flow_check_forgets_their_wai
     flow = chain(add.s(1, 1), add.s(1), add.s(1)).send()  # no worker: nothing runs
     assert flow.status() == {"ready": 1, "waiting": 2}
     assert flow.cancel() == 3
-    assert set(flow.status()) <= {"done", "unknown"} and flow_keys(r) != []
+    # Cancelled, not "done": a flow step keeps its result, a cancelled one has none.
+    assert flow.status() == {"cancelled": 3} and flow_keys(r) != []
+    view = flow.show()
+    assert view.counts() == {"cancelled": 3} and "3 cancelled" in view.render()
+    assert {s["describe"] for s in view.as_json()["steps"]} == {"cancelled (ended without its result)"}
     serving = Serving(app, block_ms=50, renew_ms=100, expire_ms=1_000)
     try:
         wait_for(lambda: flow_keys(r) == [], 10, "the flow checks forgetting the cancelled waits")
     finally:
         serving.stop()
     assert app.queue("math").stats().leased_total == 0  # nothing ran
+
+
+def test_status_counts_a_running_first_attempt_as_attempt_1_and_a_step_done_long_ago_as_done(app: Tasks) -> None:
+    add = task(app, "add")
+    flow = chain(add.s(1, 1), add.s(1)).send()
+    (leased,) = app.queue("math").lease()  # the first step, running (by hand: no worker)
+    assert leased.id == f"{flow.id}.0" and leased.attempt == 1
+    assert flow.status() == {"leased": 1, "waiting": 1}
+    step = flow.show().steps[0]
+    assert step.info.attempts == 0 and step.info.attempts_made == 1  # 0 ended, the first one running
+    assert flow.show().as_json()["steps"][0]["describe"].startswith(f"running (attempt 1/{step.info.max_attempts}, ")
+    app.queue("math").release([leased])
+    # Acked by a worker that keeps no tombstone (as when keep_done_ms has passed): get
+    # says 'unknown', but each step's result is kept, so the flow says 'done'.
+    serving = Serving(app, block_ms=50, keep_done_ms=0)
+    try:
+        assert flow.result(timeout=20) == 3
+    finally:
+        serving.stop()
+    assert {app.queue(q).get(j).state for q, j in flow.steps} == {"unknown"}
+    assert flow.status() == {"done": 2} and flow.show().counts() == {"done": 2}
 
 
 def test_a_report_lost_with_its_worker_is_made_by_a_flow_check(

@@ -56,10 +56,10 @@ from pyqueue.models import Job, NewJob
 from pyqueue.queue import Queue, physical_queue
 from pyqueue.tasks import envelope
 from pyqueue.tasks.codec import from_json
-from pyqueue.tasks.flowview import RECORD_VERSION, FlowView, show_flow
+from pyqueue.tasks.flowview import RECORD_VERSION, FlowView, show_flow, step_states
 from pyqueue.tasks.handle import ResultTimeout, TaskDead, TaskResultMissing
 from pyqueue.tasks.middleware import Sending, enter_sends, resume_sends
-from pyqueue.verbs.flows import DEFAULT_FLOW_CHECK_MS, POLICIES, WAIT_DUE_MS
+from pyqueue.verbs.flows import DEFAULT_FLOW_CHECK_MS, POLICIES
 from pyqueue.worker import Fail
 
 if TYPE_CHECKING:
@@ -374,12 +374,12 @@ class FlowHandle:
 
     def status(self) -> dict[str, int]:
         """How many steps are in each state: ``waiting`` (for other steps), ``ready``,
-        ``scheduled``, ``leased``, ``done`` (acked), ``dead``, ``unknown``."""
-        counts: Counter[str] = Counter()
-        for queue, job_id in self.steps:
-            info = _reader(self.app, queue).get(job_id)
-            counts["waiting" if info.state == "scheduled" and info.due_ms >= WAIT_DUE_MS else info.state] += 1
-        return dict(counts)
+        ``scheduled``, ``leased``, ``done`` (acked: its result is kept), ``dead``,
+        ``cancelled`` (ended without its result: cancelled, see
+        :func:`~pyqueue.tasks.flowview.step_states`), ``unknown`` (ended and forgotten).
+        A ``get`` per step, and a ``result`` read per queue for the steps that ended."""
+        got = [(reader, reader.get(job_id)) for reader, job_id in ((_reader(self.app, q), j) for q, j in self.steps)]
+        return dict(Counter(step_states(got)))
 
     def result(self, timeout: float | None = None) -> Any:
         """The flow's result (its last step's; a group's is a list), waiting up to

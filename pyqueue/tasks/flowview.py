@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pyqueue.clients import Client
+from pyqueue.core import MAX_BATCH
 from pyqueue.errors import CorruptRecord
 from pyqueue.models import JobInfo
 from pyqueue.queue import Queue, physical_queue
@@ -29,8 +31,9 @@ RECORD_VERSION = 1
 
 @dataclass(frozen=True)
 class StepView:
-    """One step of a shown flow: where it runs, its task, and what ``get`` says of it
-    (``state`` 'waiting' for a step still waiting for others)."""
+    """One step of a shown flow: where it runs, its task, what ``get`` says of it, and
+    its state (:func:`step_states`: 'waiting' for a step still waiting for others,
+    'cancelled' for one that ended without its result)."""
 
     n: int
     queue: str  # physical: a partition's name for a partitioned queue
@@ -62,7 +65,8 @@ class FlowView:
         (when the record goes), ``counts`` (steps per state), ``tree`` (``{"chain":
         [...]}`` and ``{"group": [...]}`` nesting step numbers) and ``steps``, each with
         ``n``, ``queue`` (the partition that holds it), ``id``, ``task``, ``state``
-        ('waiting' for a step still waiting for others, else what ``Queue.get`` says),
+        ('waiting' for a step still waiting for others, 'cancelled' for one that ended
+        without its result, else what ``Queue.get`` says: see :func:`step_states`),
         ``describe`` (that state in words), ``attempts`` and ``max_attempts`` (-1 where
         ``Queue.get`` knows none: a step done or forgotten), ``error`` and
         ``error_truncated``. With ``text_limit``, ``error`` and ``describe`` are clipped
@@ -98,15 +102,45 @@ class FlowView:
             self._render(child, rest + ("└─ " if last else "├─ "), rest + ("   " if last else "│  "), lines, width)
 
 
+def step_states(steps: Sequence[tuple[Queue, JobInfo]]) -> list[str]:
+    """The state of each flow step, from what ``get`` said of it (``(physical queue,
+    JobInfo)`` pairs), told apart further than ``get`` can: 'waiting' for a step still
+    waiting for others (SCHEDULED, never due by time); and for a step ``get`` finds
+    ended ('done') or forgotten ('unknown'), its result decides, since every flow step
+    keeps one (``keep_result`` of at least FLOW_RESULT_S): one kept is 'done' (acked,
+    also once its tombstone is gone); none while its tombstone is in force is
+    'cancelled' (cancel deletes the record and tombstones the id as an ack does, but
+    keeps no result; so would a result trimmed already by the queue's ``max_results``,
+    which the steps waiting for it treat the same: TaskResultMissing); else 'unknown'.
+    One ``result`` read per queue for the ended steps (pipelined)."""
+    states = ["waiting" if info.state == "scheduled" and info.due_ms >= WAIT_DUE_MS else info.state for _, info in steps]
+    ended: dict[str, tuple[Queue, list[int]]] = {}
+    for i, (reader, info) in enumerate(steps):
+        if info.state in ("done", "unknown"):
+            ended.setdefault(reader.name, (reader, []))[1].append(i)
+    for reader, indexes in ended.values():
+        for start in range(0, len(indexes), MAX_BATCH):
+            chunk = indexes[start : start + MAX_BATCH]
+            for i, found in zip(chunk, reader.results([steps[i][1].id for i in chunk])):
+                if found.state == "ok":
+                    states[i] = "done"
+                elif found.state == "done" and steps[i][1].state == "done":
+                    states[i] = "cancelled"
+    return states
+
+
 def describe(step: StepView) -> str:
-    """A step's state in words, with what makes it useful: attempts, the error of a dead one."""
+    """A step's state in words, with what makes it useful: attempts (counted from 1),
+    the error of a dead one."""
     info = step.info
     if step.state == "leased":
-        return f"running (attempt {info.attempts}/{info.max_attempts}, {info.owner})"
+        return f"running (attempt {info.attempts_made}/{info.max_attempts}, {info.owner})"
     if step.state == "dead":
         return f"dead: {info.error.splitlines()[0] if info.error else 'no error text'}"
     if step.state in ("ready", "scheduled") and info.attempts:
         return f"{step.state} (attempt {info.attempts} ended, {info.max_attempts} allowed)"
+    if step.state == "cancelled":
+        return "cancelled (ended without its result)"
     if step.state == "unknown":
         return "unknown (ended and forgotten, or cancelled before it ran)"
     return step.state
@@ -136,12 +170,14 @@ def show_flow(client: Client, queue: Queue, flow_id: str, *, prefix: str = "pq")
     except (ValueError, KeyError, TypeError) as exc:
         raise CorruptRecord(f"flow {flow_id}: its record in {queue.name} does not parse ({exc})") from None
     readers: dict[str, Queue] = {}
-    steps = []
-    for n, (physical, job_id, task) in enumerate(refs):
+    got: list[tuple[Queue, JobInfo]] = []
+    for physical, job_id, _ in refs:
         reader = readers.get(physical)
         if reader is None:
             reader = readers[physical] = physical_queue(physical, client, prefix=prefix)
-        info = reader.get(job_id)
-        state = "waiting" if info.state == "scheduled" and info.due_ms >= WAIT_DUE_MS else info.state
-        steps.append(StepView(n, physical, job_id, task, state, info))
+        got.append((reader, reader.get(job_id)))
+    steps = [
+        StepView(n, physical, job_id, task, state, info)
+        for n, ((physical, job_id, task), (_, info), state) in enumerate(zip(refs, got, step_states(got)))
+    ]
     return FlowView(flow_id, queue.name, created_ms, found.expires_ms, tree, steps, output)

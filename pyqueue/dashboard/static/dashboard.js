@@ -1005,7 +1005,7 @@
 
   // The states of a flow's steps in the order a flow moves through them (any other a
   // newer server sends goes last).
-  const FLOW_STATES = ["waiting", "ready", "scheduled", "leased", "done", "dead", "unknown"];
+  const FLOW_STATES = ["waiting", "ready", "scheduled", "leased", "done", "dead", "cancelled", "unknown"];
 
   // Read a flow by its id from the queue of its first step (api/queues/<q>/flow: one
   // call for its record and each step's state). Only when asked: a flow is not polled.
