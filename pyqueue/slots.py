@@ -184,6 +184,21 @@ class Slot:
                     ctypes.c_ulong(self.thread_id), ctypes.py_object(TimeLimitExceeded)
                 )
 
+    def write_off(self, count: Callable[[], int]) -> int | None:
+        """Mark this slot written off if its thread still runs the handler and it is not
+        already; ``count()`` (the worker's count of written-off slots) is called then,
+        and its answer returned; None if the slot was not written off.
+
+        Under the lock the thread takes as it leaves the handler (:meth:`call`): so either
+        the mark comes first, and the job's ending sees it and gives the slot back
+        (``written_back``), or the thread has left, and the slot is not written off. A
+        mark that came after the ending looked would count a slot off for ever."""
+        with self._lock:
+            if not self._in_user_code or self.written_off:
+                return None
+            self.written_off = True
+            return count()
+
     @property
     def in_user_code(self) -> bool:
         return self._in_user_code

@@ -387,7 +387,13 @@ def test_a_sync_task_that_catches_the_exception_and_goes_on_is_interrupted_again
 def test_an_async_task_that_swallows_cancellation_keeps_its_slot_until_it_ends_and_is_cancelled_again(
     tasks: Tasks, serve: Callable[..., Serving]
 ) -> None:
+    # Conditions, not durations (a test that slept 0.5 s and read the write-off count as
+    # soon as it saw the second cancellation failed on a slow machine): what is proved
+    # is an order of events, each recorded where it happens.
     cancels: list[float] = []
+    written_off_at_second_cancel: list[int] = []
+    ended: list[float] = []
+    quick_ran: list[float] = []
 
     @tasks.task(name="deaf", time_limit=LIMIT, max_attempts=1)
     async def deaf() -> None:
@@ -396,22 +402,30 @@ def test_an_async_task_that_swallows_cancellation_keeps_its_slot_until_it_ends_a
                 await asyncio.sleep(10)
             except asyncio.CancelledError:
                 cancels.append(time.monotonic())
+                if len(cancels) == 2:
+                    written_off_at_second_cancel.append(worker.worker.slots_written_off)
+        ended.append(time.monotonic())
 
     @tasks.task(name="quick", keep_result=60)
     async def quick() -> str:
+        quick_ran.append(time.monotonic())
         return "ran"
 
     worker = serve(tasks, concurrency=1)
     deaf.send()
     wait_for(lambda: len(cancels) == 1, what="the first cancellation")
     later = quick.send()
-    time.sleep(0.5)
-    # The one slot is still taken by the coroutine that swallowed its cancellation.
-    assert later.state() == "ready"
-    wait_for(lambda: len(cancels) == 2, what="the second cancellation")
+    assert later.result(timeout=30) == "ran"  # the coroutine ended: the slot serves again
+    # The one slot stayed taken by the coroutine that swallowed its cancellation: the
+    # next job ran only once it had ended, after its second cancellation ...
+    assert len(cancels) == 2 and ended and quick_ran[0] >= ended[0] >= cancels[1]
+    # ... which came once the first had not stopped it within WRITE_OFF_S (1 s), its slot
+    # written off by then (the write-off precedes the interruption that ends it) ...
     assert cancels[1] - cancels[0] >= 0.9
+    assert written_off_at_second_cancel == [1]
+    # ... and given back when it ended: written off once, counted back.
+    wait_for(lambda: worker.worker.slots_written_off == 0, what="the slot counted back once the coroutine ended")
     assert worker.worker.slots_written_off_total == 1
-    assert later.result(timeout=10) == "ran"  # the coroutine ended: the slot serves again
     assert worker.stop() == 0
 
 

@@ -193,23 +193,24 @@ class Heartbeat:
             if not slot.limited:
                 self.end_at_limit(slot)
             elif slot.in_user_code and slot.interrupted_at is not None and now - slot.interrupted_at >= self.write_off_s:
-                # Still running a while after the interruption: interrupt it again (it may
-                # have caught the exception and gone on, or swallowed a cancellation),
-                # and write its slot off the first time.
+                # Still running a while after the interruption: write its slot off the
+                # first time, then interrupt it again (it may have caught the exception
+                # and gone on, or swallowed a cancellation). In that order: a thread that
+                # stops at the second interruption finds its slot written off and gives
+                # it back; the other way round it could end before the write-off, which
+                # would then count its slot off for ever.
+                left = slot.write_off(self.running.write_off)
+                if left is not None:
+                    log.error(
+                        "%s did not stop %.1fs after its time limit (stuck outside Python code?): its slot is written "
+                        "off until the thread returns; %d of %d slots left", self.executor.describe(slot),
+                        self.write_off_s, left, self.running.concurrency,
+                    )
+                    if self.link is not None:
+                        # Only the end of this process stops that thread: the supervisor starts
+                        # a replacement, then stops this child (its other jobs drain).
+                        self.link.retire(f"{self.executor.describe(slot)} did not stop at its time limit")
                 self.executor.interrupt(slot)
-                if slot.written_off:
-                    continue
-                slot.written_off = True
-                left = self.running.write_off()
-                log.error(
-                    "%s did not stop %.1fs after its time limit (stuck outside Python code?): its slot is written "
-                    "off until the thread returns; %d of %d slots left", self.executor.describe(slot), self.write_off_s,
-                    left, self.running.concurrency,
-                )
-                if self.link is not None:
-                    # Only the end of this process stops that thread: the supervisor starts
-                    # a replacement, then stops this child (its other jobs drain).
-                    self.link.retire(f"{self.executor.describe(slot)} did not stop at its time limit")
 
     def end_at_limit(self, slot: Slot) -> None:
         """The job of ``slot`` (every job, for a batch's slot) reached its time limit: end
