@@ -205,8 +205,14 @@ def test_a_script_flushed_between_each_reload_and_the_call_sent_again_is_loaded_
         reply = send_on(path, q)
     except NotReplicated as exc:  # ran, but no replica confirmed (one server): still one run
         reply = exc.reply
-    # Loaded 5 times: each of the first 4 loads was flushed before the call came.
-    assert (loads.loads, loads.flushed) == (NOSCRIPT_RELOADS, NOSCRIPT_RELOADS - 1)
+    # Loaded 5 times: each of the first 4 loads was flushed before the call came. A
+    # pipelined read is two calls, each re-sent alone; the async driver sends them at once
+    # on a cluster, so both may load in the same round (CI saw 7 loads): up to twice.
+    assert loads.flushed == NOSCRIPT_RELOADS - 1
+    if path == "pipelined":
+        assert NOSCRIPT_RELOADS <= loads.loads <= 2 * NOSCRIPT_RELOADS
+    else:
+        assert loads.loads == NOSCRIPT_RELOADS
     stats = setup.stats()
     if path == "pipelined":
         assert [(found.id, found.state) for found in reply] == [("a", "pending"), ("b", "pending")]
