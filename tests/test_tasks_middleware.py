@@ -439,7 +439,7 @@ def test_no_middleware_no_chain(tasks: Tasks, monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setattr(Chain, "__init__", no_chain)
     sent = job.send(1)
-    assert tasks._send_hooks == () and tasks.dispatcher().run_hooks == ()
+    assert tasks.send_hooks == () and tasks.dispatcher().run_hooks == ()
     burst(tasks, **FAST)
     assert sent.result(timeout=5) == 1
     tasks.middleware(Refuse(lambda message: False))

@@ -18,11 +18,10 @@ from pyqueue.models import Job
 from pyqueue.queue import DEFAULT_PREFIX, Queue
 from pyqueue.service import TASK_NAME
 from pyqueue.tasks.connection import Connection
-from pyqueue.tasks.handle import SentTask
-from pyqueue.tasks.middleware import Hook as MiddlewareHook, Sending, enter_sends, hook_of, resume_sends
-from pyqueue.tasks.policy import Duration, TaskOptions, TaskOptionsDict
+from pyqueue.tasks.middleware import Hook as MiddlewareHook, hook_of
+from pyqueue.tasks.policy import Duration, TaskOptions, TaskOptionsDict, app_defaults, task_options
 from pyqueue.tasks.serving import TaskServing
-from pyqueue.tasks.task import BatchTask, Signature, Task
+from pyqueue.tasks.task import BatchTask, Task
 from pyqueue.runtime.batch import MAX_BATCH_WAIT_MS, BatchSpec
 from pyqueue.worker import seconds_to_ms
 
@@ -88,14 +87,8 @@ class Tasks(TaskServing):
         partitions: Mapping[str, int] | None = None,
         **defaults: Unpack[TaskOptionsDict],
     ) -> None:
-        given: dict[str, Any] = dict(defaults)
-        if default_queue is not None:
-            if "queue" in given:
-                raise InvalidArgument("Tasks(default_queue=) and Tasks(queue=) name the same thing: give one of them")
-            given["queue"] = default_queue
-        given.setdefault("queue", "default")
         #: The options every task registered here starts from (``Tasks(...)``'s task options).
-        self.defaults = TaskOptions.build(None, **_task_options(given, "Tasks()"))
+        self.defaults = app_defaults(default_queue, defaults)
         #: Its clients, queues and server clock (:mod:`pyqueue.tasks.connection`).
         self.connection = Connection(url, client, prefix, partitions)
         self._tasks: dict[str, Task[Any, Any]] = {}
@@ -104,8 +97,8 @@ class Tasks(TaskServing):
         self.on_start: list[Hook] = []
         self.on_stop: list[Hook] = []
         self._middleware: list[object] = []
-        #: The middleware's ``around_send`` hooks, outermost first.
-        self._send_hooks: tuple[MiddlewareHook, ...] = ()
+        #: The middleware's ``around_send`` hooks, outermost first (pyqueue.tasks.sending).
+        self.send_hooks: tuple[MiddlewareHook, ...] = ()
 
     # -- registering -----------------------------------------------------------------
 
@@ -153,7 +146,7 @@ class Tasks(TaskServing):
         given: dict[str, Any] = dict(options)
         if "batch_wait_ms" in given:
             raise InvalidArgument("the task layer takes durations in seconds: batch_wait=0.05, not batch_wait_ms=50")
-        policy = TaskOptions.build(self.defaults, **_task_options(given, "@tasks.task()"))
+        policy = task_options(self.defaults, given, "@tasks.task()")
         spec = _batch_spec(batch, batch_wait)
 
         def register(fn: Callable[..., Any]) -> Task[Any, Any]:
@@ -221,7 +214,7 @@ class Tasks(TaskServing):
                 raise InvalidArgument(f"middleware {middleware!r} is registered already")
             self._middleware.insert(0 if outermost else len(self._middleware), middleware)
             if send is not None:
-                self._send_hooks = (send, *self._send_hooks) if outermost else (*self._send_hooks, send)
+                self.send_hooks = (send, *self.send_hooks) if outermost else (*self.send_hooks, send)
         if start is not None:
             self.on_start.insert(0 if outermost else len(self.on_start), start[1])
         if stop is not None:
@@ -303,64 +296,6 @@ class Tasks(TaskServing):
         """:meth:`close`, and the asyncio clients this object made."""
         await self.connection.aclose()
 
-    # -- sending (Task.send and friends land here) ------------------------------------
-
-    def _send_many(
-        self, signatures: Sequence[Signature], now_ms: int, delay_ms: int = 0,
-        metas: Sequence[dict[str, Any]] | None = None,
-    ) -> list[SentTask[Any]]:
-        """Enqueue ``signatures``; ``metas``: what middleware adds to each one's meta
-        (given by the send hooks' own call of this one)."""
-        if self._send_hooks and metas is None:
-            messages = [Sending(s.task, s.args, s.kwargs, s.options, delay_ms) for s in signatures]
-            chains = enter_sends(self._send_hooks, messages)
-            try:
-                sent = self._send_many(signatures, now_ms, delay_ms, [m.meta for m in messages])
-            except BaseException as exc:
-                resume_sends(chains, None, exc)
-                raise
-            resume_sends(chains, sent, None)
-            return sent
-        if len(signatures) == 1:  # a send: one enqueue, none of the grouping below
-            sig = signatures[0]
-            (answer,) = self.queue(sig.options.queue).enqueue_many([sig.new_job(now_ms, delay_ms, metas[0] if metas else None)])
-            return [self._handle(sig, answer.job_id, answer.added)]
-        jobs = [(sig, sig.new_job(now_ms, delay_ms, metas[i] if metas else None)) for i, sig in enumerate(signatures)]
-        by_queue: dict[str, list[int]] = {}
-        for i, (sig, _) in enumerate(jobs):
-            by_queue.setdefault(sig.options.queue, []).append(i)
-        out: list[SentTask[Any] | None] = [None] * len(jobs)
-        for queue_name, indexes in by_queue.items():
-            queue = self.queue(queue_name)
-            answers = queue.enqueue_many([jobs[i][1] for i in indexes])
-            for i, answer in zip(indexes, answers):
-                out[i] = self._handle(jobs[i][0], answer.job_id, answer.added)
-        return [sent for sent in out if sent is not None]
-
-    async def _asend(
-        self, signatures: Sequence[Signature], now_ms: int, delay_ms: int,
-        metas: Sequence[dict[str, Any]] | None = None,
-    ) -> SentTask[Any]:
-        (sig,) = signatures
-        if self._send_hooks and metas is None:
-            message = Sending(sig.task, sig.args, sig.kwargs, sig.options, delay_ms)
-            chains = enter_sends(self._send_hooks, [message])
-            try:
-                sent = await self._asend(signatures, now_ms, delay_ms, [message.meta])
-            except BaseException as exc:
-                resume_sends(chains, None, exc)
-                raise
-            resume_sends(chains, [sent], None)
-            return sent
-        new = sig.new_job(now_ms, delay_ms, metas[0] if metas else None)
-        queue = self.aqueue(sig.options.queue)
-        answer = await queue.enqueue(new.payload, job_id=new.job_id, delay_ms=new.delay_ms, max_attempts=new.max_attempts,
-                                     priority=new.priority, group=new.group)
-        return self._handle(sig, answer.job_id, answer.added)
-
-    def _handle(self, sig: Signature, job_id: str, added: bool) -> SentTask[Any]:
-        return SentTask(job_id, sig.options.queue, sig.task.name, added, sig.options.keep_result_ms is not None, self)
-
     # -- testing ---------------------------------------------------------------------
 
     @contextmanager
@@ -373,20 +308,6 @@ class Tasks(TaskServing):
 
     def __repr__(self) -> str:
         return f"<Tasks {len(self._tasks)} tasks on {self.queue_names()}>"
-
-
-def _task_options(options: dict[str, Any], where: str) -> dict[str, Any]:
-    """``options``, which are a task's or every task's (``where``): not ``job_id``.
-
-    Raises:
-        InvalidArgument: ``job_id`` is among them.
-    """
-    if "job_id" in options:
-        raise InvalidArgument(
-            f"{where} does not take job_id: it is one send's job id (fn.options(job_id=...).send(...)); every send "
-            "under one id would be the same job (unique= derives an id from each call's arguments)"
-        )
-    return options
 
 
 def _check_name(name: object) -> None:

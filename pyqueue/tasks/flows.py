@@ -59,6 +59,7 @@ from pyqueue.tasks.codec import from_json
 from pyqueue.tasks.flowview import RECORD_VERSION, FlowView, show_flow, step_states
 from pyqueue.tasks.handle import ResultTimeout, TaskDead, TaskResultMissing
 from pyqueue.tasks.middleware import Sending, enter_sends, resume_sends
+from pyqueue.tasks import sending
 from pyqueue.verbs.flows import DEFAULT_FLOW_CHECK_MS, POLICIES
 from pyqueue.worker import Fail
 
@@ -258,7 +259,7 @@ def _send(flow: Flow, flow_id: str | None = None) -> FlowHandle:
     flow_id = flow_id or "flow-" + secrets.token_hex(8)
     compiler = _Compiler(app, flow_id)
     output = compiler.add(flow, None, flow.on_failure)
-    hooks = app._send_hooks
+    hooks = app.send_hooks
     if not hooks:
         return _send_steps(app, flow, compiler, output, None)
     # The send middleware sees each step as a send of its own, all entered before
@@ -270,7 +271,7 @@ def _send(flow: Flow, flow_id: str | None = None) -> FlowHandle:
     except BaseException as exc:
         resume_sends(chains, None, exc)
         raise
-    resume_sends(chains, [app._handle(s.sig, s.id, True) for s in compiler.steps], None)
+    resume_sends(chains, [sending.handle(app, s.sig, s.id, True) for s in compiler.steps], None)
     return handle
 
 

@@ -218,8 +218,8 @@ class TaskOptions:
     def build(base: TaskOptions | None = None, **given: Any) -> TaskOptions:
         """Options from a task's or a send's keyword arguments (the keys of
         :class:`SendOptionsDict`; seconds or timedelta for durations), on top of
-        ``base``. (``job_id`` is one send's: :class:`~pyqueue.tasks.app.Tasks` refuses it
-        as a task's option or a default before calling this.)
+        ``base``. (``job_id`` is one send's: :func:`task_options` refuses it as a task's
+        option or a default before calling this.)
 
         Raises:
             InvalidArgument: an unknown option, or a value of the wrong kind.
@@ -320,3 +320,35 @@ class TaskOptions:
         except (ImportError, AttributeError, ValueError, TypeError, KeyError) as exc:
             raise InvalidArgument(f"a per-send option does not resolve on this worker: {exc!r}") from None
         return replace(self, **out)
+
+
+def task_options(base: TaskOptions | None, given: Mapping[str, Any], where: str) -> TaskOptions:
+    """The options of a task, or the defaults of every task of a ``Tasks`` (``where``
+    names which, for the error), on top of ``base``: :meth:`TaskOptions.build`, but
+    never ``job_id``, which is one send's id.
+
+    Raises:
+        InvalidArgument: ``job_id`` among them, or what ``build`` refuses.
+    """
+    if "job_id" in given:
+        raise InvalidArgument(
+            f"{where} does not take job_id: it is one send's job id (fn.options(job_id=...).send(...)); every send "
+            "under one id would be the same job (unique= derives an id from each call's arguments)"
+        )
+    return TaskOptions.build(base, **given)
+
+
+def app_defaults(default_queue: str | None, given: Mapping[str, Any]) -> TaskOptions:
+    """The defaults of every task of ``Tasks(default_queue=..., **given)``: ``queue`` is
+    ``default_queue`` (or ``given``'s, not both), else ``"default"``.
+
+    Raises:
+        InvalidArgument: both name the queue, or what :func:`task_options` refuses.
+    """
+    options = dict(given)
+    if default_queue is not None:
+        if "queue" in options:
+            raise InvalidArgument("Tasks(default_queue=) and Tasks(queue=) name the same thing: give one of them")
+        options["queue"] = default_queue
+    options.setdefault("queue", "default")
+    return task_options(None, options, "Tasks()")

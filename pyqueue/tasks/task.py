@@ -28,6 +28,7 @@ from pyqueue.tasks.codec import canonical, to_json, to_json_args
 from pyqueue.tasks.handle import SentTask
 from pyqueue.tasks.middleware import RESERVED_META
 from pyqueue.tasks.policy import Duration, SendOptionsDict, TaskOptions
+from pyqueue.tasks.sending import asend, send_many
 from pyqueue.worker import seconds_to_ms
 
 if sys.version_info >= (3, 11):
@@ -234,23 +235,23 @@ class _Sender(Generic[P, R]):
                 raise InvalidArgument(f"send_many of {self.task.name} got a call of {sig.task.name}")
             if sig.awaits_input:
                 raise TypeError(f"{sig!r} lacks an argument (only a flow's step gets the result before it as its first)")
-        return self.task.app._send_many(signatures, self.task.app.server_now_ms())
+        return send_many(self.task.app, signatures, self.task.app.server_now_ms())
 
     async def asend(self, *args: P.args, **kwargs: P.kwargs) -> SentTask[R]:
         """:meth:`send` from asyncio code, on the Tasks' asyncio client."""
         signature = Signature(self.task, args, kwargs, self.opts)
         app = self.task.app
-        return await app._asend([signature], await app.aserver_now_ms(), 0)
+        return await asend(app, [signature], await app.aserver_now_ms(), 0)
 
     async def asend_in(self, delay: Duration, *args: P.args, **kwargs: P.kwargs) -> SentTask[R]:
         """:meth:`send_in` from asyncio code."""
         signature = Signature(self.task, args, kwargs, self.opts)
         app = self.task.app
-        return await app._asend([signature], await app.aserver_now_ms(), seconds_to_ms(delay, "delay"))
+        return await asend(app, [signature], await app.aserver_now_ms(), seconds_to_ms(delay, "delay"))
 
     def _send(self, signature: Signature, delay_ms: int) -> SentTask[R]:
         app = self.task.app
-        return app._send_many([signature], app.server_now_ms(), delay_ms)[0]
+        return send_many(app, [signature], app.server_now_ms(), delay_ms)[0]
 
     @staticmethod
     def _delay_until(when: datetime, now_ms: int) -> int:
@@ -417,4 +418,4 @@ def _send_items(sender: _Sender[[T], R], items: Iterable[T]) -> list[SentTask[R]
     for sig in signatures:
         if sig.task is not sender.task:
             raise InvalidArgument(f"send_many of {sender.task.name} got a call of {sig.task.name}")
-    return sender.task.app._send_many(signatures, sender.task.app.server_now_ms())
+    return send_many(sender.task.app, signatures, sender.task.app.server_now_ms())
