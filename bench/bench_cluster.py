@@ -59,8 +59,8 @@ from redis.cluster import RedisCluster  # noqa: E402
 from redis.crc import key_slot  # noqa: E402
 
 from pyqueue import Job, NewJob, Outcome, Queue  # noqa: E402
-from pyqueue.errors import PyQueueError  # noqa: E402
-from pyqueue.worker import Worker  # noqa: E402
+from pyqueue.protocol.errors import PyQueueError  # noqa: E402
+from pyqueue.worker.worker import Worker  # noqa: E402
 
 BENCH_DIR = Path(__file__).resolve().parent
 NODE_TIMEOUT_MS = 1000

@@ -4,7 +4,7 @@ scrape and the dashboard.
 Figures:
 
 * **Prometheus scrape time** for 1, 100 and 1,000 queues: ``generate_latest`` of a
-  registry holding :class:`pyqueue.metrics.PyQueueCollector`, i.e. what one scrape of
+  registry holding :class:`pyqueue.ops.metrics.PyQueueCollector`, i.e. what one scrape of
   ``/metrics`` costs the exporter (one ``stats`` call per queue, the service list, the
   text format), without HTTP. Both with discovery (the default: a SCAN of every
   primary at each scrape) and with the queues named (``queues=[...]``: no SCAN).
@@ -45,8 +45,8 @@ from pyqueue import NewJob, Queue, connect  # noqa: E402
 from pyqueue.dashboard.app import DashboardConfig  # noqa: E402
 from pyqueue.dashboard.history import Sampler  # noqa: E402
 from pyqueue.dashboard.server import RunningDashboard  # noqa: E402
-from pyqueue.metrics import PyQueueCollector  # noqa: E402
-from pyqueue.service import Services  # noqa: E402
+from pyqueue.ops.metrics import PyQueueCollector  # noqa: E402
+from pyqueue.ops.service import Services  # noqa: E402
 
 COUNTS = (1, 100, 1000)
 

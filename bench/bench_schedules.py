@@ -86,7 +86,7 @@ def spawn(url: str, every_s: int, log_dir: Path, worker_args: list[str]) -> subp
 
 
 def alive_pids(client: redis.Redis) -> set[int]:
-    from pyqueue.service import Services
+    from pyqueue.ops.service import Services
 
     return {s.pid for s in Services(client, namespace=NAMESPACE).list() if s.alive}
 
@@ -105,7 +105,7 @@ def percentile(values: list[int], p: float) -> int:
 
 
 def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
-    from pyqueue.worker import Worker
+    from pyqueue.worker.worker import Worker
 
     client = _server.client_for(url)
     client.flushall()

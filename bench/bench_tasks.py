@@ -62,7 +62,7 @@ Steps (``--only``, repeatable; default: all three):
   - ``task_mw1``: ``task_handlers_mw:tasks_mw1``, the same tasks with one middleware
     whose run hook only yields: what entering and resuming a chain costs per job.
   - ``task_metrics``: the ``task`` variant's worker with ``--metrics-port 0``: the
-    per-task metrics middleware (``pyqueue.tasks.metrics``) on every run, its HTTP
+    per-task metrics middleware (``pyqueue.tasks.telemetry``) on every run, its HTTP
     server listening (not scraped).
 
   ``--variants`` picks some (the batch and middleware ones only when named: ``--variants
@@ -120,10 +120,10 @@ import batch_handlers  # noqa: E402  (bench/: the batch task of the task_batch d
 import task_handlers  # noqa: E402  (bench/: the tasks the worker processes serve too)
 import task_handlers_mw  # noqa: E402  (bench/: the same tasks with middleware)
 from pyqueue import Job, NewJob, Queue, connect  # noqa: E402
-from pyqueue.scripts import SCRIPT_KEYS, lua_source  # noqa: E402
-from pyqueue.slots import Slot, enter_slot  # noqa: E402
-from pyqueue.runtime.executor import ThreadExecutor  # noqa: E402
-from pyqueue.worker import Worker  # noqa: E402
+from pyqueue.drivers.scripts import SCRIPT_KEYS, lua_source  # noqa: E402
+from pyqueue.worker.slots import Slot, enter_slot  # noqa: E402
+from pyqueue.worker.executor import ThreadExecutor  # noqa: E402
+from pyqueue.worker.worker import Worker  # noqa: E402
 
 BENCH_DIR = Path(__file__).resolve().parent
 QUEUE = task_handlers.QUEUE
@@ -598,22 +598,22 @@ SEND_FUNCTIONS = {
     "Signature.job_id": ("tasks/task.py", "job_id"),
     "Tasks.server_now_ms": ("tasks/app.py", "server_now_ms"),
     "Tasks._send_many": ("tasks/app.py", "_send_many"),
-    "Queue.plan_enqueue (engine, without the I/O)": ("pyqueue/verbs/produce.py", "plan_enqueue"),
+    "Queue.plan_enqueue (engine, without the I/O)": ("pyqueue/protocol/verbs/produce.py", "plan_enqueue"),
 }
 
 DRAIN_FUNCTIONS = {
-    "ThreadExecutor.run_one (total per job)": ("pyqueue/runtime/executor.py", "run_one"),
-    "Slot.call (incl. the handler)": ("pyqueue/slots.py", "call"),
-    "Slot.__init__": ("pyqueue/slots.py", "__init__"),
-    "enter_slot": ("pyqueue/slots.py", "enter_slot"),
-    "Endings.end (how the run ends)": ("pyqueue/runtime/endings.py", "end"),
+    "ThreadExecutor.run_one (total per job)": ("pyqueue/worker/executor.py", "run_one"),
+    "Slot.call (incl. the handler)": ("pyqueue/worker/slots.py", "call"),
+    "Slot.__init__": ("pyqueue/worker/slots.py", "__init__"),
+    "enter_slot": ("pyqueue/worker/slots.py", "enter_slot"),
+    "Endings.end (how the run ends)": ("pyqueue/worker/endings.py", "end"),
     "Dispatcher.__call__": ("tasks/runtime.py", "__call__"),
     "TaskMetrics.around_run (both halves)": ("tasks/metrics.py", "around_run"),
     "envelope.decode": ("tasks/envelope.py", "decode"),
     "codec.loads (json decode)": ("tasks/codec.py", "loads"),
     "codec.untag": ("tasks/codec.py", "untag"),
-    "CommitLoop.post (a handler posts its ack)": ("pyqueue/commit.py", "post"),
-    "GroupCommit.send (the commit loop's call: acks + next leases)": ("pyqueue/commit.py", "send"),
+    "CommitLoop.post (a handler posts its ack)": ("pyqueue/worker/commit.py", "post"),
+    "GroupCommit.send (the commit loop's call: acks + next leases)": ("pyqueue/worker/commit.py", "send"),
 }
 
 

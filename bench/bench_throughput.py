@@ -78,7 +78,7 @@ _server.use_checkout()
 import redis  # noqa: E402
 
 from pyqueue import Job, Outcome, Queue, connect  # noqa: E402
-from pyqueue.scripts import SCRIPT_KEYS, lua_source  # noqa: E402
+from pyqueue.drivers.scripts import SCRIPT_KEYS, lua_source  # noqa: E402
 
 PAYLOAD = b"p" * 64
 LONG_LEASE_MS = 3_600_000

@@ -32,7 +32,7 @@ import pyperf  # type: ignore[import-untyped]  # noqa: E402  (pyperf ships no ty
 import redis  # noqa: E402
 
 from pyqueue import Job, NewJob, Queue, connect  # noqa: E402
-from pyqueue.scripts import SCRIPT_KEYS, lua_source  # noqa: E402
+from pyqueue.drivers.scripts import SCRIPT_KEYS, lua_source  # noqa: E402
 
 #: Every job carries this payload: small, fixed, so the figures are about the queue.
 PAYLOAD = b"p" * 64

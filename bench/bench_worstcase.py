@@ -40,7 +40,7 @@ import _server
 _server.use_checkout()
 
 from pyqueue import Job, NewJob, Queue, connect  # noqa: E402
-from pyqueue.scripts import SCRIPT_KEYS, lua_source  # noqa: E402
+from pyqueue.drivers.scripts import SCRIPT_KEYS, lua_source  # noqa: E402
 
 PAYLOAD = b"p" * 64
 LONG_LEASE_MS = 3_600_000

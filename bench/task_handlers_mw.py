@@ -2,7 +2,7 @@
 ``task_mw1`` (``tasks_mw1``: one middleware whose run hook does nothing but yield) and
 ``task_mw0`` (``tasks_mw0``: one middleware with a send hook only, so its workers have no
 run hook: the same path as no middleware), and its profile step's in-process workers
-(``tasks_metrics``: the per-task metrics middleware, ``pyqueue.tasks.metrics.TaskMetrics``,
+(``tasks_metrics``: the per-task metrics middleware, ``pyqueue.tasks.telemetry.TaskMetrics``,
 as ``pyqueue worker --metrics-port`` registers it). Same task names and queue as
 ``task_handlers.py``, so the same jobs serve every task variant.
 """
@@ -15,7 +15,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from pyqueue import Middleware, Tasks
-from pyqueue.tasks.metrics import TaskMetrics
+from pyqueue.tasks.telemetry import TaskMetrics
 from task_handlers import QUEUE
 
 

@@ -1,12 +1,12 @@
 """pyqueue: an atomic job queue on Redis. Every state transition is one Lua script in
 ``lua/``; this package is a thin typed driver over them, in two transports over one
-I/O-free core (:mod:`pyqueue.core`), plus the workers.
+I/O-free core (:mod:`pyqueue.protocol.core`), plus the workers.
 
 Most code starts with :class:`Tasks` (the task layer, :mod:`pyqueue.tasks`): named
 functions sent by name and run by ``pyqueue worker module:tasks``. Under it, the engine:
 :class:`Queue` (blocking) or :class:`pyqueue.aio.AsyncQueue` (asyncio); workers:
-:class:`pyqueue.worker.Worker`, :class:`pyqueue.aio_worker.AsyncWorker`. Delivery
-semantics are stated in :mod:`pyqueue.queue`.
+:class:`pyqueue.worker.Worker`, :class:`pyqueue.worker.aio.AsyncWorker`. Delivery
+semantics are stated in :mod:`pyqueue.drivers.queue`.
 """
 
 from typing import TYPE_CHECKING as _TYPE_CHECKING
@@ -14,7 +14,7 @@ from typing import Any as _Any
 
 from importlib.metadata import PackageNotFoundError, version
 
-from pyqueue.errors import (
+from pyqueue.protocol.errors import (
     AuthenticationFailed,
     ContractMismatch,
     CorruptRecord,
@@ -33,8 +33,8 @@ from pyqueue.errors import (
     TLSError,
     WrongTypeError,
 )
-from pyqueue.keys import QueueKeys
-from pyqueue.models import (
+from pyqueue.protocol.keys import QueueKeys
+from pyqueue.protocol.models import (
     CancelFlag,
     Cancelled,
     DeadJob,
@@ -57,11 +57,11 @@ from pyqueue.models import (
     Result,
     Stats,
 )
-from pyqueue.clients import connect, default_client, embedded_redis
-from pyqueue.queue import Queue
-from pyqueue.verbs.events import Event, EventPage, EventsSetting
-from pyqueue.slots import TimeLimitExceeded
-from pyqueue.worker import Fail, Retry, Worker
+from pyqueue.drivers.clients import connect, default_client, embedded_redis
+from pyqueue.drivers.queue import Queue
+from pyqueue.protocol.verbs.events import Event, EventPage, EventsSetting
+from pyqueue.worker.slots import TimeLimitExceeded
+from pyqueue.worker.worker import Fail, Retry, Worker
 
 if _TYPE_CHECKING:
     from pyqueue.tasks import (

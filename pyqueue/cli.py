@@ -21,20 +21,20 @@ from typing import Any
 
 import redis
 
-from pyqueue.errors import InvalidArgument, PyQueueError, map_redis_error
-from pyqueue.models import Job, JobInfo
-from pyqueue.verbs.events import Event, Since
-from pyqueue.clients import Client, connect
-from pyqueue.discovery import logical_queues, open_queue
-from pyqueue.keys import check_name
-from pyqueue.queue import DEFAULT_KEEP_DONE_MS, DEFAULT_LEASE_MS, Queue, physical_queue
-from pyqueue.verbs.flows import DEFAULT_FLOW_CHECK_MS
-from pyqueue.runtime.supervised import ENV_VAR, SupervisorLink
-from pyqueue.runtime.supervisor import DEFAULT_CRASH_LOOP, EXIT_CRASH_LOOP, FAST_DEATH_S, Supervisor
-from pyqueue.schedules import parse_duration_ms, parse_schedule
-from pyqueue.service import DEFAULT_EXPIRE_MS, DEFAULT_NAMESPACE, Services
-from pyqueue.aio_worker import AsyncWorker
-from pyqueue.worker import Worker, is_async_handler
+from pyqueue.protocol.errors import InvalidArgument, PyQueueError, map_redis_error
+from pyqueue.protocol.models import Job, JobInfo
+from pyqueue.protocol.verbs.events import Event, Since
+from pyqueue.drivers.clients import Client, connect
+from pyqueue.ops.discovery import logical_queues, open_queue
+from pyqueue.protocol.keys import check_name
+from pyqueue.drivers.queue import DEFAULT_KEEP_DONE_MS, DEFAULT_LEASE_MS, Queue, physical_queue
+from pyqueue.protocol.verbs.flows import DEFAULT_FLOW_CHECK_MS
+from pyqueue.worker.supervised import ENV_VAR, SupervisorLink
+from pyqueue.worker.supervisor import DEFAULT_CRASH_LOOP, EXIT_CRASH_LOOP, FAST_DEATH_S, Supervisor
+from pyqueue.ops.schedules import parse_duration_ms, parse_schedule
+from pyqueue.ops.service import DEFAULT_EXPIRE_MS, DEFAULT_NAMESPACE, Services
+from pyqueue.worker.aio import AsyncWorker
+from pyqueue.worker.worker import Worker, is_async_handler
 
 log = logging.getLogger("pyqueue.cli")
 
@@ -197,7 +197,7 @@ def check_metrics_options(args: argparse.Namespace) -> None:
 
 
 def record_task_metrics(args: argparse.Namespace, tasks: Any, *, supervised: bool) -> None:
-    """``--metrics-port``: register a :class:`~pyqueue.tasks.metrics.TaskMetrics` as the
+    """``--metrics-port``: register a :class:`~pyqueue.tasks.telemetry.TaskMetrics` as the
     outermost middleware of ``tasks`` (so it sees the ending the app's middleware makes).
     A worker on its own serves it on ``--metrics-host:--metrics-port`` from a thread
     until the process exits; a supervised child only records, into the directory its
@@ -209,8 +209,8 @@ def record_task_metrics(args: argparse.Namespace, tasks: Any, *, supervised: boo
     """
     from prometheus_client import CollectorRegistry, start_http_server
 
-    from pyqueue.runtime.supervisor import MULTIPROC_ENV
-    from pyqueue.tasks.metrics import TaskMetrics
+    from pyqueue.worker.supervisor import MULTIPROC_ENV
+    from pyqueue.tasks.telemetry import TaskMetrics
 
     if supervised:
         if not os.environ.get(MULTIPROC_ENV):
@@ -231,7 +231,7 @@ def record_task_metrics(args: argparse.Namespace, tasks: Any, *, supervised: boo
 
 
 def run_supervisor(args: argparse.Namespace) -> int:
-    """``pyqueue worker --processes N``: the supervisor (:mod:`pyqueue.runtime.supervisor`)
+    """``pyqueue worker --processes N``: the supervisor (:mod:`pyqueue.worker.supervisor`)
     of N children, each this same command."""
     if not 1 <= args.processes <= 256:
         raise InvalidArgument(f"--processes must be 1..256, got {args.processes}")
@@ -601,13 +601,13 @@ def _dead_everywhere(client: Client, prefix: str) -> int:
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
-    """Serve Prometheus metrics (pyqueue.metrics) on ``/metrics`` until SIGTERM/SIGINT."""
+    """Serve Prometheus metrics (pyqueue.ops.metrics) on ``/metrics`` until SIGTERM/SIGINT."""
     import signal
     import threading
 
     from prometheus_client import CollectorRegistry, start_http_server
 
-    from pyqueue.metrics import PyQueueCollector
+    from pyqueue.ops.metrics import PyQueueCollector
 
     registry = CollectorRegistry()
     registry.register(PyQueueCollector(connect(args.url), queues=args.queue, prefix=args.prefix,

@@ -23,11 +23,11 @@ from typing import Any
 
 import redis as redis_lib
 
-from pyqueue.clients import Client, connect
-from pyqueue.queue import Queue
-from pyqueue.service import Services
+from pyqueue.drivers.clients import Client, connect
+from pyqueue.drivers.queue import Queue
+from pyqueue.ops.service import Services
 from pyqueue.tasks import Tasks, current_job
-from pyqueue.worker import Worker
+from pyqueue.worker.worker import Worker
 
 QUEUES = ("demo-emails", "demo-reports")
 NAMESPACE = "demo"

@@ -36,10 +36,10 @@ from typing import Any
 
 import redis
 
-from pyqueue.core import Plan
-from pyqueue.queue import QueueCore
+from pyqueue.protocol.core import Plan
+from pyqueue.drivers.queue import QueueCore
 from pyqueue import Job, Outcome, Queue, Tasks, connect, current_job
-from pyqueue.models import Leased
+from pyqueue.protocol.models import Leased
 
 POISON_PREFIX = "poison"
 log = logging.getLogger("crash_handlers")

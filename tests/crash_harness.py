@@ -83,7 +83,7 @@ TICK_PREFIX = "tick:"
 
 from pyqueue import DeadJob, NewJob, Queue, Stats  # noqa: E402
 from pyqueue.tasks import envelope  # noqa: E402
-from pyqueue.worker import CRASH_POINTS  # noqa: E402
+from pyqueue.worker.worker import CRASH_POINTS  # noqa: E402
 
 PREFIX = "pq"
 
@@ -573,7 +573,7 @@ _POISON_LINE = re.compile(rb"poison job \S+ attempt \d+: SIGKILL")
 _SELF_KILL_PID = re.compile(rb"\[(\d+)\]: (?:crash point \w+|poison job \S+ attempt \d+): SIGKILL")
 _EVICTED = re.compile(rb"lost its registration")
 _LOST_LEASE = re.compile(rb"lost its lease|finished but its lease was lost")
-# A supervisor's lines about its children (pyqueue/runtime/supervisor.py).
+# A supervisor's lines about its children (pyqueue/worker/supervisor.py).
 # Every line about a child's SIGKILL names its pid: a death is one pid, whether its
 # supervisor logged "... after <s>; replacing it" or, stopping, only "worker process <pid>
 # killed by SIGKILL" (a child dying as its trial ended).

@@ -10,7 +10,7 @@ from typing import Any
 import redis
 
 from pyqueue import NewJob, Queue
-from pyqueue.scripts import lua_source
+from pyqueue.drivers.scripts import lua_source
 
 T0 = 1_000_000
 

@@ -40,9 +40,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
 from pyqueue import EventsSetting, Job, JobInfo, JobResult, NewJob, Outcome, Queue, ServiceLost
-from pyqueue.core import decode_result, encode_result
-from pyqueue.keys import QueueKeys, ServiceKeys
-from pyqueue.models import (
+from pyqueue.protocol.core import decode_result, encode_result
+from pyqueue.protocol.keys import QueueKeys, ServiceKeys
+from pyqueue.protocol.models import (
     DeadJob,
     DeadPage,
     Enqueued,
@@ -58,10 +58,10 @@ from pyqueue.models import (
     Scrubbed,
     Stats,
 )
-from pyqueue.queue import DEFAULT_MAINTENANCE_LIMIT, DEFAULT_MAX_ATTEMPTS
-from pyqueue.scripts import Scripts
-from pyqueue.service import DEAD_LIMIT, DEFAULT_EXPIRE_MS, GC_LIMIT, Service, Services
-from pyqueue.verbs.flows import WAIT_DUE_MS
+from pyqueue.drivers.queue import DEFAULT_MAINTENANCE_LIMIT, DEFAULT_MAX_ATTEMPTS
+from pyqueue.drivers.scripts import Scripts
+from pyqueue.ops.service import DEAD_LIMIT, DEFAULT_EXPIRE_MS, GC_LIMIT, Service, Services
+from pyqueue.protocol.verbs.flows import WAIT_DUE_MS
 
 #: The model's clock starts at a realistic server time (2023-11-14, in ms since the
 #: epoch); steps go forwards and backwards from it.

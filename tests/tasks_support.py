@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from pyqueue.aio_worker import AsyncWorker
-from pyqueue.models import JobInfo
+from pyqueue.worker.aio import AsyncWorker
+from pyqueue.protocol.models import JobInfo
 from pyqueue.tasks import Tasks
 
 

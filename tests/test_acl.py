@@ -37,13 +37,13 @@ import redis
 from conftest import RedisServer, require_redis_server
 from helpers import T0, busy_queue, calls_touching_every_key, dump_all, restore_all
 
-from pyqueue.core import enqueue_call, stats_call
+from pyqueue.protocol.core import enqueue_call, stats_call
 from pyqueue import Job, NewJob, Outcome, Queue, ScriptError
-from pyqueue.keys import ServiceKeys
-from pyqueue.clients import check_server, forget_server_checks
-from pyqueue.scripts import SCRIPT_KEYS, lua_source
-from pyqueue.service import Services
-from pyqueue.worker import Retry, Worker
+from pyqueue.protocol.keys import ServiceKeys
+from pyqueue.drivers.clients import check_server, forget_server_checks
+from pyqueue.drivers.scripts import SCRIPT_KEYS, lua_source
+from pyqueue.ops.service import Services
+from pyqueue.worker.worker import Retry, Worker
 
 #: The recipe, as README.md gives it: queue ``emails``, service namespace ``workers``,
 #: prefix ``pq``. ``reset`` clears earlier rules (passwords, keys, channels, commands:
@@ -62,7 +62,7 @@ ROLE_SCRIPTS: dict[str, tuple[str, ...]] = {
     # flow_record: a flow's sender keeps its record before sending its steps.
     "producer": ("enqueue", "stats", "result", "flow_wait", "flow_record"),
     "worker": (
-        # enqueue: the periodic jobs a worker's schedules enqueue (pyqueue.schedules).
+        # enqueue: the periodic jobs a worker's schedules enqueue (pyqueue.ops.schedules).
         "enqueue", "lease", "ack", "ack_result", "nack", "extend", "release", "promote", "scrub", "peek",
         "service_register", "service_renew", "service_deregister",
         # flow_done: the end of a flow's step, reported by its worker and by flow checks.
@@ -101,7 +101,7 @@ SENT_BY_DRIVER: dict[str, dict[str, str]] = {
         "get": "the namespace's last id, before registering",
         "hget": "a re-sent registration recognises its own token; the recorded partition count",
         "hsetnx": "records the queue's partition count at start",
-        "time": "flow checks: which checks of waiting jobs are due (pyqueue.runtime.flows)",
+        "time": "flow checks: which checks of waiting jobs are due (pyqueue.worker.flows)",
         "zrangebyscore": "flow checks: the waiting jobs whose check is due",
         "zrangebylex": "flow checks: what each waiting job still waits for",
     },

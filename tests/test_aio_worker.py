@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from pyqueue import InvalidArgument, Job, NewJob, Queue
-from pyqueue.aio_worker import AsyncWorker
+from pyqueue.worker.aio import AsyncWorker
 
 #: Also on the Redis Cluster backend.
 ON_CLUSTER = True

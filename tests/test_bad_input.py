@@ -15,9 +15,9 @@ import redis
 from helpers import T0, argv_rule, busy_queue, calls_touching_every_key, dump_all
 
 from pyqueue import InvalidArgument, Job, NewJob, Queue, WrongTypeError
-from pyqueue.errors import map_redis_error
-from pyqueue.scripts import SCRIPT_KEYS
-from pyqueue.service import Services
+from pyqueue.protocol.errors import map_redis_error
+from pyqueue.drivers.scripts import SCRIPT_KEYS
+from pyqueue.ops.service import Services
 
 RECEIPT = "w|c|1|1|job"
 

@@ -22,10 +22,10 @@ import redis
 from tasks_support import burst, job_state, wait_for
 
 from pyqueue import InvalidArgument, Job, NewJob, Queue, Result, Retry, TimeLimitExceeded
-from pyqueue.aio_worker import AsyncWorker
-from pyqueue.queue import QueueCore
+from pyqueue.worker.aio import AsyncWorker
+from pyqueue.drivers.queue import QueueCore
 from pyqueue.tasks import Fail, Tasks, current_batch
-from pyqueue.worker import Worker
+from pyqueue.worker.worker import Worker
 
 FAST = {"backoff_base_ms": 1, "backoff_cap_ms": 5, "block_ms": 100}
 

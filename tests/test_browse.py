@@ -10,8 +10,8 @@ import redis
 from conftest import dump_all
 
 from pyqueue import InvalidArgument, JobEntry, NewJob, Queue, WrongTypeError
-from pyqueue.core import partition_of
-from pyqueue.models import WAITING_DUE_MS
+from pyqueue.protocol.core import partition_of
+from pyqueue.protocol.models import WAITING_DUE_MS
 
 ASYNC_TOO = True
 

@@ -11,8 +11,8 @@ import pytest
 import redis
 
 from pyqueue import Cancelled, InvalidArgument, Job, NewJob, Outcome, Queue
-from pyqueue.aio_worker import AsyncWorker
-from pyqueue.worker import Worker
+from pyqueue.worker.aio import AsyncWorker
+from pyqueue.worker.worker import Worker
 
 ON_CLUSTER = True
 ASYNC_TOO = True
@@ -198,7 +198,7 @@ def test_a_jobs_cancelled_flag_acts_as_an_event_between_threads() -> None:
     """``Job.cancelled`` is a flag that makes its Event only when a handler waits (one
     per leased job otherwise costs a lock and a condition): set before a wait, during
     one, from another thread, by many waiters at once: every waiter wakes."""
-    from pyqueue.models import CancelFlag
+    from pyqueue.protocol.models import CancelFlag
 
     flag = CancelFlag()
     assert not flag.is_set() and flag.wait(0.01) is False

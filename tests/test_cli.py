@@ -14,7 +14,7 @@ from conftest import RedisClusterProcesses, RedisServer
 
 from pyqueue import Queue, connect
 from pyqueue.cli import main, table
-from pyqueue.service import Services
+from pyqueue.ops.service import Services
 
 
 @pytest.fixture(params=["real", "cluster"])

@@ -17,7 +17,7 @@ from test_cli import url  # noqa: F401 (the fixture: a real server's or a cluste
 
 from pyqueue import Queue, Tasks, connect
 from pyqueue.cli import main
-from pyqueue.service import Services
+from pyqueue.ops.service import Services
 
 APP = textwrap.dedent(
     """

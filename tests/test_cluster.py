@@ -19,11 +19,11 @@ from redis.crc import key_slot
 
 from pyqueue import Job, NewJob, NotReplicated, Outcome, OutcomeUnknown, Queue, connect
 from pyqueue.cli import main
-from pyqueue.clients import bytes_client, primaries
-from pyqueue.queue import peek_many
-from pyqueue.service import Services
-from pyqueue.waiting import slot_groups
-from pyqueue.worker import EXIT_OK, Worker
+from pyqueue.drivers.clients import bytes_client, primaries
+from pyqueue.drivers.queue import peek_many
+from pyqueue.ops.service import Services
+from pyqueue.drivers.waiting import slot_groups
+from pyqueue.worker.worker import EXIT_OK, Worker
 
 
 def on_distinct_primaries(client: RedisCluster, count: int) -> list[str]:

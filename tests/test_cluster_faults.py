@@ -34,9 +34,9 @@ from conftest import RedisClusterProcesses, require_redis_server
 from redis.crc import key_slot
 
 from pyqueue import Job, NewJob, Outcome, Queue
-from pyqueue.clients import connect, is_cluster
-from pyqueue.errors import PyQueueError
-from pyqueue.worker import EXIT_OK, Worker
+from pyqueue.drivers.clients import connect, is_cluster
+from pyqueue.protocol.errors import PyQueueError
+from pyqueue.worker.worker import EXIT_OK, Worker
 
 PRELOADED = 1000  # jobs in the queue before the worker starts
 PRODUCED = 2000  # jobs the producer enqueues while the fault happens

@@ -1,4 +1,4 @@
-"""Group commit (pyqueue/commit.py): its invariants, on fakeredis and a real server.
+"""Group commit (pyqueue/worker/commit.py): its invariants, on fakeredis and a real server.
 
 * handlers that finish while a call is in flight share the next call, and each gets its
   own outcome and at most one job of its own;
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from pyqueue import Job, Leased, NewJob, Outcome, OutcomeUnknown, Queue
-from pyqueue.commit import CommitLoop, GroupCommit
+from pyqueue.worker.commit import CommitLoop, GroupCommit
 
 T = TypeVar("T")
 T0 = 1_000_000

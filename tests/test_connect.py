@@ -1,6 +1,6 @@
 """A queue made without a client (``Queue(name)``, ``AsyncQueue(name)``) talks to the
 server named by ``PYQUEUE_URL``, and only without it to the embedded fakeredis; the
-choice is logged once, a password hidden (pyqueue.clients.default_client, DESIGN §17)."""
+choice is logged once, a password hidden (pyqueue.drivers.clients.default_client, DESIGN §17)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import redis
 
 from pyqueue import InvalidArgument, Queue, connect
 from pyqueue.aio import AsyncQueue
-from pyqueue.clients import client_url, embedded_redis, embedded_server, redact_url, reset_default_clients
-from pyqueue.partitioned import PartitionedQueue
+from pyqueue.drivers.clients import client_url, embedded_redis, embedded_server, redact_url, reset_default_clients
+from pyqueue.drivers.partitioned import PartitionedQueue
 
 from conftest import RedisServer, free_ports
 
@@ -132,7 +132,7 @@ def test_redact_url_hides_only_passwords() -> None:
 
 
 def test_client_url_names_a_clients_server_without_its_password() -> None:
-    """What a worker's warnings call its server (pyqueue.clients.client_url)."""
+    """What a worker's warnings call its server (pyqueue.drivers.clients.client_url)."""
     made = connect("unix://:s3cret@/tmp/nowhere.sock?db=2")  # no connection is opened yet
     assert client_url(made) == "unix://:***@/tmp/nowhere.sock?db=2"  # the URL it was made from
     assert client_url(connect("redis://u:s3cret@10.0.0.1:7000/1", cluster=False)) == "redis://u:***@10.0.0.1:7000/1"

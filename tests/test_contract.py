@@ -9,8 +9,8 @@ import lua_build
 import pytest
 
 import pyqueue
-from pyqueue.errors import CODES
-from pyqueue.scripts import SCRIPT_KEYS, lua_dir
+from pyqueue.protocol.errors import CODES
+from pyqueue.drivers.scripts import SCRIPT_KEYS, lua_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -21,9 +21,9 @@ from helpers import T0, ArgvRule, argv_rule, busy_queue, calls_touching_every_ke
 
 import pyqueue
 from pyqueue import ContractMismatch, InvalidArgument, OutcomeUnknown, Queue
-from pyqueue.errors import map_redis_error
-from pyqueue.scripts import CONTRACT_VERSION, SCRIPT_KEYS, contract_version, lua_dir, lua_source
-from pyqueue.service import Service, Services
+from pyqueue.protocol.errors import map_redis_error
+from pyqueue.drivers.scripts import CONTRACT_VERSION, SCRIPT_KEYS, contract_version, lua_dir, lua_source
+from pyqueue.ops.service import Service, Services
 
 NOW = T0 + 60
 

@@ -46,9 +46,9 @@ import redis
 from conftest import RedisServer
 
 from pyqueue import NewJob, Outcome, Queue
-from pyqueue.core import ScriptCall
-from pyqueue.scripts import lua_dir, lua_source
-from pyqueue.service import RunningJob, Services
+from pyqueue.protocol.core import ScriptCall
+from pyqueue.drivers.scripts import lua_dir, lua_source
+from pyqueue.ops.service import RunningJob, Services
 
 #: The commands that run a script; the window must hold exactly one EVALSHA of them.
 SCRIPT_CALLS = frozenset({"evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro"})

@@ -34,7 +34,7 @@ from pyqueue.dashboard import app as app_module  # noqa: E402
 from pyqueue.dashboard.app import DashboardConfig, create_app  # noqa: E402
 from pyqueue.dashboard.history import Sampler  # noqa: E402
 from pyqueue.dashboard.security import CSRF_COOKIE, DashboardRefused, check_bind  # noqa: E402
-from pyqueue.service import RunningJob, Services  # noqa: E402
+from pyqueue.ops.service import RunningJob, Services  # noqa: E402
 from pyqueue.tasks import TaskDead, Tasks, chord  # noqa: E402
 
 #: Also on the Redis Cluster backend (conftest.BACKENDS).

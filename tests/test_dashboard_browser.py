@@ -23,7 +23,7 @@ import pytest
 from conftest import IN_CI, RedisServer
 
 from pyqueue import NewJob, Queue
-from pyqueue.service import Services
+from pyqueue.ops.service import Services
 
 CHROMIUM = os.environ.get("PYQUEUE_CHROMIUM", "/usr/bin/chromium")
 SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "dashboard.png"

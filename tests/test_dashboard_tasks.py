@@ -23,7 +23,7 @@ from pyqueue import InvalidArgument  # noqa: E402
 from pyqueue.cli import main  # noqa: E402
 from pyqueue.dashboard.app import DashboardConfig, create_app  # noqa: E402
 from pyqueue.dashboard.taskview import Histogram, check_urls, read_task_view  # noqa: E402
-from pyqueue.tasks.metrics import TaskMetrics  # noqa: E402
+from pyqueue.tasks.telemetry import TaskMetrics  # noqa: E402
 
 
 def test_quantiles_interpolate_within_a_bucket_as_histogram_quantile_does() -> None:

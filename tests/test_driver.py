@@ -10,10 +10,10 @@ import fakeredis
 import pytest
 import redis
 
-from pyqueue.core import enqueue_call, stats_call
+from pyqueue.protocol.core import enqueue_call, stats_call
 from pyqueue import OutcomeUnknown, Queue, connect
-from pyqueue.clients import bytes_client, node_for_key, primaries
-from pyqueue.scripts import lua_dir
+from pyqueue.drivers.clients import bytes_client, node_for_key, primaries
+from pyqueue.drivers.scripts import lua_dir
 
 #: Also on the Redis Cluster backend (conftest.BACKENDS).
 ON_CLUSTER = True

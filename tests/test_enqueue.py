@@ -9,9 +9,10 @@ import redis
 
 from helpers import dump_all
 
-from pyqueue import InvalidArgument, NewJob, Outcome, PayloadTooLarge, Queue, core
-from pyqueue.core import DEFAULT_MAX_PAYLOAD_BYTES, MAX_CALL_PAYLOAD_BYTES
-from pyqueue.keys import QueueKeys
+from pyqueue import InvalidArgument, NewJob, Outcome, PayloadTooLarge, Queue
+from pyqueue.protocol import core
+from pyqueue.protocol.core import DEFAULT_MAX_PAYLOAD_BYTES, MAX_CALL_PAYLOAD_BYTES
+from pyqueue.protocol.keys import QueueKeys
 
 #: Also on the Redis Cluster backend (conftest.BACKENDS).
 ON_CLUSTER = True

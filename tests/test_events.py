@@ -1,4 +1,4 @@
-"""A queue's event stream (lua/README.md section 2.5, pyqueue/verbs/events.py): a queue
+"""A queue's event stream (lua/README.md section 2.5, pyqueue/protocol/verbs/events.py): a queue
 opts in with set_events, and every script that changes a job's state appends its events
 in the same call; readers read on from the number of the last event they saw, so nothing
 is skipped, and learn how many events the bound trimmed before they read them. A queue
@@ -17,7 +17,7 @@ import pytest
 from conftest import all_keys, dump_all
 
 from pyqueue import Event, EventsSetting, InvalidArgument, NewJob, Outcome, Queue
-from pyqueue.partitioned import PartitionedQueue
+from pyqueue.drivers.partitioned import PartitionedQueue
 
 ASYNC_TOO = True
 ON_CLUSTER = True

@@ -15,8 +15,8 @@ import redis
 from conftest import RedisServer
 
 from pyqueue import Queue
-from pyqueue.aio_worker import AsyncWorker
-from pyqueue.clients import embedded_redis
+from pyqueue.worker.aio import AsyncWorker
+from pyqueue.drivers.clients import embedded_redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from examples import fastapi_app  # noqa: E402

@@ -105,7 +105,7 @@ def test_time_limit_stops_both_tasks_and_the_catching_one_cleans_up(env: Env) ->
     # Two threads print at once (the main thread and a task's), and print() writes its
     # text and its newline separately: another line may land between them. So the text
     # of each line is looked for, not whole lines.
-    limit = "pyqueue.slots.TimeLimitExceeded: task {0} exceeded its time limit of 0.5s"
+    limit = "pyqueue.worker.slots.TimeLimitExceeded: task {0} exceeded its time limit of 0.5s"
     assert f"long_running is dead: {limit.format('long_running')}" in out
     assert f"long_running_with_catch is dead: {limit.format('long_running_with_catch')}" in out
     # long_running ran twice (max_attempts=2), the catching one once, and cleaned up.

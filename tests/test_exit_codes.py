@@ -25,7 +25,7 @@ import pytest
 from conftest import RedisServer, free_ports, require_redis_server
 
 from pyqueue import AuthenticationFailed, OutcomeUnknown, Queue, Worker, connect
-from pyqueue import worker as worker_module
+from pyqueue.worker import worker as worker_module
 from pyqueue.cli import main
 
 TESTS = Path(__file__).resolve().parent

@@ -24,7 +24,7 @@ import pyqueue.tasks.flows as task_flows
 from pyqueue import InvalidArgument, NewJob, Queue
 from pyqueue.tasks import HookOutcome, Middleware, MiddlewareError, Sending, TaskDead, TaskRun, Tasks, chain, chord, current_job, group
 from pyqueue.tasks.flows import children_flow_id
-from pyqueue.verbs.flows import WAIT_DUE_MS, FlowDone
+from pyqueue.protocol.verbs.flows import WAIT_DUE_MS, FlowDone
 
 #: Also on the async driver (conftest.Blocking), for the engine's verbs.
 ASYNC_TOO = True
@@ -326,7 +326,7 @@ def test_a_report_lost_with_its_worker_is_made_by_a_flow_check(
 ) -> None:
     # The worker acks each step but never reports it (as if it died right after its
     # ack): the waiting step is released by a flow check of its queue instead.
-    from pyqueue.tasks.runtime import Dispatcher
+    from pyqueue.tasks.dispatch import Dispatcher
 
     monkeypatch.setattr(Dispatcher, "job_ended", lambda self, job, how: None)
     monkeypatch.setattr(task_flows, "FLOW_CHECK_MS", 200)
@@ -433,9 +433,9 @@ def test_a_running_task_spawns_children_and_then_a_callback_gets_their_results(a
 
 
 def test_a_spawning_run_retried_sends_its_children_once(app: Tasks, r: Any) -> None:
-    from pyqueue.models import Job
+    from pyqueue.protocol.models import Job
     from pyqueue.tasks.flows import send_children
-    from pyqueue.tasks.runtime import TaskRun
+    from pyqueue.tasks.dispatch import TaskRun
 
     add, total = task(app, "add"), task(app, "total")
     job = Job("p1", "math", b"", 1, 1, 5, 0, "o|c|1|1|p1")

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 
 from conftest import RedisServer
 from pyqueue import InvalidArgument, Job, NewJob, Outcome, Queue
-from pyqueue.service import Services
+from pyqueue.ops.service import Services
 
 #: A failing @given test makes Hypothesis's pytest plugin write a patch with libcst, which
 #: imports mypy_extensions.TypedDict (deprecated): under filterwarnings=error that warning

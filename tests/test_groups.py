@@ -218,7 +218,7 @@ def test_the_cap_holds_in_the_handlers_own_log_with_8_threads_and_a_killed_worke
     import time
     from collections import Counter
 
-    from pyqueue.worker import Worker
+    from pyqueue.worker.worker import Worker
 
     q = Queue("capped", r)
     q.set_group_limit(2)

@@ -1,5 +1,5 @@
 """The worker reads what a handler offers beyond being callable from one declaration,
-``handler_spec()`` (pyqueue.runtime.handler), never by probing its attributes."""
+``handler_spec()`` (pyqueue.worker.handler), never by probing its attributes."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import fakeredis
 import pytest
 
 from pyqueue import InvalidArgument, Worker
-from pyqueue.models import Job
-from pyqueue.runtime.batch import BatchSpec
-from pyqueue.runtime.handler import PLAIN, DeclaredHandler, HandlerSpec, spec_of
+from pyqueue.protocol.models import Job
+from pyqueue.worker.batch import BatchSpec
+from pyqueue.worker.handler import PLAIN, DeclaredHandler, HandlerSpec, spec_of
 
 
 def plain(job: Job) -> None:

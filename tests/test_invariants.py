@@ -21,8 +21,8 @@ from helpers import T0, busy_queue, calls_touching_every_key, contents, dump_all
 from redis.cluster import key_slot
 
 from pyqueue import Job, NewJob, Outcome, Queue
-from pyqueue.keys import ROLES
-from pyqueue.scripts import SCRIPT_KEYS, lua_dir
+from pyqueue.protocol.keys import ROLES
+from pyqueue.drivers.scripts import SCRIPT_KEYS, lua_dir
 
 
 class Walk:

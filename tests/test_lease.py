@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import redis
 
-from pyqueue.core import lease_call
+from pyqueue.protocol.core import lease_call
 from pyqueue import NewJob, Outcome, Queue
 
 #: Also on the Redis Cluster backend (conftest.BACKENDS).

@@ -50,13 +50,13 @@ from crash_harness import RedisProcess
 from helpers import T0, contents
 from proxy import Fault, FaultProxy, Rule, evalsha_of
 
-from pyqueue.core import service_register_call, service_renew_call
+from pyqueue.protocol.core import service_register_call, service_renew_call
 from pyqueue import aio
 from pyqueue.aio import AsyncQueue
 from pyqueue import EventsSetting, Job, Leased, NewJob, Outcome, OutcomeUnknown, Queue, ServiceLost, connect
-from pyqueue.scripts import SCRIPT_KEYS, lua_source
-from pyqueue.service import Service, Services
-from pyqueue.worker import Worker
+from pyqueue.drivers.scripts import SCRIPT_KEYS, lua_source
+from pyqueue.ops.service import Service, Services
+from pyqueue.worker.worker import Worker
 
 NOW = T0 + 60
 #: A late reply: the client gives up after SHORT_TIMEOUT_S; the proxy answers after LATE_S.

@@ -3,7 +3,7 @@ scripts and the Python driver do (issue #35, item 11): what can be checked mecha
 is checked here, against the scripts' headers and against real calls.
 
 * the contract version every "contract vN" of the page states, against
-  ``pyqueue.scripts.CONTRACT_VERSION``, every header's ``Contract v<N>`` line and the
+  ``pyqueue.drivers.scripts.CONTRACT_VERSION``, every header's ``Contract v<N>`` line and the
   Lua constant;
 * the KEYS (roles, in order) and the ARGV counts of every script's row in §4.2 and §7,
   against its header (``KEYS (n)`` and its list; ``ARGV (...)`` as ``helpers.argv_rule``
@@ -40,9 +40,9 @@ from helpers import T0, ArgvRule, argv_rule
 from tasks_support import burst
 
 from pyqueue import InvalidArgument, NewJob, Queue
-from pyqueue.keys import QueueKeys
-from pyqueue.scripts import CONTRACT_VERSION, SCRIPT_KEYS, contract_version, lua_dir, lua_source
-from pyqueue.service import Services
+from pyqueue.protocol.keys import QueueKeys
+from pyqueue.drivers.scripts import CONTRACT_VERSION, SCRIPT_KEYS, contract_version, lua_dir, lua_source
+from pyqueue.ops.service import Services
 from pyqueue.tasks import Fail, Retry, Tasks
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -492,9 +492,9 @@ WORKER_ERRORS: dict[str, tuple[str, str, str]] = {
         "§9.3, opts.max_age_ms", "old", r"max_age exceeded: due \d+\.\d{3}s ago, max_age is 30s; not run"),
     "a per-send option does not resolve on this worker: ...": (
         "§9.3, opts", "bad-opts", r"a per-send option does not resolve on this worker: .+"),
-    "pyqueue.slots.TimeLimitExceeded: task <name> exceeded its time limit of <s>s": (
+    "pyqueue.worker.slots.TimeLimitExceeded: task <name> exceeded its time limit of <s>s": (
         "§9.3, opts.time_limit_ms", "slow",
-        r"pyqueue\.slots\.TimeLimitExceeded: task readme\.slow exceeded its time limit of 0\.05s"),
+        r"pyqueue\.worker\.slots\.TimeLimitExceeded: task readme\.slow exceeded its time limit of 0\.05s"),
     "unknown task '<name>'": ("§9.5, unknown task name", "unknown", r"unknown task 'readme\.nope'"),
     "the result cannot be stored: ...": ("§9.5, result kept", "unstorable", r"the result cannot be stored: .+"),
     "card declined": ("§9.5, Fail with a reason: bare", "fail-reason", r"card declined"),

@@ -17,9 +17,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pyqueue import NewJob, Queue
-from pyqueue.metrics import COUNTERS, STATES, PyQueueCollector
-from pyqueue.service import Services
-from pyqueue.worker import Worker
+from pyqueue.ops.metrics import COUNTERS, STATES, PyQueueCollector
+from pyqueue.ops.service import Services
+from pyqueue.worker.worker import Worker
 
 #: Also on the Redis Cluster backend (conftest.BACKENDS).
 ON_CLUSTER = True

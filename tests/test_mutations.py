@@ -36,7 +36,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from model import JOB_CONTROL_RULES, Backend, FakeBackend, RealBackend, machine_for, model_settings
 
 from pyqueue import PyQueueError
-from pyqueue.scripts import SCRIPT_KEYS, lua_dir
+from pyqueue.drivers.scripts import SCRIPT_KEYS, lua_dir
 
 EXAMPLES = int(os.environ.get("PYQUEUE_MUTANT_EXAMPLES", 500))
 STEPS = 50

@@ -71,13 +71,13 @@ import redis
 from conftest import IN_CI, RedisServer, dump_all
 
 from pyqueue import Job, NewJob, Outcome, Queue
-from pyqueue.core import decode_result, encode_result
-from pyqueue.queue import DEFAULT_LEASE_MS
-from pyqueue.scripts import CONTRACT_VERSION
-from pyqueue.service import Services
+from pyqueue.protocol.core import decode_result, encode_result
+from pyqueue.drivers.queue import DEFAULT_LEASE_MS
+from pyqueue.drivers.scripts import CONTRACT_VERSION
+from pyqueue.ops.service import Services
 from pyqueue.tasks import Backoff, EnvelopeError, Task, TaskDead, Tasks, chord, current_job, envelope
 from pyqueue.tasks.codec import canonical, from_json, to_json
-from pyqueue.worker import Worker
+from pyqueue.worker.worker import Worker
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent

@@ -22,8 +22,8 @@ import redis
 
 from pyqueue import InvalidArgument, NotReplicated, OutcomeUnknown, Queue, ScriptError, ScriptNotLoaded
 from pyqueue.aio import AsyncQueue
-from pyqueue.scripts import NOSCRIPT_RELOADS, lua_source
-from pyqueue.worker import EXIT_OK, Worker
+from pyqueue.drivers.scripts import NOSCRIPT_RELOADS, lua_source
+from pyqueue.worker.worker import EXIT_OK, Worker
 from conftest import Blocking, async_client
 
 #: Also on the Redis Cluster backend (conftest.BACKENDS), and a test that takes

@@ -37,11 +37,11 @@ from helpers import contents, dump_all, restore_all
 from pyqueue import Job, NewJob, Outcome, OutOfMemory, Queue
 from pyqueue.aio import AsyncQueue
 from pyqueue.cli import main as cli_main
-from pyqueue.clients import forget_server_checks
-from pyqueue.queue import MAX_BATCH
-from pyqueue.scripts import SCRIPT_KEYS
-from pyqueue.service import Services
-from pyqueue.worker import Worker
+from pyqueue.drivers.clients import forget_server_checks
+from pyqueue.drivers.queue import MAX_BATCH
+from pyqueue.drivers.scripts import SCRIPT_KEYS
+from pyqueue.ops.service import Services
+from pyqueue.worker.worker import Worker
 
 PAYLOAD = b"p" * 100
 
@@ -114,7 +114,7 @@ def test_every_entry_point_warns_once_per_process_when_the_server_may_evict_queu
         return found
 
     from pyqueue.dashboard.app import DashboardConfig, create_app
-    from pyqueue.metrics import PyQueueCollector
+    from pyqueue.ops.metrics import PyQueueCollector
 
     entry_points: dict[str, Callable[[], Any]] = {
         "Queue(name, client)": lambda: Queue("q", server.client()),

@@ -153,7 +153,7 @@ def test_each_attempt_is_a_consumer_span_and_failures_are_recorded(traced: Trace
     (event,) = failed.events
     assert event.name == "exception" and (event.attributes or {})["exception.message"] == "attempt 1 failed"
     assert runs["flaky"][2].status.status_code == trace.StatusCode.UNSET and not runs["flaky"][2].events
-    assert (runs["refused"][0].attributes or {})["error.type"] == "pyqueue.runtime.endings.Fail"
+    assert (runs["refused"][0].attributes or {})["error.type"] == "pyqueue.worker.endings.Fail"
 
 
 def test_the_consumer_span_is_current_in_an_async_task(traced: Traced) -> None:
@@ -206,7 +206,7 @@ def test_a_run_stopped_at_its_time_limit_is_marked_so(traced: Traced) -> None:
     burst(tasks, **FAST)
     (consumer,) = traced.spans(CONSUMER)
     assert (consumer.attributes or {})["pyqueue.job.outcome"] == "time_limit"
-    assert (consumer.attributes or {})["error.type"] == "pyqueue.slots.TimeLimitExceeded"
+    assert (consumer.attributes or {})["error.type"] == "pyqueue.worker.slots.TimeLimitExceeded"
 
 
 def test_a_refused_send_ends_its_producer_span_with_the_error(traced: Traced) -> None:
@@ -319,7 +319,7 @@ def test_importing_pyqueue_does_not_import_opentelemetry() -> None:
         def otel():
             return {m for m in sys.modules if m.startswith("opentelemetry")}
         before = otel()
-        import pyqueue, pyqueue.tasks, pyqueue.worker, pyqueue.aio_worker, pyqueue.cli
+        import pyqueue, pyqueue.tasks, pyqueue.worker, pyqueue.worker.aio, pyqueue.cli
         pyqueue.Tasks, pyqueue.Middleware
         assert otel() == before, sorted(otel() - before)
         assert "pyqueue.contrib.otel" not in sys.modules

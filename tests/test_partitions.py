@@ -19,9 +19,9 @@ from conftest import RedisServer, all_keys, dump_all
 
 from pyqueue import InvalidArgument, Job, NewJob, Outcome, Queue
 from pyqueue.cli import main
-from pyqueue.partitioned import PartitionedQueue
-from pyqueue.queue import partition_of
-from pyqueue.worker import PARTITION_STREAK, Worker
+from pyqueue.drivers.partitioned import PartitionedQueue
+from pyqueue.drivers.queue import partition_of
+from pyqueue.worker.worker import PARTITION_STREAK, Worker
 
 #: Also on the Redis Cluster backend (conftest.BACKENDS).
 ON_CLUSTER = True

@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from pyqueue import Job, NewJob, Outcome, Queue
-from pyqueue.partitioned import PartitionedQueue
-from pyqueue.queue import partition_of
+from pyqueue.drivers.partitioned import PartitionedQueue
+from pyqueue.drivers.queue import partition_of
 
 K = 3
 IDS = tuple(f"j{i}" for i in range(12)) + ("a|b", "{x} y", "ü")

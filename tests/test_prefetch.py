@@ -23,9 +23,9 @@ import pytest
 import redis
 
 from pyqueue import InvalidArgument, Job, NewJob, Queue
-from pyqueue.aio_worker import AsyncWorker
+from pyqueue.worker.aio import AsyncWorker
 from pyqueue.cli import main
-from pyqueue.worker import Worker
+from pyqueue.worker.worker import Worker
 
 #: Leases extended every 200 ms: a cancel reaches the worker within that.
 LEASE_MS = 600

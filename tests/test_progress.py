@@ -17,7 +17,7 @@ from tasks_support import Serving, wait_for
 
 from pyqueue import InvalidArgument, NewJob, Outcome, Queue
 from pyqueue.tasks import Tasks, current_job
-from pyqueue.tasks.runtime import TaskRun
+from pyqueue.tasks.dispatch import TaskRun
 
 ASYNC_TOO = True
 ON_CLUSTER = True

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pyqueue import NewJob, Queue
-from pyqueue.queue import stats_many
+from pyqueue.drivers.queue import stats_many
 
 #: Also on the Redis Cluster backend (conftest.BACKENDS).
 ON_CLUSTER = True

@@ -15,7 +15,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from pyqueue import InvalidArgument, Job, JobResult, NewJob, Outcome, Queue, Result
-from pyqueue.core import MAX_RESULT_BYTES, decode_result, encode_result
+from pyqueue.protocol.core import MAX_RESULT_BYTES, decode_result, encode_result
 
 ON_CLUSTER = True
 ASYNC_TOO = True
@@ -225,7 +225,7 @@ def test_wait_result_sees_a_death_by_lease_expiry_within_a_slice(q: Queue, r: re
 
 
 def test_a_worker_keeps_results_when_asked(r: redis.Redis) -> None:
-    from pyqueue.worker import Worker
+    from pyqueue.worker.worker import Worker
 
     q = Queue("w", r)
     q.enqueue_many([NewJob(b"2", job_id="plain"), NewJob(b"3", job_id="wrapped")])
@@ -242,7 +242,7 @@ def test_a_worker_keeps_results_when_asked(r: redis.Redis) -> None:
 
 
 def test_a_worker_keeps_no_results_unless_asked_but_a_handler_may(r: redis.Redis) -> None:
-    from pyqueue.worker import Worker
+    from pyqueue.worker.worker import Worker
 
     q = Queue("w", r)
     q.enqueue_many([NewJob(b"", job_id="plain"), NewJob(b"", job_id="wrapped")])
@@ -254,7 +254,7 @@ def test_a_worker_keeps_no_results_unless_asked_but_a_handler_may(r: redis.Redis
 
 
 def test_a_result_that_cannot_be_stored_fails_the_job(r: redis.Redis) -> None:
-    from pyqueue.worker import Worker
+    from pyqueue.worker.worker import Worker
 
     q = Queue("w", r)
     q.enqueue(b"", job_id="odd", max_attempts=1)

@@ -1,4 +1,4 @@
-"""Periodic jobs (pyqueue.schedules): parsing and refusals, tick computation and the
+"""Periodic jobs (pyqueue.ops.schedules): parsing and refusals, tick computation and the
 keep_done_ms window as pure functions of an injected clock, the scheduler against a
 server, three workers scheduling the same ticks at once (each tick added once, run
 once), and, marked slow, three ``pyqueue worker`` processes killed and restarted at
@@ -24,7 +24,7 @@ from conftest import RedisServer
 
 from pyqueue import InvalidArgument, Job, Outcome, OutcomeUnknown, Queue
 from pyqueue.cli import main
-from pyqueue.schedules import (
+from pyqueue.ops.schedules import (
     ENQUEUE_MARGIN_MS,
     MAX_ROUND_S,
     Due,
@@ -36,8 +36,8 @@ from pyqueue.schedules import (
     server_now_ms,
     window_ms,
 )
-from pyqueue.service import Services
-from pyqueue.worker import Worker
+from pyqueue.ops.service import Services
+from pyqueue.worker.worker import Worker
 
 TESTS = Path(__file__).resolve().parent
 KEEP = 300_000  # the default keep_done_ms
@@ -264,7 +264,7 @@ def test_a_tick_older_than_the_window_is_skipped_and_logged_once(
     s = Schedule("daily", "q", cron="0 0 * * *")
     clock = Clock(ms(2025, 11, 22, 10, 0))  # ten hours after the last tick
     scheduler = Scheduler([s], {"q": q}, KEEP, clock=clock)
-    with caplog.at_level(logging.WARNING, "pyqueue.schedules"):
+    with caplog.at_level(logging.WARNING, "pyqueue.ops.schedules"):
         scheduler.round()
         clock.now_ms += 60_000
         scheduler.round()
@@ -304,7 +304,7 @@ def test_enqueue_errors_are_retried_next_round_and_never_end_the_thread(
     s = Schedule("s", "q", every_ms=60_000)
     clock = Clock(HOUR * 1000)
     scheduler = Scheduler([s], {"q": q}, KEEP, clock=clock)
-    with caplog.at_level(logging.WARNING, "pyqueue.schedules"):
+    with caplog.at_level(logging.WARNING, "pyqueue.ops.schedules"):
         assert scheduler.round() == MAX_ROUND_S
         assert q.stats().enqueued == 0 and "enqueue failed" in caplog.text
         scheduler.round()  # the same tick, again

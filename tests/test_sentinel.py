@@ -33,7 +33,7 @@ from test_cluster_faults import Producer, Tally, instrument, wait_until
 from pyqueue import InvalidArgument, Job, NewJob, Queue, connect
 from pyqueue.aio import AsyncQueue
 from pyqueue.cli import main
-from pyqueue.clients import (
+from pyqueue.drivers.clients import (
     SENTINEL_PORT,
     blocking_twin,
     bytes_client,
@@ -42,7 +42,7 @@ from pyqueue.clients import (
     reset_default_clients,
 )
 from pyqueue.tasks import Tasks
-from pyqueue.worker import EXIT_OK, Worker
+from pyqueue.worker.worker import EXIT_OK, Worker
 
 PRELOADED = 300  # jobs in the queue before the worker starts
 PRODUCED = 600  # jobs a producer thread enqueues while the fault happens

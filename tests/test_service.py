@@ -10,9 +10,9 @@ import redis
 from conftest import all_keys
 from helpers import T0, dump_all
 
-from pyqueue.core import service_register_call, service_renew_call
+from pyqueue.protocol.core import service_register_call, service_renew_call
 from pyqueue import InvalidArgument, NewJob, Outcome, Queue, ServiceExists, ServiceLost
-from pyqueue.service import MAX_RUNNING_BYTES, Renewed, RunningJob, Services, encode_running
+from pyqueue.ops.service import MAX_RUNNING_BYTES, Renewed, RunningJob, Services, encode_running
 
 #: Also on the Redis Cluster backend (conftest.BACKENDS).
 ON_CLUSTER = True

@@ -1,4 +1,4 @@
-"""``pyqueue worker --processes N``: the supervisor (pyqueue/runtime/supervisor.py) with
+"""``pyqueue worker --processes N``: the supervisor (pyqueue/worker/supervisor.py) with
 real worker processes on a real redis-server (issue #21). Each test runs
 ``python -m pyqueue worker supervisor_app:tasks --processes N`` and reads what ran from
 the run log the tasks write to Redis before their work (tests/supervisor_app.py), so a
@@ -35,8 +35,8 @@ from conftest import RedisServer
 
 import supervisor_app
 from pyqueue import Queue
-from pyqueue.runtime.supervisor import EXIT_CRASH_LOOP
-from pyqueue.service import Services
+from pyqueue.worker.supervisor import EXIT_CRASH_LOOP
+from pyqueue.ops.service import Services
 
 TESTS = Path(__file__).resolve().parent
 #: Bounds every wait of this file: far below the 60 s leases, far above what it takes.
@@ -324,8 +324,8 @@ def test_a_child_still_starting_stops_when_its_supervisor_is_gone() -> None:
     not retry for ever as an orphan. (Once registered, its heartbeat checks the same.)"""
     import redis
 
-    from pyqueue.runtime.lifecycle import Control, StoppedDuringStartUp
-    from pyqueue.runtime.running import Running
+    from pyqueue.worker.lifecycle import Control, StoppedDuringStartUp
+    from pyqueue.worker.running import Running
 
     gone = [False]
     control = Control(Running(1), parent_gone=lambda: gone[0])

@@ -1,4 +1,4 @@
-"""Per-task metrics (pyqueue/tasks/metrics.py, ``pyqueue worker --metrics-port``): a worker
+"""Per-task metrics (pyqueue/tasks/telemetry.py, ``pyqueue worker --metrics-port``): a worker
 thread on both backends runs tasks that return, raise and are retried, fail at once,
 use up their attempts, pass their time limit, wait in the queue or are sent with a
 delay; the registry then holds the exact run counts by outcome, one run-time
@@ -31,9 +31,9 @@ from tasks_support import Serving, burst, serve, wait_for  # noqa: F401 (serve: 
 from pyqueue import Fail, Middleware, Tasks, current_job
 from pyqueue.cli import main
 from pyqueue.tasks import HookOutcome, TaskRun
-from pyqueue.tasks.metrics import OUTCOMES, TaskMetrics, logical_queue, outcome_of
+from pyqueue.tasks.telemetry import OUTCOMES, TaskMetrics, logical_queue, outcome_of
 from pyqueue.tasks.middleware import run_ending
-from pyqueue.slots import TimeLimitExceeded
+from pyqueue.worker.slots import TimeLimitExceeded
 
 TESTS = Path(__file__).resolve().parent
 FAST = {"backoff": 0.01}

@@ -28,8 +28,8 @@ from conftest import RedisServer, all_keys, async_client
 from tasks_support import Serving, burst, job_state, serve, server_ms, wait_for  # noqa: F401 (serve: a fixture)
 
 from pyqueue import InvalidArgument, Queue
-from pyqueue.aio_worker import AsyncWorker
-from pyqueue.clients import embedded_server
+from pyqueue.worker.aio import AsyncWorker
+from pyqueue.drivers.clients import embedded_server
 from pyqueue.tasks import (
     Backoff,
     Fail,
@@ -40,7 +40,7 @@ from pyqueue.tasks import (
     TaskOptions,
     current_job,
 )
-from pyqueue.worker import Worker
+from pyqueue.worker.worker import Worker
 
 FAST = {"backoff_base_ms": 1, "backoff_cap_ms": 5}
 

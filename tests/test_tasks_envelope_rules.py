@@ -13,7 +13,7 @@ import redis
 from tasks_support import burst, job_state
 
 from pyqueue import NewJob
-from pyqueue.models import Job
+from pyqueue.protocol.models import Job
 from pyqueue.tasks import Tasks, envelope
 
 

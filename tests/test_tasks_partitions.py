@@ -14,8 +14,8 @@ import pytest
 from tasks_support import Serving
 
 from pyqueue import InvalidArgument, Queue
-from pyqueue.errors import PyQueueError
-from pyqueue.queue import partition_of
+from pyqueue.protocol.errors import PyQueueError
+from pyqueue.drivers.queue import partition_of
 from pyqueue.tasks import Tasks, chain
 
 ON_CLUSTER = True

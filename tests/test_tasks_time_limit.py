@@ -1,4 +1,4 @@
-"""Task time limits with real workers in threads, on both backends (pyqueue.slots and
+"""Task time limits with real workers in threads, on both backends (pyqueue.worker.slots and
 the worker's heartbeat): at its limit a job's lease is ended by a fenced nack (its late
 ack refused), the handler is stopped (TimeLimitExceeded in a thread, the asyncio task
 cancelled), and the worker goes on serving: the next job runs within a second of the
@@ -433,7 +433,7 @@ def test_a_plain_handler_that_calls_sys_exit_fails_its_job_and_the_worker_goes_o
     import sys
 
     from pyqueue import Queue
-    from pyqueue.worker import Worker
+    from pyqueue.worker.worker import Worker
 
     q = Queue("exits", r)
     q.enqueue(b"x", job_id="bye", max_attempts=1)

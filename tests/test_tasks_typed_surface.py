@@ -22,7 +22,7 @@ from conftest import async_client
 import pyqueue
 import pyqueue.tasks
 from pyqueue import InvalidArgument
-from pyqueue.core import DEFAULT_MAX_ATTEMPTS
+from pyqueue.protocol.core import DEFAULT_MAX_ATTEMPTS
 from pyqueue.tasks import Backoff, Tasks, TaskOptions, chain
 
 
@@ -352,7 +352,7 @@ def test_every_exported_name_is_importable(module: str) -> None:
 
 
 def test_each_exported_name_is_one_object_wherever_it_is_exported() -> None:
-    from pyqueue.runtime import endings
+    from pyqueue.worker import endings
     from pyqueue.tasks import policy
     from pyqueue import worker
 

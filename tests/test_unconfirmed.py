@@ -1,4 +1,4 @@
-"""Acks whose WAIT fell short (pyqueue/unconfirmed.py): sent again on the same queue
+"""Acks whose WAIT fell short (pyqueue/protocol/unconfirmed.py): sent again on the same queue
 object, they answer what the lost reply said. On fakeredis and a real redis-server,
 both drivers; not on the cluster backend: the async driver refuses wait_replicas there,
 and the failover is played by restoring one server's keys (tests/test_cluster.py covers

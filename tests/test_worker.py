@@ -25,15 +25,15 @@ import pytest
 import redis
 from conftest import RedisServer, all_keys
 
-from pyqueue.core import enqueue_call, lease_call
+from pyqueue.protocol.core import enqueue_call, lease_call
 from pyqueue.cli import main
-from pyqueue.clients import node_for_key
-from pyqueue.scripts import lua_source
+from pyqueue.drivers.clients import node_for_key
+from pyqueue.drivers.scripts import lua_source
 
 from pyqueue import InvalidArgument, Job, NewJob, Outcome, Queue
-from pyqueue.service import Services
-import pyqueue.runtime.fetch as fetch_module
-from pyqueue.worker import EXIT_MISCONFIGURED, EXIT_OK, EXIT_REGISTRATION_LOST, Retry, Worker
+from pyqueue.ops.service import Services
+import pyqueue.worker.fetch as fetch_module
+from pyqueue.worker.worker import EXIT_MISCONFIGURED, EXIT_OK, EXIT_REGISTRATION_LOST, Retry, Worker
 
 #: Also on the Redis Cluster backend (conftest.BACKENDS).
 ON_CLUSTER = True

@@ -37,8 +37,8 @@ import click
 from flask import Flask, current_app
 from flask.cli import AppGroup
 
-from pyqueue.clients import connect
-from pyqueue.queue import DEFAULT_PREFIX
+from pyqueue.drivers.clients import connect
+from pyqueue.drivers.queue import DEFAULT_PREFIX
 from pyqueue.tasks import HookOutcome, Middleware, Tasks, TaskRun
 
 

@@ -59,8 +59,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from pyqueue.tasks.handle import SentTask
 from pyqueue.tasks.middleware import HookOutcome, Middleware, Sending
-from pyqueue.tasks.runtime import TaskRun
-from pyqueue.worker import error_text
+from pyqueue.tasks.dispatch import TaskRun
+from pyqueue.worker.worker import error_text
 
 #: ``messaging.system``: this library (see the module docstring).
 SYSTEM = "pyqueue"

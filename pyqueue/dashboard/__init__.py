@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import importlib
 
-from pyqueue.errors import PyQueueError
+from pyqueue.protocol.errors import PyQueueError
 
 #: The packages of the ``dashboard`` extra, by import name.
 WEB_STACK = ("starlette", "jinja2", "uvicorn")
 
 
 def require_web_stack() -> None:
-    """Raise a :class:`~pyqueue.errors.PyQueueError` naming the extra if any package
+    """Raise a :class:`~pyqueue.protocol.errors.PyQueueError` naming the extra if any package
     of the web stack cannot be imported."""
     missing = []
     for name in WEB_STACK:

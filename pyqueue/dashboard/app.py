@@ -47,7 +47,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from pyqueue.clients import Client, check_server
+from pyqueue.drivers.clients import Client, check_server
 from pyqueue.dashboard.flows import flow_page
 from pyqueue.dashboard.groups import (
     GROUPS_PAGE,
@@ -68,9 +68,9 @@ from pyqueue.dashboard.security import (
     same_origin,
 )
 from pyqueue.dashboard.taskview import FRESH_S, TaskView
-from pyqueue.errors import InvalidArgument, PyQueueError
-from pyqueue.verbs.events import MAX_EVENTS_PAGE
-from pyqueue.queue import Queue
+from pyqueue.protocol.errors import InvalidArgument, PyQueueError
+from pyqueue.protocol.verbs.events import MAX_EVENTS_PAGE
+from pyqueue.drivers.queue import Queue
 from pyqueue.tasks.flowview import no_record_message
 
 HERE = Path(__file__).resolve().parent

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyqueue.clients import Client
-from pyqueue.core import MAX_ID_BYTES, check_job_id
-from pyqueue.errors import InvalidArgument
-from pyqueue.queue import Queue
+from pyqueue.drivers.clients import Client
+from pyqueue.protocol.core import MAX_ID_BYTES, check_job_id
+from pyqueue.protocol.errors import InvalidArgument
+from pyqueue.drivers.queue import Queue
 from pyqueue.tasks.flowview import show_flow
 
 

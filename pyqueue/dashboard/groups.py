@@ -15,9 +15,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from pyqueue.core import MAX_BATCH, check_group
-from pyqueue.errors import InvalidArgument
-from pyqueue.queue import Queue
+from pyqueue.protocol.core import MAX_BATCH, check_group
+from pyqueue.protocol.errors import InvalidArgument
+from pyqueue.drivers.queue import Queue
 
 #: Groups per table by default, and the most one request may ask for (groups.lua's bound).
 GROUPS_PAGE, GROUPS_PAGE_MAX = 50, MAX_BATCH

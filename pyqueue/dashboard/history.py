@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 
 import redis as redis_lib
 
-from pyqueue.clients import Client, bytes_client
-from pyqueue.discovery import logical_queues
-from pyqueue.errors import PyQueueError
-from pyqueue.models import Stats
-from pyqueue.queue import Queue, stats_many
-from pyqueue.service import Services, ServiceInfo
+from pyqueue.drivers.clients import Client, bytes_client
+from pyqueue.ops.discovery import logical_queues
+from pyqueue.protocol.errors import PyQueueError
+from pyqueue.protocol.models import Stats
+from pyqueue.drivers.queue import Queue, stats_many
+from pyqueue.ops.service import Services, ServiceInfo
 
 log = logging.getLogger("pyqueue.dashboard")
 

@@ -27,7 +27,7 @@ import ipaddress
 import secrets
 from urllib.parse import urlsplit
 
-from pyqueue.errors import PyQueueError
+from pyqueue.protocol.errors import PyQueueError
 
 #: A token shorter than this is refused: it guards replay and purge of every queue.
 MIN_TOKEN_LENGTH = 16

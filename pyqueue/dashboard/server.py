@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 
 import uvicorn
 
-from pyqueue.clients import Client, redact_url
+from pyqueue.drivers.clients import Client, redact_url
 from pyqueue.dashboard.app import DashboardConfig, create_app
 from pyqueue.dashboard.history import Sampler
 from pyqueue.dashboard.security import DashboardRefused, check_bind, is_loopback, loopback_hosts

@@ -1,13 +1,13 @@
 """The dashboard's task view: per task and queue, how many runs ended how, and how long
 runs took (p50, p99) and first attempts waited (p50, p99), from the Prometheus metrics
-the workers serve (``pyqueue worker --metrics-port``, :mod:`pyqueue.tasks.metrics`).
+the workers serve (``pyqueue worker --metrics-port``, :mod:`pyqueue.tasks.telemetry`).
 
 The dashboard reads the URLs it is given (``pyqueue dashboard --worker-metrics URL``,
 repeatable: one per worker, or one per ``--processes`` supervisor, which serves its
 children's sum) and sums them: the counts are since each of those processes started.
 A quantile is estimated from the histogram's buckets as Prometheus's
 ``histogram_quantile`` does: linear within the bucket it falls in, so its precision is
-the buckets' (:data:`pyqueue.tasks.metrics.RUN_BUCKETS`); one that falls in the last,
+the buckets' (:data:`pyqueue.tasks.telemetry.RUN_BUCKETS`); one that falls in the last,
 unbounded bucket is reported as that bucket's lower bound ("at least").
 
 Read-only, and nothing here talks to Redis. Parsing needs ``prometheus_client`` (the
@@ -25,9 +25,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyqueue.errors import InvalidArgument
+from pyqueue.protocol.errors import InvalidArgument
 
-#: The outcomes of ``pyqueue_task_runs_total`` (pyqueue.tasks.metrics), in display order.
+#: The outcomes of ``pyqueue_task_runs_total`` (pyqueue.tasks.telemetry), in display order.
 OUTCOMES = ("ok", "retried", "failed", "dead", "time_limited", "cancelled")
 #: Outcomes that are failures of the run (the job went on to a retry or the dead letters).
 FAILURES = ("retried", "failed", "dead", "time_limited")

@@ -12,18 +12,18 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 
 from pyqueue.aio import AsyncQueue
-from pyqueue.clients import Client
-from pyqueue.errors import InvalidArgument
-from pyqueue.models import Job
-from pyqueue.queue import DEFAULT_PREFIX, Queue
-from pyqueue.service import TASK_NAME
+from pyqueue.drivers.clients import Client
+from pyqueue.protocol.errors import InvalidArgument
+from pyqueue.protocol.models import Job
+from pyqueue.drivers.queue import DEFAULT_PREFIX, Queue
+from pyqueue.ops.service import TASK_NAME
 from pyqueue.tasks.connection import Connection
 from pyqueue.tasks.middleware import Hook as MiddlewareHook, hook_of
 from pyqueue.tasks.policy import Duration, TaskOptions, TaskOptionsDict, app_defaults, task_options
 from pyqueue.tasks.serving import TaskServing
 from pyqueue.tasks.task import BatchTask, Task
-from pyqueue.runtime.batch import MAX_BATCH_WAIT_MS, BatchSpec
-from pyqueue.worker import seconds_to_ms
+from pyqueue.worker.batch import MAX_BATCH_WAIT_MS, BatchSpec
+from pyqueue.worker.worker import seconds_to_ms
 
 if sys.version_info >= (3, 11):
     from typing import Unpack
@@ -50,7 +50,7 @@ class Tasks(TaskServing):
 
     ``Tasks()`` connects as every entry point does: to ``PYQUEUE_URL`` when it is set,
     else to the embedded in-process server, and logs once which (see
-    :func:`pyqueue.clients.default_client`). ``Tasks(url=...)`` names a server;
+    :func:`pyqueue.drivers.clients.default_client`). ``Tasks(url=...)`` names a server;
     ``Tasks(client=...)`` takes a redis-py client, blocking or asyncio (the other kind is
     made from its connection settings when needed: workers and ``send`` need a blocking
     one, ``asend`` an asyncio one).
@@ -197,7 +197,7 @@ class Tasks(TaskServing):
         ``outermost=True`` puts it before every middleware registered so far (and its
         worker hooks before every worker hook so far), as if registered first: what
         ``pyqueue worker --metrics-port`` does with its
-        :class:`~pyqueue.tasks.metrics.TaskMetrics`, registered after the app's own
+        :class:`~pyqueue.tasks.telemetry.TaskMetrics`, registered after the app's own
         middleware, so that it sees the ending they make and times them too.
 
         Raises:
@@ -312,7 +312,7 @@ class Tasks(TaskServing):
 
 def _check_name(name: object) -> None:
     """A task name: what a worker can advertise in its registration
-    (:data:`pyqueue.service.TASK_NAME`: 1..200 characters of ``[A-Za-z0-9_.:<>-]``).
+    (:data:`pyqueue.ops.service.TASK_NAME`: 1..200 characters of ``[A-Za-z0-9_.:<>-]``).
 
     Raises:
         InvalidArgument: any other name (checked here, at registration, rather than

@@ -1,14 +1,14 @@
 """Running batch tasks (``@tasks.task(batch=N)``, :class:`~pyqueue.tasks.task.BatchTask`):
 the jobs of one lease call, one call of the task's function.
 
-A worker serves a batch task's queue in batches (:mod:`pyqueue.runtime.batch`) and calls
+A worker serves a batch task's queue in batches (:mod:`pyqueue.worker.batch`) and calls
 :meth:`BatchDispatch.run` with each batch. The answer is one outcome per job, which the
 worker turns into that job's ack or nack:
 
 * a job whose payload is not an envelope of this batch task (another task sent to its
   queue with a per-send ``queue=``, a raw job, a newer envelope version), or whose
   per-send options do not resolve: retried with the backoff, then dead, with its own
-  error (:class:`~pyqueue.tasks.runtime.Undeliverable`); never given to the function;
+  error (:class:`~pyqueue.tasks.dispatch.Undeliverable`); never given to the function;
 * one older than ``max_age``: dead, not run; one that does not carry exactly one item:
   dead (a retry would not change it);
 * the others' items go to the function, in lease order. Its result at a job's position
@@ -16,11 +16,11 @@ worker turns into that job's ack or nack:
   instance fails it as if a single run had raised it (``retry_on``, ``fail_on``,
   ``backoff``, max attempts; a :class:`Retry` or :class:`Fail` as given). The function
   raising fails each of those jobs so, and so does an answer that is not a list of one
-  result per item (:class:`~pyqueue.runtime.batch_endings.BatchError`).
+  result per item (:class:`~pyqueue.worker.batch_endings.BatchError`).
 
 The batch's time limit is the smallest ``time_limit`` among its jobs, counted from the
 lease of its first job; at the limit the heartbeat ends every job still running with
-:class:`~pyqueue.TimeLimitExceeded` under each job's policy (:mod:`pyqueue.slots`).
+:class:`~pyqueue.TimeLimitExceeded` under each job's policy (:mod:`pyqueue.worker.slots`).
 """
 
 from __future__ import annotations
@@ -29,20 +29,20 @@ import contextvars
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from pyqueue.errors import InvalidArgument
-from pyqueue.models import Job, Result
-from pyqueue.runtime.batch import BatchSlot
-from pyqueue.runtime.batch_endings import outcomes_of
-from pyqueue.slots import LimitEnding, Slot, TimeLimitExceeded, current_slot
+from pyqueue.protocol.errors import InvalidArgument
+from pyqueue.protocol.models import Job, Result
+from pyqueue.worker.batch import BatchSlot
+from pyqueue.worker.batch_endings import outcomes_of
+from pyqueue.worker.slots import LimitEnding, Slot, TimeLimitExceeded, current_slot
 from pyqueue.tasks import envelope
 from pyqueue.tasks.codec import to_json
 from pyqueue.tasks.middleware import Chain
 from pyqueue.tasks.policy import TaskOptions
-from pyqueue.tasks.runtime import TaskRun, Undeliverable
-from pyqueue.worker import Fail, Retry, error_text
+from pyqueue.tasks.dispatch import TaskRun, Undeliverable
+from pyqueue.worker.worker import Fail, Retry, error_text
 
 if TYPE_CHECKING:
-    from pyqueue.tasks.runtime import Dispatcher
+    from pyqueue.tasks.dispatch import Dispatcher
     from pyqueue.tasks.task import BatchTask
 
 class BatchRun(TaskRun):

@@ -17,8 +17,8 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from pyqueue.errors import PyQueueError
-from pyqueue.service import ServiceInfo
+from pyqueue.protocol.errors import PyQueueError
+from pyqueue.ops.service import ServiceInfo
 from pyqueue.tasks import envelope
 
 #: How many jobs of READY and of SCHEDULED are decoded per queue (each).

@@ -43,7 +43,7 @@ from collections.abc import Callable
 from json import scanner as json_scanner
 from typing import Any
 
-from pyqueue.errors import InvalidArgument
+from pyqueue.protocol.errors import InvalidArgument
 
 TAG = "$pq"
 

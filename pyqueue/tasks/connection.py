@@ -12,9 +12,9 @@ from typing import Any
 import redis as redis_lib
 
 from pyqueue.aio import AsyncQueue
-from pyqueue.clients import Client, connect, default_client, is_cluster
-from pyqueue.errors import InvalidArgument
-from pyqueue.queue import MAX_PARTITIONS, Queue, check_int
+from pyqueue.drivers.clients import Client, connect, default_client, is_cluster
+from pyqueue.protocol.errors import InvalidArgument
+from pyqueue.drivers.queue import MAX_PARTITIONS, Queue, check_int
 
 #: How long a measured offset between this process's clock and the server's is trusted.
 CLOCK_REFRESH_S = 60.0
@@ -226,7 +226,7 @@ def _twin(client: Any, cls: Any) -> Any:
     Raises:
         InvalidArgument: a cluster client (give Tasks a URL instead) or a fakeredis one
             of the other kind (the embedded server is reached through both kinds by
-            :func:`pyqueue.clients.embedded_redis` and the async driver).
+            :func:`pyqueue.drivers.clients.embedded_redis` and the async driver).
     """
     if is_cluster(client) or type(client).__name__ == "RedisCluster":
         raise InvalidArgument("Tasks(client=) with a cluster client can only be used as given: pass Tasks(url=...) instead")
@@ -271,7 +271,7 @@ def _sentinel_twin(pool: Any, cls: Any, kwargs: dict[str, Any], old_retry: Any) 
     from redis.asyncio.retry import Retry as AsyncRetry
     from redis.retry import Retry as SyncRetry
 
-    from pyqueue.clients import SentinelURL, sentinel_master
+    from pyqueue.drivers.clients import SentinelURL, sentinel_master
 
     manager = pool.sentinel_manager
     sentinels = [

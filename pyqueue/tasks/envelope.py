@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyqueue.errors import InvalidArgument
+from pyqueue.protocol.errors import InvalidArgument
 from pyqueue.tasks.codec import dumps, loads
 
 VERSION = 1

@@ -16,7 +16,7 @@ dead) reports it to each step waiting for it (``Queue.flow_done``, a set removal
 report sent twice counts once); the report that empties the set makes the waiting job
 due now, so it runs exactly once. If that worker dies between its ack and its report, a
 flow check of the waiting job's queue finds the ended job and reports it
-(:mod:`pyqueue.runtime.flows`). When the waiting step runs, it reads the results it
+(:mod:`pyqueue.worker.flows`). When the waiting step runs, it reads the results it
 needs (each step's result is kept: ``keep_result`` of at least :data:`FLOW_RESULT_S`).
 
 Failure (``on_failure=`` of ``chain``, ``group`` and ``chord``, for the steps they
@@ -51,17 +51,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Union
 
-from pyqueue.errors import InvalidArgument
-from pyqueue.models import Job, NewJob
-from pyqueue.queue import Queue, physical_queue
+from pyqueue.protocol.errors import InvalidArgument
+from pyqueue.protocol.models import Job, NewJob
+from pyqueue.drivers.queue import Queue, physical_queue
 from pyqueue.tasks import envelope
 from pyqueue.tasks.codec import from_json
 from pyqueue.tasks.flowview import RECORD_VERSION, FlowView, show_flow, step_states
 from pyqueue.tasks.handle import ResultTimeout, TaskDead, TaskResultMissing
 from pyqueue.tasks.middleware import Sending, enter_sends, resume_sends
 from pyqueue.tasks import sending
-from pyqueue.verbs.flows import DEFAULT_FLOW_CHECK_MS, POLICIES
-from pyqueue.worker import Fail
+from pyqueue.protocol.verbs.flows import DEFAULT_FLOW_CHECK_MS, POLICIES
+from pyqueue.worker.worker import Fail
 
 if TYPE_CHECKING:
     from pyqueue.tasks.app import Tasks
@@ -71,7 +71,7 @@ if TYPE_CHECKING:
 #: for it read it when they run.
 FLOW_RESULT_S = 86_400
 #: A waiting step's first check is due this long after it was sent (ms), then every
-#: check interval of the workers (:mod:`pyqueue.runtime.flows`).
+#: check interval of the workers (:mod:`pyqueue.worker.flows`).
 FLOW_CHECK_MS = DEFAULT_FLOW_CHECK_MS
 #: A flow's record is kept this long from its send (seconds): the view of a flow that
 #: runs longer goes before it ends (the flow itself runs on).
@@ -435,7 +435,7 @@ def _reader(app: Tasks, queue: str) -> Queue:
     return reader
 
 
-# -- the worker's side (pyqueue.tasks.runtime.Dispatcher calls these) ------------------
+# -- the worker's side (pyqueue.tasks.dispatch.Dispatcher calls these) ------------------
 
 
 def take_input(app: Tasks, env: envelope.Envelope, flow: dict[str, Any]) -> envelope.Envelope:

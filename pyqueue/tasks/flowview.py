@@ -18,12 +18,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyqueue.clients import Client
-from pyqueue.core import MAX_BATCH
-from pyqueue.errors import CorruptRecord
-from pyqueue.models import JobInfo
-from pyqueue.queue import Queue, physical_queue
-from pyqueue.verbs.flows import WAIT_DUE_MS
+from pyqueue.drivers.clients import Client
+from pyqueue.protocol.core import MAX_BATCH
+from pyqueue.protocol.errors import CorruptRecord
+from pyqueue.protocol.models import JobInfo
+from pyqueue.drivers.queue import Queue, physical_queue
+from pyqueue.protocol.verbs.flows import WAIT_DUE_MS
 
 #: The record format this module reads and :func:`pyqueue.tasks.flows.record_of` writes.
 RECORD_VERSION = 1

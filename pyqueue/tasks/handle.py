@@ -6,10 +6,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from pyqueue.errors import PyQueueError
-from pyqueue.models import JobResult
+from pyqueue.protocol.errors import PyQueueError
+from pyqueue.protocol.models import JobResult
 from pyqueue.tasks.codec import from_json, loads
-from pyqueue.worker import seconds_to_ms
+from pyqueue.worker.worker import seconds_to_ms
 
 if TYPE_CHECKING:
     from pyqueue.tasks.app import Tasks

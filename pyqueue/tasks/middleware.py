@@ -75,14 +75,14 @@ import logging
 from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from pyqueue.errors import PyQueueError
-from pyqueue.slots import TimeLimitExceeded
-from pyqueue.worker import Fail, Retry, error_text
+from pyqueue.protocol.errors import PyQueueError
+from pyqueue.worker.slots import TimeLimitExceeded
+from pyqueue.worker.worker import Fail, Retry, error_text
 
 if TYPE_CHECKING:
     from pyqueue.tasks.handle import SentTask
     from pyqueue.tasks.policy import TaskOptions
-    from pyqueue.tasks.runtime import TaskRun
+    from pyqueue.tasks.dispatch import TaskRun
     from pyqueue.tasks.task import Task
 
 log = logging.getLogger("pyqueue.tasks")

@@ -14,9 +14,9 @@ from dataclasses import dataclass, fields, replace
 from datetime import timedelta
 from typing import Any, TypedDict
 
-from pyqueue.core import check_group, check_job_id, check_priority
-from pyqueue.errors import InvalidArgument
-from pyqueue.worker import seconds_to_ms
+from pyqueue.protocol.core import check_group, check_job_id, check_priority
+from pyqueue.protocol.errors import InvalidArgument
+from pyqueue.worker.worker import seconds_to_ms
 
 Duration = float | timedelta
 #: A job id from the call's arguments, or True for a hash of the task and its arguments.

@@ -10,13 +10,13 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from pyqueue.aio_worker import AsyncWorker
-from pyqueue.clients import Client
-from pyqueue.errors import InvalidArgument
-from pyqueue.models import Job
+from pyqueue.worker.aio import AsyncWorker
+from pyqueue.drivers.clients import Client
+from pyqueue.protocol.errors import InvalidArgument
+from pyqueue.protocol.models import Job
 from pyqueue.tasks.connection import Connection, check_partition_counts
-from pyqueue.tasks.runtime import Dispatcher
-from pyqueue.worker import Worker
+from pyqueue.tasks.dispatch import Dispatcher
+from pyqueue.worker.worker import Worker
 
 log = logging.getLogger("pyqueue.tasks")
 
@@ -57,7 +57,7 @@ class TaskServing:
 
     def worker(self, queues: Sequence[str] | None = None, **options: Any) -> Worker:
         """A worker serving every task on the queues they name (or ``queues``): an
-        :class:`~pyqueue.aio_worker.AsyncWorker` if any task or hook is ``async def``,
+        :class:`~pyqueue.worker.aio.AsyncWorker` if any task or hook is ``async def``,
         else a :class:`~pyqueue.worker.Worker`. ``options`` are the worker's (concurrency,
         lease_ms, ...). Run it with :meth:`run_worker` (or ``pyqueue worker module:tasks``),
         which also runs the start and stop hooks."""

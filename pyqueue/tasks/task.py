@@ -6,7 +6,7 @@ the function would) and must travel as JSON (:mod:`pyqueue.tasks.codec`). Then i
 one ``enqueue`` call: one round trip, and a duplicate id (``unique``, or a send's
 ``job_id``) is the engine's reported no-op.
 
-Delivery: at least once, as every job (see :mod:`pyqueue.queue`). A task that must not
+Delivery: at least once, as every job (see :mod:`pyqueue.drivers.queue`). A task that must not
 repeat a side effect checks ``current_job().fence`` against its store, or is idempotent.
 """
 
@@ -19,17 +19,17 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast
 
-from pyqueue.core import new_id
-from pyqueue.errors import InvalidArgument
-from pyqueue.models import NewJob
-from pyqueue.runtime.batch import BatchSpec
+from pyqueue.protocol.core import new_id
+from pyqueue.protocol.errors import InvalidArgument
+from pyqueue.protocol.models import NewJob
+from pyqueue.worker.batch import BatchSpec
 from pyqueue.tasks import envelope
 from pyqueue.tasks.codec import canonical, to_json, to_json_args
 from pyqueue.tasks.handle import SentTask
 from pyqueue.tasks.middleware import RESERVED_META
 from pyqueue.tasks.policy import Duration, SendOptionsDict, TaskOptions
 from pyqueue.tasks.sending import asend, send_many
-from pyqueue.worker import seconds_to_ms
+from pyqueue.worker.worker import seconds_to_ms
 
 if sys.version_info >= (3, 11):
     from typing import Unpack
@@ -84,7 +84,7 @@ class Signature:
     def job_id(self) -> str:
         """The job id this call is sent under: its ``job_id`` option's, else
         ``unique``'s, else a random one (128 bits in hex, as the engine draws them:
-        :func:`pyqueue.core.new_id`)."""
+        :func:`pyqueue.protocol.core.new_id`)."""
         if self.options.job_id is not None:
             return self.options.job_id
         unique = self.options.unique
@@ -168,7 +168,7 @@ class Signature:
             if group is not None and not isinstance(group, str):
                 raise InvalidArgument(f"{self.task.name}: group must return the group as a str or None, got {group!r}")
         # A job without `job_id` or `unique` lets the engine draw its id
-        # (pyqueue.core.new_id): a grouped one's must fall in its group's partition on a
+        # (pyqueue.protocol.core.new_id): a grouped one's must fall in its group's partition on a
         # partitioned queue, and an id drawn there needs no checks.
         if job_id is None:
             job_id = self.options.job_id

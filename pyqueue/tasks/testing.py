@@ -32,10 +32,10 @@ import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from pyqueue.aio_worker import AsyncWorker
-from pyqueue.models import Job, Stats
-from pyqueue.tasks.runtime import Undeliverable
-from pyqueue.worker import Fail, Retry
+from pyqueue.worker.aio import AsyncWorker
+from pyqueue.protocol.models import Job, Stats
+from pyqueue.tasks.dispatch import Undeliverable
+from pyqueue.worker.worker import Fail, Retry
 
 if TYPE_CHECKING:
     from pyqueue.tasks.app import Tasks

@@ -57,11 +57,11 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from pyqueue.clients import client_settings, is_sentinel_url
-from pyqueue.core import MAX_ERROR_BYTES
-from pyqueue.errors import InvalidArgument
-from pyqueue.models import JobInfo, JobResult
-from pyqueue.queue import DEFAULT_PREFIX
+from pyqueue.drivers.clients import client_settings, is_sentinel_url
+from pyqueue.protocol.core import MAX_ERROR_BYTES
+from pyqueue.protocol.errors import InvalidArgument
+from pyqueue.protocol.models import JobInfo, JobResult
+from pyqueue.drivers.queue import DEFAULT_PREFIX
 from pyqueue.tasks import Retry, Tasks, current_job
 from pyqueue.tasks import envelope
 from pyqueue.tasks.codec import from_json

@@ -9,7 +9,7 @@ from typing import Any
 from django.db import close_old_connections
 from django.utils.module_loading import autodiscover_modules
 
-from pyqueue.errors import InvalidArgument
+from pyqueue.protocol.errors import InvalidArgument
 from pyqueue.tasks import HookOutcome, Middleware, Tasks, TaskRun
 
 

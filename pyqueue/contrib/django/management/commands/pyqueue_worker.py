@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from pyqueue.errors import InvalidArgument
+from pyqueue.protocol.errors import InvalidArgument
 
 
 class Command(BaseCommand):  # type: ignore[misc]  # Django ships no types

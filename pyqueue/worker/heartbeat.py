@@ -1,0 +1,245 @@
+"""The heartbeat: one thread that keeps what the worker holds its own.
+
+Every tick (:data:`TICK_S`) it ends the jobs past their time limit (a fenced nack, then
+the executor stops the work: :mod:`pyqueue.worker.slots`); every third of ``lease_ms`` it
+extends the leases of running jobs (one batched call per queue), and tells the executor
+about a job whose lease ended without this worker (cancelled, or lost); every
+``renew_ms`` it renews the service registration and scrubs the leases of the dead
+services renewal reports, and runs the flow checks (:mod:`pyqueue.worker.flows`). It also wakes the fetch loop when a stop was asked (a signal
+handler only sets the stop), and stops the worker with exit 75 when no renewal got
+through for ``expire_ms``.
+
+Each duty fails on its own (:meth:`Heartbeat.duty`): a failed extension must not skip
+the renewal, or the service would be lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+import redis as redis_lib
+
+from pyqueue.protocol.errors import PyQueueError, ServiceLost
+from pyqueue.drivers.queue import Queue
+from pyqueue.worker.crash import Crasher
+from pyqueue.worker.executor import Executor
+from pyqueue.worker.flows import FlowChecks
+from pyqueue.worker.lifecycle import EXIT_REGISTRATION_LOST, Control
+from pyqueue.worker.nacks import NackTerms, nack_all
+from pyqueue.worker.registration import Registration
+from pyqueue.worker.retries import NACK_AT_LIMIT_ERRORS
+from pyqueue.worker.running import Running
+from pyqueue.worker.supervised import SupervisorLink
+from pyqueue.worker.slots import SUPERVISED_WRITE_OFF_S, WRITE_OFF_S, Slot
+
+log = logging.getLogger("pyqueue.worker")
+
+#: The heartbeat thread's tick: how quickly a stop request reaches the fetch loop.
+TICK_S = 0.05
+
+
+class Heartbeat:
+    """The heartbeat of one worker (see the module docstring).
+
+    Args:
+        wake_fetch_loop: ends the fetch loop's blocking wait, locally (nothing is
+            written to Redis).
+    """
+
+    def __init__(
+        self, *, queues: Sequence[Queue], by_name: Mapping[str, Queue], running: Running, registration: Registration,
+        executor: Executor, control: Control, crash: Crasher, wake_fetch_loop: Callable[[], None],
+        lease_ms: int, renew_ms: int, expire_ms: int, backoff_base_ms: int, backoff_cap_ms: int,
+        supervisor_link: SupervisorLink | None = None, flows: FlowChecks | None = None,
+    ) -> None:
+        #: The checks of jobs waiting for others, on the renewal tick (None: none).
+        self.flows = flows
+        self.queues = list(queues)
+        self.by_name = by_name
+        self.running = running
+        self.registration = registration
+        self.executor = executor
+        self.control = control
+        self.crash = crash
+        self._wake = wake_fetch_loop
+        self.lease_ms, self.renew_ms, self.expire_ms = lease_ms, renew_ms, expire_ms
+        self.backoff_base_ms, self.backoff_cap_ms = backoff_base_ms, backoff_cap_ms
+        self.link = supervisor_link
+        #: How long an interrupted thread may take to stop before its slot is written off.
+        self.write_off_s = WRITE_OFF_S if supervisor_link is None else SUPERVISED_WRITE_OFF_S
+        self.woken_for_stop = False
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.loop, name="pyqueue-heartbeat", daemon=True)
+        self._thread.start()
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def loop(self) -> None:
+        service = self.registration.service
+        assert service is not None
+        extend_every = self.lease_ms / 3000
+        next_extend = time.monotonic() + extend_every
+        next_renew = time.monotonic() + self.renew_ms / 1000  # run() renewed at start-up
+        while not self.control.hard_stop.wait(TICK_S):
+            now = time.monotonic()
+            # Each duty fails on its own: a failed extension must not skip the renewal
+            # (or the service would be lost), and a failed call waits for its next turn
+            # rather than being retried every tick.
+            if self.control.stopping.is_set() and not self.woken_for_stop:
+                self.wake_fetch_loop()
+            if self.running.slots_running:
+                self.duty("time limits", self.enforce_limits)
+            if self.link is not None:
+                self.duty("supervisor", self.check_supervisor)
+            if now >= next_extend:
+                next_extend = now + extend_every
+                self.duty("extend", self.extend_running)
+            # Renewal goes on while the worker drains after a stop: its running jobs stay
+            # its own (nobody scrubs them) until it deregisters.
+            if now >= next_renew:
+                next_renew = now + self.renew_ms / 1000
+                self.renew_now()
+            # No renewal got through for all of expire_ms (Redis unreachable, a node that
+            # never came back): the registration has expired, and live workers may scrub
+            # our leases. Exit 75 so that a supervisor restarts the worker, rather than
+            # retrying behind a server it cannot reach for ever (the fetch loop's and the
+            # heartbeat's warnings said why meanwhile, at least every 5 s).
+            if now - self.registration.renewed_at > self.expire_ms / 1000 and not self.control.stopping.is_set():
+                self.control.stop(
+                    f"service {service.owner}: no renewal got through for expire_ms ({self.expire_ms} ms), "
+                    "so its registration has expired",
+                    EXIT_REGISTRATION_LOST,
+                )
+                self.wake_fetch_loop()
+
+    def duty(self, name: str, duty: Callable[[], None]) -> None:
+        try:
+            duty()
+        except ServiceLost as exc:
+            self.control.stop(str(exc), EXIT_REGISTRATION_LOST)
+            self.wake_fetch_loop()
+        except (redis_lib.RedisError, PyQueueError) as exc:
+            log.warning("heartbeat %s: %s", name, exc)
+        except Exception:
+            # A bug, not the weather: logged loudly, but the heartbeat goes on, since the
+            # renewals that keep this worker's leases its own are in the same thread.
+            log.exception("heartbeat %s failed", name)
+
+    def wake_fetch_loop(self) -> None:
+        """End the fetch loop's wait now that the worker stops. Locally: nothing is
+        written to Redis (after a lost registration, the service's id and wake key may
+        belong to another service by now)."""
+        self.woken_for_stop = True
+        self._wake()
+
+    # -- registration --------------------------------------------------------------
+
+    def renew_now(self) -> None:
+        """Renew and scrub now, as a duty (also from the fetch loop, and at start-up)."""
+        self.duty("renew", self.renew_and_scrub)
+
+    def renew_and_scrub(self) -> None:
+        service = self.registration.service
+        assert service is not None
+        renewed = self.registration.renew()
+        if renewed.stop and not self.control.stopping.is_set():
+            self.control.stop(f"service {service.owner}: remote stop requested")
+            self.wake_fetch_loop()
+        self.registration.scrub(renewed.dead)
+        if self.flows is not None:
+            self.duty("flow checks", self.check_flows)
+
+    def check_flows(self) -> None:
+        assert self.flows is not None
+        self.flows.check()
+
+    def check_supervisor(self) -> None:
+        """A supervised child (:mod:`pyqueue.worker.supervised`): stop when the
+        supervisor is gone; ask for a replacement past a recycling limit."""
+        assert self.link is not None
+        if self.link.parent_gone() and not self.control.stopping.is_set():
+            self.control.stop(f"its supervisor (pid {self.link.supervisor_pid}) is gone")
+            self.wake_fetch_loop()
+        if self.link.check_limits(self.running.ended):
+            self.control.leasing_paused.set()
+
+    # -- leases --------------------------------------------------------------------
+
+    def extend_running(self) -> None:
+        running = self.running.snapshot()
+        for q in self.queues:
+            jobs = [j for j in running if j.queue == q.name]
+            for i in range(0, len(jobs), 1000):
+                self.crash.at("in_extend")
+                for job, extended in zip(jobs[i : i + 1000], q.extend(jobs[i : i + 1000], self.lease_ms)):
+                    # A job acked meanwhile answers GONE: only a running job lost its lease.
+                    if not extended.outcome and self.running.is_tracked(job):
+                        self.executor.lease_ended(job, extended.outcome)
+
+    # -- time limits ---------------------------------------------------------------
+
+    def enforce_limits(self) -> None:
+        """End the jobs past their time limit, and write off the slots whose thread did
+        not stop (see :mod:`pyqueue.worker.slots`)."""
+        now = time.monotonic()
+        for slot in self.running.past_limit(now):
+            if not slot.limited:
+                self.end_at_limit(slot)
+            elif slot.in_user_code and slot.interrupted_at is not None and now - slot.interrupted_at >= self.write_off_s:
+                # Still running a while after the interruption: write its slot off the
+                # first time, then interrupt it again (it may have caught the exception
+                # and gone on, or swallowed a cancellation). In that order: a thread that
+                # stops at the second interruption finds its slot written off and gives
+                # it back; the other way round it could end before the write-off, which
+                # would then count its slot off for ever.
+                left = slot.write_off(self.running.write_off)
+                if left is not None:
+                    log.error(
+                        "%s did not stop %.1fs after its time limit (stuck outside Python code?): its slot is written "
+                        "off until the thread returns; %d of %d slots left", self.executor.describe(slot),
+                        self.write_off_s, left, self.running.concurrency,
+                    )
+                    if self.link is not None:
+                        # Only the end of this process stops that thread: the supervisor starts
+                        # a replacement, then stops this child (its other jobs drain).
+                        self.link.retire(f"{self.executor.describe(slot)} did not stop at its time limit")
+                self.executor.interrupt(slot)
+
+    def end_at_limit(self, slot: Slot) -> None:
+        """The job of ``slot`` (every job, for a batch's slot) reached its time limit: end
+        its lease now with a fenced nack (so a late ack is refused), then stop the work."""
+        claimed = self.running.claim_at_limit(slot)
+        if not claimed:
+            return  # it finished (or was released) just now: its own ending stands
+        label = self.executor.describe(slot)
+        log.warning("%s reached its time limit of %gs: ending its lease and stopping it", label, slot.limit_s)
+        queue = self.by_name[slot.job.queue]  # a batch's jobs all come from one queue
+        nacks = []
+        for job in claimed:
+            ending = slot.ending_for(job)
+            assert ending is not None
+            nacks.append(NackTerms(job, ending.error, ending.delay_ms, ending.final))
+        try:
+            answers = nack_all(queue, nacks, backoff_base_ms=self.backoff_base_ms, backoff_cap_ms=self.backoff_cap_ms)
+        except NACK_AT_LIMIT_ERRORS as exc:
+            # No longer renewed: the lease expires (a lease length at most) and is reclaimed.
+            log.warning("%s: the nack at its time limit failed (%s); its lease is left to expire", label, exc)
+        else:
+            for terms, nacked in zip(nacks, answers):
+                if nacked.state == "dead":
+                    who = label if len(claimed) == 1 else f"{label}: job {terms.job.id}"
+                    log.warning("%s is dead after %d attempts: %s", who, terms.job.attempt, terms.error)
+                elif nacked.state == "scheduled":
+                    self.running.note_retry(nacked.at_ms)
+        finally:
+            # Whatever the nack did, the work stops: the jobs are no longer this worker's.
+            for job in claimed:
+                job.cancelled.set()  # wakes a handler that waits on it
+            self.executor.interrupt(slot)

@@ -1,0 +1,211 @@
+"""What a worker holds right now: its handler slots (how many are free) and the jobs it
+leased that have not ended. The one piece of state the parts of a worker share.
+
+Who touches it, from which thread: the fetch loop takes free slots and tracks the jobs it
+leased; the handler threads untrack jobs and give their slot back; the commit loop tracks
+the jobs it leases in their place (or gives the slots back once their acks answered);
+the heartbeat reads the jobs to extend their leases and the slots to enforce time
+limits; the shutdown takes what is left.
+
+Two locks, as before the split: ``slots`` (a Condition) guards the free count, the
+written-off count and the latest retry due time, and is what the fetch loop and the
+shutdown wait on; ``lock`` guards the two maps, and is taken on every job twice (track,
+untrack), never while waiting.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+from pyqueue.protocol.models import Job
+from pyqueue.ops.service import RunningJob
+from pyqueue.worker.slots import Slot
+
+
+class Running:
+    """The slots and jobs of one worker (see the module docstring). Thread-safe."""
+
+    def __init__(self, concurrency: int) -> None:
+        #: Slots: one per handler thread, and one per job a worker prefetches.
+        self.concurrency = concurrency
+        self.slots = threading.Condition()
+        self.free = concurrency
+        self.lock = threading.Lock()
+        #: receipt -> job, for the heartbeat's extend and the shutdown's release.
+        self.jobs: dict[str, Job] = {}
+        #: receipt -> its slot, for time limits.
+        self.slots_running: dict[str, Slot] = {}
+        #: Handler slots written off: their thread did not stop at a job's time limit.
+        self.written_off = 0
+        self.written_off_total = 0
+        #: The latest due time of a retry this worker scheduled (a burst run waits for it).
+        self.retry_due_ms = -1
+        #: Jobs this worker ended (acked, nacked, released or ended at their time limit):
+        #: what a supervised child's ``--max-jobs-per-child`` counts.
+        self.ended = 0
+        #: Set when ``ended`` reaches ``max_jobs`` (0: never): see :meth:`limit_jobs`.
+        self.max_jobs = 0
+        self.max_jobs_reached: threading.Event | None = None
+
+    # -- slots (under `slots`) ------------------------------------------------------
+
+    def wait_for_free(self, stopping: threading.Event) -> int:
+        """Wait until a slot is free (or a stop); how many are."""
+        with self.slots:
+            while self.free == 0 and not stopping.is_set():
+                self.slots.wait(1.0)
+            return self.free
+
+    def take(self, count: int) -> None:
+        with self.slots:
+            self.free -= count
+
+    def give_back(self, count: int = 1) -> None:
+        """Handler slots are free again (their jobs ended; for those the commit loop
+        acked, once the acks answered)."""
+        with self.slots:
+            self.free += count
+            self.slots.notify_all()
+
+    def lone(self) -> bool:
+        """Whether at most one slot runs a job (asked by a handler about to end its own;
+        read without the lock: a hint, never a decision of correctness)."""
+        return self.free + self.written_off >= self.concurrency - 1
+
+    def wake(self) -> None:
+        """Wake whoever waits on the slots (a stop was asked)."""
+        with self.slots:
+            self.slots.notify_all()
+
+    def idle_or_wait(self, timeout: float) -> bool:
+        """Whether no handler runs; if one does, wait up to ``timeout`` for a change."""
+        with self.slots:
+            # A written-off slot holds no job (it ended at its time limit): idle.
+            idle = self.free + self.written_off >= self.concurrency
+            if not idle:
+                self.slots.wait(timeout)
+            return idle
+
+    def wait_idle(self, deadline: float) -> None:
+        """Wait until no handler runs, or the monotonic ``deadline``."""
+        with self.slots:
+            # Written-off slots hold no job: their stuck threads end with the process.
+            while self.free + self.written_off < self.concurrency and time.monotonic() < deadline:
+                self.slots.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+
+    def note_retry(self, at_ms: int) -> None:
+        """A job this worker nacked is due again at ``at_ms``: a burst run waits for it."""
+        with self.slots:
+            self.retry_due_ms = max(self.retry_due_ms, at_ms)
+
+    def write_off(self) -> int:
+        """Count a slot written off; how many are left."""
+        with self.slots:
+            self.written_off += 1
+            self.written_off_total += 1
+            return self.concurrency - self.written_off
+
+    def written_back(self) -> None:
+        """A written-off slot's thread returned: the slot serves again."""
+        with self.slots:
+            self.written_off -= 1
+
+    def limit_jobs(self, max_jobs: int, reached: threading.Event) -> None:
+        """Set ``reached`` as the ``max_jobs``-th job ends here: checked as each job
+        ends, before its handler slot may lease another, so a worker that stops leasing
+        on it runs ``max_jobs`` jobs plus those it had leased, or was leasing (a lease
+        call decided just before), when the ``max_jobs``-th ended."""
+        self.max_jobs, self.max_jobs_reached = max_jobs, reached
+
+    def _count_ended(self) -> None:  # under `lock`
+        self.ended += 1
+        if self.ended == self.max_jobs and self.max_jobs_reached is not None:
+            self.max_jobs_reached.set()
+
+    # -- jobs (under `lock`) --------------------------------------------------------
+
+    def track_all(self, jobs: list[Job]) -> None:
+        with self.lock:
+            for job in jobs:
+                self.jobs[job.receipt] = job
+
+    def untrack(self, job: Job) -> bool:
+        """Whether ``job`` was still this worker's to end (and now is no longer tracked)."""
+        with self.lock:
+            if self.jobs.pop(job.receipt, None) is None:
+                return False
+            self._count_ended()
+            return True
+
+    def untrack_all(self, jobs: Sequence[Job]) -> list[bool]:
+        """:meth:`untrack` of each of a batch's jobs, under one hold of the lock: the
+        heartbeat's :meth:`claim_at_limit` of the batch's slot takes all of them or none."""
+        with self.lock:
+            out = []
+            for job in jobs:
+                tracked = self.jobs.pop(job.receipt, None) is not None
+                if tracked:
+                    self._count_ended()
+                out.append(tracked)
+            return out
+
+    def report(self, lease_ms: int) -> list[RunningJob]:
+        """What this worker runs, as its registration reports it at each renewal
+        (``Services.renew(running=)``): each job's lease time and time limit on the
+        server clock. A job whose handler has not started yet was leased at its
+        deadline minus ``lease_ms`` (the lease's own length); its limit is not known yet."""
+        with self.lock:
+            jobs = list(self.jobs.items())
+            slots = dict(self.slots_running)
+        out = []
+        for receipt, job in jobs:
+            slot = slots.get(receipt)
+            leased_ms = slot.leased_at_ms if slot is not None else job.deadline_ms - lease_ms
+            limit_ms = None
+            if slot is not None and slot.limit_at is not None:
+                limit_ms = slot.leased_at_ms + round(slot.limit_s * 1000)
+            out.append(RunningJob(job.queue, job.id, leased_ms, limit_ms))
+        return out
+
+    def is_tracked(self, job: Job) -> bool:
+        with self.lock:
+            return job.receipt in self.jobs
+
+    def enter(self, slot: Slot) -> None:
+        with self.lock:
+            self.slots_running[slot.key] = slot
+
+    def leave(self, slot: Slot) -> None:
+        with self.lock:
+            self.slots_running.pop(slot.key, None)
+
+    def snapshot(self) -> list[Job]:
+        with self.lock:
+            return list(self.jobs.values())
+
+    def past_limit(self, now: float) -> list[Slot]:
+        """The running slots whose time limit is at or before ``now``."""
+        with self.lock:
+            return [s for s in self.slots_running.values() if s.limit_at is not None and now >= s.limit_at]
+
+    def claim_at_limit(self, slot: Slot) -> list[Job]:
+        """Untrack the jobs of ``slot`` for the heartbeat, which ends them at the time
+        limit, and mark the slot limited, under the lock the handler thread untracks with:
+        exactly one of them decides how the jobs end. The jobs claimed; none: they
+        finished (or were released) first."""
+        with self.lock:
+            claimed = [job for job in slot.jobs if self.jobs.pop(job.receipt, None) is not None]
+            for _ in claimed:
+                self._count_ended()
+            if claimed:
+                slot.limited = True
+            return claimed
+
+    def take_all(self) -> list[Job]:
+        """Untrack every job (the shutdown releases them)."""
+        with self.lock:
+            leftover = list(self.jobs.values())
+            self.jobs.clear()
+            return leftover

@@ -1,0 +1,217 @@
+"""Handler slots: the job a worker's handler thread runs now, its time limit, and how
+to stop it.
+
+A worker runs each job in a *slot* (one of its ``concurrency`` handler threads). While
+the handler runs, :func:`current_slot` returns that slot, so code above the engine (the
+task layer) can ask for a time limit (:meth:`Slot.limit`) or run a coroutine on the
+worker's event loop (:meth:`Slot.run_awaitable`) without knowing which worker it is in.
+
+Time limits, and why they are decided by the lease: the worker's heartbeat checks the
+limits of running jobs every tick (50 ms). At a job's limit it ends the job's lease in
+Redis itself, with a fenced nack carrying :class:`TimeLimitExceeded` as the error (the
+retry or dead-letter decision the slot was given when the limit was set), and stops
+renewing it. From that moment the job's fence belongs to nobody in this worker: an ack
+sent later by the handler answers GONE or STALE and changes nothing, whatever the
+handler does. If that nack cannot reach Redis, the lease is simply no longer renewed
+and expires, with the same effect a lease length later. Then the worker stops the work
+as well as its executor can:
+
+* a thread gets :class:`TimeLimitExceeded` raised asynchronously
+  (``PyThreadState_SetAsyncExc``): it arrives at the thread's next Python bytecode, so
+  a handler can catch it to clean up. A thread inside a long C call (``time.sleep``, a
+  blocking socket read) sees it only when that call returns. One that has not stopped
+  :data:`WRITE_OFF_S` after the interruption is *written off*: logged, counted, and its
+  slot is not leased into again until the thread returns;
+* an asyncio task is cancelled (:class:`asyncio.CancelledError` at its next ``await``);
+* in a child of the multi-process worker (``pyqueue worker --processes N``), a thread
+  not stopped :data:`SUPERVISED_WRITE_OFF_S` after the interruption gets its process
+  replaced: the child asks its supervisor for a replacement, which starts first, and the
+  child then drains and exits, ending the stuck thread with it
+  (:mod:`pyqueue.worker.supervisor`). That is the hard time limit.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pyqueue.protocol.models import Job
+
+if TYPE_CHECKING:
+    from pyqueue.worker.worker import Worker
+
+log = logging.getLogger("pyqueue.worker")
+
+#: How long a thread interrupted at its time limit may take to stop before its slot
+#: is written off.
+WRITE_OFF_S = 1.0
+#: The same in a child of ``pyqueue worker --processes N``, where writing a slot off
+#: ends the process (its replacement starts first): a thread that runs Python code
+#: stops within milliseconds, so a quarter second already means it is stuck in C code.
+SUPERVISED_WRITE_OFF_S = 0.25
+
+
+class TimeLimitExceeded(BaseException):
+    """Raised inside a handler when its job reached its time limit; also the job's error.
+
+    A :class:`BaseException` (like :class:`KeyboardInterrupt`), so an ``except
+    Exception`` in the handler does not swallow it. Catch it to clean up: by the time
+    it is raised the job's lease has already ended (the job went to its retry or to the
+    dead letters), so whatever the handler returns or raises afterwards is ignored."""
+
+
+@dataclass(frozen=True)
+class LimitEnding:
+    """How a job ends at its time limit: the nack the heartbeat sends."""
+
+    #: The job's error text (kept if it goes to the dead letters).
+    error: str
+    #: Retry after this long; None: the worker's default backoff.
+    delay_ms: int | None = None
+    #: Dead letters at once, whatever the attempt count.
+    final: bool = False
+
+
+class Slot:
+    """One running job in one handler thread (see the module docstring)."""
+
+    __slots__ = (
+        "worker", "job", "thread_id", "leased_at_ms", "started", "name", "limit_at", "limit_s", "ending", "limited",
+        "interrupted_at", "written_off", "_lock", "_in_user_code", "_injected",
+    )
+
+    def __init__(self, worker: Worker, job: Job) -> None:
+        self.worker = worker
+        self.job = job
+        self.thread_id = threading.get_ident()
+        #: The server clock when the job was leased (its deadline minus the lease length).
+        self.leased_at_ms = job.deadline_ms - worker.lease_ms
+        self.started = time.monotonic()
+        #: What logs call the job besides its id (the task layer sets its task name).
+        self.name = ""
+        #: Monotonic time of the time limit; None: no limit.
+        self.limit_at: float | None = None
+        self.limit_s: float = 0.0
+        self.ending: LimitEnding | None = None
+        #: Set by the heartbeat once the limit passed and the job's lease was ended.
+        self.limited = False
+        self.interrupted_at: float | None = None
+        self.written_off = False
+        # Guards `in_user_code` against the heartbeat's interruption: an asynchronous
+        # exception must reach the handler, never the worker's own code after it.
+        self._lock = threading.Lock()
+        self._in_user_code = False
+        self._injected = False
+
+    def __str__(self) -> str:
+        """How logs name the job: its id, and its task when the handler named one."""
+        return f"job {self.job.id} [{self.name}]" if self.name else f"job {self.job.id}"
+
+    # What a batch slot (pyqueue.worker.batch.BatchSlot) answers for its N jobs; one
+    # job's slot answers them for that job, so the heartbeat and the executors treat
+    # both alike.
+
+    @property
+    def jobs(self) -> tuple[Job, ...]:
+        """The jobs this slot runs: its job."""
+        return (self.job,)
+
+    @property
+    def key(self) -> str:
+        """What the worker's maps of running slots (and an asyncio executor's tasks)
+        know this slot by: its job's receipt."""
+        return self.job.receipt
+
+    def ending_for(self, job: Job) -> LimitEnding | None:
+        """How ``job`` ends at the time limit (the nack the heartbeat sends)."""
+        return self.ending
+
+    @property
+    def abandoned(self) -> bool:
+        """Whether the outcome of the work no longer matters to any of its jobs
+        (cancelled, lease lost, or ended at the time limit)."""
+        return self.job.cancelled.is_set()
+
+    def server_now_ms(self) -> int:
+        """The server clock now, as this slot knows it: the lease's time plus the time
+        elapsed since (measured on this process's monotonic clock)."""
+        return self.leased_at_ms + int((time.monotonic() - self.started) * 1000)
+
+    def limit(self, seconds: float, ending: LimitEnding) -> None:
+        """Stop the job ``seconds`` after its lease began (the server's lease time), and
+        end it as ``ending`` says. Call it from the handler before the work starts."""
+        self.limit_s = seconds
+        elapsed = (self.server_now_ms() - self.leased_at_ms) / 1000
+        self.limit_at = time.monotonic() + max(0.0, seconds - elapsed)
+        self.ending = ending
+
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run user code where the heartbeat may interrupt it at the time limit. An
+        interruption that arrives after ``fn`` returned is withdrawn, or surfaces here as
+        :class:`TimeLimitExceeded` — never later, inside the worker."""
+        with self._lock:
+            self._in_user_code = True
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            with self._lock:
+                self._in_user_code = False
+                injected = self._injected
+            if injected:
+                # Withdraw an exception not yet raised (no-op if it was).
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread_id), None)
+
+    def run_awaitable(self, awaitable: Awaitable[Any]) -> Any:
+        """Run a coroutine on the worker's event loop and wait for it (an AsyncWorker);
+        a sync worker refuses (InvalidArgument), since it has no loop to run it on."""
+        return self.worker.run_awaitable(self, awaitable)
+
+    def interrupt(self) -> None:
+        """Stop the work at its time limit: raise :class:`TimeLimitExceeded` in the
+        thread if it is in user code (an AsyncWorker cancels the task instead). Called
+        again while the thread still runs (it caught the exception and went on), it
+        raises it again."""
+        with self._lock:
+            self.interrupted_at = time.monotonic()
+            if self._in_user_code:
+                self._injected = True
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(self.thread_id), ctypes.py_object(TimeLimitExceeded)
+                )
+
+    def write_off(self, count: Callable[[], int]) -> int | None:
+        """Mark this slot written off if its thread still runs the handler and it is not
+        already; ``count()`` (the worker's count of written-off slots) is called then,
+        and its answer returned; None if the slot was not written off.
+
+        Under the lock the thread takes as it leaves the handler (:meth:`call`): so either
+        the mark comes first, and the job's ending sees it and gives the slot back
+        (``written_back``), or the thread has left, and the slot is not written off. A
+        mark that came after the ending looked would count a slot off for ever."""
+        with self._lock:
+            if not self._in_user_code or self.written_off:
+                return None
+            self.written_off = True
+            return count()
+
+    @property
+    def in_user_code(self) -> bool:
+        return self._in_user_code
+
+
+_local = threading.local()
+
+
+def current_slot() -> Slot | None:
+    """The slot of the job this handler thread runs; None outside a worker's handler."""
+    return getattr(_local, "slot", None)
+
+
+def enter_slot(slot: Slot | None) -> None:
+    """Make ``slot`` this thread's current slot (None: leave it)."""
+    _local.slot = slot
