@@ -4,8 +4,10 @@
 
     PyQueueError                     base of everything pyqueue raises
     ├── InvalidArgument (ValueError) bad input, rejected before anything is written (PQ_BADARG)
-    │   └── ContractMismatch         a call with another number of KEYS or ARGV than the
-    │                                script's contract version lists (PQ_CONTRACT)
+    │   ├── ContractMismatch         a call with another number of KEYS or ARGV than the
+    │   │                            script's contract version lists (PQ_CONTRACT)
+    │   └── PayloadTooLarge          a payload over ``max_payload_bytes``, refused before
+    │                                anything is sent
     ├── WrongTypeError               a queue key holds another Redis type (WRONGTYPE)
     ├── CorruptRecord                a job record does not parse (PQ_CORRUPT)
     ├── ServiceError                 service lifecycle (registration, renewal)
@@ -15,6 +17,7 @@
     ├── OutOfMemory                  Redis refused a write at its memory limit (OOM)
     ├── TLSError                     a certificate did not verify: the server's (against
     │                                ssl_ca_certs), or the client's (the server refused it)
+    ├── AuthenticationFailed         Redis refused the credentials (no command ran)
     ├── ScriptError                  any other error reply from a script
     │   └── PermissionDenied         the ACL user may not use a key or a command (NOPERM)
     └── OutcomeUnknown               the connection failed during a call: the script may
