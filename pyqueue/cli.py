@@ -27,6 +27,7 @@ from pyqueue.protocol.verbs.events import Event, Since
 from pyqueue.drivers.clients import Client, connect
 from pyqueue.ops.discovery import logical_queues, open_queue
 from pyqueue.protocol.keys import check_name
+from pyqueue.protocol.version import VERSION
 from pyqueue.drivers.queue import DEFAULT_KEEP_DONE_MS, DEFAULT_LEASE_MS, Queue, physical_queue
 from pyqueue.protocol.verbs.flows import DEFAULT_FLOW_CHECK_MS
 from pyqueue.worker.supervised import ENV_VAR, SupervisorLink
@@ -193,7 +194,7 @@ def check_metrics_options(args: argparse.Namespace) -> None:
     try:
         importlib.import_module("prometheus_client")  # only whether it imports
     except ImportError:
-        raise InvalidArgument('--metrics-port needs prometheus-client: pip install "pyqueue[metrics]"') from None
+        raise InvalidArgument('--metrics-port needs prometheus-client: pip install "pyqueue-redis[metrics]"') from None
 
 
 def record_task_metrics(args: argparse.Namespace, tasks: Any, *, supervised: bool) -> None:
@@ -658,6 +659,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prefix", default="pq", help="key prefix (default pq)")
     parser.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="service namespace (default workers)")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}",
+                        help="print the installed version (pyqueue-redis) and exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("worker", help="run a worker: of the tasks of module:tasks (a pyqueue.Tasks), or of a "
@@ -722,7 +725,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                    help="serve per-task Prometheus metrics (run time, queue wait, runs by outcome; README, Metrics) "
                         "on http://HOST:PORT/metrics; a Tasks target only; with --processes the supervisor serves "
-                        "them summed over its children; 0 picks a free port (logged); needs pyqueue[metrics]")
+                        "them summed over its children; 0 picks a free port (logged); needs pyqueue-redis[metrics]")
     p.add_argument("--metrics-host", default=None, metavar="HOST",
                    help=f"the address --metrics-port listens on (default {DEFAULT_METRICS_HOST}: loopback only)")
     p.set_defaults(func=cmd_worker)
@@ -819,13 +822,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="as JSON")
     p.set_defaults(func=cmd_flow_show)
 
-    p = sub.add_parser("metrics", help="serve Prometheus metrics on /metrics (needs pyqueue[metrics])")
+    p = sub.add_parser("metrics", help="serve Prometheus metrics on /metrics (needs pyqueue-redis[metrics])")
     p.add_argument("--port", type=int, default=9808, help="default 9808; 0 picks a free port")
     p.add_argument("--bind", default="127.0.0.1", help="address to listen on (default 127.0.0.1: loopback only)")
     p.add_argument("-q", "--queue", action="append", help="only these queues (default: every queue found at each scrape)")
     p.set_defaults(func=cmd_metrics)
 
-    p = sub.add_parser("dashboard", help="serve the web dashboard (needs pyqueue[dashboard])")
+    p = sub.add_parser("dashboard", help="serve the web dashboard (needs pyqueue-redis[dashboard])")
     p.add_argument("--port", type=int, default=8080, help="default 8080; 0 picks a free port")
     p.add_argument("--bind", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: loopback only; anything else needs --token)")
@@ -842,7 +845,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--worker-metrics", action="append", metavar="URL",
                    help="a worker's (or a --processes supervisor's) metrics, http://HOST:PORT/metrics from "
                         "`pyqueue worker --metrics-port`: the Tasks panel shows runs, failures and p50/p99 "
-                        "durations summed over every URL given (repeat; needs pyqueue[metrics])")
+                        "durations summed over every URL given (repeat; needs pyqueue-redis[metrics])")
     p.set_defaults(func=cmd_dashboard)
 
     p = sub.add_parser("demo", help="the main job: workers drain two queues while one is killed")
@@ -850,7 +853,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=3)
     p.add_argument("--dashboard", action="store_true",
                    help="serve the dashboard on 127.0.0.1 while the demo runs, and after it until Ctrl-C "
-                        "(needs pyqueue[dashboard])")
+                        "(needs pyqueue-redis[dashboard])")
     p.add_argument("--dashboard-port", type=int, default=8080, help="the dashboard's port (default 8080; 0: any)")
     p.set_defaults(func=cmd_demo)
     return parser

@@ -913,7 +913,7 @@ def test_without_the_dashboard_extra_the_command_names_the_extra() -> None:
         done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=30)
         assert done.returncode == 2, done.stderr
         assert "the dashboard needs the dashboard extra (missing: starlette)" in done.stderr
-        assert 'pip install "pyqueue[dashboard]"' in done.stderr
+        assert 'pip install "pyqueue-redis[dashboard]"' in done.stderr
 
 
 # -- the sampler -------------------------------------------------------------------------------

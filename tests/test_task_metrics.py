@@ -369,7 +369,7 @@ def test_refusals_exit_2(capsys: pytest.CaptureFixture[str], monkeypatch: pytest
     assert "give --metrics-port too" in refused("worker", "json:loads", "-q", "x", "--metrics-host", "0.0.0.0")
     assert "must be 0..65535" in refused("worker", "json:loads", "-q", "x", "--metrics-port", "70000")
     monkeypatch.setitem(sys.modules, "prometheus_client", None)  # as if not installed: its import fails
-    assert 'pip install "pyqueue[metrics]"' in refused("worker", "metrics_app:tasks", "--metrics-port", "0")
+    assert 'pip install "pyqueue-redis[metrics]"' in refused("worker", "metrics_app:tasks", "--metrics-port", "0")
 
 
 def test_a_port_in_use_is_refused_and_registers_nothing(capsys: pytest.CaptureFixture[str]) -> None:

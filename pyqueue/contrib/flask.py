@@ -1,4 +1,4 @@
-"""pyqueue in a Flask application (``pip install pyqueue[flask]``)::
+"""pyqueue in a Flask application (``pip install pyqueue-redis[flask]``)::
 
     from flask import Flask, current_app
     from pyqueue.contrib.flask import PyQueue

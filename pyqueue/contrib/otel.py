@@ -1,4 +1,4 @@
-"""OpenTelemetry tracing of tasks, as a middleware (``pip install pyqueue[otel]``)::
+"""OpenTelemetry tracing of tasks, as a middleware (``pip install pyqueue-redis[otel]``)::
 
     from pyqueue.contrib.otel import Tracing
 

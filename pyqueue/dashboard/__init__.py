@@ -9,7 +9,7 @@ package (no CDN), binds loopback by default and asks for a token elsewhere, prot
 actions with CSRF tokens, and shows payloads only when started with
 ``--show-payloads``.
 
-Needs the ``dashboard`` extra (``pip install "pyqueue[dashboard]"``): Starlette, Jinja2
+Needs the ``dashboard`` extra (``pip install "pyqueue-redis[dashboard]"``): Starlette, Jinja2
 and uvicorn. Importing this package does not import them; :func:`require_web_stack`
 says clearly what is missing.
 
@@ -43,5 +43,5 @@ def require_web_stack() -> None:
     if missing:
         raise PyQueueError(
             f"the dashboard needs the dashboard extra (missing: {', '.join(missing)}): "
-            "pip install \"pyqueue[dashboard]\""
+            "pip install \"pyqueue-redis[dashboard]\""
         )

@@ -154,7 +154,7 @@ def read_task_view(urls: Sequence[str], timeout_s: float = FETCH_TIMEOUT_S) -> d
     try:
         import prometheus_client.parser  # noqa: F401
     except ImportError:
-        return {"sources": [], "tasks": [], "error": 'the task view needs prometheus_client: pip install "pyqueue[metrics]"'}
+        return {"sources": [], "tasks": [], "error": 'the task view needs prometheus_client: pip install "pyqueue-redis[metrics]"'}
     def page(url: str) -> str | BaseException:
         try:
             return fetch(url, timeout_s)

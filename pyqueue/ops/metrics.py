@@ -12,7 +12,7 @@ and there is no second set of counters to keep in sync. An app that already serv
     REGISTRY.register(PyQueueCollector(redis_client))
 
 and ``pyqueue metrics --port 9808`` serves them alone. Needs the ``metrics`` extra
-(``pip install "pyqueue[metrics]"``).
+(``pip install "pyqueue-redis[metrics]"``).
 
 Per queue (label ``queue``; a partitioned queue once, summed over its partitions):
 every script-kept counter as a counter (``pyqueue_<name>_total``: enqueued, duplicates,

@@ -8,7 +8,7 @@ elsewhere); with ``--processes N`` the supervisor serves them summed over its ch
     from pyqueue.tasks.telemetry import TaskMetrics
     tasks.middleware(TaskMetrics())          # into prometheus_client's default REGISTRY
 
-Needs the ``metrics`` extra (``pip install "pyqueue[metrics]"``). A worker without it
+Needs the ``metrics`` extra (``pip install "pyqueue-redis[metrics]"``). A worker without it
 registers no middleware, so it enters no hook chain and pays nothing (the task layer's
 rule: no run hook, no call).
 

@@ -1,4 +1,4 @@
-"""pyqueue as a backend of Django's tasks (``pip install pyqueue[django]``): Django's
+"""pyqueue as a backend of Django's tasks (``pip install pyqueue-redis[django]``): Django's
 ``django.tasks`` (Django 6.0+), or the ``django-tasks`` backport on older Django, from
 one backend::
 
