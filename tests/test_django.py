@@ -229,10 +229,9 @@ def test_django_6_with_django_tasks_on_python_312(tmp_path: Path, redis_server: 
 
 
 def test_the_readmes_django_code_is_the_examples() -> None:
-    """README.md's "Django" section shows the example project's files: each of its
-    Python blocks names its file in a first comment line and is part of that file."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.split("#### Django", 1)[1].split("\n#### ", 1)[0]
+    """docs/how-to/django.md (once README.md's "Django") shows the example project's files:
+    each of its Python blocks names its file in a first comment line and is part of that file."""
+    section = (ROOT / "docs" / "how-to" / "django.md").read_text(encoding="utf-8")
     blocks = [b.split("```", 1)[0] for b in section.split("```python\n")[1:]]
     assert len(blocks) >= 3
     for block in blocks:

@@ -156,9 +156,10 @@ def test_middleware_carries_the_request_id_logs_each_run_and_refuses_a_send_with
 
 
 def test_the_readmes_middleware_code_is_the_examples() -> None:
-    """README.md's "Middleware and tracing" shows examples/middleware.py's middleware:
-    the same lines, so what the README shows is what the test above runs."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = readme.split("#### Middleware and tracing", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    """docs/how-to/middleware.md (once README.md's "Middleware and tracing") shows
+    examples/middleware.py's middleware: the same lines, so what the page shows is what
+    the test above runs."""
+    page = (ROOT / "docs" / "how-to" / "middleware.md").read_text(encoding="utf-8")
+    block = next(b.split("```", 1)[0] for b in page.split("```python\n")[1:] if "class RequestLog" in b)
     assert "class RequestLog" in block
     assert block in (ROOT / "examples" / "middleware.py").read_text(encoding="utf-8")
