@@ -37,8 +37,8 @@ if [ "${#packages[@]}" -ne 0 ]; then
   apt_pid=$!
 fi
 
-echo "== installing pyqueue with its test extras"
-python3 -m pip install --quiet --disable-pip-version-check -e ".[test]"
+echo "== installing pyqueue with its test and docs extras"
+python3 -m pip install --quiet --disable-pip-version-check -e ".[test,docs]"
 
 fail_on_skips() {  # $1: a pytest log, $2: what it ran
   if [ "${CI:-}" = "true" ] && grep -qE "^SKIPPED" "$1"; then
