@@ -9,7 +9,9 @@ would report as SKIPPED, and tests/run.sh fails a CI run with any skipped test.)
 ``<!-- invisible-code-block: python -->`` comments hold setup a reader does not need to
 see. Shell blocks (```console, ```sh, ```bash) and others are not run.
 
-Run them: ``python -m pytest docs`` (the docs extra installs Sybil).
+Run them: ``python -m pytest docs`` (the docs extra installs Sybil), alone: not with
+tests/ in one run, and not under pytest-xdist (a page's blocks share its namespace).
+tests/test_docs.py runs them so in CI.
 """
 
 from __future__ import annotations

@@ -1,8 +1,11 @@
 """The documentation site builds with no warning (``mkdocs build --strict``: a broken
 link or anchor, a page missing from the navigation, a docstring mkdocstrings cannot
 read), and its code blocks run: ``docs/conftest.py`` has Sybil collect every Python
-block of docs/**.md, which pytest runs with the tests (testpaths) or alone with
-``python -m pytest docs`` (issue #35 item 3)."""
+block of docs/**.md, and the test below runs them as ``python -m pytest docs`` does, in
+a process of their own (issue #35 item 3). Not in the suite's own collection: a page's
+blocks share one namespace, so they must run in one process in order (pytest-xdist
+would spread them over its workers), and docs/conftest.py would shadow
+tests/conftest.py as the module ``conftest``."""
 
 from __future__ import annotations
 
@@ -48,3 +51,10 @@ def test_every_block_not_run_says_why() -> None:
         for n, line in enumerate(lines):
             if re.match(r"<!-- skip: (next|start) -->$", line):
                 assert n > 0 and re.match(r"<!-- not run: .+ -->$", lines[n - 1]), f"{page}:{n + 1}"
+
+
+def test_the_pages_python_blocks_run() -> None:
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:benchmark",
+                           "-p", "no:cacheprovider", "docs"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    assert re.search(r"^\d+ passed in ", done.stdout.splitlines()[-1]), done.stdout[-2000:]
