@@ -44,7 +44,7 @@ import redis  # noqa: E402
 import redis.asyncio  # noqa: E402
 
 from pyqueue import NewJob, Queue  # noqa: E402
-from pyqueue.aio import AsyncQueue, connect  # noqa: E402
+from pyqueue.aio import AsyncQueue, check_partitions, connect  # noqa: E402
 from bench_worker import spawn, stop  # noqa: E402
 
 
@@ -96,7 +96,7 @@ def enqueue_sync(url: str, admin: redis.Redis, jobs: int) -> dict[str, Any]:
 async def _enqueue_async(url: str, tasks: int, per_task: int, coalesce: bool) -> None:
     client = connect(url)
     q = AsyncQueue("e", client, coalesce_enqueues=coalesce)
-    await q.check_partitions()
+    await check_partitions(q)
 
     async def producer() -> None:
         for _ in range(per_task):

@@ -79,6 +79,7 @@ import redis  # noqa: E402
 
 from pyqueue import Job, Outcome, Queue, connect  # noqa: E402
 from pyqueue.drivers.scripts import SCRIPT_KEYS, lua_source  # noqa: E402
+from pyqueue.drivers.queue import transport_of
 
 PAYLOAD = b"p" * 64
 LONG_LEASE_MS = 3_600_000
@@ -328,7 +329,7 @@ class Repetition:
             stats = queue.stats()
             if self._drained[label] != self.jobs or stats.ready or stats.leased or stats.acked != self.jobs:
                 raise RuntimeError(f"drain {label} incomplete: drained {self._drained[label]} of {self.jobs}, {stats}")
-            queue.redis.unlink(*queue.keys.all())
+            transport_of(queue).client.unlink(*queue.spec.keys.all())
 
     def rates_per_s(self) -> dict[str, float]:
         return {name: self.jobs / seconds for name, seconds in self.seconds.items()}
@@ -525,7 +526,7 @@ class Lifecycles:
             stats = queue.stats()
             if self.done[name] != jobs or stats.acked != jobs or stats.ready or stats.leased:
                 raise RuntimeError(f"lifecycle {name}: acked {self.done[name]} of {jobs}, {stats}")
-            queue.redis.unlink(*queue.keys.all())
+            transport_of(queue).client.unlink(*queue.spec.keys.all())
         self.client.unlink(*self.raw_keys)
         if self.client.hlen(self.toy_keys[0]) or self.client.llen(self.toy_keys[1]):
             raise RuntimeError("lifecycle lua_toy: jobs left over")

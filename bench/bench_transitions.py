@@ -33,6 +33,7 @@ import redis  # noqa: E402
 
 from pyqueue import Job, NewJob, Queue, connect  # noqa: E402
 from pyqueue.drivers.scripts import SCRIPT_KEYS, lua_source  # noqa: E402
+from pyqueue.drivers.queue import transport_of
 
 #: Every job carries this payload: small, fixed, so the figures are about the queue.
 PAYLOAD = b"p" * 64
@@ -81,7 +82,7 @@ def fresh_queue(url: str, label: str) -> Queue:
 
 def drop(queue: Queue) -> None:
     """Delete every key of ``queue`` (UNLINK: freed in the background, not in a timing)."""
-    queue.redis.unlink(*queue.keys.all())
+    transport_of(queue).client.unlink(*queue.spec.keys.all())
 
 
 def fill(queue: Queue, jobs: int, *, delay_ms: int = 0) -> None:
@@ -170,7 +171,7 @@ def bench_bare_enqueue_script(loops: int, url: str) -> float:
     client = raw_client(url)
     queue = fresh_queue(url, "bare-enqueue")
     sha = client.script_load(lua_source("enqueue"))
-    keys = [queue.keys.role(role) for role in SCRIPT_KEYS["enqueue"]]
+    keys = [queue.spec.keys.role(role) for role in SCRIPT_KEYS["enqueue"]]
     ids = [uuid.uuid4().hex for _ in range(loops)]
     evalsha = client.evalsha
     t0 = time.perf_counter()

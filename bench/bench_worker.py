@@ -126,7 +126,7 @@ def bench_lateness(url: str, samples: int) -> dict[str, Any]:
         time.sleep(0.5)
         q.enqueue_many([NewJob(b"", job_id=f"d{i}", delay_ms=random.randint(100, 3000)) for i in range(samples)])
         due = {}
-        for job_id, record in client.hgetall(q.keys.jobs).items():
+        for job_id, record in client.hgetall(q.spec.keys.jobs).items():
             due[job_id.decode()] = int(record.split(b"|", 3)[2])
         lateness_ms = []
         for _ in range(samples):

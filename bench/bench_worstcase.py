@@ -213,7 +213,7 @@ class WorstCase:
         return leased
 
     def drop(self, state: State) -> None:
-        self.client.unlink(*state.queue.keys.all())
+        self.client.unlink(*state.queue.spec.keys.all())
 
     # -- scenarios --------------------------------------------------------------------------------
 

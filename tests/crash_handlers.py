@@ -37,7 +37,8 @@ from typing import Any
 import redis
 
 from pyqueue.protocol.core import Plan
-from pyqueue.drivers.queue import QueueCore
+from pyqueue.protocol.plans import Bound, SingleQueue
+from pyqueue.protocol.verbs import consume
 from pyqueue import Job, Outcome, Queue, Tasks, connect, current_job
 from pyqueue.protocol.models import Leased
 
@@ -116,25 +117,28 @@ def observe_acks() -> None:
     """Wrap the plans of ``ack_many`` and ``lease_call`` (the two paths by which a
     worker acks, whichever driver runs them) so that every ``ok`` answer is logged.
     Idempotent."""
-    if getattr(QueueCore, "_crash_observed", False):
+    if getattr(SingleQueue, "_crash_observed", False):
         return
-    original_ack_many = QueueCore.plan_ack_many
-    original_lease_call = QueueCore.plan_lease_call
+    original_ack_many = consume.ack_many
+    original_lease_call = consume.lease_call
 
-    def plan_ack_many(self: QueueCore, jobs: Any, **kwargs: Any) -> Plan[list[Outcome]]:
+    def ack_many(spec: Any, memory: Any, jobs: Any, **kwargs: Any) -> Plan[list[Outcome]]:
         jobs = list(jobs)
-        outcomes = yield from original_ack_many(self, jobs, **kwargs)
+        outcomes = yield from original_ack_many(spec, memory, jobs, **kwargs)
         _log_acks(jobs, outcomes)
         return outcomes
 
-    def plan_lease_call(self: QueueCore, **kwargs: Any) -> Plan[Leased]:
-        leased = yield from original_lease_call(self, **kwargs)
+    def lease_call(spec: Any, memory: Any, **kwargs: Any) -> Plan[Leased]:
+        leased = yield from original_lease_call(spec, memory, **kwargs)
         _log_acks(list(kwargs.get("ack", ())), leased.acks)
         return leased
 
-    QueueCore.plan_ack_many = plan_ack_many  # type: ignore[method-assign]
-    QueueCore.plan_lease_call = plan_lease_call  # type: ignore[method-assign]
-    QueueCore._crash_observed = True  # type: ignore[attr-defined]
+    # The plan functions (which ack and ack_and_lease call) and a single queue's plans
+    # (which a façade and a partitioned queue's partitions call).
+    consume.ack_many, consume.lease_call = ack_many, lease_call  # type: ignore[assignment]
+    SingleQueue.ack_many = Bound(ack_many)  # type: ignore[assignment]
+    SingleQueue.lease_call = Bound(lease_call)  # type: ignore[assignment]
+    SingleQueue._crash_observed = True  # type: ignore[attr-defined]
 
 
 if os.environ.get("PQ_CRASH_ACKS"):

@@ -11,6 +11,7 @@ import redis
 
 from pyqueue import NewJob, Queue
 from pyqueue.drivers.scripts import lua_source
+from pyqueue.drivers.facade import client_of, parts_of, physical
 
 T0 = 1_000_000
 
@@ -71,8 +72,7 @@ def busy_queue(q: Queue, fair: bool = False) -> dict[str, Any]:
     """
     g = {"group": "g"} if fair else {}
     q.set_events(1000)  # every state-changing script writes its events too (lua/README.md section 2.5)
-    finisher = q.physical(q.name)  # the same driver and client (sync or async)
-    finisher.keep_done_ms = 50
+    finisher = sibling(q, q.name, keep_done_ms=50)
     finisher.enqueue_many([NewJob(b"", job_id=f"done{i}") for i in range(10)], now_ms=T0)
     finisher.ack_many(finisher.lease(count=10, now_ms=T0), now_ms=T0)
     if fair:
@@ -136,7 +136,7 @@ def job_states(client: redis.Redis, q: Queue) -> dict[str, list[str]]:
     Also checks the structural rules each state relies on: READY holds no id twice, the
     owners index holds exactly the receipts of LEASED, every receipt parses.
     """
-    k = q.keys
+    k = q.spec.keys
     states: dict[str, list[str]] = {}
     for raw in client.hkeys(k.jobs):
         states.setdefault(raw.decode(), [])
@@ -192,3 +192,20 @@ def contents(client: redis.Redis) -> dict[bytes, object]:
         else:
             out[key] = (kind, client.dump(key))
     return out
+
+
+def sibling(q: Any, name: str, **settings: Any) -> Any:
+    """A queue of ``q``'s driver and client (sync, or async seen through the test's
+    ``Blocking`` wrapper) addressed by its own ``name`` (it checks no partition count),
+    with ``settings``."""
+    target = getattr(q, "_target", q)  # the AsyncQueue behind a Blocking wrapper
+    made = physical(type(target)(name, client_of(target), prefix=target.spec.prefix, **settings))
+    return made if target is q else q._wrap(made)
+
+
+def queue_parts(q: Any) -> list[Any]:
+    """:func:`pyqueue.drivers.facade.parts_of` of ``q``, sync or seen through the test's
+    ``Blocking`` wrapper."""
+    target = getattr(q, "_target", q)
+    made = parts_of(target)
+    return made if target is q else list(q._wrap(made))

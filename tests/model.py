@@ -62,6 +62,7 @@ from pyqueue.drivers.queue import DEFAULT_MAINTENANCE_LIMIT, DEFAULT_MAX_ATTEMPT
 from pyqueue.drivers.scripts import Scripts
 from pyqueue.ops.service import DEAD_LIMIT, DEFAULT_EXPIRE_MS, GC_LIMIT, Service, Services
 from pyqueue.protocol.verbs.flows import WAIT_DUE_MS
+from pyqueue.drivers.queue import check_partitions
 
 #: The model's clock starts at a realistic server time (2023-11-14, in ms since the
 #: epoch); steps go forwards and backwards from it.
@@ -1667,7 +1668,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.svc = ServicesModel()
         self.workers: dict[str, Queue] = {}
         self.q = self.worker("solo")
-        self.q.check_partitions()  # what every queue object does at its first call
+        check_partitions(self.q)  # what every queue object does at its first call
         # Every machine runs with the queue's event stream on (lua/README.md section 2.5),
         # with a bound small enough that the model's trimming is checked too.
         assert self.q.set_events(EVENTS_BOUND) == EventsSetting(*self.model.set_events(EVENTS_BOUND))
@@ -1868,7 +1869,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.wait(waited)
         worker = self.worker(owner)
         if woken:
-            popped = self.r.zpopmin(worker.keys.wake)
+            popped = self.r.zpopmin(worker.spec.keys.wake)
             assert popped == ([(b"wake", 0.0)] if self.model.wake else []), "wake marker differs from the model"
             self.model.wake = False
         sent = LeaseCall(owner, self.fresh_call(), count, lease_ms, limit, ())
@@ -2045,7 +2046,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         re-send finds it done."""
         for _ in range(1 + sent_twice):
             got = self.q.cancel(job_id, now_ms=self.now)
-            expected = self.model.cancel(job_id, self.now, self.q.keep_done_ms)
+            expected = self.model.cancel(job_id, self.now, self.q.spec.keep_done_ms)
             assert got.state == expected, f"cancel {job_id!r} answered {got.state}, model {expected}"
 
     @rule(
@@ -2231,23 +2232,23 @@ class LifecycleMachine(RuleBasedStateMachine):
     def everything_agrees(self) -> None:
         """The keyspace equals the model; the §3 invariants hold; stats agree."""
         type(self).checks_run += 1
-        expected = {**self.model.keyspace(self.q.keys), **self.svc.keyspace(self.services.keys)}
-        observed, snapshot = read_snapshot(self.r, self.q.keys, self.services.keys)
+        expected = {**self.model.keyspace(self.q.spec.keys), **self.svc.keyspace(self.services.keys)}
+        observed, snapshot = read_snapshot(self.r, self.q.spec.keys, self.services.keys)
         assert observed == expected, describe_difference(expected, observed)
         if (snapshot, self.now) != self.answered_on:
             self.answered_on, self.answers = (snapshot, self.now), {}
 
         # Single state (DESIGN §3.1), and the structural checks job_states makes.
-        for job_id, states in check_states(observed, self.q.keys).items():
+        for job_id, states in check_states(observed, self.q.spec.keys).items():
             assert len(states) == 1, f"{job_id!r} is in {states}"
             assert states[0] == self.model.state_of(job_id), f"{job_id!r}: {states} != model {self.model.state_of(job_id)}"
 
         # Fencing (§3.3): at most one valid lease per job.
-        leased_ids = [receipt_id(r.decode()) for r in observed.get(self.q.keys.leased, {})]
+        leased_ids = [receipt_id(r.decode()) for r in observed.get(self.q.spec.keys.leased, {})]
         assert len(leased_ids) == len(set(leased_ids)), f"two valid leases of one job: {leased_ids}"
 
         # Attempts never go down within a job's life (a dead_replay starts a new count).
-        for raw_id, record in observed.get(self.q.keys.jobs, {}).items():
+        for raw_id, record in observed.get(self.q.spec.keys.jobs, {}).items():
             job_id = raw_id.decode()
             attempts = int(record.split(b"|", 1)[0])
             epoch = self.model.epoch[job_id]

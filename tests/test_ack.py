@@ -21,8 +21,8 @@ def test_ack_is_ok_once_then_gone(q: Queue, r: redis.Redis) -> None:
     (job,) = q.lease(now_ms=T0)
     assert q.ack(job) is Outcome.OK
     assert q.ack(job) is Outcome.GONE
-    assert r.hlen(q.keys.jobs) == 0 and r.zcard(q.keys.leased) == 0 and r.zcard(q.keys.owners) == 0
-    assert r.zrange(q.keys.done, 0, -1) == [job.id.encode()]  # only its tombstone is left
+    assert r.hlen(q.spec.keys.jobs) == 0 and r.zcard(q.spec.keys.leased) == 0 and r.zcard(q.spec.keys.owners) == 0
+    assert r.zrange(q.spec.keys.done, 0, -1) == [job.id.encode()]  # only its tombstone is left
 
 
 def test_ack_with_a_stale_fence_changes_nothing(q: Queue, r: redis.Redis) -> None:
@@ -65,13 +65,13 @@ def test_expired_tombstones_are_trimmed_in_batches_by_later_acks(make_queue: Cal
         assert q.ack(job, now_ms=T0 + i) is Outcome.OK  # tombstones until T0 + 1000 + i
     # At T0 + 1009 ten have expired (j00..j09): the next ack trims them all.
     assert q.ack(jobs[12], now_ms=T0 + 1009) is Outcome.OK
-    assert r.zrange(q.keys.done, 0, -1) == [b"j10", b"j11", b"j12"]
+    assert r.zrange(q.spec.keys.done, 0, -1) == [b"j10", b"j11", b"j12"]
     # Fewer than ten expired: nothing is trimmed (enqueue ignores expired tombstones).
     outcomes, _ = q.ack_and_lease(jobs[13], count=0, now_ms=T0 + 5000)
-    assert outcomes is Outcome.OK and r.zcard(q.keys.done) == 4
+    assert outcomes is Outcome.OK and r.zcard(q.spec.keys.done) == 4
     # Many expired, one ack: it trims 1 + 10 of them, oldest first.
     q.ack_many(jobs[14:29], now_ms=T0 + 5000)  # 15 more, all in force until T0 + 6000
-    assert r.zcard(q.keys.done) == 19
+    assert r.zcard(q.spec.keys.done) == 19
     assert q.ack(jobs[29], now_ms=T0 + 10_000) is Outcome.OK
-    assert r.zcard(q.keys.done) == 19 - 11 + 1
+    assert r.zcard(q.spec.keys.done) == 19 - 11 + 1
     assert q.stats(now_ms=T0 + 10_000).done == 1

@@ -18,6 +18,7 @@ from pyqueue import InvalidArgument, Job, NewJob, Queue, WrongTypeError
 from pyqueue.protocol.errors import map_redis_error
 from pyqueue.drivers.scripts import SCRIPT_KEYS
 from pyqueue.ops.service import Services
+from pyqueue.drivers.queue import transport_of
 
 RECEIPT = "w|c|1|1|job"
 
@@ -243,11 +244,11 @@ def test_malformed_arguments_are_rejected_with_pq_badarg_and_nothing_written(
     busy_queue(q)
     services = Services(r, namespace="ns")
     services.register(["q"])
-    keys = services.keys.of(1) if script.startswith("service_") else q.keys
+    keys = services.keys.of(1) if script.startswith("service_") else q.spec.keys
     before = dump_all(r)
     code = "PQ_BADARG" if argv_rule(script).allows(len(args)) else "PQ_CONTRACT"
     with pytest.raises(redis.ResponseError, match=rf"^{code} ") as info:
-        q.scripts.run(script, keys, args)
+        transport_of(q).run(script, keys, args)
     assert isinstance(map_redis_error(info.value), InvalidArgument)
     assert dump_all(r) == before
 
@@ -357,16 +358,16 @@ def check_wrong_type(q: Queue, r: redis.Redis, variant: str, role: str, planted:
     WRONGTYPE and every key byte-identical, unless the variant leaves that key alone."""
     handles = busy_queue(q, fair)
     script, args = calls_touching_every_key(q, handles)[variant]
-    key = q.keys.role(role)
+    key = q.spec.keys.role(role)
     r.delete(key)
     PLANTERS[planted](r, key)
     before = dump_all(r)
     if untouched(variant, role, fair):
-        q.scripts.run(script, q.keys, args)
+        transport_of(q).run(script, q.spec.keys, args)
         assert r.dump(key) == before[key.encode()]
         return
     with pytest.raises(redis.ResponseError, match=r"WRONGTYPE") as info:
-        q.scripts.run(script, q.keys, args)
+        transport_of(q).run(script, q.spec.keys, args)
     assert isinstance(map_redis_error(info.value), WrongTypeError)
     assert dump_all(r) == before
 
@@ -378,19 +379,19 @@ def check_wrong_type(q: Queue, r: redis.Redis, variant: str, role: str, planted:
 def test_each_variant_succeeds_on_the_busy_queue(q: Queue, variant: str, fair: bool) -> None:
     # Guards the table above: each variant is a valid call, so the errors come from the planted key.
     script, args = calls_touching_every_key(q, busy_queue(q, fair))[variant]
-    q.scripts.run(script, q.keys, args)
+    transport_of(q).run(script, q.spec.keys, args)
 
 
 def test_the_driver_maps_a_planted_key_to_wrong_type_error(q: Queue, r: redis.Redis) -> None:
-    r.set(q.keys.ready, "not a list")
+    r.set(q.spec.keys.ready, "not a list")
     with pytest.raises(WrongTypeError, match="ready"):
         q.enqueue(b"x")
-    assert r.get(q.keys.ready) == b"not a list" and r.hlen(q.keys.jobs) == 0
+    assert r.get(q.spec.keys.ready) == b"not a list" and r.hlen(q.spec.keys.jobs) == 0
 
 
 def test_a_corrupt_job_record_is_reported_and_nothing_written(q: Queue, r: redis.Redis) -> None:
     q.enqueue(b"x", job_id="j", now_ms=T0)
-    r.hset(q.keys.jobs, "j", "garbage")
+    r.hset(q.spec.keys.jobs, "j", "garbage")
     before = dump_all(r)
     with pytest.raises(Exception, match="PQ_CORRUPT"):
         q.lease(now_ms=T0)

@@ -12,6 +12,7 @@ from conftest import dump_all
 from pyqueue import InvalidArgument, JobEntry, NewJob, Queue, WrongTypeError
 from pyqueue.protocol.core import partition_of
 from pyqueue.protocol.models import WAITING_DUE_MS
+from pyqueue.drivers.facade import plans_of
 
 ASYNC_TOO = True
 
@@ -97,15 +98,15 @@ def test_done_jobs_say_whether_a_result_is_kept(q: Queue) -> None:
     page = q.browse("done", now_ms=T0 + 5)
     assert page.total == 3 and ids(page) == ["plain", "with", "short"]  # earliest expiry first
     plain_e, with_e, short_e = page.jobs
-    assert plain_e == JobEntry("plain", "q", done_until_ms=T0 + 1 + q.keep_done_ms)
-    assert (with_e.has_result, with_e.finished_ms, with_e.done_until_ms) == (True, T0 + 2, T0 + 2 + q.keep_done_ms)
+    assert plain_e == JobEntry("plain", "q", done_until_ms=T0 + 1 + q.spec.keep_done_ms)
+    assert (with_e.has_result, with_e.finished_ms, with_e.done_until_ms) == (True, T0 + 2, T0 + 2 + q.spec.keep_done_ms)
     assert (short_e.has_result, short_e.finished_ms) == (True, T0 + 3)
     assert q.result("with", now_ms=T0 + 5).value == {"n": 1}
     # a result past its time is no longer kept; a tombstone past its time is not listed
     assert [j.has_result for j in q.browse("done", now_ms=T0 + 20).jobs] == [False, True, False]
-    gone = q.browse("done", now_ms=T0 + 1 + q.keep_done_ms)
+    gone = q.browse("done", now_ms=T0 + 1 + q.spec.keep_done_ms)
     assert gone.total == 2 and ids(gone) == ["with", "short"]
-    assert ids(q.browse("done", 1, 5, now_ms=T0 + 1 + q.keep_done_ms)) == ["short"]
+    assert ids(q.browse("done", 1, 5, now_ms=T0 + 1 + q.spec.keep_done_ms)) == ["short"]
 
 
 def test_an_empty_queue_has_nothing_in_any_state(q: Queue) -> None:
@@ -135,14 +136,14 @@ def test_bad_input_is_refused_in_python_before_anything_is_sent(q: Queue, args: 
         q.browse(*args)
     # the plan raises before it yields its first step: nothing reaches the server
     with pytest.raises(InvalidArgument, match=message):
-        next(q.plan_browse(*args))
+        next(plans_of(q).browse(*args))
     with pytest.raises(InvalidArgument, match="now_ms"):
         q.browse("ready", now_ms=-1)
 
 
 @pytest.mark.parametrize("role", ["jobs", "ready", "scheduled", "leased", "done", "results", "result_expiry", "gready"])
 def test_a_key_of_the_wrong_type_is_reported_whatever_the_state(q: Queue, r: redis.Redis, role: str) -> None:
-    r.set(q.keys.role(role), "planted")
+    r.set(q.spec.keys.role(role), "planted")
     before = dump_all(r)
     for state in ("ready", "scheduled", "running", "done"):
         with pytest.raises(WrongTypeError, match=role):
@@ -152,7 +153,7 @@ def test_a_key_of_the_wrong_type_is_reported_whatever_the_state(q: Queue, r: red
 
 def test_a_corrupt_record_is_reported(q: Queue, r: redis.Redis) -> None:
     q.enqueue(b"x", job_id="j", now_ms=T0)
-    r.hset(q.keys.jobs, "j", "garbage")
+    r.hset(q.spec.keys.jobs, "j", "garbage")
     with pytest.raises(Exception, match="PQ_CORRUPT"):
         q.browse("ready", now_ms=T0)
 

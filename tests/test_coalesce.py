@@ -13,6 +13,7 @@ from conftest import async_client
 
 from pyqueue import Enqueued, InvalidArgument, NewJob, Queue, WrongTypeError
 from pyqueue.aio import AsyncQueue
+from pyqueue.drivers.queue import transport_of
 
 ON_CLUSTER = True
 
@@ -45,7 +46,7 @@ def test_threads_enqueueing_at_once_share_calls_and_each_gets_its_own_answer(r: 
     assert [a.job_id for a in answers] == ids
     assert sum(a.added for a in answers if a.job_id == "same") == 1  # one of the two, as if sent in turn
     assert all(a.added for a in answers if a.job_id != "same")
-    batcher = q.scripts._enqueues[q.keys]
+    batcher = transport_of(q)._enqueues[q.spec.keys]
     assert batcher.state.items == len(ids) and batcher.state.calls < len(ids)
     stats = q.stats()
     assert (stats.enqueued, stats.duplicates, stats.ready) == (41, 1, 41)
@@ -62,17 +63,17 @@ def test_a_callers_bad_input_is_its_own_error_and_the_others_go_through(r: redis
 def test_a_script_error_reaches_every_caller_of_the_call_and_writes_nothing(r: redis.Redis) -> None:
     q = Queue("q", r)
     q.enqueue(b"first")  # records the partition count before the queue is broken
-    r.delete(q.keys.ready)
-    r.set(q.keys.ready, "not a list")
+    r.delete(q.spec.keys.ready)
+    r.set(q.spec.keys.ready, "not a list")
     answers = enqueue_from_threads(q, [b"x"] * 8, [f"k{i}" for i in range(8)])  # type: ignore[arg-type]
     assert all(isinstance(a, WrongTypeError) for a in answers)
-    assert r.hlen(q.keys.jobs) == 1
+    assert r.hlen(q.spec.keys.jobs) == 1
 
 
 def test_without_coalescing_every_enqueue_is_its_own_call(r: redis.Redis) -> None:
     q = Queue("q", r, coalesce_enqueues=False)
     answers = enqueue_from_threads(q, [b"x"] * 10, [None] * 10)
-    assert all(a.added for a in answers) and not q.scripts._enqueues
+    assert all(a.added for a in answers) and not transport_of(q)._enqueues
     with pytest.raises(InvalidArgument, match="coalesce_enqueues"):
         Queue("q", r, coalesce_enqueues=1)  # type: ignore[arg-type]
 
@@ -83,7 +84,7 @@ def test_tasks_enqueueing_at_once_share_calls_and_each_gets_its_own_answer(r: re
         q = AsyncQueue("q", client)
         ids = [f"t{i}" for i in range(100)] + ["t0"]
         answers = await asyncio.gather(*(q.enqueue(b"x", job_id=i) for i in ids))
-        batcher = q.scripts._enqueues[q.keys]
+        batcher = transport_of(q)._enqueues[q.spec.keys]
         await client.aclose()
         return answers, batcher.state.calls, len(ids)
 

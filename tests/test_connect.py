@@ -15,7 +15,11 @@ import redis
 from pyqueue import InvalidArgument, Queue, connect
 from pyqueue.aio import AsyncQueue
 from pyqueue.drivers.clients import client_url, embedded_redis, embedded_server, redact_url, reset_default_clients
+from pyqueue.drivers.facade import client_of, plans_of
 from pyqueue.drivers.partitioned import PartitionedQueue
+
+from pyqueue.drivers.queue import transport_of
+from helpers import queue_parts
 
 from conftest import RedisServer, free_ports
 
@@ -37,10 +41,10 @@ def server(redis_server: RedisServer) -> RedisServer:
 
 
 def choices(caplog: pytest.LogCaptureFixture) -> list[str]:
-    """The INFO lines of logger "pyqueue" that tell which server a default queue uses."""
+    """The lines of logger "pyqueue" that tell which server a default queue uses."""
     return [
         rec.getMessage() for rec in caplog.records
-        if rec.name == "pyqueue" and rec.levelno == logging.INFO and "PYQUEUE_URL" in rec.getMessage()
+        if rec.name == "pyqueue" and rec.levelno >= logging.INFO and "PYQUEUE_URL" in rec.getMessage()
     ]
 
 
@@ -51,30 +55,30 @@ def test_with_pyqueue_url_a_queue_without_a_client_writes_to_that_server(
     q = Queue("q")
     assert q.enqueue(b"hello", job_id="j1").added
     real = server.client()
-    assert real.hexists(q.keys.jobs, "j1")
-    assert not embedded_redis().exists(q.keys.jobs)
+    assert real.hexists(q.spec.keys.jobs, "j1")
+    assert not embedded_redis().exists(q.spec.keys.jobs)
     # Every such queue of the process shares one client (one connection pool) ...
-    assert Queue("other").redis is q.redis
+    assert transport_of(Queue("other")).client is transport_of(q).client
     # ... a partitioned one too, through the same constructor.
     p = Queue("p", partitions=2)
-    assert isinstance(p, PartitionedQueue) and p.redis is q.redis
+    assert isinstance(plans_of(p), PartitionedQueue) and transport_of(p).client is transport_of(q).client
     p.enqueue(b"", job_id="k")
-    assert sum(real.hlen(part.keys.jobs) for part in p.parts) == 1
+    assert sum(real.hlen(part.spec.keys.jobs) for part in queue_parts(p)) == 1
     # A client passed explicitly still wins.
     fake = fakeredis.FakeRedis(server=fakeredis.FakeServer())
-    assert Queue("q", fake).redis is fake
+    assert client_of(Queue("q", fake)) is fake
 
 
 def test_without_pyqueue_url_a_queue_uses_the_embedded_server(monkeypatch: pytest.MonkeyPatch) -> None:
     q = Queue("embedded-default-q")
-    assert isinstance(q.redis, fakeredis.FakeRedis)
-    assert q.redis.connection_pool.connection_kwargs["server"] is embedded_server()
+    assert isinstance(transport_of(q).client, fakeredis.FakeRedis)
+    assert transport_of(q).client.connection_pool.connection_kwargs["server"] is embedded_server()
     q.enqueue(b"", job_id="e1")
-    assert embedded_redis().hexists(q.keys.jobs, "e1")
+    assert embedded_redis().hexists(q.spec.keys.jobs, "e1")
     q.cancel("e1")
     for value in ("", "  ", "embedded"):  # empty, or asking for it by name: the same
         monkeypatch.setenv("PYQUEUE_URL", value)
-        assert Queue("embedded-default-q").redis.connection_pool.connection_kwargs["server"] is embedded_server()
+        assert client_of(Queue("embedded-default-q")).connection_pool.connection_kwargs["server"] is embedded_server()
 
 
 def test_the_choice_is_logged_once_per_process(
@@ -84,9 +88,11 @@ def test_the_choice_is_logged_once_per_process(
         for name in ("a", "b", "c"):
             Queue(name)
         assert choices(caplog) == [
-            "no PYQUEUE_URL: using the embedded in-process server (fakeredis); "
-            "set PYQUEUE_URL to share queues between processes"
+            "no PYQUEUE_URL: using the embedded in-process server (fakeredis), which no other process sees (a worker "
+            "elsewhere will not get these jobs); set PYQUEUE_URL=redis://host:6379/0 to share queues between processes"
         ]
+        # A warning: seen on stderr even by an application that configured no logging.
+        assert [r.levelname for r in caplog.records if "PYQUEUE_URL" in r.getMessage()] == ["WARNING"]
         caplog.clear()
         monkeypatch.setenv("PYQUEUE_URL", server.url())
         for name in ("a", "b", "c"):
@@ -147,15 +153,15 @@ def test_client_url_names_a_clients_server_without_its_password() -> None:
 def test_the_async_driver_honours_pyqueue_url_too(server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
     async def main() -> None:
         async with AsyncQueue("aq") as q:  # a client of its own, closed at the end
-            assert q.owns_client
+            assert q._owns_client
             assert (await q.enqueue(b"", job_id="a1")).added
         monkeypatch.delenv("PYQUEUE_URL")
         embedded = AsyncQueue("aq-embedded")
-        assert isinstance(embedded.redis, fakeredis.FakeAsyncRedis)
+        assert isinstance(client_of(embedded), fakeredis.FakeAsyncRedis)
         await embedded.enqueue(b"", job_id="e1")
         await embedded.cancel("e1")
         await embedded.aclose()
 
     monkeypatch.setenv("PYQUEUE_URL", server.url())
     asyncio.run(main())
-    assert server.client().hexists(Queue("aq", server.client()).keys.jobs, "a1")
+    assert server.client().hexists(Queue("aq", server.client()).spec.keys.jobs, "a1")

@@ -24,6 +24,7 @@ from pyqueue import ContractMismatch, InvalidArgument, OutcomeUnknown, Queue
 from pyqueue.protocol.errors import map_redis_error
 from pyqueue.drivers.scripts import CONTRACT_VERSION, SCRIPT_KEYS, contract_version, lua_dir, lua_source
 from pyqueue.ops.service import Service, Services
+from pyqueue.drivers.queue import transport_of
 
 NOW = T0 + 60
 
@@ -54,26 +55,26 @@ def world(r: redis.Redis) -> World:
     services = Services(r, namespace="ns")
     svc = services.register(["q"], registration="reg1", now_ms=T0)
     touching = calls_touching_every_key(q, handles)
-    calls: dict[str, tuple[Any, list[Any]]] = {script: (q.keys, args) for script, args in touching.values()}
-    calls["nack"] = (q.keys, touching["nack_to_scheduled"][1])  # 6 ARGV: the smallest valid count
+    calls: dict[str, tuple[Any, list[Any]]] = {script: (q.spec.keys, args) for script, args in touching.values()}
+    calls["nack"] = (q.spec.keys, touching["nack_to_scheduled"][1])  # 6 ARGV: the smallest valid count
     calls.update({
-        "get": (q.keys, [NOW, "held", 1]),
-        "cancel": (q.keys, [NOW, "r0", 1000]),
-        "limit": (q.keys, [10, 1000, 5]),
-        "set_group_limit": (q.keys, ["g", 3]),
-        "groups": (q.keys, [0, 10]),
-        "pause": (q.keys, [NOW]),
-        "resume": (q.keys, [NOW]),
-        "peek": (q.keys, [NOW]),
-        "scrub": (q.keys, [NOW, svc.owner, 100]),
-        "flow_wait": (q.keys, [NOW, "w1", b"p", 3, "", "", 1000, "q\tr0"]),
-        "flow_done": (q.keys, [NOW, "w1", "fail", 1000, "q\tr0", "ok"]),
-        "flow_record": (q.keys, [NOW, "f1", b"{}", 1000]),
-        "flow_show": (q.keys, [NOW, "f1"]),
-        "browse": (q.keys, [NOW, "running", 0, 10]),
-        "progress": (q.keys, [NOW, handles["held"].receipt, b"{}"]),
-        "progress_show": (q.keys, ["held"]),
-        "set_events": (q.keys, [50]),
+        "get": (q.spec.keys, [NOW, "held", 1]),
+        "cancel": (q.spec.keys, [NOW, "r0", 1000]),
+        "limit": (q.spec.keys, [10, 1000, 5]),
+        "set_group_limit": (q.spec.keys, ["g", 3]),
+        "groups": (q.spec.keys, [0, 10]),
+        "pause": (q.spec.keys, [NOW]),
+        "resume": (q.spec.keys, [NOW]),
+        "peek": (q.spec.keys, [NOW]),
+        "scrub": (q.spec.keys, [NOW, svc.owner, 100]),
+        "flow_wait": (q.spec.keys, [NOW, "w1", b"p", 3, "", "", 1000, "q\tr0"]),
+        "flow_done": (q.spec.keys, [NOW, "w1", "fail", 1000, "q\tr0", "ok"]),
+        "flow_record": (q.spec.keys, [NOW, "f1", b"{}", 1000]),
+        "flow_show": (q.spec.keys, [NOW, "f1"]),
+        "browse": (q.spec.keys, [NOW, "running", 0, 10]),
+        "progress": (q.spec.keys, [NOW, handles["held"].receipt, b"{}"]),
+        "progress_show": (q.spec.keys, ["held"]),
+        "set_events": (q.spec.keys, [50]),
         "service_register": (
             services.keys.of(svc.id + 1), [NOW, svc.id + 1, "host", 1, "q", 60_000, 1000, 10, "tok2", "reg2"]
         ),
@@ -135,7 +136,7 @@ def test_a_wrong_count_is_a_contract_error_and_writes_nothing(r: redis.Redis, na
     assert isinstance(mapped, ContractMismatch) and isinstance(mapped, InvalidArgument)
     assert not isinstance(mapped, OutcomeUnknown)
     # The same call with the right counts is accepted: only the count was wrong.
-    w.q.scripts.run(name, keys_obj, args)
+    transport_of(w.q).run(name, keys_obj, args)
 
 
 def test_the_exact_wording_of_a_contract_error(r: redis.Redis) -> None:
@@ -152,8 +153,8 @@ def test_the_exact_wording_of_a_contract_error(r: redis.Redis) -> None:
     with pytest.raises(redis.ResponseError, match=r"^PQ_CONTRACT pause expects 1 key \(contract v\d+\), got 0$"):
         r.eval(lua_source("pause"), 0, NOW)
     with pytest.raises(redis.ResponseError, match=r"^PQ_CONTRACT stats expects 1 argument \(contract v\d+\), got 2$"):
-        r.eval(lua_source("stats"), 9, *[w.q.keys.role(k) for k in SCRIPT_KEYS["stats"]], NOW, NOW)
-    enqueue = [w.q.keys.role(k) for k in SCRIPT_KEYS["enqueue"]]
+        r.eval(lua_source("stats"), 9, *[w.q.spec.keys.role(k) for k in SCRIPT_KEYS["stats"]], NOW, NOW)
+    enqueue = [w.q.spec.keys.role(k) for k in SCRIPT_KEYS["enqueue"]]
     with pytest.raises(redis.ResponseError, match=r"^PQ_CONTRACT enqueue expects 8\.\.6002 arguments in steps of 6 "):
         r.eval(lua_source("enqueue"), len(enqueue), *enqueue, NOW, 1, "id", b"", 0)
 

@@ -47,6 +47,7 @@ from conftest import RedisServer
 
 from pyqueue import NewJob, Outcome, Queue
 from pyqueue.protocol.core import ScriptCall
+from pyqueue.drivers.queue import transport_of
 from pyqueue.drivers.scripts import lua_dir, lua_source
 from pyqueue.ops.service import RunningJob, Services
 
@@ -183,7 +184,7 @@ def maintenance_not_due(w: World) -> None:
     """As just after a maintenance run (lease.lua runs one at most every 50 ms, so a
     slow test machine could otherwise reach the next): ``next_maintenance_ms`` (lua/
     lease.lua, KEYS 8) an hour ahead."""
-    w.r.hset(w.q.keys.counters, "next_maintenance_ms", int(time.time() * 1000) + 3_600_000)
+    w.r.hset(w.q.spec.keys.counters, "next_maintenance_ms", int(time.time() * 1000) + 3_600_000)
 
 
 def case_enqueue(w: World) -> Callable[[], None]:
@@ -624,10 +625,10 @@ def world(redis_server: RedisServer) -> Iterator[World]:
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_the_plain_case_costs_what_the_header_states(case: Case, world: World, redis_server: RedisServer) -> None:
     call = case.setup(world)
-    owner = world.services if case.script.startswith("service_") else world.q
+    scripts = world.services.scripts if case.script.startswith("service_") else transport_of(world.q)
     admin = redis_server.client(decode_responses=True)
     try:
-        with measuring(owner.scripts, case.script, admin) as windows:
+        with measuring(scripts, case.script, admin) as windows:
             call()
     finally:
         admin.close()

@@ -36,6 +36,8 @@ from pyqueue.dashboard.history import Sampler  # noqa: E402
 from pyqueue.dashboard.security import CSRF_COOKIE, DashboardRefused, check_bind  # noqa: E402
 from pyqueue.ops.service import RunningJob, Services  # noqa: E402
 from pyqueue.tasks import TaskDead, Tasks, chord  # noqa: E402
+from helpers import queue_parts
+
 
 #: Also on the Redis Cluster backend (conftest.BACKENDS).
 ON_CLUSTER = True
@@ -116,7 +118,7 @@ def test_the_overview_numbers_are_the_driver_stats_with_a_partitioned_queue_once
     for queue in (q, p):
         stats = queue.stats()
         row = by_name[queue.name]
-        assert row["partitions"] == queue.partitions
+        assert row["partitions"] == queue.spec.partitions
         for field in ("ready", "scheduled", "leased", "dead", "done", "enqueued", "acked", "nacked", "dead_total",
                       "reclaimed", "scrubbed", "leased_total"):
             assert row[field] == getattr(stats, field), (queue.name, field)
@@ -478,7 +480,7 @@ def test_setting_group_caps_from_the_dashboard(r: Any, open_dashboard: Any) -> N
     # A partitioned queue, by its logical name: every partition.
     answer = post(client, "orders", "group_limit", {"cap": 2}, token).json()
     assert (answer["count"], answer["message"]) == (1, "orders: every group: at most 2 running at once")
-    assert [part.groups().default_cap for part in p.parts] == [2, 2, 2]
+    assert [part.groups().default_cap for part in queue_parts(p)] == [2, 2, 2]
 
 
 def test_bad_group_caps_are_refused_with_a_reason_and_change_nothing(open_dashboard: Any) -> None:

@@ -390,7 +390,7 @@ def test_browsing_jobs_by_state_from_the_page_a_page_at_a_time(browser: Any, r: 
     expect(rows.first.locator("td").nth(1)).to_have_text(re.compile(r"^in "))
     tab("running").click()
     expect(rows.first).to_have_attribute("data-job", running.id)
-    expect(rows.first.locator("td").nth(1)).to_have_text(q.owner)
+    expect(rows.first.locator("td").nth(1)).to_have_text(q.spec.owner)
     tab("done").click()
     expect(rows.first).to_have_attribute("data-job", finished.id)
     rows.first.get_by_role("button", name="show").click()

@@ -14,6 +14,7 @@ from pyqueue.protocol.core import enqueue_call, stats_call
 from pyqueue import OutcomeUnknown, Queue, connect
 from pyqueue.drivers.clients import bytes_client, node_for_key, primaries
 from pyqueue.drivers.scripts import lua_dir
+from pyqueue.drivers.queue import transport_of
 
 #: Also on the Redis Cluster backend (conftest.BACKENDS).
 ON_CLUSTER = True
@@ -34,10 +35,10 @@ def test_script_flush_then_a_pipeline_of_scripts_reloads_them(q: Queue, r: redis
         node.script_flush()
     # One queue's keys share a slot: on a cluster, pipeline on the node that holds it
     # (redis-py's cluster pipelines refuse EVALSHA).
-    pipe = node_for_key(r, q.keys.jobs).pipeline()
+    pipe = node_for_key(r, q.spec.keys.jobs).pipeline()
     for i in range(3):
-        q.scripts.call(enqueue_call(q.keys, T0, [(f"j{i}", b"x", 0, 3, "", "")]), client=pipe)
-    q.scripts.call(stats_call(q.keys, T0), client=pipe)
+        transport_of(q).call(enqueue_call(q.spec.keys, T0, [(f"j{i}", b"x", 0, 3, "", "")]), client=pipe)
+    transport_of(q).call(stats_call(q.spec.keys, T0), client=pipe)
     replies = pipe.execute()
     assert [reply[0] for reply in replies[:3]] == [1, 1, 1]
     assert q.stats(now_ms=T0).ready == 3

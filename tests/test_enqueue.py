@@ -51,8 +51,8 @@ def test_enqueue_of_an_id_acked_within_keep_done_ms_is_a_duplicate(q: Queue, r: 
     q.enqueue(b"x", job_id="j", now_ms=T0)
     (job,) = q.lease(now_ms=T0)
     assert q.ack(job, now_ms=T0) is Outcome.OK
-    keep = q.keep_done_ms
-    assert r.zscore(q.keys.done, "j") == T0 + keep
+    keep = q.spec.keep_done_ms
+    assert r.zscore(q.spec.keys.done, "j") == T0 + keep
     # The producer's re-send of a lost enqueue reply must not run the job again.
     assert not q.enqueue(b"again", job_id="j", now_ms=T0 + keep - 1).added
     assert q.stats(now_ms=T0 + keep - 1).done == 1
@@ -68,7 +68,7 @@ def test_with_keep_done_ms_0_an_acked_id_is_free_at_once(make_queue: Callable[..
     q.enqueue(b"x", job_id="j", now_ms=T0)
     (job,) = q.lease(now_ms=T0)
     assert q.ack(job, now_ms=T0) is Outcome.OK
-    assert not r.exists(q.keys.done)
+    assert not r.exists(q.spec.keys.done)
     assert q.enqueue(b"again", job_id="j", now_ms=T0).added
 
 
@@ -131,7 +131,7 @@ def test_a_payload_over_max_payload_bytes_is_refused_before_anything_is_sent(
         q.enqueue_many([b"small", "y" * 1001])
     assert dump_all(r) == before
     assert q.enqueue(b"x" * 1000).added
-    assert Queue("q2", r).max_payload_bytes == DEFAULT_MAX_PAYLOAD_BYTES == 64 * 1024 * 1024
+    assert Queue("q2", r).spec.max_payload_bytes == DEFAULT_MAX_PAYLOAD_BYTES == 64 * 1024 * 1024
     for bad in (0, MAX_CALL_PAYLOAD_BYTES + 1, "1"):
         with pytest.raises(InvalidArgument, match="max_payload_bytes"):
             make_queue("q", max_payload_bytes=bad)

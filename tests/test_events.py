@@ -17,7 +17,8 @@ import pytest
 from conftest import all_keys, dump_all
 
 from pyqueue import Event, EventsSetting, InvalidArgument, NewJob, Outcome, Queue
-from pyqueue.drivers.partitioned import PartitionedQueue
+from helpers import queue_parts
+
 
 ASYNC_TOO = True
 ON_CLUSTER = True
@@ -66,7 +67,7 @@ def test_every_transition_writes_its_events_in_the_call_that_makes_it(make_queue
     page = q.events(since=0)
     assert (page.missed, page.last) == (0, len(page.events))
     assert [e.seq for e in page.events] == list(range(1, len(page.events) + 1))
-    leased = {"owner": q.owner}
+    leased = {"owner": q.spec.owner}
     assert brief(page.events) == [
         ("enqueued", "a", None, {}),
         ("enqueued", "b", None, {}),
@@ -101,7 +102,7 @@ def test_a_lease_that_acks_writes_the_acks_then_the_reclaims_then_the_leases(mak
     q.promote(now_ms=T0 + 20)  # reclaims y and z: dead at their only attempt
     assert brief(q.events(since=since).events) == [
         ("acked", "x", 1, {}),
-        ("leased", "z", 1, {"owner": q.owner, "deadline_ms": str(T0 + 15)}),
+        ("leased", "z", 1, {"owner": q.spec.owner, "deadline_ms": str(T0 + 15)}),
         ("dead", "y", 1, {"error": "lease expired on attempt 1 of 1"}),
         ("dead", "z", 1, {"error": "lease expired on attempt 1 of 1"}),
     ]
@@ -113,7 +114,7 @@ def test_the_bound_keeps_the_newest_events_and_a_reader_counts_what_it_missed(
     q = make_queue("ev")
     q.set_events(5)
     q.enqueue_many([NewJob(b"", job_id=f"j{i}") for i in range(12)])
-    assert r.xlen(q.keys.events) == 5
+    assert r.xlen(q.spec.keys.events) == 5
     page = q.events(since=3)  # a reader that had read up to event 3
     assert ([e.seq for e in page.events], page.missed, page.last) == ([8, 9, 10, 11, 12], 4, 12)
     oldest = q.events()  # from the oldest kept: nothing is counted as missed
@@ -179,10 +180,10 @@ def test_bad_input_is_refused_and_changes_nothing(make_queue: Callable[..., Queu
 
 
 def test_a_partitioned_queue_opts_in_every_partition_and_refuses_one_number_for_all(r: Any) -> None:
-    q = PartitionedQueue("pe", r, partitions=3)
+    q = Queue("pe", r, partitions=3)
     assert q.set_events(10) == EventsSetting(previous=0, length=0)
     q.enqueue_many([NewJob(b"", job_id=f"j{i}") for i in range(12)])
-    per_part = [Queue(name, r).events().events for name in (p.name for p in q.parts)]
+    per_part = [Queue(name, r).events().events for name in (p.name for p in queue_parts(q))]
     assert sorted(e.job_id for events in per_part for e in events) == sorted(f"j{i}" for i in range(12))
     with pytest.raises(InvalidArgument, match="partitions"):
         q.events()

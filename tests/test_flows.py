@@ -26,6 +26,9 @@ from pyqueue.tasks import HookOutcome, Middleware, MiddlewareError, Sending, Tas
 from pyqueue.tasks.flows import children_flow_id
 from pyqueue.protocol.verbs.flows import WAIT_DUE_MS, FlowDone
 
+from pyqueue.protocol.core import partition_name, partition_of
+from helpers import queue_parts
+
 #: Also on the async driver (conftest.Blocking), for the engine's verbs.
 ASYNC_TOO = True
 #: And on the Redis Cluster backend (conftest.BACKENDS): a flow's steps in several slots.
@@ -73,9 +76,9 @@ def test_each_ended_job_counts_once_and_exactly_one_report_releases(make_queue: 
 def test_a_check_that_finds_nothing_ended_pushes_the_next_check(make_queue: Callable[..., Queue], r: Any) -> None:
     q = make_queue("cb")
     q.flow_wait(NewJob(b"p", job_id="w"), [("a", "x")], check_ms=500, now_ms=T0)
-    assert r.zscore(q.keys.fwait, "w") == T0 + 500
+    assert r.zscore(q.spec.keys.fwait, "w") == T0 + 500
     assert q.flow_done("w", [], check_ms=700, now_ms=T0 + 600).state == "waiting"
-    assert r.zscore(q.keys.fwait, "w") == T0 + 1300
+    assert r.zscore(q.spec.keys.fwait, "w") == T0 + 1300
 
 
 def test_under_fail_a_failed_job_releases_at_once_and_later_reports_find_nothing(
@@ -154,11 +157,11 @@ def test_a_wait_for_jobs_spread_over_every_partition_is_released_once_by_their_r
     cb = make_queue("cb")
     ids = [f"m{i}" for i in range(16)]
     members.enqueue_many([NewJob(b"", job_id=i) for i in ids])
-    refs = [(members.part_for(i).name, i) for i in ids]
+    refs = [(partition_name("m", partition_of(i, 4), 4), i) for i in ids]
     assert len({queue for queue, _ in refs}) == 4
     assert cb.flow_wait(NewJob(b"cb", job_id="w"), refs) == "ok"
     states = []
-    for part in members.parts:
+    for part in queue_parts(members):
         for job in part.lease(count=10):
             assert part.ack(job).name == "OK"
             states.append(cb.flow_done("w", [(part.name, job.id, "ok")]).state)
@@ -363,7 +366,7 @@ def test_a_thousand_flows_leave_no_key_per_flow_and_their_records_go_in_time(
     # Each record kept trims up to 11 expired ones.
     assert [chord([add.s(0, 1)], total.s()).send().result(timeout=30) for _ in range(count // 11 + 1)] == [1] * (count // 11 + 1)
     math = app.queue("math")
-    kept = sum(r.hlen(part.keys.flows) for part in getattr(math, "parts", None) or [math])
+    kept = sum(r.hlen(part.spec.keys.flows) for part in queue_parts(math))
     assert 1 <= kept <= count // 11 + 2  # these and the first: the records of the flows above are gone
     assert keys() == baseline
 
@@ -435,7 +438,7 @@ def test_a_running_task_spawns_children_and_then_a_callback_gets_their_results(a
 def test_a_spawning_run_retried_sends_its_children_once(app: Tasks, r: Any) -> None:
     from pyqueue.protocol.models import Job
     from pyqueue.tasks.flows import send_children
-    from pyqueue.tasks.dispatch import TaskRun
+    from pyqueue.tasks.run import TaskRun
 
     add, total = task(app, "add"), task(app, "total")
     job = Job("p1", "math", b"", 1, 1, 5, 0, "o|c|1|1|p1")

@@ -161,7 +161,7 @@ def test_any_valid_id_and_any_payload_survive_enqueue_lease_and_ack(connect: Con
         assert job.receipt == f"w|{job.receipt.split('|')[1]}|1|1|{job_id}"
         assert q.ack(job) is Outcome.OK
         assert q.ack(job) is Outcome.GONE
-        assert r.hlen(q.keys.jobs) == 0 and q.stats(now_ms=T0).acked == 1
+        assert r.hlen(q.spec.keys.jobs) == 0 and q.stats(now_ms=T0).acked == 1
 
 
 @given(jobs=st.lists(st.tuples(VALID_IDS, PAYLOADS), min_size=1, max_size=5), error=st.text(max_size=200))

@@ -29,14 +29,14 @@ def test_each_state_is_answered_with_what_it_knows(q: Queue) -> None:
     leased = q.lease(count=3, lease_ms=1000, now_ms=T0)
     assert [j.id for j in leased] == ["r", "l", "d"]
     info = q.get("l", now_ms=T0)
-    assert (info.state, info.deadline_ms, info.owner, info.fence) == ("leased", T0 + 1000, q.owner, leased[1].fence)
+    assert (info.state, info.deadline_ms, info.owner, info.fence) == ("leased", T0 + 1000, q.spec.owner, leased[1].fence)
     q.nack(leased[2], "it broke", now_ms=T0 + 1)
     d = q.get("d", now_ms=T0 + 2)
     assert (d.state, d.due_ms, d.error, d.attempts) == ("dead", T0 + 1, "it broke", 1)
     q.ack(leased[0], now_ms=T0 + 3)
     done = q.get("r", with_payload=True, now_ms=T0 + 4)
-    assert (done.state, done.done_until_ms, done.payload, done.exists) == ("done", T0 + 3 + q.keep_done_ms, None, False)
-    assert q.get("r", now_ms=T0 + 3 + q.keep_done_ms + 1).state == "unknown"
+    assert (done.state, done.done_until_ms, done.payload, done.exists) == ("done", T0 + 3 + q.spec.keep_done_ms, None, False)
+    assert q.get("r", now_ms=T0 + 3 + q.spec.keep_done_ms + 1).state == "unknown"
     assert q.get("never", now_ms=T0) == JobInfo(
         "never", q.name, "unknown", T0, -1, -1, -1, -1, None, "", -1, "", -1, -1
     )

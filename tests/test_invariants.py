@@ -23,6 +23,7 @@ from redis.cluster import key_slot
 from pyqueue import Job, NewJob, Outcome, Queue
 from pyqueue.protocol.keys import ROLES
 from pyqueue.drivers.scripts import SCRIPT_KEYS, lua_dir
+from pyqueue.drivers.queue import transport_of
 
 
 class Walk:
@@ -117,8 +118,8 @@ def test_no_loss_every_enqueued_job_is_eventually_acked_or_dead(q: Queue, r: red
     dead = {d.id for d in q.dead_list(limit=1000).jobs}
     # An id may be enqueued again after its ack: each ack answer ends one life of the id.
     assert walk.enqueued <= set(walk.acked_ok) | dead
-    assert r.llen(q.keys.ready) == 0 and r.zcard(q.keys.leased) == 0 and r.zcard(q.keys.scheduled) == 0
-    assert set(k.decode() for k in r.hkeys(q.keys.jobs)) == dead
+    assert r.llen(q.spec.keys.ready) == 0 and r.zcard(q.spec.keys.leased) == 0 and r.zcard(q.spec.keys.scheduled) == 0
+    assert set(k.decode() for k in r.hkeys(q.spec.keys.jobs)) == dead
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -126,7 +127,7 @@ def test_fencing_no_job_ever_has_two_valid_leases(q: Queue, r: redis.Redis, seed
     walk = Walk(q, seed)
     for _ in range(150):
         walk.step()
-        leased_ids = [m.decode().split("|", 4)[4] for m in r.zrange(q.keys.leased, 0, -1)]
+        leased_ids = [m.decode().split("|", 4)[4] for m in r.zrange(q.spec.keys.leased, 0, -1)]
         assert len(leased_ids) == len(set(leased_ids))
 
 
@@ -187,11 +188,11 @@ def test_check_before_write_a_failing_call_wrote_nothing(q: Queue, r: redis.Redi
     # with each of its keys broken (the tombstones' key only matters when it acks).
     handles = busy_queue(q, fair=role in ("meta", "gready", "ring", "groups"))
     script, args = calls_touching_every_key(q, handles)["ack_and_lease" if role == "done" else "lease"]
-    r.delete(q.keys.role(role))
-    r.set(q.keys.role(role), "planted")
+    r.delete(q.spec.keys.role(role))
+    r.set(q.spec.keys.role(role), "planted")
     before = dump_all(r)
     with pytest.raises(redis.ResponseError):
-        q.scripts.run(script, q.keys, args)
+        transport_of(q).run(script, q.spec.keys, args)
     assert dump_all(r) == before
 
 
@@ -203,15 +204,15 @@ VARIANTS = ["enqueue", "lease", "ack_and_lease", "ack", "nack_to_scheduled", "na
 def test_replay_safety_sending_a_call_twice_has_the_effect_of_one(q: Queue, r: redis.Redis, variant: str) -> None:
     script, args = calls_touching_every_key(q, busy_queue(q))[variant]
     start = dump_all(r)
-    first_reply = q.scripts.run(script, q.keys, args)
-    once, once_counters = contents(r), r.hgetall(q.keys.counters)
+    first_reply = transport_of(q).run(script, q.spec.keys, args)
+    once, once_counters = contents(r), r.hgetall(q.spec.keys.counters)
     restore_all(r, start)
-    q.scripts.run(script, q.keys, args)
-    replay_reply = q.scripts.run(script, q.keys, args)
-    twice, twice_counters = contents(r), r.hgetall(q.keys.counters)
+    transport_of(q).run(script, q.spec.keys, args)
+    replay_reply = transport_of(q).run(script, q.spec.keys, args)
+    twice, twice_counters = contents(r), r.hgetall(q.spec.keys.counters)
     if variant == "enqueue":
         # The one difference: `duplicates` counts the re-sent jobs as duplicate attempts.
-        counters = q.keys.counters.encode()
+        counters = q.spec.keys.counters.encode()
         once.pop(counters), twice.pop(counters)
         assert int(twice_counters.pop(b"duplicates", 0)) == int(once_counters.pop(b"duplicates", 0)) + 2
         assert twice_counters == once_counters
@@ -271,9 +272,9 @@ def test_bounded_work_no_script_scans_the_keyspace() -> None:
 
 
 def test_cluster_safe_every_key_of_a_queue_has_one_hash_slot(q: Queue) -> None:
-    slots = {key_slot(key.encode()) for key in q.keys.all()}
+    slots = {key_slot(key.encode()) for key in q.spec.keys.all()}
     assert len(slots) == 1
-    assert all(key.startswith("pq:{q}:") for key in q.keys.all())
+    assert all(key.startswith("pq:{q}:") for key in q.spec.keys.all())
 
 
 def test_cluster_safe_scripts_only_touch_keys_passed_in_keys() -> None:

@@ -6,6 +6,8 @@ import redis
 
 from pyqueue.protocol.core import lease_call
 from pyqueue import NewJob, Outcome, Queue
+from pyqueue.drivers.queue import transport_of
+from pyqueue.protocol.verbs.consume import parse_lease
 
 #: Also on the Redis Cluster backend (conftest.BACKENDS).
 ON_CLUSTER = True
@@ -98,18 +100,18 @@ def test_maintenance_is_bounded_by_limit(q: Queue) -> None:
 
 def test_lease_replay_returns_the_same_jobs_and_leases_no_more(q: Queue, r: redis.Redis) -> None:
     q.enqueue_many([b"a", b"b"], now_ms=T0)
-    first = q.scripts.call(lease_call(q.keys, T0, "w1", "call1", 1, 1000, 100, 0))
-    second = q.scripts.call(lease_call(q.keys, T0, "w1", "call1", 1, 1000, 100, 0))
-    assert q.parse_lease(first).jobs == q.parse_lease(second).jobs
+    first = transport_of(q).call(lease_call(q.spec.keys, T0, "w1", "call1", 1, 1000, 100, 0))
+    second = transport_of(q).call(lease_call(q.spec.keys, T0, "w1", "call1", 1, 1000, 100, 0))
+    assert parse_lease(q.name, first).jobs == parse_lease(q.name, second).jobs
     assert q.stats(now_ms=T0).ready == 1 and q.stats(now_ms=T0).leased_total == 1
 
 
 def test_lease_replay_of_an_ack_and_lease_call_returns_its_jobs(q: Queue) -> None:
     q.enqueue_many([b"a", b"b"], now_ms=T0)
     (job,) = q.lease(now_ms=T0)
-    args = (q.keys, T0, "w1", "c2", 1, 1000, 100, 0, [job.receipt])
-    first = q.parse_lease(q.scripts.call(lease_call(*args)))
-    second = q.parse_lease(q.scripts.call(lease_call(*args)))
+    args = (q.spec.keys, T0, "w1", "c2", 1, 1000, 100, 0, [job.receipt])
+    first = parse_lease(q.name, transport_of(q).call(lease_call(*args)))
+    second = parse_lease(q.name, transport_of(q).call(lease_call(*args)))
     assert first.acks == [Outcome.OK] and second.acks == [Outcome.GONE]
     assert first.jobs == second.jobs and len(first.jobs) == 1
     assert q.stats(now_ms=T0).ready == 0 and q.stats(now_ms=T0).leased == 1
@@ -145,9 +147,9 @@ def test_expired_lease_acked_in_the_same_call_is_acked_not_reclaimed(q: Queue) -
 
 def test_a_plain_lease_that_leaves_work_behind_raises_the_wake_marker(q: Queue, r: redis.Redis) -> None:
     q.enqueue_many([b"1", b"2"], now_ms=T0)
-    r.delete(q.keys.wake)
+    r.delete(q.spec.keys.wake)
     q.lease(now_ms=T0)
-    assert r.zrange(q.keys.wake, 0, -1) == [b"wake"]
-    r.delete(q.keys.wake)
+    assert r.zrange(q.spec.keys.wake, 0, -1) == [b"wake"]
+    r.delete(q.spec.keys.wake)
     q.lease(now_ms=T0)
-    assert r.zcard(q.keys.wake) == 0
+    assert r.zcard(q.spec.keys.wake) == 0

@@ -44,6 +44,7 @@ from pyqueue.protocol.keys import QueueKeys
 from pyqueue.drivers.scripts import CONTRACT_VERSION, SCRIPT_KEYS, contract_version, lua_dir, lua_source
 from pyqueue.ops.service import Services
 from pyqueue.tasks import Fail, Retry, Tasks
+from pyqueue.drivers.queue import transport_of
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "lua" / "README.md"
@@ -240,7 +241,7 @@ def calls(r: Any) -> list[Call]:
     """A queue (and a service namespace) with something in every state, and calls of
     every script on it, in an order in which each call finds what it acts on."""
     q = Queue("q", r)
-    k = q.keys
+    k = q.spec.keys
     q.enqueue(b"", job_id="corpse", max_attempts=1, now_ms=T0)
     (corpse,) = q.lease(now_ms=T0)
     q.nack(corpse, "died", now_ms=T0)
@@ -254,7 +255,7 @@ def calls(r: Any) -> list[Call]:
     svc = services.register(["q"], registration="reg1", now_ms=T0)
     gone = services.register(["q"], registration="reg2", expire_ms=1000, now_ms=T0)
     q.enqueue(b"", job_id="orphan", now_ms=T0)
-    q.scripts.run("lease", k, [T0, gone.owner, "c0", 1, 10**6, 100, 300_000])  # the lease of a service that dies
+    transport_of(q).run("lease", k, [T0, gone.owner, "c0", 1, 10**6, 100, 300_000])  # the lease of a service that dies
     q.enqueue_many([NewJob(b"r", job_id=f"r{i}") for i in range(4)], now_ms=T0)
     q.enqueue(b"g", job_id="g1", group="grp", now_ms=T0)
     q.enqueue(b"s", job_id="later", delay_ms=10**9, now_ms=T0)
@@ -345,7 +346,7 @@ def test_every_reply_has_the_shape_lua_readme_gives(r: Any) -> None:
     made = calls(r)
     assert {c.name for c in made} == set(SCRIPT_KEYS), "call every script"
     for call in made:
-        reply = q.scripts.run(call.name, call.keys, call.args)
+        reply = transport_of(q).run(call.name, call.keys, call.args)
         check_shape(call, cells[call.name], reply)
 
 
@@ -404,7 +405,7 @@ EMAILS = QueueKeys("pq", "emails")
 def planted_ready(r: Any, script: str, args: list[Any]) -> str:
     r.set(EMAILS.ready, "oops")
     try:
-        return error_of(lambda: Queue("emails", r).scripts.run(script, EMAILS, args))
+        return error_of(lambda: transport_of(Queue("emails", r)).run(script, EMAILS, args))
     finally:
         r.delete(EMAILS.ready)
 
@@ -412,7 +413,7 @@ def planted_ready(r: Any, script: str, args: list[Any]) -> str:
 def corrupt_dead(r: Any) -> str:
     r.hset(EMAILS.jobs, "job-9", "garbage")
     r.zadd(EMAILS.dead, {"job-9": 1})
-    return error_of(lambda: Queue("emails", r).scripts.run("dead_list", EMAILS, [0, 100]))
+    return error_of(lambda: transport_of(Queue("emails", r)).run("dead_list", EMAILS, [0, 100]))
 
 
 #: Each error text lua/README.md quotes from a script (or from Redis), where, and the
@@ -437,11 +438,11 @@ SCRIPT_ERRORS: dict[str, tuple[str, str | None, Callable[[Any], list[str]]]] = {
         "§8, errors (nack of an earlier contract)", None, lambda r: [eval_error(r, "nack", 8, 6, "emails")]),
     "PQ_BADARG max_attempts must be in [1, 10000], got 0": (
         "§8, errors", None,
-        lambda r: [error_of(lambda: Queue("emails", r).scripts.run(
+        lambda r: [error_of(lambda: transport_of(Queue("emails", r)).run(
             "enqueue", EMAILS, ["", 1, "job-9", b"x", 0, 0, "", ""]))]),
     'PQ_BADARG malformed receipt "not-a-receipt"': (
         "§8, errors", None,
-        lambda r: [error_of(lambda: Queue("emails", r).scripts.run("ack", EMAILS, ["", 300_000, "not-a-receipt"]))]),
+        lambda r: [error_of(lambda: transport_of(Queue("emails", r)).run("ack", EMAILS, ["", 300_000, "not-a-receipt"]))]),
     "WRONGTYPE <key> holds a <type>, expected a <type>": (
         "§5, WRONGTYPE's two forms", None,
         lambda r: [planted_ready(r, "enqueue", ["", 1, "job-9", b"x", 0, 3, "", ""])]),
@@ -588,8 +589,8 @@ def test_each_worker_error_text_lua_readme_quotes_is_what_a_job_gets(r: Any) -> 
 
 def test_a_plain_queue_records_one_partition_on_its_first_call_as_section_7_1_says(r: Any) -> None:
     q = Queue("solo", r)
-    assert r.hget(q.keys.counters, "partitions") is None
+    assert r.hget(q.spec.keys.counters, "partitions") is None
     q.stats()  # any first call, a read too
-    assert r.hget(q.keys.counters, "partitions") == b"1"
+    assert r.hget(q.spec.keys.counters, "partitions") == b"1"
     text = one_line(readme())
     assert "it holds `partitions` = `1`" in text and "`HSETNX <prefix>:{<name>}:counters partitions <K>`" in text

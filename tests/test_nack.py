@@ -9,6 +9,7 @@ import redis
 from helpers import dump_all
 
 from pyqueue import InvalidArgument, Outcome, Queue
+from pyqueue.drivers.queue import transport_of
 
 #: Also on the Redis Cluster backend (conftest.BACKENDS).
 ON_CLUSTER = True
@@ -102,7 +103,7 @@ def test_a_final_nack_sends_the_job_to_dead_at_once_whatever_its_attempt(q: Queu
     # entry so result waiters wake.
     stats = q.stats(now_ms=T0 + 5)
     assert (stats.dead, stats.dead_total, stats.nacked, stats.scheduled) == (1, 1, 1, 0)
-    assert [e[b"id"] for _, e in r.xrange(q.keys.role("finished"))] == [b"j"]
+    assert [e[b"id"] for _, e in r.xrange(q.spec.keys.role("finished"))] == [b"j"]
     assert q.result("j", now_ms=T0 + 5).state == "dead"
     # A delay given with final is ignored: there is no retry.
     q.enqueue(b"", job_id="k", max_attempts=3, now_ms=T0)
@@ -132,14 +133,14 @@ def test_the_old_six_argument_nack_still_works(q: Queue) -> None:
     # Clients written before ARGV 7 (the Node example among them) send 6 values.
     q.enqueue(b"x", job_id="j", max_attempts=2, now_ms=T0)
     (job,) = q.lease(now_ms=T0)
-    assert q.scripts.run("nack", q.keys, [T0, job.receipt, "e", 0, 100, 1000]) == [b"ok", b"scheduled", T0]
+    assert transport_of(q).run("nack", q.spec.keys, [T0, job.receipt, "e", 0, 100, 1000]) == [b"ok", b"scheduled", T0]
     (job,) = q.lease(now_ms=T0)
-    assert q.scripts.run("nack", q.keys, [T0, job.receipt, "e", "", 100, 1000]) == [b"ok", b"dead", T0]
+    assert transport_of(q).run("nack", q.spec.keys, [T0, job.receipt, "e", "", 100, 1000]) == [b"ok", b"dead", T0]
     # ARGV 7 '' and '0' are the same as leaving it out.
     for final in ("", "0"):
         q.enqueue(b"x", job_id=f"k{final}", max_attempts=2, now_ms=T0)
         (job,) = q.lease(now_ms=T0)
-        assert q.scripts.run("nack", q.keys, [T0, job.receipt, "e", 0, 100, 1000, final])[:2] == [b"ok", b"scheduled"]
+        assert transport_of(q).run("nack", q.spec.keys, [T0, job.receipt, "e", 0, 100, 1000, final])[:2] == [b"ok", b"scheduled"]
 
 
 def test_a_partitioned_queue_nacks_final_in_the_jobs_partition(make_queue: Any) -> None:

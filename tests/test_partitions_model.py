@@ -24,7 +24,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from pyqueue import Job, NewJob, Outcome, Queue
 from pyqueue.drivers.partitioned import PartitionedQueue
+from pyqueue.drivers.queue import plans_of
 from pyqueue.drivers.queue import partition_of
+from helpers import queue_parts
+
 
 K = 3
 IDS = tuple(f"j{i}" for i in range(12)) + ("a|b", "{x} y", "ü")
@@ -38,7 +41,7 @@ class PartitionedMachine(RuleBasedStateMachine):
         super().__init__()
         self.r = type(self).client_factory()
         self.q = Queue("pq", self.r, partitions=K)
-        assert isinstance(self.q, PartitionedQueue)
+        assert isinstance(plans_of(self.q), PartitionedQueue)
         self.state: dict[str, str] = {}  # id -> ready | leased | dead | done
         self.max_attempts: dict[str, int] = {}
         self.attempts: dict[str, int] = {}  # failed attempts of the job's current life
@@ -157,8 +160,8 @@ class PartitionedMachine(RuleBasedStateMachine):
     @invariant()
     def every_job_is_in_one_state_in_its_own_partition(self) -> None:
         found: dict[str, list[tuple[int, str]]] = {}
-        for p, part in enumerate(self.q.parts):
-            keys = part.keys
+        for p, part in enumerate(queue_parts(self.q)):
+            keys = part.spec.keys
             for job_id in self.r.lrange(keys.ready, 0, -1):
                 found.setdefault(job_id.decode(), []).append((p, "ready"))
             for job_id in self.r.zrange(keys.scheduled, 0, -1):

@@ -17,7 +17,7 @@ from tasks_support import Serving, wait_for
 
 from pyqueue import InvalidArgument, NewJob, Outcome, Queue
 from pyqueue.tasks import Tasks, current_job
-from pyqueue.tasks.dispatch import TaskRun
+from pyqueue.tasks.run import TaskRun
 
 ASYNC_TOO = True
 ON_CLUSTER = True
@@ -83,12 +83,12 @@ def test_entries_of_ended_leases_are_trimmed_and_running_ones_kept(make_queue: C
     for i, job in enumerate(running + ended):
         assert q.progress(job, job.id, now_ms=T0 + i)
     assert q.ack_many(ended) == [Outcome.OK] * 30
-    assert r.hlen(q.keys.progress) == 50
+    assert r.hlen(q.spec.keys.progress) == 50
     # Each call looks at the 11 entries looked at longest ago: ended ones go, running
     # ones are looked at again later. 50 entries: every one looked at within 5 calls.
     for i in range(5):
         q.progress(running[0], f"tick {i}", now_ms=T0 + 100 + i)
-    assert r.hlen(q.keys.progress) == r.zcard(q.keys.progress_at) == 20
+    assert r.hlen(q.spec.keys.progress) == r.zcard(q.spec.keys.progress_at) == 20
     shown = q.progress_of([job.id for job in running + ended])
     assert sorted(shown) == sorted(job.id for job in running)
     assert all(shown[j.id].value == j.id.encode() for j in running[1:])
@@ -97,7 +97,7 @@ def test_entries_of_ended_leases_are_trimmed_and_running_ones_kept(make_queue: C
     (job,) = q.lease()
     for _ in range(2):
         q.progress(job, "end")
-    assert r.hlen(q.keys.progress) == 1
+    assert r.hlen(q.spec.keys.progress) == 1
 
 
 def test_bad_input_is_refused_before_anything_is_sent(make_queue: Callable[..., Queue], r: Any) -> None:

@@ -43,6 +43,7 @@ from conftest import require_redis_server
 from crash_harness import RedisProcess, queue_states
 
 from pyqueue import Job, NewJob, Outcome, OutcomeUnknown, Queue
+from pyqueue.drivers.queue import transport_of
 
 DEEP = os.environ.get("PYQUEUE_DEEP") == "1"
 TRIALS = int(os.environ.get("PYQUEUE_DEEP_SERVER_TRIALS", "20")) if DEEP else 2
@@ -248,7 +249,7 @@ def run_trial(workdir: Path, seed: int) -> Figures:
                 states = queue_states(c, q)
             stats = q.stats()
         finally:
-            q.redis.close()
+            transport_of(q).client.close()
 
     acked_ok = set(rec.acked_ok)
     twice = [i for i, n in rec.acked_ok.items() if n > 1]

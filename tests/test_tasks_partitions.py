@@ -17,6 +17,8 @@ from pyqueue import InvalidArgument, Queue
 from pyqueue.protocol.errors import PyQueueError
 from pyqueue.drivers.queue import partition_of
 from pyqueue.tasks import Tasks, chain
+from helpers import queue_parts
+
 
 ON_CLUSTER = True
 K = 4
@@ -58,7 +60,7 @@ def test_sends_spread_over_the_partitions_and_a_worker_serving_them_all_runs_eac
     counts = partition_counts(r)
     assert sum(counts.values()) == 60 and len(counts) == K, counts  # every partition got some
     for s in sent:  # each job lives in the partition of its id
-        assert Queue("orders", r, partitions=K).parts[partition_of(s.id, K)].get(s.id).state == "ready"
+        assert queue_parts(Queue("orders", r, partitions=K))[partition_of(s.id, K)].get(s.id).state == "ready"
     serving = Serving(tasks, concurrency=4, block_ms=50)
     try:
         assert [s.result(timeout=20) for s in sent] == [2 * i for i in range(60)]
@@ -76,7 +78,7 @@ def test_unique_and_grouped_sends_land_in_the_right_partition(r: Any) -> None:
     q = Queue("orders", r, partitions=K)
     for account, s in grouped:  # the engine drew each id in its group's partition
         home = partition_of(account, K)
-        assert partition_of(s.id, K) == home and q.parts[home].get(s.id).state == "ready", (account, s.id)
+        assert partition_of(s.id, K) == home and queue_parts(q)[home].get(s.id).state == "ready", (account, s.id)
     serving = Serving(tasks, concurrency=2, block_ms=50)
     try:
         assert first.result(timeout=20) == 2

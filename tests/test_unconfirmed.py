@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from pyqueue import NewJob, NotReplicated, Outcome, Queue
+from pyqueue.drivers.queue import transport_of
 
 #: On the async driver too (conftest.Blocking).
 ASYNC_TOO = True
@@ -32,12 +33,12 @@ def test_an_ack_whose_wait_fell_short_answers_ok_when_sent_again_and_the_job_is_
     a, b, c, d, e = plain.lease(count=5)
     with pytest.raises(NotReplicated) as raised:
         q.ack_many([a, b])
-    assert raised.value.reply is not None and r.hlen(q.keys.jobs) == 3  # it ran
+    assert raised.value.reply is not None and r.hlen(q.spec.keys.jobs) == 3  # it ran
     with pytest.raises(NotReplicated):
         q.lease_call(ack=[c], count=0)
     with pytest.raises(NotReplicated):
         q.ack_result(d, "kept")
-    q.scripts.wait_replicas = 0
+    transport_of(q).wait_replicas = 0
     # The re-sends find the jobs gone, because the first sends completed them: OK, once.
     assert q.ack_many([a, b, e]) == [Outcome.OK, Outcome.OK, Outcome.OK]
     assert q.lease_call(ack=[c], count=0).acks == [Outcome.OK]
@@ -64,7 +65,7 @@ def test_an_ack_whose_wait_fell_short_and_was_lost_by_a_failover_is_ok_or_stale_
         r.restore(key, 0, value)
     (again,) = plain.lease(now_ms=T0 + 100)  # a's lease expired there: reclaimed
     assert again.id == "a"
-    q.scripts.wait_replicas = 0
+    transport_of(q).wait_replicas = 0
     # b's lease is still current there: the re-send acks it (OK). a is STALE, as the
     # script says: it runs again under the new lease.
     assert q.ack_many([a, b], now_ms=T0 + 100) == [Outcome.STALE, Outcome.OK]

@@ -8,8 +8,8 @@
         added = await q.enqueue(b"hello", job_id="welcome:42")
         jobs = await q.lease()
 
-Every verb is the plan :class:`pyqueue.drivers.queue.QueueCore` defines (validation, ARGV,
-reply parsing: :mod:`pyqueue.protocol.core`), run by :class:`AsyncScripts` over
+Every verb is the plan the sync driver runs (:mod:`pyqueue.drivers.facade` declares
+them; validation, ARGV, reply parsing: :mod:`pyqueue.protocol`), run by :class:`AsyncScripts` over
 ``redis.asyncio``: a one-server ``Redis``, a ``RedisCluster``, or (``redis=None``,
 :func:`default_client`) a client of ``PYQUEUE_URL``'s server, else of the process-wide
 embedded fakeredis, the same server the sync driver's embedded default uses. Delivery
@@ -51,28 +51,31 @@ from pyqueue.protocol.core import (
     Commands,
     Keys,
     Pipelined,
+    Plan,
     ScriptCall,
     Step,
     coalescable,
+    drive_async,
     enqueue_weight,
     merge_enqueues,
     split_enqueue_reply,
 )
 from pyqueue.protocol.errors import InvalidArgument, OutcomeUnknown, ScriptNotLoaded, map_redis_error
 from pyqueue.protocol.models import Peeked
-from pyqueue.drivers.partitioned import PartitionedCore
-from pyqueue.drivers.queue import QueueCore, plan_peek_many
+from pyqueue.drivers.facade import QueueFacade, physical, plans_of
+from pyqueue.protocol.verbs.reading import peek_many as plan_peek_many
 from pyqueue.drivers.scripts import CLUSTER_WEATHER, DEFAULT_WEATHER_BUDGET_S, SCRIPT_KEYS, ScriptTable, Weather, lua_source
 
 I = TypeVar("I")
 R = TypeVar("R")
+T = TypeVar("T")
 
 #: What the async driver accepts wherever it takes a client.
 AsyncClient = Union[redis.asyncio.Redis, AsyncRedisCluster]
 
 __all__ = [
-    "AsyncClient", "AsyncPartitionedQueue", "AsyncQueue", "AsyncScripts", "connect", "default_client", "embedded_redis",
-    "peek_many",
+    "AsyncClient", "AsyncQueue", "AsyncScripts", "check_partitions", "connect", "default_client", "drive",
+    "embedded_redis", "peek_many", "physical_queue", "transport_of",
 ]
 
 
@@ -324,47 +327,37 @@ class AsyncScripts(ScriptTable):
         return await pipe.execute()
 
 
-class AsyncQueue(QueueCore, AsyncDriver):
+class AsyncQueue(QueueFacade, AsyncDriver):
     """One named queue, driven with ``redis.asyncio`` (arguments: see
-    :class:`~pyqueue.drivers.queue.QueueCore`; ``redis`` is an asyncio client, or ``None`` for
+    :class:`pyqueue.Queue`; ``redis`` is an asyncio client, or ``None`` for
     :func:`default_client`: ``PYQUEUE_URL``'s server, else the embedded fakeredis).
-    Every verb of :class:`pyqueue.Queue` is here, awaited, with the same semantics;
-    ``AsyncQueue(name, partitions=K)`` with K > 1 returns an
-    :class:`AsyncPartitionedQueue`."""
+    Every verb of :class:`pyqueue.Queue` is here, awaited, with the same semantics,
+    for one partition or (``partitions=K``) for K."""
 
-    redis: AsyncClient
-    scripts: AsyncScripts
-    #: Whether this object made its client (``from_url``), and so closes it.
-    owns_client = False
+    _scripts: AsyncScripts
+    #: Whether this object made its client (``from_url``, or made without one), and so
+    #: closes it.
+    _owns_client = False
+    #: Whether no call has started the server check yet (see ``_execute``).
+    _server_unchecked = True
 
-    @classmethod
-    def partitioned_class(cls) -> type[QueueCore]:
-        return AsyncPartitionedQueue
-
-    @classmethod
-    def single_class(cls) -> type[QueueCore]:
-        return AsyncQueue
-
-    transport_class = AsyncScripts
-
-    @staticmethod
-    def driver_client(redis: Any) -> AsyncClient:
-        return _undecoded(redis if redis is not None else default_client())
-
-    def open_transport(self, redis: Any, lua_directory: Path | None) -> None:
+    def _open(self, redis: Any, lua_directory: Path | None) -> None:
         if redis is None:  # a client of its own (see default_client): this queue closes it
-            redis, self.owns_client = default_client(), True
-        super().open_transport(redis, lua_directory)
-        self._server_unchecked = True
+            redis, self._owns_client = default_client(), True
+        spec = self.spec
+        self._scripts = AsyncScripts(
+            _undecoded(redis), lua_directory, wait_replicas=spec.wait_replicas, wait_timeout_ms=spec.wait_timeout_ms,
+            coalesce=spec.coalesce_enqueues,
+        )
 
-    async def execute(self, step: Step) -> Any:
+    async def _execute(self, step: Step) -> Any:
         if self._server_unchecked:
             # The eviction-policy check a sync Queue makes in its constructor; one cannot
             # await, so the first call starts it (once per process and server), as a task
             # of its own: it must not delay this call, nor reorder it among others.
             self._server_unchecked = False
             self._server_check = asyncio.ensure_future(self.check_server())
-        return await self.scripts.execute(step)
+        return await self._scripts.execute(step)
 
     @classmethod
     def from_url(cls, url: str, name: str, *, retries: int = 3, **options: Any) -> AsyncQueue:
@@ -373,17 +366,17 @@ class AsyncQueue(QueueCore, AsyncDriver):
         of the constructor. Entering ``async with`` logs a warning if the server may
         evict keys (see :func:`pyqueue.drivers.clients.check_server`)."""
         queue: AsyncQueue = cls(name, connect(url, retries=retries), **options)
-        queue.owns_client = True
+        queue._owns_client = True
         return queue
 
     async def check_server(self) -> list[str]:
         """:func:`pyqueue.drivers.clients.check_server` for this queue's client: the problems
         with the server's settings (logged as warnings)."""
-        client: Any = self.redis
+        client: Any = self._scripts.client
         if claim_server_check(client) is None:  # once per process and server, never the embedded one
             return []
         try:
-            if self.scripts.cluster:
+            if self._scripts.cluster:
                 policies = (await client.config_get("maxmemory-policy", target_nodes="primaries")).values()
             else:
                 policies = [(await client.config_get("maxmemory-policy")).get("maxmemory-policy")]
@@ -398,8 +391,8 @@ class AsyncQueue(QueueCore, AsyncDriver):
     async def aclose(self) -> None:
         """Close the client if this queue made it (``from_url``, or made without a
         client)."""
-        if self.owns_client:
-            await self.redis.aclose()
+        if self._owns_client:
+            await self._scripts.client.aclose()
 
     async def __aenter__(self) -> AsyncQueue:
         await self.check_server()
@@ -411,13 +404,28 @@ class AsyncQueue(QueueCore, AsyncDriver):
         await self.aclose()
 
 
-class AsyncPartitionedQueue(PartitionedCore, AsyncQueue):
-    """One logical queue over ``partitions`` partitions, driven with ``redis.asyncio``
-    (see :mod:`pyqueue.drivers.partitioned`). Made by ``AsyncQueue(name, partitions=K)``."""
+def transport_of(queue: AsyncQueue) -> AsyncScripts:
+    """The transport ``queue`` runs its plans on: its scripts on its client
+    (``.client``), for the floors above that send steps of their own."""
+    return queue._scripts
 
-    parts: list[AsyncQueue]
+
+async def drive(queue: AsyncQueue, plan: Plan[T]) -> T:
+    """Run ``plan`` (a plan of ``queue``'s own, :func:`~pyqueue.drivers.facade.plans_of`,
+    or one over its spec) to its end on ``queue``'s transport, as a verb runs its plan."""
+    return await drive_async(queue._execute, plan)
+
+
+async def check_partitions(queue: AsyncQueue) -> None:
+    """:func:`pyqueue.drivers.queue.check_partitions`, awaited."""
+    await drive(queue, plans_of(queue).check_partitions())
+
+
+def physical_queue(name: str, redis: AsyncClient, **kwargs: Any) -> AsyncQueue:
+    """:func:`pyqueue.drivers.queue.physical_queue` of the async driver."""
+    return physical(AsyncQueue(name, redis, **kwargs))
 
 
 async def peek_many(queues: Sequence[AsyncQueue]) -> list[Peeked]:
-    """:func:`pyqueue.drivers.queue.plan_peek_many` on the queues' shared client."""
-    return await queues[0].drive(plan_peek_many(queues)) if queues else []
+    """:func:`pyqueue.protocol.verbs.reading.peek_many` on the queues' shared client."""
+    return await drive(queues[0], plan_peek_many([q.spec for q in queues])) if queues else []

@@ -43,7 +43,7 @@ def groups_page(queue: Queue, limit: int) -> dict[str, Any]:
     page = queue.groups(0, limit)
     shown = sorted(page.groups, key=lambda g: (-g.ready, g.name))[:limit]
     return {
-        "queue": queue.name, "partitions": queue.partitions, "total": page.total,
+        "queue": queue.name, "partitions": queue.spec.partitions, "total": page.total,
         "default_cap": page.default_cap, "limit": limit,
         "groups": [{"name": g.name, "ready": g.ready, "running": g.running, "cap": g.cap,
                     "own_cap": g.cap != page.default_cap, "parked": g.parked, "partition": g.queue}

@@ -233,7 +233,7 @@ class Sampler:
         for q, s in stats:
             census = self.censuses.get(q.name)
             rows.append(QueueRow(
-                q.name, q.partitions, s, _rate(window, q.name, s.acked, now_ms),
+                q.name, q.spec.partitions, s, _rate(window, q.name, s.acked, now_ms),
                 unserved=_unserved(census.waiting if census else {}, served.get(q.name, set())),
                 census_ms=census.taken_ms if census else 0,
             ))

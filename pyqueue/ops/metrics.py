@@ -105,7 +105,7 @@ class PyQueueCollector(Collector):
         if fresh:
             for q in logical_queues(self.redis, self.prefix, fresh):
                 self._opened[q.name] = q
-        partitions = {part.name for q in self._opened.values() for part in getattr(q, "parts", [])}
+        partitions = {part.name for q in self._opened.values() if q.spec.partitions > 1 for part in q.spec.partition_specs()}
         wanted = set(names)
         return [q for name, q in sorted(self._opened.items()) if name in wanted and name not in partitions]
 
@@ -138,7 +138,7 @@ class PyQueueCollector(Collector):
             due.add_metric([q.name], stats.due)
             expired.add_metric([q.name], stats.expired)
             lag.add_metric([q.name], stats.lag_ms / 1000)
-            partitions.add_metric([q.name], q.partitions)
+            partitions.add_metric([q.name], q.spec.partitions)
             paused.add_metric([q.name], int(stats.paused))
             rate.add_metric([q.name], stats.rate_limit * 1000 / stats.rate_period_ms if stats.rate_limit else 0)
             groups.add_metric([q.name, "waiting"], stats.groups_waiting)

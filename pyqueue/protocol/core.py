@@ -5,14 +5,15 @@ yields the calls it needs (:class:`ScriptCall`, :class:`Pipelined`, :class:`Comm
 receives each reply, and returns the parsed result. A plan never touches a socket, so
 the same plan runs on both transports:
 
-* :class:`SyncDriver` (:class:`pyqueue.Queue`) executes each step with redis-py's
-  blocking client;
-* :class:`AsyncDriver` (:class:`pyqueue.aio.AsyncQueue`) awaits each step with
-  ``redis.asyncio``.
+* :func:`drive` (:class:`pyqueue.Queue`, a :class:`SyncDriver`) executes each step with
+  redis-py's blocking client;
+* :func:`drive_async` (:class:`pyqueue.aio.AsyncQueue`, an :class:`AsyncDriver`) awaits
+  each step with ``redis.asyncio``.
 
-A verb is declared once, as ``enqueue = Verb(plan_enqueue)`` on the core class; the
-:class:`Verb` descriptor turns it into a plain method on a sync driver and into a
-coroutine method on an async one (mypy sees both signatures). A transport raises
+A verb is declared once, as ``enqueue = Verb(produce.enqueue)`` on the façade both
+drivers share (:mod:`pyqueue.drivers.facade`); the :class:`Verb` descriptor turns it
+into a plain method on a sync driver and into a coroutine method on an async one (mypy
+sees both signatures). A transport raises
 pyqueue errors (already mapped, see :mod:`pyqueue.protocol.errors`) into the plan at the step
 that failed, so a plan can react, and a plan that does not simply lets them through.
 
@@ -22,12 +23,13 @@ per ``lua/*.lua``, keys and ARGV in header order).
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import re
 import os
 from binascii import crc_hqx
-from collections.abc import Callable, Coroutine, Generator, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeGuard, TypeVar, Union, overload
 
@@ -322,55 +324,64 @@ def resume(plan: Plan[T], reply: Any = None, error: PyQueueError | None = None) 
         return Finished(stop.value)
 
 
-class SyncDriver:
-    """A transport that runs plans with blocking I/O."""
+def drive(execute: Callable[[Step], Any], plan: Plan[T]) -> T:
+    """Run ``plan`` to its end with blocking I/O: ``execute`` runs one step (and raises
+    pyqueue errors, mapped), each error is raised into the plan at the step."""
+    step = resume(plan)
+    while not isinstance(step, Finished):
+        try:
+            step = resume(plan, execute(step))
+        except PyQueueError as exc:
+            step = resume(plan, error=exc)
+    return step.value
 
-    def execute(self, step: Step) -> Any:
+
+async def drive_async(execute: Callable[[Step], Awaitable[Any]], plan: Plan[T]) -> T:
+    """Run ``plan`` to its end with asyncio, as :func:`drive` does."""
+    step = resume(plan)
+    while not isinstance(step, Finished):
+        reply, error = None, None
+        try:
+            reply = await execute(step)
+        except PyQueueError as exc:
+            error = exc
+        step = resume(plan, reply, error)
+    return step.value
+
+
+class SyncDriver:
+    """A façade whose verbs return their results: it runs plans with blocking I/O."""
+
+    _plans: Any
+
+    def _execute(self, step: Step) -> Any:
         """Run one step; raise pyqueue errors (mapped)."""
         raise NotImplementedError
-
-    def drive(self, plan: Plan[T]) -> T:
-        """Run ``plan`` to its end."""
-        step = resume(plan)
-        while not isinstance(step, Finished):
-            try:
-                step = resume(plan, self.execute(step))
-            except PyQueueError as exc:
-                step = resume(plan, error=exc)
-        return step.value
 
 
 class AsyncDriver:
-    """A transport that runs plans with asyncio."""
+    """A façade whose verbs are coroutines: it runs plans with asyncio."""
 
-    async def execute(self, step: Step) -> Any:
+    _plans: Any
+
+    async def _execute(self, step: Step) -> Any:
         """Run one step; raise pyqueue errors (mapped)."""
         raise NotImplementedError
 
-    async def drive(self, plan: Plan[T]) -> T:
-        """Run ``plan`` to its end."""
-        step = resume(plan)
-        while not isinstance(step, Finished):
-            reply, error = None, None
-            try:
-                reply = await self.execute(step)
-            except PyQueueError as exc:
-                error = exc
-            step = resume(plan, reply, error)
-        return step.value
-
 
 class Verb(Generic[P, T]):
-    """A driver verb declared once from its plan (``enqueue = Verb(plan_enqueue)``): on
-    a :class:`SyncDriver` it is a method returning the result, on an
-    :class:`AsyncDriver` a coroutine method. It runs the instance's own ``plan_<verb>``,
-    so a subclass that overrides the plan (a partitioned queue) overrides the verb of
-    both drivers."""
+    """A façade's verb, declared once from the plan function it runs (``enqueue =
+    Verb(produce.enqueue)``, a plan over a spec and a memory): on a :class:`SyncDriver` it is a method returning the
+    result, on an :class:`AsyncDriver` a coroutine method. It runs the plan of the same
+    name of the object's plans (``_plans``: a single queue's or a partitioned queue's),
+    through the object's transport (``_execute``), so the logic of a verb is written
+    once for both drivers and both kinds of queue."""
 
-    def __init__(self, plan: Callable[Concatenate[Any, P], Plan[T]]) -> None:
-        self.plan_name = plan.__name__
+    def __init__(self, plan: Callable[Concatenate[Any, Any, P], Plan[T]]) -> None:
         self.__doc__ = plan.__doc__
-        self.__wrapped__ = plan  # inspect.signature shows the plan's parameters
+        # inspect.signature shows the plan's parameters after the spec and the memory.
+        signature = inspect.signature(plan)
+        self.__signature__ = signature.replace(parameters=list(signature.parameters.values())[2:])
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
@@ -387,19 +398,21 @@ class Verb(Generic[P, T]):
     def __get__(self, obj: Any, owner: type) -> Any:
         if obj is None:
             return self
-        plan = getattr(obj, self.plan_name)
+        plan = getattr(obj._plans, self.name)
+        execute = obj._execute
         if isinstance(obj, AsyncDriver):
 
             async def verb_async(*args: Any, **kwargs: Any) -> Any:
-                return await obj.drive(plan(*args, **kwargs))
+                return await drive_async(execute, plan(*args, **kwargs))
 
             verb: Callable[..., Any] = verb_async
         else:
 
             def verb(*args: Any, **kwargs: Any) -> Any:
-                return obj.drive(plan(*args, **kwargs))
+                return drive(execute, plan(*args, **kwargs))
 
         verb.__name__, verb.__doc__ = self.name, self.__doc__
+        verb.__signature__ = self.__signature__  # type: ignore[attr-defined]
         # Cached on the instance (a Verb is a non-data descriptor, so the instance's
         # entry wins from now on): a verb call costs no descriptor work after the first.
         obj.__dict__[self.name] = verb

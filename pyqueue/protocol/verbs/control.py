@@ -9,7 +9,6 @@ from pyqueue.protocol.core import (
     DEFAULT_MAINTENANCE_LIMIT,
     MAX_BATCH,
     Plan,
-    Verb,
     cancel_call,
     check_group,
     check_ids,
@@ -29,205 +28,194 @@ from pyqueue.protocol.core import (
     text,
 )
 from pyqueue.protocol.models import Cancelled, DeadJob, DeadPage, GroupInfo, GroupsPage, Promoted, Scrubbed
-from pyqueue.protocol.verbs.base import QueueVerbs
+from pyqueue.protocol.spec import QueueSpec, QueueMemory
+from pyqueue.protocol.verbs.base import run
 
 
-class ControlVerbs(QueueVerbs):
-    """Maintenance, job control and dead letters (see :class:`pyqueue.drivers.queue.QueueCore`)."""
+"""Maintenance, job control and dead letters (see :class:`pyqueue.drivers.queue.QueueCore`)."""
 
-    def plan_promote(self, limit: int = DEFAULT_MAINTENANCE_LIMIT, *, now_ms: int | None = None) -> Plan[Promoted]:
-        """Promote due scheduled jobs and reclaim expired leases, at most ``limit`` of
-        each (lua/promote.lua). ``lease`` does this itself; call it to keep READY fresh
-        without leasing."""
-        check_int(limit, "limit", 1, MAX_BATCH)
-        check_now(now_ms)
-        p, r, d, more, next_due = yield from self._run(promote_call(self.keys, now_ms, limit))
-        return Promoted(int(p), int(r), int(d), bool(more), int(next_due))
+def promote(spec: QueueSpec, memory: QueueMemory, limit: int = DEFAULT_MAINTENANCE_LIMIT, *, now_ms: int | None = None) -> Plan[Promoted]:
+    """Promote due scheduled jobs and reclaim expired leases, at most ``limit`` of
+    each (lua/promote.lua). ``lease`` does this itself; call it to keep READY fresh
+    without leasing."""
+    check_int(limit, "limit", 1, MAX_BATCH)
+    check_now(now_ms)
+    p, r, d, more, next_due = yield from run(memory, promote_call(spec.keys, now_ms, limit))
+    return Promoted(int(p), int(r), int(d), bool(more), int(next_due))
 
-    promote = Verb(plan_promote)
 
-    def plan_scrub(self, owner: str, *, limit: int = DEFAULT_MAINTENANCE_LIMIT, now_ms: int | None = None) -> Plan[Scrubbed]:
-        """End every lease ``owner`` (a dead service) holds in this queue (lua/scrub.lua):
-        jobs go to the head of READY with the attempt counted, or to DEAD at their
-        maximum. At most ``limit`` per call; ``more`` says to call again. Safe to run
-        concurrently and twice. Never scrub a live owner: its jobs would run twice."""
-        check_int(limit, "limit", 1, MAX_BATCH)
-        check_now(now_ms)
-        scrubbed, dead, more = yield from self._run(scrub_call(self.keys, now_ms, owner, limit))
-        return Scrubbed(int(scrubbed), int(dead), bool(more))
+def scrub(spec: QueueSpec, memory: QueueMemory, owner: str, *, limit: int = DEFAULT_MAINTENANCE_LIMIT, now_ms: int | None = None) -> Plan[Scrubbed]:
+    """End every lease ``owner`` (a dead service) holds in this queue (lua/scrub.lua):
+    jobs go to the head of READY with the attempt counted, or to DEAD at their
+    maximum. At most ``limit`` per call; ``more`` says to call again. Safe to run
+    concurrently and twice. Never scrub a live owner: its jobs would run twice."""
+    check_int(limit, "limit", 1, MAX_BATCH)
+    check_now(now_ms)
+    scrubbed, dead, more = yield from run(memory, scrub_call(spec.keys, now_ms, owner, limit))
+    return Scrubbed(int(scrubbed), int(dead), bool(more))
 
-    scrub = Verb(plan_scrub)
 
-    def plan_cancel(self, job_id: str, *, now_ms: int | None = None) -> Plan[Cancelled]:
-        """End job ``job_id`` now, in whatever state it is, so that it never runs
-        (again) (lua/cancel.lua).
+def cancel(spec: QueueSpec, memory: QueueMemory, job_id: str, *, now_ms: int | None = None) -> Plan[Cancelled]:
+    """End job ``job_id`` now, in whatever state it is, so that it never runs
+    (again) (lua/cancel.lua).
 
-        A ready, scheduled or dead job is removed. A leased job's lease ends at once:
-        nothing can retry it, dead-letter it or reclaim it, whatever its handler then
-        returns (its ack or nack answers ``gone``). The handler itself is told at its
-        worker's next lease extension, within a third of ``lease_ms``: ``job.cancelled``
-        is set for a sync handler, an ``async def`` handler's task is cancelled. Until
-        it stops, the handler may still be working: cancelling running code is
-        cooperative.
+    A ready, scheduled or dead job is removed. A leased job's lease ends at once:
+    nothing can retry it, dead-letter it or reclaim it, whatever its handler then
+    returns (its ack or nack answers ``gone``). The handler itself is told at its
+    worker's next lease extension, within a third of ``lease_ms``: ``job.cancelled``
+    is set for a sync handler, an ``async def`` handler's task is cancelled. Until
+    it stops, the handler may still be working: cancelling running code is
+    cooperative.
 
-        Duplicates: the cancelled id stays a duplicate for ``keep_done_ms``, like an
-        acked one, so a producer's retried enqueue does not bring the job back.
+    Duplicates: the cancelled id stays a duplicate for ``keep_done_ms``, like an
+    acked one, so a producer's retried enqueue does not bring the job back.
 
-        Cost: O(1) for a scheduled or dead job; for a ready or leased one a scan of the
-        queue's current leases (O(workers' concurrency)), and for a ready one an
-        O(position) removal from READY.
+    Cost: O(1) for a scheduled or dead job; for a ready or leased one a scan of the
+    queue's current leases (O(workers' concurrency)), and for a ready one an
+    O(position) removal from READY.
 
-        Returns:
-            :class:`Cancelled`: ``state`` is where the job was cancelled from, or
-            ``done`` / ``unknown`` with nothing changed (it already ended, or never
-            existed). A re-sent call answers ``done`` (or ``unknown`` with
-            ``keep_done_ms=0``): one cancel.
-        """
-        check_job_id(job_id)
-        check_now(now_ms)
-        (state,) = yield from self._run(cancel_call(self.keys, now_ms, job_id, self.keep_done_ms))
-        return Cancelled(id=job_id, queue=self.name, state=text(state))
+    Returns:
+        :class:`Cancelled`: ``state`` is where the job was cancelled from, or
+        ``done`` / ``unknown`` with nothing changed (it already ended, or never
+        existed). A re-sent call answers ``done`` (or ``unknown`` with
+        ``keep_done_ms=0``): one cancel.
+    """
+    check_job_id(job_id)
+    check_now(now_ms)
+    (state,) = yield from run(memory, cancel_call(spec.keys, now_ms, job_id, spec.keep_done_ms))
+    return Cancelled(id=job_id, queue=spec.name, state=text(state))
 
-    cancel = Verb(plan_cancel)
 
-    def plan_limit(self, count: int, period_ms: int = 1000, *, burst: int = 1) -> Plan[bool]:
-        """Cap the rate at which this queue hands out jobs, across all workers
-        (lua/limit.lua): at most ``count`` leases per ``period_ms``, spaced evenly on
-        the Redis server's clock, with up to ``burst`` at once after a quiet spell; so
-        in any window of ``period_ms`` at most ``count + burst - 1`` leases start (with
-        the default burst 1, at most ``count``). Enforced inside lease.lua; workers wait
-        for the next permit (the lease answer says when) instead of polling.
-        ``count=0`` lifts the cap. Every lease counts, retries and reclaims included.
-        Returns whether this call changed the cap.
+def limit(spec: QueueSpec, memory: QueueMemory, count: int, period_ms: int = 1000, *, burst: int = 1) -> Plan[bool]:
+    """Cap the rate at which this queue hands out jobs, across all workers
+    (lua/limit.lua): at most ``count`` leases per ``period_ms``, spaced evenly on
+    the Redis server's clock, with up to ``burst`` at once after a quiet spell; so
+    in any window of ``period_ms`` at most ``count + burst - 1`` leases start (with
+    the default burst 1, at most ``count``). Enforced inside lease.lua; workers wait
+    for the next permit (the lease answer says when) instead of polling.
+    ``count=0`` lifts the cap. Every lease counts, retries and reclaims included.
+    Returns whether this call changed the cap.
 
-        Raises:
-            InvalidArgument: count not in 0..1,000,000, period_ms not in
-                1..86,400,000, burst not in 1..1,000,000.
-        """
-        check_int(count, "count", 0, 1_000_000)
-        check_int(period_ms, "period_ms", 1, 86_400_000)
-        check_int(burst, "burst", 1, 1_000_000)
-        *_, changed = yield from self._run(limit_call(self.keys, count, period_ms, burst))
-        return bool(changed)
+    Raises:
+        InvalidArgument: count not in 0..1,000,000, period_ms not in
+            1..86,400,000, burst not in 1..1,000,000.
+    """
+    check_int(count, "count", 0, 1_000_000)
+    check_int(period_ms, "period_ms", 1, 86_400_000)
+    check_int(burst, "burst", 1, 1_000_000)
+    *_, changed = yield from run(memory, limit_call(spec.keys, count, period_ms, burst))
+    return bool(changed)
 
-    limit = Verb(plan_limit)
 
-    def plan_set_group_limit(self, cap: int | None, *, group: str | None = None) -> Plan[bool]:
-        """Cap how many jobs of one group run at once (lua/set_group_limit.lua): the
-        default cap of every group, or with ``group`` that group's own (which wins over
-        the default). ``cap=None`` (or 0) lifts the default; for one group, ``None``
-        deletes its own cap, so that the default applies to it again, and 0 exempts it.
+def set_group_limit(spec: QueueSpec, memory: QueueMemory, cap: int | None, *, group: str | None = None) -> Plan[bool]:
+    """Cap how many jobs of one group run at once (lua/set_group_limit.lua): the
+    default cap of every group, or with ``group`` that group's own (which wins over
+    the default). ``cap=None`` (or 0) lifts the default; for one group, ``None``
+    deletes its own cap, so that the default applies to it again, and 0 exempts it.
 
-        Decided in lease.lua: a group at its cap is skipped without moving its jobs or
-        using their attempts, and other groups' jobs are leased past it. A slot is given
-        back by every ending of a lease (ack, nack, cancel, release, expiry, scrub), at
-        most once (the endings are fenced). A raised cap takes effect at once (waiting
-        workers are woken), a lowered one at the next lease: leases running above it
-        run to their end. Returns whether this call changed a cap.
+    Decided in lease.lua: a group at its cap is skipped without moving its jobs or
+    using their attempts, and other groups' jobs are leased past it. A slot is given
+    back by every ending of a lease (ack, nack, cancel, release, expiry, scrub), at
+    most once (the endings are fenced). A raised cap takes effect at once (waiting
+    workers are woken), a lowered one at the next lease: leases running above it
+    run to their end. Returns whether this call changed a cap.
 
-        Raises:
-            InvalidArgument: cap not None or in 0..1,000,000; a malformed group.
-        """
-        if cap is not None:
-            check_int(cap, "cap", 0, 1_000_000)
-        name = "" if group is None else check_group(group)
-        arg: int | str = ("" if group is not None else 0) if cap is None else cap
-        changed, _unparked = yield from self._run(set_group_limit_call(self.keys, name, arg))
-        return bool(changed)
+    Raises:
+        InvalidArgument: cap not None or in 0..1,000,000; a malformed group.
+    """
+    if cap is not None:
+        check_int(cap, "cap", 0, 1_000_000)
+    name = "" if group is None else check_group(group)
+    arg: int | str = ("" if group is not None else 0) if cap is None else cap
+    changed, _unparked = yield from run(memory, set_group_limit_call(spec.keys, name, arg))
+    return bool(changed)
 
-    set_group_limit = Verb(plan_set_group_limit)
 
-    def plan_groups(self, offset: int = 0, limit: int = 100) -> Plan[GroupsPage]:
-        """One page of the groups that have READY jobs (lua/groups.lua): those parked at
-        their cap first, then in the order lease serves them; each with its READY jobs,
-        its running leases and its cap. A group with leases running but nothing READY is
-        not listed. Read only."""
-        check_int(offset, "offset", 0, 2**31)
-        check_int(limit, "limit", 1, MAX_BATCH)
-        reply = yield from self._run(groups_call(self.keys, offset, limit))
-        rows = reply[2:]
-        groups = [
-            GroupInfo(name=text(rows[i]), ready=int(rows[i + 2]), running=int(rows[i + 3]), cap=int(rows[i + 4]),
-                      parked=int(rows[i + 1]) < 0, turn=int(rows[i + 1]), queue=self.name)
-            for i in range(0, len(rows), 5)
-        ]
-        return GroupsPage(total=int(reply[0]), default_cap=int(reply[1]), groups=groups)
+def groups(spec: QueueSpec, memory: QueueMemory, offset: int = 0, limit: int = 100) -> Plan[GroupsPage]:
+    """One page of the groups that have READY jobs (lua/groups.lua): those parked at
+    their cap first, then in the order lease serves them; each with its READY jobs,
+    its running leases and its cap. A group with leases running but nothing READY is
+    not listed. Read only."""
+    check_int(offset, "offset", 0, 2**31)
+    check_int(limit, "limit", 1, MAX_BATCH)
+    reply = yield from run(memory, groups_call(spec.keys, offset, limit))
+    rows = reply[2:]
+    groups = [
+        GroupInfo(name=text(rows[i]), ready=int(rows[i + 2]), running=int(rows[i + 3]), cap=int(rows[i + 4]),
+                  parked=int(rows[i + 1]) < 0, turn=int(rows[i + 1]), queue=spec.name)
+        for i in range(0, len(rows), 5)
+    ]
+    return GroupsPage(total=int(reply[0]), default_cap=int(reply[1]), groups=groups)
 
-    groups = Verb(plan_groups)
 
-    def plan_pause(self, *, now_ms: int | None = None) -> Plan[bool]:
-        """Stop the queue from handing out jobs (lua/pause.lua); returns whether this
-        call paused it (False: it was paused already). Enqueue, ack, nack, extend and
-        the reclaim of expired leases go on; running jobs run to their end; workers
-        wait on the wake marker, without polling, until :meth:`resume`."""
-        check_now(now_ms)
-        _paused_ms, changed = yield from self._run(pause_call(self.keys, now_ms))
-        return bool(changed)
+def pause(spec: QueueSpec, memory: QueueMemory, *, now_ms: int | None = None) -> Plan[bool]:
+    """Stop the queue from handing out jobs (lua/pause.lua); returns whether this
+    call paused it (False: it was paused already). Enqueue, ack, nack, extend and
+    the reclaim of expired leases go on; running jobs run to their end; workers
+    wait on the wake marker, without polling, until :meth:`resume`."""
+    check_now(now_ms)
+    _paused_ms, changed = yield from run(memory, pause_call(spec.keys, now_ms))
+    return bool(changed)
 
-    pause = Verb(plan_pause)
 
-    def plan_resume(self, *, now_ms: int | None = None) -> Plan[bool]:
-        """Let a paused queue hand out jobs again and wake its workers
-        (lua/resume.lua); returns whether this call resumed it (False: not paused)."""
-        check_now(now_ms)
-        _paused_ms, changed = yield from self._run(resume_call(self.keys, now_ms))
-        return bool(changed)
+def resume(spec: QueueSpec, memory: QueueMemory, *, now_ms: int | None = None) -> Plan[bool]:
+    """Let a paused queue hand out jobs again and wake its workers
+    (lua/resume.lua); returns whether this call resumed it (False: not paused)."""
+    check_now(now_ms)
+    _paused_ms, changed = yield from run(memory, resume_call(spec.keys, now_ms))
+    return bool(changed)
 
-    resume = Verb(plan_resume)
 
-    def plan_dead_list(self, offset: int = 0, limit: int = 100) -> Plan[DeadPage]:
-        """One page of DEAD jobs, oldest first (lua/dead_list.lua)."""
-        check_int(offset, "offset", 0, 2**31)
-        check_int(limit, "limit", 1, MAX_BATCH)
-        reply = yield from self._run(dead_list_call(self.keys, offset, limit))
-        jobs = [
-            DeadJob(
-                id=text(reply[i]),
-                dead_ms=int(reply[i + 1]),
-                attempts=int(reply[i + 2]),
-                max_attempts=int(reply[i + 3]),
-                error=bytes(reply[i + 4]).decode("utf-8", "replace"),
-                payload=bytes(reply[i + 5]),
-            )
-            for i in range(1, len(reply), 6)
-        ]
-        return DeadPage(total=int(reply[0]), jobs=jobs)
+def dead_list(spec: QueueSpec, memory: QueueMemory, offset: int = 0, limit: int = 100) -> Plan[DeadPage]:
+    """One page of DEAD jobs, oldest first (lua/dead_list.lua)."""
+    check_int(offset, "offset", 0, 2**31)
+    check_int(limit, "limit", 1, MAX_BATCH)
+    reply = yield from run(memory, dead_list_call(spec.keys, offset, limit))
+    jobs = [
+        DeadJob(
+            id=text(reply[i]),
+            dead_ms=int(reply[i + 1]),
+            attempts=int(reply[i + 2]),
+            max_attempts=int(reply[i + 3]),
+            error=bytes(reply[i + 4]).decode("utf-8", "replace"),
+            payload=bytes(reply[i + 5]),
+        )
+        for i in range(1, len(reply), 6)
+    ]
+    return DeadPage(total=int(reply[0]), jobs=jobs)
 
-    dead_list = Verb(plan_dead_list)
 
-    def plan_dead_replay(
-        self, ids: Sequence[str] | None = None, *, limit: int = 100, now_ms: int | None = None
-    ) -> Plan[int]:
-        """Move dead jobs back to the tail of READY with attempts reset
-        (lua/dead_replay.lua). Returns how many moved.
+def dead_replay(
+    spec: QueueSpec, memory: QueueMemory, ids: Sequence[str] | None = None, *, limit: int = 100, now_ms: int | None = None
+) -> Plan[int]:
+    """Move dead jobs back to the tail of READY with attempts reset
+    (lua/dead_replay.lua). Returns how many moved.
 
-        Args:
-            ids: the jobs to replay (ids not in DEAD are skipped). ``None``: the
-                ``limit`` oldest dead jobs, listed first with ``dead_list`` (the script
-                always takes explicit ids, so a re-sent call moves nothing twice).
-        """
-        check_now(now_ms)
-        chosen = yield from self.plan_dead_ids(ids, limit)
-        if not chosen:
-            return 0
-        replayed, _remaining = yield from self._run(dead_replay_call(self.keys, now_ms, chosen))
-        return int(replayed)
+    Args:
+        ids: the jobs to replay (ids not in DEAD are skipped). ``None``: the
+            ``limit`` oldest dead jobs, listed first with ``dead_list`` (the script
+            always takes explicit ids, so a re-sent call moves nothing twice).
+    """
+    check_now(now_ms)
+    chosen = yield from dead_ids(spec, memory, ids, limit)
+    if not chosen:
+        return 0
+    replayed, _remaining = yield from run(memory, dead_replay_call(spec.keys, now_ms, chosen))
+    return int(replayed)
 
-    dead_replay = Verb(plan_dead_replay)
 
-    def plan_dead_purge(self, ids: Sequence[str] | None = None, *, limit: int = 100) -> Plan[int]:
-        """Delete dead jobs for good (lua/dead_purge.lua): the given ``ids`` (ids not in
-        DEAD are skipped), or the ``limit`` oldest. Returns how many were deleted."""
-        chosen = yield from self.plan_dead_ids(ids, limit)
-        if not chosen:
-            return 0
-        purged, _remaining = yield from self._run(dead_purge_call(self.keys, chosen))
-        return int(purged)
+def dead_purge(spec: QueueSpec, memory: QueueMemory, ids: Sequence[str] | None = None, *, limit: int = 100) -> Plan[int]:
+    """Delete dead jobs for good (lua/dead_purge.lua): the given ``ids`` (ids not in
+    DEAD are skipped), or the ``limit`` oldest. Returns how many were deleted."""
+    chosen = yield from dead_ids(spec, memory, ids, limit)
+    if not chosen:
+        return 0
+    purged, _remaining = yield from run(memory, dead_purge_call(spec.keys, chosen))
+    return int(purged)
 
-    dead_purge = Verb(plan_dead_purge)
 
-    def plan_dead_ids(self, ids: Sequence[str] | None, limit: int) -> Plan[list[str]]:
-        """``ids`` checked, or the ids of the ``limit`` oldest dead jobs."""
-        if ids is None:
-            return [job.id for job in (yield from self.plan_dead_list(0, limit)).jobs]
-        return check_ids(ids)
+def dead_ids(spec: QueueSpec, memory: QueueMemory, ids: Sequence[str] | None, limit: int) -> Plan[list[str]]:
+    """``ids`` checked, or the ids of the ``limit`` oldest dead jobs."""
+    if ids is None:
+        return [job.id for job in (yield from dead_list(spec, memory, 0, limit)).jobs]
+    return check_ids(ids)

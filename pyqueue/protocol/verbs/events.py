@@ -15,9 +15,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
-from pyqueue.protocol.core import Commands, Plan, Verb, check_int, set_events_call, text
+from pyqueue.protocol.core import Commands, Plan, check_int, set_events_call, text
 from pyqueue.protocol.errors import InvalidArgument
-from pyqueue.protocol.verbs.base import QueueVerbs
+from pyqueue.protocol.spec import QueueSpec, QueueMemory
+from pyqueue.protocol.verbs.base import run
 
 #: The largest bound a stream may have (lua/set_events.lua).
 MAX_EVENTS_BOUND = 10_000_000
@@ -114,59 +115,55 @@ def events_of(reply: Any) -> list[Event]:
     return [parse_event(entry_id, raw) for entry_id, raw in entries]
 
 
-class EventVerbs(QueueVerbs):
-    def plan_set_events(self, bound: int) -> Plan[EventsSetting]:
-        """Opt this queue in to its event stream, keeping the newest ``bound`` events
-        (1..10,000,000), or change the bound (a smaller one trims the stream now); 0
-        opts out (the stream stays for its readers; opting in again continues its
-        numbering). Every producer and worker of the queue writes events from its next
-        call on: the setting lives in the queue's ``counters``, not in this object.
-        Idempotent.
+def set_events(spec: QueueSpec, memory: QueueMemory, bound: int) -> Plan[EventsSetting]:
+    """Opt this queue in to its event stream, keeping the newest ``bound`` events
+    (1..10,000,000), or change the bound (a smaller one trims the stream now); 0
+    opts out (the stream stays for its readers; opting in again continues its
+    numbering). Every producer and worker of the queue writes events from its next
+    call on: the setting lives in the queue's ``counters``, not in this object.
+    Idempotent.
 
-        Cost: a queue that has not opted in writes no event and pays one HGET per
-        state-changing call; one that has, one XADD per event (and a TYPE per call).
-        """
-        check_int(bound, "bound", 0, MAX_EVENTS_BOUND)
-        previous, length = yield from self._run(set_events_call(self.keys, bound))
-        return EventsSetting(int(previous), int(length))
+    Cost: a queue that has not opted in writes no event and pays one HGET per
+    state-changing call; one that has, one XADD per event (and a TYPE per call).
+    """
+    check_int(bound, "bound", 0, MAX_EVENTS_BOUND)
+    previous, length = yield from run(memory, set_events_call(spec.keys, bound))
+    return EventsSetting(int(previous), int(length))
 
-    set_events = Verb(plan_set_events)
 
-    def plan_events(self, since: Since = None, count: int = 100, *, block_ms: int = 0) -> Plan[EventPage]:
-        """Up to ``count`` (1..1000) of this queue's events, oldest first: those after
-        event number ``since`` (pass the last page's :attr:`EventPage.last` to read on,
-        so nothing is skipped between reads), or from the oldest one kept (None), or
-        only those written after this call started reading (``"now"``). With
-        ``block_ms`` > 0 and nothing to read, waits up to that long for the next events
-        (``XREAD BLOCK``) instead of answering an empty page at once. Read only.
+def events(spec: QueueSpec, memory: QueueMemory, since: Since = None, count: int = 100, *, block_ms: int = 0) -> Plan[EventPage]:
+    """Up to ``count`` (1..1000) of this queue's events, oldest first: those after
+    event number ``since`` (pass the last page's :attr:`EventPage.last` to read on,
+    so nothing is skipped between reads), or from the oldest one kept (None), or
+    only those written after this call started reading (``"now"``). With
+    ``block_ms`` > 0 and nothing to read, waits up to that long for the next events
+    (``XREAD BLOCK``) instead of answering an empty page at once. Read only.
 
-        A queue that has not opted in (``set_events``) has no events: the page is empty.
-        """
-        since = check_since(since)
-        check_int(count, "count", 1, MAX_EVENTS_PAGE)
-        check_int(block_ms, "block_ms", 0, 86_400_000)
-        key = self.keys.events
-        if since == "now":
-            newest = events_of((yield Commands(key, [("XREVRANGE", key, "+", "-", "COUNT", 1)]))[0])
-            since = newest[0].seq if newest else 0
-        start = "-" if since is None else f"(0-{since}"
-        events = events_of((yield Commands(key, [("XRANGE", key, start, "+", "COUNT", count)]))[0])
-        if not events and block_ms > 0:
-            after = "0-0" if since is None else f"0-{since}"
-            block = ("XREAD", "COUNT", count, "BLOCK", block_ms, "STREAMS", key, after)
-            events = events_of((yield Commands(key, [block]))[0])
-        base = since if since is not None else (events[0].seq - 1 if events else 0)
-        missed = events[0].seq - base - 1 if events else 0
-        return EventPage(events, events[-1].seq if events else base, max(missed, 0))
+    A queue that has not opted in (``set_events``) has no events: the page is empty.
+    """
+    since = check_since(since)
+    check_int(count, "count", 1, MAX_EVENTS_PAGE)
+    check_int(block_ms, "block_ms", 0, 86_400_000)
+    key = spec.keys.events
+    if since == "now":
+        newest = events_of((yield Commands(key, [("XREVRANGE", key, "+", "-", "COUNT", 1)]))[0])
+        since = newest[0].seq if newest else 0
+    start = "-" if since is None else f"(0-{since}"
+    events = events_of((yield Commands(key, [("XRANGE", key, start, "+", "COUNT", count)]))[0])
+    if not events and block_ms > 0:
+        after = "0-0" if since is None else f"0-{since}"
+        block = ("XREAD", "COUNT", count, "BLOCK", block_ms, "STREAMS", key, after)
+        events = events_of((yield Commands(key, [block]))[0])
+    base = since if since is not None else (events[0].seq - 1 if events else 0)
+    missed = events[0].seq - base - 1 if events else 0
+    return EventPage(events, events[-1].seq if events else base, max(missed, 0))
 
-    events = Verb(plan_events)
 
-    def plan_recent_events(self, count: int = 50) -> Plan[EventPage]:
-        """The newest ``count`` (1..1000) events, oldest first (``tail``); ``last`` is the
-        newest's number, to read on from with ``events(since=last)``. Read only."""
-        check_int(count, "count", 1, MAX_EVENTS_PAGE)
-        key = self.keys.events
-        events = events_of((yield Commands(key, [("XREVRANGE", key, "+", "-", "COUNT", count)]))[0])[::-1]
-        return EventPage(events, events[-1].seq if events else 0, 0)
+def recent_events(spec: QueueSpec, memory: QueueMemory, count: int = 50) -> Plan[EventPage]:
+    """The newest ``count`` (1..1000) events, oldest first (``tail``); ``last`` is the
+    newest's number, to read on from with ``events(since=last)``. Read only."""
+    check_int(count, "count", 1, MAX_EVENTS_PAGE)
+    key = spec.keys.events
+    events = events_of((yield Commands(key, [("XREVRANGE", key, "+", "-", "COUNT", count)]))[0])[::-1]
+    return EventPage(events, events[-1].seq if events else 0, 0)
 
-    recent_events = Verb(plan_recent_events)
