@@ -60,7 +60,7 @@ from redis.crc import key_slot  # noqa: E402
 
 from pyqueue import Job, NewJob, Outcome, Queue  # noqa: E402
 from pyqueue.protocol.errors import PyQueueError  # noqa: E402
-from pyqueue.worker.worker import Worker  # noqa: E402
+from pyqueue.worker import Worker  # noqa: E402
 
 BENCH_DIR = Path(__file__).resolve().parent
 NODE_TIMEOUT_MS = 1000
@@ -593,7 +593,7 @@ def load_run(cluster: LoopbackCluster, name: str, jobs: int, rate: float, fault:
         thread.join(30)
         ids = preloaded + producer.answered
         never_ran = [i for i in ids if tally.runs[i] == 0]
-        still_in_redis = [i for i in never_ran if client.hexists(queue.keys.jobs, i)]
+        still_in_redis = [i for i in never_ran if client.hexists(queue.spec.keys.jobs, i)]
         stats = queue.stats()
         answered_at = producer.answered_when()
         acked_twice = {i: t for i, t in tally.ok_times.items() if len(t) > 1}
@@ -720,7 +720,7 @@ def bench_ack_loss(cluster: LoopbackCluster, failovers: int, before_kill_s: floa
             producer.join(40)
             writable = producer.first_answer_after(killed + 0.1)  # not a reply already on its way
             ids = list(producer.answered)
-            jobs_key = Queue(name, client).keys.jobs
+            jobs_key = Queue(name, client).spec.keys.jobs
             missing = []
             for i in range(0, len(ids), 1000):
                 chunk = ids[i : i + 1000]

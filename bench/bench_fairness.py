@@ -47,7 +47,7 @@ _server.use_checkout()
 import redis  # noqa: E402
 
 from pyqueue import Job, NewJob, Queue  # noqa: E402
-from pyqueue.worker.worker import Worker  # noqa: E402
+from pyqueue.worker import Worker  # noqa: E402
 
 TENANTS = "ABCDEFGHIJ"
 SMALL_JOBS = 10  # each of B..J

@@ -107,7 +107,7 @@ def measure_rate(url: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def measure_cancel(url: str, args: argparse.Namespace) -> dict[str, Any]:
-    from pyqueue.worker.worker import Worker
+    from pyqueue.worker import Worker
 
     client = _server.client_for(url)
     q = Queue(CANCEL_QUEUE, client)

@@ -105,7 +105,7 @@ def percentile(values: list[int], p: float) -> int:
 
 
 def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
-    from pyqueue.worker.worker import Worker
+    from pyqueue.worker import Worker
 
     client = _server.client_for(url)
     client.flushall()

@@ -123,7 +123,7 @@ from pyqueue import Job, NewJob, Queue, connect  # noqa: E402
 from pyqueue.drivers.scripts import SCRIPT_KEYS, lua_source  # noqa: E402
 from pyqueue.worker.slots import Slot, enter_slot  # noqa: E402
 from pyqueue.worker.executor import ThreadExecutor  # noqa: E402
-from pyqueue.worker.worker import Worker  # noqa: E402
+from pyqueue.worker import Worker  # noqa: E402
 
 BENCH_DIR = Path(__file__).resolve().parent
 QUEUE = task_handlers.QUEUE
@@ -154,7 +154,7 @@ class Env:
         assert isinstance(self.envelope, bytes)
 
     def drop(self) -> None:
-        keys = self.raw.keys.all() + self.task_queue.keys.all()
+        keys = self.raw.keys.all() + self.task_queue.spec.keys.all()
         self.client.unlink(*keys)
 
 
@@ -589,16 +589,16 @@ def top_table(stats: pstats.Stats, sort: str, lines: int) -> str:
 
 SEND_FUNCTIONS = {
     "send (total)": ("tasks/task.py", "send"),
-    "Signature.__init__ (bind + to_json)": ("tasks/task.py", "__init__"),
+    "Signature.__init__ (bind + to_json)": ("tasks/flows.py", "__init__"),
     "inspect.Signature.bind (0: not called)": ("inspect.py", "bind"),
     "codec.to_json": ("tasks/codec.py", "to_json"),
-    "Signature.new_job": ("tasks/task.py", "new_job"),
+    "Signature.new_job": ("tasks/flows.py", "new_job"),
     "TaskOptions.overrides (0: not called)": ("tasks/policy.py", "overrides"),
     "envelope.encode (json dumps)": ("tasks/envelope.py", "encode"),
-    "Signature.job_id": ("tasks/task.py", "job_id"),
+    "Signature.job_id": ("tasks/flows.py", "job_id"),
     "Tasks.server_now_ms": ("tasks/app.py", "server_now_ms"),
-    "Tasks._send_many": ("tasks/app.py", "_send_many"),
-    "Queue.plan_enqueue (engine, without the I/O)": ("pyqueue/protocol/verbs/produce.py", "plan_enqueue"),
+    "sending.send_many": ("tasks/sending.py", "send_many"),
+    "produce.enqueue (the plan, without the I/O)": ("pyqueue/protocol/verbs/produce.py", "enqueue"),
 }
 
 DRAIN_FUNCTIONS = {

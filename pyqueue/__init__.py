@@ -12,7 +12,7 @@ semantics are stated in :mod:`pyqueue.drivers.queue`.
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any as _Any
 
-from importlib.metadata import PackageNotFoundError, version
+from pyqueue.protocol.version import VERSION as __version__
 
 from pyqueue.protocol.errors import (
     AuthenticationFailed,
@@ -61,7 +61,7 @@ from pyqueue.drivers.clients import connect, default_client, embedded_redis
 from pyqueue.drivers.queue import Queue
 from pyqueue.protocol.verbs.events import Event, EventPage, EventsSetting
 from pyqueue.worker.slots import TimeLimitExceeded
-from pyqueue.worker.worker import Fail, Retry, Worker
+from pyqueue.worker import Fail, Retry, Worker
 
 if _TYPE_CHECKING:
     from pyqueue.tasks import (
@@ -99,10 +99,6 @@ def __getattr__(name: str) -> _Any:
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_TASK_LAYER))
 
-try:
-    __version__ = version("pyqueue")
-except PackageNotFoundError:  # running from a checkout that was never installed
-    __version__ = "0+unknown"
 
 __all__ = [
     "__version__",

@@ -12,6 +12,7 @@ import argparse
 import datetime
 import json
 import asyncio
+import functools
 import importlib
 import logging
 import os
@@ -25,9 +26,10 @@ from pyqueue.protocol.errors import InvalidArgument, PyQueueError, map_redis_err
 from pyqueue.protocol.models import Job, JobInfo
 from pyqueue.protocol.verbs.events import Event, Since
 from pyqueue.drivers.clients import Client, connect
-from pyqueue.ops.discovery import logical_queues, open_queue
+from pyqueue.ops.discovery import existing_queue, logical_queues, open_queue
 from pyqueue.protocol.keys import check_name
 from pyqueue.protocol.version import VERSION
+from pyqueue.drivers.facade import parts_of
 from pyqueue.drivers.queue import DEFAULT_KEEP_DONE_MS, DEFAULT_LEASE_MS, Queue, physical_queue
 from pyqueue.protocol.verbs.flows import DEFAULT_FLOW_CHECK_MS
 from pyqueue.worker.supervised import ENV_VAR, SupervisorLink
@@ -35,7 +37,8 @@ from pyqueue.worker.supervisor import DEFAULT_CRASH_LOOP, EXIT_CRASH_LOOP, FAST_
 from pyqueue.ops.schedules import parse_duration_ms, parse_schedule
 from pyqueue.ops.service import DEFAULT_EXPIRE_MS, DEFAULT_NAMESPACE, Services
 from pyqueue.worker.aio import AsyncWorker
-from pyqueue.worker.worker import Worker, is_async_handler
+from pyqueue.worker import Worker
+from pyqueue.worker.executor import is_async_handler
 
 log = logging.getLogger("pyqueue.cli")
 
@@ -107,8 +110,26 @@ def _ms(value: int) -> str:
     return f"{value} ms" if value < 10_000 else f"{value / 1000:.0f} s"
 
 
+def _utc(at_ms: int) -> str:
+    """A server time (ms since the epoch) as UTC, to the second: 2026-11-29 02:51:07Z."""
+    return datetime.datetime.fromtimestamp(at_ms / 1000, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _task_of(payload: bytes | None) -> str:
+    """The task a job's payload names, if it is a task envelope; '' for a raw job."""
+    from pyqueue.tasks import envelope  # the task layer sits above the engine: imported only here
+
+    if not payload:
+        return ""
+    try:
+        return envelope.decode(payload).task
+    except envelope.EnvelopeError:
+        return ""
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     from pyqueue.tasks import Tasks  # the task layer sits above the engine: imported only here
+    from pyqueue.tasks.task import Task
 
     link = SupervisorLink.from_environment()
     check_metrics_options(args)
@@ -117,6 +138,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if link is None and (args.max_jobs_per_child or args.max_memory_per_child):
         raise InvalidArgument("--max-jobs-per-child and --max-memory-per-child recycle the children of --processes N")
     target = load_target(args.handler)
+    if isinstance(target, Task):
+        # Its jobs carry a task envelope, not the function's arguments: served as a job
+        # handler, every one would die with a TypeError.
+        module = args.handler.partition(":")[0]
+        raise InvalidArgument(
+            f"{args.handler} is the task {target.name!r} of a pyqueue.Tasks: run the Tasks object, which serves "
+            f"every task on the queues they name: pyqueue worker {module}:<the Tasks object's name>"
+        )
     queues = list(args.queue or []) + [q for spec in args.queues or () for q in spec.split(",") if q]
     if isinstance(target, Tasks):
         if not target.tasks:
@@ -278,9 +307,12 @@ def cmd_stats(args: argparse.Namespace) -> int:
     client = connect(args.url)
     rows = []
     # A partitioned queue shows its sum, then one row per partition.
+    for name in args.queue or ():
+        existing_queue(client, name, args.prefix)  # a typo is refused, not shown as an empty queue
     for q in logical_queues(client, args.prefix, args.queue):
-        label = f"{q.name} ({q.partitions} partitions)" if q.partitions > 1 else q.name
-        for name, s in [(label, q.stats())] + [(f"  {part.name}", part.stats()) for part in getattr(q, "parts", [])]:
+        label = f"{q.name} ({q.spec.partitions} partitions)" if q.spec.partitions > 1 else q.name
+        parts = parts_of(q) if q.spec.partitions > 1 else []
+        for name, s in [(label, q.stats())] + [(f"  {part.name}", part.stats()) for part in parts]:
             rows.append([name, "paused" if s.paused else "running", s.ready, s.scheduled, s.leased, s.dead, s.done,
                          _ms(s.lag_ms), s.enqueued, s.acked, s.nacked, s.reclaimed, s.scrubbed, s.dead_total])
     header = ["queue", "state", "ready", "scheduled", "leased", "dead", "done", "lag", "enqueued", "acked", "nacked",
@@ -331,12 +363,13 @@ def cmd_dead(args: argparse.Namespace) -> int:
         if args.action != "list":
             raise PyQueueError(f"dead {args.action} needs a queue name (only list goes over every queue)")
         return _dead_everywhere(client, args.prefix)
-    q = open_queue(client, args.queue, args.prefix)
+    q = existing_queue(client, args.queue, args.prefix)
     ids = args.id or None
     if args.action == "list":
         page = q.dead_list(args.offset, args.limit)
-        rows = [[d.id, d.dead_ms, f"{d.attempts}/{d.max_attempts}", d.error[:60], len(d.payload)] for d in page.jobs]
-        print(table(rows, ["id", "dead_ms", "attempts", "error", "bytes"]) if rows else "no dead jobs")
+        rows = [[d.id, _task_of(d.payload), _utc(d.dead_ms), f"{d.attempts}/{d.max_attempts}", d.error[:60],
+                 len(d.payload)] for d in page.jobs]
+        print(table(rows, ["id", "task", "died (UTC)", "attempts", "error", "bytes"]) if rows else "no dead jobs")
         print(f"{page.total} dead in all")
     elif args.action == "replay":
         print(f"replayed {q.dead_replay(ids, limit=args.limit)}")
@@ -347,7 +380,8 @@ def cmd_dead(args: argparse.Namespace) -> int:
 
 def cmd_pause(args: argparse.Namespace) -> int:
     """Pause or resume a queue (Queue.pause / Queue.resume)."""
-    q = open_queue(connect(args.url), args.queue, args.prefix)
+    client = connect(args.url)
+    q = configured_queue(args, client) if args.command == "pause" else existing_queue(client, args.queue, args.prefix)
     if args.command == "pause":
         print(f"{args.queue}: {'paused' if q.pause() else 'was paused already'}; enqueue goes on, nothing is leased "
               "until pyqueue resume")
@@ -373,7 +407,7 @@ def parse_rate(value: str) -> tuple[int, int]:
 def cmd_limit(args: argparse.Namespace) -> int:
     """Set or lift a queue's rate limit (Queue.limit)."""
     count, period_ms = parse_rate(args.rate)
-    q = open_queue(connect(args.url), args.queue, args.prefix)
+    q = configured_queue(args, connect(args.url))
     changed = q.limit(count, period_ms, burst=args.burst)
     if count == 0:
         print(f"{args.queue}: {'rate limit lifted' if changed else 'had no rate limit'}")
@@ -395,7 +429,7 @@ def cmd_group_limit(args: argparse.Namespace) -> int:
         cap = int(value)
     else:
         raise PyQueueError(f"a cap is a number of jobs, off, or (with --group) default; got {value!r}")
-    q = open_queue(connect(args.url), args.queue, args.prefix)
+    q = configured_queue(args, connect(args.url))
     changed = q.set_group_limit(cap, group=args.group)
     who = f"group {args.group!r}" if args.group else "every group"
     what = {None: "the default cap" if args.group else "no cap", 0: "no cap"}.get(cap, f"at most {cap} running at once")
@@ -405,12 +439,12 @@ def cmd_group_limit(args: argparse.Namespace) -> int:
 
 def cmd_groups(args: argparse.Namespace) -> int:
     """The groups with READY jobs of a queue (Queue.groups), the largest backlogs first."""
-    q = open_queue(connect(args.url), args.queue, args.prefix)
+    q = existing_queue(connect(args.url), args.queue, args.prefix)
     page = q.groups(0, args.limit)
     rows = [[g.name, "parked (at cap)" if g.parked else "waiting", g.ready, g.running, g.cap or "-"]
-            + ([g.queue] if q.partitions > 1 else [])
+            + ([g.queue] if q.spec.partitions > 1 else [])
             for g in sorted(page.groups, key=lambda g: (-g.ready, g.name))]
-    header = ["group", "state", "ready", "running", "cap"] + (["partition"] if q.partitions > 1 else [])
+    header = ["group", "state", "ready", "running", "cap"] + (["partition"] if q.spec.partitions > 1 else [])
     print(table(rows, header) if rows else "no group has ready jobs")
     shown = len(page.groups)
     print(f"{page.total} groups with ready jobs{'' if shown >= page.total else f', {shown} shown (--limit)'}; "
@@ -421,7 +455,7 @@ def cmd_groups(args: argparse.Namespace) -> int:
 def cmd_result(args: argparse.Namespace) -> int:
     """A job's outcome (Queue.result, or Queue.wait_result with --wait-ms); exit 0 if it
     finished with a result, 1 otherwise."""
-    q = open_queue(connect(args.url), args.queue, args.prefix)
+    q = existing_queue(connect(args.url), args.queue, args.prefix)
     got = q.wait_result(args.id, args.wait_ms) if args.wait_ms else q.result(args.id)
     if got.state == "ok":
         value = got.value
@@ -436,7 +470,7 @@ def cmd_result(args: argparse.Namespace) -> int:
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     """Cancel a job (Queue.cancel); exit 1 if there was nothing to cancel."""
-    result = open_queue(connect(args.url), args.queue, args.prefix).cancel(args.id)
+    result = existing_queue(connect(args.url), args.queue, args.prefix).cancel(args.id)
     what = {
         "leased": "cancelled while running: its worker tells the handler at its next lease extension, and "
                   "whatever the handler does the job is never retried",
@@ -479,8 +513,8 @@ def cmd_job(args: argparse.Namespace) -> int:
     Attempts count from 1 (a running first attempt is 1/N); a job that ended says how,
     where the engine recorded it (:func:`how_it_ended`)."""
     client = connect(args.url)
-    queue = open_queue(client, args.queue, args.prefix)
-    info = queue.get(args.id, with_payload=args.payload)
+    queue = existing_queue(client, args.queue, args.prefix)
+    info = queue.get(args.id, with_payload=True)  # (for the task it names; printed with --payload)
     state, ended = info.state, ""
     if not info.exists:
         # info.queue: the partition that holds the id, for a partitioned queue
@@ -490,6 +524,9 @@ def cmd_job(args: argparse.Namespace) -> int:
         attempts = f"{info.attempts_made}/{info.max_attempts}"
         if info.state == "leased":
             attempts += f" (attempt {info.attempts_made} running)"
+        task = _task_of(info.payload)
+        if task:
+            rows.append(["task", task])
         rows += [["attempts", attempts], ["payload", f"{info.payload_bytes} bytes"]]
         by_state: dict[str, list[list[object]]] = {
             "scheduled": [["due in", _ms(info.due_ms - info.now_ms)]],
@@ -500,7 +537,7 @@ def cmd_job(args: argparse.Namespace) -> int:
         progress = queue.progress_of([info.id]).get(info.id) if info.state == "leased" else None
         if progress is not None:
             rows.append(["progress", f"{progress.value.decode('utf-8', 'replace')} ({_ms(info.now_ms - progress.written_ms)} ago)"])
-        if info.payload is not None:
+        if args.payload and info.payload is not None:
             rows.append(["payload bytes", info.payload.decode("utf-8", "replace")])
     if ended:
         rows.append(["ended", ended])
@@ -531,7 +568,10 @@ def cmd_events(args: argparse.Namespace) -> int:
     events (Queue.events) from --since (an event number, ``now`` or the oldest kept),
     and with --follow keep printing new ones until interrupted. Trimmed events a read
     skipped are reported on stderr."""
-    q = open_queue(connect(args.url), args.queue, args.prefix)
+    client = connect(args.url)
+    if args.create and args.keep is None:
+        raise InvalidArgument("--create goes with --keep N (opting a new queue in to its events)")
+    q = configured_queue(args, client) if args.keep is not None else existing_queue(client, args.queue, args.prefix)
     if args.keep is not None:
         setting = q.set_events(args.keep)
         was = f"kept {setting.previous}" if setting.previous else "was off"
@@ -556,6 +596,12 @@ def cmd_events(args: argparse.Namespace) -> int:
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, interrupt)
+    if not client.hget(q.spec.keys.counters, "events") and not q.events(None, 1).events:
+        # Not opted in and nothing kept: an empty answer (or a follow) would wait for
+        # events that are never written.
+        raise PyQueueError(
+            f"{args.queue} records no events (it has not opted in): pyqueue events {args.queue} --keep N opts it in"
+        )
     try:
         while True:
             page = q.events(since, args.count, block_ms=5_000 if args.follow else 0)
@@ -577,7 +623,7 @@ def cmd_flow_show(args: argparse.Namespace) -> int:
     from pyqueue.tasks.flowview import no_record_message, show_flow
 
     client = connect(args.url)
-    view = show_flow(client, open_queue(client, args.queue, args.prefix), args.id, prefix=args.prefix)
+    view = show_flow(client, existing_queue(client, args.queue, args.prefix), args.id, prefix=args.prefix)
     if view is None:
         print(no_record_message(args.queue, args.id))
         return 1
@@ -606,14 +652,22 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from prometheus_client import CollectorRegistry, start_http_server
+    try:
+        from prometheus_client import CollectorRegistry, start_http_server
+    except ImportError:
+        raise PyQueueError(
+            "pyqueue metrics needs the metrics extra (prometheus-client): pip install \"pyqueue-redis[metrics]\""
+        ) from None
 
     from pyqueue.ops.metrics import PyQueueCollector
 
     registry = CollectorRegistry()
     registry.register(PyQueueCollector(connect(args.url), queues=args.queue, prefix=args.prefix,
                                        namespaces=[args.namespace]))
-    server, _thread = start_http_server(args.port, addr=args.bind, registry=registry)
+    try:
+        server, _thread = start_http_server(args.port, addr=args.bind, registry=registry)
+    except OSError as exc:  # the port in use, or an address this host does not have
+        raise PyQueueError(f"cannot serve metrics on {args.bind}:{args.port}: {exc.strerror or exc}") from None
     print(f"serving pyqueue metrics on http://{args.bind}:{server.server_port}/metrics", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -645,20 +699,53 @@ def cmd_demo(args: argparse.Namespace) -> int:
         from pyqueue.dashboard import require_web_stack
 
         require_web_stack()
+        from pyqueue.dashboard.server import start_demo_dashboard
+
         return run_demo(url=args.url, prefix=args.prefix, jobs=args.jobs, workers=args.workers,
-                        dashboard_port=args.dashboard_port)
+                        dashboard=functools.partial(start_demo_dashboard, port=args.dashboard_port))
     return run_demo(url=args.url, prefix=args.prefix, jobs=args.jobs, workers=args.workers)
+
+
+def add_connection_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """The options every command shares. They are accepted before the command and after
+    it (``pyqueue --url U stats`` and ``pyqueue stats --url U``); a command's parser
+    sets them only when they are given there, so the top-level defaults stand."""
+
+    def default(value: object) -> object:
+        return value if defaults else argparse.SUPPRESS
+
+    parser.add_argument("--url", default=default(os.environ.get("PYQUEUE_URL", "embedded")),
+                        help="redis://, rediss://, unix://, redis+cluster:// or redis+sentinel://host:26379,.../service "
+                             "URL (a redis:// URL of a cluster node is found to be a cluster; README, Deploying), or "
+                             "'embedded' (default; env PYQUEUE_URL)")
+    parser.add_argument("--prefix", default=default("pq"), help="key prefix (default pq)")
+    parser.add_argument("--namespace", default=default(DEFAULT_NAMESPACE), help="service namespace (default workers)")
+    parser.add_argument("-v", "--verbose", action="store_true", default=default(False), help="debug logging")
+
+
+def commands(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every command's parser under ``parser``, nested ones (``flow show``) included."""
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in dict.fromkeys(action.choices.values()):  # aliases share a parser
+                found += [command, *commands(command)]
+    return found
+
+
+CREATE_HELP = "set this up on a queue that has not been used yet (else a queue name no one used is refused as a typo)"
+
+
+def configured_queue(args: argparse.Namespace, client: Client) -> Queue:
+    """The queue a configuring command (pause, limit, group-limit, events --keep) acts
+    on: one that exists, or with ``--create`` a queue not used yet (set up before its
+    first job)."""
+    return (open_queue if args.create else existing_queue)(client, args.queue, args.prefix)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pyqueue", description="An atomic job queue on Redis.")
-    parser.add_argument("--url", default=os.environ.get("PYQUEUE_URL", "embedded"),
-                        help="redis://, rediss://, unix://, redis+cluster:// or redis+sentinel://host:26379,.../service "
-                             "URL (a redis:// URL of a cluster node is found to be a cluster; README, Deploying), or "
-                             "'embedded' (default; env PYQUEUE_URL)")
-    parser.add_argument("--prefix", default="pq", help="key prefix (default pq)")
-    parser.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="service namespace (default workers)")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    add_connection_options(parser, defaults=True)
     parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}",
                         help="print the installed version (pyqueue-redis) and exit")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -671,16 +758,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--queue", action="append", help="queue to serve; repeat, highest priority first (a "
                    "function handler needs one; a Tasks object defaults to its tasks' queues)")
     p.add_argument("--queues", action="append", metavar="A,B", help="queues to serve, comma-separated (as -q)")
-    p.add_argument("--concurrency", type=int, default=1)
+    p.add_argument("--concurrency", type=int, default=1, metavar="N",
+                   help="handler threads per worker process (default 1)")
     p.add_argument("--prefetch", type=int, default=0, metavar="P",
                    help="hold up to P jobs leased ahead of the handler threads, so a busy worker never waits for a "
                         "lease's round trip (short jobs; default 0: none). A prefetched job waits for a free thread, "
                         "and that wait counts toward its time limit")
-    p.add_argument("--lease-ms", type=int, default=DEFAULT_LEASE_MS)
-    p.add_argument("--block-ms", type=int, default=10_000)
-    p.add_argument("--renew-ms", type=int, default=15_000)
-    p.add_argument("--expire-ms", type=int, default=DEFAULT_EXPIRE_MS)
-    p.add_argument("--grace-ms", type=int, default=30_000)
+    p.add_argument("--lease-ms", type=int, default=DEFAULT_LEASE_MS, metavar="MS",
+                   help=f"lease length; a running job's lease is extended every third of it (default {DEFAULT_LEASE_MS})")
+    p.add_argument("--block-ms", type=int, default=10_000, metavar="MS",
+                   help="longest blocking wait for work when idle (default 10000)")
+    p.add_argument("--renew-ms", type=int, default=15_000, metavar="MS",
+                   help="how often the worker renews its service registration and scrubs dead workers' leases "
+                        "(default 15000)")
+    p.add_argument("--expire-ms", type=int, default=DEFAULT_EXPIRE_MS, metavar="MS",
+                   help=f"a registration not renewed for this long is dead (default {DEFAULT_EXPIRE_MS})")
+    p.add_argument("--grace-ms", type=int, default=30_000, metavar="MS",
+                   help="on stop, how long running jobs may take before they are released to other workers "
+                        "(default 30000)")
     p.add_argument("--flow-check-ms", type=int, default=DEFAULT_FLOW_CHECK_MS,
                    help="how often a check of a waiting flow step is due again (default 10000; checks run on the "
                         "renewal tick)")
@@ -706,7 +801,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "@tasks.task(batch=N))")
     p.add_argument("--batch-wait-ms", type=int, default=None, metavar="MS",
                    help="with --batch: how long a short batch waits for more jobs before it runs (default 0)")
-    p.add_argument("--burst", action="store_true", help="drain the queues, then exit")
+    p.add_argument("--burst", action="store_true",
+                   help="exit once no job is ready, none runs and none is due within --block-ms (jobs scheduled "
+                        "later stay in their queues)")
     p.add_argument("--processes", type=int, metavar="N",
                    help="run N worker processes (each with --concurrency slots) under a supervisor that replaces a "
                         "dead one, scrubbing its leases at once; SIGHUP restarts them one by one")
@@ -763,6 +860,8 @@ def build_parser() -> argparse.ArgumentParser:
                           ("resume", "let a paused queue hand out jobs again")):
         p = sub.add_parser(command, help=text)
         p.add_argument("queue")
+        if command == "pause":
+            p.add_argument("--create", action="store_true", help=CREATE_HELP)
         p.set_defaults(func=cmd_pause)  # args.command names which (the subparsers' dest)
 
     p = sub.add_parser("limit", help="cap how fast a queue hands out jobs, across all workers (or: off)")
@@ -771,12 +870,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--burst", type=int, default=1,
                    help="leases at once after a quiet spell (default 1: evenly spaced, never more than COUNT "
                         "in any PERIOD)")
+    p.add_argument("--create", action="store_true", help=CREATE_HELP)
     p.set_defaults(func=cmd_limit)
 
     p = sub.add_parser("group-limit", help="cap how many jobs of one group run at once, for every group or one")
     p.add_argument("queue")
     p.add_argument("cap", help="a number of jobs; off (no cap); with --group also default (back to the default cap)")
     p.add_argument("--group", help="only this group (its own cap wins over the default)")
+    p.add_argument("--create", action="store_true", help=CREATE_HELP)
     p.set_defaults(func=cmd_group_limit)
 
     p = sub.add_parser("groups", help="groups with ready jobs: ready and running counts, caps, parked ones")
@@ -803,6 +904,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("events", help="a queue's event stream: print it, follow it, or opt in (--keep N)")
     p.add_argument("queue")
+    p.add_argument("--create", action="store_true", help="with --keep: " + CREATE_HELP)
     p.add_argument("--since", default=None,
                    help="print the events after this event number, or only new ones (now); default: from the "
                         "oldest kept")
@@ -856,6 +958,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(needs pyqueue-redis[dashboard])")
     p.add_argument("--dashboard-port", type=int, default=8080, help="the dashboard's port (default 8080; 0: any)")
     p.set_defaults(func=cmd_demo)
+    for each in commands(parser):
+        add_connection_options(each, defaults=False)
     return parser
 
 

@@ -19,7 +19,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import redis as redis_lib
 
@@ -27,7 +28,7 @@ from pyqueue.drivers.clients import Client, connect
 from pyqueue.drivers.queue import Queue
 from pyqueue.ops.service import Services
 from pyqueue.tasks import Tasks, current_job
-from pyqueue.worker.worker import Worker
+from pyqueue.worker import Worker
 
 QUEUES = ("demo-emails", "demo-reports")
 NAMESPACE = "demo"
@@ -94,12 +95,30 @@ class _Say:
             self.last_bar = pct
 
 
+class DashboardStarter(Protocol):
+    """Starts the demo's dashboard (the CLI passes
+    :func:`pyqueue.dashboard.server.start_demo_dashboard` with its port: this floor does
+    not import the dashboard's)."""
+
+    def __call__(
+        self, client: Client, *, url: str, prefix: str, queues: Sequence[str], namespace: str,
+        say: Callable[[str], None],
+    ) -> Lingering: ...
+
+
+class Lingering(Protocol):
+    """A started dashboard: serves until Ctrl-C once the demo has ended."""
+
+    def linger(self, say: Callable[[str], None]) -> None: ...
+
+
 def run_demo(
-    *, url: str = "embedded", prefix: str = "pq", jobs: int = 3000, workers: int = 3, dashboard_port: int | None = None
+    *, url: str = "embedded", prefix: str = "pq", jobs: int = 3000, workers: int = 3,
+    dashboard: DashboardStarter | None = None,
 ) -> int:
-    """Run the demo; returns 0 if every check passed. ``dashboard_port``: also serve the
-    dashboard there (on 127.0.0.1) from before the first enqueue until Ctrl-C after the
-    end, so its charts hold the whole run (needs the ``dashboard`` extra)."""
+    """Run the demo; returns 0 if every check passed. ``dashboard``: also serve the
+    dashboard (on 127.0.0.1) from before the first enqueue until Ctrl-C after the end,
+    so its charts hold the whole run (needs the ``dashboard`` extra)."""
     global _client
     say = _Say()
     client = connect(url)
@@ -108,17 +127,14 @@ def run_demo(
     queues = [Queue(name, client, prefix=prefix) for name in QUEUES]
     services = Services(client, namespace=NAMESPACE, prefix=prefix)
     for q in queues:  # a clean slate for the demo's own keys only
-        client.delete(*q.keys.all())
+        client.delete(*q.spec.keys.all())
     client.delete(executions_key(prefix))
     workers = max(2, workers)
 
     say.line(f"pyqueue demo on {'the embedded fakeredis' if url == 'embedded' else url}")
-    dashboard = None
-    if dashboard_port is not None:
-        from pyqueue.dashboard.server import start_demo_dashboard
-
-        dashboard = start_demo_dashboard(client, url=url, prefix=prefix, queues=QUEUES, namespace=NAMESPACE,
-                                         port=dashboard_port, say=say.line)
+    serving = None
+    if dashboard is not None:
+        serving = dashboard(client, url=url, prefix=prefix, queues=QUEUES, namespace=NAMESPACE, say=say.line)
     split = {QUEUES[0]: jobs * 2 // 3, QUEUES[1]: jobs - jobs * 2 // 3}
     tasks.bind(client, prefix=prefix)
     for start in range(0, split[QUEUES[0]], 500):
@@ -194,14 +210,14 @@ def run_demo(
     say.line("")
     for text, ok in checks:
         say.line(f"  [{'ok' if ok else 'FAILED'}] {text}")
-    if dashboard is not None:
-        dashboard.linger(say.line)
+    if serving is not None:
+        serving.linger(say.line)
     return 0 if all(ok for _, ok in checks) else 1
 
 
 def _held(client: Client, queues: list[Queue], owner: str) -> int:
     """How many leases ``owner`` holds in ``queues`` (from the owners index)."""
-    return sum(len(client.zrangebylex(q.keys.owners, f"[{owner}|", f"({owner}}}")) for q in queues)
+    return sum(len(client.zrangebylex(q.spec.keys.owners, f"[{owner}|", f"({owner}}}")) for q in queues)
 
 
 class _Workers:

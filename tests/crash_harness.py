@@ -83,7 +83,8 @@ TICK_PREFIX = "tick:"
 
 from pyqueue import DeadJob, NewJob, Queue, Stats  # noqa: E402
 from pyqueue.tasks import envelope  # noqa: E402
-from pyqueue.worker.worker import CRASH_POINTS  # noqa: E402
+from pyqueue.worker.crash import CRASH_POINTS  # noqa: E402
+from pyqueue.drivers.queue import transport_of
 
 PREFIX = "pq"
 
@@ -882,7 +883,7 @@ class Trial:
             return self.observe(q, ids, timed_out)
         finally:
             self.kill_all()
-            q.redis.close()
+            transport_of(q).client.close()
 
     def stop_survivors(self) -> None:
         """SIGTERM every live worker: a graceful stop (finish, release, deregister)."""
@@ -943,7 +944,7 @@ class Trial:
             runs = [_parse_log(x) for x in c.lrange(self.runs_key, 0, -1)]
             acks = [_parse_log(x) for x in c.lrange(self.acks_key, 0, -1)]
             keys = {k.decode(): c.type(k).decode() for k in c.scan_iter(count=1000)}
-            wake_members = [m.decode() for m in c.zrange(q.keys.wake, 0, -1)]
+            wake_members = [m.decode() for m in c.zrange(q.spec.keys.wake, 0, -1)]
             service_wakes = {k: [m.decode() for m in c.zrange(k, 0, -1)] for k, kind in keys.items()
                              if kind == "zset" and k.endswith(":wake") and ":service:" in k}
             states = queue_states(c, q)
@@ -970,7 +971,7 @@ def _parse_log(raw: bytes) -> tuple[str, int]:
 def queue_states(client: redis.Redis, q: Queue) -> dict[str, list[str]]:
     """Every job id found anywhere in the queue -> the states it is found in ([] for a
     record in no state). Reads each structure whole: fine for a few thousand jobs."""
-    k = q.keys
+    k = q.spec.keys
     c: Any = client  # redis-py's reply types are too loose to be useful here
     states: dict[str, list[str]] = {raw.decode(): [] for raw in c.hkeys(k.jobs)}
     for raw in c.lrange(k.ready, 0, -1):

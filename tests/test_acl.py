@@ -43,7 +43,8 @@ from pyqueue.protocol.keys import ServiceKeys
 from pyqueue.drivers.clients import check_server, forget_server_checks
 from pyqueue.drivers.scripts import SCRIPT_KEYS, lua_source
 from pyqueue.ops.service import Services
-from pyqueue.worker.worker import Retry, Worker
+from pyqueue.worker import Retry, Worker
+from pyqueue.drivers.queue import transport_of
 
 #: The recipe, as README.md gives it: queue ``emails``, service namespace ``workers``,
 #: prefix ``pq``. ``reset`` clears earlier rules (passwords, keys, channels, commands:
@@ -299,10 +300,10 @@ def test_a_producer_enqueues_pipelines_scripts_and_reads_stats(
     q.enqueue(b"later", job_id="later", delay_ms=60_000)
     root.script_flush()
     for transaction in (True, False):
-        pipe = q.redis.pipeline(transaction=transaction)
+        pipe = transport_of(q).client.pipeline(transaction=transaction)
         for i in range(3):
-            q.scripts.call(enqueue_call(q.keys, None, [(f"p{transaction}{i}", b"x", 0, 3, "", "")]), client=pipe)
-        q.scripts.call(stats_call(q.keys, None), client=pipe)
+            transport_of(q).call(enqueue_call(q.spec.keys, None, [(f"p{transaction}{i}", b"x", 0, 3, "", "")]), client=pipe)
+        transport_of(q).call(stats_call(q.spec.keys, None), client=pipe)
         replies = pipe.execute()
         assert [reply[0] for reply in replies[:3]] == [1, 1, 1]
     stats = q.stats()
@@ -318,9 +319,9 @@ def test_a_producer_cannot_take_or_delete_jobs(root: redis.Redis, login: Callabl
     before = dump_all(root)
     with pytest.raises(ScriptError, match="can't run this command"):
         q.lease()
-    for command in (("LPOP", q.keys.ready), ("HDEL", q.keys.jobs, "j"), ("DEL", q.keys.jobs)):
+    for command in (("LPOP", q.spec.keys.ready), ("HDEL", q.spec.keys.jobs, "j"), ("DEL", q.spec.keys.jobs)):
         with pytest.raises(redis.exceptions.NoPermissionError):
-            raw(q.redis, *command)
+            raw(transport_of(q).client, *command)
     assert dump_all(root) == before
 
 
@@ -347,7 +348,7 @@ def test_a_worker_serves_its_queue_end_to_end_under_its_acl_user(
         seen.setdefault(job.id, []).append(job)
         if job.id == "slow":
             time.sleep(1.0)  # more than three 300 ms leases: the heartbeat extends it
-            deadlines_while_running.append(root.zscore(setup.keys.leased, job.receipt) or 0)
+            deadlines_while_running.append(root.zscore(setup.spec.keys.leased, job.receipt) or 0)
         elif job.id == "fails":
             raise ValueError("no good")
         elif job.id == "retry" and job.attempt == 1:
@@ -425,9 +426,9 @@ def test_queue_from_url_with_a_producers_credentials_works_and_skips_the_server_
         try:
             assert q.enqueue(b"x").added
             forget_server_checks()
-            assert check_server(q.redis) == []
+            assert check_server(transport_of(q).client) == []
         finally:
-            q.redis.close()
+            transport_of(q).client.close()
     finally:
         root.config_set("maxmemory-policy", "noeviction")
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
@@ -537,31 +538,31 @@ def script_calls(root: redis.Redis) -> dict[str, tuple[str, Any, list[Any]]]:
     handles = busy_queue(q)
     now = T0 + 60
     calls: dict[str, tuple[str, Any, list[Any]]] = {
-        name: (script, q.keys, args) for name, (script, args) in calls_touching_every_key(q, handles).items()
+        name: (script, q.spec.keys, args) for name, (script, args) in calls_touching_every_key(q, handles).items()
     }
-    calls["scrub"] = ("scrub", q.keys, [now, q.owner, 100])
-    calls["peek"] = ("peek", q.keys, [now])
-    calls["get"] = ("get", q.keys, [now, "held", 1])  # a leased job: its lease is found with ZSCAN
-    calls["cancel"] = ("cancel", q.keys, [now, "held", 0])  # a leased job: its lease is found with ZSCAN
-    calls["limit"] = ("limit", q.keys, [50, 1000, 1])
-    calls["set_group_limit"] = ("set_group_limit", q.keys, ["g", 3])
-    calls["groups"] = ("groups", q.keys, [0, 10])
-    calls["pause"] = ("pause", q.keys, [now])
-    calls["resume"] = ("resume", q.keys, [now])  # after pause: it finds the queue paused
+    calls["scrub"] = ("scrub", q.spec.keys, [now, q.spec.owner, 100])
+    calls["peek"] = ("peek", q.spec.keys, [now])
+    calls["get"] = ("get", q.spec.keys, [now, "held", 1])  # a leased job: its lease is found with ZSCAN
+    calls["cancel"] = ("cancel", q.spec.keys, [now, "held", 0])  # a leased job: its lease is found with ZSCAN
+    calls["limit"] = ("limit", q.spec.keys, [50, 1000, 1])
+    calls["set_group_limit"] = ("set_group_limit", q.spec.keys, ["g", 3])
+    calls["groups"] = ("groups", q.spec.keys, [0, 10])
+    calls["pause"] = ("pause", q.spec.keys, [now])
+    calls["resume"] = ("resume", q.spec.keys, [now])  # after pause: it finds the queue paused
     q.flow_wait(NewJob(b"", job_id="w0"), [(QUEUE, "r0"), (QUEUE, "r1")], now_ms=T0)
-    calls["flow_wait"] = ("flow_wait", q.keys, [now, "w1", b"", 3, "", "", 1000, f"{QUEUE}\tr0"])
-    calls["flow_done"] = ("flow_done", q.keys, [now, "w0", "fail", 1000, f"{QUEUE}\tr0", "ok"])  # still waits
-    calls["flow_done_release"] = ("flow_done", q.keys, [now, "w0", "continue", 1000, f"{QUEUE}\tr0", "ok", f"{QUEUE}\tr1", "ok"])
+    calls["flow_wait"] = ("flow_wait", q.spec.keys, [now, "w1", b"", 3, "", "", 1000, f"{QUEUE}\tr0"])
+    calls["flow_done"] = ("flow_done", q.spec.keys, [now, "w0", "fail", 1000, f"{QUEUE}\tr0", "ok"])  # still waits
+    calls["flow_done_release"] = ("flow_done", q.spec.keys, [now, "w0", "continue", 1000, f"{QUEUE}\tr0", "ok", f"{QUEUE}\tr1", "ok"])
     q.flow_record("f0", b"{}", 1000, now_ms=T0)  # expired at now: the next record trims it
-    calls["flow_record"] = ("flow_record", q.keys, [now, "f1", b"{}", 60_000])
-    calls["flow_show"] = ("flow_show", q.keys, [now, "f1"])
+    calls["flow_record"] = ("flow_record", q.spec.keys, [now, "f1", b"{}", 60_000])
+    calls["flow_show"] = ("flow_show", q.spec.keys, [now, "f1"])
     # busy_queue's progress of 'poison' and 'held': this call's trim reads both and
     # moves them (their leases are still in `leased`), then writes 'held''s.
-    calls["progress"] = ("progress", q.keys, [now, handles["held"].receipt, b"{}"])
-    calls["progress_show"] = ("progress_show", q.keys, ["held", "poison"])
-    calls["set_events"] = ("set_events", q.keys, [10])  # busy_queue opted in with 1000: this trims
+    calls["progress"] = ("progress", q.spec.keys, [now, handles["held"].receipt, b"{}"])
+    calls["progress_show"] = ("progress_show", q.spec.keys, ["held", "poison"])
+    calls["set_events"] = ("set_events", q.spec.keys, [10])  # busy_queue opted in with 1000: this trims
     for state in ("ready", "scheduled", "running", "done"):
-        calls[f"browse_{state}"] = ("browse", q.keys, [now, state, 0, 10])
+        calls[f"browse_{state}"] = ("browse", q.spec.keys, [now, state, 0, 10])
     live = Services(root).register([QUEUE], now_ms=T0)
     ns = ServiceKeys("pq", NAMESPACE)
     calls["service_register"] = (
@@ -584,7 +585,7 @@ def test_every_script_run_by_a_role_either_runs_whole_or_is_refused_before_writi
     for variant, (script, keys, args) in calls.items():
         restore_all(root, snapshot)
         try:
-            q.scripts.run(script, keys, args)
+            transport_of(q).run(script, keys, args)
         except redis.RedisError as exc:
             assert is_permission_error(exc), f"{role} running {variant}: {exc}"
             assert dump_all(root) == snapshot, f"{role} running {variant} wrote before it was refused"

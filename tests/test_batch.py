@@ -23,9 +23,10 @@ from tasks_support import burst, job_state, wait_for
 
 from pyqueue import InvalidArgument, Job, NewJob, Queue, Result, Retry, TimeLimitExceeded
 from pyqueue.worker.aio import AsyncWorker
-from pyqueue.drivers.queue import QueueCore
+from pyqueue.protocol.plans import Bound, SingleQueue
+from pyqueue.protocol.verbs import consume
 from pyqueue.tasks import Fail, Tasks, current_batch
-from pyqueue.worker.worker import Worker
+from pyqueue.worker import Worker
 
 FAST = {"backoff_base_ms": 1, "backoff_cap_ms": 5, "block_ms": 100}
 
@@ -69,14 +70,15 @@ def lease_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, list[str]]]:
     """Every lease call (lua/lease.lua) made from here on: (receipts it acked, ids of
     the jobs it leased)."""
     calls: list[tuple[int, list[str]]] = []
-    original = QueueCore.plan_lease_call
+    original = consume.lease_call
 
-    def plan_lease_call(self: QueueCore, **kwargs: Any) -> Any:
-        leased = yield from original(self, **kwargs)
+    def lease_call(spec: Any, memory: Any, **kwargs: Any) -> Any:
+        leased = yield from original(spec, memory, **kwargs)
         calls.append((len(kwargs.get("ack", ())), [job.id for job in leased.jobs]))
         return leased
 
-    monkeypatch.setattr(QueueCore, "plan_lease_call", plan_lease_call)
+    monkeypatch.setattr(consume, "lease_call", lease_call)
+    monkeypatch.setattr(SingleQueue, "lease_call", Bound(lease_call))
     return calls
 
 

@@ -12,7 +12,7 @@ import redis
 
 from pyqueue import Cancelled, InvalidArgument, Job, NewJob, Outcome, Queue
 from pyqueue.worker.aio import AsyncWorker
-from pyqueue.worker.worker import Worker
+from pyqueue.worker import Worker
 
 ON_CLUSTER = True
 ASYNC_TOO = True
@@ -34,7 +34,7 @@ def test_each_state_is_cancelled_and_leaves_nothing_behind(q: Queue) -> None:
     ]
     for i in ("r", "s", "l", "d"):
         info = q.get(i, now_ms=T0 + 2)
-        assert (info.state, info.done_until_ms) == ("done", T0 + 1 + q.keep_done_ms)
+        assert (info.state, info.done_until_ms) == ("done", T0 + 1 + q.spec.keep_done_ms)
     s = q.stats(now_ms=T0 + 2)
     assert (s.ready, s.scheduled, s.leased, s.dead, s.cancelled) == (1, 0, 0, 0, 4)
     # The cancelled lease is no ack: acked is derived from how leases ended.
@@ -59,8 +59,8 @@ def test_a_cancelled_lease_cannot_be_acked_nacked_extended_or_reclaimed(q: Queue
 def test_a_cancelled_id_stays_a_duplicate_for_keep_done_ms(q: Queue) -> None:
     q.enqueue(b"", job_id="x", now_ms=T0)
     assert q.cancel("x", now_ms=T0).cancelled
-    assert not q.enqueue(b"", job_id="x", now_ms=T0 + q.keep_done_ms - 1).added
-    assert q.enqueue(b"", job_id="x", now_ms=T0 + q.keep_done_ms + 1).added
+    assert not q.enqueue(b"", job_id="x", now_ms=T0 + q.spec.keep_done_ms - 1).added
+    assert q.enqueue(b"", job_id="x", now_ms=T0 + q.spec.keep_done_ms + 1).added
 
 
 def test_a_second_cancel_and_an_unknown_id_change_nothing(q: Queue) -> None:

@@ -128,7 +128,8 @@ def test_events_command_opts_in_prints_reads_on_and_reports_trimmed_events(
     url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     q = Queue.from_url(url, "emails")
-    assert main(["--url", url, "events", "emails", "--keep", "3"]) == 0
+    assert main(["--url", url, "events", "emails", "--keep", "3"]) == 2  # no queue emails yet: a typo?
+    assert main(["--url", url, "events", "emails", "--keep", "3", "--create"]) == 0
     assert "keeps the newest 3 events" in capsys.readouterr().out
     q.enqueue(b"x", job_id="j1")
     (job,) = q.lease()
@@ -251,9 +252,14 @@ def test_demo_on_the_embedded_server_checks_its_invariants(capsys: pytest.Captur
 
 
 def test_python_dash_m_pyqueue_runs_the_command(url: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "pyqueue", "--url", url, "stats", "nothing"],
+    Queue.from_url(url, "something").enqueue(b"x")
+    done = subprocess.run([sys.executable, "-m", "pyqueue", "--url", url, "stats", "something"],
                           capture_output=True, timeout=60)
-    assert done.returncode == 0 and b"nothing" in done.stdout
+    assert done.returncode == 0 and b"something" in done.stdout
+    # A name no one used is refused as a typo, naming the queues there.
+    done = subprocess.run([sys.executable, "-m", "pyqueue", "--url", url, "stats", "somethng"],
+                          capture_output=True, timeout=60)
+    assert done.returncode == 2 and b"no queue 'somethng'" in done.stderr and b"something" in done.stderr
 
 
 def test_table_aligns_columns() -> None:

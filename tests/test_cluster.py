@@ -23,7 +23,7 @@ from pyqueue.drivers.clients import bytes_client, primaries
 from pyqueue.drivers.queue import peek_many
 from pyqueue.ops.service import Services
 from pyqueue.drivers.waiting import slot_groups
-from pyqueue.worker.worker import EXIT_OK, Worker
+from pyqueue.worker import EXIT_OK, Worker
 
 
 def on_distinct_primaries(client: RedisCluster, count: int) -> list[str]:
@@ -68,7 +68,7 @@ def test_every_verb_works_on_queues_spread_over_the_primaries(cluster: RedisClus
         assert [d.id for d in q.dead_list().jobs] == ["b"] and q.dead_replay(["b"]) == 1
         (again,) = q.lease(lease_ms=60_000)
         assert q.release([again]) == [Outcome.OK]
-        assert q.scrub(q.owner).scrubbed == 0
+        assert q.scrub(q.spec.owner).scrubbed == 0
         assert q.promote().promoted == 0
         stats = q.stats()
         assert (stats.ready, stats.scheduled, stats.acked, stats.dead, stats.done) == (1, 1, 1, 0, 1)
@@ -189,7 +189,7 @@ def test_a_script_call_in_a_slot_held_half_migrated_waits_it_out_and_runs_once(c
     assert result["enqueued"].added and result["took_s"] >= 2.0
     stats = q.stats()
     assert (stats.ready, stats.enqueued) == (2, 2)  # ran exactly once, on the new primary
-    assert cluster.get_node_from_key(q.keys.jobs).redis_connection.cluster("myid") == target_id
+    assert cluster.get_node_from_key(q.spec.keys.jobs).redis_connection.cluster("myid") == target_id
 
 
 @pytest.mark.parametrize("jobs", [300])

@@ -36,7 +36,7 @@ from redis.crc import key_slot
 from pyqueue import Job, NewJob, Outcome, Queue
 from pyqueue.drivers.clients import connect, is_cluster
 from pyqueue.protocol.errors import PyQueueError
-from pyqueue.worker.worker import EXIT_OK, Worker
+from pyqueue.worker import EXIT_OK, Worker
 
 PRELOADED = 1000  # jobs in the queue before the worker starts
 PRODUCED = 2000  # jobs the producer enqueues while the fault happens
@@ -372,7 +372,7 @@ def test_a_worker_follows_a_sigkilled_primarys_promoted_replica_and_everything_t
         # had not reached the replica. Count, do not hide.
         ids = run.preloaded + run.producer.answered
         never_ran = [i for i in ids if run.tally.runs[i] == 0]
-        still_there = [i for i in never_ran if run.client.hexists(run.queue.keys.jobs, i)]
+        still_there = [i for i in never_ran if run.client.hexists(run.queue.spec.keys.jobs, i)]
         ran_twice = sorted(i for i, n in run.tally.runs.items() if n > 1)
         acked_twice = {i: run.tally.ok_times[i] for i, n in run.tally.oks.items() if n > 1}
         # An OK answered by the killed primary whose write never reached the replica is an

@@ -22,7 +22,8 @@ from conftest import RedisServer, require_redis_server
 from crash_harness import Config, Observations, check_trial, run
 
 from pyqueue import DeadJob, NewJob, Queue, Stats
-from pyqueue.worker.worker import CRASH_POINTS, Worker
+from pyqueue.worker import Worker
+from pyqueue.worker.crash import CRASH_POINTS
 
 DEEP = os.environ.get("PYQUEUE_DEEP") == "1"
 SIZE = (

@@ -21,7 +21,7 @@ def ids(jobs: list[Any]) -> list[str]:
 
 def running(q: Queue, r: Any, group: str) -> int:
     """The group's running count as the scripts keep it (r:<group> in `groups`)."""
-    value = r.hget(q.keys.groups, f"r:{group}")
+    value = r.hget(q.spec.keys.groups, f"r:{group}")
     return int(value) if value is not None else 0
 
 
@@ -80,9 +80,9 @@ def test_a_group_cap_overrides_the_default_and_raising_a_cap_wakes_the_parked_gr
     q.enqueue_many([NewJob(b"", job_id=f"s{i}", group="small") for i in range(3)], now_ms=T0)
     q.enqueue_many([NewJob(b"", job_id=f"g{i}", group="big") for i in range(5)], now_ms=T0)
     assert ids(q.lease(count=10, now_ms=T0)) == ["s0", "g0", "g1", "g2"]
-    r.delete(q.keys.wake)
+    r.delete(q.spec.keys.wake)
     assert q.set_group_limit(2) is True  # small gets a second slot at once, and workers are woken
-    assert r.zscore(q.keys.wake, "wake") is not None
+    assert r.zscore(q.spec.keys.wake, "wake") is not None
     assert ids(q.lease(count=10, now_ms=T0)) == ["s1"]
     assert q.set_group_limit(None, group="big") is True  # big falls back to the default, 2
     assert q.lease(count=10, now_ms=T0) == []
@@ -123,7 +123,7 @@ def test_a_scrubbed_lease_gives_its_slot_back(q: Queue, r: Any) -> None:
     q.enqueue_many([NewJob(b"", job_id=f"j{i}", group="G") for i in range(2)], now_ms=T0)
     (job,) = q.lease(count=2, now_ms=T0)
     assert running(q, r, "G") == 1
-    scrubbed = q.scrub(q.owner, now_ms=T0)
+    scrubbed = q.scrub(q.spec.owner, now_ms=T0)
     assert scrubbed.scrubbed == 1 and running(q, r, "G") == 0
     assert ids(q.lease(count=2, now_ms=T0)) == [job.id]  # back at the head of its group
 
@@ -133,7 +133,7 @@ def test_a_cancelled_ready_job_leaves_its_group_and_meta_goes_with_the_job(q: Qu
     assert q.cancel("a", now_ms=T0).state == "ready"
     (b,) = q.lease(count=5, now_ms=T0)
     assert q.ack(b, now_ms=T0) is Outcome.OK
-    assert r.hlen(q.keys.meta) == 0 and r.zcard(q.keys.gready) == 0
+    assert r.hlen(q.spec.keys.meta) == 0 and r.zcard(q.spec.keys.gready) == 0
 
 
 def test_a_dead_job_keeps_its_group_and_a_replay_puts_it_back_in_its_group(q: Queue, r: Any) -> None:
@@ -160,9 +160,9 @@ def test_a_queue_without_groups_or_priorities_writes_no_fair_scheduling_key(q: Q
     q.enqueue_many([NewJob(b"", job_id=f"j{i}") for i in range(3)], now_ms=T0)
     jobs = q.lease(count=3, now_ms=T0)
     q.ack_many(jobs, now_ms=T0)
-    for key in (q.keys.meta, q.keys.gready, q.keys.ring, q.keys.groups):
+    for key in (q.spec.keys.meta, q.spec.keys.gready, q.spec.keys.ring, q.spec.keys.groups):
         assert r.exists(key) == 0
-    assert r.hget(q.keys.counters, "fair") is None
+    assert r.hget(q.spec.keys.counters, "fair") is None
 
 
 def test_tasks_carry_group_and_priority_from_the_task_or_the_send(r: Any) -> None:
@@ -183,7 +183,7 @@ def test_tasks_carry_group_and_priority_from_the_task_or_the_send(r: Any) -> Non
     charge.options(priority=5, group="vip").send(3, 0)
     jobs = q.lease(count=10)
     # One job of each account at once (cap 1), VIP's own group included.
-    assert sorted(r.hget(q.keys.meta, job.id).decode().split("|")[2] for job in jobs) == ["acct-1", "acct-2", "vip"]
+    assert sorted(r.hget(q.spec.keys.meta, job.id).decode().split("|")[2] for job in jobs) == ["acct-1", "acct-2", "vip"]
     with pytest.raises(InvalidArgument):
         charge.options(group="a|b")
     with pytest.raises(InvalidArgument):
@@ -207,7 +207,7 @@ def test_a_group_function_gets_the_arguments_by_name_however_the_call_gave_them(
     sent = [deliver.send(7, "https://a"), deliver.send(account_id=8, url="https://b"), deliver.send(9, url="https://c"),
             only_positional.send(1, 2, 3)]
     q = tasks.queue("default")
-    assert [r.hget(q.keys.meta, s.id).decode().split("|")[2] for s in sent] == ["acct-7", "acct-8", "acct-9", "g-1-2"]
+    assert [r.hget(q.spec.keys.meta, s.id).decode().split("|")[2] for s in sent] == ["acct-7", "acct-8", "acct-9", "g-1-2"]
 
 
 def test_the_cap_holds_in_the_handlers_own_log_with_8_threads_and_a_killed_worker(r: Any) -> None:
@@ -218,7 +218,7 @@ def test_the_cap_holds_in_the_handlers_own_log_with_8_threads_and_a_killed_worke
     import time
     from collections import Counter
 
-    from pyqueue.worker.worker import Worker
+    from pyqueue.worker import Worker
 
     q = Queue("capped", r)
     q.set_group_limit(2)
@@ -266,4 +266,4 @@ def test_the_cap_holds_in_the_handlers_own_log_with_8_threads_and_a_killed_worke
             assert running[group] <= 2, f"{group} had {running[group]} jobs running at once (cap 2)"
         ran = {job for _, job, step in log if step == 1}
     assert ran == {f"{g}-{i}" for g in groups for i in range(40)}
-    assert all(r.hget(q.keys.groups, f"r:{g}") in (None, b"0") for g in groups)
+    assert all(r.hget(q.spec.keys.groups, f"r:{g}") in (None, b"0") for g in groups)

@@ -8,7 +8,7 @@ import pytest
 
 from pyqueue import InvalidArgument, Worker
 from pyqueue.protocol.models import Job
-from pyqueue.worker.batch import BatchSpec
+from pyqueue.worker.handler import BatchSpec
 from pyqueue.worker.handler import PLAIN, DeclaredHandler, HandlerSpec, spec_of
 
 

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from pyqueue import InvalidArgument, NewJob, Queue
-from pyqueue.worker.worker import Worker
+from pyqueue.worker import Worker
 
 ON_CLUSTER = True
 ASYNC_TOO = True

@@ -47,7 +47,7 @@ import pytest
 import redis
 from conftest import Blocking, require_redis_server
 from crash_harness import RedisProcess
-from helpers import T0, contents
+from helpers import T0, contents, sibling
 from proxy import Fault, FaultProxy, Rule, evalsha_of
 
 from pyqueue.protocol.core import service_register_call, service_renew_call
@@ -56,7 +56,7 @@ from pyqueue.aio import AsyncQueue
 from pyqueue import EventsSetting, Job, Leased, NewJob, Outcome, OutcomeUnknown, Queue, ServiceLost, connect
 from pyqueue.drivers.scripts import SCRIPT_KEYS, lua_source
 from pyqueue.ops.service import Service, Services
-from pyqueue.worker.worker import Worker
+from pyqueue.worker import Worker
 
 NOW = T0 + 60
 #: A late reply: the client gives up after SHORT_TIMEOUT_S; the proxy answers after LATE_S.
@@ -202,7 +202,7 @@ CASES: dict[str, Case] = {
     "set_group_limit": Case("set_group_limit", lambda q, s, w: q.set_group_limit(3), replayed=lambda a: False),
     "groups": Case("groups", lambda q, s, w: q.groups()),
     "pause": Case("pause", lambda q, s, w: q.pause(now_ms=NOW), replayed=lambda a: False),
-    "resume": Case("resume", lambda q, s, w: q.physical("held").resume(now_ms=NOW), replayed=lambda a: False),
+    "resume": Case("resume", lambda q, s, w: sibling(q, "held").resume(now_ms=NOW), replayed=lambda a: False),
     "get": Case("get", lambda q, s, w: q.get("j0", with_payload=True, now_ms=NOW)),
     "flow_wait": Case(
         "flow_wait", lambda q, s, w: q.flow_wait(NewJob(b"w", job_id="w1"), [("q", "r1")], now_ms=NOW),

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pyqueue import NewJob, Queue
 from pyqueue.ops.metrics import COUNTERS, STATES, PyQueueCollector
 from pyqueue.ops.service import Services
-from pyqueue.worker.worker import Worker
+from pyqueue.worker import Worker
 
 #: Also on the Redis Cluster backend (conftest.BACKENDS).
 ON_CLUSTER = True
@@ -61,7 +61,7 @@ def test_every_counter_and_state_matches_stats_with_prometheus_names_and_types(r
             assert samples[("pyqueue_jobs", (("queue", queue.name), ("state", state)))] == getattr(stats, state)
         # Lag grows with the server clock: read at the scrape, before these stats.
         assert 0 <= families["pyqueue_lag_seconds"][1][("pyqueue_lag_seconds", labels)] <= stats.lag_ms / 1000
-        assert families["pyqueue_partitions"][1][("pyqueue_partitions", labels)] == queue.partitions
+        assert families["pyqueue_partitions"][1][("pyqueue_partitions", labels)] == queue.spec.partitions
     # A partitioned queue once, as its sum: its partitions are not reported again.
     assert not any("orders#" in str(key) for _, samples in families.values() for key in samples)
     assert families["pyqueue_acked"][1][("pyqueue_acked_total", (("queue", "emails"),))] == 1

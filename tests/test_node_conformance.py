@@ -77,7 +77,7 @@ from pyqueue.drivers.scripts import CONTRACT_VERSION
 from pyqueue.ops.service import Services
 from pyqueue.tasks import Backoff, EnvelopeError, Task, TaskDead, Tasks, chord, current_job, envelope
 from pyqueue.tasks.codec import canonical, from_json, to_json
-from pyqueue.worker.worker import Worker
+from pyqueue.worker import Worker
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent

@@ -23,7 +23,8 @@ import redis
 from pyqueue import InvalidArgument, NotReplicated, OutcomeUnknown, Queue, ScriptError, ScriptNotLoaded
 from pyqueue.aio import AsyncQueue
 from pyqueue.drivers.scripts import NOSCRIPT_RELOADS, lua_source
-from pyqueue.worker.worker import EXIT_OK, Worker
+from pyqueue.worker import EXIT_OK, Worker
+from pyqueue.drivers.queue import transport_of
 from conftest import Blocking, async_client
 
 #: Also on the Redis Cluster backend (conftest.BACKENDS), and a test that takes
@@ -262,7 +263,7 @@ def test_a_load_answered_with_another_sha1_is_a_clear_error(
     """SCRIPT LOAD answers the SHA1 of the bytes it received: another one than the
     file's means they were changed on the way (lua/README.md section 1.1)."""
     q, _ = make_queue(-1)
-    client = q.scripts.client if driver == "sync" else q.scripts._target.client
+    client = transport_of(q).client if driver == "sync" else transport_of(q)._target.client
     if driver == "sync":
         client.script_load = lambda source: "0" * 40
     else:

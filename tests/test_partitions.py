@@ -21,9 +21,13 @@ from pyqueue import InvalidArgument, Job, NewJob, Outcome, Queue
 from pyqueue.cli import main
 from pyqueue.drivers.partitioned import PartitionedQueue
 from pyqueue.drivers.queue import partition_of
-from pyqueue.worker.worker import PARTITION_STREAK, Worker
+from pyqueue.worker import Worker
 
 #: Also on the Redis Cluster backend (conftest.BACKENDS).
+from pyqueue.worker.executor import PARTITION_STREAK
+
+from pyqueue.drivers.facade import plans_of
+from helpers import queue_parts
 ON_CLUSTER = True
 #: And on the async driver too (conftest.Blocking).
 ASYNC_TOO = True
@@ -56,7 +60,7 @@ def test_a_jobs_partition_is_crc16_xmodem_of_its_id_modulo_k() -> None:
 
 def test_partitions_are_queues_of_their_own_hash_tags(r: Any) -> None:
     q = Queue("orders", r, partitions=K)
-    assert isinstance(q, PartitionedQueue) and [p.name for p in q.parts] == ["orders#0", "orders#1", "orders#2"]
+    assert isinstance(plans_of(q), PartitionedQueue) and [p.name for p in queue_parts(q)] == ["orders#0", "orders#1", "orders#2"]
     q.enqueue_many([NewJob(b"", job_id=i) for ids in ids_per_partition(1).values() for i in ids])
     keys = {k.decode() for k in all_keys(r)}
     assert {f"pq:{{orders#{p}}}:jobs" for p in range(K)} <= keys
@@ -76,7 +80,7 @@ def test_every_verb_works_across_partitions_with_per_job_uniqueness(r: Any) -> N
     leased: list[Job] = list(jobs)
     while len(leased) < len(ids):
         leased += q.lease(count=10, lease_ms=60_000)
-    assert sorted(j.id for j in leased) == sorted(ids) and {j.queue for j in leased} == {p.name for p in q.parts}
+    assert sorted(j.id for j in leased) == sorted(ids) and {j.queue for j in leased} == {p.name for p in queue_parts(q)}
     assert [e.outcome for e in q.extend(leased, 120_000)] == [Outcome.OK] * len(ids)
     first, second, rest = leased[0], leased[1], leased[2:]
     assert q.nack(first, "boom").state == "dead" and q.release([second]) == [Outcome.OK]
@@ -87,7 +91,7 @@ def test_every_verb_works_across_partitions_with_per_job_uniqueness(r: Any) -> N
     assert q.dead_replay() == 1 and q.dead_purge([first.id]) == 0
     stats = q.stats()
     assert (stats.ready, stats.acked, stats.dead, stats.released, stats.nacked) == (2, len(rest), 0, 1, 1)
-    assert q.promote().promoted == 0 and q.scrub(q.owner).scrubbed == 0
+    assert q.promote().promoted == 0 and q.scrub(q.spec.owner).scrubbed == 0
 
 
 def test_lease_rotates_over_partitions_so_none_waits(r: Any) -> None:

@@ -9,7 +9,7 @@ import time
 import redis
 
 from pyqueue import NewJob, Outcome, Queue
-from pyqueue.worker.worker import Worker
+from pyqueue.worker import Worker
 
 ON_CLUSTER = True
 ASYNC_TOO = True

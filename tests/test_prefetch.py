@@ -25,7 +25,7 @@ import redis
 from pyqueue import InvalidArgument, Job, NewJob, Queue
 from pyqueue.worker.aio import AsyncWorker
 from pyqueue.cli import main
-from pyqueue.worker.worker import Worker
+from pyqueue.worker import Worker
 
 #: Leases extended every 200 ms: a cancel reaches the worker within that.
 LEASE_MS = 600

@@ -16,6 +16,7 @@ from redis.cluster import RedisCluster
 
 from pyqueue import InvalidArgument, Job, JobResult, NewJob, Outcome, Queue, Result
 from pyqueue.protocol.core import MAX_RESULT_BYTES, decode_result, encode_result
+from pyqueue.drivers.queue import transport_of
 
 ON_CLUSTER = True
 ASYNC_TOO = True
@@ -87,7 +88,7 @@ def test_at_most_max_results_are_kept_the_oldest_expiring_go_first(q: Queue, r: 
         q.ack_result(job, i, result_ttl_ms=10_000 + i, max_results=4, now_ms=T0 + i)
     kept = [i for i in range(6) if q.result(f"j{i}", now_ms=T0 + 10).state == "ok"]
     assert kept == [2, 3, 4, 5]
-    assert r.hlen(q.keys.results) == 4 and r.zcard(q.keys.result_expiry) == 4
+    assert r.hlen(q.spec.keys.results) == 4 and r.zcard(q.spec.keys.result_expiry) == 4
 
 
 def test_expired_results_are_deleted_by_later_acks(q: Queue, r: redis.Redis) -> None:
@@ -96,7 +97,7 @@ def test_expired_results_are_deleted_by_later_acks(q: Queue, r: redis.Redis) -> 
     q.ack_result(a, "a", result_ttl_ms=10, now_ms=T0)
     q.ack_result(b, "b", result_ttl_ms=10, now_ms=T0)
     q.ack_result(c, "c", result_ttl_ms=10, now_ms=T0 + 100)  # a's and b's time is up
-    assert r.hkeys(q.keys.results) == [b"j2"]
+    assert r.hkeys(q.spec.keys.results) == [b"j2"]
 
 
 def test_bad_results_are_refused_before_anything_is_sent(q: Queue) -> None:
@@ -177,7 +178,7 @@ def test_wait_result_answers_done_for_a_job_that_ended_without_a_trace(q: Queue,
     q.enqueue(b"", job_id="x")
     (job,) = q.lease()
     # keep_done_ms=0: the ack leaves no tombstone, so the id reads "unknown" afterwards
-    acker = later(0.3, r, lambda other: Queue(other.name, other.redis, keep_done_ms=0).ack(job))
+    acker = later(0.3, r, lambda other: Queue(other.name, transport_of(other).client, keep_done_ms=0).ack(job))
     got = q.wait_result("x", 10_000)
     acker.join(10)
     assert got.state == "done" and q.result("x").state == "unknown"
@@ -225,7 +226,7 @@ def test_wait_result_sees_a_death_by_lease_expiry_within_a_slice(q: Queue, r: re
 
 
 def test_a_worker_keeps_results_when_asked(r: redis.Redis) -> None:
-    from pyqueue.worker.worker import Worker
+    from pyqueue.worker import Worker
 
     q = Queue("w", r)
     q.enqueue_many([NewJob(b"2", job_id="plain"), NewJob(b"3", job_id="wrapped")])
@@ -242,7 +243,7 @@ def test_a_worker_keeps_results_when_asked(r: redis.Redis) -> None:
 
 
 def test_a_worker_keeps_no_results_unless_asked_but_a_handler_may(r: redis.Redis) -> None:
-    from pyqueue.worker.worker import Worker
+    from pyqueue.worker import Worker
 
     q = Queue("w", r)
     q.enqueue_many([NewJob(b"", job_id="plain"), NewJob(b"", job_id="wrapped")])
@@ -254,7 +255,7 @@ def test_a_worker_keeps_no_results_unless_asked_but_a_handler_may(r: redis.Redis
 
 
 def test_a_result_that_cannot_be_stored_fails_the_job(r: redis.Redis) -> None:
-    from pyqueue.worker.worker import Worker
+    from pyqueue.worker import Worker
 
     q = Queue("w", r)
     q.enqueue(b"", job_id="odd", max_attempts=1)

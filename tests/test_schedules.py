@@ -37,7 +37,7 @@ from pyqueue.ops.schedules import (
     window_ms,
 )
 from pyqueue.ops.service import Services
-from pyqueue.worker.worker import Worker
+from pyqueue.worker import Worker
 
 TESTS = Path(__file__).resolve().parent
 KEEP = 300_000  # the default keep_done_ms

@@ -42,7 +42,7 @@ from pyqueue.drivers.clients import (
     reset_default_clients,
 )
 from pyqueue.tasks import Tasks
-from pyqueue.worker.worker import EXIT_OK, Worker
+from pyqueue.worker import EXIT_OK, Worker
 
 PRELOADED = 300  # jobs in the queue before the worker starts
 PRODUCED = 600  # jobs a producer thread enqueues while the fault happens
@@ -134,7 +134,7 @@ def test_every_entry_point_reaches_the_master_through_the_sentinels(
     q = Queue("q", connect(url))
     assert q.enqueue(b"a", job_id="j1").added
     assert Queue.from_url(url, "q").enqueue(b"b", job_id="j2").added
-    assert master.hlen(q.keys.jobs) == 2
+    assert master.hlen(q.spec.keys.jobs) == 2
     # The CLI's --url
     assert main(["--url", url, "enqueue", "q", "c", "--id", "j3"]) == 0
     assert main(["--url", url, "stats", "q"]) == 0

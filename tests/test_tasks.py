@@ -40,7 +40,7 @@ from pyqueue.tasks import (
     TaskOptions,
     current_job,
 )
-from pyqueue.worker.worker import Worker
+from pyqueue.worker import Worker
 
 FAST = {"backoff_base_ms": 1, "backoff_cap_ms": 5}
 

@@ -296,7 +296,7 @@ def test_a_task_that_keeps_sending_itself_stops_at_max_jobs() -> None:
 
 def test_drain_does_not_take_a_retry_the_task_asked_for_as_an_error_but_an_unknown_task_is_one() -> None:
     from pyqueue import Retry
-    from pyqueue.tasks.dispatch import Undeliverable
+    from pyqueue.tasks.run import Undeliverable
 
     tasks = Tasks()
     polls: list[int] = []

@@ -341,7 +341,7 @@ def test_a_task_is_stopped_at_its_limit_even_when_the_nack_fails(
     handle = spin.send()
     next_job.send()
     serving = serve(tasks, concurrency=1, lease_ms=1_000)
-    queue = serving.worker._by_name["default"]
+    queue = serving.worker.served.by_name["default"]
     real_nack = queue.nack
 
     def failing_nack(*args: Any, **kwargs: Any) -> Any:
@@ -433,7 +433,7 @@ def test_a_plain_handler_that_calls_sys_exit_fails_its_job_and_the_worker_goes_o
     import sys
 
     from pyqueue import Queue
-    from pyqueue.worker.worker import Worker
+    from pyqueue.worker import Worker
 
     q = Queue("exits", r)
     q.enqueue(b"x", job_id="bye", max_attempts=1)

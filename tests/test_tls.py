@@ -25,7 +25,7 @@ from redis.connection import SSLConnection
 from pyqueue import InvalidArgument, Job, NewJob, Outcome, OutcomeUnknown, Queue, TLSError, connect
 from pyqueue.aio import AsyncQueue
 from pyqueue.cli import main
-from pyqueue.worker.worker import EXIT_OK, Worker
+from pyqueue.worker import EXIT_OK, Worker
 
 
 @pytest.fixture

@@ -33,7 +33,8 @@ from pyqueue.drivers.scripts import lua_source
 from pyqueue import InvalidArgument, Job, NewJob, Outcome, Queue
 from pyqueue.ops.service import Services
 import pyqueue.worker.fetch as fetch_module
-from pyqueue.worker.worker import EXIT_MISCONFIGURED, EXIT_OK, EXIT_REGISTRATION_LOST, Retry, Worker
+from pyqueue.worker import EXIT_MISCONFIGURED, EXIT_OK, EXIT_REGISTRATION_LOST, Retry, Worker
+from pyqueue.drivers.queue import transport_of
 
 #: Also on the Redis Cluster backend (conftest.BACKENDS).
 ON_CLUSTER = True
@@ -252,10 +253,10 @@ def test_an_idle_worker_reclaims_a_lease_that_expired_after_it_went_to_sleep(
     q = Queue("q", r, owner="a-worker-that-died-unregistered")
     # In one transaction, so the worker neither takes the job nor wakes: a job enqueued
     # and leased (200 ms) by a worker that then died without a registration.
-    pipe = node_for_key(r, q.keys.jobs).pipeline(transaction=True)  # one slot: fine on a cluster
-    q.scripts.call(enqueue_call(q.keys, None, [("j", b"", 0, 5, "", "")]), client=pipe)
-    q.scripts.call(lease_call(q.keys, None, q.owner, "c1", 1, 200, 100, 0), client=pipe)
-    pipe.delete(q.keys.wake)
+    pipe = node_for_key(r, q.spec.keys.jobs).pipeline(transaction=True)  # one slot: fine on a cluster
+    transport_of(q).call(enqueue_call(q.spec.keys, None, [("j", b"", 0, 5, "", "")]), client=pipe)
+    transport_of(q).call(lease_call(q.spec.keys, None, q.spec.owner, "c1", 1, 200, 100, 0), client=pipe)
+    pipe.delete(q.spec.keys.wake)
     pipe.execute()
     assert q.stats().leased == 1
     assert ran.wait(5), "the expired lease was never reclaimed by the idle worker"

@@ -57,10 +57,11 @@ from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from pyqueue.protocol.version import VERSION
 from pyqueue.tasks.handle import SentTask
 from pyqueue.tasks.middleware import HookOutcome, Middleware, Sending
-from pyqueue.tasks.dispatch import TaskRun
-from pyqueue.worker.worker import error_text
+from pyqueue.tasks.run import TaskRun
+from pyqueue.worker.endings import error_text
 
 #: ``messaging.system``: this library (see the module docstring).
 SYSTEM = "pyqueue"
@@ -78,10 +79,8 @@ class Tracing(Middleware):
 
     def __init__(self, tracer_provider: trace.TracerProvider | None = None,
                  propagator: TextMapPropagator | None = None) -> None:
-        from pyqueue import __version__
-
         self.tracer_provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
-        self.tracer = trace.get_tracer("pyqueue.contrib.otel", __version__, tracer_provider=self.tracer_provider)
+        self.tracer = trace.get_tracer("pyqueue.contrib.otel", VERSION, tracer_provider=self.tracer_provider)
         self.propagator = propagator if propagator is not None else TraceContextTextMapPropagator()
 
     def around_send(self, message: Sending) -> Generator[None, HookOutcome[SentTask[Any]], None]:

@@ -155,10 +155,14 @@ def default_url() -> str:
         _announce("embedded", f"{URL_VARIABLE}={url}: using the embedded in-process server (fakeredis)")
         return "embedded"
     if not url:
+        # A WARNING (on stderr too, when the application configured no logging): a
+        # producer that forgot the variable sends to a server no worker can see.
         _announce(
             "embedded",
-            f"no {URL_VARIABLE}: using the embedded in-process server (fakeredis); "
-            f"set {URL_VARIABLE} to share queues between processes",
+            f"no {URL_VARIABLE}: using the embedded in-process server (fakeredis), which no other process sees "
+            f"(a worker elsewhere will not get these jobs); set {URL_VARIABLE}=redis://host:6379/0 to share queues "
+            "between processes",
+            logging.WARNING,
         )
         return "embedded"
     scheme, sep, _ = url.partition("://")
@@ -208,13 +212,13 @@ def reset_default_clients() -> None:
         client.close()
 
 
-def _announce(key: str, message: str) -> None:
-    """Log ``message`` at INFO unless the choice ``key`` was announced before."""
+def _announce(key: str, message: str, level: int = logging.INFO) -> None:
+    """Log ``message`` (at INFO by default) unless the choice ``key`` was announced before."""
     with _default_lock:
         if key in _default_announced:
             return
         _default_announced.add(key)
-    log.info(message)
+    log.log(level, message)
 
 
 def redact_url(url: str) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pyqueue.drivers.clients import Client, node_for_key, primaries
+from pyqueue.protocol.errors import InvalidArgument
 from pyqueue.protocol.keys import QueueKeys
 from pyqueue.drivers.queue import Queue, physical_queue
 
@@ -47,5 +48,24 @@ def logical_queues(client: Client, prefix: str, names: Sequence[str] | None = No
     """The queues named (default: every queue found), each partitioned one once as a
     logical queue, its partitions not repeated."""
     queues = [open_queue(client, name, prefix) for name in (names or discover_queues(client, prefix))]
-    partitions = {part.name for q in queues for part in getattr(q, "parts", [])}
+    partitions = {part.name for q in queues if q.spec.partitions > 1 for part in q.spec.partition_specs()}
     return [q for q in queues if q.name not in partitions]
+
+
+def existing_queue(client: Client, name: str, prefix: str) -> Queue:
+    """:func:`open_queue` of a queue that exists: one that was ever used has a
+    ``counters`` hash. For tools that change a queue by the name a person typed, so that
+    a typo is refused instead of creating a queue no worker serves.
+
+    Raises:
+        InvalidArgument: no queue ``name`` under ``prefix``; the message names those there.
+    """
+    counters = QueueKeys(prefix, name).counters
+    if not node_for_key(client, counters).exists(counters):
+        known = [n for n in discover_queues(client, prefix) if "#" not in n]
+        there = f"the queues there: {', '.join(known[:20])}" + (", ..." if len(known) > 20 else "") if known else "none is"
+        raise InvalidArgument(
+            f"no queue {name!r} under prefix {prefix!r} (a queue exists once something was enqueued to it or a "
+            f"worker served it); {there}"
+        )
+    return open_queue(client, name, prefix)

@@ -4,7 +4,7 @@ job per tick, and each tick is enqueued exactly once however many workers do so.
 ::
 
     from pyqueue.ops.schedules import Schedule
-    from pyqueue.worker.worker import Worker
+    from pyqueue.worker import Worker
 
     Worker(["reports"], handle, schedules=[
         Schedule("report", "reports", cron="0 * * * *"),     # at the top of every hour (UTC)
@@ -74,6 +74,7 @@ from cronsim import CronSim, CronSimError
 from pyqueue.protocol.core import as_payload, check_int
 from pyqueue.protocol.errors import InvalidArgument, PyQueueError
 from pyqueue.protocol.keys import check_name
+from pyqueue.drivers.facade import parts_of
 from pyqueue.drivers.queue import Queue
 
 log = logging.getLogger("pyqueue.ops.schedules")
@@ -304,7 +305,7 @@ def check_schedules(schedules: Sequence[Schedule], queues: Sequence[str], keep_d
 def server_now_ms(queue: Queue) -> int:
     """The server clock of ``queue``'s node, in ms: one read-only ``peek`` call (of its
     first partition, for a partitioned queue)."""
-    part: Queue = getattr(queue, "parts", [queue])[0]
+    part: Queue = parts_of(queue)[0]
     return part.peek().now_ms
 
 

@@ -47,6 +47,10 @@ class CancelFlag:
     def is_set(self) -> bool:
         return self._flag
 
+    def __bool__(self) -> bool:
+        """Whether the flag is set (``if job.cancelled:`` reads as ``is_set()``)."""
+        return self._flag
+
     def set(self) -> None:
         self._flag = True
         event = self._event

@@ -22,15 +22,14 @@ from pyqueue.tasks.middleware import Hook as MiddlewareHook, hook_of
 from pyqueue.tasks.policy import Duration, TaskOptions, TaskOptionsDict, app_defaults, task_options
 from pyqueue.tasks.serving import TaskServing
 from pyqueue.tasks.task import BatchTask, Task
-from pyqueue.worker.batch import MAX_BATCH_WAIT_MS, BatchSpec
-from pyqueue.worker.worker import seconds_to_ms
+from pyqueue.tasks.testing import TaskTesting
+from pyqueue.worker.handler import MAX_BATCH_WAIT_MS, BatchSpec
+from pyqueue.worker.endings import seconds_to_ms
 
 if sys.version_info >= (3, 11):
     from typing import Unpack
 elif TYPE_CHECKING:
     from typing_extensions import Unpack
-if TYPE_CHECKING:
-    from pyqueue.tasks.testing import TaskTesting
 
 log = logging.getLogger("pyqueue.tasks")
 
@@ -223,13 +222,21 @@ class Tasks(TaskServing):
 
     def on_worker_start(self, hook: Hook) -> Hook:
         """Run ``hook()`` (plain or ``async def``) once in each worker process before it
-        leases its first job; an exception stops the worker before it registers."""
-        self.on_start.append(hook)
+        leases its first job; an exception stops the worker before it registers.
+
+        Raises:
+            InvalidArgument: ``hook`` cannot be called without arguments.
+        """
+        self.on_start.append(_no_argument_hook(hook, "on_worker_start"))
         return hook
 
     def on_worker_stop(self, hook: Hook) -> Hook:
-        """Run ``hook()`` once in each worker process after its last job ended."""
-        self.on_stop.append(hook)
+        """Run ``hook()`` once in each worker process after its last job ended.
+
+        Raises:
+            InvalidArgument: ``hook`` cannot be called without arguments.
+        """
+        self.on_stop.append(_no_argument_hook(hook, "on_worker_stop"))
         return hook
 
     @property
@@ -301,8 +308,6 @@ class Tasks(TaskServing):
     @contextmanager
     def testing(self, **options: Any) -> Iterator[TaskTesting]:
         """An isolated embedded server for the block (see :mod:`pyqueue.tasks.testing`)."""
-        from pyqueue.tasks.testing import TaskTesting
-
         with TaskTesting(self, **options) as t:
             yield t
 
@@ -320,6 +325,28 @@ def _check_name(name: object) -> None:
     """
     if not isinstance(name, str) or not TASK_NAME.fullmatch(name):
         raise InvalidArgument(f"task name must be 1..{MAX_NAME_BYTES} characters of [A-Za-z0-9_.:<>-], got {name!r}")
+
+
+def _no_argument_hook(hook: Hook, where: str) -> Hook:
+    """``hook``, checked to be callable without arguments, as the worker calls it (an
+    arq-style ``startup(ctx)`` is refused here, not when a worker starts).
+
+    Raises:
+        InvalidArgument: it is not callable, or needs an argument.
+    """
+    if not callable(hook):
+        raise InvalidArgument(f"{where} takes a function, got {type(hook).__name__}")
+    try:
+        inspect.signature(hook).bind()
+    except TypeError:
+        name = getattr(hook, "__name__", repr(hook))
+        raise InvalidArgument(
+            f"{where} hook {name} takes arguments, but is called with none (arq passes a ctx dict; here, keep "
+            f"what it would hold in module state or a closure): def {name}() -> None"
+        ) from None
+    except ValueError:  # no signature to read (a builtin): called as it is
+        pass
+    return hook
 
 
 def _batch_spec(batch: object, batch_wait: Duration | None) -> BatchSpec | None:

@@ -25,9 +25,8 @@ lease of its first job; at the limit the heartbeat ends every job still running 
 
 from __future__ import annotations
 
-import contextvars
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pyqueue.protocol.errors import InvalidArgument
 from pyqueue.protocol.models import Job, Result
@@ -36,14 +35,29 @@ from pyqueue.worker.batch_endings import outcomes_of
 from pyqueue.worker.slots import LimitEnding, Slot, TimeLimitExceeded, current_slot
 from pyqueue.tasks import envelope
 from pyqueue.tasks.codec import to_json
-from pyqueue.tasks.middleware import Chain
+from pyqueue.tasks.middleware import Chain, Hook
 from pyqueue.tasks.policy import TaskOptions
-from pyqueue.tasks.dispatch import TaskRun, Undeliverable
-from pyqueue.worker.worker import Fail, Retry, error_text
+from pyqueue.tasks.run import TaskRun, Undeliverable, batch_var
+from pyqueue.tasks.task import BatchTask
+from pyqueue.worker import Fail, Retry
+from pyqueue.worker.endings import error_text
 
-if TYPE_CHECKING:
-    from pyqueue.tasks.dispatch import Dispatcher
-    from pyqueue.tasks.task import BatchTask
+
+class Endings(Protocol):
+    """What a batch needs of the dispatcher it runs for (a
+    :class:`~pyqueue.tasks.dispatch.Dispatcher`, declared above this module): its run
+    hooks, and how it decides a job's policy and ending, as for a single run."""
+
+    @property
+    def run_hooks(self) -> tuple[Hook, ...]: ...
+
+    def options_for(self, task: BatchTask[Any, Any], env: envelope.Envelope, slot: Slot | None) -> TaskOptions: ...
+
+    def resume(self, chain: Chain[TaskRun, object], run: TaskRun, opts: TaskOptions, value: object,
+               error: BaseException | None, ending: object) -> object: ...
+
+    def hook_failure(self, error: BaseException, opts: TaskOptions, job: Job) -> Retry | Fail: ...
+
 
 class BatchRun(TaskRun):
     """A job of a batch task's batch (``in_batch``)."""
@@ -52,27 +66,10 @@ class BatchRun(TaskRun):
     in_batch = True
 
 
-_current_batch: contextvars.ContextVar[list[TaskRun]] = contextvars.ContextVar("pyqueue_current_batch")
-
-
-def current_batch() -> list[TaskRun]:
-    """The jobs of the batch this code runs in, in the order of the items the batch task
-    was called with (each with its id, attempt, fence, enqueue time, deadline and
-    ``cancelled``), from the task's function or anything it calls, sync or async.
-
-    Raises:
-        LookupError: called outside a running batch task.
-    """
-    try:
-        return list(_current_batch.get())
-    except LookupError:
-        raise LookupError("current_batch() is called outside a running batch task") from None
-
-
 class BatchDispatch:
     """The batch tasks of a dispatcher, by queue (see the module docstring)."""
 
-    def __init__(self, dispatcher: Dispatcher, tasks: Mapping[str, BatchTask[Any, Any]]) -> None:
+    def __init__(self, dispatcher: Endings, tasks: Mapping[str, BatchTask[Any, Any]]) -> None:
         self.dispatcher = dispatcher
         self.by_queue: dict[str, BatchTask[Any, Any]] = {}
         for task in tasks.values():
@@ -130,7 +127,7 @@ class BatchDispatch:
             self.limit(task, slot, runs, policies)
         error: BaseException | None = None
         returned: object = None
-        token = _current_batch.set(runs)
+        token = batch_var.set(runs)
         try:
             if task.is_async:
                 if slot is None:
@@ -148,7 +145,7 @@ class BatchDispatch:
             # SystemExit as in a single run: the function's failure, not the worker's end.
             error = exc
         finally:
-            _current_batch.reset(token)
+            batch_var.reset(token)
         results = outcomes_of(returned, error, len(items))
         for position, run, opts, outcome in zip(positions, runs, policies, results):
             out[position] = self.outcome(task, run.job, opts, outcome)
@@ -222,6 +219,6 @@ class BatchDispatch:
 
 
 async def _in_batch(runs: list[TaskRun], coroutine: Any) -> Any:
-    """Await a batch task's coroutine with :func:`current_batch` set (it runs on the loop's thread)."""
-    _current_batch.set(runs)  # this task's own context copy: nothing to reset
+    """Await a batch task's coroutine with :func:`~pyqueue.tasks.run.current_batch` set (it runs on the loop's thread)."""
+    batch_var.set(runs)  # this task's own context copy: nothing to reset
     return await coroutine

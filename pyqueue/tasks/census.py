@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
+from pyqueue.drivers.facade import client_of
 from pyqueue.protocol.errors import PyQueueError
 from pyqueue.ops.service import ServiceInfo
 from pyqueue.tasks import envelope
@@ -30,14 +31,14 @@ def waiting_tasks(queue: Any, sample: int = DEFAULT_SAMPLE) -> Counter[str]:
     its partitions for a partitioned one), with how many of the sampled jobs name each.
     Jobs that are not task envelopes are left out."""
     names: Counter[str] = Counter()
-    for part in getattr(queue, "parts", [queue]):
-        redis = part.redis
+    redis = client_of(queue)
+    for part in queue.spec.partition_specs():
         ids: list[Any] = list(redis.lrange(part.keys.ready, 0, sample - 1))
         ids += list(redis.zrange(part.keys.scheduled, 0, sample - 1))
         for raw in ids:
             job_id = raw.decode() if isinstance(raw, bytes) else str(raw)
             try:
-                info = part.get(job_id, with_payload=True)
+                info = queue.get(job_id, with_payload=True)  # in the id's partition
                 if info.payload is None:
                     continue  # leased or acked meanwhile
                 names[envelope.decode(info.payload).task] += 1

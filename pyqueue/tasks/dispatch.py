@@ -27,216 +27,27 @@ result (:mod:`pyqueue.tasks.batch`): the worker runs its queue in batches
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from pyqueue.protocol.errors import InvalidArgument
 from pyqueue.protocol.models import Job, Result
 from pyqueue.worker.handler import HandlerSpec
 from pyqueue.worker.slots import LimitEnding, Slot, TimeLimitExceeded, current_slot
 from pyqueue.tasks import envelope
+from pyqueue.tasks.batch import BatchDispatch
 from pyqueue.tasks.codec import to_json
+from pyqueue.tasks.flows import report_end, send_children, take_input
 from pyqueue.tasks.middleware import Chain, Hook, HookOutcome, MiddlewareError, hook_of, run_ending
 from pyqueue.tasks.policy import TaskOptions, qualified_name
-from pyqueue.worker.worker import Fail, Retry, error_text, is_async_handler
-
-if TYPE_CHECKING:
-    from pyqueue.tasks.task import BatchTask, Task
+from pyqueue.tasks.run import TaskRun, Undeliverable, job_var
+from pyqueue.tasks.task import BatchTask, Task
+from pyqueue.worker import Fail, Retry
+from pyqueue.worker.endings import error_text
+from pyqueue.worker.executor import is_async_handler
 
 log = logging.getLogger("pyqueue.tasks")
-
-
-class TaskRun:
-    """The running task job, as :func:`current_job` returns it. (A plain class with
-    slots, not a dataclass: one is made per job, on the worker's hot path.)"""
-
-    __slots__ = ("job", "task", "enqueued_ms", "deadline_ms", "meta", "children", "app")
-
-    #: Whether it runs in a batch task's batch, with other jobs (``current_batch()``).
-    in_batch = False
-
-    def __init__(
-        self, job: Job, task: str, enqueued_ms: int | None, deadline_ms: int | None, meta: Mapping[str, Any],
-        app: Any = None,
-    ) -> None:
-        self.job = job
-        #: The Tasks object running it (its connection reports progress).
-        self.app = app
-        self.task = task
-        #: When it was sent, on the server clock (ms); None if the producer did not say.
-        self.enqueued_ms = enqueued_ms
-        #: The time limit's deadline on the server clock (ms); None without a limit.
-        self.deadline_ms = deadline_ms
-        self.meta = meta
-        #: What :meth:`spawn` and :meth:`then` asked for: (steps, callback, policy).
-        self.children: tuple[list[Any], Any, str] | None = None
-
-    def __repr__(self) -> str:
-        return f"TaskRun(id={self.job.id!r}, task={self.task!r}, attempt={self.job.attempt})"
-
-    @property
-    def id(self) -> str:
-        return self.job.id
-
-    @property
-    def queue(self) -> str:
-        return self.job.queue
-
-    @property
-    def attempt(self) -> int:
-        """1 on the first run, counting every failed or expired lease before."""
-        return self.job.attempt
-
-    @property
-    def max_attempts(self) -> int:
-        return self.job.max_attempts
-
-    @property
-    def fence(self) -> int:
-        """The lease's fence: pass it to stores that must reject a zombie's writes."""
-        return self.job.fence
-
-    @property
-    def enqueued_at(self) -> datetime | None:
-        return None if self.enqueued_ms is None else datetime.fromtimestamp(self.enqueued_ms / 1000, timezone.utc)
-
-    @property
-    def deadline(self) -> datetime | None:
-        return None if self.deadline_ms is None else datetime.fromtimestamp(self.deadline_ms / 1000, timezone.utc)
-
-    @property
-    def cancelled(self) -> bool:
-        """Whether its end is decided without it: cancelled, lease lost, or time limit."""
-        return self.job.cancelled.is_set()
-
-    def progress(self, value: Any) -> bool:
-        """Report how far this run is: ``value`` (JSON data, at most 4096 bytes encoded,
-        e.g. ``{"done": 40, "of": 100}``) replaces the run's previous one, and shows
-        (``SentTask.progress()``, ``Queue.progress_of``, ``pyqueue job QUEUE ID``) while
-        this lease runs. Fenced (lua/progress.lua): returns False, and stores nothing, once
-        this run's lease has ended (cancelled, expired, time limit): a sign to stop. One
-        round trip; from an ``async def`` task, ``await`` :meth:`aprogress` instead.
-
-        Raises:
-            InvalidArgument: not JSON data, or more than 4096 bytes encoded.
-        """
-        return bool(_progress_queue(self.app, self.job.queue).progress(self.job, self._progress_bytes(value)))
-
-    async def aprogress(self, value: Any) -> bool:
-        """:meth:`progress` on the asyncio client, for ``async def`` tasks (in a thread
-        on the blocking client where the Tasks object has no asyncio one: it was given
-        a cluster client, from which it makes no other)."""
-        data = self._progress_bytes(value)
-        try:
-            queue = _progress_queue(self.app, self.job.queue, use_asyncio=True)
-        except ClientUnavailable:
-            blocking = _progress_queue(self.app, self.job.queue)
-            return bool(await asyncio.to_thread(blocking.progress, self.job, data))
-        return bool(await queue.progress(self.job, data))
-
-    def _progress_bytes(self, value: Any) -> bytes:
-        from pyqueue.tasks.codec import dumps
-        from pyqueue.protocol.verbs.progress import MAX_PROGRESS_BYTES
-
-        data = dumps(to_json(value, f"{self.task} progress")).encode("utf-8")
-        if len(data) > MAX_PROGRESS_BYTES:
-            raise InvalidArgument(f"{self.task}: progress is at most {MAX_PROGRESS_BYTES} bytes as JSON, got {len(data)}")
-        return data
-
-    def spawn(self, *steps: Any) -> None:
-        """Add children to this run: task calls (``fn.s(...)``), chains or groups. They
-        are sent together, as one flow of their own, when the task's function returns
-        (before its ack); a run that raises sends none. Their ids are derived from this
-        job's, so a run that is retried (its worker died after the send) sends them
-        again as duplicates: each child runs once. See :meth:`then`."""
-        if not steps:
-            raise InvalidArgument("spawn() takes at least one task call, chain or group")
-        kids, callback, policy = self.children or ([], None, "fail")
-        self.children = ([*kids, *steps], callback, policy)
-
-    def then(self, callback: Any, *, on_failure: str = "fail") -> None:
-        """Run ``callback`` (a task call) once every child spawned by this run has ended,
-        with the list of their results as its first argument (as a chord's callback:
-        :mod:`pyqueue.tasks.flows`, whose ``on_failure`` rules apply)."""
-        kids, _, _ = self.children or ([], None, "fail")
-        self.children = (kids, callback, on_failure)
-
-
-#: Per (Tasks object, physical queue, driver): the queue object progress is reported
-#: through (one per queue, not one per report).
-_progress_queues: dict[tuple[int, str, bool], Any] = {}
-
-
-class ClientUnavailable(InvalidArgument):
-    """The Tasks object cannot make the asyncio client progress would be sent on."""
-
-
-def _progress_queue(app: Any, queue: str, use_asyncio: bool = False) -> Any:
-    """The queue object of the physical queue ``queue`` (a partition's own name for a
-    partitioned queue) on ``app``'s blocking or asyncio client.
-
-    Raises:
-        ClientUnavailable: ``use_asyncio``, and ``app`` has no asyncio client to give.
-    """
-    if app is None:
-        raise InvalidArgument("progress is reported from a task run by a worker (current_job())")
-    key = (id(app), queue, use_asyncio)
-    found = _progress_queues.get(key)
-    if use_asyncio:
-        try:
-            client = app.connection.aredis
-        except InvalidArgument as exc:
-            raise ClientUnavailable(str(exc)) from None
-    else:
-        client = app.redis
-    if found is None or found.redis is not client:
-        from pyqueue.aio import AsyncQueue
-        from pyqueue.drivers.queue import Queue
-
-        found = (AsyncQueue if use_asyncio else Queue)(queue, client, prefix=app.prefix)
-        found._partitions_checked = True  # the physical queue, named by the job itself
-        _progress_queues[key] = found
-    return found
-
-
-def send_children(app: Any, run: TaskRun) -> None:
-    """Send what ``run`` spawned (:meth:`TaskRun.spawn`): pyqueue.tasks.flows."""
-    from pyqueue.tasks.flows import send_children as send
-
-    send(app, run)
-
-
-_current: contextvars.ContextVar[TaskRun] = contextvars.ContextVar("pyqueue_current_job")
-
-
-def current_job() -> TaskRun:
-    """The task job this code runs in (its id, task name, attempt, enqueue time and
-    deadline), from a task function or anything it calls, sync or async.
-
-    Raises:
-        LookupError: called outside a running task.
-    """
-    try:
-        return _current.get()
-    except LookupError:
-        from pyqueue.tasks.batch import _current_batch
-
-        if _current_batch.get(None) is not None:
-            raise LookupError("current_job() is called in a batch task: current_batch() has its jobs") from None
-        raise LookupError("current_job() is called outside a running task") from None
-
-
-class Undeliverable(Retry):
-    """A job this worker cannot run as a task: an unknown task name, an envelope it cannot
-    read, options that do not resolve. Retried with the worker's backoff (another worker
-    may run it), dead at max_attempts with the reason as its error; never acked."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason=reason)
 
 
 class Dispatcher:
@@ -269,10 +80,8 @@ class Dispatcher:
         self.needs_event_loop = any(t.is_async for t in tasks.values()) or (
             raw is not None and is_async_handler(raw)
         )
-        from pyqueue.tasks.batch import BatchDispatch  # it builds on this module
-
         #: The batch tasks, by queue (each holds its task's jobs only).
-        self.batches = BatchDispatch(self, {n: cast("BatchTask[Any, Any]", t) for n, t in tasks.items() if t.batch})
+        self.batches = BatchDispatch(self, {n: cast(BatchTask[Any, Any], t) for n, t in tasks.items() if t.batch})
         for name, task in tasks.items():
             batch_task = self.batches.by_queue.get(task.policy.queue)
             if batch_task is not None and batch_task is not task:
@@ -302,11 +111,9 @@ class Dispatcher:
         if task is None:
             raise Undeliverable(f"unknown task {env.task!r}")
         if task.batch is not None:  # a BatchTask
-            return self.run_alone(cast("BatchTask[Any, Any]", task), job)
+            return self.run_alone(cast(BatchTask[Any, Any], task), job)
         flow = env.meta.get("flow")
         if flow is not None and "input" in flow:  # a flow's step that waited: its input
-            from pyqueue.tasks.flows import take_input
-
             env = take_input(task.app, env, flow)
         opts = self.options_for(task, env, slot)
         enqueued_ms = env.enqueued_ms
@@ -317,7 +124,7 @@ class Dispatcher:
         run = TaskRun(job, task.name, enqueued_ms, deadline_ms, env.meta, task.app)
         if self.run_hooks:
             return self.run_around(task, opts, env, slot, run)
-        token = _current.set(run)
+        token = job_var.set(run)
         try:
             # A sync task is called here, not through _call: one call less per job.
             value = _call(task, env, slot, run) if task.is_async else task.fn(*env.args, **env.kwargs)
@@ -331,7 +138,7 @@ class Dispatcher:
             # (KeyboardInterrupt is not: in drain's thread it is the user's Ctrl-C.)
             raise self.failure(task, opts, env, job, exc)  # its cause: exc
         finally:
-            _current.reset(token)
+            job_var.reset(token)
         return None if opts.keep_result_ms is None else self.result(task, opts, value)
 
     def handler_spec(self) -> HandlerSpec:
@@ -355,8 +162,6 @@ class Dispatcher:
         OK: a flow step's end is reported to the steps waiting for it
         (:func:`pyqueue.tasks.flows.report_end`). Other jobs cost one substring test."""
         if b'"flow"' in job.payload:
-            from pyqueue.tasks.flows import report_end
-
             task = self.tasks.get(envelope.decode(job.payload).task)
             if task is not None:
                 report_end(task.app, job, how)
@@ -404,7 +209,7 @@ class Dispatcher:
         error: BaseException | None = chain.enter(self.run_hooks, run)
         value: object = None
         if error is None:
-            token = _current.set(run)
+            token = job_var.set(run)
             try:
                 value = _call(task, env, slot, run)
                 if run.children is not None:
@@ -412,7 +217,7 @@ class Dispatcher:
             except BaseException as exc:  # every exception: the hooks see it, then as above
                 error = exc
             finally:
-                _current.reset(token)
+                job_var.reset(token)
         ending: object
         if error is None:
             try:
@@ -528,5 +333,5 @@ def _call(task: Task[Any, Any], env: envelope.Envelope, slot: Slot | None, run: 
 
 async def _in_context(run: TaskRun, coroutine: Any) -> Any:
     """Await a task's coroutine with :func:`current_job` set (it runs on the loop's thread)."""
-    _current.set(run)  # this task's own context copy: nothing to reset
+    job_var.set(run)  # this task's own context copy: nothing to reset
     return await coroutine

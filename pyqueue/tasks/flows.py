@@ -1,4 +1,6 @@
-"""Workflows of tasks: chains, groups and chords, kept in Redis (DESIGN section 14).
+"""Task calls and the workflows made of them: :class:`Signature` (``fn.s(...)``: one call,
+checked and encoded, not yet sent; what ``send_many`` takes), and chains, groups and
+chords of calls, kept in Redis (DESIGN section 14).
 
 ``chain(a.s(1), b.s(), c.s())`` runs each step after the one before, **its result
 passed as the first argument** of the next (Celery's rule; ``.si(...)`` makes a step
@@ -42,30 +44,71 @@ by its id from any process (:mod:`pyqueue.tasks.flowview`). No step needs it to 
 from __future__ import annotations
 
 import copy
+import difflib
 import hashlib
+import inspect
 import json
 import secrets
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Union
+from typing import Any, Protocol, Union
 
+from pyqueue.drivers.clients import Client
+from pyqueue.protocol.core import new_id
 from pyqueue.protocol.errors import InvalidArgument
 from pyqueue.protocol.models import Job, NewJob
-from pyqueue.drivers.queue import Queue, physical_queue
+from pyqueue.drivers.facade import client_of
+from pyqueue.drivers.queue import Queue, partition_name, partition_of, physical_queue
 from pyqueue.tasks import envelope
-from pyqueue.tasks.codec import from_json
+from pyqueue.tasks.codec import canonical, from_json, to_json, to_json_args
 from pyqueue.tasks.flowview import RECORD_VERSION, FlowView, show_flow, step_states
-from pyqueue.tasks.handle import ResultTimeout, TaskDead, TaskResultMissing
-from pyqueue.tasks.middleware import Sending, enter_sends, resume_sends
-from pyqueue.tasks import sending
+from pyqueue.tasks.handle import QueueSource, ResultTimeout, SentTask, TaskDead, TaskResultMissing
+from pyqueue.tasks.middleware import RESERVED_META, Hook, Sending, TaskInfo, enter_sends, resume_sends
+from pyqueue.tasks.policy import TaskOptions
 from pyqueue.protocol.verbs.flows import DEFAULT_FLOW_CHECK_MS, POLICIES
-from pyqueue.worker.worker import Fail
+from pyqueue.worker import Fail
 
-if TYPE_CHECKING:
-    from pyqueue.tasks.app import Tasks
-    from pyqueue.tasks.task import Signature
+
+class Sender(QueueSource, Protocol):
+    """What calls and flows use of the Tasks object their tasks belong to (a
+    :class:`~pyqueue.tasks.Tasks`, declared above this module): its send hooks, its
+    queues, its client and the server's clock."""
+
+    @property
+    def send_hooks(self) -> tuple[Hook, ...]: ...
+
+    @property
+    def redis(self) -> Client: ...
+
+    @property
+    def prefix(self) -> str: ...
+
+    def server_now_ms(self) -> int: ...
+
+
+class TaskLike(TaskInfo, Protocol):
+    """What a call and a flow use of their task (a :class:`~pyqueue.tasks.Task`,
+    declared above this module)."""
+
+    @property
+    def app(self) -> Sender: ...
+
+    @property
+    def signature(self) -> inspect.Signature: ...
+
+    @property
+    def positional_arity(self) -> int: ...
+
+    @property
+    def argument_where(self) -> str: ...
+
+    @property
+    def encode_envelope(self) -> envelope.Encoder: ...
+
+    @property
+    def batch(self) -> object: ...
 
 #: Each step of a flow keeps its result at least this long (seconds): the steps waiting
 #: for it read it when they run.
@@ -81,6 +124,169 @@ SEP = "\t"
 
 #: A reference to the result(s) a step takes: one job's, or a list (a group's).
 Spec = Union[str, list["Spec"]]
+
+
+def unfit_arguments(signature: inspect.Signature, kwargs: dict[str, Any]) -> str:
+    """Why ``kwargs`` cannot be bound, when a keyword names no parameter: that keyword,
+    and the parameter it may be a misspelling of (Python's own message would name the
+    parameter left missing instead: ``widht=640`` reads as "missing 'width'"). '' when
+    every keyword names a parameter, or the function takes ``**kwargs``."""
+    params = signature.parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return ""
+    named = [n for n, p in params.items() if p.kind is not inspect.Parameter.POSITIONAL_ONLY]
+    for key in kwargs:
+        if key not in named:
+            close = difflib.get_close_matches(key, named, n=1)
+            return f"unexpected keyword argument {key!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+    return ""
+
+
+class Signature:
+    """One call of a task, checked and encoded, not yet sent: ``fn.s(*args, **kwargs)``.
+    ``send_many`` takes a list of them."""
+
+    def __init__(
+        self, task: TaskLike, args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions,
+        partial: bool = False,
+    ) -> None:
+        bound: inspect.BoundArguments | None = None
+        #: Its arguments fit only with one more before them: a flow's step that takes the
+        #: result before it as its first argument (``partial``: made by ``fn.s``).
+        self.awaits_input = False
+        self.args: list[Any]
+        self.kwargs: dict[str, Any]
+        if not kwargs and len(args) == task.positional_arity:
+            # Every parameter given by position: bound as given, which is what bind
+            # returns (bind costs more than the rest of a send's Python; unique=True
+            # binds when it needs to).
+            self.args, self.kwargs = list(args), {}
+        else:
+            try:
+                bound = task.signature.bind(*args, **kwargs)
+            except TypeError as exc:
+                try:
+                    if not partial:
+                        raise
+                    task.signature.bind(None, *args, **kwargs)
+                except TypeError:
+                    raise TypeError(f"{task.name}: {unfit_arguments(task.signature, kwargs) or exc}") from None
+                self.awaits_input = True
+            self.args, self.kwargs = (list(bound.args), dict(bound.kwargs)) if bound else (list(args), dict(kwargs))
+        self.task, self.options = task, options
+        #: Made with ``.si``: as a flow's step, it does not take the result before it.
+        self.immutable = False
+        self.json_args = to_json_args(self.args, task.argument_where)
+        self.json_kwargs = to_json(self.kwargs, task.argument_where) if self.kwargs else {}
+        self._bound = bound
+
+    def job_id(self) -> str:
+        """The job id this call is sent under: its ``job_id`` option's, else
+        ``unique``'s, else a random one (128 bits in hex, as the engine draws them:
+        :func:`pyqueue.protocol.core.new_id`)."""
+        if self.options.job_id is not None:
+            return self.options.job_id
+        unique = self.options.unique
+        if unique is None or unique is False:
+            return new_id()
+        if unique is True:
+            # The task and its arguments, canonically: the same call is the same job,
+            # whether an argument was given by position or keyword, or left to its
+            # default, and whatever the order of a dict's keys.
+            call = self.with_defaults()
+            try:
+                args, kwargs = to_json(list(call.args)), to_json(call.kwargs)
+            except InvalidArgument:  # a default that does not travel: the call as given
+                args, kwargs = self.json_args, self.json_kwargs
+            digest = hashlib.sha256(canonical([self.task.name, args, kwargs]).encode()).hexdigest()
+            return f"{self.task.name}:{digest[:32]}"
+        job_id = self.call_by_name(unique)
+        if not isinstance(job_id, str):
+            raise InvalidArgument(f"{self.task.name}: unique must return the job id as a str, got {job_id!r}")
+        return job_id
+
+    def with_defaults(self) -> inspect.BoundArguments:
+        """This call's arguments bound to the function's parameters, defaults applied."""
+        bound = self._bound if self._bound is not None else self.task.signature.bind(*self.args, **self.kwargs)
+        call = inspect.BoundArguments(bound.signature, bound.arguments.copy())
+        call.apply_defaults()
+        return call
+
+    def call_by_name(self, fn: Callable[..., Any]) -> Any:
+        """``fn`` (a ``group`` or ``unique`` function) called with this call's arguments
+        by name, defaults included: ``lambda account_id, **_: ...`` reads the argument
+        ``account_id`` whether the call gave it by position or by keyword. (Positional-
+        only parameters and ``*args`` go by position, ``**kwargs`` as keywords.)"""
+        call = self.with_defaults()
+        args: list[Any] = []
+        kwargs: dict[str, Any] = {}
+        for name, value in call.arguments.items():
+            kind = call.signature.parameters[name].kind
+            if kind is inspect.Parameter.POSITIONAL_ONLY:
+                args.append(value)
+            elif kind is inspect.Parameter.VAR_POSITIONAL:
+                args.extend(value)
+            elif kind is inspect.Parameter.VAR_KEYWORD:
+                kwargs.update(value)
+            else:
+                kwargs[name] = value
+        return fn(*args, **kwargs)
+
+    def new_job(
+        self, now_ms: int, delay_ms: int, extra_meta: dict[str, Any] | None = None, *,
+        job_id: str | None = None, flow: dict[str, Any] | None = None,
+    ) -> NewJob:
+        """The job of this call, sent at ``now_ms`` (server clock) to run ``delay_ms``
+        later; ``extra_meta``: the keys middleware adds to the envelope's meta. A flow's
+        step gives its ``job_id`` and its ``flow`` meta (:mod:`pyqueue.tasks.flows`).
+
+        Raises:
+            InvalidArgument: ``extra_meta`` names a key of the task layer's
+                (``enqueued_ms``, ``delay_ms``, ``opts``, ``flow``) or is not plain JSON data;
+                ``group`` or ``unique`` functions returning something else than a str.
+        """
+        meta: dict[str, Any] = {"enqueued_ms": now_ms}
+        if delay_ms:
+            meta["delay_ms"] = delay_ms
+        # A send with the task's own options (most sends) overrides nothing.
+        opts = {} if self.options is self.task.policy else self.options.overrides(self.task.policy)
+        if opts:
+            meta["opts"] = opts
+        if flow is not None:
+            meta["flow"] = flow
+        if extra_meta:
+            taken = sorted(RESERVED_META.intersection(extra_meta))
+            if taken:
+                raise InvalidArgument(f"{self.task.name}: middleware set the envelope's meta {taken}, which the task "
+                                      "layer writes")
+            meta.update(to_json(extra_meta, f"{self.task.name} meta set by middleware"))
+        payload = self.task.encode_envelope(self.json_args, self.json_kwargs, meta)
+        group = self.options.group
+        if callable(group):
+            group = self.call_by_name(group)
+            if group is not None and not isinstance(group, str):
+                raise InvalidArgument(f"{self.task.name}: group must return the group as a str or None, got {group!r}")
+        # A job without `job_id` or `unique` lets the engine draw its id
+        # (pyqueue.protocol.core.new_id): a grouped one's must fall in its group's partition on a
+        # partitioned queue, and an id drawn there needs no checks.
+        if job_id is None:
+            job_id = self.options.job_id
+        if job_id is None and self.options.unique is not None and self.options.unique is not False:
+            job_id = self.job_id()
+        return NewJob(payload, job_id=job_id, delay_ms=delay_ms, max_attempts=self.options.max_attempts,
+                      priority=self.options.priority, group=group)
+
+    def handle(self, job_id: str, added: bool) -> SentTask[Any]:
+        """The handle of the job this call was sent as."""
+        return SentTask(job_id, self.options.queue, self.task.name, added, self.options.keep_result_ms is not None,
+                        self.task.app)
+
+    def __or__(self, other: Any) -> Any:
+        """``a.s() | b.s()``: the chain of the two (:func:`chain`)."""
+        return chain(self, other)
+
+    def __repr__(self) -> str:
+        return f"{self.task.name}.{'si' if self.immutable else 's'}(*{self.args!r}, **{self.kwargs!r})"
 
 
 class Flow:
@@ -169,15 +375,13 @@ class Step:
 
 
 class _Compiler:
-    def __init__(self, app: Tasks, flow_id: str) -> None:
+    def __init__(self, app: Sender, flow_id: str) -> None:
         self.app, self.flow_id = app, flow_id
         self.steps: list[Step] = []
         self.by_ref: dict[str, Step] = {}
 
     def add(self, item: Flow | Signature, input: Spec | None, policy: str) -> Spec:
         """Compile ``item`` taking ``input``; returns the reference to its result."""
-        from pyqueue.tasks.task import Signature
-
         if isinstance(item, Chain):
             spec = input
             for part in item.steps:
@@ -218,8 +422,8 @@ class _Compiler:
 
 def physical_name(queue: Queue, job_id: str) -> str:
     """The name of the queue that holds ``job_id``: a partition of a partitioned queue."""
-    parts = getattr(queue, "parts", None)
-    return queue.part_for(job_id).name if parts else queue.name  # type: ignore[attr-defined]
+    partitions = queue.spec.partitions
+    return partition_name(queue.name, partition_of(job_id, partitions), partitions)
 
 
 def flatten(spec: Spec | None) -> list[str]:
@@ -236,7 +440,7 @@ def split(ref: str) -> tuple[str, str]:
     return queue, job_id
 
 
-def send_children(app: Tasks, run: Any) -> FlowHandle:
+def send_children(app: Sender, run: Any) -> FlowHandle:
     """Send the children a running task spawned (``TaskRun.spawn``/``then``) as one flow
     whose id is derived from the job's, so that a retried run re-sends the same ids
     (duplicates: each child runs once)."""
@@ -271,12 +475,12 @@ def _send(flow: Flow, flow_id: str | None = None) -> FlowHandle:
     except BaseException as exc:
         resume_sends(chains, None, exc)
         raise
-    resume_sends(chains, [sending.handle(app, s.sig, s.id, True) for s in compiler.steps], None)
+    resume_sends(chains, [s.sig.handle(s.id, True) for s in compiler.steps], None)
     return handle
 
 
 def _send_steps(
-    app: Tasks, flow: Flow, compiler: _Compiler, output: Spec, metas: list[dict[str, Any]] | None
+    app: Sender, flow: Flow, compiler: _Compiler, output: Spec, metas: list[dict[str, Any]] | None
 ) -> FlowHandle:
     """Keep the flow's record, arm its waiting steps, then enqueue its first steps;
     ``metas``: what send middleware added to each step's meta."""
@@ -325,7 +529,7 @@ def record_of(flow: Flow, compiler: _Compiler, output: Spec, now_ms: int) -> byt
     return json.dumps(record, separators=(",", ":")).encode()
 
 
-def _app_of(flow: Flow | Signature) -> Tasks:
+def _app_of(flow: Flow | Signature) -> Sender:
     if isinstance(flow, Chain):
         return _app_of(flow.steps[0])
     if isinstance(flow, Group):
@@ -342,12 +546,12 @@ class FlowHandle:
     id: str
     output: Spec
     steps: list[tuple[str, str]]  # (physical queue, job id) of every step
-    app: Tasks
+    app: Sender
     #: The queue of its first step, where its record is kept.
     queue: str
 
     @classmethod
-    def load(cls, app: Tasks, queue: str, flow_id: str) -> FlowHandle:
+    def load(cls, app: Sender, queue: str, flow_id: str) -> FlowHandle:
         """The handle of flow ``flow_id`` sent from any process, found by its record in
         ``queue`` (the queue of its first step; :attr:`queue` of the sender's handle).
 
@@ -358,7 +562,7 @@ class FlowHandle:
         return cls(flow_id, view.output, [(step.queue, step.job_id) for step in view.steps], app, queue)
 
     @staticmethod
-    def view(app: Tasks, queue: str, flow_id: str) -> FlowView:
+    def view(app: Sender, queue: str, flow_id: str) -> FlowView:
         """The flow ``flow_id`` whose record is in ``queue``, with each step's state.
 
         Raises:
@@ -426,11 +630,11 @@ def result_value(state: str, value: Any, error: str, job_id: str, queue: str) ->
 _readers: dict[tuple[int, str], Queue] = {}
 
 
-def _reader(app: Tasks, queue: str) -> Queue:
+def _reader(app: Sender, queue: str) -> Queue:
     """A queue object for the physical queue ``queue`` on ``app``'s connection."""
     key = (id(app), queue)
     reader = _readers.get(key)
-    if reader is None or reader.redis is not app.redis:
+    if reader is None or client_of(reader) is not app.redis:
         reader = _readers[key] = physical_queue(queue, app.redis, prefix=app.prefix)
     return reader
 
@@ -438,7 +642,7 @@ def _reader(app: Tasks, queue: str) -> Queue:
 # -- the worker's side (pyqueue.tasks.dispatch.Dispatcher calls these) ------------------
 
 
-def take_input(app: Tasks, env: envelope.Envelope, flow: dict[str, Any]) -> envelope.Envelope:
+def take_input(app: Sender, env: envelope.Envelope, flow: dict[str, Any]) -> envelope.Envelope:
     """The envelope of a step that waited, its input read: the results it needs put
     before its arguments (unless it was made with ``.si``).
 
@@ -476,7 +680,7 @@ def take_input(app: Tasks, env: envelope.Envelope, flow: dict[str, Any]) -> enve
     return envelope.Envelope(env.task, args, env.kwargs, meta)
 
 
-def report_end(app: Tasks, job: Job, how: str) -> None:
+def report_end(app: Sender, job: Job, how: str) -> None:
     """Report the end of a flow step's job to the steps waiting for it (the fast path of
     ``Queue.flow_done``; a flow check covers a worker that dies before)."""
     flow = envelope.decode(job.payload).meta.get("flow")

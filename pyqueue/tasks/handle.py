@@ -2,23 +2,36 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
+from pyqueue.aio import AsyncQueue
+from pyqueue.drivers.queue import Queue
 from pyqueue.protocol.errors import PyQueueError
 from pyqueue.protocol.models import JobResult
 from pyqueue.tasks.codec import from_json, loads
-from pyqueue.worker.worker import seconds_to_ms
-
-if TYPE_CHECKING:
-    from pyqueue.tasks.app import Tasks
-    from pyqueue.tasks.policy import Duration
+from pyqueue.tasks.policy import Duration
+from pyqueue.worker.endings import seconds_to_ms
 
 R = TypeVar("R")
 
 #: The longest one wait_result call waits; a longer timeout waits in several.
 _WAIT_CHUNK_MS = 3_600_000
+
+log = logging.getLogger("pyqueue.tasks")
+#: The tasks whose result() was told it keeps no result (said once per task and process).
+_told_no_result: set[str] = set()
+
+
+class QueueSource(Protocol):
+    """What a handle reads its job through: the :class:`~pyqueue.tasks.Tasks` object
+    that sent it (declared above this module)."""
+
+    def queue(self, name: str) -> Queue: ...
+
+    def aqueue(self, name: str) -> AsyncQueue: ...
 
 
 class TaskError(PyQueueError):
@@ -56,7 +69,7 @@ class SentTask(Generic[R]):
     #: Whether the run keeps its return value (``keep_result``): else ``result()``
     #: answers None once the job is done.
     keeps_result: bool
-    app: Tasks
+    app: QueueSource
 
     def state(self) -> str:
         """Where the job is now: ready, scheduled, leased, dead, done or unknown
@@ -119,7 +132,13 @@ class SentTask(Generic[R]):
         if info.state == "dead":
             raise TaskDead(self.id, self.task, info.error)
         if not self.keeps_result:
-            return None  # done: acked, and no result was asked for (or cancelled)
+            # Done: acked, and no result was asked for (or cancelled). Said once per task,
+            # so that a caller who expected the return value learns why it is None.
+            if self.task not in _told_no_result:
+                _told_no_result.add(self.task)
+                log.warning("task %s keeps no result (give it keep_result=...): result() waited for job %s to end "
+                            "and returns None", self.task, self.id)
+            return None
         raise TaskResultMissing(
             f"task {self.task} job {self.id} ended without a result to read: cancelled, or its result expired or "
             "was trimmed"

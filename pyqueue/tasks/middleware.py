@@ -73,17 +73,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Generator, Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from pyqueue.protocol.errors import PyQueueError
 from pyqueue.worker.slots import TimeLimitExceeded
-from pyqueue.worker.worker import Fail, Retry, error_text
+from pyqueue.worker import Fail, Retry
+from pyqueue.worker.endings import error_text
 
 if TYPE_CHECKING:
     from pyqueue.tasks.handle import SentTask
     from pyqueue.tasks.policy import TaskOptions
-    from pyqueue.tasks.dispatch import TaskRun
-    from pyqueue.tasks.task import Task
+    from pyqueue.tasks.run import TaskRun
 
 log = logging.getLogger("pyqueue.tasks")
 
@@ -140,13 +140,27 @@ class HookOutcome(Generic[V]):
         return f"HookOutcome(value={self.value!r}, error={self.error!r}, ending={self.ending!r})"
 
 
+class TaskInfo(Protocol):
+    """The task of a send, as a send hook sees it: a :class:`~pyqueue.tasks.Task`
+    (declared above this module)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def policy(self) -> TaskOptions: ...
+
+    @property
+    def fn(self) -> Callable[..., Any]: ...
+
+
 class Sending:
     """One send as a send hook sees it (see the module docstring)."""
 
     __slots__ = ("task", "args", "kwargs", "options", "delay_ms", "meta")
 
     def __init__(
-        self, task: Task[Any, Any], args: list[Any], kwargs: dict[str, Any], options: TaskOptions, delay_ms: int
+        self, task: TaskInfo, args: list[Any], kwargs: dict[str, Any], options: TaskOptions, delay_ms: int
     ) -> None:
         #: The task (its ``name``, ``policy``, ``fn``).
         self.task = task

@@ -16,7 +16,7 @@ from typing import Any, TypedDict
 
 from pyqueue.protocol.core import check_group, check_job_id, check_priority
 from pyqueue.protocol.errors import InvalidArgument
-from pyqueue.worker.worker import seconds_to_ms
+from pyqueue.worker.endings import seconds_to_ms
 
 Duration = float | timedelta
 #: A job id from the call's arguments, or True for a hash of the task and its arguments.

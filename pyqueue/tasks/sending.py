@@ -7,18 +7,15 @@ duplicate id (``unique``, or a send's ``job_id``)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from pyqueue.tasks.flows import Sender, Signature
 from pyqueue.tasks.handle import SentTask
 from pyqueue.tasks.middleware import Sending, enter_sends, resume_sends
 
-if TYPE_CHECKING:
-    from pyqueue.tasks.app import Tasks
-    from pyqueue.tasks.task import Signature
-
 
 def send_many(
-    app: Tasks, signatures: Sequence[Signature], now_ms: int, delay_ms: int = 0,
+    app: Sender, signatures: Sequence[Signature], now_ms: int, delay_ms: int = 0,
     metas: Sequence[dict[str, Any]] | None = None,
 ) -> list[SentTask[Any]]:
     """Enqueue ``signatures``; ``metas``: what middleware adds to each one's meta
@@ -36,7 +33,7 @@ def send_many(
     if len(signatures) == 1:  # a send: one enqueue, none of the grouping below
         sig = signatures[0]
         (answer,) = app.queue(sig.options.queue).enqueue_many([sig.new_job(now_ms, delay_ms, metas[0] if metas else None)])
-        return [handle(app, sig, answer.job_id, answer.added)]
+        return [sig.handle(answer.job_id, answer.added)]
     jobs = [(sig, sig.new_job(now_ms, delay_ms, metas[i] if metas else None)) for i, sig in enumerate(signatures)]
     by_queue: dict[str, list[int]] = {}
     for i, (sig, _) in enumerate(jobs):
@@ -45,12 +42,12 @@ def send_many(
     for queue_name, indexes in by_queue.items():
         answers = app.queue(queue_name).enqueue_many([jobs[i][1] for i in indexes])
         for i, answer in zip(indexes, answers):
-            out[i] = handle(app, jobs[i][0], answer.job_id, answer.added)
+            out[i] = jobs[i][0].handle(answer.job_id, answer.added)
     return [sent for sent in out if sent is not None]
 
 
 async def asend(
-    app: Tasks, signatures: Sequence[Signature], now_ms: int, delay_ms: int,
+    app: Sender, signatures: Sequence[Signature], now_ms: int, delay_ms: int,
     metas: Sequence[dict[str, Any]] | None = None,
 ) -> SentTask[Any]:
     """``send_many`` of one signature on the asyncio driver."""
@@ -69,9 +66,5 @@ async def asend(
     queue = app.aqueue(sig.options.queue)
     answer = await queue.enqueue(new.payload, job_id=new.job_id, delay_ms=new.delay_ms, max_attempts=new.max_attempts,
                                  priority=new.priority, group=new.group)
-    return handle(app, sig, answer.job_id, answer.added)
+    return sig.handle(answer.job_id, answer.added)
 
-
-def handle(app: Tasks, sig: Signature, job_id: str, added: bool) -> SentTask[Any]:
-    """The handle of the job ``sig`` was sent as."""
-    return SentTask(job_id, sig.options.queue, sig.task.name, added, sig.options.keep_result_ms is not None, app)

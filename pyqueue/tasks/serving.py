@@ -16,7 +16,7 @@ from pyqueue.protocol.errors import InvalidArgument
 from pyqueue.protocol.models import Job
 from pyqueue.tasks.connection import Connection, check_partition_counts
 from pyqueue.tasks.dispatch import Dispatcher
-from pyqueue.worker.worker import Worker
+from pyqueue.worker import Worker
 
 log = logging.getLogger("pyqueue.tasks")
 

@@ -1,4 +1,5 @@
-"""A task: a registered function, its policy, and how to send it.
+"""A task: a registered function, its policy, and how to send it (each send a
+:class:`~pyqueue.tasks.flows.Signature`, sent by :mod:`pyqueue.tasks.sending`).
 
 Sending checks everything it can before anything reaches Redis: the arguments are bound
 to the function's signature (a wrong call raises ``TypeError`` in the caller, as calling
@@ -12,179 +13,37 @@ repeat a side effect checks ``current_job().fence`` against its store, or is ide
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar, cast
 
-from pyqueue.protocol.core import new_id
 from pyqueue.protocol.errors import InvalidArgument
-from pyqueue.protocol.models import NewJob
-from pyqueue.worker.batch import BatchSpec
+from pyqueue.worker.handler import BatchSpec
 from pyqueue.tasks import envelope
-from pyqueue.tasks.codec import canonical, to_json, to_json_args
+from pyqueue.tasks.flows import Sender, Signature
 from pyqueue.tasks.handle import SentTask
-from pyqueue.tasks.middleware import RESERVED_META
 from pyqueue.tasks.policy import Duration, SendOptionsDict, TaskOptions
 from pyqueue.tasks.sending import asend, send_many
-from pyqueue.worker.worker import seconds_to_ms
+from pyqueue.worker.endings import seconds_to_ms
 
 if sys.version_info >= (3, 11):
     from typing import Unpack
 elif TYPE_CHECKING:
     from typing_extensions import Unpack
-if TYPE_CHECKING:
-    from pyqueue.tasks.app import Tasks
 
 P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
 
 
-class Signature:
-    """One call of a task, checked and encoded, not yet sent: ``fn.s(*args, **kwargs)``.
-    ``send_many`` takes a list of them."""
+class TaskApp(Sender, Protocol):
+    """What a task uses of the Tasks object it is registered on (a
+    :class:`~pyqueue.tasks.Tasks`, declared above this module): what its calls use,
+    and the server's clock from asyncio code."""
 
-    def __init__(
-        self, task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: TaskOptions,
-        partial: bool = False,
-    ) -> None:
-        bound: inspect.BoundArguments | None = None
-        #: Its arguments fit only with one more before them: a flow's step that takes the
-        #: result before it as its first argument (``partial``: made by ``fn.s``).
-        self.awaits_input = False
-        self.args: list[Any]
-        self.kwargs: dict[str, Any]
-        if not kwargs and len(args) == task.positional_arity:
-            # Every parameter given by position: bound as given, which is what bind
-            # returns (bind costs more than the rest of a send's Python; unique=True
-            # binds when it needs to).
-            self.args, self.kwargs = list(args), {}
-        else:
-            try:
-                bound = task.signature.bind(*args, **kwargs)
-            except TypeError as exc:
-                try:
-                    if not partial:
-                        raise
-                    task.signature.bind(None, *args, **kwargs)
-                except TypeError:
-                    raise TypeError(f"{task.name}: {exc}") from None
-                self.awaits_input = True
-            self.args, self.kwargs = (list(bound.args), dict(bound.kwargs)) if bound else (list(args), dict(kwargs))
-        self.task, self.options = task, options
-        #: Made with ``.si``: as a flow's step, it does not take the result before it.
-        self.immutable = False
-        self.json_args = to_json_args(self.args, task.argument_where)
-        self.json_kwargs = to_json(self.kwargs, task.argument_where) if self.kwargs else {}
-        self._bound = bound
-
-    def job_id(self) -> str:
-        """The job id this call is sent under: its ``job_id`` option's, else
-        ``unique``'s, else a random one (128 bits in hex, as the engine draws them:
-        :func:`pyqueue.protocol.core.new_id`)."""
-        if self.options.job_id is not None:
-            return self.options.job_id
-        unique = self.options.unique
-        if unique is None or unique is False:
-            return new_id()
-        if unique is True:
-            # The task and its arguments, canonically: the same call is the same job,
-            # whether an argument was given by position or keyword, or left to its
-            # default, and whatever the order of a dict's keys.
-            call = self.with_defaults()
-            try:
-                args, kwargs = to_json(list(call.args)), to_json(call.kwargs)
-            except InvalidArgument:  # a default that does not travel: the call as given
-                args, kwargs = self.json_args, self.json_kwargs
-            digest = hashlib.sha256(canonical([self.task.name, args, kwargs]).encode()).hexdigest()
-            return f"{self.task.name}:{digest[:32]}"
-        job_id = self.call_by_name(unique)
-        if not isinstance(job_id, str):
-            raise InvalidArgument(f"{self.task.name}: unique must return the job id as a str, got {job_id!r}")
-        return job_id
-
-    def with_defaults(self) -> inspect.BoundArguments:
-        """This call's arguments bound to the function's parameters, defaults applied."""
-        bound = self._bound if self._bound is not None else self.task.signature.bind(*self.args, **self.kwargs)
-        call = inspect.BoundArguments(bound.signature, bound.arguments.copy())
-        call.apply_defaults()
-        return call
-
-    def call_by_name(self, fn: Callable[..., Any]) -> Any:
-        """``fn`` (a ``group`` or ``unique`` function) called with this call's arguments
-        by name, defaults included: ``lambda account_id, **_: ...`` reads the argument
-        ``account_id`` whether the call gave it by position or by keyword. (Positional-
-        only parameters and ``*args`` go by position, ``**kwargs`` as keywords.)"""
-        call = self.with_defaults()
-        args: list[Any] = []
-        kwargs: dict[str, Any] = {}
-        for name, value in call.arguments.items():
-            kind = call.signature.parameters[name].kind
-            if kind is inspect.Parameter.POSITIONAL_ONLY:
-                args.append(value)
-            elif kind is inspect.Parameter.VAR_POSITIONAL:
-                args.extend(value)
-            elif kind is inspect.Parameter.VAR_KEYWORD:
-                kwargs.update(value)
-            else:
-                kwargs[name] = value
-        return fn(*args, **kwargs)
-
-    def new_job(
-        self, now_ms: int, delay_ms: int, extra_meta: dict[str, Any] | None = None, *,
-        job_id: str | None = None, flow: dict[str, Any] | None = None,
-    ) -> NewJob:
-        """The job of this call, sent at ``now_ms`` (server clock) to run ``delay_ms``
-        later; ``extra_meta``: the keys middleware adds to the envelope's meta. A flow's
-        step gives its ``job_id`` and its ``flow`` meta (:mod:`pyqueue.tasks.flows`).
-
-        Raises:
-            InvalidArgument: ``extra_meta`` names a key of the task layer's
-                (``enqueued_ms``, ``delay_ms``, ``opts``, ``flow``) or is not plain JSON data;
-                ``group`` or ``unique`` functions returning something else than a str.
-        """
-        meta: dict[str, Any] = {"enqueued_ms": now_ms}
-        if delay_ms:
-            meta["delay_ms"] = delay_ms
-        # A send with the task's own options (most sends) overrides nothing.
-        opts = {} if self.options is self.task.policy else self.options.overrides(self.task.policy)
-        if opts:
-            meta["opts"] = opts
-        if flow is not None:
-            meta["flow"] = flow
-        if extra_meta:
-            taken = sorted(RESERVED_META.intersection(extra_meta))
-            if taken:
-                raise InvalidArgument(f"{self.task.name}: middleware set the envelope's meta {taken}, which the task "
-                                      "layer writes")
-            meta.update(to_json(extra_meta, f"{self.task.name} meta set by middleware"))
-        payload = self.task.encode_envelope(self.json_args, self.json_kwargs, meta)
-        group = self.options.group
-        if callable(group):
-            group = self.call_by_name(group)
-            if group is not None and not isinstance(group, str):
-                raise InvalidArgument(f"{self.task.name}: group must return the group as a str or None, got {group!r}")
-        # A job without `job_id` or `unique` lets the engine draw its id
-        # (pyqueue.protocol.core.new_id): a grouped one's must fall in its group's partition on a
-        # partitioned queue, and an id drawn there needs no checks.
-        if job_id is None:
-            job_id = self.options.job_id
-        if job_id is None and self.options.unique is not None and self.options.unique is not False:
-            job_id = self.job_id()
-        return NewJob(payload, job_id=job_id, delay_ms=delay_ms, max_attempts=self.options.max_attempts,
-                      priority=self.options.priority, group=group)
-
-    def __or__(self, other: Any) -> Any:
-        """``a.s() | b.s()``: the chain of the two (:func:`pyqueue.tasks.flows.chain`)."""
-        from pyqueue.tasks.flows import chain
-
-        return chain(self, other)
-
-    def __repr__(self) -> str:
-        return f"{self.task.name}.{'si' if self.immutable else 's'}(*{self.args!r}, **{self.kwargs!r})"
+    async def aserver_now_ms(self) -> int: ...
 
 
 class _Sender(Generic[P, R]):
@@ -274,7 +133,7 @@ class Task(_Sender[P, R]):
     #: How its jobs are run in batches (a :class:`BatchTask`); None: one job per call.
     batch: BatchSpec | None = None
 
-    def __init__(self, app: Tasks, fn: Callable[P, R], name: str, policy: TaskOptions) -> None:
+    def __init__(self, app: TaskApp, fn: Callable[P, R], name: str, policy: TaskOptions) -> None:
         self.app, self.fn, self.name, self.policy = app, fn, name, policy
         #: How an argument error names where it is (made once: a send builds no text).
         self.argument_where = f"{name} argument"
@@ -370,7 +229,7 @@ class BatchTask(Task[[T], R]):
     batch: BatchSpec
 
     def __init__(
-        self, app: Tasks, fn: Callable[[list[T]], Sequence[R | BaseException]], name: str, policy: TaskOptions,
+        self, app: TaskApp, fn: Callable[[list[T]], Sequence[R | BaseException]], name: str, policy: TaskOptions,
         batch: BatchSpec,
     ) -> None:
         # Task's view of fn (a function of the sends' arguments) is wrong for a batch task:

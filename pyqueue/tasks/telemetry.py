@@ -67,7 +67,7 @@ from pyqueue.worker.slots import current_slot
 from pyqueue.tasks.middleware import HookOutcome, Middleware
 
 if TYPE_CHECKING:
-    from pyqueue.tasks.dispatch import TaskRun
+    from pyqueue.tasks.run import TaskRun
 
 #: Upper bounds (seconds) of pyqueue_task_run_seconds: 1 ms to an hour (+Inf).
 RUN_BUCKETS: tuple[float, ...] = (

@@ -29,16 +29,18 @@ import functools
 import secrets
 import threading
 import time
+from collections.abc import Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pyqueue.worker.aio import AsyncWorker
+from pyqueue.drivers.facade import plans_of
+from pyqueue.drivers.queue import Queue
 from pyqueue.protocol.models import Job, Stats
-from pyqueue.tasks.dispatch import Undeliverable
-from pyqueue.worker.worker import Fail, Retry
-
-if TYPE_CHECKING:
-    from pyqueue.tasks.app import Tasks
+from pyqueue.tasks.connection import Connection
+from pyqueue.tasks.run import Undeliverable
+from pyqueue.worker import Worker
+from pyqueue.worker import Fail, Retry
 
 _clock_lock = threading.Lock()
 _clock_installed = False
@@ -67,6 +69,22 @@ def _install_clock() -> None:
         _clock_installed = True
 
 
+class Testable(Protocol):
+    """What a test's server and drain use of the :class:`~pyqueue.tasks.Tasks` object
+    under test (declared above this module): its connection to swap, its queues, and
+    a worker of its tasks."""
+
+    @property
+    def connection(self) -> Connection: ...
+
+    @property
+    def default_queue(self) -> str: ...
+
+    def queue(self, name: str) -> Queue: ...
+
+    def worker(self, queues: Sequence[str] | None = None, **options: Any) -> Worker: ...
+
+
 class TaskTesting:
     """An isolated embedded server for a :class:`~pyqueue.tasks.Tasks` object, and the
     means to run its jobs (see the module docstring).
@@ -79,7 +97,7 @@ class TaskTesting:
             stops there, with an error).
     """
 
-    def __init__(self, tasks: Tasks, *, raise_errors: bool = True, lease_ms: int = 60_000, max_jobs: int = 10_000) -> None:
+    def __init__(self, tasks: Testable, *, raise_errors: bool = True, lease_ms: int = 60_000, max_jobs: int = 10_000) -> None:
         self.tasks = tasks
         self.raise_errors, self.lease_ms, self.max_jobs = raise_errors, lease_ms, max_jobs
         #: Every exception a task raised during drains, in order.
@@ -149,7 +167,11 @@ class TaskTesting:
             else:
                 failures.append(exc.__cause__ if isinstance(exc, Fail) and exc.__cause__ is not None else exc)
 
+        runs = 0  # jobs handed to the tasks (a batch counts its jobs)
+
         def recording(job: Job) -> object:
+            nonlocal runs
+            runs += 1
             try:
                 return dispatcher(job)
             except BaseException as exc:
@@ -162,6 +184,8 @@ class TaskTesting:
             run_batch = batches.handler
 
             def recording_batch(jobs: list[Job]) -> object:
+                nonlocal runs
+                runs += len(jobs)
                 try:
                     outcomes = run_batch(jobs)
                 except BaseException as exc:
@@ -174,8 +198,8 @@ class TaskTesting:
 
             batches.handler = recording_batch
         owner = "testing." + secrets.token_hex(4)
-        for q in worker.logical + worker.queues:
-            q.owner = owner
+        for q in worker.served.logical + worker.served.queues:
+            plans_of(q).set_owner(owner)
         loop: asyncio.AbstractEventLoop | None = None
         loop_thread: threading.Thread | None = None
         if isinstance(worker, AsyncWorker):
@@ -183,44 +207,29 @@ class TaskTesting:
             loop_thread = threading.Thread(target=loop.run_forever, name="pyqueue-testing-loop", daemon=True)
             loop_thread.start()
             worker._loop = loop
+        # The worker's own lease round, its jobs run here one round at a time (no
+        # handler threads, no commit loop): what runs, and in which order, is what a
+        # worker does; waiting is replaced by moving this server's clock.
+        worker.executor.run_here()
         ticking = threading.Event()
         heartbeat = threading.Thread(target=self._enforce_limits, args=(worker, ticking), daemon=True)
         heartbeat.start()
-        runs = 0
         try:
             while True:
-                next_due_ms, now_ms, ran = -1, 0, False
-                for q in worker.queues:
-                    # A batch task's queue: a batch of what one lease call returns (no waiting).
-                    spec = batches.specs.get(q.name) if batches is not None else None
-                    count = 1 if spec is None else spec.size
-                    leased = q.lease_call(count=count, lease_ms=self.lease_ms, call=secrets.token_hex(8))
-                    now_ms = leased.now_ms
-                    if leased.jobs:
-                        runs += len(leased.jobs)
-                        if runs > self.max_jobs:
-                            q.release(leased.jobs)
-                            raise RuntimeError(f"drain ran {self.max_jobs} jobs and jobs are still coming")
-                        worker.running.track_all(leased.jobs)
-                        if spec is None:
-                            worker.executor.run_one(leased.jobs[0], may_lease=False)
-                        else:
-                            assert batches is not None
-                            batches.run(q, leased.jobs, may_lease=False)
-                        ran = True
-                        if failures:
-                            self.errors.extend(failures)
-                            first, failures[:] = failures[0], []
-                            if raise_errors:
-                                raise first
-                    if not leased.jobs and leased.next_due_ms >= 0:
-                        next_due_ms = leased.next_due_ms if next_due_ms < 0 else min(next_due_ms, leased.next_due_ms)
-                if ran:
+                leased, next_due_ms, now_ms = worker.fetch.lease_round(1)
+                if failures:
+                    self.errors.extend(failures)
+                    first, failures[:] = failures[0], []
+                    if raise_errors:
+                        raise first
+                if runs > self.max_jobs:
+                    raise RuntimeError(f"drain ran {self.max_jobs} jobs and jobs are still coming")
+                if leased:
                     continue
                 if advance and next_due_ms > now_ms:
                     self.advance((next_due_ms - now_ms) / 1000)
                     continue
-                if next_due_ms >= 0 and next_due_ms <= now_ms:
+                if 0 <= next_due_ms <= now_ms:
                     continue  # due now (maintenance left it for the next call)
                 return runs
         finally:

@@ -46,8 +46,15 @@ heartbeat, endings and lifecycle run in threads for both.
 """
 
 from pyqueue.worker.aio import AsyncBatchHandler, AsyncHandler, AsyncWorker
+from pyqueue.worker.batch import BatchHandler
 from pyqueue.worker.endings import Fail, Retry
+from pyqueue.worker.executor import Handler
+from pyqueue.worker.lifecycle import EXIT_MISCONFIGURED, EXIT_OK, EXIT_REGISTRATION_LOST
+from pyqueue.worker.settings import WorkerSettings
 from pyqueue.worker.slots import TimeLimitExceeded
-from pyqueue.worker.worker import Handler, Worker
+from pyqueue.worker.worker import Worker
 
-__all__ = ["AsyncBatchHandler", "AsyncHandler", "AsyncWorker", "Fail", "Handler", "Retry", "TimeLimitExceeded", "Worker"]
+__all__ = [
+    "EXIT_MISCONFIGURED", "EXIT_OK", "EXIT_REGISTRATION_LOST", "AsyncBatchHandler", "AsyncHandler", "AsyncWorker",
+    "BatchHandler", "Fail", "Handler", "Retry", "TimeLimitExceeded", "Worker", "WorkerSettings",
+]

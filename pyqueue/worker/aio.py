@@ -44,7 +44,8 @@ from typing import Any, cast
 from pyqueue.protocol.models import Job
 from pyqueue.worker.aio_executor import AsyncioExecutor
 from pyqueue.worker.batch import BatchHandler
-from pyqueue.worker.worker import Handler, Worker
+from pyqueue.worker.executor import Handler
+from pyqueue.worker.worker import Worker
 
 __all__ = ["AsyncBatchHandler", "AsyncHandler", "AsyncWorker"]
 

@@ -41,62 +41,29 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
-from pyqueue.worker.commit import Retrying
-from pyqueue.protocol.core import MAX_BATCH, check_int
+from pyqueue.protocol.core import MAX_BATCH
 from pyqueue.protocol.errors import InvalidArgument
 from pyqueue.protocol.models import Job
 from pyqueue.drivers.queue import Queue
 from pyqueue.worker.batch_endings import BatchEndings, BatchError
-from pyqueue.worker.crash import Crasher
 from pyqueue.worker.executor import PARTITION_STREAK, ThreadExecutor
-from pyqueue.worker.handler import spec_of
-from pyqueue.worker.lifecycle import Control
-from pyqueue.worker.registration import Registration
+from pyqueue.worker.handler import BatchSpec, spec_of
+from pyqueue.worker.settings import Served, WorkerSettings
 from pyqueue.worker.retries import RETRY_ON
-from pyqueue.worker.running import Running
-from pyqueue.worker.slots import LimitEnding, Slot, TimeLimitExceeded, current_slot, enter_slot
+from pyqueue.worker.slots import AwaitableRunner, LimitEnding, Slot, TimeLimitExceeded, current_slot, enter_slot
 
-if TYPE_CHECKING:
-    from pyqueue.worker.worker import Worker
-
-__all__ = ["BatchError", "BatchHandler", "BatchRunner", "BatchSlot", "BatchSpec"]
+__all__ = ["BatchError", "BatchHandler", "BatchRunner", "BatchSlot"]
 
 log = logging.getLogger("pyqueue.worker")
 
 #: The largest batch: what one lease call leases and one ack call acks.
-MAX_BATCH_SIZE = MAX_BATCH
-#: The longest ``batch_wait_ms``.
-MAX_BATCH_WAIT_MS = 600_000
 #: While a short batch waits to fill, its slot asks for the rest this often.
 FILL_POLL_S = 0.01
 
 #: A batch handler: called with the jobs of one batch, returns one result per job, in
 #: order (a value: the job is done; an exception instance: the job failed).
 BatchHandler = Callable[[list[Job]], Sequence[object]]
-
-
-@dataclass(frozen=True)
-class BatchSpec:
-    """How one queue is served in batches: at most ``size`` jobs per handler call, and
-    a batch that came back short waits at most ``wait_ms`` for more."""
-
-    size: int
-    wait_ms: int = 0
-
-    @staticmethod
-    def of(size: object, wait_ms: object = 0, what: str = "batch") -> BatchSpec:
-        """A checked spec.
-
-        Raises:
-            InvalidArgument: ``size`` not an int in [1, 1000], or ``wait_ms`` not an int
-                in [0, 600000].
-        """
-        return BatchSpec(
-            check_int(size, what, 1, MAX_BATCH_SIZE), check_int(wait_ms, f"{what}_wait_ms", 0, MAX_BATCH_WAIT_MS)
-        )
 
 
 class BatchSlot(Slot):
@@ -108,8 +75,8 @@ class BatchSlot(Slot):
 
     __slots__ = ("batch", "endings")
 
-    def __init__(self, worker: Any, jobs: Sequence[Job], leased_at: float) -> None:
-        super().__init__(worker, jobs[0])  # the first job is the earliest leased
+    def __init__(self, jobs: Sequence[Job], leased_at: float, lease_ms: int, runner: AwaitableRunner) -> None:
+        super().__init__(jobs[0], lease_ms, runner)  # the first job is the earliest leased
         # The slot's clock (server_now_ms, the limit) runs from the first lease, not from now.
         self.started = leased_at
         self.batch = tuple(jobs)
@@ -147,35 +114,34 @@ class BatchRunner:
     Args:
         specs: the batch spec of each (physical) queue served in batches.
         handler: the batch handler.
+        endings: how each job of a batch ends (and the worker's shared state).
+        executor: the worker's executor, whose threads run the batches.
+        partitioned_first: the first queue is partitioned: a slot then leases in the
+            same partition at most :data:`PARTITION_STREAK` times in a row.
     """
 
     def __init__(
-        self, *, specs: Mapping[str, BatchSpec], handler: Callable[[list[Job]], object], executor: ThreadExecutor,
-        running: Running, control: Control, registration: Registration, crash: Crasher, retrying: Retrying,
-        endings: BatchEndings, slot_owner: Any, lease_ms: int, partitioned_first: bool,
+        self, specs: Mapping[str, BatchSpec], handler: Callable[[list[Job]], object], endings: BatchEndings, *,
+        executor: ThreadExecutor, partitioned_first: bool,
     ) -> None:
         self.specs = dict(specs)
         self.handler = handler
         self.executor = executor
-        self.running = running
-        self.control = control
-        self.registration = registration
-        self.crash = crash
-        self.retrying = retrying
+        self.running = endings.running
+        self.control = endings.control
+        self.registration = endings.registration
+        self.crash = endings.crash
+        self.retrying = endings.retrying
         self.endings = endings
-        self.slot_owner = slot_owner
-        self.lease_ms = lease_ms
+        self.lease_ms = endings.lease_ms
         self.partitioned_first = partitioned_first
 
     @staticmethod
-    def for_worker(
-        worker: Worker, handler: object, batch: int | None, batch_wait_ms: int | None, retrying: Retrying,
-        crash: Crasher,
-    ) -> BatchRunner | None:
-        """The batch runner of ``worker``, or None if it serves no queue in batches.
+    def of(handler: object, settings: WorkerSettings, served: Served, executor: ThreadExecutor) -> BatchRunner | None:
+        """The batch runner of a worker, or None if it serves no queue in batches.
 
-        With ``batch``, every queue of the worker is served in batches of ``handler``
-        (a :data:`BatchHandler`). Else a handler that serves some queues in batches says
+        With ``settings.batch``, every queue of the worker is served in batches of
+        ``handler`` (a :data:`BatchHandler`). Else a handler that serves some queues in batches says
         so in its :class:`~pyqueue.worker.handler.HandlerSpec` (``batch_queues``, queue
         name -> :class:`BatchSpec`, and ``run_batch``: the task layer's dispatcher); its
         other queues are served one job per call.
@@ -185,40 +151,33 @@ class BatchRunner:
                 without ``batch``, or ``batch`` for a handler that sets its own batches.
         """
         declared = spec_of(handler)
-        served: Mapping[str, BatchSpec] | None = declared.batch_queues
+        batch, batch_wait_ms = settings.batch, settings.batch_wait_ms
+        in_batches: Mapping[str, BatchSpec] | None = declared.batch_queues
         if batch is None:
             if batch_wait_ms is not None:
                 raise InvalidArgument("batch_wait_ms is the wait of a batch handler: give batch=N with it")
-            if not served:
+            if not in_batches:
                 return None
             if declared.run_batch is None:
                 raise InvalidArgument("a handler that declares batch_queues must declare run_batch too")
             batch_handler: Callable[[list[Job]], object] = declared.run_batch
         else:
-            if served is not None:
+            if in_batches is not None:
                 raise InvalidArgument(
                     "this handler sets its own batches (the tasks' @tasks.task(batch=...)): do not give the worker batch="
                 )
             spec = BatchSpec.of(batch, 0 if batch_wait_ms is None else batch_wait_ms)
-            served = {name: spec for name in worker.queue_names}
+            in_batches = {name: spec for name in served.names}
             batch_handler = handler  # type: ignore[assignment]  # the worker's handler is a BatchHandler here
         specs = {
-            part.name: served[logical.name]
-            for logical, group in zip(worker.logical, worker.groups) if logical.name in served
+            part.name: in_batches[logical.name]
+            for logical, group in zip(served.logical, served.groups) if logical.name in in_batches
             for part in group
         }
         if not specs:
             return None
-        endings = BatchEndings(
-            endings=worker.endings, first_group=worker.groups[0], running=worker.running, control=worker.control,
-            registration=worker.registration, crash=crash, retrying=retrying, lease_ms=worker.lease_ms,
-            max_results=worker.max_results,
-        )
-        return BatchRunner(
-            specs=specs, handler=batch_handler, executor=worker.executor, running=worker.running,
-            control=worker.control, registration=worker.registration, crash=crash, retrying=retrying,
-            endings=endings, slot_owner=worker, lease_ms=worker.lease_ms, partitioned_first=len(worker.groups[0]) > 1,
-        )
+        endings = BatchEndings(executor.endings, settings.lease_ms)
+        return BatchRunner(specs, batch_handler, endings, executor=executor, partitioned_first=served.partitioned_first)
 
     def lease_count(self, queue: Queue, free: int) -> int | None:
         """How many jobs a lease round asks ``queue`` for with ``free`` slots: a batch
@@ -241,12 +200,13 @@ class BatchRunner:
         """Run batches in this slot: ``first`` (leased at the monotonic ``leased_at``),
         then each batch leased with the acks of the one before (in a partitioned queue
         at most PARTITION_STREAK in a row)."""
-        batch, streak = first, 0
+        batch, streak, inline = first, 0, self.executor.inline
         try:
             while batch:
                 streak += 1
-                batch = self.fill(queue, batch)
-                may_lease = not self.partitioned_first or streak < PARTITION_STREAK
+                if not inline:  # (run here: a batch of what one lease call returned, no waiting)
+                    batch = self.fill(queue, batch)
+                may_lease = not inline and (not self.partitioned_first or streak < PARTITION_STREAK)
                 batch = self.run(queue, batch, may_lease=may_lease, leased_at=leased_at)
                 leased_at = time.monotonic()
         finally:
@@ -284,7 +244,7 @@ class BatchRunner:
         (:meth:`BatchEndings.end`); the next batch leased in its place, if any."""
         error: BaseException | None = None
         returned: object = None
-        slot = BatchSlot(self.slot_owner, batch, time.monotonic() if leased_at is None else leased_at)
+        slot = BatchSlot(batch, time.monotonic() if leased_at is None else leased_at, self.lease_ms, self.executor)
         self.running.enter(slot)
         enter_slot(slot)
         try:

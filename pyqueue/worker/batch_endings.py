@@ -28,17 +28,12 @@ import logging
 import secrets
 from collections.abc import Sequence
 
-from pyqueue.worker.commit import Retrying
 from pyqueue.protocol.core import encode_result
 from pyqueue.protocol.errors import InvalidArgument
 from pyqueue.protocol.models import Job, Outcome
 from pyqueue.drivers.queue import Queue
-from pyqueue.worker.crash import Crasher
 from pyqueue.worker.endings import Endings, Fail, nack_terms
-from pyqueue.worker.lifecycle import Control
 from pyqueue.worker.nacks import NackTerms, nack_all
-from pyqueue.worker.registration import Registration
-from pyqueue.worker.running import Running
 from pyqueue.worker.slots import Slot
 
 log = logging.getLogger("pyqueue.worker")
@@ -76,25 +71,23 @@ class BatchEndings:
     """Ends the jobs of a batch (see the module docstring).
 
     Args:
-        endings: the worker's endings of single jobs (its backoff, its results policy).
-        first_group: the queues of the worker's first logical queue: only a batch of
-            those leases its successor with its acks, so a lower-priority batch never
-            overtakes ready higher-priority jobs.
+        endings: the worker's endings of single jobs: its backoff, its results policy,
+            its shared state, and its first logical queue (``first_group``): only a
+            batch of those leases its successor with its acks, so a lower-priority batch
+            never overtakes ready higher-priority jobs.
+        lease_ms: the worker's lease length.
     """
 
-    def __init__(
-        self, *, endings: Endings, first_group: Sequence[Queue], running: Running, control: Control,
-        registration: Registration, crash: Crasher, retrying: Retrying, lease_ms: int, max_results: int,
-    ) -> None:
+    def __init__(self, endings: Endings, lease_ms: int) -> None:
         self.endings = endings
-        self.first_group = list(first_group)
-        self.running = running
-        self.control = control
-        self.registration = registration
-        self.crash = crash
-        self.retrying = retrying
+        self.first_group = endings.first_group
+        self.running = endings.running
+        self.control = endings.control
+        self.registration = endings.registration
+        self.crash = endings.crash
+        self.retrying = endings.retrying
         self.lease_ms = lease_ms
-        self.max_results = max_results
+        self.max_results = endings.max_results
 
     def end(
         self, queue: Queue, slot: Slot, returned: object, error: BaseException | None, *, size: int, may_lease: bool

@@ -35,15 +35,13 @@ import logging
 import secrets
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from pyqueue.drivers.coalescing import ThreadBatcher
 from pyqueue.protocol.core import MAX_BATCH
 from pyqueue.protocol.models import Job, Outcome
 from pyqueue.drivers.queue import Queue
-
-if TYPE_CHECKING:
-    from pyqueue.worker.running import Running
+from pyqueue.worker.shared import Shared
 
 log = logging.getLogger("pyqueue.worker")
 
@@ -171,14 +169,12 @@ class CommitLoop:
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def for_worker(
-        cls, queues: Sequence[Queue], *, lease_ms: int, retrying: Retrying, running: Running,
-        killed: threading.Event,
-    ) -> CommitLoop:
+    def for_worker(cls, queues: Sequence[Queue], lease_ms: int, shared: Shared) -> CommitLoop:
         """The commit loop of a worker leasing from ``queues``: a group commit per queue,
-        tracking the jobs it leases, and the worker's slots."""
-        commits = {q.name: GroupCommit(q, lease_ms, retrying, running.track_all) for q in queues}
-        return cls(commits, give_back=running.give_back, lone=running.lone, killed=killed)
+        tracking the jobs it leases, and the worker's slots (``shared.running``)."""
+        running = shared.running
+        commits = {q.name: GroupCommit(q, lease_ms, shared.retrying, running.track_all) for q in queues}
+        return cls(commits, give_back=running.give_back, lone=running.lone, killed=shared.control.killed)
 
     @property
     def running(self) -> bool:

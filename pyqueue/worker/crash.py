@@ -17,7 +17,7 @@ from pyqueue.drivers.clients import node_for_key
 from pyqueue.protocol.core import ack_call
 from pyqueue.protocol.errors import InvalidArgument
 from pyqueue.protocol.models import Job
-from pyqueue.drivers.queue import Queue
+from pyqueue.drivers.queue import Queue, transport_of
 from pyqueue.drivers.scripts import lua_source
 
 log = logging.getLogger("pyqueue.worker")
@@ -62,13 +62,13 @@ class Crasher:
 def send_and_die(queue: Queue, job: Job, crasher: Crasher) -> None:
     """Send lua/ack.lua for ``job`` and die before reading the reply (crash point
     ``ack_sent``): the server may run it, the worker never learns the answer."""
-    client = node_for_key(queue.redis, queue.keys.jobs)
-    sha = queue.scripts.sha("ack")
+    client = node_for_key(transport_of(queue).client, queue.spec.keys.jobs)
+    sha = transport_of(queue).sha("ack")
     client.script_load(lua_source("ack"))  # EVALSHA must not fail with NOSCRIPT
     connection: Any = client.connection_pool.get_connection()
     # The call the worker's ack makes (the contract's keys and ARGV: a call the script
     # refused with PQ_CONTRACT would test nothing), sent, its reply never read.
-    call = ack_call(queue.keys, None, queue.keep_done_ms, [job.receipt])
-    keys = queue.scripts.key_list(call.script, call.keys)
+    call = ack_call(queue.spec.keys, None, queue.spec.keep_done_ms, [job.receipt])
+    keys = transport_of(queue).key_list(call.script, call.keys)
     connection.send_command("EVALSHA", sha, len(keys), *keys, *call.args)
     crasher.die("ack_sent")

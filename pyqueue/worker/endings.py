@@ -29,18 +29,18 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 
-from pyqueue.worker.commit import CommitLoop, Retrying
+from pyqueue.worker.commit import CommitLoop
 from pyqueue.protocol.core import DEFAULT_RESULT_TTL_MS
 from pyqueue.protocol.errors import InvalidArgument
 from pyqueue.protocol.models import Job, Outcome, Result
 from pyqueue.drivers.queue import Queue, check_int
-from pyqueue.worker.crash import Crasher, send_and_die
-from pyqueue.worker.lifecycle import EXIT_MISCONFIGURED, Control
-from pyqueue.worker.registration import Registration
-from pyqueue.worker.running import Running
+from pyqueue.worker.crash import send_and_die
+from pyqueue.worker.handler import HandlerSpec
+from pyqueue.worker.lifecycle import EXIT_MISCONFIGURED
+from pyqueue.worker.settings import Served, WorkerSettings
+from pyqueue.worker.shared import Shared
 from pyqueue.worker.slots import Slot
 
 log = logging.getLogger("pyqueue.worker")
@@ -130,41 +130,39 @@ class Endings:
     """Turns how a handler's run ended into its transition (see the module docstring).
 
     Args:
-        by_name: every queue leased from, by name.
-        first_group: the queues of the first (highest-priority) logical queue: group
-            commit leases replacements only from there, so a lower-priority job never
-            overtakes a ready higher-priority one.
+        settings: the worker's; read: ``keep_results_ms``, ``max_results``, the backoff.
+        served: the worker's queues. A job is ended on the queue of its name; group
+            commit leases replacements only from the first queue's (``first_group``),
+            so a lower-priority job never overtakes a ready higher-priority one.
+        shared: the parts' shared state (:class:`~pyqueue.worker.shared.Shared`).
         commit_loop: sends the acks (and leases the replacements) of the jobs whose
             handlers returned.
-        on_ended: the handler's ``job_ended(job, how)``, if it has one: called once this
-            worker's ack ('ok') or nack ('dead') of a job answered OK, so what waits for
-            the job hears of it at once (the task layer's flows; a flow check covers a
-            worker that dies first). Its errors are logged, never the job's.
-        reports_end: the handler's ``reports_end(job)``, if it has one: whether
-            ``on_ended`` wants to hear of ``job`` (without it, of every job). The handler
-            thread of such a job waits for its ack's answer to call the hook; the others
-            go on at once.
+        handler_spec: what the handler declares. Its ``job_ended(job, how)``, if any, is
+            called once this worker's ack ('ok') or nack ('dead') of a job answered OK,
+            so what waits for the job hears of it at once (the task layer's flows; a
+            flow check covers a worker that dies first); its errors are logged, never
+            the job's. Its ``reports_end(job)``, if any, says whether ``job_ended`` wants
+            to hear of ``job`` (without it, of every job): the handler thread of such a
+            job waits for its ack's answer to call the hook; the others go on at once.
     """
 
     def __init__(
-        self, *, by_name: Mapping[str, Queue], first_group: Sequence[Queue], commit_loop: CommitLoop,
-        running: Running, control: Control, registration: Registration, crash: Crasher, retrying: Retrying,
-        keep_results_ms: int | None, max_results: int, backoff_base_ms: int, backoff_cap_ms: int,
-        on_ended: Callable[[Job, str], None] | None = None, reports_end: Callable[[Job], bool] | None = None,
+        self, settings: WorkerSettings, served: Served, shared: Shared, commit_loop: CommitLoop,
+        handler_spec: HandlerSpec = HandlerSpec(),
     ) -> None:
-        self.by_name = by_name
-        self.on_ended = on_ended
-        self.reports_end = reports_end
-        self.first_group = list(first_group)
+        self.by_name = served.by_name
+        self.on_ended = handler_spec.job_ended
+        self.reports_end = handler_spec.reports_end
+        self.first_group = list(served.first_group)
         self.commit_loop = commit_loop
-        self.running = running
-        self.control = control
-        self.registration = registration
-        self.crash = crash
-        self.retrying = retrying
-        self.keep_results_ms = keep_results_ms
-        self.max_results = max_results
-        self.backoff_base_ms, self.backoff_cap_ms = backoff_base_ms, backoff_cap_ms
+        self.running = shared.running
+        self.control = control = shared.control
+        self.registration = shared.registration
+        self.crash = shared.crash
+        self.retrying = shared.retrying
+        self.keep_results_ms = settings.keep_results_ms
+        self.max_results = settings.max_results
+        self.backoff_base_ms, self.backoff_cap_ms = settings.backoff_base_ms, settings.backoff_cap_ms
         self._killed: threading.Event = control.killed
         self._stopping: threading.Event = control.stopping
         self._paused: threading.Event = control.leasing_paused

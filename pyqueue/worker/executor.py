@@ -32,10 +32,9 @@ from typing import Any, Protocol
 
 from pyqueue.protocol.errors import InvalidArgument
 from pyqueue.protocol.models import Job, Outcome
-from pyqueue.worker.crash import Crasher
 from pyqueue.worker.endings import Endings
 from pyqueue.worker.handler import spec_of
-from pyqueue.worker.running import Running
+from pyqueue.worker.settings import Served, WorkerSettings
 from pyqueue.worker.slots import Slot, TimeLimitExceeded, enter_slot
 
 log = logging.getLogger("pyqueue.worker")
@@ -82,24 +81,22 @@ class ThreadExecutor:
 
     Args:
         handler: called with each job in a handler thread (:meth:`call_handler`).
-        slot_owner: what each job's :class:`~pyqueue.worker.slots.Slot` answers to (the worker:
-            its ``lease_ms`` and ``run_awaitable``).
-        partitioned_first: the first queue is partitioned: a slot then leases in the
+        settings: the worker's; read: ``concurrency``, ``lease_ms``.
+        served: the worker's queues. If the first is partitioned, a slot leases in the
             same partition at most :data:`PARTITION_STREAK` times in a row.
+        endings: how each run ends (and its commit loop, which this executor runs).
     """
 
     def __init__(
-        self, handler: Handler, *, concurrency: int, lease_ms: int, slot_owner: Any, running: Running,
-        endings: Endings, crash: Crasher, partitioned_first: bool,
+        self, handler: Handler, settings: WorkerSettings, served: Served, endings: Endings,
     ) -> None:
         self.handler = handler
-        self.concurrency = concurrency
-        self.lease_ms = lease_ms
-        self.slot_owner = slot_owner
-        self.running = running
+        self.concurrency = settings.concurrency
+        self.lease_ms = settings.lease_ms
+        self.running = endings.running
         self.endings = endings
-        self.crash = crash
-        self.partitioned_first = partitioned_first
+        self.crash = endings.crash
+        self.partitioned_first = served.partitioned_first
         #: Sends the acks the handler threads post; it hands the jobs it leases in their
         #: place back to this executor (:meth:`resume`), and runs while the executor does.
         self.commit_loop = endings.commit_loop
@@ -132,18 +129,35 @@ class ThreadExecutor:
             except BaseException:  # the slot was given back; the thread must live on for the next one
                 log.exception("a handler thread's work failed (the worker's own error, not a handler's)")
 
+    #: Whether jobs run in the thread that hands them over (:meth:`run_here`).
+    inline = False
+
+    def run_here(self) -> None:
+        """Run each job (or batch) in the thread that hands it over, at once, and end it
+        without leasing its successor: no handler thread and no commit loop. How
+        ``tasks.testing().drain()`` drives the real lease round
+        (:meth:`~pyqueue.worker.fetch.FetchLoop.lease_round`) one job at a time, its
+        errors raised where it can see them. Call it instead of :meth:`start`."""
+        self.inline = True
+
+    def _hand(self, work: tuple[Any, ...]) -> None:
+        if self.inline:
+            work[0](*work[1:])
+        else:
+            self._work.put(work)
+
     def submit(self, job: Job) -> None:
-        self._work.put((self.serve, job, 1))
+        self._hand((self.serve, job, 1))
 
     def resume(self, job: Job, streak: int) -> None:
         """Run ``job``, which the commit loop leased in the slot of the job it replaces,
         the ``streak``-th job in a row that slot leased for itself."""
-        self._work.put((self.serve, job, streak))
+        self._hand((self.serve, job, streak))
 
     def spawn(self, serve: Callable[..., None], *args: Any) -> None:
         """Run ``serve(*args)`` in a handler thread, in the slot the caller took for it
         (a batch of jobs: :mod:`pyqueue.worker.batch`)."""
-        self._work.put((serve, *args))
+        self._hand((serve, *args))
 
     def shutdown(self) -> None:
         for _ in self._threads:
@@ -163,9 +177,8 @@ class ThreadExecutor:
                 self.running.untrack(job)
                 log.info("job %s: its lease ended before it started; not run", job.id)
             else:
-                handed_on = self.run_one(
-                    job, may_lease=not self.partitioned_first or streak < PARTITION_STREAK, streak=streak
-                )
+                may_lease = not self.inline and (not self.partitioned_first or streak < PARTITION_STREAK)
+                handed_on = self.run_one(job, may_lease=may_lease, streak=streak)
         finally:
             if not handed_on:
                 self.running.give_back()
@@ -175,7 +188,7 @@ class ThreadExecutor:
         whether its slot passed on to the commit loop."""
         error: BaseException | None = None
         result: object = None
-        slot = Slot(self.slot_owner, job)
+        slot = Slot(job, self.lease_ms, self)
         self.running.enter(slot)
         enter_slot(slot)
         try:

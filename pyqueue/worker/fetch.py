@@ -19,18 +19,16 @@ import itertools
 import logging
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from pyqueue.drivers.clients import Client
 from pyqueue.protocol.errors import OutcomeUnknown
-from pyqueue.drivers.queue import Queue, peek_many
+from pyqueue.drivers.queue import peek_many
 from pyqueue.worker.batch import BatchRunner
-from pyqueue.worker.crash import Crasher
 from pyqueue.worker.executor import Executor
-from pyqueue.worker.lifecycle import Control
-from pyqueue.worker.registration import Registration
 from pyqueue.worker.retries import MAX_BACKOFF_S, RETRY_ON, retryable
-from pyqueue.worker.running import Running
+from pyqueue.worker.settings import Served, WorkerSettings
+from pyqueue.worker.shared import Shared
 from pyqueue.drivers.waiting import Waiter
 
 log = logging.getLogger("pyqueue.worker")
@@ -46,9 +44,12 @@ class FetchLoop:
     """The fetch loop of one worker (see the module docstring).
 
     Args:
+        settings: the worker's; read: ``lease_ms``, ``block_ms``.
+        served: the worker's queues; per logical queue, in priority order, the queues a
+            lease call goes to (its partitions, or itself).
+        shared: the parts' shared state (:class:`~pyqueue.worker.shared.Shared`).
+        executor: runs the handlers of the jobs it leases.
         redis: the queues' server (the blocking wait gets a connection of its own).
-        groups: per logical queue, in priority order, the queues a lease call goes to:
-            its partitions, or itself.
         renew: renews the registration now (a heartbeat duty), when the fetch loop
             finds it unconfirmed.
         batches: for the queues served in batches, how many jobs a lease round asks
@@ -58,24 +59,23 @@ class FetchLoop:
     """
 
     def __init__(
-        self, *, redis: Client, groups: Sequence[Sequence[Queue]], running: Running, registration: Registration,
-        executor: Executor, control: Control, crash: Crasher, renew: Callable[[], None], lease_ms: int,
-        block_ms: int, private_wake_shared: bool, batches: BatchRunner | None = None,
+        self, settings: WorkerSettings, served: Served, shared: Shared, executor: Executor, *, redis: Client,
+        renew: Callable[[], None], private_wake_shared: bool, batches: BatchRunner | None = None,
     ) -> None:
         self.redis = redis
-        self.groups = [list(g) for g in groups]
+        self.groups = [list(g) for g in served.groups]
         self.queues = [q for group in self.groups for q in group]
-        self.running = running
-        self.registration = registration
+        self.running = shared.running
+        self.registration = shared.registration
         self.executor = executor
-        self.control = control
-        self.crash = crash
+        self.control = shared.control
+        self.crash = shared.crash
         self.renew = renew
-        self.lease_ms, self.block_ms = lease_ms, block_ms
+        self.lease_ms, self.block_ms = settings.lease_ms, settings.block_ms
         self.private_wake_shared = private_wake_shared
         #: Runs the queues served in batches (None: every job is its own handler call).
         self.batches = batches
-        self.by_wake = {q.keys.wake: q for q in self.queues}
+        self.by_wake = {q.spec.keys.wake: q for q in self.queues}
         #: Queues found without work at the last round -> their next_due_ms then (-1: none).
         self.known_empty: dict[str, int] = {}
         self.rotations = [itertools.count() for _ in self.groups]
@@ -90,7 +90,7 @@ class FetchLoop:
     def run(self, burst: bool) -> None:
         service = self.registration.service
         assert service is not None
-        wake_keys = [q.keys.wake for q in self.queues]
+        wake_keys = [q.spec.keys.wake for q in self.queues]
         private_wake = service.keys.role("wake")
         if self.private_wake_shared:
             # A remote stop wakes us. On a cluster this key is in the namespace's slot,

@@ -13,12 +13,36 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
+from pyqueue.protocol.core import MAX_BATCH, check_int
 from pyqueue.protocol.models import Job
 
-if TYPE_CHECKING:
-    from pyqueue.worker.batch import BatchSpec
+#: The most jobs in one batch (one lease call).
+MAX_BATCH_SIZE = MAX_BATCH
+#: The longest ``batch_wait_ms``.
+MAX_BATCH_WAIT_MS = 600_000
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    """How one queue is served in batches: at most ``size`` jobs per handler call, and
+    a batch that came back short waits at most ``wait_ms`` for more."""
+
+    size: int
+    wait_ms: int = 0
+
+    @staticmethod
+    def of(size: object, wait_ms: object = 0, what: str = "batch") -> BatchSpec:
+        """A checked spec.
+
+        Raises:
+            InvalidArgument: ``size`` not an int in [1, 1000], or ``wait_ms`` not an int
+                in [0, 600000].
+        """
+        return BatchSpec(
+            check_int(size, what, 1, MAX_BATCH_SIZE), check_int(wait_ms, f"{what}_wait_ms", 0, MAX_BATCH_WAIT_MS)
+        )
 
 
 @dataclass(frozen=True)

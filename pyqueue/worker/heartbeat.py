@@ -18,20 +18,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 
 import redis as redis_lib
 
 from pyqueue.protocol.errors import PyQueueError, ServiceLost
-from pyqueue.drivers.queue import Queue
-from pyqueue.worker.crash import Crasher
 from pyqueue.worker.executor import Executor
 from pyqueue.worker.flows import FlowChecks
-from pyqueue.worker.lifecycle import EXIT_REGISTRATION_LOST, Control
+from pyqueue.worker.lifecycle import EXIT_REGISTRATION_LOST
 from pyqueue.worker.nacks import NackTerms, nack_all
-from pyqueue.worker.registration import Registration
 from pyqueue.worker.retries import NACK_AT_LIMIT_ERRORS
-from pyqueue.worker.running import Running
+from pyqueue.worker.settings import Served, WorkerSettings
+from pyqueue.worker.shared import Shared
 from pyqueue.worker.supervised import SupervisorLink
 from pyqueue.worker.slots import SUPERVISED_WRITE_OFF_S, WRITE_OFF_S, Slot
 
@@ -45,28 +43,33 @@ class Heartbeat:
     """The heartbeat of one worker (see the module docstring).
 
     Args:
+        settings: the worker's; read: ``lease_ms``, ``renew_ms``, ``expire_ms``, the backoff.
+        served: the worker's queues (whose leases it extends).
+        shared: the parts' shared state (:class:`~pyqueue.worker.shared.Shared`).
+        executor: runs the handlers (told to interrupt a job at its time limit).
         wake_fetch_loop: ends the fetch loop's blocking wait, locally (nothing is
             written to Redis).
+        supervisor_link: a supervised child's line to its supervisor.
+        flows: the checks of flow steps waiting for others (None: none).
     """
 
     def __init__(
-        self, *, queues: Sequence[Queue], by_name: Mapping[str, Queue], running: Running, registration: Registration,
-        executor: Executor, control: Control, crash: Crasher, wake_fetch_loop: Callable[[], None],
-        lease_ms: int, renew_ms: int, expire_ms: int, backoff_base_ms: int, backoff_cap_ms: int,
-        supervisor_link: SupervisorLink | None = None, flows: FlowChecks | None = None,
+        self, settings: WorkerSettings, served: Served, shared: Shared, executor: Executor, *,
+        wake_fetch_loop: Callable[[], None], supervisor_link: SupervisorLink | None = None,
+        flows: FlowChecks | None = None,
     ) -> None:
         #: The checks of jobs waiting for others, on the renewal tick (None: none).
         self.flows = flows
-        self.queues = list(queues)
-        self.by_name = by_name
-        self.running = running
-        self.registration = registration
+        self.queues = list(served.queues)
+        self.by_name = served.by_name
+        self.running = shared.running
+        self.registration = shared.registration
         self.executor = executor
-        self.control = control
-        self.crash = crash
+        self.control = shared.control
+        self.crash = shared.crash
         self._wake = wake_fetch_loop
-        self.lease_ms, self.renew_ms, self.expire_ms = lease_ms, renew_ms, expire_ms
-        self.backoff_base_ms, self.backoff_cap_ms = backoff_base_ms, backoff_cap_ms
+        self.lease_ms, self.renew_ms, self.expire_ms = settings.lease_ms, settings.renew_ms, settings.expire_ms
+        self.backoff_base_ms, self.backoff_cap_ms = settings.backoff_base_ms, settings.backoff_cap_ms
         self.link = supervisor_link
         #: How long an interrupted thread may take to stop before its slot is written off.
         self.write_off_s = WRITE_OFF_S if supervisor_link is None else SUPERVISED_WRITE_OFF_S

@@ -17,7 +17,7 @@ from typing import NamedTuple, TypeVar
 from pyqueue.protocol.core import Finished, Pipelined, Plan, ScriptCall, Step, resume
 from pyqueue.protocol.errors import PyQueueError, map_redis_error
 from pyqueue.protocol.models import Job, Nacked
-from pyqueue.drivers.queue import Queue
+from pyqueue.drivers.queue import Queue, drive, plans_of, transport_of
 
 T = TypeVar("T")
 
@@ -41,14 +41,14 @@ def nack_all(queue: Queue, nacks: Sequence[NackTerms], *, backoff_base_ms: int, 
         sending them all again is safe (fenced: a nack that ran answers GONE or STALE).
     """
     plans = [
-        queue.plan_nack(
+        plans_of(queue).nack(
             n.job, n.error, delay_ms=n.delay_ms, final=n.final, backoff_base_ms=backoff_base_ms,
             backoff_cap_ms=backoff_cap_ms,
         )
         for n in nacks
     ]
-    if len(plans) == 1 or queue.wait_replicas:
-        return [queue.drive(plan) for plan in plans]
+    if len(plans) == 1 or queue.spec.wait_replicas:
+        return [drive(queue, plan) for plan in plans]
     return drive_together(queue, plans)
 
 
@@ -60,7 +60,7 @@ def drive_together(queue: Queue, plans: Sequence[Plan[T]]) -> list[T]:
     steps: list[Step | Finished[T]] = [resume(plan) for plan in plans]
     firsts = [s for s in steps if isinstance(s, ScriptCall)]
     if len(firsts) == len(steps) and len({s.script for s in firsts}) == 1:
-        replies = queue.execute(Pipelined(firsts[0].script, [(s.keys, s.args) for s in firsts]))
+        replies = transport_of(queue).execute(Pipelined(firsts[0].script, [(s.keys, s.args) for s in firsts]))
         steps = [
             resume(plan, error=map_redis_error(reply)) if isinstance(reply, Exception) else resume(plan, reply)
             for plan, reply in zip(plans, replies)
@@ -69,7 +69,7 @@ def drive_together(queue: Queue, plans: Sequence[Plan[T]]) -> list[T]:
     for plan, step in zip(plans, steps):
         while not isinstance(step, Finished):
             try:
-                step = resume(plan, queue.execute(step))
+                step = resume(plan, transport_of(queue).execute(step))
             except PyQueueError as exc:
                 step = resume(plan, error=exc)
         out.append(step.value)

@@ -38,12 +38,9 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pyqueue.protocol.models import Job
-
-if TYPE_CHECKING:
-    from pyqueue.worker.worker import Worker
 
 log = logging.getLogger("pyqueue.worker")
 
@@ -77,20 +74,33 @@ class LimitEnding:
     final: bool = False
 
 
+class AwaitableRunner(Protocol):
+    """Who runs a coroutine for a slot's job: its executor (an AsyncWorker's runs it on
+    the event loop; a thread executor refuses)."""
+
+    def run_awaitable(self, slot: Slot, awaitable: Awaitable[Any]) -> Any: ...
+
+
 class Slot:
-    """One running job in one handler thread (see the module docstring)."""
+    """One running job in one handler thread (see the module docstring).
+
+    Args:
+        job: the job.
+        lease_ms: its lease length (the lease began ``lease_ms`` before its deadline).
+        runner: its executor, which runs a coroutine for it (:meth:`run_awaitable`).
+    """
 
     __slots__ = (
-        "worker", "job", "thread_id", "leased_at_ms", "started", "name", "limit_at", "limit_s", "ending", "limited",
+        "runner", "job", "thread_id", "leased_at_ms", "started", "name", "limit_at", "limit_s", "ending", "limited",
         "interrupted_at", "written_off", "_lock", "_in_user_code", "_injected",
     )
 
-    def __init__(self, worker: Worker, job: Job) -> None:
-        self.worker = worker
+    def __init__(self, job: Job, lease_ms: int, runner: AwaitableRunner) -> None:
+        self.runner = runner
         self.job = job
         self.thread_id = threading.get_ident()
         #: The server clock when the job was leased (its deadline minus the lease length).
-        self.leased_at_ms = job.deadline_ms - worker.lease_ms
+        self.leased_at_ms = job.deadline_ms - lease_ms
         self.started = time.monotonic()
         #: What logs call the job besides its id (the task layer sets its task name).
         self.name = ""
@@ -169,7 +179,7 @@ class Slot:
     def run_awaitable(self, awaitable: Awaitable[Any]) -> Any:
         """Run a coroutine on the worker's event loop and wait for it (an AsyncWorker);
         a sync worker refuses (InvalidArgument), since it has no loop to run it on."""
-        return self.worker.run_awaitable(self, awaitable)
+        return self.runner.run_awaitable(self, awaitable)
 
     def interrupt(self) -> None:
         """Stop the work at its time limit: raise :class:`TimeLimitExceeded` in the

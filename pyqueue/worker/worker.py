@@ -44,66 +44,34 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
-from typing import cast
+from collections.abc import Sequence
+from typing import Unpack, cast
 
 import redis as redis_lib
 
 from pyqueue.drivers.clients import Client, bytes_client, check_server, client_url, default_client
-from pyqueue.worker.commit import CommitLoop
-from pyqueue.protocol.core import DEFAULT_MAX_RESULTS
+from pyqueue.drivers.queue import Queue, check_partitions, physical_queue, plans_of
+from pyqueue.ops.schedules import Schedule, Scheduler, check_schedules
+from pyqueue.ops.service import Service, Services
 from pyqueue.protocol.errors import InvalidArgument
-from pyqueue.drivers.queue import (
-    DEFAULT_BACKOFF_BASE_MS,
-    DEFAULT_BACKOFF_CAP_MS,
-    DEFAULT_KEEP_DONE_MS,
-    DEFAULT_LEASE_MS,
-    DEFAULT_PREFIX,
-    Queue,
-    check_int,
-    physical_queue,
-)
 from pyqueue.worker.batch import BatchHandler, BatchRunner
-from pyqueue.worker.crash import CRASH_POINTS, Crasher
-from pyqueue.worker.endings import Endings, Fail, Retry, error_text, seconds_to_ms
-from pyqueue.worker.executor import (
-    PARTITION_STREAK,
-    ExecutorHooks,
-    Handler,
-    ThreadExecutor,
-    check_sync_handler,
-    handler_functions,
-    is_async_handler,
-)
-from pyqueue.worker.fetch import SERVER_TIMER_SLACK_MS, FetchLoop
+from pyqueue.worker.commit import CommitLoop
+from pyqueue.worker.crash import Crasher
+from pyqueue.worker.endings import Endings
+from pyqueue.worker.executor import ExecutorHooks, Handler, ThreadExecutor
+from pyqueue.worker.fetch import FetchLoop
 from pyqueue.worker.flows import FlowChecks
 from pyqueue.worker.handler import spec_of
-from pyqueue.protocol.verbs.flows import DEFAULT_FLOW_CHECK_MS
-from pyqueue.worker.heartbeat import TICK_S, Heartbeat
-from pyqueue.worker.lifecycle import (
-    AUTH_GRACE_S,
-    EXIT_MISCONFIGURED,
-    EXIT_OK,
-    EXIT_REGISTRATION_LOST,
-    Control,
-    StoppedDuringStartUp,
-    shutdown,
-)
+from pyqueue.worker.heartbeat import Heartbeat
+from pyqueue.worker.lifecycle import AUTH_GRACE_S, EXIT_OK, Control, StoppedDuringStartUp, shutdown
 from pyqueue.worker.registration import Registration
-from pyqueue.worker.retries import MAX_BACKOFF_S, Retrying
+from pyqueue.worker.retries import Retrying
 from pyqueue.worker.running import Running
+from pyqueue.worker.settings import Served, WorkerOptions, WorkerSettings
+from pyqueue.worker.shared import Shared
 from pyqueue.worker.supervised import SupervisorLink
-from pyqueue.ops.schedules import Schedule, Scheduler, check_schedules
-from pyqueue.ops.service import DEFAULT_EXPIRE_MS, DEFAULT_NAMESPACE, Service, Services
 
-# The names this module had before the runtime was split into pyqueue.worker stay
-# importable from here.
-__all__ = [
-    "AUTH_GRACE_S", "CRASH_POINTS", "EXIT_MISCONFIGURED", "EXIT_OK", "EXIT_REGISTRATION_LOST", "MAX_BACKOFF_S",
-    "PARTITION_STREAK", "SERVER_TIMER_SLACK_MS", "TICK_S", "Fail", "Handler", "Retry", "Worker",
-    "check_sync_handler", "check_worker_client", "error_text", "handler_functions", "is_async_handler",
-    "seconds_to_ms",
-]
+__all__ = ["Worker", "check_worker_client"]
 
 log = logging.getLogger("pyqueue.worker")
 
@@ -126,26 +94,6 @@ def check_worker_client(client: object) -> Client:
             "its handlers on the event loop). Pass pyqueue.connect(url), or redis.Redis(...) with the same settings."
         )
     raise InvalidArgument(f"a worker needs a redis-py client (redis.Redis or RedisCluster), got {type(client).__name__}")
-
-
-def named_queues(
-    names: Sequence[str], redis: Client, prefix: str, keep_done_ms: int, partitions: Mapping[str, int] | None,
-    wait_replicas: int,
-) -> list[Queue]:
-    """A worker's queues as named, in priority order (a partitioned one as one queue).
-
-    Raises:
-        InvalidArgument: a partition count for a queue not in ``names``, or a bad name.
-    """
-    partitions = dict(partitions or {})
-    unknown = sorted(set(partitions) - set(names))
-    if unknown:
-        raise InvalidArgument(f"partitions given for queues this worker does not serve: {unknown}")
-    return [
-        Queue(name, redis, prefix=prefix, keep_done_ms=keep_done_ms, partitions=partitions.get(name, 1),
-              wait_replicas=wait_replicas)
-        for name in names
-    ]
 
 
 class Worker(ExecutorHooks):
@@ -221,126 +169,96 @@ class Worker(ExecutorHooks):
         *,
         redis: Client | None = None,
         service_redis: Client | None = None,
-        prefix: str = DEFAULT_PREFIX,
-        namespace: str = DEFAULT_NAMESPACE,
-        concurrency: int = 1,
-        prefetch: int = 0,
-        lease_ms: int = DEFAULT_LEASE_MS,
-        block_ms: int = 10_000,
-        renew_ms: int = 15_000,
-        expire_ms: int = DEFAULT_EXPIRE_MS,
-        grace_ms: int = 30_000,
-        backoff_base_ms: int = DEFAULT_BACKOFF_BASE_MS,
-        backoff_cap_ms: int = DEFAULT_BACKOFF_CAP_MS,
-        keep_done_ms: int = DEFAULT_KEEP_DONE_MS,
-        partitions: Mapping[str, int] | None = None,
-        wait_replicas: int = 0,
         schedules: Sequence[Schedule] = (),
-        keep_results_ms: int | None = None,
-        max_results: int = DEFAULT_MAX_RESULTS,
         supervisor_link: SupervisorLink | None = None,
-        batch: int | None = None,
-        batch_wait_ms: int | None = None,
-        flow_check_ms: int = DEFAULT_FLOW_CHECK_MS,
+        **options: Unpack[WorkerOptions],
     ) -> None:
-        if not queues or len(set(queues)) != len(queues):
-            raise InvalidArgument("a worker serves one or more distinct queues")
-        self.concurrency = check_int(concurrency, "concurrency", 1, 1000)
-        self.prefetch = check_int(prefetch, "prefetch", 0, 1000)
-        self.lease_ms = check_int(lease_ms, "lease_ms", 100, 604_800_000)
-        self.block_ms = check_int(block_ms, "block_ms", 10, 600_000)
-        self.renew_ms = check_int(renew_ms, "renew_ms", 100, 86_400_000)
-        self.expire_ms = check_int(expire_ms, "expire_ms", 1_000, 86_400_000)
-        if self.renew_ms * 2 > self.expire_ms:
-            raise InvalidArgument("renew_ms must be at most half of expire_ms")
-        self.grace_ms = check_int(grace_ms, "grace_ms", 0, 86_400_000)
-        self.backoff_base_ms, self.backoff_cap_ms = backoff_base_ms, backoff_cap_ms
+        self.settings = settings = WorkerSettings(**options)
         self.check_handler(handler)
         #: What the handler declares beyond being callable (pyqueue.worker.handler).
         self.handler_spec = spec_of(handler)
-        #: The task names this worker runs, advertised in its service registration.
-        self.task_names = self.handler_spec.task_names
-        self.prefix = prefix
         self.redis = bytes_client(check_worker_client(redis) if redis is not None else default_client())
         # Renewals wait for the replicas too (see Services), on the worker's own server.
         self.services = Services(
-            service_redis if service_redis is not None else self.redis, namespace=namespace, prefix=prefix,
-            wait_replicas=wait_replicas if service_redis is None else 0,
+            service_redis if service_redis is not None else self.redis, namespace=settings.namespace,
+            prefix=settings.prefix, wait_replicas=settings.wait_replicas if service_redis is None else 0,
         )
-        self.queue_names = list(queues)
-        # Validates the names now; owners are set once the service id is known.
-        self.keep_done_ms = check_int(keep_done_ms, "keep_done_ms", 0, 2**40)
-        self.keep_results_ms = None if keep_results_ms is None else check_int(
-            keep_results_ms, "keep_results_ms", 1, 2**40
-        )
-        self.max_results = check_int(max_results, "max_results", 1, 10_000_000)
-        #: The queues as named, in priority order (a partitioned one as one queue).
-        self.logical = named_queues(self.queue_names, self.redis, prefix, keep_done_ms, partitions, wait_replicas)
+        #: The queues it leases from (owners are set once the service id is known).
+        self.served = served = Served.open(queues, self.redis, settings)
         #: Periodic jobs this worker enqueues (its Scheduler runs while it is registered).
-        self.schedules = check_schedules(schedules, self.queue_names, self.keep_done_ms)
-        self._scheduler: Scheduler | None = None
-        #: Per logical queue, the queues a lease call goes to: its partitions, or itself.
-        self.groups: list[list[Queue]] = [getattr(q, "parts", [q]) for q in self.logical]
-        #: Every queue leased from, in priority order (partitions in partition order).
-        self.queues = [q for group in self.groups for q in group]
-        self._by_name = {q.name: q for q in self.queues}
-
-        # The parts (pyqueue.worker), wired once: each gets what it uses, nothing more.
-        # A slot per job held: one per handler thread, and one per prefetched job.
-        self.running = Running(self.concurrency + self.prefetch)
-        self.control = Control(self.running, supervisor_link.parent_gone if supervisor_link is not None else None)
-        self._crash = Crasher()
-        retrying = Retrying(self.control.hard_stop)
-        self.commit_loop = CommitLoop.for_worker(
-            self.queues, lease_ms=self.lease_ms, retrying=retrying, running=self.running, killed=self.control.killed
+        self.schedules = check_schedules(schedules, list(served.names), settings.keep_done_ms)
+        self.supervisor_link = supervisor_link
+        self.shared = shared = self._shared(settings, served, supervisor_link)
+        self.commit_loop = CommitLoop.for_worker(served.queues, settings.lease_ms, shared)
+        self.endings = Endings(settings, served, shared, self.commit_loop, self.handler_spec)
+        self.executor = self.executor_class(cast(Handler, handler), settings, served, self.endings)
+        flows = FlowChecks(served.queues, self._physical_queue, settings.flow_check_ms)
+        self.heartbeat = Heartbeat(settings, served, shared, self.executor, wake_fetch_loop=self._wake_fetch_loop,
+                                   supervisor_link=supervisor_link, flows=flows)
+        #: Runs the queues served in batches (pyqueue.worker.batch); None: none is.
+        self.batches = BatchRunner.of(handler, settings, served, self.executor)
+        self.fetch = FetchLoop(
+            settings, served, shared, self.executor, redis=self.redis, renew=self.heartbeat.renew_now,
+            private_wake_shared=self.services.redis is self.redis, batches=self.batches,
         )
-        self.registration = Registration(
-            self.services, self.control, queue_names=[q.name for q in self.queues], by_name=self._by_name,
-            redis=self.redis, prefix=prefix, expire_ms=self.expire_ms, task_names=self.task_names,
+
+    def _shared(self, settings: WorkerSettings, served: Served, link: SupervisorLink | None) -> Shared:
+        """The state the parts share: what runs, the stop, the registration, the crash
+        points, and the retries (which give up once a hard stop is asked)."""
+        running = Running(settings.slots)
+        control = Control(running, link.parent_gone if link is not None else None)
+        registration = Registration(
+            self.services, control, queue_names=[q.name for q in served.queues], by_name=served.by_name,
+            redis=self.redis, prefix=settings.prefix, expire_ms=settings.expire_ms,
+            task_names=self.handler_spec.task_names,
         )
         # Each renewal reports what runs (the dashboard's running jobs: elapsed, time limit).
-        self.registration.report = lambda: self.running.report(self.lease_ms)
-        self.endings = Endings(
-            by_name=self._by_name, first_group=self.groups[0], commit_loop=self.commit_loop, running=self.running,
-            control=self.control, registration=self.registration, crash=self._crash, retrying=retrying,
-            keep_results_ms=self.keep_results_ms, max_results=self.max_results,
-            backoff_base_ms=self.backoff_base_ms, backoff_cap_ms=self.backoff_cap_ms,
-            on_ended=self.handler_spec.job_ended, reports_end=self.handler_spec.reports_end,
-        )
-        self.executor = self.executor_class(
-            # (With batch=, every queue is served in batches: the executor's one-job calls are never made.)
-            cast(Handler, handler), concurrency=self.concurrency, lease_ms=self.lease_ms, slot_owner=self, running=self.running,
-            endings=self.endings, crash=self._crash, partitioned_first=len(self.groups[0]) > 1,
-        )
-        self.heartbeat = Heartbeat(
-            queues=self.queues, by_name=self._by_name, running=self.running, registration=self.registration,
-            executor=self.executor, control=self.control, crash=self._crash, wake_fetch_loop=self._wake_fetch_loop,
-            lease_ms=self.lease_ms, renew_ms=self.renew_ms, expire_ms=self.expire_ms,
-            backoff_base_ms=self.backoff_base_ms, backoff_cap_ms=self.backoff_cap_ms,
-            supervisor_link=supervisor_link,
-            flows=FlowChecks(
-                self.queues, lambda name: physical_queue(name, self.redis, prefix=prefix),
-                check_int(flow_check_ms, "flow_check_ms", 1, 86_400_000),
-            ),
-        )
-        self.supervisor_link = supervisor_link
-        if supervisor_link is not None and supervisor_link.max_jobs:
+        registration.report = lambda: running.report(settings.lease_ms)
+        if link is not None and link.max_jobs:
             # Recycling by jobs: stop leasing as the last job ends (the heartbeat then asks
             # the supervisor for the replacement).
-            self.running.limit_jobs(supervisor_link.max_jobs, self.control.leasing_paused)
-        #: Runs the queues served in batches (pyqueue.worker.batch); None: none is.
-        self.batches = BatchRunner.for_worker(self, handler, batch, batch_wait_ms, retrying, self._crash)
-        self.fetch = FetchLoop(
-            redis=self.redis, groups=self.groups, running=self.running, registration=self.registration,
-            executor=self.executor, control=self.control, crash=self._crash, renew=self.heartbeat.renew_now,
-            lease_ms=self.lease_ms, block_ms=self.block_ms, private_wake_shared=self.services.redis is self.redis,
-            batches=self.batches,
-        )
+            running.limit_jobs(link.max_jobs, control.leasing_paused)
+        return Shared(running, control, registration, Crasher(), Retrying(control.hard_stop))
+
+    def _physical_queue(self, name: str) -> Queue:
+        """A queue of this worker's server by its physical name (a flow check's)."""
+        return physical_queue(name, self.redis, prefix=self.settings.prefix)
+
+    # -- what the parts hold, by their names --------------------------------------------
+
+    @property
+    def running(self) -> Running:
+        return self.shared.running
+
+    @property
+    def control(self) -> Control:
+        return self.shared.control
+
+    @property
+    def registration(self) -> Registration:
+        return self.shared.registration
+
+    @property
+    def queues(self) -> tuple[Queue, ...]:
+        """Every queue leased from, in priority order (partitions in partition order)."""
+        return self.served.queues
+
+    @property
+    def task_names(self) -> tuple[str, ...]:
+        """The task names this worker runs, advertised in its service registration."""
+        return self.handler_spec.task_names
+
+    @property
+    def lease_ms(self) -> int:
+        return self.settings.lease_ms
+
+    #: The scheduler of its periodic jobs, while it runs (None: it has none).
+    _scheduler: Scheduler | None = None
 
     #: The executor this worker runs handlers with (an AsyncWorker's runs asyncio tasks).
     executor_class: type[ThreadExecutor] = ThreadExecutor
 
-    # -- state, as before the split ----------------------------------------------------
+    # -- what the worker reports ------------------------------------------------------
 
     @property
     def service(self) -> Service | None:
@@ -383,8 +301,8 @@ class Worker(ExecutorHooks):
         self.fetch.wake()
 
     def _check_partitions(self) -> None:
-        for q in self.logical:
-            q.check_partitions()
+        for q in self.served.logical:
+            check_partitions(q)
 
     # -- main loop -------------------------------------------------------------------
 
@@ -410,13 +328,13 @@ class Worker(ExecutorHooks):
             if isinstance(exc, StoppedDuringStartUp):
                 return self.exit_code
             raise
-        self._crash.at("after_register")
+        self.shared.crash.at("after_register")
         check_server(self.redis)
-        for q in self.logical + self.queues:
-            q.owner = service.owner
+        for q in self.served.logical + self.served.queues:
+            plans_of(q).set_owner(service.owner)
         log.info(
             "service %s started: queues %s, concurrency %d, host %s pid %d",
-            service.owner, ",".join(self.queue_names), self.concurrency, os.uname().nodename, os.getpid(),
+            service.owner, ",".join(self.served.names), self.settings.concurrency, os.uname().nodename, os.getpid(),
         )
         if self.supervisor_link is not None:
             self.supervisor_link.ready(service.id, service.registration, [q.name for q in self.queues])
@@ -427,7 +345,7 @@ class Worker(ExecutorHooks):
         if self.schedules:
             # Stopped by the worker's stop event: on stop, drain, kill or a lost registration.
             self._scheduler = Scheduler(
-                self.schedules, {q.name: q for q in self.logical}, self.keep_done_ms, control.stopping
+                self.schedules, {q.name: q for q in self.served.logical}, self.settings.keep_done_ms, control.stopping
             )
             self._scheduler.start()
         self.executor.start()  # and its commit loop
@@ -437,7 +355,7 @@ class Worker(ExecutorHooks):
             if not control.killed.is_set():
                 shutdown(
                     control=control, running=self.running, queues=self.queues, services=self.services,
-                    service=service, grace_ms=self.grace_ms, close_executor=self.executor.shutdown,
+                    service=service, grace_ms=self.settings.grace_ms, close_executor=self.executor.shutdown,
                 )
             else:
                 self.executor.shutdown()

@@ -40,7 +40,7 @@ from pyqueue.protocol.spec import QueueSpec, QueueMemory
 from pyqueue.protocol.verbs.base import run
 
 
-"""Lease, ack, nack, extend and release (see :class:`pyqueue.drivers.queue.QueueCore`)."""
+"""Lease, ack, nack, extend and release (see :class:`pyqueue.drivers.facade.QueueFacade`)."""
 
 def _run_acks(memory: QueueMemory, step: Step, receipts: Sequence[str], acks_of: Callable[[Any], list[Outcome]]) -> Plan[Any]:
     """Run ``step``, a call that acks ``receipts`` (their outcomes are

@@ -32,7 +32,7 @@ from pyqueue.protocol.spec import QueueSpec, QueueMemory
 from pyqueue.protocol.verbs.base import run
 
 
-"""Maintenance, job control and dead letters (see :class:`pyqueue.drivers.queue.QueueCore`)."""
+"""Maintenance, job control and dead letters (see :class:`pyqueue.drivers.facade.QueueFacade`)."""
 
 def promote(spec: QueueSpec, memory: QueueMemory, limit: int = DEFAULT_MAINTENANCE_LIMIT, *, now_ms: int | None = None) -> Plan[Promoted]:
     """Promote due scheduled jobs and reclaim expired leases, at most ``limit`` of

@@ -87,7 +87,7 @@ def check_refs(refs: Sequence[Ref], what: str, least: int) -> list[Ref]:
     return checked
 
 
-"""flow_wait, flow_done and flow_due (see :class:`pyqueue.drivers.queue.QueueCore`)."""
+"""flow_wait, flow_done and flow_due (see :class:`pyqueue.drivers.facade.QueueFacade`)."""
 
 def flow_wait(
     spec: QueueSpec, memory: QueueMemory, job: NewJob, waits_for: Sequence[Ref], *, check_ms: int = DEFAULT_FLOW_CHECK_MS, now_ms: int | None = None

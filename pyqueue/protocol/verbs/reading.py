@@ -99,7 +99,7 @@ def parse_stats(reply: Sequence[Any]) -> Stats:
     return Stats(**{text(reply[i]): int(reply[i + 1]) for i in range(0, len(reply), 2)})
 
 
-"""Stats, peek, get and results (see :class:`pyqueue.drivers.queue.QueueCore`)."""
+"""Stats, peek, get and results (see :class:`pyqueue.drivers.facade.QueueFacade`)."""
 
 def stats(spec: QueueSpec, memory: QueueMemory, *, now_ms: int | None = None) -> Plan[Stats]:
     """Counts per state, lag and counters, read atomically (lua/stats.lua)."""
