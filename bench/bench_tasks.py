@@ -154,7 +154,7 @@ class Env:
         assert isinstance(self.envelope, bytes)
 
     def drop(self) -> None:
-        keys = self.raw.keys.all() + self.task_queue.spec.keys.all()
+        keys = self.raw.spec.keys.all() + self.task_queue.spec.keys.all()
         self.client.unlink(*keys)
 
 
