@@ -295,11 +295,66 @@ def run_supervisor(args: argparse.Namespace) -> int:
     return supervisor.run()
 
 
+def tasks_served(client: Client, args: argparse.Namespace) -> dict[str, set[str]]:
+    """Queue name -> the task names its live workers advertise (their registrations)."""
+    from pyqueue.tasks.census import served_tasks  # the task layer sits above the engine
+
+    return served_tasks(Services(client, namespace=args.namespace, prefix=args.prefix).list())
+
+
 def cmd_enqueue(args: argparse.Namespace) -> int:
-    q = open_queue(connect(args.url), args.queue, args.prefix)
+    from pyqueue.tasks import envelope
+
+    client = connect(args.url)
+    payload = args.payload.encode()
+    served = tasks_served(client, args).get(args.queue)
+    if served and not args.raw:
+        try:
+            envelope.decode(payload)
+        except envelope.EnvelopeError:
+            # Its workers would dead-letter it as undeliverable after its attempts.
+            raise InvalidArgument(
+                f"queue {args.queue!r} is served by task workers (tasks: {', '.join(sorted(served))}): a raw job "
+                f"there is no task; send one with: pyqueue send TASK --args '[...]' (or give --raw)"
+            ) from None
+    q = open_queue(client, args.queue, args.prefix)
     result = q.enqueue(args.payload.encode(), job_id=args.id, delay_ms=args.delay_ms, max_attempts=args.max_attempts,
                        priority=args.priority, group=args.group)
     print(f"{'added' if result.added else 'duplicate'} {result.job_id}")
+    return 0
+
+
+def cmd_send(args: argparse.Namespace) -> int:
+    """Send a task by name, as ``fn.send`` does (the same envelope), to the queue its
+    live workers serve it on (or ``--queue``), without importing the application."""
+    from pyqueue.tasks import envelope
+
+    client = connect(args.url)
+    try:
+        call_args, call_kwargs = json.loads(args.args), json.loads(args.kwargs)
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument(f"--args and --kwargs are JSON: {exc}") from None
+    if not isinstance(call_args, list) or not isinstance(call_kwargs, dict):
+        raise InvalidArgument("--args is a JSON array, --kwargs a JSON object")
+    queue = args.queue
+    if queue is None:
+        served = tasks_served(client, args)
+        serving = sorted(name for name, tasks in served.items() if args.task in tasks)
+        if len(serving) != 1:
+            known = sorted({task for tasks in served.values() for task in tasks})
+            raise InvalidArgument(
+                (f"task {args.task!r} is served on several queues ({', '.join(serving)}): give --queue"
+                 if serving else
+                 f"no live worker serves task {args.task!r} (tasks served: {', '.join(known) or 'none'}): check the "
+                 "name, or give --queue to send it anyway")
+            )
+        (queue,) = serving
+    seconds, micros = client.time()
+    payload = envelope.encode(args.task, call_args, call_kwargs, {"enqueued_ms": int(seconds) * 1000 + int(micros) // 1000})
+    result = open_queue(client, queue, args.prefix).enqueue(
+        payload, job_id=args.id, delay_ms=round(args.delay * 1000), max_attempts=args.max_attempts
+    )
+    print(f"{'sent' if result.added else 'duplicate'} {args.task} as job {result.job_id} to {queue}")
     return 0
 
 
@@ -835,7 +890,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-attempts", type=int)
     p.add_argument("--priority", type=int, default=0, help="-5..5; a higher level is leased sooner (default 0)")
     p.add_argument("--group", help="the job's group, for fair scheduling (see group-limit)")
+    p.add_argument("--raw", action="store_true",
+                   help="enqueue even into a queue whose workers serve tasks (the job is no task: they dead-letter it)")
     p.set_defaults(func=cmd_enqueue)
+
+    p = sub.add_parser("send", help="send a task by name, to the queue its workers serve it on")
+    p.add_argument("task", help="the task's name (@tasks.task(name=...), or module.function)")
+    p.add_argument("--args", default="[]", help="its positional arguments, a JSON array (default [])")
+    p.add_argument("--kwargs", default="{}", help="its keyword arguments, a JSON object (default {})")
+    p.add_argument("--queue", help="the queue (default: the one its live workers serve it on)")
+    p.add_argument("--delay", type=float, default=0.0, metavar="SECONDS", help="run no earlier than this (default 0)")
+    p.add_argument("--id", help="a job id: sending the same id again adds nothing (default: a random one)")
+    p.add_argument("--max-attempts", type=int,
+                   help="attempts before the dead letters (default 5: the task's own max_attempts is not known here)")
+    p.set_defaults(func=cmd_send)
 
     p = sub.add_parser("stats", help="per-state counts, lag and counters")
     p.add_argument("queue", nargs="*", help="default: every queue under the prefix")

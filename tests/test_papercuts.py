@@ -1,6 +1,8 @@
-"""What a new user hit (issue #35's papercuts): the CLI's shared options after the
-command, the worker's options saying their defaults, ``pyqueue metrics`` failing in one
-line, a worker pointed at one task, and ``current_job().cancelled`` as ``job.cancelled``."""
+"""What a new user hit (issue #35's papercuts), each refused loudly or said plainly: the
+CLI's shared options after the command, the worker's options saying their defaults,
+``pyqueue metrics`` failing in one line, a worker pointed at one task, queue names no
+one used, sending a task by name, and the task layer's words (``cancelled``, misspelt
+keywords, hooks, results not kept)."""
 
 from __future__ import annotations
 
@@ -209,3 +211,40 @@ def test_an_arq_style_hook_taking_ctx_is_refused_when_registered() -> None:
     with pytest.raises(InvalidArgument, match="on_worker_stop hook"):
         tasks.on_worker_stop(startup)
     assert tasks.on_worker_start(lambda: None) is not None  # no arguments: taken
+
+
+def test_send_a_task_by_name_and_refuse_a_raw_job_in_a_task_queue(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import threading
+
+    from pyqueue import Tasks
+
+    tasks = Tasks()
+
+    @tasks.task(name="papercuts.add", queue="papercuts-tasks", keep_result=60)
+    def add(a: int, b: int = 0) -> int:
+        return a + b
+
+    client = connect(url)
+    tasks.bind(client)
+    worker = tasks.worker(concurrency=1, renew_ms=200, expire_ms=2_000, block_ms=200)
+    serving = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False}, daemon=True)
+    serving.start()
+    try:
+        while worker.service is None:  # registered: its tasks are advertised
+            __import__("time").sleep(0.01)
+        capsys.readouterr()
+        assert main(["--url", url, "send", "papercuts.add", "--args", "[2]", "--kwargs", '{"b": 3}', "--id", "s1"]) == 0
+        assert capsys.readouterr().out.strip() == "sent papercuts.add as job s1 to papercuts-tasks"
+        info = Queue("papercuts-tasks", client).wait_result("s1", 10_000)
+        assert (info.state, info.value) == ("ok", 5)
+        # A typo of the task's name, and a raw job into the task queue, are refused.
+        assert main(["--url", url, "send", "papercuts.ad"]) == 2
+        assert "no live worker serves task 'papercuts.ad' (tasks served: papercuts.add)" in capsys.readouterr().err
+        assert main(["--url", url, "enqueue", "papercuts-tasks", "hello"]) == 2
+        assert "served by task workers (tasks: papercuts.add)" in capsys.readouterr().err
+        assert Queue("papercuts-tasks", client).stats().enqueued == 1  # nothing was added
+    finally:
+        worker.stop()
+        serving.join(10)
