@@ -387,9 +387,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def cmd_services(args: argparse.Namespace) -> int:
     services = Services(connect(args.url), namespace=args.namespace, prefix=args.prefix)
-    rows = [[i.id, ("stopping" if i.stopping else "alive") if i.alive else "dead", i.host, i.pid, i.started_ms,
-             i.renewed_ms, ",".join(i.queues), _names(i.tasks), i.owner] for i in services.list()]
-    header = ["id", "state", "host", "pid", "started_ms", "renewed_ms", "queues", "tasks", "owner"]
+    rows = [[i.id, ("stopping" if i.stopping else "alive") if i.alive else "dead", i.host, i.pid, _utc(i.started_ms),
+             _utc(i.renewed_ms), ",".join(i.queues), _names(i.tasks), i.owner] for i in services.list()]
+    header = ["id", "state", "host", "pid", "started (UTC)", "renewed (UTC)", "queues", "tasks", "owner"]
     print(table(rows, header) if rows else "no services")
     return 0
 

@@ -146,6 +146,8 @@ def run_scenario(python: str, tmp: Path, server: RedisServer) -> None:
     emails = Queue("emails", client).stats()
     # max_attempts=3 (the example's OPTIONS): the failing task ran three times.
     assert (emails.enqueued, emails.acked, emails.nacked, emails.dead) == (2, 1, 3, 1), worker.stderr
+    # Its start and its stop are logged, as `pyqueue worker` logs them.
+    assert " started: queues " in worker.stderr and " ended: burst: every queue is drained" in worker.stderr, worker.stderr
 
     results = project.shell(READ_RESULTS.format(ok=ok, failed=placed["failing"]))
     assert results["status"] == "SUCCESSFUL"

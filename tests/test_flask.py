@@ -58,6 +58,9 @@ def test_a_worker_process_runs_the_task_in_the_app_context_with_the_apps_config(
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
+    # Its start and its stop are logged, as `pyqueue worker` logs them.
+    assert "service workers." in done.stderr and " started: queues default" in done.stderr, done.stderr
+    assert " ended: burst: every queue is drained" in done.stderr, done.stderr
     assert sent.result(timeout=5) == "Bonjour, Grace!"
     queue = Queue("default", client, prefix="shop")  # PYQUEUE_PREFIX was honoured, on both sides
     assert queue.result(job).value == "Bonjour, Ada!"

@@ -248,3 +248,15 @@ def test_send_a_task_by_name_and_refuse_a_raw_job_in_a_task_queue(
     finally:
         worker.stop()
         serving.join(10)
+
+
+def test_services_show_times_as_utc(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from pyqueue.ops.service import Services
+
+    services = Services(connect(url), namespace="papercuts-ns")
+    services.register(queues=["q"])
+    capsys.readouterr()
+    assert main(["--url", url, "--namespace", "papercuts-ns", "services"]) == 0
+    header, _, row = capsys.readouterr().out.splitlines()[:3]
+    assert "started (UTC)" in header and "started_ms" not in header
+    assert __import__("re").search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ", row), row

@@ -40,6 +40,7 @@ from flask.cli import AppGroup
 from pyqueue.drivers.clients import connect
 from pyqueue.drivers.queue import DEFAULT_PREFIX
 from pyqueue.tasks import HookOutcome, Middleware, Tasks, TaskRun
+from pyqueue.worker.lifecycle import show_worker_logs
 
 
 class PyQueue(Middleware):
@@ -94,6 +95,7 @@ def _commands() -> AppGroup:
         if not pq.tasks.tasks:
             raise click.ClickException("no pyqueue tasks are registered: is the module defining them imported by the app?")
         worker = pq.tasks.worker(list(queues) or None, concurrency=concurrency, prefetch=prefetch, block_ms=block_ms)
+        show_worker_logs()
         code = pq.tasks.run_worker(worker, burst=burst)
         if code:
             raise SystemExit(code)

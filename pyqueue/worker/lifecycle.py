@@ -48,6 +48,21 @@ EXIT_MISCONFIGURED = 78
 AUTH_GRACE_S = 10.0
 
 
+def show_worker_logs() -> None:
+    """For a worker command of a framework (``flask pyqueue worker``, ``manage.py
+    pyqueue_worker``): pyqueue's log lines (the start and stop, failed attempts) go to
+    stderr at INFO, as ``pyqueue worker`` prints them, unless the application has said
+    where they go (a handler on the ``pyqueue`` logger or above it)."""
+    logger = logging.getLogger("pyqueue")
+    if logger.hasHandlers():
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger.addHandler(handler)
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.INFO)
+
+
 class StoppedDuringStartUp(Exception):
     """A stop was requested while the worker was still starting (:meth:`Control.start_up`)."""
 

@@ -9,6 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from pyqueue.protocol.errors import InvalidArgument
+from pyqueue.worker.lifecycle import show_worker_logs
 
 
 class Command(BaseCommand):  # type: ignore[misc]  # Django ships no types
@@ -44,6 +45,7 @@ class Command(BaseCommand):  # type: ignore[misc]  # Django ships no types
                 logging.getLogger("pyqueue.tasks").removeFilter(quiet)
         except InvalidArgument as exc:
             raise CommandError(str(exc)) from exc
+        show_worker_logs()
         code = tasks.run_worker(worker, burst=options["burst"])
         if code:
             sys.exit(code)
