@@ -511,7 +511,8 @@ def test_a_node_service_shares_the_namespace_is_listed_runs_jobs_and_stops_remot
         check.equal((row["id"], row["state"]), (str(reg["id"]), "alive"), "listed id and state")
         check.equal((row["host"], row["pid"]), (socket.gethostname(), str(node.proc.pid)), "listed host and pid")
         check.equal((row["queues"], row["owner"]), ("svc", reg["owner"]), "listed queues and owner")
-        check.equal(int(row["started_ms"]), reg["started_ms"], "listed start time")
+        started = datetime.fromtimestamp(reg["started_ms"] / 1000, timezone.utc)
+        check.equal(row["started (UTC)"], started.strftime("%Y-%m-%d %H:%M:%SZ"), "listed start time")
 
         # Python enqueues; Node runs each job with its exact bytes.
         payloads = {"b0": bytes(range(256)), "b1": b"", "b2": b"\xff\x00|not utf-8", "b3": "\u00fcn\u00efc\u00f8de".encode()}
