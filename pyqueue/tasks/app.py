@@ -336,17 +336,25 @@ def _no_argument_hook(hook: Hook, where: str) -> Hook:
     """
     if not callable(hook):
         raise InvalidArgument(f"{where} takes a function, got {type(hook).__name__}")
-    try:
-        inspect.signature(hook).bind()
-    except TypeError:
+    if not _callable_with(hook):
         name = getattr(hook, "__name__", repr(hook))
         raise InvalidArgument(
             f"{where} hook {name} takes arguments, but is called with none (arq passes a ctx dict; here, keep "
             f"what it would hold in module state or a closure): def {name}() -> None"
-        ) from None
-    except ValueError:  # no signature to read (a builtin): called as it is
-        pass
+        )
     return hook
+
+
+def _callable_with(fn: Callable[..., object], *args: object) -> bool:
+    """Whether ``fn``'s signature takes ``args`` (a function without a signature to
+    read, such as a builtin, is taken as it is)."""
+    try:
+        inspect.signature(fn).bind(*args)
+    except TypeError:
+        return False
+    except ValueError:
+        pass
+    return True
 
 
 def _batch_spec(batch: object, batch_wait: Duration | None) -> BatchSpec | None:
@@ -372,15 +380,11 @@ def _check_batch_function(fn: Callable[..., object], name: str) -> None:
     Raises:
         InvalidArgument: it cannot be called with one positional argument.
     """
-    try:
-        inspect.signature(fn).bind([])
-    except TypeError:
+    if not _callable_with(fn, []):
         raise InvalidArgument(
             f"batch task {name}: its function takes one argument, the list of items of a batch "
             f"(def {getattr(fn, '__name__', 'fn')}(items: list[...]) -> list[...])"
-        ) from None
-    except ValueError:  # no signature to read (a builtin): called as it is
-        pass
+        )
 
 
 def _module_name(fn: Callable[..., object]) -> str:
