@@ -204,6 +204,11 @@ def app(r: redis.Redis) -> Tasks:
         run.then(total.s())
         return run.id
 
+    @tasks.task(name="hold", queue="math")
+    def hold() -> int:
+        HOLD.wait(20)
+        return 1
+
     RAN.clear()
 
     @tasks.task(name="record", queue="sums")
@@ -215,6 +220,8 @@ def app(r: redis.Redis) -> Tasks:
 
 #: What the task "record" was called with.
 RAN: list[Any] = []
+#: What the task "hold" waits for.
+HOLD = threading.Event()
 
 
 def task(app: Tasks, name: str) -> Any:
@@ -261,7 +268,22 @@ def test_a_failed_step_fails_what_waits_for_it_and_the_callback_never_runs(app: 
     flow = chord([task(app, "add").s(1, 1), task(app, "boom").s(3)], task(app, "record").s()).send()
     with pytest.raises(TaskDead, match="boom 3"):
         flow.result(timeout=20)
-    assert RAN == [] and flow.status() == {"done": 1, "dead": 2}
+    # The callback may die before add(1, 1) has ended: 'fail' does not wait for it.
+    wait_for(lambda: flow.status() == {"done": 1, "dead": 2}, 10, "add(1, 1) ending")
+    assert RAN == []
+
+
+def test_the_failure_passed_on_is_the_steps_that_failed_while_another_still_runs(app: Tasks, worker: Any) -> None:
+    # 'fail' releases the callback at the first failure: the input read then has one
+    # step dead and one still running, and the dead one is the cause to report.
+    HOLD.clear()
+    try:
+        flow = chord([task(app, "hold").s(), task(app, "boom").s(3)], task(app, "record").s()).send()
+        with pytest.raises(TaskDead, match="boom 3"):
+            flow.result(timeout=20)
+        assert RAN == []
+    finally:
+        HOLD.set()
 
 
 def test_under_continue_the_callback_gets_the_failures_in_place(app: Tasks, worker: Any) -> None:

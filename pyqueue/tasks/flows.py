@@ -674,6 +674,14 @@ def take_input(app: Sender, env: envelope.Envelope, flow: dict[str, Any]) -> env
                 raise Fail(f"flow {flow.get('id')}: {exc}") from None
             return exc
 
+    if fail:
+        # Under "fail" a step is released as soon as one input fails, while the others
+        # may still be pending or running: pass on that failure, not the first input in
+        # order that has not ended yet (the sort is stable: pending ones last).
+        not_ok = [ref for ref in refs if found[ref].state != "ok"]
+        for ref in sorted(not_ok, key=lambda ref: found[ref].state == "pending"):
+            read(ref)
+
     value = read(flow["input"])
     meta = {k: v for k, v in env.meta.items() if k != "enqueued_ms"}  # no max_age: it waited by design
     args = [value, *env.args] if flow.get("pass", True) else env.args
