@@ -51,7 +51,8 @@ Steps (``--only``, repeatable; default: all three):
     acked (and the next 100 leased) in one call. The issue's goal: one process, ≥ 100,000
     jobs/s at concurrency 1;
   - ``raw_prefetch`` and ``task_prefetch``: the ``raw`` and ``task`` variants with
-    ``--prefetch 8`` (8 jobs leased ahead of the handler threads);
+    ``--prefetch 8`` (8 jobs leased ahead of the handler threads); ``raw_prefetch0`` and
+    ``task_prefetch0``: with ``--prefetch 0``, none (the default is ``auto``);
   - ``raw_batch``: ``worker_handlers:noop_batch --batch 100``, the engine's batch handler
     on the ``raw`` variant's jobs; ``raw_batch_base`` (with ``--baseline DIR``): the same
     on DIR's pyqueue.
@@ -451,12 +452,15 @@ DRAIN_VARIANTS: dict[str, tuple[str, str | None]] = {
     "task_metrics": ("task_handlers:tasks", None),
     "raw_prefetch": ("worker_handlers:noop", None),
     "task_prefetch": ("task_handlers:tasks", None),
+    "raw_prefetch0": ("worker_handlers:noop", None),
+    "task_prefetch0": ("task_handlers:tasks", None),
 }
 #: More `pyqueue worker` options of a variant.
 DRAIN_OPTIONS = {
     "raw_batch": ["--batch", str(batch_handlers.BATCH)], "raw_batch_base": ["--batch", str(batch_handlers.BATCH)],
     "task_metrics": ["--metrics-port", "0"],
     "raw_prefetch": ["--prefetch", "8"], "task_prefetch": ["--prefetch", "8"],
+    "raw_prefetch0": ["--prefetch", "0"], "task_prefetch0": ["--prefetch", "0"],
 }
 #: label -> (numerator, denominator): jobs/s and worker CPU per job ratios, where both ran.
 DRAIN_PAIRS = {
@@ -472,6 +476,8 @@ DRAIN_PAIRS = {
     "task_metrics / task": ("task_metrics", "task"),
     "raw_prefetch / raw": ("raw_prefetch", "raw"),
     "task_prefetch / task": ("task_prefetch", "task"),
+    "raw / raw_prefetch0": ("raw", "raw_prefetch0"),
+    "task / task_prefetch0": ("task", "task_prefetch0"),
 }
 
 

@@ -42,7 +42,8 @@ One trial:
 **The redelivery bound.** A worker holds at most ``concurrency`` leases at once (one
 per handler slot: a slot's ack-and-lease acks its job and leases the next in one
 call), plus its ``prefetch`` (``--prefetch``: jobs leased ahead of its threads; the
-bound below then counts concurrency + prefetch). A kill orphans at most those leases, and only an orphaned lease whose handler
+bound below then counts concurrency + prefetch; "auto", the default, counts as
+``concurrency``: the most it prefetches). A kill orphans at most those leases, and only an orphaned lease whose handler
 had started produces a second execution. So executions - distinct ids executed (poison
 excluded) <= concurrency x (kills + evictions) + leases lost by live workers, where an
 eviction is a worker that lost its registration while alive (a stall longer than
@@ -232,9 +233,15 @@ class Config:
     workers: int = 3
     #: handler threads per worker
     concurrency: int = 4
-    #: jobs each worker leases ahead of its threads (--prefetch): a kill orphans at most
-    #: concurrency + prefetch leases
-    prefetch: int = 0
+    #: jobs each worker leases ahead of its threads (--prefetch; "auto", the default: up
+    #: to `concurrency` while the jobs are short): a kill orphans at most concurrency +
+    #: prefetch leases
+    prefetch: int | str = "auto"
+
+    @property
+    def most_prefetched(self) -> int:
+        """The most jobs a worker holds leased beyond its threads."""
+        return self.concurrency if self.prefetch == "auto" else int(self.prefetch)
     #: leases are extended every third of this: a worker must live that long to reach
     #: the in_extend crash point
     lease_ms: int = 2000
@@ -623,8 +630,7 @@ class Trial:
                 "worker", self.handler_of(len(self.workers)), "-q", self.queue, "--concurrency", str(cfg.concurrency),
                 "--lease-ms", str(cfg.lease_ms), "--renew-ms", str(cfg.renew_ms), "--expire-ms", str(cfg.expire_ms),
                 "--block-ms", str(cfg.block_ms)]
-        if cfg.prefetch:
-            argv += ["--prefetch", str(cfg.prefetch)]
+        argv += ["--prefetch", str(cfg.prefetch)]
         if cfg.tick_every_s and role == "chaos":  # the drain worker adds none: it must settle
             argv += ["--every", f"tick={cfg.tick_every_s}s"]
         supervised = bool(cfg.processes) and role == "chaos"
@@ -955,7 +961,7 @@ class Trial:
         return Observations(
             queue=self.queue, namespace=self.namespace, runs_key=self.runs_key, acks_key=self.acks_key,
             enqueued=ids, poison_id=self.poison_id, poison_max_attempts=self.cfg.poison_max_attempts,
-            concurrency=self.cfg.concurrency + self.cfg.prefetch, runs=runs, acks=acks, stats=q.stats(), states=states,
+            concurrency=self.cfg.concurrency + self.cfg.most_prefetched, runs=runs, acks=acks, stats=q.stats(), states=states,
             dead=q.dead_list(0, 1000).jobs, keys=keys, wake_members=wake_members, service_wakes=service_wakes,
             deaths=dict(deaths), strict_keys=self.cfg.strict_keys,
             evictions=evictions, lost_leases=sum(w.lost_leases for w in self.workers),
@@ -1011,7 +1017,7 @@ class Summary:
         kills = sum(n for cause, n in deaths.items() if cause != "clean")
         poison_ok = sum(1 for r in reports if r.poison_dead)
         errors = sorted({re.sub(r"worker \S+ died", "worker <owner> died", r.poison_error) for r in reports})
-        prefetch = f" + prefetch {cfg.prefetch}" if cfg.prefetch else ""
+        prefetch = f" + prefetch {cfg.prefetch}"
         lines = [
             f"crash harness: {len(reports)} trials x {cfg.jobs} jobs (+1 poison each), {cfg.workers} workers at a "
             f"time x concurrency {cfg.concurrency}{prefetch}; lease {cfg.lease_ms} ms, renew {cfg.renew_ms} ms, "
@@ -1093,8 +1099,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=5000)
     parser.add_argument("--workers", type=int, default=Config.workers)
     parser.add_argument("--concurrency", type=int, default=Config.concurrency)
-    parser.add_argument("--prefetch", type=int, default=Config.prefetch,
-                        help="each worker leases this many jobs ahead of its threads (default 0)")
+    parser.add_argument("--prefetch", default=Config.prefetch,
+                        help="each worker leases this many jobs ahead of its threads, or auto (the default)")
     parser.add_argument("--lease-ms", type=int, default=Config.lease_ms)
     parser.add_argument("--processes", type=int, default=0,
                         help="each chaos worker is a supervisor of this many processes (default 0: a plain worker)")

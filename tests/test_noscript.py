@@ -346,7 +346,8 @@ def test_a_worker_waits_out_a_script_that_will_not_stay_loaded_and_does_each_job
         logging.getLogger(name).setLevel(logging.INFO)
     logger.addHandler(watch)
     try:
-        worker = Worker(["q"], handler, redis=client, concurrency=1, block_ms=50)
+        # prefetch=0: the pace would have the fetch loop lease ahead and meet the script first.
+        worker = Worker(["q"], handler, redis=client, concurrency=1, prefetch=0, block_ms=50)
         code = worker.run(burst=True, install_signal_handlers=False)
     finally:
         logger.removeHandler(watch)

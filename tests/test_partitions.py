@@ -186,7 +186,9 @@ def test_sigkilled_workers_lose_nothing_across_partitions(redis_server: RedisSer
     runs = Counter(x.decode() for x in r.lrange("test:{runs}:runs", 0, -1))
     assert set(runs) == set(ids)  # lost: 0
     assert (stats.acked, stats.ready, stats.leased, stats.dead) == (len(ids), 0, 0, 0)  # acked once each
-    assert sum(runs.values()) - len(ids) <= 4  # redelivered: at most what the victim held
+    # Redelivered: at most what the victim held, its 4 threads' jobs and, these jobs being
+    # short, the 4 the default prefetch ("auto") holds beyond them (ran, their acks unsent).
+    assert sum(runs.values()) - len(ids) <= 4 + 4
 
 
 def test_the_cli_shows_a_partitioned_queue_and_its_partitions(

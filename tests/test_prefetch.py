@@ -9,7 +9,11 @@ on fakeredis and a real server.
   its end are released, not run;
 * an AsyncWorker prefetches as the sync one does, and still runs at most
   ``concurrency`` handlers at once;
-* a bad count is refused before anything runs.
+* a bad count is refused before anything runs;
+* ``"auto"``, the default: the pace turns ``concurrency`` more slots on while the jobs
+  average under 10 ms and takes them back once they average over 50 ms (the jobs held
+  then end without leasing others in their place), and a worker of short jobs holds up
+  to twice its threads, one of long jobs no more than its threads.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pyqueue import InvalidArgument, Job, NewJob, Queue
 from pyqueue.worker.aio import AsyncWorker
 from pyqueue.cli import main
 from pyqueue.worker import Worker
+from pyqueue.worker.running import Pace, Running
 
 #: Leases extended every 200 ms: a cancel reaches the worker within that.
 LEASE_MS = 600
@@ -143,11 +148,13 @@ def test_a_stop_runs_the_prefetched_jobs_within_its_grace_period(r: redis.Redis)
 
 
 def test_a_bad_prefetch_is_refused(r: redis.Redis, capsys: pytest.CaptureFixture[str]) -> None:
-    for bad in (-1, 1001, 1.5, True):
+    for bad in (-1, 1001, 1.5, True, "fast", "Auto"):
         with pytest.raises(InvalidArgument, match="prefetch"):
             Worker(["q"], lambda job: None, redis=r, prefetch=bad)  # type: ignore[arg-type]
-    assert main(["worker", "handlers:slow", "-q", "q", "--prefetch", "-1", "--burst"]) != 0
-    assert "prefetch" in capsys.readouterr().err
+    for text in ("-1", "fast"):
+        with pytest.raises(SystemExit) as exited:
+            main(["worker", "handlers:slow", "-q", "q", "--prefetch", text, "--burst"])
+        assert exited.value.code == 2 and "--prefetch: prefetch must be" in capsys.readouterr().err
 
 
 def test_an_async_worker_prefetches_and_still_runs_at_most_concurrency_handlers_at_once(r: redis.Redis) -> None:
@@ -166,3 +173,47 @@ def test_an_async_worker_prefetches_and_still_runs_at_most_concurrency_handlers_
     assert asyncio.run(worker.run(burst=True, install_signal_handlers=False)) == 0
     assert q.stats().acked == 30 and most[0] == 2
     assert max(seen) == 6  # 2 running + 4 prefetched, never more
+
+
+def test_the_pace_turns_its_slots_on_under_10_ms_and_takes_them_back_over_50_ms() -> None:
+    running = Running(2, auto_prefetch=2)
+    assert (running.capacity, running.free, running.pace.on) == (2, 2, False)
+    running.pace.ran(0.040)  # between the two thresholds: stays off
+    assert running.capacity == 2
+    while not running.pace.on:
+        running.pace.ran(0.001)
+    assert (running.capacity, running.free) == (4, 4)
+    running.take(4)  # every slot holds a job
+    while running.pace.on:
+        running.pace.ran(0.200)
+    # The two slots go as their jobs end: until then an ending job leases none in its place.
+    assert (running.capacity, running.free, running.shrinking()) == (2, -2, True)
+    running.give_back(2)
+    assert (running.free, running.shrinking()) == (0, False)
+    running.give_back(2)
+    assert running.free == 2
+    assert running.pace.mean_s is not None and running.pace.mean_s > Pace.OFF_ABOVE_S
+    fixed = Running(3)  # prefetch given as a number (or 0): no pace
+    fixed.pace.ran(0.001)
+    assert (fixed.capacity, fixed.pace.on) == (3, False)
+
+
+@pytest.mark.parametrize("job_s, most", [(0.0, 4), (0.06, 2)], ids=["short", "long"])
+def test_by_default_a_worker_prefetches_short_jobs_and_not_long_ones(r: redis.Redis, job_s: float, most: int) -> None:
+    q = Queue("q", r)
+    n = 300 if job_s == 0 else 12
+    q.enqueue_many([NewJob(b"", job_id=f"j{i}") for i in range(n)])
+    held: list[int] = []
+
+    def handle(job: Job) -> None:
+        held.append(q.stats().leased)
+        time.sleep(job_s)
+
+    worker = Worker(["q"], handle, redis=r, concurrency=2, block_ms=100)
+    thread = start(worker)
+    try:
+        wait_until(lambda: q.stats().acked == n, "the jobs did not all run", 30)
+    finally:
+        worker.stop()
+        thread.join(10)
+    assert len(held) == n and max(held) == most

@@ -93,7 +93,9 @@ def test_burst_drains_every_queue_always_leasing_from_the_first_non_empty(r: red
             high.enqueue(b"", job_id="late-high")
         seen.append(job.id)
 
-    Worker(["high", "low"], handler, redis=r).run(burst=True, install_signal_handlers=False)
+    # prefetch=0: strict lease order (Pace: as the pace turns on, the fetch loop and the
+    # commit loop lease at once, and their jobs may start in either order).
+    Worker(["high", "low"], handler, redis=r, prefetch=0).run(burst=True, install_signal_handlers=False)
     assert seen[:6] == [f"high{i}" for i in range(5)] + ["late-high"]
     assert sorted(seen[6:]) == sorted([f"low{i}" for i in range(5)] + ["late-low"])
     assert high.stats().acked == 6 and low.stats().acked == 6

@@ -31,13 +31,15 @@ need the context work in tasks. ``flask --app module pyqueue worker`` (Flask's C
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import Any
+from typing import Any, Literal
 
 import click
 from flask import Flask, current_app
 from flask.cli import AppGroup
 
 from pyqueue.drivers.clients import connect
+from pyqueue.protocol.errors import InvalidArgument
+from pyqueue.worker.settings import parse_prefetch
 from pyqueue.drivers.queue import DEFAULT_PREFIX
 from pyqueue.tasks import HookOutcome, Middleware, Tasks, TaskRun
 from pyqueue.worker.lifecycle import show_worker_logs
@@ -80,16 +82,25 @@ class PyQueue(Middleware):
             yield
 
 
+def _prefetch(ctx: click.Context, param: click.Parameter, value: str) -> int | Literal["auto"]:
+    try:
+        return parse_prefetch(str(value))
+    except InvalidArgument as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 def _commands() -> AppGroup:
     group = AppGroup("pyqueue", help="pyqueue's commands for this app's tasks.")
 
     @group.command("worker")
     @click.option("-q", "--queue", "queues", multiple=True, help="a queue to serve (repeat; default: the tasks' queues)")
     @click.option("--concurrency", default=1, show_default=True, help="jobs run at once")
-    @click.option("--prefetch", default=0, show_default=True, help="jobs leased ahead of the running ones (short jobs)")
+    @click.option("--prefetch", default="auto", show_default=True, callback=_prefetch,
+                  help="jobs leased ahead of the running ones, or auto (while the jobs are short)")
     @click.option("--block-ms", default=10_000, show_default=True, help="how long one wait for jobs blocks")
     @click.option("--burst", is_flag=True, help="run until the queues are empty, then exit")
-    def worker(queues: tuple[str, ...], concurrency: int, prefetch: int, block_ms: int, burst: bool) -> None:
+    def worker(queues: tuple[str, ...], concurrency: int, prefetch: int | Literal["auto"], block_ms: int,
+               burst: bool) -> None:
         """Run a worker of the app's pyqueue tasks."""
         pq: PyQueue = current_app.extensions["pyqueue"]
         if not pq.tasks.tasks:

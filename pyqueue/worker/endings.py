@@ -206,6 +206,7 @@ class Endings:
             # would answer GONE or STALE and change nothing.
             log.info("%s ended as cancelled (its handler %s)", label, "failed" if error else "returned")
             return False
+        self.running.pace.ran(time.monotonic() - slot.started)
         keep = self.result_to_keep(result) if error is None else None
         if keep is not None:
             value, ttl_ms = keep
@@ -234,7 +235,7 @@ class Endings:
             loop = self.commit_loop
             wants_job = (
                 queue in self.first_group and may_lease and not self._stopping.is_set()
-                and not self._paused.is_set() and self.registration.confirmed()
+                and not self._paused.is_set() and self.registration.confirmed() and not self.running.shrinking()
             )
             if not loop.running:
                 # No loop sends this worker's acks (the task layer's test drain runs jobs

@@ -207,7 +207,7 @@ class Heartbeat:
                     log.error(
                         "%s did not stop %.1fs after its time limit (stuck outside Python code?): its slot is written "
                         "off until the thread returns; %d of %d slots left", self.executor.describe(slot),
-                        self.write_off_s, left, self.running.concurrency,
+                        self.write_off_s, left, self.running.capacity,
                     )
                     if self.link is not None:
                         # Only the end of this process stops that thread: the supervisor starts

@@ -27,11 +27,15 @@ from pyqueue.worker.slots import Slot
 class Running:
     """The slots and jobs of one worker (see the module docstring). Thread-safe."""
 
-    def __init__(self, concurrency: int) -> None:
-        #: Slots: one per handler thread, and one per job a worker prefetches.
-        self.concurrency = concurrency
+    def __init__(self, capacity: int, auto_prefetch: int = 0) -> None:
+        #: Slots now: one per handler thread, and one per job the worker prefetches (the
+        #: fixed prefetch, plus ``auto_prefetch`` while the pace has it on).
+        self.capacity = capacity
         self.slots = threading.Condition()
-        self.free = concurrency
+        #: Slots not holding a job; below 0 while the pace takes its prefetch back and
+        #: more jobs are held than there are slots (an ending job then leases none).
+        self.free = capacity
+        self.pace = Pace(self, auto_prefetch)
         self.lock = threading.Lock()
         #: receipt -> job, for the heartbeat's extend and the shutdown's release.
         self.jobs: dict[str, Job] = {}
@@ -54,9 +58,9 @@ class Running:
     def wait_for_free(self, stopping: threading.Event) -> int:
         """Wait until a slot is free (or a stop); how many are."""
         with self.slots:
-            while self.free == 0 and not stopping.is_set():
+            while self.free <= 0 and not stopping.is_set():
                 self.slots.wait(1.0)
-            return self.free
+            return max(0, self.free)
 
     def take(self, count: int) -> None:
         with self.slots:
@@ -72,7 +76,19 @@ class Running:
     def lone(self) -> bool:
         """Whether at most one slot runs a job (asked by a handler about to end its own;
         read without the lock: a hint, never a decision of correctness)."""
-        return self.free + self.written_off >= self.concurrency - 1
+        return self.free + self.written_off >= self.capacity - 1
+
+    def shrinking(self) -> bool:
+        """Whether more jobs are held than there are slots (the pace took its prefetch
+        back): a job ending now leases none in its place. Read without the lock: a hint."""
+        return self.free < 0
+
+    def resize(self, delta: int) -> None:
+        """Add ``delta`` slots (negative: take them back as the jobs in them end)."""
+        with self.slots:
+            self.capacity += delta
+            self.free += delta
+            self.slots.notify_all()
 
     def wake(self) -> None:
         """Wake whoever waits on the slots (a stop was asked)."""
@@ -83,7 +99,7 @@ class Running:
         """Whether no handler runs; if one does, wait up to ``timeout`` for a change."""
         with self.slots:
             # A written-off slot holds no job (it ended at its time limit): idle.
-            idle = self.free + self.written_off >= self.concurrency
+            idle = self.free + self.written_off >= self.capacity
             if not idle:
                 self.slots.wait(timeout)
             return idle
@@ -92,7 +108,7 @@ class Running:
         """Wait until no handler runs, or the monotonic ``deadline``."""
         with self.slots:
             # Written-off slots hold no job: their stuck threads end with the process.
-            while self.free + self.written_off < self.concurrency and time.monotonic() < deadline:
+            while self.free + self.written_off < self.capacity and time.monotonic() < deadline:
                 self.slots.wait(min(0.1, max(0.0, deadline - time.monotonic())))
 
     def note_retry(self, at_ms: int) -> None:
@@ -105,7 +121,7 @@ class Running:
         with self.slots:
             self.written_off += 1
             self.written_off_total += 1
-            return self.concurrency - self.written_off
+            return self.capacity - self.written_off
 
     def written_back(self) -> None:
         """A written-off slot's thread returned: the slot serves again."""
@@ -209,3 +225,57 @@ class Running:
             leftover = list(self.jobs.values())
             self.jobs.clear()
             return leftover
+
+
+class Pace:
+    """``prefetch="auto"``, a worker's default: ``extra`` jobs held leased ahead of the
+    handler threads while the jobs are short, none while they are not.
+
+    A thread that ends a short job then starts the next at once, from the jobs waiting
+    in its executor, instead of waiting for the round trip that acks one job and leases
+    the next; and the acks and leases go in fewer, larger calls. That halves the
+    worker's CPU per job for jobs of a millisecond or less (bench/bench_tasks.py,
+    ``task_prefetch``). For long jobs it would only hold jobs away from other workers,
+    so it is off: the mean run time of the jobs ended here (an exponential moving
+    average over about the last 16) turns it on under ``ON_BELOW_S`` and off over
+    ``OFF_ABOVE_S``. Off, the slots come back as their jobs end, without stopping any.
+
+    What it changes for delivery: how many jobs a kill runs twice. A prefetched job is
+    leased and extended like a running one; one that never started is reclaimed and run
+    once elsewhere. But a thread that ends a job goes on to the next while that job's
+    ack is still on its way, so a worker killed then leaves ``concurrency + extra`` jobs
+    that ran (or were running) unacked, to run again, where ``prefetch=0`` leaves at
+    most ``concurrency``. That is the price of not waiting for the ack, and why the pace
+    stops for jobs long enough that the wait costs them little.
+
+    And for order: as the pace turns on, the fetch loop leases for the new slots while
+    the commit loop leases in the place of ended jobs, and the jobs of the two calls may
+    start in either order. A worker that must start one queue's jobs strictly in lease
+    order runs at concurrency 1 with ``prefetch=0``.
+    """
+
+    #: Turned on while the mean run time is under this; off over OFF_ABOVE_S.
+    ON_BELOW_S = 0.010
+    OFF_ABOVE_S = 0.050
+    #: The moving average's weight of the newest run (about the last 16 count).
+    WEIGHT = 1 / 16
+
+    def __init__(self, running: Running, extra: int) -> None:
+        self.running = running
+        self.extra = extra
+        self.on = False
+        self.mean_s: float | None = None
+        self.lock = threading.Lock()
+
+    def ran(self, seconds: float) -> None:
+        """A job's handler ran ``seconds`` (the ending handler thread reports it)."""
+        if not self.extra:
+            return
+        with self.lock:
+            mean = seconds if self.mean_s is None else self.mean_s + self.WEIGHT * (seconds - self.mean_s)
+            self.mean_s = mean
+            turn = (not self.on and mean < self.ON_BELOW_S) or (self.on and mean > self.OFF_ABOVE_S)
+            if turn:
+                self.on = not self.on
+        if turn:
+            self.running.resize(self.extra if self.on else -self.extra)

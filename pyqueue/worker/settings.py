@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import Literal, TypedDict
 
 from pyqueue.drivers.clients import Client
 from pyqueue.drivers.facade import parts_of
@@ -45,7 +45,7 @@ class WorkerSettings:
     prefix: str = DEFAULT_PREFIX
     namespace: str = DEFAULT_NAMESPACE
     concurrency: int = 1
-    prefetch: int = 0
+    prefetch: int | Literal["auto"] = "auto"
     lease_ms: int = DEFAULT_LEASE_MS
     block_ms: int = 10_000
     renew_ms: int = 15_000
@@ -65,7 +65,10 @@ class WorkerSettings:
 
     def __post_init__(self) -> None:
         check_int(self.concurrency, "concurrency", 1, 1000)
-        check_int(self.prefetch, "prefetch", 0, 1000)
+        if self.prefetch != "auto":
+            if isinstance(self.prefetch, str):
+                raise InvalidArgument(f"prefetch must be an integer 0..1000 or 'auto', got {self.prefetch!r}")
+            check_int(self.prefetch, "prefetch", 0, 1000)
         check_int(self.lease_ms, "lease_ms", 100, 604_800_000)
         check_int(self.block_ms, "block_ms", 10, 600_000)
         check_int(self.renew_ms, "renew_ms", 100, 86_400_000)
@@ -85,9 +88,31 @@ class WorkerSettings:
         # allowed depends on whether the handler sets its own batches.
 
     @property
-    def slots(self) -> int:
-        """Jobs a worker holds leased at most: one per handler thread, one per prefetched job."""
-        return self.concurrency + self.prefetch
+    def fixed_prefetch(self) -> int:
+        """The jobs held leased ahead of the handler threads at all times (0 under "auto")."""
+        return 0 if self.prefetch == "auto" else self.prefetch
+
+    @property
+    def auto_prefetch(self) -> int:
+        """The jobs held leased ahead while the jobs are short, under "auto" (else 0):
+        as many as there are handler threads (:class:`~pyqueue.worker.running.Pace`)."""
+        return self.concurrency if self.prefetch == "auto" else 0
+
+
+def parse_prefetch(value: str) -> int | Literal["auto"]:
+    """A ``--prefetch`` option's text: ``auto``, or an integer 0..1000.
+
+    Raises:
+        InvalidArgument: anything else.
+    """
+    if value == "auto":
+        return "auto"
+    try:
+        number = int(value)
+    except ValueError:
+        raise InvalidArgument(f"prefetch must be an integer 0..1000 or 'auto', got {value!r}") from None
+    check_int(number, "prefetch", 0, 1000)
+    return number
 
 
 class WorkerOptions(TypedDict, total=False):
@@ -97,7 +122,7 @@ class WorkerOptions(TypedDict, total=False):
     prefix: str
     namespace: str
     concurrency: int
-    prefetch: int
+    prefetch: int | Literal["auto"]
     lease_ms: int
     block_ms: int
     renew_ms: int

@@ -114,10 +114,11 @@ class Worker(ExecutorHooks):
             (:func:`pyqueue.drivers.clients.default_client`).
         service_redis: the server of the service namespace (default: ``redis``).
         concurrency: handler threads.
-        prefetch: jobs held leased ahead of the handler threads (0..1000, default 0):
-            up to ``concurrency + prefetch`` are leased, so busy threads never wait for a
-            lease's round trip; a prefetched job waits for a free thread, and its time
-            limit counts from its lease (README, "Prefetch, for short jobs").
+        prefetch: jobs held leased ahead of the handler threads, so busy threads never
+            wait for a lease's round trip: up to ``concurrency + prefetch`` are leased,
+            and a prefetched job waits for a free thread. 0..1000, or ``"auto"`` (the
+            default): ``concurrency`` of them while the jobs run under 10 ms on average,
+            none once they average over 50 ms (:class:`~pyqueue.worker.running.Pace`).
         lease_ms: lease length; running jobs are extended every third of it.
         block_ms: longest blocking wait when idle (the idle command rate's period).
         renew_ms / expire_ms: service heartbeat period and expiry (seed: 15 s / 60 s).
@@ -205,7 +206,7 @@ class Worker(ExecutorHooks):
     def _shared(self, settings: WorkerSettings, served: Served, link: SupervisorLink | None) -> Shared:
         """The state the parts share: what runs, the stop, the registration, the crash
         points, and the retries (which give up once a hard stop is asked)."""
-        running = Running(settings.slots)
+        running = Running(settings.concurrency + settings.fixed_prefetch, settings.auto_prefetch)
         control = Control(running, link.parent_gone if link is not None else None)
         registration = Registration(
             self.services, control, queue_names=[q.name for q in served.queues], by_name=served.by_name,
