@@ -33,9 +33,12 @@ Under a rate limit (limit.lua), step 4 leases at most the permits due now (GCRA:
 period_ms/count, up to `burst` at once) and advances `rate_tat` by the jobs leased; when
 the limit cut the count and every permit was used, next_due_ms is when the next is due.
 The code below the include block is these steps as named functions, called in order at
-its end: read_args, ack_statuses, replay (2), rate_cut, maintain_read, choose,
-plan_leases, prove_types (nothing is written before it has passed), then the writes:
-write_acks (1), write_maintenance and put_back (3), fair_lease, write_leases (4).
+its end: read_args, ack_statuses, replay (2), rate_cut, then step 4's pop from READY
+(LPOP: the first write), then after_pop: maintain_read, choose, plan_leases,
+prove_types (nothing else is written before it has passed), then the writes:
+write_acks (1), write_maintenance and put_back (3: with the popped ids not leased),
+fair_lease, write_leases (4). An error after the pop, answered or raised by Redis,
+pushes the popped ids back: no error leaves the queue changed but as Errors says.
 
 KEYS (15), all <prefix>:{<queue>}:<role>
   1 jobs       hash  id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
@@ -80,7 +83,7 @@ Returns  {now_ms, next_due_ms, r, ack_status_1 .. ack_status_r, m, job_1 .. job_
          is due; else -1.
          A replayed call answers -1 (wait at most one block period).
          job: 7 values: receipt, id, payload, fence, attempt, max_attempts, deadline_ms.
-Cost     plain case (count 1, one ready job, maintenance not due): 14 commands (ack one,
+Cost     plain case (count 1, one ready job, maintenance not due): 13 commands (ack one,
          lease one); 10 (lease one)
 Errors   PQ_BADARG (nothing written), PQ_CORRUPT (a record does not parse; nothing
          written), WRONGTYPE (a key holds another Redis type; nothing written).
@@ -651,7 +654,7 @@ local function new_lease(C, id, record, attempt, max_attempts, at)
   add_lease(C, receipt, id, string.sub(record, at), fence, attempt, max_attempts, C.deadline_ms)
 end
 
--- The acks' writes; ZREM on `owners` is the call's first write (see prove_types).
+-- The acks' writes; ZREM on `owners` is their first (see prove_types).
 local function write_acks(C, K, F)
   write_acked(K, F, C.to_ack, C.acked_ids, C.fair, C.ack_metas, C.expired_done, C.now_ms, C.keep_done_ms, C.bound)
 end
@@ -764,8 +767,9 @@ local function choose(C)
   C.take = math.min(C.count, #C.order)
 end
 
--- The leases of the chosen jobs, all decided before the first write: a corrupt record
--- is an error while nothing is written yet. Reads the records maintenance has not.
+-- The leases of the chosen jobs, all decided before any write but the pop: a corrupt
+-- record is an error while that is all there is to undo. Reads the records maintenance
+-- has not.
 local function plan_leases(C, K)
   local records = NONE
   if C.take > C.n_back then
@@ -794,8 +798,9 @@ end
 
 -- Prove the types of the keys the call writes (or reads after writing, `read_after`)
 -- that no read has proven. `owners` needs no probe when this call acks: ZREM on it is
--- then the first write, and if that key held another type, the error would come before
--- anything was written (one command less per job).
+-- then the acks' first write, and if that key held another type, the error would come
+-- before anything but the pop was written, which the caller undoes (one command less
+-- per job).
 local function prove_types(C, K, F, read_after)
   local write_jobs = #C.to_ack > 0 or #C.reclaimed + #C.to_dead > 0
   local write_ready = C.take > 0 or C.n_back + #C.promoted > 0
@@ -843,7 +848,9 @@ end
 -- (earliest deadline first), promoted ones to its tail; in a fair queue a job with meta
 -- goes to `gready` instead (fair_ready).
 local function put_back(C, K, F)
-  local head_back, tail_back = {}, {}
+  local head_back, tail_back, left = {}, {}, {}
+  -- The popped ids not leased, in their order (maintenance's reclaimed jobs go first).
+  for i = math.max(C.take, C.n_back) + 1, C.n_back + #C.ready_head do left[#left + 1] = C.order[i] end
   for i = C.take + 1, C.n_back do head_back[#head_back + 1] = C.order[i] end
   if #C.promoted > 0 then
     for i = math.max(C.take, C.n_back + #C.ready_head) + 1, #C.order do tail_back[#tail_back + 1] = C.order[i] end
@@ -856,6 +863,7 @@ local function put_back(C, K, F)
     for i, id in ipairs(tail_back) do metas[i] = C.moved_metas[id] or false end
     fair_ready(K.ready, F, tail_back, metas, false)
   else
+    push_ready(K.ready, left, true)
     push_ready(K.ready, head_back, true)
     push_ready(K.ready, tail_back, false)
   end
@@ -900,6 +908,53 @@ local function next_due(C, K)
     return C.now_ms
   end
   return earliest_due_ms(K.scheduled, K.leased)
+end
+
+-- Steps 3 and 4 after the pop (see below): maintenance's reads, the plan, the proofs,
+-- then the writes. Answers an error text, or nil once the reply is complete.
+local function after_pop(C, K, F, maintenance_due, fair_short)
+  local maintain = (C.count > 0 and #C.ready_head < C.count) or fair_short or C.now_ms >= maintenance_due
+  local err
+  if maintain then err = maintain_read(C, K) end
+  if not err and C.fair and #C.promoted + #C.reclaimed + #C.to_dead > 0 then err = read_moved_metas(C, F) end
+  if err then return err end
+  choose(C)
+  C.deadline_ms = C.now_ms + C.lease_ms
+  err = plan_leases(C, K)
+  if err then return err end
+  -- Wake another worker when work is left over after a plain lease: the wake marker woke
+  -- one worker only. A worker that acks and leases is busy and comes back by itself.
+  -- (A pop that took all `count` asked for left READY holding more, or nothing.)
+  local wake = C.n_acks == 0 and not C.paused and not (C.R and C.R.cut)
+    and (#C.order > C.take or C.count > 0 and #C.ready_head == C.count and redis.call('LLEN', K.ready) > 0)
+  -- next_due_ms is read from SCHEDULED and LEASED after the writes when fewer than count
+  -- are leased, so those reads must be proven too.
+  err = prove_types(C, K, F, C.m < C.count and not C.stopped_at_limit)
+  if err then return err end
+  -- The marker's read proves `wake` a zset, and spares the write when it is already up.
+  wake = wake and not redis.call('ZSCORE', K.wake, 'wake')
+
+  -- The writes: acks, maintenance, put back, the fair pick, the leases.
+  if #C.to_ack > 0 then
+    write_acks(C, K, F)
+  elseif maintain then
+    trim_done(K.done, C.expired_done, MAX_BATCH)
+  end
+  if maintain then write_maintenance(C, K, F, #C.to_ack + #C.ready_head > 0) end
+  put_back(C, K, F)
+  if C.fair and C.want > 0 then
+    err = fair_lease(C, K, F)
+    if err then return err end
+  end
+  if C.m > 0 then write_leases(C, K) end
+  if wake then redis.call('ZADD', K.wake, 0, 'wake') end
+  -- Spend the permits. Written after the leases (never a growing first write).
+  if C.R and C.m > 0 then
+    C.R.tat = C.R.tat + C.m * C.R.spacing
+    redis.call('HSET', K.counters, 'rate_tat', string.format('%.3f', C.R.tat))
+  end
+  C.reply[2] = next_due(C, K)
+  C.reply[C.at0] = C.m
 end
 
 -- The call: the steps above, in order.
@@ -967,49 +1022,18 @@ if C.fair then
   fair_short = C.want > 0 and (waiting < C.want or expired_now > 0)
   C.count = 0
 end
+-- Step 4's pop from READY: LPOP removes, so Redis allows it at its memory limit, and it
+-- is the call's first write. Everything after it runs under pcall: an error, answered
+-- or raised by Redis (a key of another type), puts the popped ids back at READY's head,
+-- so it still leaves the queue as it was.
 if C.count > 0 then
-  C.ready_head = redis.call('LRANGE', K.ready, 0, C.count) -- one extra: is more work waiting?
+  C.ready_head = redis.call('LPOP', K.ready, C.count) or NONE
   C.ready_read = true
 end
-local maintain = (C.count > 0 and #C.ready_head < C.count) or fair_short or C.now_ms >= maintenance_due
-if maintain then err = maintain_read(C, K) end
-if not err and C.fair and #C.promoted + #C.reclaimed + #C.to_dead > 0 then err = read_moved_metas(C, F) end
-if err then return redis.error_reply(err) end
-choose(C)
-C.deadline_ms = C.now_ms + C.lease_ms
-err = plan_leases(C, K)
-if err then return redis.error_reply(err) end
--- Wake another worker when work is left over after a plain lease: the wake marker woke
--- one worker only. A worker that acks and leases is busy and comes back by itself.
-local wake = C.n_acks == 0 and #C.order > C.take and not C.paused and not (C.R and C.R.cut)
--- next_due_ms is read from SCHEDULED and LEASED after the writes when fewer than count
--- are leased, so those reads must be proven too.
-err = prove_types(C, K, F, C.m < C.count and not C.stopped_at_limit)
-if err then return redis.error_reply(err) end
--- The marker's read proves `wake` a zset, and spares the write when it is already up.
-wake = wake and not redis.call('ZSCORE', K.wake, 'wake')
-
--- The writes: acks, the pop from READY, maintenance, put back, the fair pick, the leases.
-if #C.to_ack > 0 then
-  write_acks(C, K, F)
-elseif maintain then
-  trim_done(K.done, C.expired_done, MAX_BATCH)
+local ok
+ok, err = pcall(after_pop, C, K, F, maintenance_due, fair_short)
+if not ok or err then
+  push_ready(K.ready, C.ready_head, true)
+  return redis.error_reply(tostring(err))
 end
-local from_ready = math.max(0, math.min(C.take, C.n_back + #C.ready_head) - C.n_back)
-if from_ready > 0 then redis.call('LTRIM', K.ready, from_ready, -1) end
-if maintain then write_maintenance(C, K, F, #C.to_ack + from_ready > 0) end
-put_back(C, K, F)
-if C.fair and C.want > 0 then
-  err = fair_lease(C, K, F)
-  if err then return redis.error_reply(err) end
-end
-if C.m > 0 then write_leases(C, K) end
-if wake then redis.call('ZADD', K.wake, 0, 'wake') end
--- Spend the permits. Written after the leases (never a growing first write).
-if C.R and C.m > 0 then
-  C.R.tat = C.R.tat + C.m * C.R.spacing
-  redis.call('HSET', K.counters, 'rate_tat', string.format('%.3f', C.R.tat))
-end
-C.reply[2] = next_due(C, K)
-C.reply[C.at0] = C.m
 return C.reply
