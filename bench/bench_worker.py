@@ -237,7 +237,7 @@ def redis_cpu_s(client: redis.Redis) -> float:
     return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
 
 
-def bench_processes(url: str, jobs: int, processes: int, concurrency: int = 8, prefetch: int = 0) -> dict[str, Any]:
+def bench_processes(url: str, jobs: int, processes: int, concurrency: int = 8, prefetch: str = "auto") -> dict[str, Any]:
     client = redis.Redis.from_url(url)
     client.flushall()
     q = Queue("drain", client)
@@ -315,7 +315,7 @@ def main() -> None:
     parser.add_argument("--recovery-trials", type=int, default=3)
     parser.add_argument("--idle-s", type=float, default=60.0, help="idle measurement window")
     parser.add_argument("--drain-jobs", type=int, default=20000)
-    parser.add_argument("--prefetch", type=int, default=0, help="the processes phase's workers' --prefetch")
+    parser.add_argument("--prefetch", default="auto", help="the processes phase's workers' --prefetch (default auto)")
     parser.add_argument("--json-out", help="write the results here")
     parser.add_argument("--only", action="append", choices=PHASES, help="run only these phases (repeat)")
     args = parser.parse_args()
