@@ -42,14 +42,29 @@ def die(n: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-@tasks.task(queue="sv", time_limit=1, max_attempts=2)
+@tasks.task(queue="sv", time_limit=1, time_limit_grace=0.5, max_attempts=2, backoff=0)
 def sleep_forever(n: int) -> None:
-    """Stuck in C code: only ending the process stops it."""
+    """Stuck in C code: only ending the process stops it. Each attempt first writes a
+    ledger line ``<attempt> <pid> <whether the previous attempt's process is alive>`` to
+    ``<PQ_SV_RUNS>:ledger``: a test reads there that no attempt started while the one
+    before still ran."""
     log_run("sleep_forever", n)
+    ledger = os.environ["PQ_SV_RUNS"] + ":ledger"
+    assert _client is not None
+    before = _client.lrange(ledger, -1, -1)
+    alive = False
+    if before:
+        try:
+            os.kill(int(before[0].split()[1]), 0)
+            alive = True
+        except ProcessLookupError:
+            pass
+    job = current_job()
+    _client.rpush(ledger, f"{job.attempt if job else 0} {os.getpid()} {int(alive)}")
     time.sleep(3600)
 
 
-@tasks.task(queue="sv", time_limit=1, max_attempts=2)
+@tasks.task(queue="sv", time_limit=1, time_limit_grace=0.5, max_attempts=2)
 def spin_forever(n: int) -> None:
     """Busy in Python code: the asynchronous TimeLimitExceeded stops it."""
     log_run("spin_forever", n)

@@ -17,6 +17,7 @@ from redis.cluster import RedisCluster
 from pyqueue import InvalidArgument, Job, JobResult, NewJob, Outcome, Queue, Result
 from pyqueue.protocol.core import MAX_RESULT_BYTES, decode_result, encode_result
 from pyqueue.drivers.queue import transport_of
+from pyqueue.protocol.verbs import reading
 
 ON_CLUSTER = True
 ASYNC_TOO = True
@@ -174,11 +175,28 @@ def test_wait_result_sees_a_silent_ending_while_other_jobs_keep_finishing(q: Que
     assert waited < 2.5  # not the 10 s timeout
 
 
-def test_wait_result_answers_done_for_a_job_that_ended_without_a_trace(q: Queue, r: redis.Redis) -> None:
+def test_wait_result_answers_done_for_a_job_that_ended_without_a_trace(
+    q: Queue, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
     q.enqueue(b"", job_id="x")
     (job,) = q.lease()
-    # keep_done_ms=0: the ack leaves no tombstone, so the id reads "unknown" afterwards
-    acker = later(0.3, r, lambda other: Queue(other.name, transport_of(other).client, keep_done_ms=0).ack(job))
+    # Acked once the waiter has read the job pending (a slow machine could otherwise ack
+    # before that first read, and the waiter would never have seen a trace of it).
+    first_read = threading.Event()
+    read = reading._read_result
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        found = yield from read(*args, **kwargs)
+        first_read.set()
+        return found
+
+    def ack(other: Queue) -> None:
+        assert first_read.wait(10)
+        # keep_done_ms=0: the ack leaves no tombstone, so the id reads "unknown" afterwards
+        Queue(other.name, transport_of(other).client, keep_done_ms=0).ack(job)
+
+    monkeypatch.setattr(reading, "_read_result", spy)
+    acker = later(0.05, r, ack)
     got = q.wait_result("x", 10_000)
     acker.join(10)
     assert got.state == "done" and q.result("x").state == "unknown"

@@ -278,7 +278,8 @@ def test_sigterm_drains_and_a_second_signal_kills(supervised: Callable[..., Supe
 def test_the_hard_time_limit_stops_the_job_and_the_worker_serves_again(
     supervised: Callable[..., Supervised], task: str
 ) -> None:
-    sv = supervised("--concurrency", "1", processes=1)
+    # --lease-ms 2000: a job still stuck when its child ends is retried a lease length later.
+    sv = supervised("--concurrency", "1", "--lease-ms", "2000", processes=1)
     first = sv.wait_serving(1)
     getattr(supervisor_app, task).send(0)
     # Two attempts, each stopped at its 1 s limit: then dead, with the limit as its error.
@@ -296,6 +297,10 @@ def test_the_hard_time_limit_stops_the_job_and_the_worker_serves_again(
         replaced = [line for line in sv.log().splitlines() if "replacing worker process" in line]
         assert len(replaced) == 2 and all("did not stop at its time limit" in line for line in replaced), replaced
         assert not set(sv.serving()) & set(first)
+        # The second attempt started once the first one's process was gone: never both at once.
+        ledger = [line.decode().split() for line in sv.client.lrange(f"{sv.runs_key}:ledger", 0, -1)]
+        assert [(attempt, alive) for attempt, _, alive in ledger] == [("1", "0"), ("2", "0")], ledger
+        assert ledger[0][1] != ledger[1][1]
     else:
         assert "did not stop at its time limit" not in sv.log()  # the exception stopped it
         assert sv.serving() == first

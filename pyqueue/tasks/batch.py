@@ -136,7 +136,8 @@ class BatchDispatch:
             else:
                 returned = task.batch_fn(items)
         except TimeLimitExceeded as exc:
-            # The heartbeat ended every job already: the hooks see it, then it goes on.
+            # Interrupted at the time limit: the hooks see it, then each job ends by its
+            # policy (the worker's batch endings).
             if chains is not None:
                 for k in reversed(range(len(chains))):
                     self.dispatcher.resume(chains[k], runs[k], policies[k], None, exc, exc)
@@ -210,10 +211,11 @@ class BatchDispatch:
             )
             for run, opts in zip(runs, policies)
         }
+        grace_s = min(opts.time_limit_grace_s for opts in policies)
         if isinstance(slot, BatchSlot):
-            slot.limit_each(limit_ms / 1000, endings)
+            slot.limit_each(limit_ms / 1000, endings, grace_s)
         else:  # a batch of one job, run in a single job's slot
-            slot.limit(limit_ms / 1000, endings[slot.job.receipt])
+            slot.limit(limit_ms / 1000, endings[slot.job.receipt], grace_s)
         for run in runs:
             run.deadline_ms = slot.leased_at_ms + limit_ms
 

@@ -9,9 +9,11 @@ How a run ends, and the transition it becomes (every one a script):
   ``retry_on``: ``nack`` to the dead letters now, the exception's type and message kept;
 * it raises anything else: ``nack`` with the task's backoff (the worker's by default),
   dead at ``max_attempts`` with that exception as its error;
-* it reaches ``time_limit``: the worker's heartbeat nacks it (fenced) with
-  :class:`~pyqueue.TimeLimitExceeded` under the same rules, then stops the handler
-  (:mod:`pyqueue.worker.slots`); a late ack is refused;
+* it reaches ``time_limit``: the worker interrupts it with
+  :class:`~pyqueue.TimeLimitExceeded`; caught and returned from (within
+  ``time_limit_grace``), the job is acked; let through, it is nacked under the same
+  rules; past the grace the job ends so whatever the handler does
+  (:mod:`pyqueue.worker.slots`);
 * it is older than ``max_age`` when leased: dead at once, not run;
 * its task name is unknown here, or its payload is not an envelope this worker reads:
   ``nack`` with the backoff, never ack (another worker version may know it), dead at
@@ -119,7 +121,7 @@ class Dispatcher:
         enqueued_ms = env.enqueued_ms
         deadline_ms = None
         if opts.time_limit_ms is not None and slot is not None:
-            slot.limit(opts.time_limit_ms / 1000, self._limit_ending(task, opts, job))
+            slot.limit(opts.time_limit_ms / 1000, self._limit_ending(task, opts, job), opts.time_limit_grace_s)
             deadline_ms = slot.leased_at_ms + opts.time_limit_ms
         run = TaskRun(job, task.name, enqueued_ms, deadline_ms, env.meta, task.app)
         if self.run_hooks:
@@ -244,8 +246,10 @@ class Dispatcher:
         job = run.job
         if error is None and isinstance(ending, BaseException):
             error = ending  # a result that cannot be stored
+        slot = current_slot()
         outcome = HookOutcome(value if error is None else None, error,
-                              run_ending(error, self.is_final(ending, job), job.cancelled.is_set()))
+                              run_ending(error, self.is_final(ending, job), job.cancelled.is_set(),
+                                         slot is not None and slot.reached))
         after = chain.resume(outcome, lambda exc: "dead" if self.is_final(self.hook_failure(exc, opts, job), job)
                              else "retry")
         if after.error is error:

@@ -124,8 +124,9 @@ class HookOutcome(Generic[V]):
     * ``"retry"``: nacked to run again after a delay (an error, :class:`~pyqueue.Retry`);
     * ``"dead"``: nacked to the dead letters (:class:`~pyqueue.Fail`, a ``fail_on`` or
       non-``retry_on`` error, a result that cannot be stored, or its last attempt);
-    * ``"time_limit"``: stopped at its time limit, which the heartbeat already nacked
-      (retried or dead by the task's policy);
+    * ``"time_limit"``: it reached its time limit: acked if it caught
+      :class:`~pyqueue.TimeLimitExceeded` and returned (``value`` is what it returned),
+      else retried or dead by the task's policy;
     * ``"cancelled"``: its end was decided without it (cancelled, or its lease lost).
 
     A hook outside one that fails sees ``"retry"`` or ``"dead"`` for that failure.
@@ -340,11 +341,11 @@ def _deliberate(name: str, method: str, ending: Retry | Fail) -> Retry | Fail:
     return out
 
 
-def run_ending(error: BaseException | None, final: bool, cancelled: bool) -> str:
+def run_ending(error: BaseException | None, final: bool, cancelled: bool, reached: bool = False) -> str:
     """:attr:`HookOutcome.ending` of a run: ``error`` is what it raised (None: it returned),
     ``final`` whether its nack is to the dead letters, ``cancelled`` whether its end
-    was decided without it."""
-    if isinstance(error, TimeLimitExceeded):
+    was decided without it, ``reached`` whether it reached its time limit."""
+    if reached or isinstance(error, TimeLimitExceeded):
         return "time_limit"
     if cancelled:
         return "cancelled"

@@ -17,6 +17,7 @@ from typing import Any, TypedDict
 from pyqueue.protocol.core import check_group, check_job_id, check_priority
 from pyqueue.protocol.errors import InvalidArgument
 from pyqueue.worker.endings import seconds_to_ms
+from pyqueue.worker.slots import DEFAULT_TIME_LIMIT_GRACE_S
 
 Duration = float | timedelta
 #: A job id from the call's arguments, or True for a hash of the task and its arguments.
@@ -120,8 +121,12 @@ class TaskOptionsDict(TypedDict, total=False):
     fail_on: ExceptionTypes | None
     #: A job older than this (from when it was due) when leased is dead without running.
     max_age: Duration | None
-    #: The longest a run may take, from its lease (at least 1 ms).
+    #: How long a run may take (at least 1 ms): at the limit it gets TimeLimitExceeded;
+    #: caught and returned from, the job is acked; let through, it is retried or dead.
     time_limit: Duration | None
+    #: How long the run may go on after its time limit before it is stopped for good,
+    #: its job ended as TimeLimitExceeded whatever it does (default 5 s; 0: at once).
+    time_limit_grace: Duration | None
     #: True: the job id is a hash of the task and its arguments; a function of the
     #: arguments (by name, defaults included) giving the job id; False or None: a
     #: random id. A second send under an id that exists is a duplicate (``added`` false).
@@ -200,6 +205,9 @@ class TaskOptions:
     #: Not run when older than this (ms since it was sent): dead with a clear error.
     max_age_ms: int | None = None
     time_limit_ms: int | None = None
+    #: After time_limit, how long the run may go on before it is stopped for good; None:
+    #: the worker's default (pyqueue.worker.slots.DEFAULT_TIME_LIMIT_GRACE_S).
+    time_limit_grace_ms: int | None = None
     unique: Unique | None = None
     #: Keep the return value as the job's result for this long; None: no result kept.
     keep_result_ms: int | None = None
@@ -240,7 +248,7 @@ class TaskOptions:
                 out["retry_on"] = None if value is None else exception_types(value, "retry_on")
             elif key == "fail_on":
                 out["fail_on"] = exception_types(value or (), "fail_on")
-            elif key in ("max_age", "time_limit", "keep_result"):
+            elif key in ("max_age", "time_limit", "time_limit_grace", "keep_result"):
                 ms = None if value is None else seconds_to_ms(value, key)
                 if key in ("time_limit", "keep_result") and ms is not None and ms < 1:
                     raise InvalidArgument(f"{key} must be at least 1 ms, got {value!r}")
@@ -263,6 +271,11 @@ class TaskOptions:
             else:
                 raise InvalidArgument(f"unknown task option {key!r}; known: {', '.join(SendOptionsDict.__annotations__)}")
         return replace(base or TaskOptions(), **out)
+
+    @property
+    def time_limit_grace_s(self) -> float:
+        """The grace after the time limit, in seconds (the worker's default when not set)."""
+        return DEFAULT_TIME_LIMIT_GRACE_S if self.time_limit_grace_ms is None else self.time_limit_grace_ms / 1000
 
     def fails_at_once(self, error: BaseException) -> bool:
         """Whether ``error`` sends the job to the dead letters now instead of retrying."""
@@ -310,9 +323,9 @@ class TaskOptions:
                 elif key in ("retry_on", "fail_on"):
                     types = tuple(resolve_exception(name) for name in value) if value is not None else None
                     out[key] = types if key == "retry_on" else (types or ())
-                elif key in ("max_age_ms", "time_limit_ms", "keep_result_ms"):
+                elif key in ("max_age_ms", "time_limit_ms", "time_limit_grace_ms", "keep_result_ms"):
                     # As build() takes them: a time limit or a result of 0 ms is refused.
-                    lowest = 0 if key == "max_age_ms" else 1
+                    lowest = 0 if key in ("max_age_ms", "time_limit_grace_ms") else 1
                     if value is not None and (type(value) is not int or not lowest <= value <= 2**40):
                         raise InvalidArgument(f"{key} must be an integer number of ms in [{lowest}, 2^40]")
                     out[key] = value

@@ -42,8 +42,8 @@ queue ``name``):
   - ``dead``: it went to the dead letters on its last attempt (attempt equals
     ``max_attempts``: its retries are used up; a failure that is never retried, on the
     last attempt, counts here too);
-  - ``time_limited``: it reached its time limit (the heartbeat nacked it: retried or
-    dead by its policy, which the queue's ``pyqueue_dead_total`` shows);
+  - ``time_limited``: it reached its time limit (acked if it caught it and returned; else
+    retried or dead by its policy, which the queue's ``pyqueue_dead_total`` shows);
   - ``cancelled``: its end was decided without it (cancelled, or its lease lost).
 
   ``failed + dead`` are the runs that sent their job to the dead letters. A run whose

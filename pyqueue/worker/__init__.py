@@ -49,12 +49,12 @@ from pyqueue.worker.aio import AsyncBatchHandler, AsyncHandler, AsyncWorker
 from pyqueue.worker.batch import BatchHandler
 from pyqueue.worker.endings import Fail, Retry
 from pyqueue.worker.executor import Handler
-from pyqueue.worker.lifecycle import EXIT_MISCONFIGURED, EXIT_OK, EXIT_REGISTRATION_LOST
+from pyqueue.worker.lifecycle import EXIT_MISCONFIGURED, EXIT_OK, EXIT_REGISTRATION_LOST, EXIT_STUCK
 from pyqueue.worker.settings import WorkerSettings
 from pyqueue.worker.slots import TimeLimitExceeded
 from pyqueue.worker.worker import Worker
 
 __all__ = [
-    "EXIT_MISCONFIGURED", "EXIT_OK", "EXIT_REGISTRATION_LOST", "AsyncBatchHandler", "AsyncHandler", "AsyncWorker",
+    "EXIT_MISCONFIGURED", "EXIT_OK", "EXIT_REGISTRATION_LOST", "EXIT_STUCK", "AsyncBatchHandler", "AsyncHandler", "AsyncWorker",
     "BatchHandler", "Fail", "Handler", "Retry", "TimeLimitExceeded", "Worker", "WorkerSettings",
 ]

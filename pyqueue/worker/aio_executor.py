@@ -6,8 +6,9 @@ coroutine to the loop (``run_coroutine_threadsafe``) and wait for it, so at most
 nacked, exactly as with a sync handler once the task has finished. A plain function
 runs in its handler thread, as in the sync worker. Stopping a job: at its time limit,
 or when its lease ended without this worker, its task is cancelled
-(:class:`asyncio.CancelledError` at its next ``await``); a plain handler's thread gets
-:class:`~pyqueue.worker.slots.TimeLimitExceeded`.
+(:class:`asyncio.CancelledError` at its next ``await``; one cancelled at its time limit
+ends as :class:`~pyqueue.worker.slots.TimeLimitExceeded`, unless it catches the
+cancellation and returns); a plain handler's thread gets TimeLimitExceeded.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 from pyqueue.protocol.errors import InvalidArgument
 from pyqueue.protocol.models import Job, Outcome
 from pyqueue.worker.executor import ThreadExecutor, handler_functions, is_async_handler
-from pyqueue.worker.slots import Slot, current_slot
+from pyqueue.worker.slots import Slot, TimeLimitExceeded, current_slot
 
 
 class _Awaiting:
@@ -98,7 +99,12 @@ class AsyncioExecutor(ThreadExecutor):
                 late = slot.interrupted_at is not None or slot.abandoned
             if late:
                 awaiting.cancel()
-            return task.result()
+            try:
+                return task.result()
+            except concurrent.futures.CancelledError:
+                if slot.reached:  # cancelled at its time limit: that is how it ended
+                    raise TimeLimitExceeded(f"cancelled at its time limit of {slot.limit_s:g}s") from None
+                raise
         finally:
             with self._tasks_lock:
                 self._tasks.pop(key, None)

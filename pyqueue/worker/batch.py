@@ -101,11 +101,12 @@ class BatchSlot(Slot):
     def abandoned(self) -> bool:
         return all(job.cancelled.is_set() for job in self.batch)
 
-    def limit_each(self, seconds: float, endings: Mapping[str, LimitEnding]) -> None:
-        """Stop the batch ``seconds`` after its first job's lease began; then end each
-        job as ``endings`` (by receipt, at least one) says."""
+    def limit_each(self, seconds: float, endings: Mapping[str, LimitEnding], grace_s: float) -> None:
+        """Interrupt the batch ``seconds`` after it started and stop it ``grace_s`` later
+        (:meth:`Slot.limit`); a job ended by the limit ends as ``endings`` (by receipt,
+        at least one) says."""
         self.endings = dict(endings)
-        self.limit(seconds, next(iter(self.endings.values())))
+        self.limit(seconds, next(iter(self.endings.values())), grace_s)
 
 
 class BatchRunner:

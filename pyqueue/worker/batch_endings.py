@@ -34,7 +34,7 @@ from pyqueue.protocol.models import Job, Outcome
 from pyqueue.drivers.queue import Queue
 from pyqueue.worker.endings import Endings, Fail, nack_terms
 from pyqueue.worker.nacks import NackTerms, nack_all
-from pyqueue.worker.slots import Slot
+from pyqueue.worker.slots import Slot, TimeLimitExceeded
 
 log = logging.getLogger("pyqueue.worker")
 
@@ -99,15 +99,17 @@ class BatchEndings:
         if self.control.killed.is_set():
             return []  # a killed process acks nothing
         batch = list(slot.jobs)
-        # Under one lock with the heartbeat's claim at the time limit: exactly one of them
-        # ends these jobs, all of them.
+        # Under the lock the heartbeat marks a slot past its hard limit with: a mark that
+        # came first is seen below.
         tracked = self.running.untrack_all(batch)
+        if slot.written_off:
+            log.warning("%s: its thread returned after its time limit; the slot serves again", slot)
+            self.running.written_back()
         if slot.limited:
-            if slot.written_off:
-                log.warning("%s: its thread stopped after the time limit; the slot serves again", slot)
-                self.running.written_back()
-            log.info("%s stopped at its time limit (%s)", slot, "raised " + type(error).__name__ if error else "returned")
-            return []
+            # Past its hard limit: every job ends as TimeLimitExceeded, whatever the handler did.
+            log.info("%s ended past its time limit's grace (it %s)", slot,
+                     "raised " + type(error).__name__ if error else "returned")
+            returned, error = None, TimeLimitExceeded()
         acks: list[Job] = []
         kept: list[tuple[Job, object, int]] = []
         nacks: list[NackTerms] = []
@@ -137,7 +139,11 @@ class BatchEndings:
         return self.ack(queue, slot, acks, size, may_lease)
 
     def terms(self, slot: Slot, job: Job, error: BaseException) -> NackTerms:
-        text, delay_ms, final = nack_terms(error)
+        at_limit = slot.ending_for(job) if isinstance(error, TimeLimitExceeded) else None
+        if at_limit is not None:  # by the policy the job's time limit was set with
+            text, delay_ms, final = at_limit.error, at_limit.delay_ms, at_limit.final
+        else:
+            text, delay_ms, final = nack_terms(error)
         if not final:
             log.info("%s: job %s attempt %d/%d failed: %s", slot, job.id, job.attempt, job.max_attempts, text)
         return NackTerms(job, text, delay_ms, final)

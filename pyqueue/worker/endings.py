@@ -41,7 +41,7 @@ from pyqueue.worker.handler import HandlerSpec
 from pyqueue.worker.lifecycle import EXIT_MISCONFIGURED
 from pyqueue.worker.settings import Served, WorkerSettings
 from pyqueue.worker.shared import Shared
-from pyqueue.worker.slots import Slot
+from pyqueue.worker.slots import LimitEnding, Slot, TimeLimitExceeded
 
 log = logging.getLogger("pyqueue.worker")
 
@@ -179,26 +179,19 @@ class Endings:
             return False  # a killed process acks nothing
         queue = self.by_name[job.queue]
         label = slot  # logged as str(slot): built only if a line is logged
-        # Untracked here, or by the heartbeat at the time limit (then `limited` is set
-        # under the same lock): exactly one of them decides how the job ends.
+        # Untracked here, under the lock the heartbeat marks a slot past its hard limit
+        # with: a mark that came first is seen below.
         tracked = self.running.untrack(job)
-        if slot.limited:
-            # The heartbeat ended this lease at the time limit (a fenced nack): the job
-            # follows its retry policy already; what the handler did after is ignored.
-            if slot.written_off:
-                log.warning("%s: its thread stopped %.1fs after the time limit; the slot serves again", label,
-                            time.monotonic() - (slot.interrupted_at or slot.started))
-                self.running.written_back()
-            log.info(
-                "%s stopped at its time limit (%s)", label, "raised " + type(error).__name__ if error else "returned"
-            )
-            return False
+        if slot.written_off:
+            log.warning("%s: its thread returned %.1fs after its time limit; the slot serves again", label,
+                        time.monotonic() - (slot.limit_at or slot.started))
+            self.running.written_back()
         if error is None and (inspect.isawaitable(result) or inspect.isasyncgen(result)):
             self.refuse_awaitable(queue, job, result, tracked)
             return False
         if not tracked:
-            # The shutdown released this job after the grace period: its receipt is
-            # stale, and another worker may be running it.
+            # The shutdown released this job after the grace period (or, past its hard
+            # limit, nacked it): its receipt is stale, and another worker may run it.
             log.warning("%s finished after its lease was released at shutdown", label)
             return False
         if job.cancelled.is_set():
@@ -206,6 +199,11 @@ class Endings:
             # would answer GONE or STALE and change nothing.
             log.info("%s ended as cancelled (its handler %s)", label, "failed" if error else "returned")
             return False
+        if slot.limited:
+            # Past its hard limit: it ends as TimeLimitExceeded, whatever the handler did.
+            log.info("%s ended past its time limit's grace (it %s)", label,
+                     "raised " + type(error).__name__ if error else "returned")
+            result, error = None, TimeLimitExceeded()
         self.running.pace.ran(time.monotonic() - slot.started)
         keep = self.result_to_keep(result) if error is None else None
         if keep is not None:
@@ -258,13 +256,17 @@ class Endings:
             assert loop.hand_out is not None
             loop.hand_out(posted.next_job, streak + 1)
             return True
-        self.fail(queue, job, error, label)
+        self.fail(queue, job, error, label, slot.ending_for(job) if isinstance(error, TimeLimitExceeded) else None)
         return False
 
-    def fail(self, queue: Queue, job: Job, error: BaseException, label: object) -> None:
+    def fail(self, queue: Queue, job: Job, error: BaseException, label: object, at_limit: LimitEnding | None = None) -> None:
         """Nack a job whose handler raised: :class:`Retry` after its delay (or the
-        backoff), :class:`Fail` to the dead letters now, anything else with the backoff."""
-        text, delay_ms, final = nack_terms(error)
+        backoff), :class:`Fail` to the dead letters now, anything else with the backoff;
+        TimeLimitExceeded by its slot's policy (``at_limit``) when it has one."""
+        if at_limit is not None:
+            text, delay_ms, final = at_limit.error, at_limit.delay_ms, at_limit.final
+        else:
+            text, delay_ms, final = nack_terms(error)
         if not final:
             log.info("%s attempt %d/%d failed: %s", label, job.attempt, job.max_attempts, text)
         nacked = self.retrying(

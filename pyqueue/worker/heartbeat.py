@@ -25,9 +25,7 @@ import redis as redis_lib
 from pyqueue.protocol.errors import PyQueueError, ServiceLost
 from pyqueue.worker.executor import Executor
 from pyqueue.worker.flows import FlowChecks
-from pyqueue.worker.lifecycle import EXIT_REGISTRATION_LOST
-from pyqueue.worker.nacks import NackTerms, nack_all
-from pyqueue.worker.retries import NACK_AT_LIMIT_ERRORS
+from pyqueue.worker.lifecycle import EXIT_REGISTRATION_LOST, EXIT_STUCK
 from pyqueue.worker.settings import Served, WorkerSettings
 from pyqueue.worker.shared import Shared
 from pyqueue.worker.supervised import SupervisorLink
@@ -43,7 +41,7 @@ class Heartbeat:
     """The heartbeat of one worker (see the module docstring).
 
     Args:
-        settings: the worker's; read: ``lease_ms``, ``renew_ms``, ``expire_ms``, the backoff.
+        settings: the worker's; read: ``lease_ms``, ``renew_ms``, ``expire_ms``, ``concurrency``.
         served: the worker's queues (whose leases it extends).
         shared: the parts' shared state (:class:`~pyqueue.worker.shared.Shared`).
         executor: runs the handlers (told to interrupt a job at its time limit).
@@ -69,10 +67,11 @@ class Heartbeat:
         self.crash = shared.crash
         self._wake = wake_fetch_loop
         self.lease_ms, self.renew_ms, self.expire_ms = settings.lease_ms, settings.renew_ms, settings.expire_ms
-        self.backoff_base_ms, self.backoff_cap_ms = settings.backoff_base_ms, settings.backoff_cap_ms
         self.link = supervisor_link
         #: How long an interrupted thread may take to stop before its slot is written off.
         self.write_off_s = WRITE_OFF_S if supervisor_link is None else SUPERVISED_WRITE_OFF_S
+        #: Handler threads: when every one is written off, the worker exits (EXIT_STUCK).
+        self.threads = settings.concurrency
         self.woken_for_stop = False
         self._thread: threading.Thread | None = None
 
@@ -189,60 +188,44 @@ class Heartbeat:
     # -- time limits ---------------------------------------------------------------
 
     def enforce_limits(self) -> None:
-        """End the jobs past their time limit, and write off the slots whose thread did
-        not stop (see :mod:`pyqueue.worker.slots`)."""
+        """Interrupt the jobs at their time limit; at their hard limit, end them for good
+        and interrupt them again; write off the slots whose thread does not stop then
+        (see :mod:`pyqueue.worker.slots`)."""
         now = time.monotonic()
         for slot in self.running.past_limit(now):
-            if not slot.limited:
-                self.end_at_limit(slot)
-            elif slot.in_user_code and slot.interrupted_at is not None and now - slot.interrupted_at >= self.write_off_s:
-                # Still running a while after the interruption: write its slot off the
-                # first time, then interrupt it again (it may have caught the exception
-                # and gone on, or swallowed a cancellation). In that order: a thread that
-                # stops at the second interruption finds its slot written off and gives
-                # it back; the other way round it could end before the write-off, which
-                # would then count its slot off for ever.
-                left = slot.write_off(self.running.write_off)
-                if left is not None:
-                    log.error(
-                        "%s did not stop %.1fs after its time limit (stuck outside Python code?): its slot is written "
-                        "off until the thread returns; %d of %d slots left", self.executor.describe(slot),
-                        self.write_off_s, left, self.running.capacity,
-                    )
-                    if self.link is not None:
-                        # Only the end of this process stops that thread: the supervisor starts
-                        # a replacement, then stops this child (its other jobs drain).
-                        self.link.retire(f"{self.executor.describe(slot)} did not stop at its time limit")
+            assert slot.limit_at is not None
+            if not slot.reached:
+                slot.reached = True
+                log.warning("%s reached its time limit of %gs: interrupting it (its lease is held %gs more for it to "
+                            "end)", self.executor.describe(slot), slot.limit_s, slot.grace_s)
                 self.executor.interrupt(slot)
+            elif not slot.limited:
+                if now >= slot.limit_at + slot.grace_s and self.running.mark_limited(slot):
+                    log.warning("%s still runs %gs after its time limit: interrupting it again; it ends as "
+                                "TimeLimitExceeded", self.executor.describe(slot), slot.grace_s)
+                    self.executor.interrupt(slot)
+            elif slot.in_user_code and slot.interrupted_at is not None and now - slot.interrupted_at >= self.write_off_s:
+                self.write_off(slot)
+                self.executor.interrupt(slot)  # again: it caught it and went on, or is in C code
 
-    def end_at_limit(self, slot: Slot) -> None:
-        """The job of ``slot`` (every job, for a batch's slot) reached its time limit: end
-        its lease now with a fenced nack (so a late ack is refused), then stop the work."""
-        claimed = self.running.claim_at_limit(slot)
-        if not claimed:
-            return  # it finished (or was released) just now: its own ending stands
+    def write_off(self, slot: Slot) -> None:
+        """``slot``'s thread did not stop at its hard limit: the first time, write the slot
+        off. Its job stays leased by this worker, renewed, until the thread returns (then
+        it ends as TimeLimitExceeded), so no other attempt of it starts meanwhile."""
+        if slot.write_off(self.running.write_off) is None:
+            return  # written off already, or its thread left the handler just now
         label = self.executor.describe(slot)
-        log.warning("%s reached its time limit of %gs: ending its lease and stopping it", label, slot.limit_s)
-        queue = self.by_name[slot.job.queue]  # a batch's jobs all come from one queue
-        nacks = []
-        for job in claimed:
-            ending = slot.ending_for(job)
-            assert ending is not None
-            nacks.append(NackTerms(job, ending.error, ending.delay_ms, ending.final))
-        try:
-            answers = nack_all(queue, nacks, backoff_base_ms=self.backoff_base_ms, backoff_cap_ms=self.backoff_cap_ms)
-        except NACK_AT_LIMIT_ERRORS as exc:
-            # No longer renewed: the lease expires (a lease length at most) and is reclaimed.
-            log.warning("%s: the nack at its time limit failed (%s); its lease is left to expire", label, exc)
-        else:
-            for terms, nacked in zip(nacks, answers):
-                if nacked.state == "dead":
-                    who = label if len(claimed) == 1 else f"{label}: job {terms.job.id}"
-                    log.warning("%s is dead after %d attempts: %s", who, terms.job.attempt, terms.error)
-                elif nacked.state == "scheduled":
-                    self.running.note_retry(nacked.at_ms)
-        finally:
-            # Whatever the nack did, the work stops: the jobs are no longer this worker's.
-            for job in claimed:
-                job.cancelled.set()  # wakes a handler that waits on it
-            self.executor.interrupt(slot)
+        threads_left = self.threads - self.running.written_off
+        log.error(
+            "%s did not stop at its hard time limit (stuck outside Python code?): its job stays leased here until its "
+            "thread returns, so no other attempt starts; its slot is written off: %d of %d left",
+            label, threads_left, self.threads,
+        )
+        if self.link is not None:
+            # Only the end of this process stops that thread: the supervisor starts a
+            # replacement, then stops this child (its other jobs drain).
+            self.link.retire(f"{label} did not stop at its time limit")
+        elif threads_left <= 0:
+            self.control.stop("every handler slot is written off (threads stuck past their time limit): exiting "
+                              "for a supervisor to start a fresh worker", EXIT_STUCK)
+            self.wake_fetch_loop()

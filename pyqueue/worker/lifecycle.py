@@ -24,7 +24,6 @@ from types import FrameType
 from typing import Any, TypeVar
 
 from pyqueue.protocol.errors import AuthenticationFailed
-from pyqueue.protocol.models import Job
 from pyqueue.drivers.queue import Queue
 from pyqueue.worker.retries import RETRY_ON, retryable, MAX_BACKOFF_S
 from pyqueue.worker.running import Running
@@ -39,6 +38,10 @@ EXIT_OK = 0
 #: EX_TEMPFAIL: the registration expired or was overwritten (a pause past expire_ms, or
 #: Redis lost its data). Transient: a supervisor should start the worker again.
 EXIT_REGISTRATION_LOST = 75
+#: EX_TEMPFAIL too: every handler thread is stuck past its job's hard time limit (in C
+#: code that Python cannot interrupt); their jobs stay leased until the process ends.
+#: A supervisor should start a fresh worker.
+EXIT_STUCK = 75
 #: EX_CONFIG: the handler cannot run in this worker (it returned an awaitable).
 EXIT_MISCONFIGURED = 78
 
@@ -179,24 +182,33 @@ class Control:
 
 def shutdown(
     *, control: Control, running: Running, queues: Sequence[Queue], services: Services, service: Service,
-    grace_ms: int, close_executor: Callable[[], None],
+    grace_ms: int, lease_ms: int, close_executor: Callable[[], None],
 ) -> None:
     """The graceful end of a registered worker: let running jobs finish within
-    ``grace_ms``, release the rest to other workers, deregister."""
+    ``grace_ms``, release the rest to other workers, deregister. A job whose thread is
+    stuck past its hard time limit is not released: it is nacked under its policy, its
+    retry due no sooner than ``lease_ms`` from now (the time its lease would take to
+    expire were this process dead, which it is by then), so its next attempt never
+    overlaps it."""
     control.stopping.set()
     running.wait_idle(time.monotonic() + grace_ms / 1000)
-    leftover: list[Job] = running.take_all()
+    leftover = running.take_all()
     # Releasing and deregistering are courtesies: if Redis cannot be reached (the
     # reason this worker may be stopping), the leases expire and the service key
     # expires by themselves, and live workers scrub what it held. So a failure is
     # logged and the worker ends with its own exit code.
     try:
         for q in queues:
-            jobs = [j for j in leftover if j.queue == q.name]
+            jobs = [job for job, stuck in leftover if job.queue == q.name and stuck is None]
             if jobs:
                 outcomes = q.release(jobs)
                 log.warning("grace period over: released %d running jobs of %s (%s)", len(jobs), q.name,
                             ",".join(o.value for o in outcomes))
+            for job, stuck in leftover:
+                if job.queue == q.name and stuck is not None:
+                    nacked = q.nack(job, stuck.error, delay_ms=max(stuck.delay_ms or 0, lease_ms), final=stuck.final)
+                    log.warning("job %s still runs past its time limit in a thread this exit ends: nacked (%s)",
+                                job.id, nacked.state)
         close_executor()
         deleted, removed = services.deregister(service)
     except RETRY_ON as exc:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from pyqueue.protocol.models import Job
 from pyqueue.ops.service import RunningJob
-from pyqueue.worker.slots import Slot
+from pyqueue.worker.slots import LimitEnding, Slot
 
 
 class Running:
@@ -156,8 +156,8 @@ class Running:
             return True
 
     def untrack_all(self, jobs: Sequence[Job]) -> list[bool]:
-        """:meth:`untrack` of each of a batch's jobs, under one hold of the lock: the
-        heartbeat's :meth:`claim_at_limit` of the batch's slot takes all of them or none."""
+        """:meth:`untrack` of each of a batch's jobs, under one hold of the lock (the one
+        the heartbeat's :meth:`mark_limited` takes)."""
         with self.lock:
             out = []
             for job in jobs:
@@ -206,23 +206,23 @@ class Running:
         with self.lock:
             return [s for s in self.slots_running.values() if s.limit_at is not None and now >= s.limit_at]
 
-    def claim_at_limit(self, slot: Slot) -> list[Job]:
-        """Untrack the jobs of ``slot`` for the heartbeat, which ends them at the time
-        limit, and mark the slot limited, under the lock the handler thread untracks with:
-        exactly one of them decides how the jobs end. The jobs claimed; none: they
-        finished (or were released) first."""
+    def mark_limited(self, slot: Slot) -> bool:
+        """Mark ``slot`` past its hard limit if a job of it is still tracked, under the
+        lock the handler thread untracks with: so either the mark comes first and the
+        ending sees it (the job ends as TimeLimitExceeded), or the job had ended, by
+        itself. Whether it was marked."""
         with self.lock:
-            claimed = [job for job in slot.jobs if self.jobs.pop(job.receipt, None) is not None]
-            for _ in claimed:
-                self._count_ended()
-            if claimed:
-                slot.limited = True
-            return claimed
+            if not any(job.receipt in self.jobs for job in slot.jobs):
+                return False
+            slot.limited = True
+            return True
 
-    def take_all(self) -> list[Job]:
-        """Untrack every job (the shutdown releases them)."""
+    def take_all(self) -> list[tuple[Job, LimitEnding | None]]:
+        """Untrack every job (the shutdown ends them): each with the ending it has if its
+        slot is past its hard limit (its thread still runs it), else None."""
         with self.lock:
-            leftover = list(self.jobs.values())
+            stuck = {job.receipt: slot for slot in self.slots_running.values() if slot.limited for job in slot.jobs}
+            leftover = [(job, stuck[r].ending_for(job) if r in stuck else None) for r, job in self.jobs.items()]
             self.jobs.clear()
             return leftover
 

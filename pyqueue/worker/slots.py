@@ -6,28 +6,31 @@ the handler runs, :func:`current_slot` returns that slot, so code above the engi
 task layer) can ask for a time limit (:meth:`Slot.limit`) or run a coroutine on the
 worker's event loop (:meth:`Slot.run_awaitable`) without knowing which worker it is in.
 
-Time limits, and why they are decided by the lease: the worker's heartbeat checks the
-limits of running jobs every tick (50 ms). At a job's limit it ends the job's lease in
-Redis itself, with a fenced nack carrying :class:`TimeLimitExceeded` as the error (the
-retry or dead-letter decision the slot was given when the limit was set), and stops
-renewing it. From that moment the job's fence belongs to nobody in this worker: an ack
-sent later by the handler answers GONE or STALE and changes nothing, whatever the
-handler does. If that nack cannot reach Redis, the lease is simply no longer renewed
-and expires, with the same effect a lease length later. Then the worker stops the work
-as well as its executor can:
+Time limits have a soft and a hard end, and never let two attempts of one job run at
+once. The worker's heartbeat checks the limits of running jobs every tick (50 ms):
 
-* a thread gets :class:`TimeLimitExceeded` raised asynchronously
-  (``PyThreadState_SetAsyncExc``): it arrives at the thread's next Python bytecode, so
-  a handler can catch it to clean up. A thread inside a long C call (``time.sleep``, a
-  blocking socket read) sees it only when that call returns. One that has not stopped
-  :data:`WRITE_OFF_S` after the interruption is *written off*: logged, counted, and its
-  slot is not leased into again until the thread returns;
-* an asyncio task is cancelled (:class:`asyncio.CancelledError` at its next ``await``);
-* in a child of the multi-process worker (``pyqueue worker --processes N``), a thread
-  not stopped :data:`SUPERVISED_WRITE_OFF_S` after the interruption gets its process
-  replaced: the child asks its supervisor for a replacement, which starts first, and the
-  child then drains and exits, ending the stuck thread with it
-  (:mod:`pyqueue.worker.supervisor`). That is the hard time limit.
+* At ``time_limit`` (the *soft* limit) it interrupts the work, as well as its executor
+  can: a thread gets :class:`TimeLimitExceeded` raised asynchronously
+  (``PyThreadState_SetAsyncExc``) at its next Python bytecode; an asyncio task is
+  cancelled (:class:`asyncio.CancelledError` at its next ``await``, which the worker
+  reports as :class:`TimeLimitExceeded`). The lease stays this worker's, renewed, for
+  at most ``grace_s`` more (a task's ``time_limit_grace``, default 5 s). A handler that
+  catches it and returns is acked with what it returned, as in dramatiq; one that lets
+  it propagate is nacked under the policy the slot was given with its limit
+  (:class:`LimitEnding`: a retry, or the dead letters).
+* At ``time_limit + grace_s`` (the *hard* limit), work still running is stopped for
+  good: the job will end as :class:`TimeLimitExceeded` under that policy, whatever its
+  handler does after. A thread inside a long C call (``time.sleep``, a blocking read)
+  cannot be stopped, so its job stays leased by this worker, renewed, until the thread
+  returns: **no second attempt starts while the first still runs**. Its slot is
+  *written off* meanwhile (logged, counted, not leased into), and the thread is
+  interrupted again every :data:`WRITE_OFF_S`. A worker whose every slot is written off
+  stops leasing, drains and exits 75 (``EXIT_STUCK``), for its supervisor to replace it;
+  in a child of ``pyqueue worker --processes N`` the first written-off slot asks the
+  supervisor for a replacement, which starts first, and the child then drains and
+  exits, ending the stuck thread with it. A job still held so at a worker's end is
+  nacked under its policy with its retry no sooner than a lease length later, the time
+  a dead worker's lease would take to expire: by then this process has exited.
 """
 
 from __future__ import annotations
@@ -44,12 +47,14 @@ from pyqueue.protocol.models import Job
 
 log = logging.getLogger("pyqueue.worker")
 
-#: How long a thread interrupted at its time limit may take to stop before its slot
-#: is written off.
+#: How long the work may go on after its time limit (a task's ``time_limit_grace``) before
+#: the hard limit: time to catch TimeLimitExceeded, clean up and return.
+DEFAULT_TIME_LIMIT_GRACE_S = 5.0
+#: How often the work past its hard limit is interrupted again (it may have caught the
+#: exception and gone on, or been in C code when the last one was raised).
 WRITE_OFF_S = 1.0
-#: The same in a child of ``pyqueue worker --processes N``, where writing a slot off
-#: ends the process (its replacement starts first): a thread that runs Python code
-#: stops within milliseconds, so a quarter second already means it is stuck in C code.
+#: The same in a child of ``pyqueue worker --processes N``, where a slot written off ends
+#: the process (its replacement starts first).
 SUPERVISED_WRITE_OFF_S = 0.25
 
 
@@ -57,9 +62,10 @@ class TimeLimitExceeded(BaseException):
     """Raised inside a handler when its job reached its time limit; also the job's error.
 
     A :class:`BaseException` (like :class:`KeyboardInterrupt`), so an ``except
-    Exception`` in the handler does not swallow it. Catch it to clean up: by the time
-    it is raised the job's lease has already ended (the job went to its retry or to the
-    dead letters), so whatever the handler returns or raises afterwards is ignored."""
+    Exception`` in the handler does not swallow it. Catch it to clean up and return
+    within the grace period (``time_limit_grace``): the job is then acked with what the
+    handler returned. Let it propagate, and the job follows its retry policy with this
+    as its error. Past the grace period the job ends so whatever the handler does."""
 
 
 @dataclass(frozen=True)
@@ -91,8 +97,8 @@ class Slot:
     """
 
     __slots__ = (
-        "runner", "job", "thread_id", "leased_at_ms", "started", "name", "limit_at", "limit_s", "ending", "limited",
-        "interrupted_at", "written_off", "_lock", "_in_user_code", "_injected",
+        "runner", "job", "thread_id", "leased_at_ms", "started", "name", "limit_at", "limit_s", "grace_s", "ending",
+        "reached", "limited", "interrupted_at", "written_off", "_lock", "_in_user_code", "_injected",
     )
 
     def __init__(self, job: Job, lease_ms: int, runner: AwaitableRunner) -> None:
@@ -107,8 +113,12 @@ class Slot:
         #: Monotonic time of the time limit; None: no limit.
         self.limit_at: float | None = None
         self.limit_s: float = 0.0
+        self.grace_s = DEFAULT_TIME_LIMIT_GRACE_S
         self.ending: LimitEnding | None = None
-        #: Set by the heartbeat once the limit passed and the job's lease was ended.
+        #: Set by the heartbeat at the time limit, as it interrupts the work.
+        self.reached = False
+        #: Set by the heartbeat at the hard limit (``grace_s`` after the time limit) while
+        #: the work still ran: its job ends as TimeLimitExceeded, whatever it does after.
         self.limited = False
         self.interrupted_at: float | None = None
         self.written_off = False
@@ -152,10 +162,11 @@ class Slot:
         elapsed since (measured on this process's monotonic clock)."""
         return self.leased_at_ms + int((time.monotonic() - self.started) * 1000)
 
-    def limit(self, seconds: float, ending: LimitEnding) -> None:
-        """Stop the job ``seconds`` after its lease began (the server's lease time), and
-        end it as ``ending`` says. Call it from the handler before the work starts."""
-        self.limit_s = seconds
+    def limit(self, seconds: float, ending: LimitEnding, grace_s: float = DEFAULT_TIME_LIMIT_GRACE_S) -> None:
+        """Interrupt the work ``seconds`` after it started, and stop it for good
+        ``grace_s`` later (see the module docstring); a job that ends by the limit ends
+        as ``ending`` says. Call it from the handler before the work starts."""
+        self.limit_s, self.grace_s = seconds, grace_s
         elapsed = (self.server_now_ms() - self.leased_at_ms) / 1000
         self.limit_at = time.monotonic() + max(0.0, seconds - elapsed)
         self.ending = ending

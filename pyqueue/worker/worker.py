@@ -356,7 +356,8 @@ class Worker(ExecutorHooks):
             if not control.killed.is_set():
                 shutdown(
                     control=control, running=self.running, queues=self.queues, services=self.services,
-                    service=service, grace_ms=self.settings.grace_ms, close_executor=self.executor.shutdown,
+                    service=service, grace_ms=self.settings.grace_ms, lease_ms=self.settings.lease_ms,
+                    close_executor=self.executor.shutdown,
                 )
             else:
                 self.executor.shutdown()
