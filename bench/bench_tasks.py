@@ -547,13 +547,13 @@ class ThreadProfiles:
     def __enter__(self) -> ThreadProfiles:
         original, profiles, lock = self.original, self.profiles, self.lock
 
-        def serve(executor: ThreadExecutor, first: Job) -> None:
+        def serve(executor: ThreadExecutor, first: Job, streak: int) -> None:
             profile = cProfile.Profile()
             with lock:
                 profiles.append(profile)
             profile.enable()
             try:
-                original(executor, first)
+                original(executor, first, streak)
             finally:
                 profile.disable()
 
@@ -670,7 +670,7 @@ def profile_drain(url: str, jobs: int, variant: str, concurrency: int) -> tuple[
 
 
 class _FakeWorker:
-    """What a Slot reads from its worker, without a worker."""
+    """What a Slot asks of its executor (a coroutine to run), without a worker."""
 
     lease_ms = 30_000
 
@@ -697,7 +697,7 @@ def python_costs(url: str) -> dict[str, dict[str, float]]:
 
     def in_slot(handler: Callable[[Job], object]) -> Callable[[], object]:
         def run() -> object:
-            slot = Slot(fake, job)  # type: ignore[arg-type]
+            slot = Slot(job, fake.lease_ms, fake)
             enter_slot(slot)
             try:
                 return slot.call(handler, job)
