@@ -9,8 +9,6 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-import redis as redis_lib
-
 from pyqueue.protocol.errors import OutcomeUnknown, OutOfMemory, PyQueueError
 from pyqueue.drivers.scripts import CLUSTER_WEATHER
 
@@ -23,8 +21,6 @@ MAX_BACKOFF_S = 5.0
 
 #: What the worker's loops catch and test with retryable (anything else is a bug).
 RETRY_ON: tuple[type[BaseException], ...] = (*CLUSTER_WEATHER, PyQueueError)
-#: What a failed nack at a time limit may raise (logged; the work is stopped anyway).
-NACK_AT_LIMIT_ERRORS: tuple[type[BaseException], ...] = (*RETRY_ON, redis_lib.RedisError)
 
 
 def retryable(exc: BaseException) -> bool:

@@ -98,7 +98,8 @@ class Running:
     def idle_or_wait(self, timeout: float) -> bool:
         """Whether no handler runs; if one does, wait up to ``timeout`` for a change."""
         with self.slots:
-            # A written-off slot holds no job (it ended at its time limit): idle.
+            # A written-off slot's thread is stuck past its hard time limit: it runs
+            # nothing this worker waits for (the shutdown ends its job): idle.
             idle = self.free + self.written_off >= self.capacity
             if not idle:
                 self.slots.wait(timeout)
@@ -107,7 +108,8 @@ class Running:
     def wait_idle(self, deadline: float) -> None:
         """Wait until no handler runs, or the monotonic ``deadline``."""
         with self.slots:
-            # Written-off slots hold no job: their stuck threads end with the process.
+            # Written-off slots are not waited for: their stuck threads end with the
+            # process, and the shutdown ends their jobs (lifecycle.shutdown).
             while self.free + self.written_off < self.capacity and time.monotonic() < deadline:
                 self.slots.wait(min(0.1, max(0.0, deadline - time.monotonic())))
 

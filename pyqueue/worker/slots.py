@@ -22,9 +22,10 @@ once. The worker's heartbeat checks the limits of running jobs every tick (50 ms
   good: the job will end as :class:`TimeLimitExceeded` under that policy, whatever its
   handler does after. A thread inside a long C call (``time.sleep``, a blocking read)
   cannot be stopped, so its job stays leased by this worker, renewed, until the thread
-  returns: **no second attempt starts while the first still runs**. Its slot is
-  *written off* meanwhile (logged, counted, not leased into), and the thread is
-  interrupted again every :data:`WRITE_OFF_S`. A worker whose every slot is written off
+  returns: **no second attempt starts while the first still runs**. The work is
+  interrupted again at the hard limit; still running :data:`WRITE_OFF_S` later, its slot
+  is *written off* (logged, counted, not leased into until the thread returns), and it
+  is interrupted again every WRITE_OFF_S. A worker whose every slot is written off
   stops leasing, drains and exits 75 (``EXIT_STUCK``), for its supervisor to replace it;
   in a child of ``pyqueue worker --processes N`` the first written-off slot asks the
   supervisor for a replacement, which starts first, and the child then drains and
