@@ -32,13 +32,6 @@ maintenance run as usual, and next_due_ms is -1 (resume.lua wakes the workers).
 Under a rate limit (limit.lua), step 4 leases at most the permits due now (GCRA: one per
 period_ms/count, up to `burst` at once) and advances `rate_tat` by the jobs leased; when
 the limit cut the count and every permit was used, next_due_ms is when the next is due.
-The code below the include block is these steps as named functions, called in order at
-its end: read_args, ack_statuses, replay (2), rate_cut, then step 4's pop from READY
-(LPOP: the first write), then after_pop: maintain_read, choose, plan_leases,
-prove_types (nothing else is written before it has passed), then the writes:
-write_acks (1), write_maintenance and put_back (3: with the popped ids not leased),
-fair_lease, write_leases (4). An error after the pop, answered or raised by Redis,
-pushes the popped ids back: no error leaves the queue changed but as Errors says.
 
 KEYS (15), all <prefix>:{<queue>}:<role>
   1 jobs       hash  id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
@@ -957,7 +950,12 @@ local function after_pop(C, K, F, maintenance_due, fair_short)
   C.reply[C.at0] = C.m
 end
 
--- The call: the steps above, in order.
+-- The call: the steps above, in order: read_args, ack_statuses, replay (2), rate_cut,
+-- then step 4's pop from READY (LPOP: the first write), then after_pop: maintain_read,
+-- choose, plan_leases, prove_types (nothing else is written before it has passed), then
+-- the writes: write_acks (1), write_maintenance and put_back (3: with the popped ids not
+-- leased), fair_lease, write_leases (4). An error after the pop, answered or raised by
+-- Redis, pushes the popped ids back: no error leaves the queue changed but as Errors says.
 local contract_error = contract('lease', 15, 7, 7 + MAX_BATCH)
 if contract_error then return redis.error_reply(contract_error) end
 local err = read_args(C)
