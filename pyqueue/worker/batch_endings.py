@@ -139,11 +139,7 @@ class BatchEndings:
         return self.ack(queue, slot, acks, size, may_lease)
 
     def terms(self, slot: Slot, job: Job, error: BaseException) -> NackTerms:
-        at_limit = slot.ending_for(job) if isinstance(error, TimeLimitExceeded) else None
-        if at_limit is not None:  # by the policy the job's time limit was set with
-            text, delay_ms, final = at_limit.error, at_limit.delay_ms, at_limit.final
-        else:
-            text, delay_ms, final = nack_terms(error)
+        text, delay_ms, final = nack_terms(error, slot, job)
         if not final:
             log.info("%s: job %s attempt %d/%d failed: %s", slot, job.id, job.attempt, job.max_attempts, text)
         return NackTerms(job, text, delay_ms, final)

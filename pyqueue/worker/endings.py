@@ -41,7 +41,7 @@ from pyqueue.worker.handler import HandlerSpec
 from pyqueue.worker.lifecycle import EXIT_MISCONFIGURED
 from pyqueue.worker.settings import Served, WorkerSettings
 from pyqueue.worker.shared import Shared
-from pyqueue.worker.slots import LimitEnding, Slot, TimeLimitExceeded
+from pyqueue.worker.slots import Slot, TimeLimitExceeded
 
 log = logging.getLogger("pyqueue.worker")
 
@@ -100,10 +100,15 @@ def error_text(error: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(error), error)).strip()[:4000]
 
 
-def nack_terms(error: BaseException) -> tuple[str, int | None, bool]:
+def nack_terms(error: BaseException, slot: Slot | None = None, job: Job | None = None) -> tuple[str, int | None, bool]:
     """How a handler's exception is nacked: (error text, delay_ms, final). :class:`Retry`
-    after its delay (None: the backoff), :class:`Fail` to the dead letters now, anything
-    else with the backoff."""
+    after its delay (None: the backoff), :class:`Fail` to the dead letters now,
+    :class:`TimeLimitExceeded` by the policy ``slot``'s limit was set with for ``job``
+    (when it was), anything else with the backoff."""
+    if isinstance(error, TimeLimitExceeded) and slot is not None and job is not None:
+        at_limit = slot.ending_for(job)
+        if at_limit is not None:
+            return at_limit.error, at_limit.delay_ms, at_limit.final
     if isinstance(error, _Ending):
         return error.error_text(), error.delay_ms if isinstance(error, Retry) else None, isinstance(error, Fail)
     return error_text(error), None, False
@@ -256,19 +261,14 @@ class Endings:
             assert loop.hand_out is not None
             loop.hand_out(posted.next_job, streak + 1)
             return True
-        self.fail(queue, job, error, label, slot.ending_for(job) if isinstance(error, TimeLimitExceeded) else None)
+        self.fail(queue, job, error, slot)
         return False
 
-    def fail(self, queue: Queue, job: Job, error: BaseException, label: object, at_limit: LimitEnding | None = None) -> None:
-        """Nack a job whose handler raised: :class:`Retry` after its delay (or the
-        backoff), :class:`Fail` to the dead letters now, anything else with the backoff;
-        TimeLimitExceeded by its slot's policy (``at_limit``) when it has one."""
-        if at_limit is not None:
-            text, delay_ms, final = at_limit.error, at_limit.delay_ms, at_limit.final
-        else:
-            text, delay_ms, final = nack_terms(error)
+    def fail(self, queue: Queue, job: Job, error: BaseException, slot: Slot) -> None:
+        """Nack a job whose handler raised, on the terms :func:`nack_terms` gives."""
+        text, delay_ms, final = nack_terms(error, slot, job)
         if not final:
-            log.info("%s attempt %d/%d failed: %s", label, job.attempt, job.max_attempts, text)
+            log.info("%s attempt %d/%d failed: %s", slot, job.attempt, job.max_attempts, text)
         nacked = self.retrying(
             lambda: queue.nack(
                 job, text, delay_ms=delay_ms, final=final,
@@ -276,11 +276,11 @@ class Endings:
             )
         )
         if nacked.state == "dead":
-            log.warning("%s is dead after %d attempts: %s", label, job.attempt, text)
+            log.warning("%s is dead after %d attempts: %s", slot, job.attempt, text)
             if self.on_ended is not None:
                 self.ended(job, "dead")
         elif not nacked.outcome:
-            log.warning("%s: nack found the lease %s", label, nacked.outcome.value)
+            log.warning("%s: nack found the lease %s", slot, nacked.outcome.value)
         elif nacked.state == "scheduled":
             self.running.note_retry(nacked.at_ms)
 
