@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from typing import Any
@@ -11,14 +10,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from pyqueue.protocol.errors import InvalidArgument
 from pyqueue.worker.lifecycle import show_worker_logs
-from pyqueue.worker.settings import parse_prefetch
-
-
-def _prefetch(value: str) -> int | str:
-    try:
-        return parse_prefetch(value)
-    except InvalidArgument as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+from pyqueue.cli import prefetch_arg
 
 
 class Command(BaseCommand):  # type: ignore[misc]  # Django ships no types
@@ -32,7 +24,7 @@ class Command(BaseCommand):  # type: ignore[misc]  # Django ships no types
         parser.add_argument("-m", "--module", action="append", default=[], help="a module to import for its tasks "
                             "(repeat), beyond the installed apps' tasks modules")
         parser.add_argument("--concurrency", type=int, default=1, help="jobs run at once, each in a thread")
-        parser.add_argument("--prefetch", type=_prefetch, default="auto", help="jobs leased ahead of the running "
+        parser.add_argument("--prefetch", type=prefetch_arg, default="auto", help="jobs leased ahead of the running "
                             "ones, or auto: as many as --concurrency while the jobs are short (the default)")
         parser.add_argument("--block-ms", type=int, default=10_000, help="how long one wait for jobs blocks")
         parser.add_argument("--burst", action="store_true", help="run until the queues are empty, then exit")
