@@ -15,7 +15,7 @@ steady load `done` holds about keep_done_ms of acks plus fewer than 10 expired e
 and a backlog left by a quiet period shrinks by at least 10 per acking call.
 
 KEYS (11), all <prefix>:{<queue>}:<role>
-  1 jobs     hash  id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
+  1 jobs     hash  id -> "<attempts>|<max_attempts>|<due_ms>:<enqueued_ms>|<payload>"
   2 leased   zset  receipt -> deadline_ms
   3 owners   zset  receipt -> 0 (lexicographic index: receipts by owner, then call)
   4 done     zset  id -> ms until which an acked id stays a duplicate (tombstones)
@@ -43,7 +43,7 @@ Errors   PQ_BADARG (nothing written), PQ_CORRUPT (a job's `meta` entry does not 
          nothing written), WRONGTYPE (a key holds another Redis type; nothing written).
 Replay   a re-sent call finds its receipts gone and changes nothing; its answer is
          'gone' where the lost reply said 'ok'.
-Contract v4 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
+Contract v5 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
          PQ_CONTRACT, before anything is read or written.
 ]]
 
@@ -54,7 +54,7 @@ local counters_key, events_key = KEYS[10], KEYS[11]
 -- lua/include/validate.lua (each helper's note is there)
 local MAX_BATCH = 1000
 local NONE = {}
-local CONTRACT_VERSION = 4
+local CONTRACT_VERSION = 5
 local function contract(script, nkeys, lo, hi, step)
   local expected, got
   if #KEYS ~= nkeys then

@@ -10,7 +10,7 @@ the oldest-expiring results beyond max_results, so at most max_results results a
 kept, each at most 524288 bytes.
 
 KEYS (14), all <prefix>:{<queue>}:<role>
-  1 jobs           hash    id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
+  1 jobs           hash    id -> "<attempts>|<max_attempts>|<due_ms>:<enqueued_ms>|<payload>"
   2 leased         zset    receipt -> deadline_ms
   3 owners         zset    receipt -> 0
   4 done           zset    id -> ms until which an acked id stays a duplicate
@@ -40,7 +40,7 @@ Errors   PQ_BADARG, PQ_CORRUPT (a job's `meta` entry does not parse), WRONGTYPE 
          written).
 Replay   a re-sent call finds its receipts gone and writes nothing more: one effect.
 Groups   as ack.lua: an acked job's group gets its slot back (section 2.1).
-Contract v4 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
+Contract v5 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
          PQ_CONTRACT, before anything is read or written.
 ]]
 
@@ -52,7 +52,7 @@ local counters_key, events_key = KEYS[13], KEYS[14]
 -- lua/include/validate.lua (each helper's note is there)
 local MAX_BATCH = 1000
 local NONE = {}
-local CONTRACT_VERSION = 4
+local CONTRACT_VERSION = 5
 local function contract(script, nkeys, lo, hi, step)
   local expected, got
   if #KEYS ~= nkeys then

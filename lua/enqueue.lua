@@ -10,7 +10,7 @@ A job with a group or a priority other than 0 gets a `meta` entry, and while REA
 waits in `gready` (its group gets a place in `ring`), not in `ready` (section 2.1).
 
 KEYS (11), all <prefix>:{<queue>}:<role>
-  1 jobs       hash  id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
+  1 jobs       hash  id -> "<attempts>|<max_attempts>|<due_ms>:<enqueued_ms>|<payload>"
   2 ready      list  job ids, head = next to lease
   3 scheduled  zset  id -> due_ms
   4 counters   hash  counter name -> integer
@@ -42,7 +42,7 @@ Errors   PQ_BADARG (nothing written), WRONGTYPE (a key holds another Redis type;
          nothing written).
 Replay   re-sending the same call finds every job present, or acked and tombstoned,
          and adds nothing (an ack with keep_done_ms = 0 leaves no tombstone).
-Contract v4 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
+Contract v5 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
          PQ_CONTRACT, before anything is read or written.
 ]]
 
@@ -54,7 +54,7 @@ local events_key = KEYS[11]
 -- lua/include/validate.lua (each helper's note is there)
 local MAX_BATCH = 1000
 local NONE = {}
-local CONTRACT_VERSION = 4
+local CONTRACT_VERSION = 5
 local function contract(script, nkeys, lo, hi, step)
   local expected, got
   if #KEYS ~= nkeys then
@@ -117,6 +117,11 @@ local function first_write(cmd, key, values, want)
   for i = CHUNK + 1, #values, CHUNK do
     redis.call(cmd, key, unpack(values, i, math.min(i + CHUNK - 1, #values)))
   end
+end
+-- lua/include/records.lua (each helper's note is there)
+local function record_head(attempts, max_attempts, due_ms, enqueued_ms)
+  if enqueued_ms then return string.format('%d|%d|%d:%d|', attempts, max_attempts, due_ms, enqueued_ms) end
+  return string.format('%d|%d|%d|', attempts, max_attempts, due_ms)
 end
 -- lua/include/events.lua (each helper's note is there)
 local function events_bound(counters_key, events_key, value)
@@ -254,7 +259,7 @@ for i = 1, n do
     added = added + 1
     local due_ms = now_ms + delays[i]
     records[2 * added - 1] = id
-    records[2 * added] = string.format('0|%d|%d|', maxes[i], due_ms) .. ARGV[6 * i - 2]
+    records[2 * added] = record_head(0, maxes[i], due_ms, now_ms) .. ARGV[6 * i - 2]
     if delays[i] == 0 then
       ready_ids[#ready_ids + 1] = id
       ready_metas[#ready_ids] = metas[i]

@@ -34,7 +34,7 @@ period_ms/count, up to `burst` at once) and advances `rate_tat` by the jobs leas
 the limit cut the count and every permit was used, next_due_ms is when the next is due.
 
 KEYS (15), all <prefix>:{<queue>}:<role>
-  1 jobs       hash  id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
+  1 jobs       hash  id -> "<attempts>|<max_attempts>|<due_ms>:<enqueued_ms>|<payload>"
   2 ready      list  job ids, head = next to lease
   3 scheduled  zset  id -> due_ms
   4 leased     zset  receipt -> deadline_ms
@@ -75,12 +75,13 @@ Returns  {now_ms, next_due_ms, r, ack_status_1 .. ack_status_r, m, job_1 .. job_
          rate limit allowed fewer than count and all were leased, when the next permit
          is due; else -1.
          A replayed call answers -1 (wait at most one block period).
-         job: 7 values: receipt, id, payload, fence, attempt, max_attempts, deadline_ms.
+         job: 8 values: receipt, id, payload, fence, attempt, max_attempts, deadline_ms,
+           enqueued_ms (when it was sent; -1 for a record written before contract v5).
 Cost     plain case (count 1, one ready job, maintenance not due): 13 commands (ack one,
          lease one); 10 (lease one)
 Errors   PQ_BADARG (nothing written), PQ_CORRUPT (a record does not parse; nothing
          written), WRONGTYPE (a key holds another Redis type; nothing written).
-Contract v4 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
+Contract v5 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
          PQ_CONTRACT, before anything is read or written.
 ]]
 
@@ -92,7 +93,7 @@ local events_key = KEYS[15]
 -- lua/include/validate.lua (each helper's note is there)
 local MAX_BATCH = 1000
 local NONE = {}
-local CONTRACT_VERSION = 4
+local CONTRACT_VERSION = 5
 local function contract(script, nkeys, lo, hi, step)
   local expected, got
   if #KEYS ~= nkeys then
@@ -162,9 +163,13 @@ local function parse_receipt(receipt)
   return { receipt = receipt, id = id, fence = tonumber(fence), attempt = tonumber(attempt) }
 end
 local function parse_record(record)
-  local attempts, max_attempts, due_ms, at = string.match(record, '^(%d+)|(%d+)|(%d+)|()')
-  if not attempts then return nil end
-  return tonumber(attempts), tonumber(max_attempts), tonumber(due_ms), at
+  local attempts, max_attempts, due_ms, sent, at = string.match(record, '^(%d+)|(%d+)|(%d+)(:?%d*)|()')
+  if not attempts or sent == ':' then return nil end
+  return tonumber(attempts), tonumber(max_attempts), tonumber(due_ms), at, tonumber(string.sub(sent, 2))
+end
+local function record_head(attempts, max_attempts, due_ms, enqueued_ms)
+  if enqueued_ms then return string.format('%d|%d|%d:%d|', attempts, max_attempts, due_ms, enqueued_ms) end
+  return string.format('%d|%d|%d|', attempts, max_attempts, due_ms)
 end
 -- lua/include/tombstones.lua (each helper's note is there)
 local TRIM_BATCH = 10
@@ -498,9 +503,9 @@ local function read_leases(jobs_key, source_key, receipts)
   local records = hmget(jobs_key, ids)
   for i, lease in ipairs(leases) do
     if records[i] then
-      local _, max_attempts, _, at = parse_record(records[i])
+      local _, max_attempts, _, at, enqueued_ms = parse_record(records[i])
       if not max_attempts then return nil, nil, 'PQ_CORRUPT unparsable record in ' .. jobs_key end
-      lease.max, lease.record, lease.payload_at = max_attempts, records[i], at
+      lease.max, lease.record, lease.payload_at, lease.enqueued_ms = max_attempts, records[i], at, enqueued_ms
     end
   end
   return leases, ids
@@ -511,7 +516,7 @@ local function reclaim(K, F, fair, leases, metas, now_ms, why, counter, bound)
     receipts[i] = lease.receipt
     if lease.max then
       rewritten[#rewritten + 1] = lease.id
-      rewritten[#rewritten + 1] = string.format('%d|%d|%d|', lease.attempt, lease.max, now_ms)
+      rewritten[#rewritten + 1] = record_head(lease.attempt, lease.max, now_ms, lease.enqueued_ms)
         .. string.sub(lease.record, lease.payload_at)
       if lease.attempt >= lease.max then
         dead_args[#dead_args + 1], dead_args[#dead_args + 2] = now_ms, lease.id
@@ -565,7 +570,7 @@ local C = {
   -- ack_statuses: the receipts acked 'ok', their ids, and whether every receipt was.
   to_ack = {}, acked_ids = {}, all_acked = true,
   -- The reply, built as the steps go: {now_ms, next_due_ms, r, status_1 .. status_r, m,
-  -- job_1 .. job_m}; add_lease puts each job's 7 values after the count m at index at0.
+  -- job_1 .. job_m}; add_lease puts each job's 8 values after the count m at index at0.
   reply = false, at0 = 0, m = 0,
   -- Which keys a read has proven to hold the right type: prove_types probes the others
   -- the call writes. The busy path reads every key it writes.
@@ -628,23 +633,24 @@ local function ack_statuses(C, K)
   end
 end
 
--- One lease into the reply (its 7 values) and into the ZADD arguments that record it
--- (write_leases; a replay's are not written again).
-local function add_lease(C, receipt, id, payload, fence, attempt, max_attempts, deadline)
-  local o = C.at0 + 7 * C.m
-  C.reply[o + 1], C.reply[o + 2], C.reply[o + 3] = receipt, id, payload
-  C.reply[o + 4], C.reply[o + 5], C.reply[o + 6], C.reply[o + 7] = fence, attempt, max_attempts, deadline
+-- One lease into the reply (its 8 values) and into the ZADD arguments that record it
+-- (write_leases; a replay's are not written again). `sent` is the job's enqueued_ms, or
+-- nil for a record written before contract v5 (answered as -1).
+local function add_lease(C, receipt, id, payload, fence, attempt, max_attempts, deadline, sent)
+  local o = C.at0 + 8 * C.m
+  C.reply[o + 1], C.reply[o + 2], C.reply[o + 3], C.reply[o + 4] = receipt, id, payload, fence
+  C.reply[o + 5], C.reply[o + 6], C.reply[o + 7], C.reply[o + 8] = attempt, max_attempts, deadline, sent or -1
   C.m = C.m + 1
   C.leased_args[2 * C.m - 1], C.leased_args[2 * C.m] = deadline, receipt
   C.owner_args[2 * C.m - 1], C.owner_args[2 * C.m] = 0, receipt
 end
 
--- A new lease of job `id` (its record, and where its payload starts): the next fence of
--- the queue's `leased` counter, and the call's deadline.
-local function new_lease(C, id, record, attempt, max_attempts, at)
+-- A new lease of job `id` (its record, where its payload starts, and when it was sent):
+-- the next fence of the queue's `leased` counter, and the call's deadline.
+local function new_lease(C, id, record, attempt, max_attempts, at, sent)
   local fence = C.fence0 + C.m + 1
   local receipt = string.format('%s|%s|%d|%d|', C.owner, C.call, fence, attempt) .. id
-  add_lease(C, receipt, id, string.sub(record, at), fence, attempt, max_attempts, C.deadline_ms)
+  add_lease(C, receipt, id, string.sub(record, at), fence, attempt, max_attempts, C.deadline_ms, sent)
 end
 
 -- The acks' writes; ZREM on `owners` is their first (see prove_types).
@@ -666,12 +672,12 @@ local function replay(C, K, F, prior)
   end
   local records = hmget(K.jobs, ids)
   for i, lease in ipairs(prior) do
-    local attempts, max_attempts, _, at = parse_record(records[i] or '')
+    local attempts, max_attempts, _, at, sent = parse_record(records[i] or '')
     if not attempts or not deadlines[i] then
       return 'PQ_CORRUPT ' .. K.owners .. ' lists a lease without a valid job or deadline'
     end
     add_lease(C, lease.receipt, lease.id, string.sub(records[i], at), lease.fence, lease.attempt, max_attempts,
-      tonumber(deadlines[i]))
+      tonumber(deadlines[i]), sent)
   end
   if #C.to_ack == 0 then return nil end
   local err
@@ -772,20 +778,21 @@ local function plan_leases(C, K)
     C.jobs_read = true
   end
   for i = 1, C.take do
-    local record, attempt, max_attempts, at, _
+    local record, attempt, max_attempts, at, sent, _
     if i <= C.n_back then
       -- The record is rewritten by reclaim with the expired lease's attempt.
       local lease = C.back_leases[i]
-      record, attempt, max_attempts, at = lease.record, lease.attempt + 1, lease.max, lease.payload_at
+      record, attempt, max_attempts, at, sent = lease.record, lease.attempt + 1, lease.max, lease.payload_at,
+        lease.enqueued_ms
     else
       record = records[i - C.n_back]
       local attempts
-      attempts, max_attempts, _, at = parse_record(record or '')
+      attempts, max_attempts, _, at, sent = parse_record(record or '')
       if record and not attempts then return 'PQ_CORRUPT unparsable record for job in ' .. K.jobs end
       attempt = attempts and attempts + 1
     end
     -- An id in READY without a record (removed by another program) is popped and dropped.
-    if attempt then new_lease(C, C.order[i], record, attempt, max_attempts, at) end
+    if attempt then new_lease(C, C.order[i], record, attempt, max_attempts, at, sent) end
   end
 end
 
@@ -868,8 +875,8 @@ local function fair_lease(C, K, F)
   local picks, left, short, err = fair_pick(F, K.ready, K.jobs, C.want)
   if err then return err end
   for _, pick in ipairs(picks) do
-    local attempts, max_attempts, _, at = parse_record(pick.record)
-    new_lease(C, pick.id, pick.record, attempts + 1, max_attempts, at)
+    local attempts, max_attempts, _, at, sent = parse_record(pick.record)
+    new_lease(C, pick.id, pick.record, attempts + 1, max_attempts, at, sent)
   end
   C.stopped_at_limit = C.stopped_at_limit or short
   if C.n_acks == 0 and left and not C.paused and not (C.R and C.R.cut) and not redis.call('ZSCORE', K.wake, 'wake') then
@@ -884,7 +891,7 @@ local function write_leases(C, K)
   call_chunked('ZADD', K.owners, C.owner_args)
   if not C.bound then return end
   for k = 1, C.m do
-    local o = C.at0 + 7 * (k - 1)
+    local o = C.at0 + 8 * (k - 1)
     emit(K.events, C.bound, 'leased', C.reply[o + 2], C.now_ms, 'attempt', C.reply[o + 5], 'owner', C.owner,
       'deadline_ms', string.format('%d', C.deadline_ms))
   end

@@ -5,7 +5,7 @@ lease (lease.lua runs the same maintenance itself):
     attempt counted, or to DEAD once attempts reach max_attempts (poison pill).
 
 KEYS (14), all <prefix>:{<queue>}:<role>
-  1 jobs       hash  id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"
+  1 jobs       hash  id -> "<attempts>|<max_attempts>|<due_ms>:<enqueued_ms>|<payload>"
   2 ready      list  job ids, head = next to lease
   3 scheduled  zset  id -> due_ms
   4 leased     zset  receipt -> deadline_ms
@@ -33,7 +33,7 @@ Errors   PQ_BADARG (nothing written), PQ_CORRUPT (nothing written), WRONGTYPE (n
          written).
 Replay   a re-sent call finds nothing more due (or promotes what became due since):
          each job moves once.
-Contract v4 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
+Contract v5 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
          PQ_CONTRACT, before anything is read or written.
 ]]
 
@@ -45,7 +45,7 @@ local events_key = KEYS[14]
 -- lua/include/validate.lua (each helper's note is there)
 local MAX_BATCH = 1000
 local NONE = {}
-local CONTRACT_VERSION = 4
+local CONTRACT_VERSION = 5
 local function contract(script, nkeys, lo, hi, step)
   local expected, got
   if #KEYS ~= nkeys then
@@ -107,9 +107,13 @@ local function parse_receipt(receipt)
   return { receipt = receipt, id = id, fence = tonumber(fence), attempt = tonumber(attempt) }
 end
 local function parse_record(record)
-  local attempts, max_attempts, due_ms, at = string.match(record, '^(%d+)|(%d+)|(%d+)|()')
-  if not attempts then return nil end
-  return tonumber(attempts), tonumber(max_attempts), tonumber(due_ms), at
+  local attempts, max_attempts, due_ms, sent, at = string.match(record, '^(%d+)|(%d+)|(%d+)(:?%d*)|()')
+  if not attempts or sent == ':' then return nil end
+  return tonumber(attempts), tonumber(max_attempts), tonumber(due_ms), at, tonumber(string.sub(sent, 2))
+end
+local function record_head(attempts, max_attempts, due_ms, enqueued_ms)
+  if enqueued_ms then return string.format('%d|%d|%d:%d|', attempts, max_attempts, due_ms, enqueued_ms) end
+  return string.format('%d|%d|%d|', attempts, max_attempts, due_ms)
 end
 -- lua/include/events.lua (each helper's note is there)
 local function events_bound(counters_key, events_key, value)
@@ -257,9 +261,9 @@ local function read_leases(jobs_key, source_key, receipts)
   local records = hmget(jobs_key, ids)
   for i, lease in ipairs(leases) do
     if records[i] then
-      local _, max_attempts, _, at = parse_record(records[i])
+      local _, max_attempts, _, at, enqueued_ms = parse_record(records[i])
       if not max_attempts then return nil, nil, 'PQ_CORRUPT unparsable record in ' .. jobs_key end
-      lease.max, lease.record, lease.payload_at = max_attempts, records[i], at
+      lease.max, lease.record, lease.payload_at, lease.enqueued_ms = max_attempts, records[i], at, enqueued_ms
     end
   end
   return leases, ids
@@ -270,7 +274,7 @@ local function reclaim(K, F, fair, leases, metas, now_ms, why, counter, bound)
     receipts[i] = lease.receipt
     if lease.max then
       rewritten[#rewritten + 1] = lease.id
-      rewritten[#rewritten + 1] = string.format('%d|%d|%d|', lease.attempt, lease.max, now_ms)
+      rewritten[#rewritten + 1] = record_head(lease.attempt, lease.max, now_ms, lease.enqueued_ms)
         .. string.sub(lease.record, lease.payload_at)
       if lease.attempt >= lease.max then
         dead_args[#dead_args + 1], dead_args[#dead_args + 2] = now_ms, lease.id

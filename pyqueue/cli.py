@@ -592,6 +592,8 @@ def cmd_job(args: argparse.Namespace) -> int:
         if task:
             rows.append(["task", task])
         rows += [["attempts", attempts], ["payload", f"{info.payload_bytes} bytes"]]
+        if info.enqueued_ms >= 0:
+            rows.append(["enqueued", f"{_ms(info.now_ms - info.enqueued_ms)} ago"])
         by_state: dict[str, list[list[object]]] = {
             "scheduled": [["due in", _ms(info.due_ms - info.now_ms)]],
             "leased": [["owner", info.owner], ["fence", info.fence], ["deadline in", _ms(info.deadline_ms - info.now_ms)]],

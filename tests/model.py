@@ -116,9 +116,11 @@ class Record:
     max_attempts: int
     due_ms: int
     payload: bytes
+    #: When it was sent: kept through every rewrite (retries, replays).
+    enqueued_ms: int
 
     def encode(self) -> bytes:
-        return f"{self.attempts}|{self.max_attempts}|{self.due_ms}|".encode() + self.payload
+        return f"{self.attempts}|{self.max_attempts}|{self.due_ms}:{self.enqueued_ms}|".encode() + self.payload
 
 
 @dataclass
@@ -446,7 +448,7 @@ class QueueModel:
             state = "done" if until > now else "unknown"
             return JobInfo(job_id, self.name, state, now, **{**none, "done_until_ms": until if until > now else -1})
         known = {**none, "attempts": record.attempts, "max_attempts": record.max_attempts, "due_ms": record.due_ms,
-                 "payload_bytes": len(record.payload), "payload": record.payload}
+                 "payload_bytes": len(record.payload), "payload": record.payload, "enqueued_ms": record.enqueued_ms}
         state = self.state_of(job_id)
         if state == "dead":
             known.update(due_ms=self.dead[job_id], error=self.errors.get(job_id, b"").decode("utf-8", "replace"))
@@ -489,6 +491,7 @@ class QueueModel:
             max_attempts=record.max_attempts,
             deadline_ms=lease.deadline_ms,
             receipt=receipt,
+            enqueued_ms=record.enqueued_ms,
         )
 
     # -- scripts ---------------------------------------------------------------------
@@ -513,7 +516,7 @@ class QueueModel:
             added.append(True)
             self.counters["enqueued"] += 1
             self.epoch[job_id] += 1
-            self.jobs[job_id] = Record(0, max_attempts, now + delay_ms, payload)
+            self.jobs[job_id] = Record(0, max_attempts, now + delay_ms, payload, now)
             if delay_ms:
                 self._emit("enqueued", job_id, now, due_ms=now + delay_ms)
             else:
@@ -1090,7 +1093,7 @@ class QueueModel:
             return "duplicate"
         self.counters["enqueued"] += 1
         self.epoch[job_id] += 1
-        self.jobs[job_id] = Record(0, max_attempts, WAIT_DUE_MS, payload)
+        self.jobs[job_id] = Record(0, max_attempts, WAIT_DUE_MS, payload, now)
         self.scheduled[job_id] = WAIT_DUE_MS
         self.fwait[job_id] = now + check_ms
         self.fpending |= {f"{job_id}\t{ref}" for ref in refs}

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
+import pytest
 import redis
 
 from pyqueue.protocol.core import lease_call
@@ -153,3 +156,50 @@ def test_a_plain_lease_that_leaves_work_behind_raises_the_wake_marker(q: Queue, 
     r.delete(q.spec.keys.wake)
     q.lease(now_ms=T0)
     assert r.zcard(q.spec.keys.wake) == 0
+
+
+def test_a_leased_job_knows_when_it_was_sent_through_retries_reclaims_and_replays(q: Queue) -> None:
+    """Job.enqueued_ms (contract v5): the server's time at enqueue, never changed by a
+    retry, a reclaim, a dead-letter replay or the fair pick; get answers it too."""
+    q.enqueue(b"a", job_id="a", now_ms=T0)
+    q.enqueue(b"b", job_id="b", delay_ms=1_000, now_ms=T0 + 5)
+    q.enqueue(b"g", job_id="g", group="tenant-1", now_ms=T0 + 7)
+    (a,) = q.lease(now_ms=T0 + 10)
+    assert (a.id, a.enqueued_ms, a.enqueued_at) == ("a", T0, datetime.fromtimestamp(T0 / 1000, timezone.utc))
+    q.nack(a, "retry me", delay_ms=0, now_ms=T0 + 20)
+    (g,) = q.lease(now_ms=T0 + 20)  # the fair pick's path: the nacked one waits in SCHEDULED
+    assert (g.id, g.enqueued_ms) == ("g", T0 + 7)
+    (a2,) = q.lease(lease_ms=100, now_ms=T0 + 30)
+    assert (a2.id, a2.attempt, a2.enqueued_ms) == ("a", 2, T0)
+    (a3,) = q.lease(now_ms=T0 + 130)  # a2's lease expired: reclaimed, leased again
+    assert (a3.id, a3.attempt, a3.enqueued_ms) == ("a", 3, T0)
+    assert q.get("a", now_ms=T0 + 131).enqueued_ms == T0
+    q.nack(a3, "give up", final=True, now_ms=T0 + 140)
+    assert q.dead_replay(["a"], now_ms=T0 + 150) == 1
+    a4, b = q.lease(count=2, now_ms=T0 + 1_005)  # the replayed job is READY before b is promoted
+    assert (b.id, b.enqueued_ms, a4.id, a4.attempt, a4.enqueued_ms) == ("b", T0 + 5, "a", 1, T0)
+    assert q.get("b", now_ms=T0 + 1_006).enqueued_ms == T0 + 5
+
+
+def test_a_job_enqueued_before_contract_v5_still_runs_with_its_send_time_unknown(q: Queue, r: redis.Redis) -> None:
+    """A v4 record ("<attempts>|<max>|<due_ms>|<payload>") is read and kept in its form:
+    jobs sent before an upgrade are not lost, and no payload digit is read as a time."""
+    r.hset(q.spec.keys.jobs, "old", f"0|3|{T0}|12|34 payload")
+    r.rpush(q.spec.keys.ready, "old")
+    (job,) = q.lease(now_ms=T0 + 10)
+    assert (job.id, job.payload, job.enqueued_ms, job.enqueued_at) == ("old", b"12|34 payload", None, None)
+    q.nack(job, "again", delay_ms=0, now_ms=T0 + 20)
+    assert r.hget(q.spec.keys.jobs, "old") == f"1|3|{T0 + 20}|12|34 payload".encode()
+    assert q.get("old", now_ms=T0 + 20).enqueued_ms == -1
+    (again,) = q.lease(now_ms=T0 + 20)
+    assert (again.attempt, again.payload, again.enqueued_ms) == (2, b"12|34 payload", None)
+    assert q.ack(again) is Outcome.OK
+
+
+def test_a_record_with_an_empty_send_time_is_corrupt_and_nothing_is_written(q: Queue, r: redis.Redis) -> None:
+    r.hset(q.spec.keys.jobs, "j", f"0|3|{T0}:|payload")
+    r.rpush(q.spec.keys.ready, "j")
+    before = {k: r.dump(k) for k in r.keys("*")}
+    with pytest.raises(Exception, match="PQ_CORRUPT"):
+        q.lease(now_ms=T0)
+    assert {k: r.dump(k) for k in r.keys("*")} == before

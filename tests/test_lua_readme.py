@@ -205,9 +205,9 @@ def stats_names(cell: str) -> tuple[int, list[str]]:
 LAYOUTS: dict[str, tuple[tuple[str, ...], Callable[[list[Any], int], int]]] = {
     "enqueue": (("`[added, duplicates, flag_1 .. flag_n]`",), lambda reply, n: 2 + n),
     "lease": (
-        ("`[now_ms, next_due_ms, r, ack_status_1..r, m, job_1..m]`", "each job 7 values",
-         "index 2 = r; statuses at 3..2+r; m at 3+r; job i at 4+r+7(i−1) .. 10+r+7(i−1) (0-based)"),
-        lambda reply, n: 4 + reply[2] + 7 * reply[3 + reply[2]],
+        ("`[now_ms, next_due_ms, r, ack_status_1..r, m, job_1..m]`", "each job 8 values",
+         "index 2 = r; statuses at 3..2+r; m at 3+r; job i at 4+r+8(i−1) .. 11+r+8(i−1) (0-based)"),
+        lambda reply, n: 4 + reply[2] + 8 * reply[3 + reply[2]],
     ),
     "ack": (("`[status_1 .. status_r]`",), lambda reply, n: n),
     "ack_result": (("`[status_1 .. status_n]`",), lambda reply, n: n),

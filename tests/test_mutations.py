@@ -110,8 +110,8 @@ MUTANTS = [
     Mutant(
         "lease_does_not_count_the_attempt_of_a_lease_it_reclaims_and_leases_again",
         "lease",
-        "record, attempt, max_attempts, at = lease.record, lease.attempt + 1, lease.max, lease.payload_at",
-        "record, attempt, max_attempts, at = lease.record, lease.attempt, lease.max, lease.payload_at",
+        "record, attempt, max_attempts, at, sent = lease.record, lease.attempt + 1, lease.max, lease.payload_at,",
+        "record, attempt, max_attempts, at, sent = lease.record, lease.attempt, lease.max, lease.payload_at,",
     ),
     Mutant(
         "lease_runs_maintenance_on_every_call",
@@ -215,7 +215,7 @@ MUTANTS = [
     Mutant(
         "dead_replay_keeps_the_old_record_and_attempts",
         "dead_replay",
-        "rewritten[#rewritten + 1] = string.format('0|%d|%d|', max_attempts, now_ms) .. string.sub(records[i], payload_at)",
+        "rewritten[#rewritten + 1] = record_head(0, max_attempts, now_ms, enqueued_ms) .. string.sub(records[i], payload_at)",
         "rewritten[#rewritten + 1] = records[i]",
     ),
     Mutant(

@@ -289,8 +289,8 @@ def test_node_produces_and_a_python_worker_runs_each_job_once_with_its_exact_byt
     # are still pending: it must wait for each due time without polling (a BZPOPMIN timed
     # to the next due time, never a 0 timeout), and run each job when it is due.
     delayed_ids = [str(j["id"]) for j in jobs if j["delay_ms"]]
-    records: Any = client.hmget("pq:{from-node}:jobs", delayed_ids)  # "<attempts>|<max>|<due_ms>|<payload>" (§2)
-    due_ms = {job_id: int(rec.split(b"|", 3)[2]) for job_id, rec in zip(delayed_ids, records)}
+    records: Any = client.hmget("pq:{from-node}:jobs", delayed_ids)  # "<attempts>|<max>|<due_ms>:<enqueued_ms>|<payload>" (§2)
+    due_ms = {job_id: int(rec.split(b"|", 3)[2].split(b":")[0]) for job_id, rec in zip(delayed_ids, records)}
     at_start = q.stats()
     pending_at_start = at_start.scheduled - at_start.due
     assert pending_at_start >= 1, "every delayed job was due before the worker started: nothing tests its waits"
@@ -335,8 +335,10 @@ def test_node_consumes_what_python_enqueued_and_fences_grow_across_languages(
         "c4": b"",
         "c5": b"left for later",
     }
+    sent_from = q.stats().now_ms
     for job_id, payload in payloads.items():
         q.enqueue(payload, job_id=job_id, max_attempts=1 if job_id == "c3" else 5)
+    sent_until = q.stats().now_ms
     (py_first,) = q.lease()
     assert py_first.id == "c0"
     error = "node says no \u2717"
@@ -365,6 +367,8 @@ def test_node_consumes_what_python_enqueued_and_fences_grow_across_languages(
     for j in leased + node["ack_and_lease"]["jobs"] + node["lease_first"]:
         assert bytes.fromhex(j["payload_hex"]) == payloads[j["id"]]
         assert j["attempt"] == 1
+        # When Python sent it, on the server's clock (contract v5), as Node reads it.
+        assert sent_from <= j["enqueued_ms"] <= sent_until
     assert node["extend"][0]["status"] == "ok" and node["extend"][0]["deadline_ms"] > leased[0]["deadline_ms"]
     assert (node["ack"], node["ack_again"]) == (["ok"], ["gone"])
     assert node["ack_and_lease"]["acks"] == ["ok"]

@@ -6,8 +6,8 @@
 local MAINTENANCE_INTERVAL_MS = 50
 
 -- The leases of `receipts` (members of `source_key`, leased or owners) as parse_receipt
--- tables, each with its job's `max`, `record` and `payload_at` (where the payload
--- starts) when the job has a record; and their job ids. Or nil, nil and a PQ_CORRUPT
+-- tables, each with its job's `max`, `record`, `payload_at` (where the payload starts)
+-- and `enqueued_ms` when the job has a record; and their job ids. Or nil, nil and a PQ_CORRUPT
 -- text. One HMGET of `jobs_key` (none for no receipts).
 local function read_leases(jobs_key, source_key, receipts)
   local leases, ids = {}, {}
@@ -19,9 +19,9 @@ local function read_leases(jobs_key, source_key, receipts)
   local records = hmget(jobs_key, ids)
   for i, lease in ipairs(leases) do
     if records[i] then
-      local _, max_attempts, _, at = parse_record(records[i])
+      local _, max_attempts, _, at, enqueued_ms = parse_record(records[i])
       if not max_attempts then return nil, nil, 'PQ_CORRUPT unparsable record in ' .. jobs_key end
-      lease.max, lease.record, lease.payload_at = max_attempts, records[i], at
+      lease.max, lease.record, lease.payload_at, lease.enqueued_ms = max_attempts, records[i], at, enqueued_ms
     end
   end
   return leases, ids
@@ -44,7 +44,7 @@ local function reclaim(K, F, fair, leases, metas, now_ms, why, counter, bound)
     receipts[i] = lease.receipt
     if lease.max then
       rewritten[#rewritten + 1] = lease.id
-      rewritten[#rewritten + 1] = string.format('%d|%d|%d|', lease.attempt, lease.max, now_ms)
+      rewritten[#rewritten + 1] = record_head(lease.attempt, lease.max, now_ms, lease.enqueued_ms)
         .. string.sub(lease.record, lease.payload_at)
       if lease.attempt >= lease.max then
         dead_args[#dead_args + 1], dead_args[#dead_args + 2] = now_ms, lease.id

@@ -1,5 +1,5 @@
 -- Receipts ("<owner>|<call>|<fence>|<attempt>|<id>") and job records
--- ("<attempts>|<max_attempts>|<due_ms>|<payload>"), lua/README.md section 2.
+-- ("<attempts>|<max_attempts>|<due_ms>:<enqueued_ms>|<payload>"), lua/README.md section 2.
 
 -- The id of a receipt "<owner>|<call>|<fence>|<attempt>|<id>", or nil if it does not parse.
 -- The same rule as parse_receipt, without a table: acks need only the id.
@@ -14,11 +14,21 @@ local function parse_receipt(receipt)
   return { receipt = receipt, id = id, fence = tonumber(fence), attempt = tonumber(attempt) }
 end
 
--- "<attempts>|<max_attempts>|<due_ms>|<payload>" as the 3 numbers and the payload's index, or nil.
+-- "<attempts>|<max_attempts>|<due_ms>:<enqueued_ms>|<payload>" as attempts, max_attempts,
+-- due_ms, the payload's index and enqueued_ms; or nil. A record written before contract
+-- v5 has no ":<enqueued_ms>": its enqueued_ms is nil (the pattern cannot mistake a
+-- payload for it, since the due field then ends at '|').
 local function parse_record(record)
-  local attempts, max_attempts, due_ms, at = string.match(record, '^(%d+)|(%d+)|(%d+)|()')
-  if not attempts then return nil end
-  return tonumber(attempts), tonumber(max_attempts), tonumber(due_ms), at
+  local attempts, max_attempts, due_ms, sent, at = string.match(record, '^(%d+)|(%d+)|(%d+)(:?%d*)|()')
+  if not attempts or sent == ':' then return nil end
+  return tonumber(attempts), tonumber(max_attempts), tonumber(due_ms), at, tonumber(string.sub(sent, 2))
+end
+
+-- A record's fields before its payload. `enqueued_ms` is nil for a record written before
+-- contract v5, which stays without one.
+local function record_head(attempts, max_attempts, due_ms, enqueued_ms)
+  if enqueued_ms then return string.format('%d|%d|%d:%d|', attempts, max_attempts, due_ms, enqueued_ms) end
+  return string.format('%d|%d|%d|', attempts, max_attempts, due_ms)
 end
 
 -- The current lease of job `id`: a ZSCAN of `key` (leased) for receipts ending in

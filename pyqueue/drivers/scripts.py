@@ -53,10 +53,10 @@ from pyqueue.protocol.errors import ContractMismatch, NotReplicated, ScriptError
 
 #: The version of the scripts' contract (the KEYS and ARGV of every script, lua/README.md
 #: section 10) this driver is written for: the one number to change with the scripts.
-#: Every script's header states it (a line ``Contract v4``), :class:`ScriptTable` refuses
+#: Every script's header states it (a line ``Contract v5``), :class:`ScriptTable` refuses
 #: scripts whose header states another, and a script called with other counts of KEYS or
-#: ARGV answers ``PQ_CONTRACT <script> expects ... (contract v4), got ...``.
-CONTRACT_VERSION = 4
+#: ARGV answers ``PQ_CONTRACT <script> expects ... (contract v5), got ...``.
+CONTRACT_VERSION = 5
 _CONTRACT_LINE = re.compile(r"^Contract v(\d+)\b", re.M)
 
 

@@ -41,7 +41,7 @@ class QueueKeys:
 
     @property
     def jobs(self) -> str:
-        """hash: id -> "<attempts>|<max_attempts>|<due_ms>|<payload>"."""
+        """hash: id -> "<attempts>|<max_attempts>|<due_ms>:<enqueued_ms>|<payload>"."""
         return self._key("jobs")
 
     @property

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import json
 import threading
+from datetime import datetime, timezone
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,6 +103,10 @@ class Job:
     max_attempts: int
     deadline_ms: int
     receipt: str
+    #: When the job was sent (enqueued), on the Redis server's clock; kept through
+    #: retries and a dead-letter replay. None for a job enqueued by scripts older than
+    #: contract v5 (lua/README.md section 10).
+    enqueued_ms: int | None = None
     #: Set by the worker when it learns, at a lease extension (every third of
     #: ``lease_ms``), that this lease ended without it: the job was cancelled
     #: (``Queue.cancel``), or the lease was lost (reclaimed after its deadline, or
@@ -109,6 +114,11 @@ class Job:
     #: neither acks nor nacks it. A long handler checks ``job.cancelled.is_set()``
     #: between steps, or waits on it instead of sleeping.
     cancelled: CancelFlag = field(default_factory=CancelFlag, compare=False, repr=False)
+
+    @property
+    def enqueued_at(self) -> datetime | None:
+        """``enqueued_ms`` as an aware UTC datetime (None when unknown)."""
+        return None if self.enqueued_ms is None else datetime.fromtimestamp(self.enqueued_ms / 1000, timezone.utc)
 
     def text(self) -> str:
         """The payload decoded as UTF-8."""
@@ -455,6 +465,9 @@ class JobInfo:
     owner: str
     fence: int
     done_until_ms: int
+    #: When it was sent, on the server's clock: -1 when unknown (done, unknown, or a
+    #: record written before contract v5).
+    enqueued_ms: int = -1
 
     @property
     def exists(self) -> bool:

@@ -51,7 +51,7 @@ class Endings(Protocol):
     @property
     def run_hooks(self) -> tuple[Hook, ...]: ...
 
-    def options_for(self, task: BatchTask[Any, Any], env: envelope.Envelope, slot: Slot | None) -> TaskOptions: ...
+    def options_for(self, task: BatchTask[Any, Any], env: envelope.Envelope, job: Job, slot: Slot | None) -> TaskOptions: ...
 
     def resume(self, chain: Chain[TaskRun, object], run: TaskRun, opts: TaskOptions, value: object,
                error: BaseException | None, ending: object) -> object: ...
@@ -101,7 +101,7 @@ class BatchDispatch:
                 if env.task != task.name:
                     raise Undeliverable(f"a job of task {env.task!r} in the queue of batch task {task.name!r}, which "
                                         "holds that task's jobs only: not run here")
-                opts = self.dispatcher.options_for(task, env, slot)
+                opts = self.dispatcher.options_for(task, env, job, slot)
                 if len(env.args) != 1 or env.kwargs:
                     raise Fail(f"the arguments do not fit batch task {task.name}: one item per job, got "
                                f"{len(env.args)} arguments and {len(env.kwargs)} keyword arguments")
@@ -112,7 +112,7 @@ class BatchDispatch:
                 out[i] = exc
                 continue
             items.append(env.args[0])
-            runs.append(BatchRun(job, task.name, env.enqueued_ms, None, env.meta))
+            runs.append(BatchRun(job, task.name, env.sent_ms(job), None, env.meta))
             policies.append(opts)
             positions.append(i)
         chains: list[Chain[TaskRun, object]] | None = None

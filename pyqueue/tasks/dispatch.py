@@ -117,8 +117,8 @@ class Dispatcher:
         flow = env.meta.get("flow")
         if flow is not None and "input" in flow:  # a flow's step that waited: its input
             env = take_input(task.app, env, flow)
-        opts = self.options_for(task, env, slot)
-        enqueued_ms = env.enqueued_ms
+        opts = self.options_for(task, env, job, slot)
+        enqueued_ms = env.sent_ms(job)
         deadline_ms = None
         if opts.time_limit_ms is not None and slot is not None:
             slot.limit(opts.time_limit_ms / 1000, self._limit_ending(task, opts, job), opts.time_limit_grace_s)
@@ -273,7 +273,7 @@ class Dispatcher:
         """Whether ``ending`` sends the job to the dead letters."""
         return isinstance(ending, Fail) or isinstance(ending, Retry) and job.attempt >= job.max_attempts
 
-    def options_for(self, task: Task[Any, Any], env: envelope.Envelope, slot: Slot | None) -> TaskOptions:
+    def options_for(self, task: Task[Any, Any], env: envelope.Envelope, job: Job, slot: Slot | None) -> TaskOptions:
         """The policy of one job of ``task``: the task's, with the envelope's per-send
         overrides.
 
@@ -287,7 +287,7 @@ class Dispatcher:
                 opts = opts.with_overrides(env.opts, self.backoff_functions)
             except InvalidArgument as exc:
                 raise Undeliverable(str(exc)) from None
-        enqueued_ms = env.enqueued_ms
+        enqueued_ms = env.sent_ms(job)
         if opts.max_age_ms is not None and enqueued_ms is not None and slot is not None:
             # The age counts from when the job was due: a send_in(60) is not old at 60 s.
             age_ms = slot.server_now_ms() - enqueued_ms - env.delay_ms

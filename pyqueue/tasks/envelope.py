@@ -21,10 +21,13 @@ One JSON object (UTF-8), documented in ``lua/README.md`` beside the scripts::
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyqueue.protocol.errors import InvalidArgument
 from pyqueue.tasks.codec import dumps, loads
+
+if TYPE_CHECKING:
+    from pyqueue.protocol.models import Job
 
 VERSION = 1
 
@@ -58,6 +61,13 @@ class Envelope:
     def enqueued_ms(self) -> int | None:
         value = self.meta.get("enqueued_ms")
         return value if type(value) is int else None
+
+    def sent_ms(self, job: Job) -> int | None:
+        """When ``job`` (this envelope's job) was sent: this envelope's ``enqueued_ms``
+        (section 9.3 of lua/README.md counts ``max_age`` from it, and a producer may set
+        it, as a relay keeping a job's first send does), else the engine's record of
+        it (the server's clock: a producer that wrote no ``enqueued_ms``)."""
+        return self.enqueued_ms if self.enqueued_ms is not None else job.enqueued_ms
 
     @property
     def delay_ms(self) -> int:

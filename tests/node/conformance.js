@@ -47,6 +47,7 @@ function jobJson(job) {
   return {
     id: text(job.id), payload_hex: hex(job.payload), receipt_hex: hex(job.receipt),
     fence: job.fence, attempt: job.attempt, max_attempts: job.maxAttempts, deadline_ms: job.deadlineMs,
+    enqueued_ms: job.enqueuedMs,
   };
 }
 

@@ -68,7 +68,7 @@ class PqError extends Error {
 
 // The contract version this client is written for (README §10): the KEYS and ARGV of
 // every script as SCRIPT_KEYS and the calls below send them.
-const CONTRACT_VERSION = 4;
+const CONTRACT_VERSION = 5;
 
 // The contract version a script's header states (its line "Contract v<n>"), or null.
 function contractVersion(source) {
@@ -204,14 +204,15 @@ class Queue {
       '', this.owner, call, int(count, 'count', 0, 1000), int(leaseMs, 'lease_ms', 1, 604800000),
       int(limit, 'limit', 1, 1000), int(this.keepDoneMs, 'keep_done_ms', 0, 2 ** 40), ...acks,
     ]);
-    // Flat reply: now_ms, next_due_ms, r, r statuses, m, then m groups of 7 (README §4.2).
+    // Flat reply: now_ms, next_due_ms, r, r statuses, m, then m groups of 8 (README §4.2).
     const [nowMs, nextDueMs, r] = reply;
     const ackStatuses = reply.slice(3, 3 + r).map(str);
     const m = reply[3 + r];
     const jobs = [];
-    for (let i = 0, at = 4 + r; i < m; i += 1, at += 7) {
-      const [receipt, id, payload, fence, attempt, maxAttempts, deadlineMs] = reply.slice(at, at + 7);
-      jobs.push({ receipt, id, payload, fence, attempt, maxAttempts, deadlineMs });
+    for (let i = 0, at = 4 + r; i < m; i += 1, at += 8) {
+      const [receipt, id, payload, fence, attempt, maxAttempts, deadlineMs, sent] = reply.slice(at, at + 8);
+      // enqueuedMs: when the job was sent, server clock; null for a record older than contract v5.
+      jobs.push({ receipt, id, payload, fence, attempt, maxAttempts, deadlineMs, enqueuedMs: sent < 0 ? null : sent });
     }
     return { nowMs, nextDueMs, acks: ackStatuses, jobs, call };
   }

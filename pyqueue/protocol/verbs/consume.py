@@ -210,7 +210,7 @@ def parse_lease(queue: str, reply: list[Any]) -> Leased:
     count = int(reply[at])
     jobs = []
     for i in range(count):
-        receipt, job_id, payload, fence, attempt, max_attempts, deadline = reply[at + 1 + 7 * i : at + 8 + 7 * i]
+        receipt, job_id, payload, fence, attempt, max_attempts, deadline, sent = reply[at + 1 + 8 * i : at + 9 + 8 * i]
         jobs.append(
             Job(
                 id=text(job_id),
@@ -221,6 +221,7 @@ def parse_lease(queue: str, reply: list[Any]) -> Leased:
                 max_attempts=int(max_attempts),
                 deadline_ms=int(deadline),
                 receipt=text(receipt),
+                enqueued_ms=None if int(sent) < 0 else int(sent),
             )
         )
     return Leased(jobs=jobs, acks=acks, now_ms=now, next_due_ms=next_due)

@@ -124,13 +124,13 @@ def get(spec: QueueSpec, memory: QueueMemory, job_id: str, *, with_payload: bool
     check_job_id(job_id)
     check_now(now_ms)
     reply = yield from run(memory, get_call(spec.keys, now_ms, job_id, bool(with_payload)))
-    now, state, attempts, max_attempts, due, size, payload, error, deadline, owner, fence, until = reply
+    now, state, attempts, max_attempts, due, size, payload, error, deadline, owner, fence, until, sent = reply
     return JobInfo(
         id=job_id, queue=spec.name, state=text(state), now_ms=int(now), attempts=int(attempts),
         max_attempts=int(max_attempts), due_ms=int(due), payload_bytes=int(size),
         payload=bytes(payload) if with_payload and text(state) not in ("done", "unknown") else None,
         error=bytes(error).decode("utf-8", "replace"), deadline_ms=int(deadline), owner=text(owner),
-        fence=int(fence), done_until_ms=int(until),
+        fence=int(fence), done_until_ms=int(until), enqueued_ms=int(sent),
     )
 
 
