@@ -3,18 +3,21 @@
 Only the given ids are deleted; ids not in DEAD are skipped. (To purge "the oldest N",
 list them with dead_list first: naming the ids is what makes a re-sent call harmless.)
 
-KEYS (5), all <prefix>:{<queue>}:<role>
+KEYS (7), all <prefix>:{<queue>}:<role>
   1 jobs      hash  id -> "<attempts>|<max_attempts>|<due_ms>:<enqueued_ms>|<payload>"
   2 dead      zset  id -> dead_ms
   3 errors    hash  id -> last error text
   4 counters  hash  counter name -> integer ('purged')
   5 meta      hash  id -> "<priority>|<pos>|<group>" of jobs with a group or a priority
+  6 steps     hash  the jobs' step data (section 2.6): a purged job's is deleted, when the
+                  queue has any (counters `steps`)
+  7 waiting   zset  id -> until_ms, the jobs parked for a signal: a purged job leaves it
 
 ARGV (k)
   1.. ids     1..1000 job ids
 
 Returns  {purged, remaining}: jobs deleted, and jobs left in DEAD.
-Cost     plain case (one dead job's id): 11 commands
+Cost     plain case (one dead job's id): 12 commands
 Errors   PQ_BADARG, WRONGTYPE (nothing written on any error).
 Replay   a re-sent call finds the ids gone and deletes nothing.
 Contract v5 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
@@ -53,10 +56,42 @@ local function call_chunked(cmd, key, values)
     redis.call(cmd, key, unpack(values, i, math.min(i + CHUNK - 1, #values)))
   end
 end
+local function hmget(key, fields)
+  if #fields == 0 then return {} end
+  if #fields <= CHUNK then return redis.call('HMGET', key, unpack(fields)) end
+  local out = {}
+  for i = 1, #fields, CHUNK do
+    local part = redis.call('HMGET', key, unpack(fields, i, math.min(i + CHUNK - 1, #fields)))
+    for j = 1, #part do out[i + j - 1] = part[j] end
+  end
+  return out
+end
+-- lua/include/steps.lua (each helper's note is there)
+local function steps_of(steps_key, waiting_key, ids)
+  local indexes = hmget(steps_key, ids)
+  local fields, stepped = {}, {}
+  for i = 1, #ids do
+    if indexes[i] then
+      stepped[#stepped + 1] = ids[i]
+      fields[#fields + 1] = ids[i]
+      for entry in string.gmatch(indexes[i], '[^\n]+') do fields[#fields + 1] = ids[i] .. '\n' .. entry end
+    end
+  end
+  if #stepped > 0 then
+    local err = expect_type(waiting_key, 'zset')
+    if err then return nil, nil, err end
+  end
+  return fields, stepped
+end
+local function forget_steps(steps_key, waiting_key, forgot)
+  if not forgot or #forgot[2] == 0 then return end
+  call_chunked('HDEL', steps_key, forgot[1])
+  call_chunked('ZREM', waiting_key, forgot[2])
+end
 -- <<< pyqueue includes
 
-local contract_error = contract('dead_purge', 5, 1, MAX_BATCH)
-local meta_key = KEYS[5]
+local contract_error = contract('dead_purge', 7, 1, MAX_BATCH)
+local meta_key, steps_key, waiting_key = KEYS[5], KEYS[6], KEYS[7]
 if contract_error then return redis.error_reply(contract_error) end
 
 -- 1. Validate.
@@ -73,6 +108,11 @@ local remaining = redis.call('ZCARD', dead_key) - #ids
 if #ids > 0 then
   local err = expect_type(jobs_key, 'hash') or expect_type(errors_key, 'hash') or expect_type(counters_key, 'hash')
     or expect_type(meta_key, 'hash')
+  local forgot
+  if not err and redis.call('HGET', counters_key, 'steps') then
+    forgot = {}
+    forgot[1], forgot[2], err = steps_of(steps_key, waiting_key, ids)
+  end
   if err then return redis.error_reply(err) end
 
   -- 3. Write.
@@ -83,5 +123,6 @@ if #ids > 0 then
   call_chunked('HDEL', errors_key, ids)
   call_chunked('HDEL', jobs_key, ids)
   call_chunked('HDEL', meta_key, ids) -- the meta of jobs with a group or a priority (section 2.1)
+  forget_steps(steps_key, waiting_key, forgot)
 end
 return { #ids, remaining }

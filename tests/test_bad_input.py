@@ -231,6 +231,25 @@ MALFORMED: list[tuple[str, list[Any]]] = [
     ("set_events", ["10000001"]),
     ("set_events", ["ten"]),
     ("set_events", ["1.5"]),
+    ("step", ["x", "w|c|1|1|held", 1000, "s", b""]),
+    ("step", ["", "not a receipt", 1000, "s", b""]),
+    ("step", ["", "w|c|1|1|held", 0, "s", b""]),
+    ("step", ["", "w|c|1|1|held", 1000, "", b""]),
+    ("step", ["", "w|c|1|1|held", 1000, "a\tb", b""]),
+    ("step", ["", "w|c|1|1|held", 1000, "x" * 201, b""]),
+    ("step", ["", "w|c|1|1|held", 1000, "s", b"x" * 524_289]),
+    ("park", ["", "w|c|1|1|held", "nap", "s", 10, 1000]),
+    ("park", ["", "w|c|1|1|held", "sleep", "s", -1, 1000]),
+    ("park", ["", "w|c|1|1|held", "wait", "s", 10, 604_800_001]),
+    ("park", ["", "w|c|1|1|held", "wait", "", 10, 1000]),
+    ("park", ["", "not a receipt", "wait", "s", 10, 1000]),
+    ("signal", ["", "", "go", b""]),
+    ("signal", ["", "held", "", b""]),
+    ("signal", ["", "held", "go", b"x" * 524_289]),
+    ("signal", ["soon", "held", "go", b""]),
+    ("steps", ["", ""]),
+    ("steps", ["", "a\nb"]),
+    ("steps", ["now", "held"]),
 ]
 
 
@@ -271,7 +290,7 @@ ROLE_TYPES = {
     "dead": "zset", "errors": "hash", "counters": "hash", "wake": "zset", "done": "zset",
     "results": "hash", "result_expiry": "zset", "finished": "stream",
     "meta": "hash", "gready": "zset", "ring": "zset", "groups": "hash", "fwait": "zset", "fpending": "zset",
-    "events": "stream",
+    "events": "stream", "steps": "hash", "waiting": "zset",
 }
 #: The fair-scheduling keys (lua/README.md section 2.1).
 FAIR_ROLES = {"meta", "gready", "ring", "groups"}
@@ -309,8 +328,17 @@ FAIR_TOUCHED = {("ack_and_lease", "wake"), ("nack_to_dead", "wake"), ("nack_fina
 FAIR_MODE_UNTOUCHED = {("stats", "jobs")}
 
 
+#: The durable-step keys (lua/README.md section 2.6): a queue without step data has no
+#: `steps` flag, and only `stats` reads `waiting` there (test_steps.py plants them on a
+#: queue with step data).
+STEP_ROLES = {"steps", "waiting"}
+STEP_READ = {("stats", "waiting")}
+
+
 def untouched(variant: str, role: str, fair: bool) -> bool:
     """Whether ``variant`` leaves key ``role`` alone on the busy (or busy fair) queue."""
+    if role in STEP_ROLES:
+        return (variant, role) not in STEP_READ
     if role in FAIR_ROLES:
         return (variant, role) in FAIR_UNTOUCHED if fair else (variant, role) not in FAIR_READ
     if fair:

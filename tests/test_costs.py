@@ -490,6 +490,49 @@ def case_progress_show(w: World) -> Callable[[], None]:
     return call
 
 
+def case_step(w: World) -> Callable[[], None]:
+    busy(w.q)
+    (job,) = leased(w.q, NewJob(b"running"))
+    w.q.step(job, "first", b"j1", lease_ms=30_000)  # the queue has step data: its flag is set
+
+    def call() -> None:
+        assert w.q.step(job, "second", b"j2", lease_ms=30_000).status == "ok"
+
+    return call
+
+
+def case_park(w: World) -> Callable[[], None]:
+    busy(w.q)
+    (job,) = leased(w.q, NewJob(b"running"))
+
+    def call() -> None:
+        assert w.q.park(job, "sleep", "nap", 60_000, lease_ms=30_000).status == "parked"
+
+    return call
+
+
+def case_signal(w: World) -> Callable[[], None]:
+    busy(w.q)
+    (job,) = leased(w.q, NewJob(b"running", job_id="j1"))
+    w.q.park(job, "wait", "approved", 60_000, lease_ms=30_000)
+
+    def call() -> None:
+        assert w.q.signal("j1", "approved", b"jyes").status == "woke"
+
+    return call
+
+
+def case_steps(w: World) -> Callable[[], None]:
+    busy(w.q)
+    (job,) = leased(w.q, NewJob(b"running", job_id="j1"))
+    w.q.step(job, "first", b"j1", lease_ms=30_000)
+
+    def call() -> None:
+        assert list(w.q.steps("j1").results) == ["first"]
+
+    return call
+
+
 def case_set_events(w: World) -> Callable[[], None]:
     busy(w.q)
     return lambda: None if w.q.set_events(1000) else pytest.fail("no answer")
@@ -574,6 +617,10 @@ CASES = [
     Case("set_events", 0, "opt in", case_set_events),
     Case("set_group_limit", 0, "the default cap", case_set_group_limit),
     Case("stats", 0, "a queue with a ready job", case_stats),
+    Case("step", 0, "a step of a queue with step data", case_step),
+    Case("park", 0, "a first sleep", case_park),
+    Case("signal", 0, "a job parked for it", case_signal),
+    Case("steps", 0, "a job with one step", case_steps),
 ]
 
 SCRIPTS = sorted(path.stem for path in lua_dir().glob("*.lua"))

@@ -216,6 +216,7 @@ LAYOUTS: dict[str, tuple[tuple[str, ...], Callable[[list[Any], int], int]]] = {
     "groups": (("`[total, default_cap, group_1 .. group_k]`", "5 values each"), lambda reply, n: 2 + 5 * reply[0]),
     "dead_list": (("`[total, job_1 .. job_k]`", "each job 6 values"), lambda reply, n: 1 + 6 * reply[0]),
     "progress_show": (("per id `receipt, written_ms, value`",), lambda reply, n: 3 * n),
+    "steps": (("`[now_ms, entry_1, value_1, .., entry_k, value_k]`",), lambda reply, n: 1 + 2 * n),
     "service_renew": (
         ("`{status, renewed_ms, d, dead_id, dead_registration, dead_queues, ...}`",),
         lambda reply, n: 3 + 3 * reply[2],
@@ -279,6 +280,10 @@ def calls(r: Any) -> list[Call]:
         Call("ack_result", k, [NOW, 300_000, 3_600_000, 10, held[3].receipt, b"j1", stale, b"j2"], 2),
         Call("nack", k, [NOW, held[4].receipt, "e", "", 100, 1000]),  # max_attempts 1: to DEAD
         Call("release", k, [NOW, held[0].receipt, stale], 2),
+        Call("step", k, [NOW, held[5].receipt, 1000, "s1", b"j1"]),
+        Call("signal", k, [NOW, "l5", "go", b"jx"]),
+        Call("steps", k, [NOW, "l5"], 2),
+        Call("park", k, [NOW, held[5].receipt, "sleep", "nap", 1000, 1000]),
         Call("promote", k, [NOW, 100]),
         Call("cancel", k, [NOW, "r1", 300_000]),
         Call("cancel", k, [NOW, "nothing", 300_000]),
@@ -420,16 +425,16 @@ def corrupt_dead(r: Any) -> str:
 #: call that provokes it. ``None`` as the backend: both; "real": Redis's own text, which
 #: fakeredis words otherwise.
 SCRIPT_ERRORS: dict[str, tuple[str, str | None, Callable[[Any], list[str]]]] = {
-    f"PQ_CONTRACT stats expects 9 keys (contract v{CONTRACT_VERSION}), got 0": (
+    f"PQ_CONTRACT stats expects 10 keys (contract v{CONTRACT_VERSION}), got 0": (
         "§10, how a client reads it", None, lambda r: [eval_error(r, "stats", 0, 1)]),
     "PQ_CONTRACT <script> expects <what> (contract v<N>), got <count>": (
         "§10, the count check: the form", None,
-        lambda r: [eval_error(r, "pause", 0, 1), eval_error(r, "stats", 9, 2), eval_error(r, "ack", 11, 2),
-                   eval_error(r, "ack_result", 14, 7)]),
+        lambda r: [eval_error(r, "pause", 0, 1), eval_error(r, "stats", 10, 2), eval_error(r, "ack", 13, 2),
+                   eval_error(r, "ack_result", 16, 7)]),
     f"PQ_CONTRACT nack expects 14 keys (contract v{CONTRACT_VERSION}), got 13": (
         "§10", None, lambda r: [eval_error(r, "nack", 13, 6)]),
     f"PQ_CONTRACT cancel expects 3 arguments (contract v{CONTRACT_VERSION}), got 2": (
-        "§10", None, lambda r: [eval_error(r, "cancel", 15, 2)]),
+        "§10", None, lambda r: [eval_error(r, "cancel", 17, 2)]),
     f"PQ_CONTRACT nack expects 6..7 arguments (contract v{CONTRACT_VERSION}), got 5": (
         "§10", None, lambda r: [eval_error(r, "nack", 14, 5)]),
     f"PQ_CONTRACT enqueue expects 8..6002 arguments in steps of 6 (contract v{CONTRACT_VERSION}), got 7": (

@@ -6,30 +6,40 @@
 -- here fails: the leases and the records go, the ids become tombstones kept
 -- keep_done_ms (after trimming `expired` old ones), a fair job's group gets its slot
 -- back (with `fair`: `metas` holds each job's meta or false), and each job gets its
--- 'acked' event when the queue has opted in (`bound`). K holds the keys jobs, leased,
--- owners, done, wake and events. ZREM on `owners` is the first write: it removes
--- something, so at its memory limit Redis still runs the call (it refuses only a
--- growing first write), and a full server keeps draining.
-local function write_acked(K, F, receipts, ids, fair, metas, expired, now_ms, keep_done_ms, bound)
+-- 'acked' event when the queue has opted in (`bound`), and their step data goes
+-- (`forgot`, from ack_settings: nil when the queue has none). K holds the keys jobs,
+-- leased, owners, done, wake, events, steps and waiting. ZREM on `owners` is the first
+-- write: it removes something, so at its memory limit Redis still runs the call (it
+-- refuses only a growing first write), and a full server keeps draining.
+local function write_acked(K, F, receipts, ids, fair, metas, expired, now_ms, keep_done_ms, bound, forgot)
   call_chunked('ZREM', K.owners, receipts)
   call_chunked('ZREM', K.leased, receipts)
   call_chunked('HDEL', K.jobs, ids)
   bury(K.done, ids, expired, now_ms, keep_done_ms)
   if fair then fair_finish(F, ids, metas, K.wake) end
+  forget_steps(K.steps, K.waiting, forgot)
   emit_acked(K.events, bound, receipts, ids, now_ms)
 end
 
 -- What an ack needs of the queue's settings, in one read of `counters`: the event
--- stream's bound, and the meta of the acked jobs `ids` only when the queue is fair
--- (`fair`: set by enqueue.lua for a job with a group or a priority, and by
--- set_group_limit.lua; lease.lua decides so too). A plain queue reads no meta. Answers
--- bound, metas, fair; or nil, nil, false and an error text.
-local function ack_settings(counters_key, events_key, F, ids)
-  local settings = redis.call('HMGET', counters_key, 'fair', 'events')
+-- stream's bound; the meta of the acked jobs `ids` only when the queue is fair (`fair`:
+-- set by enqueue.lua for a job with a group or a priority, and by set_group_limit.lua;
+-- lease.lua decides so too); and their step data to delete only when the queue has
+-- any (`steps`: set by step.lua, park.lua and signal.lua; K.steps and K.waiting). A
+-- plain queue reads neither. Answers bound, metas, fair, nil, forgot (for
+-- write_acked); or nil, nil, false and an error text.
+local function ack_settings(counters_key, events_key, F, ids, K)
+  local settings = redis.call('HMGET', counters_key, 'fair', 'events', 'steps')
   local bound, err = events_bound(counters_key, events_key, settings[2])
   if err then return nil, nil, false, err end
-  if not settings[1] then return bound, NONE, false end
+  local forgot
+  if settings[3] then
+    forgot = {}
+    forgot[1], forgot[2], err = steps_of(K.steps, K.waiting, ids)
+    if err then return nil, nil, false, err end
+  end
+  if not settings[1] then return bound, NONE, false, nil, forgot end
   local metas, fair
   metas, err, fair = fair_meta(F, ids)
-  return bound, metas, fair, err
+  return bound, metas, fair, err, forgot
 end

@@ -27,6 +27,7 @@ from pyqueue.protocol.spec import DEFAULT_COALESCE_ENQUEUES, QueueMemory, QueueS
 from pyqueue.protocol.verbs import consume, control, flows, produce, reading
 from pyqueue.protocol.verbs import events as event_plans
 from pyqueue.protocol.verbs import progress as progress_plans
+from pyqueue.protocol.verbs import steps as step_plans
 
 F = TypeVar("F", bound="QueueFacade")
 
@@ -128,6 +129,10 @@ class QueueFacade:
     flow_show = Verb(flows.flow_show)
     progress = Verb(progress_plans.progress)
     progress_of = Verb(progress_plans.progress_of)
+    step = Verb(step_plans.step)
+    park = Verb(step_plans.park)
+    signal = Verb(step_plans.signal)
+    steps = Verb(step_plans.steps)
     set_events = Verb(event_plans.set_events)
     events = Verb(event_plans.events)
     recent_events = Verb(event_plans.recent_events)

@@ -79,6 +79,7 @@ from pyqueue.protocol.verbs.events import EventPage, EventsSetting, Since
 from pyqueue.protocol.verbs.flows import FlowDone, FlowRecord, Ref, Waiting
 from pyqueue.protocol.verbs import produce
 from pyqueue.protocol.verbs.progress import Progress, check_progress_ids, check_progress_job
+from pyqueue.protocol.verbs.steps import Committed, JobSteps, ParkAnswer, ParkKind, Signalled, check_leased
 from pyqueue.protocol.verbs.reading import check_browse, peek_many, sum_stats
 
 P = ParamSpec("P")
@@ -419,6 +420,26 @@ def progress(layout: Partitions, /, job: Job, value: bytes | str, **kwargs: Any)
     return (yield from layout.part_for(check_progress_job(job).id).progress(job, value, **kwargs))
 
 
+def step(layout: Partitions, /, job: Job, name: str, value: bytes, **kwargs: Any) -> Plan[Committed]:
+    """As :func:`pyqueue.protocol.verbs.steps.step`, in the partition of the job."""
+    return (yield from layout.part_for(check_leased(job, "step").id).step(job, name, value, **kwargs))
+
+
+def park(layout: Partitions, /, job: Job, kind: ParkKind, name: str, for_ms: int, **kwargs: Any) -> Plan[ParkAnswer]:
+    """As :func:`pyqueue.protocol.verbs.steps.park`, in the partition of the job."""
+    return (yield from layout.part_for(check_leased(job, "park").id).park(job, kind, name, for_ms, **kwargs))
+
+
+def signal(layout: Partitions, /, job_id: str, name: str, payload: bytes = b"", **kwargs: Any) -> Plan[Signalled]:
+    """As :func:`pyqueue.protocol.verbs.steps.signal`, in the id's partition."""
+    return (yield from layout.part_for(job_id).signal(job_id, name, payload, **kwargs))
+
+
+def steps(layout: Partitions, /, job_id: str, **kwargs: Any) -> Plan[JobSteps]:
+    """As :func:`pyqueue.protocol.verbs.steps.steps`, in the id's partition."""
+    return (yield from layout.part_for(job_id).steps(job_id, **kwargs))
+
+
 def progress_of(layout: Partitions, /, ids: Iterable[str]) -> Plan[dict[str, Progress]]:
     """As :func:`pyqueue.protocol.verbs.progress.progress_of`: one read per partition
     holding any of ``ids``."""
@@ -704,6 +725,10 @@ class PartitionedQueue:
     flow_show = Routed(flow_show)
     progress = Routed(progress)
     progress_of = Routed(progress_of)
+    step = Routed(step)
+    park = Routed(park)
+    signal = Routed(signal)
+    steps = Routed(steps)
     set_events = Routed(set_events)
     events = Routed(events)
     recent_events = Routed(recent_events)

@@ -93,7 +93,7 @@ def check_int(value: object, name: str, lo: int, hi: int) -> int:
 
 
 #: A character a job id must not hold (a control character).
-_ID_CONTROL = re.compile("[\x00-\x1f\x7f]")
+CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f]")
 
 
 def check_job_id(value: object) -> str:
@@ -101,7 +101,7 @@ def check_job_id(value: object) -> str:
     if not isinstance(value, str):
         raise InvalidArgument(f"job id must be a str, got {type(value).__name__}")
     size = len(value.encode("utf-8", "surrogatepass"))
-    if not 1 <= size <= MAX_ID_BYTES or _ID_CONTROL.search(value) is not None:
+    if not 1 <= size <= MAX_ID_BYTES or CONTROL_CHARACTERS.search(value) is not None:
         raise InvalidArgument(f"job id must be 1..{MAX_ID_BYTES} bytes without control characters, got {value!r}")
     try:
         value.encode("utf-8")
@@ -695,6 +695,26 @@ def flow_show_call(keys: Keys, now_ms: int | None, flow_id: str) -> ScriptCall:
 def progress_call(keys: Keys, now_ms: int | None, receipt: str, value: bytes) -> ScriptCall:
     """lua/progress.lua."""
     return ScriptCall("progress", keys, [now_arg(now_ms), receipt, value])
+
+
+def step_call(keys: Keys, now_ms: int | None, receipt: str, lease_ms: int, name: str, value: bytes) -> ScriptCall:
+    """lua/step.lua."""
+    return ScriptCall("step", keys, [now_arg(now_ms), receipt, lease_ms, name, value])
+
+
+def park_call(keys: Keys, now_ms: int | None, receipt: str, kind: str, name: str, for_ms: int, lease_ms: int) -> ScriptCall:
+    """lua/park.lua."""
+    return ScriptCall("park", keys, [now_arg(now_ms), receipt, kind, name, for_ms, lease_ms])
+
+
+def signal_call(keys: Keys, now_ms: int | None, job_id: str, name: str, payload: bytes) -> ScriptCall:
+    """lua/signal.lua."""
+    return ScriptCall("signal", keys, [now_arg(now_ms), job_id, name, payload])
+
+
+def steps_call(keys: Keys, now_ms: int | None, job_id: str) -> ScriptCall:
+    """lua/steps.lua."""
+    return ScriptCall("steps", keys, [now_arg(now_ms), job_id])
 
 
 def progress_show_call(keys: Keys, ids: Sequence[str]) -> ScriptCall:

@@ -125,6 +125,17 @@ class QueueKeys:
         return self._key("groups")
 
     @property
+    def steps(self) -> str:
+        """hash: the jobs' durable steps, parks and signals (lua/README.md section 2.6):
+        "<id>" -> the job's index of entries, "<id>\\n<entry>" -> its value."""
+        return self._key("steps")
+
+    @property
+    def waiting(self) -> str:
+        """zset: id -> until_ms, the jobs parked for a signal (park.lua)."""
+        return self._key("waiting")
+
+    @property
     def fwait(self) -> str:
         """zset: id -> ms of its next check, the jobs waiting for others (flow_wait.lua)."""
         return self._key("fwait")
@@ -173,7 +184,7 @@ class QueueKeys:
 #: Every role of a queue key, in the order lua/README.md lists them.
 ROLES = ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake", "done", "results",
          "result_expiry", "finished", "meta", "gready", "ring", "groups", "fwait", "fpending", "flows", "flow_expiry",
-         "progress", "progress_at", "events")
+         "progress", "progress_at", "events", "steps", "waiting")
 
 
 @dataclass(frozen=True)

@@ -272,6 +272,11 @@ class Stats:
     #: slot, and parked at their cap (``set_group_limit``).
     groups_waiting: int = 0
     groups_at_cap: int = 0
+    #: Durable steps (``current_job().wait_signal``): jobs parked for a signal whose
+    #: timeout has not passed (counted in ``scheduled`` too), and leases ended by a
+    #: sleep or a wait (``parked``; not counted as attempts).
+    waiting: int = 0
+    parked: int = 0
 
     @property
     def paused(self) -> bool:

@@ -44,9 +44,11 @@ from pyqueue.protocol.spec import QueueMemory, QueueSpec
 from pyqueue.protocol.verbs import base, consume, control, flows, produce, reading
 from pyqueue.protocol.verbs import events as event_plans
 from pyqueue.protocol.verbs import progress as progress_plans
+from pyqueue.protocol.verbs import steps as step_plans
 from pyqueue.protocol.verbs.events import EventPage, EventsSetting, Since
 from pyqueue.protocol.verbs.flows import DEFAULT_FLOW_CHECK_MS, FlowDone, FlowRecord, Ref, Waiting
 from pyqueue.protocol.verbs.progress import Progress
+from pyqueue.protocol.verbs.steps import Committed, JobSteps, ParkAnswer, ParkKind, Signalled
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -158,6 +160,17 @@ class QueuePlans(Protocol):
 
     def progress_of(self, ids: Iterable[str]) -> Plan[dict[str, Progress]]: ...
 
+    # -- durable steps
+    def step(self, job: Job, name: str, value: bytes, *, lease_ms: int, now_ms: int | None = None) -> Plan[Committed]: ...
+
+    def park(
+        self, job: Job, kind: ParkKind, name: str, for_ms: int, *, lease_ms: int, now_ms: int | None = None
+    ) -> Plan[ParkAnswer]: ...
+
+    def signal(self, job_id: str, name: str, payload: bytes = b"", *, now_ms: int | None = None) -> Plan[Signalled]: ...
+
+    def steps(self, job_id: str, *, now_ms: int | None = None) -> Plan[JobSteps]: ...
+
     # -- events
     def set_events(self, bound: int) -> Plan[EventsSetting]: ...
 
@@ -248,6 +261,10 @@ class SingleQueue:
     flow_show = Bound(flows.flow_show)
     progress = Bound(progress_plans.progress)
     progress_of = Bound(progress_plans.progress_of)
+    step = Bound(step_plans.step)
+    park = Bound(step_plans.park)
+    signal = Bound(step_plans.signal)
+    steps = Bound(step_plans.steps)
     set_events = Bound(event_plans.set_events)
     events = Bound(event_plans.events)
     recent_events = Bound(event_plans.recent_events)

@@ -17,21 +17,23 @@ const LUA_DIR = path.resolve(__dirname, '..', '..', 'lua');
 const SCRIPT_KEYS = {
   enqueue: ['jobs', 'ready', 'scheduled', 'counters', 'wake', 'done', 'meta', 'gready', 'ring', 'groups', 'events'],
   lease: ['jobs', 'ready', 'scheduled', 'leased', 'owners', 'dead', 'errors', 'counters', 'wake', 'done',
-    'meta', 'gready', 'ring', 'groups', 'events'],
-  ack: ['jobs', 'leased', 'owners', 'done', 'wake', 'meta', 'gready', 'ring', 'groups', 'counters', 'events'],
+    'meta', 'gready', 'ring', 'groups', 'events', 'steps', 'waiting'],
+  ack: ['jobs', 'leased', 'owners', 'done', 'wake', 'meta', 'gready', 'ring', 'groups', 'counters', 'events',
+    'steps', 'waiting'],
   nack: ['jobs', 'scheduled', 'leased', 'owners', 'dead', 'errors', 'counters', 'wake', 'finished',
     'meta', 'gready', 'ring', 'groups', 'events'],
   extend: ['jobs', 'leased'],
   release: ['jobs', 'ready', 'leased', 'owners', 'counters', 'wake', 'meta', 'gready', 'ring', 'groups', 'events'],
-  stats: ['jobs', 'ready', 'scheduled', 'leased', 'dead', 'counters', 'done', 'gready', 'ring'],
+  stats: ['jobs', 'ready', 'scheduled', 'leased', 'dead', 'counters', 'done', 'gready', 'ring', 'waiting'],
   scrub: ['jobs', 'ready', 'leased', 'owners', 'dead', 'errors', 'counters', 'wake', 'meta', 'gready', 'ring', 'groups',
     'events'],
   cancel: ['jobs', 'ready', 'scheduled', 'leased', 'owners', 'dead', 'errors', 'counters', 'done', 'wake',
-    'meta', 'gready', 'ring', 'groups', 'events'],
+    'meta', 'gready', 'ring', 'groups', 'events', 'steps', 'waiting'],
   limit: ['counters', 'wake'],
   set_group_limit: ['counters', 'wake', 'ring', 'groups'],
   ack_result: ['jobs', 'leased', 'owners', 'done', 'results', 'result_expiry', 'finished', 'wake',
-    'meta', 'gready', 'ring', 'groups', 'counters', 'events'],
+    'meta', 'gready', 'ring', 'groups', 'counters', 'events', 'steps', 'waiting'],
+  signal: ['jobs', 'scheduled', 'dead', 'steps', 'waiting', 'counters', 'wake', 'events'],
   result: ['jobs', 'dead', 'errors', 'done', 'results', 'result_expiry', 'finished'],
   flow_done: ['jobs', 'scheduled', 'wake', 'fwait', 'fpending'],
   set_events: ['counters', 'events'],
@@ -215,6 +217,15 @@ class Queue {
       jobs.push({ receipt, id, payload, fence, attempt, maxAttempts, deadlineMs, enqueuedMs: sent < 0 ? null : sent });
     }
     return { nowMs, nextDueMs, acks: ackStatuses, jobs, call };
+  }
+
+  // Send job `id` the signal `name` (README §2.6): its payload as the task layer reads
+  // it, 'j' + JSON. Answers 'woke', 'kept', or a refusal ('unknown', 'dead', 'duplicate',
+  // 'closed').
+  async signal(id, name, data) {
+    const payload = Buffer.concat([Buffer.from('j'), Buffer.from(JSON.stringify(data ?? null))]);
+    const [status] = await this.run('signal', ['', id, name, payload]);
+    return str(status);
   }
 
   // Receipts are opaque Buffers, passed back exactly as lease returned them.
