@@ -55,6 +55,19 @@ class InvalidArgument(PyQueueError, ValueError):
     """An argument is malformed or out of range. Nothing was written."""
 
 
+class LeaseLost(PyQueueError):
+    """A running job's lease has ended without it (cancelled, expired and reclaimed,
+    scrubbed): a fenced write of its run (a durable step) was refused, and nothing was
+    written. Raised to stop the run: what it does from here on no longer counts, and
+    its worker neither acks nor nacks it (another worker may run the job)."""
+
+
+class SignalTimeout(PyQueueError):
+    """``current_job().wait_signal(name, timeout)``: no signal ``name`` came within the
+    timeout. Kept as the wait's outcome: every later run of the job gets it again at
+    that wait. Catch it to go on without the signal."""
+
+
 class ContractMismatch(InvalidArgument):
     """A script was called with another number of KEYS or ARGV than its contract lists
     (PQ_CONTRACT, lua/README.md section 10): the caller was written for another contract

@@ -12,7 +12,9 @@ from pyqueue.drivers.queue import Queue
 from pyqueue.protocol.errors import PyQueueError
 from pyqueue.protocol.models import JobResult
 from pyqueue.tasks.codec import from_json, loads
+from pyqueue.protocol.verbs.steps import Signalled
 from pyqueue.tasks.policy import Duration
+from pyqueue.tasks.steps import TaskSteps, encode, task_steps
 from pyqueue.worker.endings import seconds_to_ms
 
 R = TypeVar("R")
@@ -82,6 +84,20 @@ class SentTask(Generic[R]):
         read (``Queue.progress_of``)."""
         found = self.app.queue(self.queue).progress_of([self.id]).get(self.id)
         return None if found is None else loads(found.value)
+
+    def signal(self, name: str, data: Any = None) -> Signalled:
+        """Send this run the signal ``name`` with ``data``: as :meth:`Task.signal
+        <pyqueue.tasks.task.Task.signal>`."""
+        return self.app.queue(self.queue).signal(self.id, name, encode(data, f"{self.task} signal {name!r}"))
+
+    async def asignal(self, name: str, data: Any = None) -> Signalled:
+        """:meth:`signal` from asyncio code."""
+        return await self.app.aqueue(self.queue).signal(self.id, name, encode(data, f"{self.task} signal {name!r}"))
+
+    def steps(self) -> TaskSteps:
+        """What this run's job has kept of its durable steps, sleeps, waits and signals
+        so far, decoded (one read, ``Queue.steps``); all empty once the job has ended."""
+        return task_steps(self.app.queue(self.queue).steps(self.id))
 
     def result(self, timeout: Duration | None = None) -> R:
         """Wait for the job to end, up to ``timeout`` seconds (None: no limit), and

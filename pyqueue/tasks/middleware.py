@@ -76,7 +76,7 @@ from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from pyqueue.protocol.errors import PyQueueError
-from pyqueue.worker.slots import TimeLimitExceeded
+from pyqueue.worker.slots import Parked, TimeLimitExceeded
 from pyqueue.worker import Fail, Retry
 from pyqueue.worker.endings import error_text
 
@@ -127,6 +127,9 @@ class HookOutcome(Generic[V]):
     * ``"time_limit"``: it reached its time limit: acked if it caught
       :class:`~pyqueue.TimeLimitExceeded` and returned (``value`` is what it returned),
       else retried or dead by the task's policy;
+    * ``"parked"``: it parked itself (``current_job().sleep`` or ``.wait_signal``): its
+      lease ended with no attempt used, and it runs again at the sleep's end, at its
+      signal or at its wait's timeout;
     * ``"cancelled"``: its end was decided without it (cancelled, or its lease lost).
 
     A hook outside one that fails sees ``"retry"`` or ``"dead"`` for that failure.
@@ -347,6 +350,8 @@ def run_ending(error: BaseException | None, final: bool, cancelled: bool, reache
     was decided without it, ``reached`` whether it reached its time limit."""
     if reached or isinstance(error, TimeLimitExceeded):
         return "time_limit"
+    if isinstance(error, Parked):
+        return "parked"
     if cancelled:
         return "cancelled"
     if error is None:

@@ -8,22 +8,25 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Mapping
-from datetime import datetime, timezone
-from typing import Any
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta, timezone
+from typing import Any, TypeVar
 
-from pyqueue.drivers.facade import client_of, physical
 from pyqueue.protocol.errors import InvalidArgument
 from pyqueue.protocol.models import CancelFlag, Job
+from pyqueue.tasks import steps as durable
 from pyqueue.tasks.codec import to_json
+from pyqueue.tasks.run_queue import ClientUnavailable, run_queue
 from pyqueue.worker import Retry
+
+T = TypeVar("T")
 
 
 class TaskRun:
     """The running task job, as :func:`current_job` returns it. (A plain class with
     slots, not a dataclass: one is made per job, on the worker's hot path.)"""
 
-    __slots__ = ("job", "task", "enqueued_ms", "deadline_ms", "meta", "children", "app")
+    __slots__ = ("job", "task", "enqueued_ms", "deadline_ms", "meta", "children", "app", "_book")
 
     #: Whether it runs in a batch task's batch, with other jobs (``current_batch()``).
     in_batch = False
@@ -43,6 +46,7 @@ class TaskRun:
         self.meta = meta
         #: What :meth:`spawn` and :meth:`then` asked for: (steps, callback, policy).
         self.children: tuple[list[Any], Any, str] | None = None
+        self._book: durable.StepBook | None = None
 
     def __repr__(self) -> str:
         return f"TaskRun(id={self.job.id!r}, task={self.task!r}, attempt={self.job.attempt})"
@@ -95,7 +99,7 @@ class TaskRun:
         Raises:
             InvalidArgument: not JSON data, or more than 4096 bytes encoded.
         """
-        return bool(_progress_queue(self.app, self.job.queue).progress(self.job, self._progress_bytes(value)))
+        return bool(run_queue(self.app, self.job.queue).progress(self.job, self._progress_bytes(value)))
 
     async def aprogress(self, value: Any) -> bool:
         """:meth:`progress` on the asyncio client, for ``async def`` tasks (in a thread
@@ -103,9 +107,9 @@ class TaskRun:
         a cluster client, from which it makes no other)."""
         data = self._progress_bytes(value)
         try:
-            queue = _progress_queue(self.app, self.job.queue, use_asyncio=True)
+            queue = run_queue(self.app, self.job.queue, use_asyncio=True)
         except ClientUnavailable:
-            blocking = _progress_queue(self.app, self.job.queue)
+            blocking = run_queue(self.app, self.job.queue)
             return bool(await asyncio.to_thread(blocking.progress, self.job, data))
         return bool(await queue.progress(self.job, data))
 
@@ -117,6 +121,74 @@ class TaskRun:
         if len(data) > MAX_PROGRESS_BYTES:
             raise InvalidArgument(f"{self.task}: progress is at most {MAX_PROGRESS_BYTES} bytes as JSON, got {len(data)}")
         return data
+
+    # -- durable steps (pyqueue.tasks.steps) ------------------------------------------
+
+    def book(self) -> durable.StepBook:
+        """What this run knows of its job's durable steps (made at its first)."""
+        if self._book is None:
+            self._book = durable.StepBook(self)
+        return self._book
+
+    def step(self, name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(*args, **kwargs)`` once for this job, across all its runs: the first
+        run that gets here calls it and commits its result under ``name``; every later
+        run (after a crash, a retry, a sleep or a wait) gets that result back at once,
+        without calling ``fn``. The result must travel as JSON (as a task's result), and
+        is returned as it decodes, the same on every run.
+
+        Delivery: ``fn`` runs at least once; again only if a run ends between its return
+        and the commit (a crash, a lost lease). An exception from ``fn`` commits nothing
+        and follows the task's retry policy; steps committed before it stay.
+
+        Raises:
+            InvalidArgument: a bad or reused name (in this run), a result that does not
+                travel, or the job keeps 1000 steps, sleeps, waits and signals already.
+            LeaseLost: this run's lease has ended: nothing was committed, and the run no
+                longer counts (its worker neither acks nor nacks it).
+        """
+        return durable.step(self, name, fn, args, kwargs)  # type: ignore[no-any-return]
+
+    async def astep(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """:meth:`step` for ``async def`` tasks: ``fn`` may be a coroutine function."""
+        return await durable.astep(self, name, fn, args, kwargs)
+
+    def sleep(self, name: str, seconds: float | timedelta) -> None:
+        """Sleep ``seconds`` (or a ``timedelta``) without holding a worker: one script
+        ends the lease and schedules the job at now + ``seconds`` on the server's clock,
+        using no attempt. The run stops here (the worker neither acks nor nacks); the
+        task's function runs again from the top when the time has come, and this call,
+        reached again, returns at once. ``name`` keeps the sleep's end: a run made due
+        early sleeps only what is left.
+
+        Raises:
+            InvalidArgument: a bad or reused name, a bad duration.
+            LeaseLost: this run's lease has ended.
+        """
+        durable.sleep(self, name, seconds)
+
+    async def asleep(self, name: str, seconds: float | timedelta) -> None:
+        """:meth:`sleep` for ``async def`` tasks."""
+        await durable.asleep(self, name, seconds)
+
+    def wait_signal(self, name: str, timeout: float | timedelta) -> Any:
+        """The data of the signal ``name`` sent to this job (``fn.signal(job_id, name,
+        data)``, ``SentTask.signal``, ``pyqueue signal``), sent before this call or while
+        it waits. Without one yet, the job is parked (state ``waiting``: no lease, no
+        worker, no attempt used) until the signal comes or ``timeout`` seconds have
+        passed, and the task's function runs again from the top then. Its outcome is
+        committed as the step ``name``: every later run gets the same.
+
+        Raises:
+            SignalTimeout: no signal came within ``timeout`` (catch it to go on).
+            InvalidArgument: a bad or reused name, a bad timeout.
+            LeaseLost: this run's lease has ended.
+        """
+        return durable.wait_signal(self, name, timeout)
+
+    async def await_signal(self, name: str, timeout: float | timedelta) -> Any:
+        """:meth:`wait_signal` for ``async def`` tasks."""
+        return await durable.await_signal(self, name, timeout)
 
     def spawn(self, *steps: Any) -> None:
         """Add children to this run: task calls (``fn.s(...)``), chains or groups. They
@@ -135,43 +207,6 @@ class TaskRun:
         :mod:`pyqueue.tasks.flows`, whose ``on_failure`` rules apply)."""
         kids, _, _ = self.children or ([], None, "fail")
         self.children = (kids, callback, on_failure)
-
-
-#: Per (Tasks object, physical queue, driver): the queue object progress is reported
-#: through (one per queue, not one per report).
-_progress_queues: dict[tuple[int, str, bool], Any] = {}
-
-
-class ClientUnavailable(InvalidArgument):
-    """The Tasks object cannot make the asyncio client progress would be sent on."""
-
-
-def _progress_queue(app: Any, queue: str, use_asyncio: bool = False) -> Any:
-    """The queue object of the physical queue ``queue`` (a partition's own name for a
-    partitioned queue) on ``app``'s blocking or asyncio client.
-
-    Raises:
-        ClientUnavailable: ``use_asyncio``, and ``app`` has no asyncio client to give.
-    """
-    if app is None:
-        raise InvalidArgument("progress is reported from a task run by a worker (current_job())")
-    key = (id(app), queue, use_asyncio)
-    found = _progress_queues.get(key)
-    if use_asyncio:
-        try:
-            client = app.connection.aredis
-        except InvalidArgument as exc:
-            raise ClientUnavailable(str(exc)) from None
-    else:
-        client = app.redis
-    if found is None or client_of(found) is not client:
-        from pyqueue.aio import AsyncQueue
-        from pyqueue.drivers.queue import Queue
-
-        # the physical queue, named by the job itself
-        found = physical((AsyncQueue if use_asyncio else Queue)(queue, client, prefix=app.prefix))
-        _progress_queues[key] = found
-    return found
 
 
 #: The running job: set by :mod:`pyqueue.tasks.dispatch` around a task's call.

@@ -25,7 +25,9 @@ from pyqueue.tasks import envelope
 from pyqueue.tasks.flows import Sender, Signature
 from pyqueue.tasks.handle import SentTask
 from pyqueue.tasks.policy import Duration, SendOptionsDict, TaskOptions
+from pyqueue.protocol.verbs.steps import Signalled
 from pyqueue.tasks.sending import asend, send_many
+from pyqueue.tasks.steps import encode
 from pyqueue.worker.endings import seconds_to_ms
 
 if sys.version_info >= (3, 11):
@@ -107,6 +109,25 @@ class _Sender(Generic[P, R]):
         signature = Signature(self.task, args, kwargs, self.opts)
         app = self.task.app
         return await asend(app, [signature], await app.aserver_now_ms(), seconds_to_ms(delay, "delay"))
+
+    def signal(self, job_id: str, name: str, data: Any = None) -> Signalled:
+        """Send the signal ``name`` with ``data`` (JSON, as an argument) to the run
+        ``job_id`` of this task, in its queue: its ``current_job().wait_signal(name,
+        ...)`` gets ``data``, whether it waits already (it is due at once) or reaches the
+        wait later. Answers :class:`~pyqueue.protocol.verbs.steps.Signalled`: ``woke``
+        or ``kept``; refused, writing nothing: ``unknown`` (the job has ended, or never
+        was), ``dead``, ``duplicate`` (one signal per name: the first is kept),
+        ``closed`` (its wait timed out already).
+
+        Raises:
+            InvalidArgument: a bad id or name, data that does not travel.
+        """
+        return self.task.app.queue(self.opts.queue).signal(job_id, name, encode(data, f"{self.task.name} signal {name!r}"))
+
+    async def asignal(self, job_id: str, name: str, data: Any = None) -> Signalled:
+        """:meth:`signal` from asyncio code."""
+        payload = encode(data, f"{self.task.name} signal {name!r}")
+        return await self.task.app.aqueue(self.opts.queue).signal(job_id, name, payload)
 
     def _send(self, signature: Signature, delay_ms: int) -> SentTask[R]:
         app = self.task.app

@@ -40,7 +40,7 @@ from pyqueue.protocol.models import Job, Stats
 from pyqueue.tasks.connection import Connection
 from pyqueue.tasks.run import Undeliverable
 from pyqueue.worker import Worker
-from pyqueue.worker import Fail, Retry
+from pyqueue.worker import Fail, Parked, Retry
 
 _clock_lock = threading.Lock()
 _clock_installed = False
@@ -157,6 +157,8 @@ class TaskTesting:
         failures: list[BaseException] = []
 
         def record(exc: BaseException) -> None:
+            if isinstance(exc, Parked):
+                return  # a durable sleep or wait: not an error; drain runs it again when due
             if isinstance(exc, Undeliverable):
                 failures.append(exc)
             elif isinstance(exc, Retry):

@@ -51,10 +51,10 @@ from pyqueue.worker.endings import Fail, Retry
 from pyqueue.worker.executor import Handler
 from pyqueue.worker.lifecycle import EXIT_MISCONFIGURED, EXIT_OK, EXIT_REGISTRATION_LOST, EXIT_STUCK
 from pyqueue.worker.settings import WorkerSettings
-from pyqueue.worker.slots import TimeLimitExceeded
+from pyqueue.worker.slots import Parked, TimeLimitExceeded
 from pyqueue.worker.worker import Worker
 
 __all__ = [
     "EXIT_MISCONFIGURED", "EXIT_OK", "EXIT_REGISTRATION_LOST", "EXIT_STUCK", "AsyncBatchHandler", "AsyncHandler", "AsyncWorker",
-    "BatchHandler", "Fail", "Handler", "Retry", "TimeLimitExceeded", "Worker", "WorkerSettings",
+    "BatchHandler", "Fail", "Handler", "Parked", "Retry", "TimeLimitExceeded", "Worker", "WorkerSettings",
 ]

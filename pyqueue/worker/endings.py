@@ -10,6 +10,8 @@
   backoff, dead at max attempts;
 * it returned an awaitable (an ``async def`` handler in a sync worker): ``release``,
   unrun, and the worker stops with exit 78;
+* it raised :class:`~pyqueue.worker.slots.Parked` (it parked its job: a durable sleep
+  or wait, whose script ended the lease): nothing is sent;
 * its end was decided without it (cancelled, lease lost, time limit, released at
   shutdown, or the process was killed): nothing is sent.
 
@@ -41,7 +43,7 @@ from pyqueue.worker.handler import HandlerSpec
 from pyqueue.worker.lifecycle import EXIT_MISCONFIGURED
 from pyqueue.worker.settings import Served, WorkerSettings
 from pyqueue.worker.shared import Shared
-from pyqueue.worker.slots import Slot, TimeLimitExceeded
+from pyqueue.worker.slots import Parked, Slot, TimeLimitExceeded
 
 log = logging.getLogger("pyqueue.worker")
 
@@ -198,6 +200,10 @@ class Endings:
             # The shutdown released this job after the grace period (or, past its hard
             # limit, nacked it): its receipt is stale, and another worker may run it.
             log.warning("%s finished after its lease was released at shutdown", label)
+            return False
+        if isinstance(error, Parked):
+            # It parked its job (a durable sleep or wait): the lease ended in that call.
+            log.info("%s parked until %d (%s): its slot is free", label, error.until_ms, error.name)
             return False
         if job.cancelled.is_set():
             # Cancelled (or its lease lost): its end is decided already; an ack or nack

@@ -35,7 +35,7 @@ from pyqueue.protocol.models import Job, Outcome
 from pyqueue.worker.endings import Endings
 from pyqueue.worker.handler import spec_of
 from pyqueue.worker.settings import Served, WorkerSettings
-from pyqueue.worker.slots import Slot, TimeLimitExceeded, enter_slot
+from pyqueue.worker.slots import Parked, Slot, TimeLimitExceeded, enter_slot
 
 log = logging.getLogger("pyqueue.worker")
 
@@ -197,8 +197,8 @@ class ThreadExecutor:
                 result = slot.call(self.call_handler, job)
             # The handler's failure is the job's outcome. SystemExit too (sys.exit() in a
             # handler thread ends only that call): let through, it would leave the job
-            # leased, extended and never ended.
-            except (Exception, SystemExit, TimeLimitExceeded) as exc:
+            # leased, extended and never ended. Parked: the handler parked its job.
+            except (Exception, SystemExit, TimeLimitExceeded, Parked) as exc:
                 error = exc
         finally:
             enter_slot(None)

@@ -69,6 +69,18 @@ class TimeLimitExceeded(BaseException):
     as its error. Past the grace period the job ends so whatever the handler does."""
 
 
+class Parked(BaseException):
+    """Raised by a handler whose job it parked (lua/park.lua: a durable sleep, or a wait
+    for a signal): the job's lease has ended already, and it is scheduled to run again
+    (``until_ms``, the server's clock). The worker sends neither ack nor nack, and uses
+    no attempt. A :class:`BaseException`, so that an ``except Exception`` in the task
+    does not stop it; nothing should catch it."""
+
+    def __init__(self, job_id: str, name: str, until_ms: int) -> None:
+        super().__init__(f"job {job_id} parked by {name!r} until {until_ms}")
+        self.job_id, self.name, self.until_ms = job_id, name, until_ms
+
+
 @dataclass(frozen=True)
 class LimitEnding:
     """How a job ends at its time limit: the nack the heartbeat sends."""
