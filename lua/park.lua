@@ -40,7 +40,7 @@ ARGV (6)
   4  name      1..200 bytes without control characters
   5  for_ms    integer 0..2^40: how long to sleep, or the wait's timeout
   6  lease_ms  integer 1..604800000: when the run goes on, its lease's new deadline is
-               now + lease_ms
+               now + lease_ms (unless it was later already)
 
 Returns  {status, value, ms}: 'parked' ('', until_ms), 'awake' ('', the lease's new
          deadline), 'signalled' (the signal's payload, deadline), 'timeout' ('',
@@ -260,7 +260,8 @@ if err then return redis.error_reply(err) end
 
 -- 2. Read.
 local id = lease.id
-if not redis.call('ZSCORE', leased_key, receipt) then
+local current_ms = redis.call('ZSCORE', leased_key, receipt)
+if not current_ms then
   return { redis.call('HEXISTS', jobs_key, id) == 1 and 'stale' or 'gone', '', -1 }
 end
 local index = redis.call('HGET', steps_key, id)
@@ -270,7 +271,8 @@ local bound
 bound, err = events_bound(counters_key, events_key, settings[2])
 if err then return redis.error_reply(err) end
 now_ms = now_ms or server_now_ms()
-local deadline_ms = now_ms + lease_ms
+-- When the run goes on, as extend.lua: a deadline only moves later.
+local deadline_ms = math.max(tonumber(current_ms), now_ms + lease_ms)
 
 -- The run goes on: its lease extended (ZADD XX: its member was read, so it cannot fail).
 local function go_on(status, value)

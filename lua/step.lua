@@ -22,7 +22,8 @@ ARGV (5)
   4  name      1..200 bytes without control characters
   5  value     0..524288 bytes, opaque (the task layer writes 'j' + JSON, as results)
 
-Returns  {status, deadline_ms}: 'ok' (committed; the lease's new deadline), 'exists'
+Returns  {status, deadline_ms}: 'ok' (committed; the lease's deadline, now + lease_ms
+         unless it was later already), 'exists'
          (a step of that name is committed: nothing written; the lease is extended), or
          'stale' / 'gone' (as ack.lua; deadline_ms -1).
 Cost     plain case (a current receipt, the queue's `steps` flag set, no events): 6
@@ -140,7 +141,8 @@ if err then return redis.error_reply(err) end
 if #value > 524288 then return redis.error_reply('PQ_BADARG a step value is at most 524288 bytes') end
 
 -- 2. Read.
-if not redis.call('ZSCORE', leased_key, receipt) then
+local current_ms = redis.call('ZSCORE', leased_key, receipt)
+if not current_ms then
   return { redis.call('HEXISTS', jobs_key, lease.id) == 1 and 'stale' or 'gone', -1 }
 end
 local id = lease.id
@@ -156,7 +158,8 @@ local parked = not exists and index and string.find(index, '\np:', 1, true)
 err = err or not exists and entries_full(index, id) or parked and expect_type(waiting_key, 'zset')
 if err then return redis.error_reply(err) end
 now_ms = now_ms or server_now_ms()
-local deadline_ms = now_ms + lease_ms
+-- As extend.lua: a deadline only moves later.
+local deadline_ms = math.max(tonumber(current_ms), now_ms + lease_ms)
 
 -- 3. Write. ZADD XX on `leased` is the first: its member was read, so it cannot fail.
 redis.call('ZADD', leased_key, 'XX', deadline_ms, receipt)

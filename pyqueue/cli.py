@@ -32,6 +32,7 @@ from pyqueue.protocol.version import VERSION
 from pyqueue.drivers.facade import parts_of
 from pyqueue.drivers.queue import DEFAULT_KEEP_DONE_MS, DEFAULT_LEASE_MS, Queue, physical_queue
 from pyqueue.protocol.verbs.flows import DEFAULT_FLOW_CHECK_MS
+from pyqueue.protocol.verbs.steps import TIMED_OUT, JobSteps
 from pyqueue.worker.supervised import ENV_VAR, SupervisorLink
 from pyqueue.worker.supervisor import DEFAULT_CRASH_LOOP, EXIT_CRASH_LOOP, FAST_DEATH_S, Supervisor
 from pyqueue.ops.schedules import parse_duration_ms, parse_schedule
@@ -545,6 +546,28 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0 if result.cancelled else 1
 
 
+def cmd_signal(args: argparse.Namespace) -> int:
+    """Send a job a signal (Queue.signal): its data is JSON, as a task's wait reads it
+    (``current_job().wait_signal``); exit 1 if the signal was refused."""
+    try:
+        data = json.loads(args.data)
+    except ValueError as exc:
+        raise InvalidArgument(f"the signal's data must be JSON, got {args.data!r}: {exc}") from None
+    from pyqueue.tasks.steps import encode
+
+    result = existing_queue(connect(args.url), args.queue, args.prefix).signal(args.id, args.name, encode(data, "signal"))
+    what = {
+        "woke": "sent: the job was waiting for it and is due now",
+        "kept": "sent: kept for the job's wait",
+        "unknown": "refused: no such job (it has ended, or never was)",
+        "dead": "refused: the job is dead",
+        "duplicate": "refused: a signal of that name was sent before (the first is kept)",
+        "closed": "refused: the job's wait for it has timed out",
+    }
+    print(f"{args.queue} {args.id} {args.name}: {what[result.status]}")
+    return 0 if result.accepted else 1
+
+
 #: How many of a queue's newest events ``pyqueue job`` reads (one XREVRANGE) to tell a
 #: cancelled job from an acked one, which leave the same tombstone.
 JOB_EVENTS_READ = 1000
@@ -596,10 +619,12 @@ def cmd_job(args: argparse.Namespace) -> int:
             rows.append(["enqueued", f"{_ms(info.now_ms - info.enqueued_ms)} ago"])
         by_state: dict[str, list[list[object]]] = {
             "scheduled": [["due in", _ms(info.due_ms - info.now_ms)]],
+            "waiting": [["timeout in", _ms(info.due_ms - info.now_ms)]],
             "leased": [["owner", info.owner], ["fence", info.fence], ["deadline in", _ms(info.deadline_ms - info.now_ms)]],
             "dead": [["died", f"{_ms(info.now_ms - info.due_ms)} ago"], ["error", info.error]],
         }
         rows += by_state.get(info.state, [])
+        rows += step_rows(queue.steps(info.id))
         progress = queue.progress_of([info.id]).get(info.id) if info.state == "leased" else None
         if progress is not None:
             rows.append(["progress", f"{progress.value.decode('utf-8', 'replace')} ({_ms(info.now_ms - progress.written_ms)} ago)"])
@@ -611,6 +636,23 @@ def cmd_job(args: argparse.Namespace) -> int:
         rows.append(["duplicate for", _ms(info.done_until_ms - info.now_ms)])
     print(table(rows, ["field", "value"]))
     return 0 if state != "unknown" else 1
+
+
+def step_rows(found: JobSteps) -> list[list[object]]:
+    """``pyqueue job``'s rows of a job's durable steps, sleeps, waits and signals."""
+    rows: list[list[object]] = []
+    for name, value in found.results.items():
+        shown = "timed out" if value == TIMED_OUT else value[1:].decode("utf-8", "replace") if value[:1] == b"j" \
+            else f"{len(value)} bytes"
+        rows.append([f"step {name}", shown if len(shown) <= 200 else shown[:200] + "..."])
+    for name, park in found.parks.items():
+        if name not in found.results:
+            left = park.until_ms - found.now_ms
+            rows.append([f"{park.kind} {name}", f"until {_ms(left)} from now" if left > 0 else "over"])
+    for name in found.signals:
+        if name not in found.results:
+            rows.append([f"signal {name}", "kept for its wait"])
+    return rows
 
 
 def _token(value: str) -> str:
@@ -974,6 +1016,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("queue")
     p.add_argument("id")
     p.set_defaults(func=cmd_cancel)
+
+    p = sub.add_parser("signal", help="send a job a signal its task waits for (current_job().wait_signal)")
+    p.add_argument("queue")
+    p.add_argument("id")
+    p.add_argument("name")
+    p.add_argument("data", nargs="?", default="null", help="JSON (default: null)")
+    p.set_defaults(func=cmd_signal)
 
     p = sub.add_parser("job", help="where is a job: its state, attempts, lease or last error")
     p.add_argument("queue")

@@ -62,6 +62,7 @@ from pyqueue.drivers.queue import DEFAULT_MAINTENANCE_LIMIT, DEFAULT_MAX_ATTEMPT
 from pyqueue.drivers.scripts import Scripts
 from pyqueue.ops.service import DEAD_LIMIT, DEFAULT_EXPIRE_MS, GC_LIMIT, Service, Services
 from pyqueue.protocol.verbs.flows import WAIT_DUE_MS
+from pyqueue.protocol.verbs.steps import JobSteps, parse_steps
 from pyqueue.drivers.queue import check_partitions
 
 #: The model's clock starts at a realistic server time (2023-11-14, in ms since the
@@ -233,6 +234,12 @@ class QueueModel:
         self.events_bound = 0
         self.events_seq = 0
         self.events: list[tuple[int, dict[bytes, bytes]]] = []
+        #: Durable steps (lua/README.md section 2.6): per job its entries ("s:<name>",
+        #: "p:<name>", "g:<name>") with their values, in the order first written; the jobs
+        #: parked for a signal, by their timeout; the `steps` flag of `counters`.
+        self.steps: dict[str, dict[str, bytes]] = {}
+        self.waiting: dict[str, int] = {}
+        self.steps_flag = False
 
     def _emit(self, kind: str, job_id: str, now: int, **fields: Any) -> None:
         """The helper emit: one event, when the queue has opted in; the stream keeps
@@ -454,6 +461,8 @@ class QueueModel:
             known.update(due_ms=self.dead[job_id], error=self.errors.get(job_id, b"").decode("utf-8", "replace"))
         elif state == "scheduled":
             known.update(due_ms=self.scheduled[job_id])
+            if self.waiting.get(job_id) == self.scheduled[job_id]:
+                state = "waiting"  # parked for a signal (section 2.6)
         elif state == "leased":
             lease = next(lease for lease in self.leases.values() if lease.id == job_id)
             known.update(deadline_ms=lease.deadline_ms, owner=lease.receipt.split("|", 1)[0], fence=lease.fence)
@@ -558,6 +567,7 @@ class QueueModel:
         time, at most TRIM_BATCH more than buried)."""
         for job_id in ids:
             del self.jobs[job_id]
+        self._forget_steps(ids)
         self._trim_done(now, len(ids) + TRIM_BATCH)
         if keep_done_ms > 0:
             self.done.update((job_id, now + keep_done_ms) for job_id in ids)
@@ -999,6 +1009,7 @@ class QueueModel:
             del self.dead[job_id], self.jobs[job_id]
             self.errors.pop(job_id, None)
             self.meta.pop(job_id, None)
+        self._forget_steps(gone)
         self.counters["purged"] += len(gone)
         return len(gone)
 
@@ -1024,7 +1035,7 @@ class QueueModel:
             duplicates=c["duplicates"],
             leased_total=c["leased"],
             acked=c["leased"] - c["nacked"] - c["reclaimed"] - c["scrubbed"] - c["released"] - c["cancelled_leased"]
-            - len(self.leases),
+            - c["parked"] - len(self.leases),
             nacked=c["nacked"],
             promoted=c["promoted"],
             reclaimed=c["reclaimed"],
@@ -1040,6 +1051,8 @@ class QueueModel:
             rate_burst=self.rate_limit[2] if self.rate_limit else 0,
             groups_waiting=sum(1 for score in self.ring.values() if score > 0),
             groups_at_cap=sum(1 for score in self.ring.values() if score < 0),
+            waiting=sum(1 for until in self.waiting.values() if until > now),
+            parked=c["parked"],
         )
 
     def peek_ready(self) -> int:
@@ -1176,6 +1189,105 @@ class QueueModel:
                 shown[job_id] = (entry[1], entry[0], entry[2])
         return shown
 
+    # -- durable steps (lua/README.md section 2.6) ------------------------------------
+
+    def _forget_steps(self, ids: Iterable[str]) -> None:
+        """The helper forget_steps: an ended job's entries and its `waiting` entry go."""
+        for job_id in ids:
+            if self.steps.pop(job_id, None) is not None:
+                self.waiting.pop(job_id, None)
+
+    def _put_entry(self, job_id: str, entry: str, value: bytes) -> None:
+        self.steps.setdefault(job_id, {})[entry] = value
+        self.steps_flag = True
+
+    def _stale_or_gone(self, receipt: str) -> str:
+        return "stale" if receipt_id(receipt) in self.jobs else "gone"
+
+    def step(self, receipt: str, lease_ms: int, name: str, value: bytes, now: int) -> tuple[str, int]:
+        """step.lua: (status, deadline_ms)."""
+        if receipt not in self.leases:
+            return self._stale_or_gone(receipt), -1
+        lease = self.leases[receipt]
+        entries = self.steps.get(lease.id, {})
+        lease.deadline_ms = max(lease.deadline_ms, now + lease_ms)
+        if f"s:{name}" in entries:
+            return "exists", lease.deadline_ms
+        parked = any(entry.startswith("p:") for entry in entries)
+        self._put_entry(lease.id, f"s:{name}", value)
+        if parked:
+            self.waiting.pop(lease.id, None)
+        self._emit("step", lease.id, now, name=name)
+        return "ok", lease.deadline_ms
+
+    def park(self, receipt: str, kind: str, name: str, for_ms: int, lease_ms: int, now: int) -> tuple[str, bytes, int]:
+        """park.lua: (status, value, ms)."""
+        if receipt not in self.leases:
+            return self._stale_or_gone(receipt), b"", -1
+        lease = self.leases[receipt]
+        job_id = lease.id
+        entries = self.steps.get(job_id, {})
+        deadline = max(lease.deadline_ms, now + lease_ms)
+        if f"s:{name}" in entries:
+            lease.deadline_ms = deadline
+            return "done", entries[f"s:{name}"], deadline
+        park = entries.get(f"p:{name}")
+        if park is not None:
+            at, _, was = park.decode().partition("|")
+            assert was == kind, "the machine parks each name as one kind"
+            until, parked = int(at), True
+        else:
+            until, parked = now + for_ms, False
+        signal = entries.get(f"g:{name}") if kind == "wait" else None
+        if signal is not None or parked and now >= until:
+            lease.deadline_ms = deadline
+            if kind == "sleep":
+                return "awake", b"", deadline
+            self._put_entry(job_id, f"s:{name}", signal if signal is not None else b"t")
+            if parked:
+                self.waiting.pop(job_id, None)
+            self._emit("step", job_id, now, name=name)
+            return ("signalled" if signal is not None else "timeout"), signal or b"", deadline
+        del self.leases[receipt]
+        self.counters["parked"] += 1
+        self._release(self._metas([job_id]))
+        self.jobs[job_id].due_ms = until
+        self.scheduled[job_id] = until
+        if kind == "wait":
+            self.waiting[job_id] = until
+        if not parked:
+            self._put_entry(job_id, f"p:{name}", f"{until}|{kind}".encode())
+        self.steps_flag = True
+        self.wake = True
+        self._emit("waiting" if kind == "wait" else "sleeping", job_id, now, name=name, until_ms=until)
+        return "parked", b"", until
+
+    def signal(self, job_id: str, name: str, payload: bytes, now: int) -> str:
+        """signal.lua: its status."""
+        if job_id not in self.jobs:
+            return "unknown"
+        if job_id in self.dead:
+            return "dead"
+        entries = self.steps.get(job_id, {})
+        if f"g:{name}" in entries:
+            return "duplicate"
+        if f"s:{name}" in entries:
+            return "closed"
+        until = self.waiting.get(job_id)
+        wakes = f"p:{name}" in entries and until is not None and until == self.scheduled.get(job_id)
+        self._put_entry(job_id, f"g:{name}", payload)
+        if wakes:
+            self.jobs[job_id].due_ms = now
+            self.scheduled[job_id] = now
+            del self.waiting[job_id]
+            self.wake = True
+        self._emit("signalled", job_id, now, name=name, woke=int(wakes))
+        return "woke" if wakes else "kept"
+
+    def job_steps(self, job_id: str, now: int) -> JobSteps:
+        """steps.lua."""
+        return parse_steps([now, *[x for entry, value in self.steps.get(job_id, {}).items() for x in (entry, value)]])
+
     def keyspace(self, keys: QueueKeys) -> dict[str, Any]:
         """Every key of the queue as :func:`read_keyspace` reads it (empty keys absent)."""
         counters: dict[bytes, bytes] = {name.encode(): str(v).encode() for name, v in self.counters.items() if v}
@@ -1192,6 +1304,12 @@ class QueueModel:
             counters[b"fair"] = b"1"
         if self.events_bound:
             counters[b"events"] = str(self.events_bound).encode()
+        if self.steps_flag:
+            counters[b"steps"] = b"1"
+        steps: dict[bytes, bytes] = {}
+        for job_id, entries in self.steps.items():
+            steps[job_id.encode()] = ("\n" + "".join(f"{entry}\n" for entry in entries)).encode()
+            steps.update({f"{job_id}\n{entry}".encode(): value for entry, value in entries.items()})
         out: dict[str, Any] = {
             keys.jobs: {i.encode(): record.encode() for i, record in self.jobs.items()},
             keys.ready: [i.encode() for i in self.ready],
@@ -1220,6 +1338,8 @@ class QueueModel:
             },
             keys.progress_at: {i.encode(): float(at) for i, at in self.progress_at.items()},
             keys.events: [(f"0-{seq}".encode(), entry) for seq, entry in self.events],
+            keys.steps: steps,
+            keys.waiting: {i.encode(): float(until) for i, until in self.waiting.items()},
         }
         return {key: value for key, value in out.items() if value}
 
@@ -1370,11 +1490,11 @@ def read_snapshot(
     lists them, a stream's entries with their ids), as a comparable tuple: two equal
     snapshots mean every command reading these keys answers the same."""
     hashes = {queue_keys.jobs, queue_keys.errors, queue_keys.counters, queue_keys.results, queue_keys.meta,
-              queue_keys.groups, queue_keys.flows, queue_keys.progress, service_keys.role("queues")}
+              queue_keys.groups, queue_keys.flows, queue_keys.progress, queue_keys.steps, service_keys.role("queues")}
     lists = {queue_keys.ready, service_keys.role("ids")}
     zsets = {queue_keys.scheduled, queue_keys.leased, queue_keys.owners, queue_keys.dead, queue_keys.wake, queue_keys.done,
              queue_keys.result_expiry, queue_keys.gready, queue_keys.ring, queue_keys.fwait, queue_keys.fpending,
-             queue_keys.flow_expiry, queue_keys.progress_at}
+             queue_keys.flow_expiry, queue_keys.progress_at, queue_keys.waiting}
     zsets.add(service_keys.role("expiry"))
     strings = {service_keys.role("seq")}
     service_prefix = service_keys.role("seq")[: -len("seq")]
@@ -2480,6 +2600,50 @@ class ProgressLifecycleMachine(LifecycleMachine):
         )
 
 
+class StepsLifecycleMachine(LifecycleMachine):
+    """The machine with durable steps (lua/README.md section 2.6): steps committed under
+    current leases, by zombies and with forged receipts, sent twice; sleeps and waits
+    that park jobs (a name is always parked as one kind: `nap` sleeps, `go` and `later`
+    wait); signals before, during and after waits, to jobs in every state; the reads of
+    what a job kept; beside every rule of the plain machine (whose acks, cancels and
+    purges delete a job's step data)."""
+
+    @rule(data=st.data(), name=st.sampled_from(["a", "b", "go"]), value=st.sampled_from([b"", b"j1", b"\x00|\n"]),
+          lease_ms=st.sampled_from([1, 100, 10_000]), sent_twice=SENT_TWICE)
+    def step(self, data: st.DataObject, name: str, value: bytes, lease_ms: int, sent_twice: bool) -> None:
+        for job in self.draw_jobs(data, 3):
+            for _ in range(1 + sent_twice):
+                got = self.q.step(job, name, value, lease_ms=lease_ms, now_ms=self.now)
+                expected = self.model.step(job.receipt, lease_ms, name, value, self.now)
+                assert (got.status, got.deadline_ms) == expected, f"step {job.receipt!r} {name}: {got}, model {expected}"
+
+    @rule(data=st.data(), how=st.sampled_from([("sleep", "nap"), ("wait", "go"), ("wait", "later")]),
+          for_ms=st.sampled_from([0, 5, 100, 10_000]), lease_ms=st.sampled_from([1, 10_000]), sent_twice=SENT_TWICE)
+    def park(self, data: st.DataObject, how: tuple[str, str], for_ms: int, lease_ms: int, sent_twice: bool) -> None:
+        kind, name = how
+        for job in self.draw_jobs(data, 2):
+            for _ in range(1 + sent_twice):
+                got = self.q.park(job, kind, name, for_ms, lease_ms=lease_ms, now_ms=self.now)  # type: ignore[arg-type]
+                expected = self.model.park(job.receipt, kind, name, for_ms, lease_ms, self.now)
+                assert (got.status, got.value, got.at_ms) == expected, (
+                    f"park {job.receipt!r} {kind} {name}: {got}, model {expected}"
+                )
+
+    @rule(job_id=st.sampled_from(IDS + (NEVER_ENQUEUED,)), name=st.sampled_from(["go", "later", "other"]),
+          payload=st.sampled_from([b"", b"jx"]), sent_twice=SENT_TWICE)
+    def signal(self, job_id: str, name: str, payload: bytes, sent_twice: bool) -> None:
+        for _ in range(1 + sent_twice):
+            got = self.q.signal(job_id, name, payload, now_ms=self.now)
+            expected = self.model.signal(job_id, name, payload, self.now)
+            assert got.status == expected, f"signal {job_id!r} {name}: {got}, model {expected}"
+
+    @rule(job_id=st.sampled_from(IDS + (NEVER_ENQUEUED,)))
+    def check_steps(self, job_id: str) -> None:
+        got = self.q.steps(job_id, now_ms=self.now)
+        expected = self.model.job_steps(job_id, self.now)
+        assert got == expected, f"steps {job_id!r}: {got}, model {expected}"
+
+
 class EventsLifecycleMachine(LifecycleMachine):
     """The machine with one more rule: ``set_events``, which changes the event stream's
     bound (a smaller one trims at once), opts out (0: no more events, the stream kept)
@@ -2510,7 +2674,7 @@ class BrowseLifecycleMachine(FairLifecycleMachine):
 
 def machine_for(
     backend: Backend, lua_directory: Path | None = None, without: Sequence[str] = (), fair: bool = False,
-    flows: bool = False, progress: bool = False, browse: bool = False, events: bool = False,
+    flows: bool = False, progress: bool = False, browse: bool = False, events: bool = False, steps: bool = False,
 ) -> type[LifecycleMachine]:
     """The machine bound to a backend and, for mutation tests, a scripts directory;
     ``without``: rules left out (each shadowed by a plain method, which Hypothesis does
@@ -2518,23 +2682,27 @@ def machine_for(
     machine with flows' rules too; ``browse``: the fair one with browse's rule too."""
     unknown = set(without) - set(JOB_CONTROL_RULES)
     assert not unknown, f"only job-control rules may be left out, not {unknown}"
-    assert fair + flows + progress + browse + events <= 1, "one machine at a time: fair, flows, progress, browse or events"
+    assert fair + flows + progress + browse + events + steps <= 1, (
+        "one machine at a time: fair, flows, progress, browse, events or steps"
+    )
     shadows = {name: (lambda self, *args, **kwargs: None) for name in without}
     base = (FairLifecycleMachine if fair else FlowLifecycleMachine if flows else ProgressLifecycleMachine if progress
-            else BrowseLifecycleMachine if browse else EventsLifecycleMachine if events else LifecycleMachine)
+            else BrowseLifecycleMachine if browse else EventsLifecycleMachine if events else StepsLifecycleMachine if steps
+            else LifecycleMachine)
     # The name does not say the backend: a derandomized run draws its examples from it,
     # so the same examples run on fakeredis and on redis-server (tests/test_mutations.py).
     kind = ("Fair" if fair else "Flow" if flows else "Progress" if progress else "Browse" if browse
-            else "Events" if events else "")
+            else "Events" if events else "Steps" if steps else "")
     return type(f"{kind}LifecycleMachine", (base,), {"backend": backend, "lua_directory": lua_directory, **shadows})
 
 
 def run_machine(
     backend: Backend, options: settings, lua_directory: Path | None = None, without: Sequence[str] = (),
     fair: bool = False, flows: bool = False, progress: bool = False, browse: bool = False, events: bool = False,
+    steps: bool = False,
 ) -> type[LifecycleMachine]:
     """Run the machine on ``backend`` with ``options`` (raises what the first failing
     example raised); returns the machine class, whose counters say what ran."""
-    machine = machine_for(backend, lua_directory, without, fair, flows, progress, browse, events)
+    machine = machine_for(backend, lua_directory, without, fair, flows, progress, browse, events, steps)
     run_state_machine_as_test(machine, settings=options)  # type: ignore[no-untyped-call]
     return machine

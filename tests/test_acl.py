@@ -61,15 +61,17 @@ ROLES = ("producer", "worker", "admin")
 #: The scripts each role runs through the driver.
 ROLE_SCRIPTS: dict[str, tuple[str, ...]] = {
     # flow_record: a flow's sender keeps its record before sending its steps.
-    "producer": ("enqueue", "stats", "result", "flow_wait", "flow_record"),
+    # signal: a webhook or an approval screen signals a task waiting for it.
+    "producer": ("enqueue", "stats", "result", "flow_wait", "flow_record", "signal"),
     "worker": (
         # enqueue: the periodic jobs a worker's schedules enqueue (pyqueue.ops.schedules).
         "enqueue", "lease", "ack", "ack_result", "nack", "extend", "release", "promote", "scrub", "peek",
         "service_register", "service_renew", "service_deregister",
         # flow_done: the end of a flow's step, reported by its worker and by flow checks.
         "flow_done",
-        # progress: a running task's current_job().progress(...).
-        "progress",
+        # progress: a running task's current_job().progress(...); step, park, steps: its
+        # durable steps, sleeps and waits (current_job().step, .sleep, .wait_signal).
+        "progress", "step", "park", "steps",
     ),
     "admin": ("stats", "get", "result", "cancel", "limit", "set_group_limit", "groups", "pause", "resume", "dead_list", "dead_replay", "dead_purge", "service_stop",
               # flow_show: `pyqueue flow show` and the dashboard's flow view; progress_show:
@@ -77,7 +79,9 @@ ROLE_SCRIPTS: dict[str, tuple[str, ...]] = {
               # Jobs panel (Queue.browse), the only script of the role that calls LRANGE.
               "flow_show", "progress_show", "browse",
               # set_events: opting a queue in to its event stream (Queue.set_events).
-              "set_events"),
+              "set_events",
+              # steps: a job's durable steps (pyqueue job, the dashboard's job view).
+              "steps"),
 }
 
 #: The commands each role's driver code sends itself, outside any script, and why.
@@ -561,6 +565,13 @@ def script_calls(root: redis.Redis) -> dict[str, tuple[str, Any, list[Any]]]:
     calls["progress"] = ("progress", q.spec.keys, [now, handles["held"].receipt, b"{}"])
     calls["progress_show"] = ("progress_show", q.spec.keys, ["held", "poison"])
     calls["set_events"] = ("set_events", q.spec.keys, [10])  # busy_queue opted in with 1000: this trims
+    # Durable steps: a commit, a park (a wait: it ends the lease), a signal kept for a
+    # wait to come, and the read of what the job kept.
+    q.step(handles["held"], "s0", b"j0", lease_ms=600_000, now_ms=T0)
+    calls["step"] = ("step", q.spec.keys, [now, handles["held"].receipt, 600_000, "s1", b"j1"])
+    calls["park"] = ("park", q.spec.keys, [now, handles["held"].receipt, "wait", "w", 1000, 600_000])
+    calls["signal"] = ("signal", q.spec.keys, [now, "held", "go", b"j1"])
+    calls["steps"] = ("steps", q.spec.keys, [now, "held"])
     for state in ("ready", "scheduled", "running", "done"):
         calls[f"browse_{state}"] = ("browse", q.spec.keys, [now, state, 0, 10])
     live = Services(root).register([QUEUE], now_ms=T0)

@@ -75,6 +75,10 @@ def world(r: redis.Redis) -> World:
         "progress": (q.spec.keys, [NOW, handles["held"].receipt, b"{}"]),
         "progress_show": (q.spec.keys, ["held"]),
         "set_events": (q.spec.keys, [50]),
+        "step": (q.spec.keys, [NOW, handles["held"].receipt, 1000, "s1", b"j1"]),
+        "park": (q.spec.keys, [NOW, handles["held"].receipt, "sleep", "nap", 1000, 1000]),
+        "signal": (q.spec.keys, [NOW, "held", "go", b"j1"]),
+        "steps": (q.spec.keys, [NOW, "held"]),
         "service_register": (
             services.keys.of(svc.id + 1), [NOW, svc.id + 1, "host", 1, "q", 60_000, 1000, 10, "tok2", "reg2"]
         ),
@@ -153,7 +157,7 @@ def test_the_exact_wording_of_a_contract_error(r: redis.Redis) -> None:
     with pytest.raises(redis.ResponseError, match=r"^PQ_CONTRACT pause expects 1 key \(contract v\d+\), got 0$"):
         r.eval(lua_source("pause"), 0, NOW)
     with pytest.raises(redis.ResponseError, match=r"^PQ_CONTRACT stats expects 1 argument \(contract v\d+\), got 2$"):
-        r.eval(lua_source("stats"), 9, *[w.q.spec.keys.role(k) for k in SCRIPT_KEYS["stats"]], NOW, NOW)
+        r.eval(lua_source("stats"), 10, *[w.q.spec.keys.role(k) for k in SCRIPT_KEYS["stats"]], NOW, NOW)
     enqueue = [w.q.spec.keys.role(k) for k in SCRIPT_KEYS["enqueue"]]
     with pytest.raises(redis.ResponseError, match=r"^PQ_CONTRACT enqueue expects 8\.\.6002 arguments in steps of 6 "):
         r.eval(lua_source("enqueue"), len(enqueue), *enqueue, NOW, 1, "id", b"", 0)

@@ -50,6 +50,7 @@ from crash_harness import RedisProcess
 from helpers import T0, contents, sibling
 from proxy import Fault, FaultProxy, Rule, evalsha_of
 
+from pyqueue.protocol.verbs.steps import ParkAnswer, Signalled
 from pyqueue.protocol.core import service_register_call, service_renew_call
 from pyqueue import aio
 from pyqueue.aio import AsyncQueue
@@ -225,6 +226,17 @@ CASES: dict[str, Case] = {
     "progress": Case("progress", lambda q, s, w: q.progress(w.held, b'{"n": 1}', now_ms=NOW)),
     "progress_show": Case("progress_show", lambda q, s, w: q.progress_of(["held", "retry"])),
     "set_events": Case("set_events", lambda q, s, w: q.set_events(10), replayed=lambda a: EventsSetting(10, a.length)),
+    "step": Case(
+        "step", lambda q, s, w: q.step(w.held, "s1", b"j1", lease_ms=100_000, now_ms=NOW),
+        replayed=lambda a: dataclasses.replace(a, status="exists"),
+    ),
+    "park": Case(
+        "park", lambda q, s, w: q.park(w.retry, "sleep", "nap", 1000, lease_ms=100_000, now_ms=NOW),
+        replayed=lambda a: ParkAnswer("stale", b"", -1),
+    ),
+    "signal": Case("signal", lambda q, s, w: q.signal("r1", "go", b"j1", now_ms=NOW),
+                   replayed=lambda a: Signalled("duplicate")),
+    "steps": Case("steps", lambda q, s, w: q.steps("held", now_ms=NOW)),
 }
 
 

@@ -131,6 +131,29 @@ def test_progress_behaves_like_the_model_on_every_step_on_a_real_redis_server(re
         client.close()
 
 
+#: The steps machine (durable steps, sleeps, waits and signals): as the progress one.
+STEPS_EXAMPLES = FLOW_EXAMPLES
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S)
+def test_durable_steps_behave_like_the_model_on_every_step_on_fakeredis() -> None:
+    started = time.monotonic()
+    report("fakeredis-steps", run_machine(FakeBackend(), model_settings(STEPS_EXAMPLES, STEPS), steps=True), started)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S)
+def test_durable_steps_behave_like_the_model_on_every_step_on_a_real_redis_server(redis_server: RedisServer) -> None:
+    client = redis_server.client()
+    started = time.monotonic()
+    try:
+        report("redis-server-steps",
+               run_machine(RealBackend(client), model_settings(STEPS_EXAMPLES, STEPS), steps=True), started)
+    finally:
+        client.close()
+
+
 #: The browse machine (the fair one, with browse of every state checked against the
 #: model): a quarter of the examples in CI; PYQUEUE_DEEP runs it in full.
 BROWSE_EXAMPLES = FLOW_EXAMPLES

@@ -63,6 +63,8 @@ class Mutant:
     browse: bool = False
     #: A bug of set_events: the machine whose rules change the event stream's bound.
     events: bool = False
+    #: A bug of durable steps: the machine with steps, sleeps, waits and signals.
+    steps: bool = False
     #: Examples to run for this mutant, when it needs more than EXAMPLES (the budget is
     #: spent only while it survives).
     examples: int = 0
@@ -233,8 +235,8 @@ MUTANTS = [
     Mutant(
         "stats_acked_forgets_scrubbed_leases",
         "stats",
-        "c.leased - c.nacked - c.reclaimed - c.scrubbed - c.released - c.cancelled_leased - leased",
-        "c.leased - c.nacked - c.reclaimed - c.released - c.cancelled_leased - leased",
+        "c.leased - c.nacked - c.reclaimed - c.scrubbed - c.released - c.cancelled_leased - c.parked - leased",
+        "c.leased - c.nacked - c.reclaimed - c.released - c.cancelled_leased - c.parked - leased",
     ),
     Mutant(
         "service_register_forgets_live_services",
@@ -555,6 +557,34 @@ MUTANTS += [
         "redis.call('ZCOUNT', done_key, '-inf', '(' .. now_ms)",
         browse=True,
     ),
+    Mutant(
+        "step_does_not_extend_the_lease",
+        "step",
+        "local deadline_ms = math.max(tonumber(current_ms), now_ms + lease_ms)",
+        "local deadline_ms = tonumber(current_ms)",
+        steps=True,
+    ),
+    Mutant(
+        "park_counts_the_attempt",
+        "park",
+        "record_head(attempts, max_attempts, until_ms, enqueued_ms)",
+        "record_head(attempts + 1, max_attempts, until_ms, enqueued_ms)",
+        steps=True,
+    ),
+    Mutant(
+        "signal_wakes_a_job_that_waits_for_another_name",
+        "signal",
+        "if has_entry(index, 'p:' .. name) then",
+        "if index and string.find(index, '\\np:', 1, true) then",
+        steps=True,
+    ),
+    Mutant(
+        "steps_answers_each_entry_for_its_value",
+        "steps",
+        "reply[2 * i], reply[2 * i + 1] = entry, values[i]",
+        "reply[2 * i], reply[2 * i + 1] = entry, entry",
+        steps=True,
+    ),
 ]
 
 # Not planted, because it is equivalent (no test can tell it from the original): extend.lua
@@ -593,7 +623,7 @@ def mutant_backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
 
 def run_model(
     backend: Backend, lua_directory: Path, examples: int, *, job_control: bool = True, fair: bool = False,
-    flows: bool = False, progress: bool = False, browse: bool = False, events: bool = False,
+    flows: bool = False, progress: bool = False, browse: bool = False, events: bool = False, steps: bool = False,
 ) -> tuple[BaseException | None, int]:
     """Run the model test on ``backend`` against ``lua_directory``: the failure it found
     (or None), and how many examples it ran."""
@@ -608,7 +638,7 @@ def run_model(
     )
     machine = machine_for(
         backend, lua_directory, without=() if job_control else JOB_CONTROL_RULES, fair=fair, flows=flows,
-        progress=progress, browse=browse, events=events,
+        progress=progress, browse=browse, events=events, steps=steps,
     )
     try:
         run_state_machine_as_test(machine, settings=settings)  # type: ignore[no-untyped-call]
@@ -649,7 +679,7 @@ def test_the_model_test_catches_the_planted_bug(mutant: Mutant, mutant_backend: 
     examples = max(EXAMPLES, mutant.examples)
     failure, ran = run_model(
         backend, plant(mutant, tmp_path), examples, job_control=mutant.job_control, fair=mutant.fair, flows=mutant.flows,
-        progress=mutant.progress, browse=mutant.browse, events=mutant.events,
+        progress=mutant.progress, browse=mutant.browse, events=mutant.events, steps=mutant.steps,
     )
     assert failure is not None, f"the model test did not catch {mutant.name} in {examples} examples x {STEPS} steps"
     print(f"{mutant.name}: caught in example {ran} of at most {examples} on {backend.name}")  # pytest -rP shows it

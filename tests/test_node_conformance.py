@@ -69,6 +69,7 @@ from typing import Any
 import pytest
 import redis
 from conftest import IN_CI, RedisServer, dump_all
+from tasks_support import Serving, wait_for
 
 from pyqueue import Job, NewJob, Outcome, Queue
 from pyqueue.protocol.core import decode_result, encode_result
@@ -740,6 +741,28 @@ def test_node_writes_and_reads_the_event_stream_python_reads_the_same_events(
     assert node["all"]["events"][2] == {"seq": 6, "type": "dead", "id": "e2", "ms": str(dead.at_ms), "attempt": "1",
                                         "error": "node says no"}
     assert [e["seq"] for e in node["after"]["events"]] == [5, 6] and node["after"]["missed"] == 0
+
+
+def test_node_signals_a_python_task_waiting_for_it_and_the_task_gets_the_data(
+    server: RedisServer, client: redis.Redis
+) -> None:
+    tasks = Tasks(client=client)
+
+    @tasks.task(name="await_node", queue="from-node-signal", keep_result=60)
+    def await_node() -> Any:
+        return current_job().wait_signal("approved", timeout=3600)
+
+    serving = Serving(tasks, concurrency=1, block_ms=50)
+    try:
+        sent = await_node.send()
+        wait_for(lambda: sent.state() == "waiting", timeout=30, what="the wait")
+        node = run_node("signal", server, {"queue": "from-node-signal", "id": sent.id, "name": "approved",
+                                           "data": {"by": "node", "n": 1}})
+        assert node == {"first": "woke", "again": "duplicate", "nobody": "unknown",
+                        "reloads": node["reloads"], "owner": node["owner"]}
+        assert sent.result(timeout=30) == {"by": "node", "n": 1}
+    finally:
+        serving.stop()
 
 
 def test_node_reads_the_contract_version_and_calls_of_the_earlier_contract_get_pq_contract(

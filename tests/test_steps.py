@@ -230,3 +230,32 @@ def test_a_parked_job_of_a_group_gives_its_slot_back(q: Queue) -> None:
     q.park(first, "sleep", "nap", 60_000, lease_ms=LEASE, now_ms=T0)
     second = one(q, T0)
     assert second.id == "g2"
+
+
+@pytest.mark.parametrize("ending", ["ack", "ack_and_lease", "ack_result", "cancel", "dead_purge"])
+@pytest.mark.parametrize("role", ["steps", "waiting"])
+def test_on_a_queue_with_step_data_a_step_key_of_the_wrong_type_is_refused_before_any_write(
+    q: Queue, r: redis.Redis, ending: str, role: str
+) -> None:
+    q.enqueue_many([NewJob(b"x", job_id="a", max_attempts=1), NewJob(b"y", job_id="b")], now_ms=T0)
+    a = one(q, T0)
+    q.step(a, "one", b"j1", lease_ms=LEASE, now_ms=T0)  # the queue's steps flag is set
+    if ending == "dead_purge":
+        q.nack(a, "boom", final=True, now_ms=T0)
+    key = q.spec.keys.role(role)
+    if role == "steps":
+        r.delete(key)
+    r.set(key, "planted")
+    before = dump_all(r)
+    with pytest.raises(Exception, match="WRONGTYPE"):
+        if ending == "ack":
+            q.ack(a)
+        elif ending == "ack_and_lease":
+            q.ack_and_lease(a)
+        elif ending == "ack_result":
+            q.ack_result(a, "v")
+        elif ending == "cancel":
+            q.cancel("a")
+        else:
+            q.dead_purge(["a"])
+    assert dump_all(r) == before

@@ -70,6 +70,7 @@ from pyqueue.dashboard.security import (
 from pyqueue.dashboard.taskview import FRESH_S, TaskView
 from pyqueue.protocol.errors import InvalidArgument, PyQueueError
 from pyqueue.protocol.verbs.events import MAX_EVENTS_PAGE
+from pyqueue.protocol.verbs.steps import TIMED_OUT, JobSteps
 from pyqueue.drivers.queue import Queue
 from pyqueue.tasks.flowview import no_record_message
 
@@ -350,7 +351,10 @@ def job_info(queue: Queue, job_id: str, show_payloads: bool) -> dict[str, Any]:
     the dashboard shows payloads (null for a job that is done or unknown), else only
     ``payload_bytes``. A running job's progress (``Queue.progress_of``: what its task
     reported with ``current_job().progress``) as text with ``progress_written_ms``;
-    null for a job that is not running or reported none."""
+    null for a job that is not running or reported none. Its durable steps, sleeps,
+    waits and signals (``Queue.steps``) as ``steps``: kind, name, until_ms (a sleep's
+    end, a wait's timeout) and, only when the dashboard shows payloads, the value as
+    text (a step's result may hold personal data, as a payload may)."""
     info = queue.get(job_id, with_payload=show_payloads)
     item = dataclasses.asdict(info)
     item["exists"] = info.exists
@@ -358,11 +362,37 @@ def job_info(queue: Queue, job_id: str, show_payloads: bool) -> dict[str, Any]:
     item["progress"] = None if progress is None else progress.value.decode("utf-8", "replace")
     item["progress_written_ms"] = None if progress is None else progress.written_ms
     item["error"], item["error_truncated"] = _clip(info.error)
+    item["steps"] = step_entries(queue.steps(info.id), show_payloads) if info.exists else []
     del item["payload"]
     if show_payloads:
         shown = (None, False) if info.payload is None else _clip_bytes(info.payload)
         item["payload"], item["payload_truncated"] = shown
     return item
+
+
+def step_entries(found: JobSteps, show_values: bool) -> list[dict[str, Any]]:
+    """A job's durable steps for the job view: committed steps (``step``; a wait's
+    outcome too), sleeps and waits not ended (``sleep``, ``wait``), signals not taken
+    (``signal``), in that order."""
+    entries: list[dict[str, Any]] = []
+
+    def add(kind: str, name: str, value: bytes | None, until_ms: int = -1) -> None:
+        entry: dict[str, Any] = {"kind": kind, "name": name, "until_ms": until_ms}
+        if show_values and value is not None:
+            text = "timed out" if kind == "step" and value == TIMED_OUT else \
+                value[1:].decode("utf-8", "replace") if value[:1] == b"j" else f"{len(value)} bytes"
+            entry["value"], entry["value_truncated"] = _clip(text)
+        entries.append(entry)
+
+    for name, value in found.results.items():
+        add("step", name, value)
+    for name, park in found.parks.items():
+        if name not in found.results and (park.kind == "wait" or park.until_ms > found.now_ms):
+            add(park.kind, name, None, park.until_ms)
+    for name, value in found.signals.items():
+        if name not in found.results:
+            add("signal", name, value)
+    return entries
 
 
 # -- the request guard -------------------------------------------------------------------

@@ -18,6 +18,9 @@
     ├── TLSError                     a certificate did not verify: the server's (against
     │                                ssl_ca_certs), or the client's (the server refused it)
     ├── AuthenticationFailed         Redis refused the credentials (no command ran)
+    ├── LeaseLost                    a running job's durable step was refused: its lease
+    │                                has ended (nothing written; the run no longer counts)
+    ├── SignalTimeout                a task's wait for a signal timed out
     ├── ScriptError                  any other error reply from a script
     │   └── PermissionDenied         the ACL user may not use a key or a command (NOPERM)
     └── OutcomeUnknown               the connection failed during a call: the script may

@@ -22,18 +22,29 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pyqueue.protocol.core import DEFAULT_LEASE_MS
 from pyqueue.protocol.errors import InvalidArgument, LeaseLost, SignalTimeout
+from pyqueue.protocol.models import Job
 from pyqueue.protocol.verbs.steps import TIMED_OUT, Committed, JobSteps, ParkAnswer, check_step_name
 from pyqueue.tasks.codec import dumps, loads, to_json
 from pyqueue.worker.endings import seconds_to_ms
 from pyqueue.worker.slots import Parked, current_slot
 from pyqueue.tasks.run_queue import ClientUnavailable, run_queue
 
-if TYPE_CHECKING:
-    from pyqueue.tasks.run import TaskRun
+
+class StepRun(Protocol):
+    """What this module uses of a run (a :class:`~pyqueue.tasks.run.TaskRun`, which
+    calls it: named by this protocol, not imported, so the two import nothing of each
+    other in a circle)."""
+
+    job: Job
+    task: str
+    app: Any
+    in_batch: bool
+
+    def book(self) -> StepBook: ...
 
 
 def encode(value: Any, where: str) -> bytes:
@@ -92,7 +103,7 @@ class StepBook:
 
     __slots__ = ("run", "known", "used")
 
-    def __init__(self, run: TaskRun) -> None:
+    def __init__(self, run: StepRun) -> None:
         self.run = run
         self.known: JobSteps | None = None
         self.used: set[str] = set()
@@ -159,7 +170,7 @@ class StepBook:
         return True, decode(data)
 
 
-def step(run: TaskRun, name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def step(run: StepRun, name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """:meth:`TaskRun.step`."""
     book = run.book()
     book.claim(name, "step")
@@ -179,7 +190,7 @@ def step(run: TaskRun, name: str, fn: Callable[..., Any], args: tuple[Any, ...],
     return book.committed(name, queue.step(run.job, name, data, lease_ms=book.lease_ms()), data)
 
 
-async def astep(run: TaskRun, name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+async def astep(run: StepRun, name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """:meth:`TaskRun.astep`."""
     book = run.book()
     book.claim(name, "astep")
@@ -194,7 +205,7 @@ async def astep(run: TaskRun, name: str, fn: Callable[..., Any], args: tuple[Any
     return book.committed(name, await _acall(run, "step", run.job, name, data, lease_ms=book.lease_ms()), data)
 
 
-def sleep(run: TaskRun, name: str, seconds: float | timedelta) -> None:
+def sleep(run: StepRun, name: str, seconds: float | timedelta) -> None:
     """:meth:`TaskRun.sleep`."""
     book = run.book()
     book.claim(name, "sleep")
@@ -207,7 +218,7 @@ def sleep(run: TaskRun, name: str, seconds: float | timedelta) -> None:
     book.parked(name, queue.park(run.job, "sleep", name, for_ms, lease_ms=book.lease_ms()))
 
 
-async def asleep(run: TaskRun, name: str, seconds: float | timedelta) -> None:
+async def asleep(run: StepRun, name: str, seconds: float | timedelta) -> None:
     """:meth:`TaskRun.asleep`."""
     book = run.book()
     book.claim(name, "asleep")
@@ -219,7 +230,7 @@ async def asleep(run: TaskRun, name: str, seconds: float | timedelta) -> None:
     book.parked(name, await _acall(run, "park", run.job, "sleep", name, for_ms, lease_ms=book.lease_ms()))
 
 
-def wait_signal(run: TaskRun, name: str, timeout: float | timedelta) -> Any:
+def wait_signal(run: StepRun, name: str, timeout: float | timedelta) -> Any:
     """:meth:`TaskRun.wait_signal`."""
     book = run.book()
     book.claim(name, "wait_signal")
@@ -233,7 +244,7 @@ def wait_signal(run: TaskRun, name: str, timeout: float | timedelta) -> Any:
     return book.parked(name, queue.park(run.job, "wait", name, for_ms, lease_ms=book.lease_ms()))
 
 
-async def await_signal(run: TaskRun, name: str, timeout: float | timedelta) -> Any:
+async def await_signal(run: StepRun, name: str, timeout: float | timedelta) -> Any:
     """:meth:`TaskRun.await_signal`."""
     book = run.book()
     book.claim(name, "await_signal")
@@ -246,7 +257,7 @@ async def await_signal(run: TaskRun, name: str, timeout: float | timedelta) -> A
     return book.parked(name, await _acall(run, "park", run.job, "wait", name, for_ms, lease_ms=book.lease_ms()))
 
 
-async def _acall(run: TaskRun, verb: str, *args: Any, **kwargs: Any) -> Any:
+async def _acall(run: StepRun, verb: str, *args: Any, **kwargs: Any) -> Any:
     """``verb`` of the run's queue on the asyncio client; in a thread on the blocking
     client where the Tasks object has no asyncio one (it was given a cluster client)."""
     try:

@@ -578,6 +578,16 @@ async function events(q) {
   return out;
 }
 
+// Durable steps across languages (README §2.6): Node signals a job a Python task
+// waits for, twice (the second is refused as a duplicate), and one that does not exist.
+async function signal(q, opts) {
+  return {
+    first: await q.signal(opts.id, opts.name, opts.data),
+    again: await q.signal(opts.id, opts.name, 'not this'),
+    nobody: await q.signal('no-such-job', opts.name, null),
+  };
+}
+
 async function main() {
   const [scenario, target] = process.argv.slice(2);
   if (scenario === 'keys') {
@@ -593,7 +603,7 @@ async function main() {
   try {
     const q = new Queue(redis, opts.queue);
     const scenarios = {
-      produce, consume, share, service, control, contract, fair, events,
+      produce, consume, share, service, control, contract, fair, events, signal,
       'task-produce': taskProduce, 'task-work': taskWork, 'task-decode': taskDecode,
     };
     if (!scenarios[scenario]) throw new Error(`unknown scenario ${scenario}`);

@@ -976,6 +976,13 @@
     if (info.progress !== null && info.progress !== undefined) {
       row("progress", "progress", el("pre", { class: "payload", text: info.progress }), time(info.progress_written_ms));
     }
+    for (const step of info.steps || []) {
+      // Durable steps (current_job().step, .sleep, .wait_signal): values only when payloads are shown.
+      const value = "value" in step ? el("pre", { class: "payload", text: step.value + (step.value_truncated ? " …" : "") })
+        : el("span", { class: "muted", text: step.kind === "step" ? "committed" : step.kind === "signal" ? "kept for its wait" : "" });
+      const label = { step: "step", sleep: "sleeping", wait: "waiting for", signal: "signal" }[step.kind] || step.kind;
+      row("step", `${label} ${step.name}`, value, ...(step.until_ms > 0 ? [time(step.until_ms)] : []));
+    }
     if (info.done_until_ms > 0) row("done_until_ms", "a duplicate until", time(info.done_until_ms));
     if (info.payload_bytes >= 0) {
       if ("payload" in info && info.payload !== null) {
@@ -985,7 +992,7 @@
         title: "payload" in info ? "" : "payloads are hidden: start the dashboard with --show-payloads to see them" }));
     }
     if (info.error) row("error", "last error", el("pre", { class: "error", text: info.error + (info.error_truncated ? " …" : "") }));
-    if (["ready", "scheduled", "leased", "dead"].includes(info.state)) {
+    if (["ready", "scheduled", "waiting", "leased", "dead"].includes(info.state)) {
       const button = el("button", { type: "button", id: "lookup-cancel", text: "Cancel job",
         title: info.state === "leased" ? "end its lease now; its worker tells the handler at the next extension"
           : "remove it now: it will not run" });
