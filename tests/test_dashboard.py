@@ -553,6 +553,7 @@ def expected_info(q: Queue, job_id: str, with_payload: bool = False) -> dict[str
     progress = q.progress_of([job_id]).get(job_id) if info.state == "leased" else None
     want["progress"] = None if progress is None else progress.value.decode()
     want["progress_written_ms"] = None if progress is None else progress.written_ms
+    want["steps"] = []  # no durable steps here (tests/test_tasks_steps.py: the job view's steps)
     return want
 
 
@@ -587,6 +588,27 @@ def test_a_job_lookup_answers_what_queue_get_does_in_every_state(r: Any, open_da
         assert client.get("/api/queues/emails/job", params={"id": bad}).status_code == 400, bad
     assert client.get("/api/queues/emails/job").status_code == 400
     assert client.get("/api/queues/nowhere/job?id=d1").status_code == 404
+
+
+def test_a_lookup_lists_a_jobs_durable_steps_and_their_values_only_with_show_payloads(
+    r: Any, open_dashboard: Any
+) -> None:
+    q = Queue("emails", r)
+    q.enqueue(b"x", job_id="s1")
+    (job,) = q.lease(lease_ms=60_000)
+    q.step(job, "charge", b'j{"id": 7}', lease_ms=60_000)
+    q.signal("s1", "early", b'j"hi"')
+    parked = q.park(job, "wait", "approved", 3_600_000, lease_ms=60_000)
+    hidden = open_dashboard(r).get("/api/queues/emails/job?id=s1").json()
+    assert hidden["state"] == "waiting"
+    assert hidden["steps"] == [
+        {"kind": "step", "name": "charge", "until_ms": -1},
+        {"kind": "wait", "name": "approved", "until_ms": parked.at_ms},
+        {"kind": "signal", "name": "early", "until_ms": -1},
+    ]
+    shown = open_dashboard(r, show_payloads=True).get("/api/queues/emails/job?id=s1").json()["steps"]
+    assert [(s["name"], s.get("value")) for s in shown] == [("charge", '{"id": 7}'), ("approved", None),
+                                                              ("early", '"hi"')]
 
 
 def test_a_lookup_shows_the_payload_only_with_show_payloads_as_text(open_dashboard: Any) -> None:

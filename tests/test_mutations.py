@@ -572,10 +572,10 @@ MUTANTS += [
         steps=True,
     ),
     Mutant(
-        "signal_wakes_a_job_that_waits_for_another_name",
+        "signal_takes_a_second_signal_of_one_name",
         "signal",
-        "if has_entry(index, 'p:' .. name) then",
-        "if index and string.find(index, '\\np:', 1, true) then",
+        "if has_entry(index, 'g:' .. name) then return { 'duplicate' } end",
+        "if false then return { 'duplicate' } end",
         steps=True,
     ),
     Mutant(

@@ -750,7 +750,9 @@ def test_node_signals_a_python_task_waiting_for_it_and_the_task_gets_the_data(
 
     @tasks.task(name="await_node", queue="from-node-signal", keep_result=60)
     def await_node() -> Any:
-        return current_job().wait_signal("approved", timeout=3600)
+        approved = current_job().wait_signal("approved", timeout=3600)
+        current_job().wait_signal("done", timeout=3600)  # still waiting while Node signals again
+        return approved
 
     serving = Serving(tasks, concurrency=1, block_ms=50)
     try:
@@ -760,6 +762,8 @@ def test_node_signals_a_python_task_waiting_for_it_and_the_task_gets_the_data(
                                            "data": {"by": "node", "n": 1}})
         assert node == {"first": "woke", "again": "duplicate", "nobody": "unknown",
                         "reloads": node["reloads"], "owner": node["owner"]}
+        wait_for(lambda: "done" in sent.steps().waits, timeout=30, what="the second wait")
+        assert sent.signal("done").status == "woke"
         assert sent.result(timeout=30) == {"by": "node", "n": 1}
     finally:
         serving.stop()

@@ -23,4 +23,6 @@ def test_durable_steps_survive_kills_and_run_each_committed_step_once() -> None:
     print(report.line())
     assert not report.problems, report.problems[:10]
     assert report.jobs == 200 and report.kills == 20
-    assert report.runs >= 3 * 200  # every job ran at least three times: first, after its sleep, after its wait
+    # Every job ran at least twice (first, after its sleep); the odd ones three times
+    # (after their wait's timeout), and the even ones signalled after they parked too.
+    assert report.runs >= 2 * 200 + 100

@@ -280,3 +280,30 @@ def test_steps_shows_what_a_job_kept_decoded(r: Any) -> None:
         assert not [k for k in all_keys(r) if k.endswith((b":steps", b":waiting"))]
     finally:
         serving.stop()
+
+
+def test_a_flow_step_that_sleeps_and_waits_passes_its_result_on_when_it_ends(r: Any) -> None:
+    from pyqueue import chain
+
+    tasks = Tasks(client=r)
+
+    @tasks.task(name="slow_first")
+    def slow_first(n: int) -> int:
+        job = current_job()
+        n = job.step("grow", lambda: n + 1)
+        job.sleep("breath", 0.2)
+        return n + int(job.wait_signal("more", timeout=3600))
+
+    @tasks.task(name="then_double")
+    def then_double(n: int) -> int:
+        return n * 2
+
+    serving = Serving(tasks, concurrency=2, block_ms=50)
+    try:
+        flow = chain(slow_first.s(10), then_double.s()).send()  # type: ignore[call-arg]  # n: the first step's result
+        first_id = flow.steps[0][1]
+        wait_for(lambda: tasks.queue("default").get(first_id).state == "waiting", timeout=WAIT_S, what="the wait")
+        assert slow_first.signal(first_id, "more", 5).status == "woke"
+        assert flow.result(timeout=WAIT_S) == (10 + 1 + 5) * 2
+    finally:
+        serving.stop()
