@@ -46,7 +46,8 @@ def fresh(client: Any, label: str) -> Queue:
 
 
 def leased(queue: Queue, n: int) -> list[Any]:
-    queue.enqueue_many([NewJob(b"p" * 64) for _ in range(n)])
+    for start in range(0, n, 1000):
+        queue.enqueue_many([NewJob(b"p" * 64) for _ in range(min(1000, n - start))])
     jobs: list[Any] = []
     while len(jobs) < n:
         jobs += queue.lease(count=min(1000, n - len(jobs)), lease_ms=LEASE_MS)
@@ -102,7 +103,8 @@ def run(url: str, n: int) -> None:
         pq = fresh(client, "mem")
         before = client.info("memory")["used_memory"]
         if park is None:
-            pq.enqueue_many([NewJob(b"p" * 64, delay_ms=3_600_000) for _ in range(n)])
+            for start in range(0, n, 1000):
+                pq.enqueue_many([NewJob(b"p" * 64, delay_ms=3_600_000) for _ in range(min(1000, n - start))])
         else:
             for j in leased(pq, n):
                 assert pq.park(j, park, "pause", 3_600_000, lease_ms=LEASE_MS).status == "parked"  # type: ignore[arg-type]

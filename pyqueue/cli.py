@@ -378,10 +378,11 @@ def cmd_stats(args: argparse.Namespace) -> int:
         label = f"{q.name} ({q.spec.partitions} partitions)" if q.spec.partitions > 1 else q.name
         parts = parts_of(q) if q.spec.partitions > 1 else []
         for name, s in [(label, q.stats())] + [(f"  {part.name}", part.stats()) for part in parts]:
-            rows.append([name, "paused" if s.paused else "running", s.ready, s.scheduled, s.leased, s.dead, s.done,
-                         _ms(s.lag_ms), s.enqueued, s.acked, s.nacked, s.reclaimed, s.scrubbed, s.dead_total])
-    header = ["queue", "state", "ready", "scheduled", "leased", "dead", "done", "lag", "enqueued", "acked", "nacked",
-              "reclaimed", "scrubbed", "dead_total"]
+            rows.append([name, "paused" if s.paused else "running", s.ready, s.scheduled, s.waiting, s.leased, s.dead,
+                         s.done, _ms(s.lag_ms), s.enqueued, s.acked, s.nacked, s.reclaimed, s.scrubbed, s.dead_total])
+    # waiting: the scheduled jobs parked for a signal (durable steps), counted in scheduled too
+    header = ["queue", "state", "ready", "scheduled", "waiting", "leased", "dead", "done", "lag", "enqueued", "acked",
+              "nacked", "reclaimed", "scrubbed", "dead_total"]
     print(table(rows, header) if rows else "no queues")
     # Task names with jobs waiting that no live worker advertises (a sample of each queue).
     from pyqueue.tasks.census import unserved_tasks  # the task layer, above the engine

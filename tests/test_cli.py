@@ -3,6 +3,8 @@ cluster."""
 
 from __future__ import annotations
 
+import re
+
 import json
 import signal
 import subprocess
@@ -66,8 +68,10 @@ def test_job_command_says_where_a_job_is(url: str, capsys: pytest.CaptureFixture
 
 
 def job_rows(out: str) -> dict[str, str]:
-    """The field/value rows of ``pyqueue job``'s table."""
-    return {line.split(None, 1)[0]: line.split(None, 1)[1].strip() for line in out.splitlines()[2:] if " " in line}
+    """The field/value rows of ``pyqueue job``'s table (columns apart by 2+ spaces: a
+    field may hold one, as ``step charge``)."""
+    rows = [re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in out.splitlines()[2:]]
+    return {row[0]: row[1] for row in rows if len(row) == 2}
 
 
 def test_job_command_counts_attempts_from_1_and_tells_a_cancelled_job_where_the_engine_recorded_it(
@@ -224,6 +228,27 @@ def test_cancel_command(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert "ended already" in capsys.readouterr().out
     assert main(["--url", url, "cancel", "emails", "nope"]) == 1
     assert "no such job" in capsys.readouterr().out
+
+
+def test_signal_command_and_the_job_command_shows_durable_steps(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    q = Queue.from_url(url, "emails")
+    q.enqueue(b"x", job_id="j1")
+    (job,) = q.lease(lease_ms=60_000)
+    q.step(job, "charge", b'j{"id": 7}', lease_ms=60_000)
+    q.park(job, "wait", "approved", 3_600_000, lease_ms=60_000)
+    assert main(["--url", url, "job", "emails", "j1"]) == 0
+    rows = job_rows(capsys.readouterr().out)
+    assert rows["state"] == "waiting" and rows["step charge"] == '{"id": 7}'
+    assert rows["wait approved"].startswith("until ")
+    assert main(["--url", url, "signal", "emails", "j1", "approved", '{"by": "ops"}']) == 0
+    assert "the job was waiting for it and is due now" in capsys.readouterr().out
+    assert q.steps("j1").signals == {"approved": b'j{"by":"ops"}'}
+    assert main(["--url", url, "signal", "emails", "j1", "approved"]) == 1
+    assert "refused: a signal of that name was sent before" in capsys.readouterr().out
+    assert main(["--url", url, "signal", "emails", "nope", "approved"]) == 1
+    assert "refused: no such job" in capsys.readouterr().out
+    assert main(["--url", url, "signal", "emails", "j1", "other", "{not json"]) == 2
+    assert "must be JSON" in capsys.readouterr().err
 
 
 def test_services_and_stop_commands(url: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -55,9 +55,10 @@ COUNTERS: dict[str, tuple[str, str]] = {
     "replayed": ("replayed", "dead jobs replayed to ready"),
     "purged": ("purged", "dead jobs deleted"),
     "cancelled": ("cancelled", "jobs ended by cancel, in any state"),
+    "parked": ("parked", "leases ended by a durable sleep or wait (no attempt used)"),
 }
 #: The ``state`` label of pyqueue_jobs -> the Stats field.
-STATES = ("ready", "scheduled", "leased", "dead", "done")
+STATES = ("ready", "scheduled", "waiting", "leased", "dead", "done")
 #: How many of a queue's largest groups pyqueue_group_ready_jobs reports (a bound on its
 #: label values), chosen among the first GROUPS_SCANNED groups of its ring.
 TOP_GROUPS = 10
