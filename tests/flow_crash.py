@@ -90,11 +90,16 @@ class Report:
 
 
 class Workers:
-    """The worker processes, replaced as they are killed."""
+    """The worker processes (``python -m pyqueue worker APP ARGS``), replaced as they are
+    killed; the PIDs of those killed. With ``self_kill``, every other worker also dies by
+    itself now and then, right after an ack that answered OK and before it reports the
+    job's end (tests/steps_crash.py uses these workers too, without)."""
 
-    def __init__(self, env: dict[str, str], logdir: Path, count: int) -> None:
-        self.env, self.logdir = env, logdir
+    def __init__(self, env: dict[str, str], logdir: Path, count: int, app: str = "flow_app:tasks",
+                 args: list[str] = WORKER_ARGS, self_kill: bool = True) -> None:
+        self.env, self.logdir, self.app, self.args, self.self_kill = env, logdir, app, args, self_kill
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.killed: set[int] = set()
         self.started = 0
         for _ in range(count):
             self.spawn()
@@ -102,13 +107,12 @@ class Workers:
     def spawn(self) -> None:
         self.started += 1
         out = open(self.logdir / f"worker{self.started}.log", "wb")
-        # Every other worker also dies by itself, now and then, right after an ack that
-        # answered OK and before it reports the job's end: a flow check must report it.
+        # A self-killing worker dies after an ack before its report: a flow check must report it.
         env = dict(self.env, PYQUEUE_CRASH_POINT="before_report", PYQUEUE_CRASH_PROBABILITY=str(SELF_KILL_P))
         self.procs.append(subprocess.Popen(
-            [sys.executable, "-m", "pyqueue", "worker", "flow_app:tasks", *WORKER_ARGS],
-            cwd=HERE, env=env if self.started % 2 else self.env, stdout=out, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
+            [sys.executable, "-m", "pyqueue", "worker", self.app, *self.args],
+            cwd=HERE, env=env if self.self_kill and self.started % 2 else self.env, stdout=out,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         ))
         out.close()
 
@@ -124,6 +128,7 @@ class Workers:
         victim = rng.choice([p for p in self.procs if p.poll() is None] or self.procs)
         os.kill(victim.pid, signal.SIGKILL)
         victim.wait()
+        self.killed.add(victim.pid)
         self.procs.remove(victim)
         self.spawn()
 

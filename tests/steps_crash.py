@@ -33,8 +33,6 @@ import collections
 import dataclasses
 import os
 import random
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +44,7 @@ ROOT = HERE.parent
 sys.path[:0] = [str(HERE), str(ROOT)]
 
 from crash_harness import RedisProcess  # noqa: E402
+from flow_crash import Workers  # noqa: E402
 
 WORKER_ARGS = ["--concurrency", "4", "--lease-ms", "2000", "--renew-ms", "500", "--expire-ms", "2500",
                "--block-ms", "200", "--grace-ms", "2000"]
@@ -72,49 +71,6 @@ class Report:
     def line(self) -> str:
         return (f"[steps] {self.jobs} jobs, {self.runs} runs, {self.kills} kills, {self.step_reruns} step "
                 f"reruns after kills, {len(self.problems)} problems, {self.seconds:.1f} s")
-
-
-class Workers:
-    """The worker processes, replaced as they are killed; the killed ones' PIDs."""
-
-    def __init__(self, env: dict[str, str], logdir: Path, count: int) -> None:
-        self.env, self.logdir = env, logdir
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.killed: set[int] = set()
-        self.started = 0
-        for _ in range(count):
-            self.spawn()
-
-    def spawn(self) -> None:
-        self.started += 1
-        out = open(self.logdir / f"worker{self.started}.log", "wb")
-        self.procs.append(subprocess.Popen(
-            [sys.executable, "-m", "pyqueue", "worker", "steps_app:tasks", *WORKER_ARGS],
-            cwd=HERE, env=self.env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        ))
-        out.close()
-
-    def kill_one(self, rng: random.Random) -> None:
-        victim = rng.choice([p for p in self.procs if p.poll() is None] or self.procs)
-        os.kill(victim.pid, signal.SIGKILL)
-        victim.wait()
-        self.killed.add(victim.pid)
-        self.procs.remove(victim)
-        self.spawn()
-
-    def died_by_themselves(self) -> list[int]:
-        return [p.pid for p in self.procs if p.poll() is not None]
-
-    def stop(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
 
 
 def run(cfg: Config) -> Report:
@@ -153,7 +109,7 @@ def run(cfg: Config) -> Report:
                     signalled_ids.add(handle.id)
 
         send(0)
-        workers = Workers(env, Path(tmp), cfg.workers)
+        workers = Workers(env, Path(tmp), cfg.workers, app="steps_app:tasks", args=WORKER_ARGS, self_kill=False)
         try:
             sent_rest = False
             while report.kills < cfg.kills:
@@ -177,7 +133,7 @@ def run(cfg: Config) -> Report:
                     continue
                 if got != expected:
                     report.problems.append(f"job {handle.id}: result {got!r}, expected {expected!r}")
-            died = workers.died_by_themselves()
+            died = [p.pid for p in workers.procs if p.poll() is not None]
             if died:
                 report.problems.append(f"workers died without being killed: {died}")
         finally:
