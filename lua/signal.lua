@@ -21,7 +21,8 @@ ARGV (4)
   1  now_ms   '' (use the server clock) or integer >= 0; tests only
   2  id       the job's id
   3  name     1..200 bytes without control characters
-  4  payload  0..524288 bytes, opaque (the task layer writes 'j' + JSON)
+  4  payload  0..524288 bytes, opaque (the task layer writes 'j' + JSON), but not 't'
+              (the value a wait that timed out keeps)
 
 Returns  {status}: 'woke' (kept, and the job, parked for it, is due now), 'kept' (kept
          for the job's wait to come), or the refusals above.
@@ -143,6 +144,8 @@ local id, name, payload = ARGV[2], ARGV[3], ARGV[4]
 err = id_arg(id) or step_name_arg(name)
 if err then return redis.error_reply(err) end
 if #payload > 524288 then return redis.error_reply('PQ_BADARG a signal payload is at most 524288 bytes') end
+-- "t" is what a wait that timed out keeps as its step: a payload must not read as one.
+if payload == 't' then return redis.error_reply("PQ_BADARG a signal payload may not be 't' (a timed-out wait's value)") end
 
 -- 2. Read.
 local record = redis.call('HGET', jobs_key, id)

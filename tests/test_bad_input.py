@@ -247,6 +247,7 @@ MALFORMED: list[tuple[str, list[Any]]] = [
     ("signal", ["", "held", "", b""]),
     ("signal", ["", "held", "go", b"x" * 524_289]),
     ("signal", ["soon", "held", "go", b""]),
+    ("signal", ["", "held", "go", b"t"]),
     ("steps", ["", ""]),
     ("steps", ["", "a\nb"]),
     ("steps", ["now", "held"]),

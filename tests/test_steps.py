@@ -259,3 +259,11 @@ def test_on_a_queue_with_step_data_a_step_key_of_the_wrong_type_is_refused_befor
         else:
             q.dead_purge(["a"])
     assert dump_all(r) == before
+
+
+def test_a_signal_payload_that_would_read_as_a_timeout_is_refused(q: Queue, r: redis.Redis) -> None:
+    q.enqueue(b"x", job_id="a", now_ms=T0)
+    before = dump_all(r)
+    with pytest.raises(InvalidArgument, match="may not be b't'"):
+        q.signal("a", "go", b"t")
+    assert dump_all(r) == before

@@ -146,7 +146,7 @@ class StepBook:
             raise Parked(self.run.job.id, name, answer.at_ms)
         if answer.status in ("stale", "gone"):
             self.lost(f"the park {name!r}", answer.status)
-        if answer.status in ("awake",):
+        if answer.status == "awake":
             return None
         if answer.status == "timeout" or answer.status == "done" and answer.value == TIMED_OUT:
             raise SignalTimeout(f"job {self.run.job.id}: no signal {name!r} came within its wait's timeout")

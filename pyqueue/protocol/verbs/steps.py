@@ -204,7 +204,7 @@ def signal(
     spec: QueueSpec, memory: QueueMemory, job_id: str, name: str, payload: bytes = b"", *, now_ms: int | None = None
 ) -> Plan[Signalled]:
     """Send job ``job_id`` the signal ``name`` with ``payload`` (bytes, at most
-    :data:`MAX_STEP_BYTES`): kept for the job's wait of that name, before or after it
+    :data:`MAX_STEP_BYTES`, but not :data:`TIMED_OUT`): kept for the job's wait of that name, before or after it
     began; a job parked waiting for it is due at once. Refused, writing nothing, for a
     job that has ended or never was, a dead one, a second signal of one name and a wait
     that has ended (see :class:`Signalled`). Replay-safe: a re-sent call answers
@@ -216,6 +216,8 @@ def signal(
     check_job_id(job_id)
     check_step_name(name)
     check_step_value(payload, "a signal payload")
+    if payload == TIMED_OUT:
+        raise InvalidArgument(f"a signal payload may not be {TIMED_OUT!r}: it is the value a wait that timed out keeps")
     check_now(now_ms)
     (status,) = yield from run(memory, signal_call(spec.keys, now_ms, job_id, name, payload))
     return Signalled(text(status))  # type: ignore[arg-type]
