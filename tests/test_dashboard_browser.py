@@ -357,6 +357,26 @@ def test_looking_a_job_up_from_the_page_shows_its_state(browser: Any, r: Any, se
     assert console.errors == []
 
 
+def test_a_looked_up_job_lists_its_durable_steps_and_its_wait(browser: Any, r: Any, serve: Callable[..., Any]) -> None:
+    q = Queue("emails", r)
+    q.enqueue(b"{}", job_id="w1")
+    (job,) = q.lease(lease_ms=60_000)
+    q.step(job, "charge", b'j{"id": 7}', lease_ms=60_000)
+    q.park(job, "wait", "approved", 3_600_000, lease_ms=60_000)
+    page, console = open_page(browser, serve().url)
+    result = page.locator("#lookup-result")
+    page.locator("#lookup-id").fill("w1")
+    page.get_by_role("button", name="Look up").click()
+    expect(result.locator('tr[data-field="state"] td')).to_have_text("waiting")
+    steps = result.locator('tr[data-field="step"]')
+    expect(steps).to_have_count(2)
+    expect(steps.nth(0).locator("th")).to_have_text("step charge")
+    expect(steps.nth(0).locator("td")).to_have_text("committed")  # values hidden without --show-payloads
+    expect(steps.nth(1).locator("th")).to_have_text("waiting for approved")
+    expect(steps.nth(1).locator("td")).to_have_text(re.compile(r"in "))
+    assert console.errors == []
+
+
 def test_browsing_jobs_by_state_from_the_page_a_page_at_a_time(browser: Any, r: Any, serve: Callable[..., Any]) -> None:
     q = Queue("emails", r)
     kill(q, ["d1"], "boom {id}")
