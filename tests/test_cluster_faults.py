@@ -104,6 +104,11 @@ class Tally:
         with self.lock:
             return sum(self.runs.values())
 
+    def all_answered(self) -> bool:
+        """Whether every job that ran has had an ack answer (OK or not)."""
+        with self.lock:
+            return set(self.runs) <= set(self.oks) | set(self.not_ok)
+
     def longest_pause(self, start: float, end: float) -> float:
         """The longest time between two handler starts (or ``start``/``end``) within
         [start, end]: how long the worker stopped serving."""
@@ -222,13 +227,15 @@ class Run:
 
     def finish(self, drain_timeout_s: float = 40) -> None:
         """Wait for the producer, then until the queue is empty (nothing ready, scheduled
-        or leased) while the worker keeps serving."""
+        or leased) and the worker has had the answer of every job's ack (an ack's script
+        has run before its answer reaches the worker: the queue is empty a moment before
+        the tally knows it), while the worker keeps serving."""
         self.producer.join(60)
         assert not self.producer.is_alive(), "the producer did not finish"
 
         def drained() -> bool:
             s = self.queue.stats()
-            return s.ready == 0 and s.scheduled == 0 and s.leased == 0
+            return s.ready == 0 and s.scheduled == 0 and s.leased == 0 and self.tally.all_answered()
 
         wait_until(drained, drain_timeout_s, "the queue was not drained")
         self.assert_serving()
