@@ -25,7 +25,8 @@ import redis
 from pyqueue.protocol.errors import InvalidArgument, PyQueueError, map_redis_error
 from pyqueue.protocol.models import Job, JobInfo
 from pyqueue.protocol.verbs.events import Event, Since
-from pyqueue.drivers.clients import Client, connect
+from pyqueue.drivers.clients import Client, embedded_redis
+from pyqueue.drivers.clients import connect as _connect
 from pyqueue.ops.discovery import existing_queue, logical_queues, open_queue
 from pyqueue.protocol.keys import check_name
 from pyqueue.protocol.version import VERSION
@@ -1092,6 +1093,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: The clients the running command opened, closed when it ends: a command run inside a
+#: long-lived process (``main([...])`` from code or a test) leaves no connection behind.
+_opened: list[Client] = []
+
+
+def connect(url: str) -> Client:
+    """:func:`pyqueue.drivers.clients.connect`, the client remembered to be closed when
+    the command ends (but the embedded fakeredis, which the process shares)."""
+    client = _connect(url)
+    if client is not embedded_redis():
+        _opened.append(client)
+    return client
+
+
+def close_opened() -> None:
+    """Close the clients the command opened (each once; a close that fails is ignored:
+    the command's outcome is decided)."""
+    while _opened:
+        client = _opened.pop()
+        try:
+            client.close()
+        except Exception:  # the connection may be gone already
+            log.debug("closing a client failed", exc_info=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     #: The command line, as a supervisor's children run it again.
@@ -1112,6 +1138,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             exc = map_redis_error(exc)
         print(f"pyqueue: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
+    finally:
+        close_opened()
 
 
 if __name__ == "__main__":

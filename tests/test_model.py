@@ -20,6 +20,9 @@ from model import FakeBackend, LifecycleMachine, RealBackend, model_settings, mo
 
 from conftest import RedisServer
 
+#: Garbage that earlier tests left is collected before each (long) model run.
+pytestmark = pytest.mark.usefixtures("collected_garbage")
+
 EXAMPLES, STEPS = model_size()
 #: The fair machine (groups, priorities, caps) runs every rule of the plain one and its
 #: own: half the examples in CI keeps the suite's time; PYQUEUE_DEEP runs it in full.

@@ -38,6 +38,9 @@ from model import JOB_CONTROL_RULES, Backend, FakeBackend, RealBackend, machine_
 from pyqueue import PyQueueError
 from pyqueue.drivers.scripts import SCRIPT_KEYS, lua_dir
 
+#: Garbage that earlier tests left is collected before each (long) model run.
+pytestmark = pytest.mark.usefixtures("collected_garbage")
+
 EXAMPLES = int(os.environ.get("PYQUEUE_MUTANT_EXAMPLES", 500))
 STEPS = 50
 
