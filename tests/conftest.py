@@ -913,11 +913,19 @@ def redis_tls() -> Iterator[RedisTLSServer]:
 
 
 @pytest.fixture
-def collected_garbage() -> None:
-    """Collect what earlier tests left to the garbage collector (a client a test did not
-    close), its ResourceWarnings muted, before a long test: a collection that happened
-    inside it would report those unclosed sockets as the long test's own failure (seen in
-    test_mutations.py's model runs, on sockets of CLI and cluster tests)."""
+def collected_garbage() -> Iterator[None]:
+    """Collect what the garbage collector holds, its ResourceWarnings muted, before and
+    after the test. Before a long test (the model runs): a collection that happened inside
+    it would report sockets earlier tests left as its own failure. After a test whose
+    clients are left to the collector (the CLI's and the cluster's tests, which open
+    clients by URL): their sockets go now, not in whatever test runs when the collector
+    next does."""
+    _collect_muted()
+    yield
+    _collect_muted()
+
+
+def _collect_muted() -> None:
     hook = sys.unraisablehook
     sys.unraisablehook = lambda unraisable: None
     try:

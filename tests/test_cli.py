@@ -18,6 +18,10 @@ from pyqueue import Queue, connect
 from pyqueue.cli import main, table
 from pyqueue.ops.service import Services
 
+#: Clients these tests open by URL are left to the garbage collector: collected after
+#: each test (conftest.collected_garbage), not in a later one.
+pytestmark = pytest.mark.usefixtures("collected_garbage")
+
 
 @pytest.fixture(params=["real", "cluster"])
 def url(request: pytest.FixtureRequest) -> str:

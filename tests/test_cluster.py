@@ -25,6 +25,10 @@ from pyqueue.ops.service import Services
 from pyqueue.drivers.waiting import slot_groups
 from pyqueue.worker import EXIT_OK, Worker
 
+#: Clients these tests open by URL are left to the garbage collector: collected after
+#: each test (conftest.collected_garbage), not in a later one.
+pytestmark = pytest.mark.usefixtures("collected_garbage")
+
 
 def on_distinct_primaries(client: RedisCluster, count: int) -> list[str]:
     """``count`` queue names whose keys live on ``count`` different primaries."""

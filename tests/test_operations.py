@@ -45,6 +45,10 @@ from pyqueue.worker import Worker
 from pyqueue.drivers.queue import transport_of
 from pyqueue.drivers.facade import client_of
 
+#: Clients these tests open by URL are left to the garbage collector: collected after
+#: each test (conftest.collected_garbage), not in a later one.
+pytestmark = pytest.mark.usefixtures("collected_garbage")
+
 PAYLOAD = b"p" * 100
 
 #: Settings the tests change, and their values between tests.
