@@ -46,7 +46,7 @@ Errors   PQ_BADARG (nothing written), PQ_CORRUPT (a job's `meta` entry does not 
          nothing written), WRONGTYPE (a key holds another Redis type; nothing written).
 Replay   a re-sent call finds its receipts gone and changes nothing; its answer is
          'gone' where the lost reply said 'ok'.
-Contract v5 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
+Contract v6 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
          PQ_CONTRACT, before anything is read or written.
 ]]
 
@@ -57,7 +57,7 @@ local counters_key, events_key, steps_key, waiting_key = KEYS[10], KEYS[11], KEY
 -- lua/include/validate.lua (each helper's note is there)
 local MAX_BATCH = 1000
 local NONE = {}
-local CONTRACT_VERSION = 5
+local CONTRACT_VERSION = 6
 local function contract(script, nkeys, lo, hi, step)
   local expected, got
   if #KEYS ~= nkeys then

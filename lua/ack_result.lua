@@ -43,7 +43,7 @@ Errors   PQ_BADARG, PQ_CORRUPT (a job's `meta` entry does not parse), WRONGTYPE 
          written).
 Replay   a re-sent call finds its receipts gone and writes nothing more: one effect.
 Groups   as ack.lua: an acked job's group gets its slot back (section 2.1).
-Contract v5 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
+Contract v6 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
          PQ_CONTRACT, before anything is read or written.
 ]]
 
@@ -55,7 +55,7 @@ local counters_key, events_key, steps_key, waiting_key = KEYS[13], KEYS[14], KEY
 -- lua/include/validate.lua (each helper's note is there)
 local MAX_BATCH = 1000
 local NONE = {}
-local CONTRACT_VERSION = 5
+local CONTRACT_VERSION = 6
 local function contract(script, nkeys, lo, hi, step)
   local expected, got
   if #KEYS ~= nkeys then

@@ -35,7 +35,7 @@ END = "-- <<< pyqueue includes"
 
 #: The include files, in the order their helpers are written into a script (a helper
 #: may use only those of its own file above it, or of an earlier file).
-FAMILIES = ("validate", "calls", "records", "tombstones", "events", "steps", "groups", "acks", "reclaim", "flows")
+FAMILIES = ("validate", "calls", "records", "tombstones", "events", "steps", "control", "groups", "acks", "reclaim", "flows")
 
 
 class BuildError(Exception):

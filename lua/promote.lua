@@ -33,7 +33,7 @@ Errors   PQ_BADARG (nothing written), PQ_CORRUPT (nothing written), WRONGTYPE (n
          written).
 Replay   a re-sent call finds nothing more due (or promotes what became due since):
          each job moves once.
-Contract v5 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
+Contract v6 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
          PQ_CONTRACT, before anything is read or written.
 ]]
 
@@ -45,7 +45,7 @@ local events_key = KEYS[14]
 -- lua/include/validate.lua (each helper's note is there)
 local MAX_BATCH = 1000
 local NONE = {}
-local CONTRACT_VERSION = 5
+local CONTRACT_VERSION = 6
 local function contract(script, nkeys, lo, hi, step)
   local expected, got
   if #KEYS ~= nkeys then

@@ -330,8 +330,9 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
             ) from None
     q = open_queue(client, args.queue, args.prefix)
     result = q.enqueue(args.payload.encode(), job_id=args.id, delay_ms=args.delay_ms, max_attempts=args.max_attempts,
-                       priority=args.priority, group=args.group)
-    print(f"{'added' if result.added else 'duplicate'} {result.job_id}")
+                       priority=args.priority, group=args.group, expires_ms=args.expires_ms,
+                       debounce_ms=args.debounce_ms, throttle_ms=args.throttle_ms, key=args.key)
+    print(f"{result.by_key or ('added' if result.added else 'duplicate')} {result.job_id}")
     return 0
 
 
@@ -380,10 +381,11 @@ def cmd_stats(args: argparse.Namespace) -> int:
         parts = parts_of(q) if q.spec.partitions > 1 else []
         for name, s in [(label, q.stats())] + [(f"  {part.name}", part.stats()) for part in parts]:
             rows.append([name, "paused" if s.paused else "running", s.ready, s.scheduled, s.waiting, s.leased, s.dead,
-                         s.done, _ms(s.lag_ms), s.enqueued, s.acked, s.nacked, s.reclaimed, s.scrubbed, s.dead_total])
+                         s.done, _ms(s.lag_ms), s.enqueued, s.acked, s.nacked, s.reclaimed, s.scrubbed, s.dead_total,
+                         s.expired_total])
     # waiting: the scheduled jobs parked for a signal (durable steps), counted in scheduled too
     header = ["queue", "state", "ready", "scheduled", "waiting", "leased", "dead", "done", "lag", "enqueued", "acked",
-              "nacked", "reclaimed", "scrubbed", "dead_total"]
+              "nacked", "reclaimed", "scrubbed", "dead_total", "expired"]
     print(table(rows, header) if rows else "no queues")
     # Task names with jobs waiting that no live worker advertises (a sample of each queue).
     from pyqueue.tasks.census import unserved_tasks  # the task layer, above the engine
@@ -945,6 +947,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-attempts", type=int)
     p.add_argument("--priority", type=int, default=0, help="-5..5; a higher level is leased sooner (default 0)")
     p.add_argument("--group", help="the job's group, for fair scheduling (see group-limit)")
+    p.add_argument("--expires-ms", type=int, help="not leased within this long of now: it ends expired, never run")
+    p.add_argument("--debounce-ms", type=int,
+                   help="with --key: due this long after the key's last send, which replaces its payload")
+    p.add_argument("--throttle-ms", type=int, help="with --key: at most one job per key per this long")
+    p.add_argument("--key", help="the debounce or throttle key")
     p.add_argument("--raw", action="store_true",
                    help="enqueue even into a queue whose workers serve tasks (the job is no task: they dead-letter it)")
     p.set_defaults(func=cmd_enqueue)

@@ -103,7 +103,7 @@ def calls_touching_every_key(q: Queue, h: dict[str, Any]) -> dict[str, tuple[str
     held, retry, poison = h["held"].receipt, h["retry"].receipt, h["poison"].receipt
     group = "g" if h.get("fair") else ""  # on a fair busy queue, n1 is a job of group g
     return {
-        "enqueue": ("enqueue", [now, 2, "n1", b"x", 0, 3, "", group, "n2", b"y", 50, 3, "", ""]),
+        "enqueue": ("enqueue", [now, 2, "n1", b"x", 0, 3, "", group, "", "", "n2", b"y", 50, 3, "", "", "", ""]),
         "lease": ("lease", [now, "w", "c1", 2, 1000, 100, 1000]),
         "ack_and_lease": ("lease", [now, "w", "c1", 2, 1000, 100, 1000, held, "w|x|9|9|r0"]),
         "ack": ("ack", [now, 1000, held, "w|c|99|1|r1"]),

@@ -306,7 +306,7 @@ def test_a_producer_enqueues_pipelines_scripts_and_reads_stats(
     for transaction in (True, False):
         pipe = transport_of(q).client.pipeline(transaction=transaction)
         for i in range(3):
-            transport_of(q).call(enqueue_call(q.spec.keys, None, [(f"p{transaction}{i}", b"x", 0, 3, "", "")]), client=pipe)
+            transport_of(q).call(enqueue_call(q.spec.keys, None, [(f"p{transaction}{i}", b"x", 0, 3, "", "", "", "")]), client=pipe)
         transport_of(q).call(stats_call(q.spec.keys, None), client=pipe)
         replies = pipe.execute()
         assert [reply[0] for reply in replies[:3]] == [1, 1, 1]

@@ -27,28 +27,40 @@ RECEIPT = "w|c|1|1|job"
 MALFORMED: list[tuple[str, list[Any]]] = [
     ("enqueue", ["", 0]),
     ("enqueue", ["", 1001]),
-    ("enqueue", ["", "one", "id", b"", 0, 1, "", ""]),
-    ("enqueue", ["", 1, "id", b"", 0, 1, ""]),  # too few values for one job
-    ("enqueue", ["", 1, "id", b"", 0, 1, "", "", "extra"]),
-    ("enqueue", ["", 1, "", b"", 0, 1, "", ""]),
-    ("enqueue", ["", 1, "a\r\nb", b"", 0, 1, "", ""]),
-    ("enqueue", ["", 1, "x" * 257, b"", 0, 1, "", ""]),
-    ("enqueue", ["", 1, "id", b"", -1, 1, "", ""]),
-    ("enqueue", ["", 1, "id", b"", "1.5", 1, "", ""]),
-    ("enqueue", ["", 1, "id", b"", "1e3", 1, "", ""]),
-    ("enqueue", ["", 1, "id", b"", "nan", 1, "", ""]),
-    ("enqueue", ["", 1, "id", b"", 2**41, 1, "", ""]),
-    ("enqueue", ["", 1, "id", b"", 0, 0, "", ""]),
-    ("enqueue", ["", 1, "id", b"", 0, 10001, "", ""]),
-    ("enqueue", ["", 1, "id", b"", 0, "999999999999999999999999", "", ""]),
-    ("enqueue", ["soon", 1, "id", b"", 0, 1, "", ""]),
-    ("enqueue", [-5, 1, "id", b"", 0, 1, "", ""]),
-    ("enqueue", ["", 1, "id", b"", 0, 1, 6, ""]),  # priority above 5
-    ("enqueue", ["", 1, "id", b"", 0, 1, -6, ""]),
-    ("enqueue", ["", 1, "id", b"", 0, 1, "1.5", ""]),
-    ("enqueue", ["", 1, "id", b"", 0, 1, "", "a|b"]),  # a group may not hold |
-    ("enqueue", ["", 1, "id", b"", 0, 1, "", "a\nb"]),
-    ("enqueue", ["", 1, "id", b"", 0, 1, "", "g" * 129]),
+    ("enqueue", ["", "one", "id", b"", 0, 1, "", "", "", ""]),
+    ("enqueue", ["", 1, "id", b"", 0, 1, "", "", "", ""][:-1]),  # too few values for one job
+    ("enqueue", ["", 1, "id", b"", 0, 1, "", "", "", "", "extra"]),
+    ("enqueue", ["", 1, "", b"", 0, 1, "", "", "", ""]),
+    ("enqueue", ["", 1, "a\r\nb", b"", 0, 1, "", "", "", ""]),
+    ("enqueue", ["", 1, "x" * 257, b"", 0, 1, "", "", "", ""]),
+    ("enqueue", ["", 1, "id", b"", -1, 1, "", "", "", ""]),
+    ("enqueue", ["", 1, "id", b"", "1.5", 1, "", "", "", ""]),
+    ("enqueue", ["", 1, "id", b"", "1e3", 1, "", "", "", ""]),
+    ("enqueue", ["", 1, "id", b"", "nan", 1, "", "", "", ""]),
+    ("enqueue", ["", 1, "id", b"", 2**41, 1, "", "", "", ""]),
+    ("enqueue", ["", 1, "id", b"", 0, 0, "", "", "", ""]),
+    ("enqueue", ["", 1, "id", b"", 0, 10001, "", "", "", ""]),
+    ("enqueue", ["", 1, "id", b"", 0, "999999999999999999999999", "", "", "", ""]),
+    ("enqueue", ["soon", 1, "id", b"", 0, 1, "", "", "", ""]),
+    ("enqueue", [-5, 1, "id", b"", 0, 1, "", "", "", ""]),
+    ("enqueue", ["", 1, "id", b"", 0, 1, 6, "", "", ""]),  # priority above 5
+    ("enqueue", ["", 1, "id", b"", 0, 1, -6, "", "", ""]),
+    ("enqueue", ["", 1, "id", b"", 0, 1, "1.5", "", "", ""]),
+    ("enqueue", ["", 1, "id", b"", 0, 1, "", "a|b", "", ""]),  # a group may not hold |
+    ("enqueue", ["", 1, "id", b"", 0, 1, "", "a\nb", "", ""]),
+    ("enqueue", ["", 1, "id", b"", 0, 1, "", "g" * 129, "", ""]),
+    ("enqueue", ["", 1, "id", b"", 0, 1, "", "", 0, ""]),  # expires_ms 0
+    ("enqueue", ["", 1, "id", b"", 0, 1, "", "", "soon", ""]),
+    ("enqueue", ["", 1, "id", b"", 100, 1, "", "", 100, ""]),  # expires before the delay ends
+    ("enqueue", ["", 1, "id", b"", 0, 1, "", "", 100, "debounce|100|k"]),  # expires within the window
+    ("enqueue", ["", 1, "id", b"", 0, 1, "", "", "", "debounce|0|k"]),
+    ("enqueue", ["", 1, "id", b"", 0, 1, "", "", "", "debounce||k"]),
+    ("enqueue", ["", 1, "id", b"", 0, 1, "", "", "", "debounce|5|"]),
+    ("enqueue", ["", 1, "id", b"", 0, 1, "", "", "", "debounce|5|a\nb"]),
+    ("enqueue", ["", 1, "id", b"", 0, 1, "", "", "", "debounce|5|" + "k" * 257]),
+    ("enqueue", ["", 1, "id", b"", 0, 1, "", "", "", "sequence|5|k"]),
+    ("enqueue", ["", 1, "id", b"", 0, 1, "", "", "", "k"]),
+    ("enqueue", ["", 1, "id", b"", 5, 1, "", "", "", "debounce|5|k"]),  # a debounced job's delay is its window
     ("groups", [-1, 10]),
     ("groups", [0, 0]),
     ("groups", [0, 1001]),
@@ -292,6 +304,7 @@ ROLE_TYPES = {
     "results": "hash", "result_expiry": "zset", "finished": "stream",
     "meta": "hash", "gready": "zset", "ring": "zset", "groups": "hash", "fwait": "zset", "fpending": "zset",
     "events": "stream", "steps": "hash", "waiting": "zset",
+    "keyed": "hash", "windows": "zset", "expires": "zset", "expired": "zset",
 }
 #: The fair-scheduling keys (lua/README.md section 2.1).
 FAIR_ROLES = {"meta", "gready", "ring", "groups"}
@@ -334,12 +347,17 @@ FAIR_MODE_UNTOUCHED = {("stats", "jobs")}
 #: queue with step data).
 STEP_ROLES = {"steps", "waiting"}
 STEP_READ = {("stats", "waiting")}
+#: The flow-control keys (lua/README.md section 2.7): the busy queue has no keyed job and
+#: no expiry, so no variant touches them (test_flow_control.py plants them where it does).
+CONTROL_ROLES = {"keyed", "windows", "expires", "expired"}
 
 
 def untouched(variant: str, role: str, fair: bool) -> bool:
     """Whether ``variant`` leaves key ``role`` alone on the busy (or busy fair) queue."""
     if role in STEP_ROLES:
         return (variant, role) not in STEP_READ
+    if role in CONTROL_ROLES:
+        return True
     if role in FAIR_ROLES:
         return (variant, role) in FAIR_UNTOUCHED if fair else (variant, role) not in FAIR_READ
     if fair:

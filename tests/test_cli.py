@@ -320,3 +320,19 @@ def test_flow_show_command_draws_a_flows_tree_with_each_steps_state(url: str, ca
     assert shown["counts"] == {"ready": 2, "waiting": 1} and shown["tree"] == {"chain": [{"group": [0, 1]}, 2]}
     assert main(["--url", url, "flow", "show", "sums", flow.id]) == 1  # its record is in its first step's queue
     assert "no record of flow" in capsys.readouterr().out
+
+
+def test_enqueue_with_flow_control_and_stats_shows_expired_jobs(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--url", url, "enqueue", "cliq", "a", "--debounce-ms", "60000", "--key", "k"]) == 0
+    assert main(["--url", url, "enqueue", "cliq", "b", "--debounce-ms", "60000", "--key", "k"]) == 0
+    assert main(["--url", url, "enqueue", "cliq", "c", "--expires-ms", "1", "--id", "gone"]) == 0
+    first, second, third = capsys.readouterr().out.split("\n")[:3]
+    assert first.startswith("added ") and second == "debounced " + first.split()[1] and third == "added gone"
+    q = Queue.from_url(url, "cliq")
+    time.sleep(0.01)  # past `gone`'s deadline on the server's clock
+    assert q.lease() == []
+    assert q.get("gone").state == "expired"
+    assert main(["--url", url, "stats", "cliq"]) == 0
+    header, _rule, row = capsys.readouterr().out.split("\n")[:3]
+    assert header.split()[-1] == "expired" and row.split()[-1] == "1"
+    assert main(["--url", url, "enqueue", "cliq", "d", "--key", "k"]) == 2  # a key without a window: refused

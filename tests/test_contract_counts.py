@@ -34,7 +34,7 @@ def test_the_header_rules_read_as_expected() -> None:
     assert argv_rule("nack") == ArgvRule(6, 7)
     assert argv_rule("service_register") == ArgvRule(10, 11)
     assert argv_rule("cancel") == ArgvRule(3, 3)
-    assert argv_rule("enqueue") == ArgvRule(8, 6002, 6)
+    assert argv_rule("enqueue") == ArgvRule(10, 8002, 8)
     assert argv_rule("ack_result") == ArgvRule(6, 2004, 2)
     assert argv_rule("lease") == ArgvRule(7, 1007)
     assert argv_rule("dead_purge") == ArgvRule(1, 1000)
@@ -159,7 +159,7 @@ def test_the_exact_wording_of_a_contract_error(r: redis.Redis) -> None:
     with pytest.raises(redis.ResponseError, match=r"^PQ_CONTRACT stats expects 1 argument \(contract v\d+\), got 2$"):
         r.eval(lua_source("stats"), 10, *[w.q.spec.keys.role(k) for k in SCRIPT_KEYS["stats"]], NOW, NOW)
     enqueue = [w.q.spec.keys.role(k) for k in SCRIPT_KEYS["enqueue"]]
-    with pytest.raises(redis.ResponseError, match=r"^PQ_CONTRACT enqueue expects 8\.\.6002 arguments in steps of 6 "):
+    with pytest.raises(redis.ResponseError, match=r"^PQ_CONTRACT enqueue expects 10\.\.8002 arguments in steps of 8 "):
         r.eval(lua_source("enqueue"), len(enqueue), *enqueue, NOW, 1, "id", b"", 0)
 
 

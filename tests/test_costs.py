@@ -689,3 +689,58 @@ def test_the_plain_case_costs_what_the_header_states(case: Case, world: World, r
         f"the header states {stated if stated is not None else 'nothing'}, measured {measured} commands: "
         f"{breakdown(inside)}"
     )
+
+
+def measured_commands(world: World, redis_server: RedisServer, script: str, call: Callable[[], Any]) -> int:
+    """How many commands one run of ``script`` in ``call`` sent (as the plain cases count)."""
+    admin = redis_server.client(decode_responses=True)
+    try:
+        with measuring(transport_of(world.q), script, admin) as windows:
+            call()
+    finally:
+        admin.close()
+    assert len(windows) == 1
+    return sum(script_commands(script, windows[0]).values())
+
+
+def test_flow_control_costs_what_the_headers_state_and_nothing_on_a_queue_without_it(
+    world: World, redis_server: RedisServer
+) -> None:
+    # lua/enqueue.lua and lease.lua state the plain figures and, beside them, what each
+    # flow-control feature adds (section 2.7); a queue that uses none pays the plain figure.
+    q = world.q
+    busy(q)
+    plain = measured_commands(world, redis_server, "enqueue", lambda: q.enqueue(b"x"))
+    added = {
+        "expiry": measured_commands(world, redis_server, "enqueue", lambda: q.enqueue(b"x", expires_ms=60_000)),
+        "throttle, adds": measured_commands(world, redis_server, "enqueue",
+                                            lambda: q.enqueue(b"x", throttle_ms=60_000, key="t")),
+        "throttled": measured_commands(world, redis_server, "enqueue",
+                                       lambda: q.enqueue(b"x", throttle_ms=60_000, key="t")),
+        "debounce, adds": measured_commands(world, redis_server, "enqueue",
+                                            lambda: q.enqueue(b"x", debounce_ms=60_000, key="d")),
+        "debounced": measured_commands(world, redis_server, "enqueue",
+                                       lambda: q.enqueue(b"x", debounce_ms=60_000, key="d")),
+    }
+    assert (plain, {k: v - plain for k, v in added.items()}) == (
+        8, {"expiry": 3, "throttle, adds": 5, "throttled": 0, "debounce, adds": 5, "debounced": 6})
+    # lease: a queue that never had an expiry pays the plain figure; one that had pays +1
+    # for a job without one, +2 for a job with one (leased in time), +5 for one that expired.
+    costs = {}
+    for name, options, wait in (("no expiry", {}, 0), ("in time", {"expires_ms": 60_000}, 0),
+                                ("expired", {"expires_ms": 1}, 0.01)):
+        w = World(Queue(f"e-{name.replace(' ', '-')}", world.r), world.services, world.r)
+        busy(w.q)
+        w.q.enqueue(b"marker", expires_ms=60_000)  # the queue has had an expiry: counters `expiry`
+        w.q.ack(w.q.lease()[0])
+        w.q.enqueue(b"x", **options)
+        maintenance_not_due(w)
+        time.sleep(wait)
+        costs[name] = measured_commands(w, redis_server, "lease", lambda w=w: w.q.lease())
+    base = Queue("e-base", world.r)
+    wb = World(base, world.services, world.r)
+    busy(base)
+    base.enqueue(b"x")
+    maintenance_not_due(wb)
+    lease_base = measured_commands(wb, redis_server, "lease", lambda: base.lease())
+    assert (lease_base, {k: v - lease_base for k, v in costs.items()}) == (10, {"no expiry": 1, "in time": 2, "expired": 5})

@@ -37,7 +37,7 @@ def test_script_flush_then_a_pipeline_of_scripts_reloads_them(q: Queue, r: redis
     # (redis-py's cluster pipelines refuse EVALSHA).
     pipe = node_for_key(r, q.spec.keys.jobs).pipeline()
     for i in range(3):
-        transport_of(q).call(enqueue_call(q.spec.keys, T0, [(f"j{i}", b"x", 0, 3, "", "")]), client=pipe)
+        transport_of(q).call(enqueue_call(q.spec.keys, T0, [(f"j{i}", b"x", 0, 3, "", "", "", "")]), client=pipe)
     transport_of(q).call(stats_call(q.spec.keys, T0), client=pipe)
     replies = pipe.execute()
     assert [reply[0] for reply in replies[:3]] == [1, 1, 1]

@@ -155,7 +155,7 @@ def test_coalesced_enqueues_weigh_payload_bytes_so_a_call_stays_under_max_call_p
     keys = QueueKeys("pq", "q")
 
     def call(*sizes: int) -> core.ScriptCall:
-        return core.enqueue_call(keys, None, [(f"id{i}", b"x" * size, 0, 1, "", "") for i, size in enumerate(sizes)])
+        return core.enqueue_call(keys, None, [(f"id{i}", b"x" * size, 0, 1, "", "", "", "") for i, size in enumerate(sizes)])
 
     unit = core.MAX_CALL_PAYLOAD_BYTES // core.MAX_BATCH
     assert core.enqueue_weight(call(0, 10, 100)) == 3  # small jobs weigh one each

@@ -274,7 +274,7 @@ def calls(r: Any) -> list[Call]:
         Call("progress_show", k, ["l0", "r0"], 2),
         Call("progress", k, [NOW, held[0].receipt, b'{"done": 2}']),
         Call("extend", k, [NOW, 1000, held[0].receipt, stale], 2),
-        Call("enqueue", k, [NOW, 2, "n1", b"x", 0, 3, "", "", "n2", b"y", 0, 3, "", ""], 2),
+        Call("enqueue", k, [NOW, 2, "n1", b"x", 0, 3, "", "", "", "", "n2", b"y", 0, 3, "", "", "", ""], 2),
         Call("lease", k, [NOW, "w", "c1", 2, 30_000, 100, 300_000, held[1].receipt, stale], 2),
         Call("ack", k, [NOW, 300_000, held[2].receipt, stale], 2),
         Call("ack_result", k, [NOW, 300_000, 3_600_000, 10, held[3].receipt, b"j1", stale, b"j2"], 2),
@@ -434,25 +434,25 @@ SCRIPT_ERRORS: dict[str, tuple[str, str | None, Callable[[Any], list[str]]]] = {
     f"PQ_CONTRACT nack expects 14 keys (contract v{CONTRACT_VERSION}), got 13": (
         "§10", None, lambda r: [eval_error(r, "nack", 13, 6)]),
     f"PQ_CONTRACT cancel expects 3 arguments (contract v{CONTRACT_VERSION}), got 2": (
-        "§10", None, lambda r: [eval_error(r, "cancel", 17, 2)]),
+        "§10", None, lambda r: [eval_error(r, "cancel", 18, 2)]),
     f"PQ_CONTRACT nack expects 6..7 arguments (contract v{CONTRACT_VERSION}), got 5": (
         "§10", None, lambda r: [eval_error(r, "nack", 14, 5)]),
-    f"PQ_CONTRACT enqueue expects 8..6002 arguments in steps of 6 (contract v{CONTRACT_VERSION}), got 7": (
-        "§10", None, lambda r: [eval_error(r, "enqueue", 11, 7)]),
+    f"PQ_CONTRACT enqueue expects 10..8002 arguments in steps of 8 (contract v{CONTRACT_VERSION}), got 9": (
+        "§10", None, lambda r: [eval_error(r, "enqueue", 14, 9)]),
     f"PQ_CONTRACT nack expects 14 keys (contract v{CONTRACT_VERSION}), got 8": (
         "§8, errors (nack of an earlier contract)", None, lambda r: [eval_error(r, "nack", 8, 6, "emails")]),
     "PQ_BADARG max_attempts must be in [1, 10000], got 0": (
         "§8, errors", None,
         lambda r: [error_of(lambda: transport_of(Queue("emails", r)).run(
-            "enqueue", EMAILS, ["", 1, "job-9", b"x", 0, 0, "", ""]))]),
+            "enqueue", EMAILS, ["", 1, "job-9", b"x", 0, 0, "", "", "", ""]))]),
     'PQ_BADARG malformed receipt "not-a-receipt"': (
         "§8, errors", None,
         lambda r: [error_of(lambda: transport_of(Queue("emails", r)).run("ack", EMAILS, ["", 300_000, "not-a-receipt"]))]),
     "WRONGTYPE <key> holds a <type>, expected a <type>": (
         "§5, WRONGTYPE's two forms", None,
-        lambda r: [planted_ready(r, "enqueue", ["", 1, "job-9", b"x", 0, 3, "", ""])]),
+        lambda r: [planted_ready(r, "enqueue", ["", 1, "job-9", b"x", 0, 3, "", "", "", ""])]),
     "WRONGTYPE pq:{emails}:ready holds a string, expected a list": (
-        "§8, errors", None, lambda r: [planted_ready(r, "enqueue", ["", 1, "job-9", b"x", 0, 3, "", ""])]),
+        "§8, errors", None, lambda r: [planted_ready(r, "enqueue", ["", 1, "job-9", b"x", 0, 3, "", "", "", ""])]),
     "WRONGTYPE Operation against a key holding the wrong kind of value script: <sha>, on @user_script:<line>.": (
         "§5 and §8: a read that runs into a wrong type", "real", lambda r: [planted_ready(r, "stats", [""])]),
     "PQ_CORRUPT no valid record for dead job in pq:{emails}:jobs": ("§8, errors", None, lambda r: [corrupt_dead(r)]),

@@ -97,8 +97,8 @@ MUTANTS = [
     Mutant(
         "enqueue_treats_a_tombstone_expiring_now_as_in_force",
         "enqueue",
-        "kept_until and kept_until > now_ms then",
-        "kept_until and kept_until >= now_ms then",
+        "or kept_until and kept_until > now_ms\n",
+        "or kept_until and kept_until >= now_ms\n",
     ),
     Mutant(
         "lease_buries_acked_ids_one_ms_short",
@@ -198,8 +198,8 @@ MUTANTS = [
     Mutant(
         "enqueue_skips_the_duplicate_check",
         "enqueue",
-        "if existing[i] or seen and seen[id] or kept_until",
-        "if seen and seen[id] or kept_until",
+        "local dup = existing[i] or seen and seen[id] or kept_until",
+        "local dup = seen and seen[id] or kept_until",
     ),
     Mutant(
         "scrub_leaves_receipts_in_the_owners_index",
@@ -530,8 +530,8 @@ MUTANTS += [
     Mutant(
         "enqueue_writes_an_event_for_a_duplicate",
         "enqueue",
-        "      if reply[2 + i] == 1 then",
-        "      if true then",
+        "    if flag == 1 then",
+        "    if flag == 1 or flag == 0 then",
     ),
     Mutant(
         "lease_writes_the_fence_as_the_leased_attempt",

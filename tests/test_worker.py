@@ -256,7 +256,7 @@ def test_an_idle_worker_reclaims_a_lease_that_expired_after_it_went_to_sleep(
     # In one transaction, so the worker neither takes the job nor wakes: a job enqueued
     # and leased (200 ms) by a worker that then died without a registration.
     pipe = node_for_key(r, q.spec.keys.jobs).pipeline(transaction=True)  # one slot: fine on a cluster
-    transport_of(q).call(enqueue_call(q.spec.keys, None, [("j", b"", 0, 5, "", "")]), client=pipe)
+    transport_of(q).call(enqueue_call(q.spec.keys, None, [("j", b"", 0, 5, "", "", "", "")]), client=pipe)
     transport_of(q).call(lease_call(q.spec.keys, None, q.spec.owner, "c1", 1, 200, 100, 0), client=pipe)
     pipe.delete(q.spec.keys.wake)
     pipe.execute()

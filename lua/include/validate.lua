@@ -8,7 +8,7 @@ local MAX_BATCH = 1000
 local NONE = {}
 
 -- Of the KEYS and ARGV the headers list; lua/README.md section 10
-local CONTRACT_VERSION = 5
+local CONTRACT_VERSION = 6
 
 -- Every script's first check, before any other check, read or write: a PQ_CONTRACT text
 -- unless the call passes `nkeys` KEYS and lo..hi ARGV (with `step`: lo plus a multiple

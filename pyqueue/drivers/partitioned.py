@@ -195,6 +195,13 @@ def enqueue_batch(layout: Partitions, /, batch: Sequence[JobTuple], now_ms: int 
                 "lives in its group's partition, and this id falls in another; let pyqueue choose the id "
                 "(job_id=None), or choose one in the group's partition (pyqueue.protocol.core.partition_of)"
             )
+        key = job[7].split("|", 2)[2] if job[7] else ""
+        if key and partition_of(key, layout.count) != part:
+            raise InvalidArgument(
+                f"job {job[0]!r} of key {key!r}: on a queue of {layout.count} partitions a keyed job lives in its "
+                "key's partition (its state is kept there), and this id or group falls in another; let pyqueue "
+                "choose the id (job_id=None), and give a keyed job a group in the key's partition, if any"
+            )
         groups.setdefault(part, []).append(position)
     out: list[Enqueued | None] = [None] * len(batch)
     for p, positions in groups.items():
@@ -221,10 +228,14 @@ def enqueue(
     max_attempts: int | None = None,
     priority: int = 0,
     group: str | None = None,
+    expires_ms: int | None = None,
+    debounce_ms: int | None = None,
+    throttle_ms: int | None = None,
+    key: str | None = None,
     now_ms: int | None = None,
 ) -> Plan[Enqueued]:
     """As :func:`pyqueue.protocol.verbs.produce.enqueue`, in the partition of the job's id."""
-    new = NewJob(payload, job_id, delay_ms, max_attempts, priority, group)
+    new = NewJob(payload, job_id, delay_ms, max_attempts, priority, group, expires_ms, debounce_ms, throttle_ms, key)
     (added,) = yield from enqueue_many(layout, [new], now_ms=now_ms)
     return added
 
@@ -239,11 +250,16 @@ def enqueue_json(
     max_attempts: int | None = None,
     priority: int = 0,
     group: str | None = None,
+    expires_ms: int | None = None,
+    debounce_ms: int | None = None,
+    throttle_ms: int | None = None,
+    key: str | None = None,
     now_ms: int | None = None,
 ) -> Plan[Enqueued]:
     """As :func:`pyqueue.protocol.verbs.produce.enqueue_json`, in the partition of the job's id."""
     plan = enqueue(layout, produce.json_payload(obj), job_id=job_id, delay_ms=delay_ms, max_attempts=max_attempts,
-                   priority=priority, group=group, now_ms=now_ms)
+                   priority=priority, group=group, expires_ms=expires_ms, debounce_ms=debounce_ms,
+                   throttle_ms=throttle_ms, key=key, now_ms=now_ms)
     return (yield from plan)
 
 

@@ -56,7 +56,7 @@ from pyqueue.protocol.errors import ContractMismatch, NotReplicated, ScriptError
 #: Every script's header states it (a line ``Contract v5``), :class:`ScriptTable` refuses
 #: scripts whose header states another, and a script called with other counts of KEYS or
 #: ARGV answers ``PQ_CONTRACT <script> expects ... (contract v5), got ...``.
-CONTRACT_VERSION = 5
+CONTRACT_VERSION = 6
 _CONTRACT_LINE = re.compile(r"^Contract v(\d+)\b", re.M)
 
 
@@ -68,9 +68,10 @@ def contract_version(source: str) -> int | None:
 
 #: The keys each script takes, by role, in header order (tests compare with the headers).
 SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
-    "enqueue": ("jobs", "ready", "scheduled", "counters", "wake", "done", "meta", "gready", "ring", "groups", "events"),
+    "enqueue": ("jobs", "ready", "scheduled", "counters", "wake", "done", "meta", "gready", "ring", "groups", "events",
+                "keyed", "windows", "expires"),
     "lease": ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake", "done",
-              "meta", "gready", "ring", "groups", "events", "steps", "waiting"),
+              "meta", "gready", "ring", "groups", "events", "steps", "waiting", "expires", "expired"),
     "ack": ("jobs", "leased", "owners", "done", "wake", "meta", "gready", "ring", "groups", "counters", "events",
             "steps", "waiting"),
     "ack_result": ("jobs", "leased", "owners", "done", "results", "result_expiry", "finished", "wake",
@@ -83,10 +84,10 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
                 "meta", "gready", "ring", "groups", "events"),
     "stats": ("jobs", "ready", "scheduled", "leased", "dead", "counters", "done", "gready", "ring", "waiting"),
     "peek": ("ready", "scheduled", "leased", "counters", "gready", "ring"),
-    "get": ("jobs", "scheduled", "leased", "dead", "errors", "done", "waiting"),
+    "get": ("jobs", "scheduled", "leased", "dead", "errors", "done", "waiting", "expired"),
     "result": ("jobs", "dead", "errors", "done", "results", "result_expiry", "finished"),
     "cancel": ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "done", "wake",
-               "meta", "gready", "ring", "groups", "events", "steps", "waiting"),
+               "meta", "gready", "ring", "groups", "events", "steps", "waiting", "expires"),
     "limit": ("counters", "wake"),
     "set_group_limit": ("counters", "wake", "ring", "groups"),
     "groups": ("gready", "ring", "groups"),

@@ -56,6 +56,9 @@ COUNTERS: dict[str, tuple[str, str]] = {
     "purged": ("purged", "dead jobs deleted"),
     "cancelled": ("cancelled", "jobs ended by cancel, in any state"),
     "parked": ("parked", "leases ended by a durable sleep or wait (no attempt used)"),
+    "expired": ("expired_total", "jobs ended unrun: not leased before their expiry"),
+    "debounced": ("debounced", "sends merged into their debounce key's pending job"),
+    "throttled": ("throttled", "sends dropped inside their throttle key's window"),
 }
 #: The ``state`` label of pyqueue_jobs -> the Stats field.
 STATES = ("ready", "scheduled", "waiting", "leased", "dead", "done")

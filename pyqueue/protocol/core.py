@@ -134,9 +134,13 @@ def as_payload(value: object) -> bytes:
     raise InvalidArgument(f"payload must be bytes or str (use enqueue_json for objects), got {type(value).__name__}")
 
 
-#: What enqueue.lua takes per job: (id, payload, delay_ms, max_attempts, priority, group),
-#: priority and group as the script takes them ('' for 0 and for none).
-JobTuple = tuple[str, bytes, int, int, int | str, str]
+#: What enqueue.lua takes per job: (id, payload, delay_ms, max_attempts, priority, group,
+#: expires_ms, key), as the script takes them ('' for 0 and for none; key as
+#: "<mode>|<window_ms>|<key>", lua/README.md section 2.7).
+JobTuple = tuple[str, bytes, int, int, int | str, str, int | str, str]
+
+#: The most bytes of a debounce or throttle key.
+MAX_KEY_BYTES = 256
 
 #: Priority levels (lua/README.md section 2.1): a higher level is leased sooner.
 PRIORITY_MIN, PRIORITY_MAX = -5, 5
@@ -187,14 +191,52 @@ def new_job(item: NewJob | bytes | str, max_payload_bytes: int = DEFAULT_MAX_PAY
         )
     priority = check_priority(new.priority)
     group = None if new.group is None else check_group(new.group)
+    delay_ms = check_int(new.delay_ms, "delay_ms", 0, 2**40)
+    key = key_arg(new, delay_ms)
+    if new.expires_ms is not None:
+        check_int(new.expires_ms, "expires_ms", 1, 2**40)
+        start_ms = new.debounce_ms if new.debounce_ms is not None else delay_ms
+        if new.expires_ms <= start_ms:
+            raise InvalidArgument(f"expires_ms ({new.expires_ms}) must be more than the job's delay or debounce window "
+                                  f"({start_ms} ms): it could never start")
+    # On a partitioned queue a keyed job lives in its key's partition, as a grouped one
+    # in its group's (the key's state is kept there).
+    home = new.key if key else group
     return (
-        check_job_id(new.job_id) if new.job_id is not None else new_id(group, partitions),
+        check_job_id(new.job_id) if new.job_id is not None else new_id(home, partitions),
         payload,
-        check_int(new.delay_ms, "delay_ms", 0, 2**40),
+        delay_ms,
         check_int(DEFAULT_MAX_ATTEMPTS if new.max_attempts is None else new.max_attempts, "max_attempts", 1, 10_000),
         priority or "",
         group or "",
+        "" if new.expires_ms is None else new.expires_ms,
+        key,
     )
+
+
+def key_arg(new: NewJob, delay_ms: int) -> str:
+    """A job's debounce or throttle key as enqueue.lua takes it ('' for none), or
+    InvalidArgument for a key without a window, a window without a key, both windows,
+    or a delayed debounce."""
+    windows = [(mode, ms) for mode, ms in (("debounce", new.debounce_ms), ("throttle", new.throttle_ms)) if ms is not None]
+    if not windows:
+        if new.key is not None:
+            raise InvalidArgument("key needs debounce_ms or throttle_ms: what should the key do?")
+        return ""
+    if len(windows) > 1:
+        raise InvalidArgument("a job is debounced or throttled, not both")
+    mode, window_ms = windows[0]
+    check_int(window_ms, f"{mode}_ms", 1, 2**40)
+    if new.key is None:
+        raise InvalidArgument(f"{mode}_ms needs a key: the jobs that share it are {mode}d together")
+    if not isinstance(new.key, str):
+        raise InvalidArgument(f"key must be a str, got {type(new.key).__name__}")
+    raw = new.key.encode("utf-8")
+    if not 1 <= len(raw) <= MAX_KEY_BYTES or any(ord(c) < 32 or ord(c) == 127 for c in new.key):
+        raise InvalidArgument(f"key must be 1..{MAX_KEY_BYTES} bytes without control characters, got {new.key!r}")
+    if mode == "debounce" and delay_ms:
+        raise InvalidArgument("a debounced job is due at the end of its window: give debounce_ms, not delay_ms")
+    return f"{mode}|{window_ms}|{new.key}"
 
 
 def new_batch(
@@ -476,7 +518,7 @@ def enqueue_weight(step: ScriptCall) -> int:
     """What an enqueue call weighs when enqueues are coalesced: one unit per job, plus
     one per _PAYLOAD_UNIT bytes of their payloads, so that a coalesced call of at most
     MAX_BATCH units carries at most MAX_BATCH jobs and MAX_CALL_PAYLOAD_BYTES."""
-    payload_bytes = sum(len(payload) for payload in step.args[3::6] if isinstance(payload, bytes))
+    payload_bytes = sum(len(payload) for payload in step.args[3::8] if isinstance(payload, bytes))
     return int(step.args[1]) + payload_bytes // _PAYLOAD_UNIT
 
 
@@ -506,8 +548,9 @@ def split_enqueue_reply(reply: Sequence[Any], steps: Sequence[ScriptCall]) -> li
     for step in steps:
         flags = list(reply[at : at + enqueue_size(step)])
         at += len(flags)
-        added = sum(int(f) for f in flags)
-        out.append([added, len(flags) - added, *flags])
+        # A flag is 1 (added), 0 (a duplicate) or the id of the job a key gave it to.
+        added = sum(1 for f in flags if f == 1)
+        out.append([added, sum(1 for f in flags if f == 0), *flags])
     return out
 
 
@@ -666,7 +709,7 @@ def flow_wait_call(
 ) -> ScriptCall:
     """lua/flow_wait.lua. ``job``: a :data:`JobTuple` (its delay is not sent: a waiting
     job is due when its wait is over); ``waits_for``: (queue, job id) pairs."""
-    job_id, payload, _delay, max_attempts, priority, group = job
+    job_id, payload, _delay, max_attempts, priority, group, _expires, _key = job
     refs = [f"{queue}\t{ref}" for queue, ref in waits_for]
     return ScriptCall("flow_wait", keys, [now_arg(now_ms), job_id, payload, max_attempts, priority, group, check_ms, *refs])
 

@@ -136,6 +136,26 @@ class QueueKeys:
         return self._key("waiting")
 
     @property
+    def keyed(self) -> str:
+        """hash: "d:<key>" / "t:<key>" -> the id of the job holding a debounce / throttle key (lua/README.md section 2.7)."""
+        return self._key("keyed")
+
+    @property
+    def windows(self) -> str:
+        """zset: "d:<key>" / "t:<key>" -> ms until which that job holds the key."""
+        return self._key("windows")
+
+    @property
+    def expires(self) -> str:
+        """zset: id -> deadline_ms of a job sent with an expiry, until its first lease."""
+        return self._key("expires")
+
+    @property
+    def expired(self) -> str:
+        """zset: id -> ms it expired (the newest 10000 jobs that expired)."""
+        return self._key("expired")
+
+    @property
     def fwait(self) -> str:
         """zset: id -> ms of its next check, the jobs waiting for others (flow_wait.lua)."""
         return self._key("fwait")
@@ -184,7 +204,7 @@ class QueueKeys:
 #: Every role of a queue key, in the order lua/README.md lists them.
 ROLES = ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake", "done", "results",
          "result_expiry", "finished", "meta", "gready", "ring", "groups", "fwait", "fpending", "flows", "flow_expiry",
-         "progress", "progress_at", "events", "steps", "waiting")
+         "progress", "progress_at", "events", "steps", "waiting", "keyed", "windows", "expires", "expired")
 
 
 @dataclass(frozen=True)

@@ -141,14 +141,26 @@ class NewJob:
     priority: int = 0
     #: The job's group for fair scheduling, or None (``Queue.enqueue``).
     group: str | None = None
+    #: Not leased within this many ms of the send: it ends as ``expired``, never run.
+    expires_ms: int | None = None
+    #: With ``key``: debounce (run once, this long after the key's last send, with its
+    #: arguments) or throttle (at most one job per key per window); ``Queue.enqueue``.
+    debounce_ms: int | None = None
+    throttle_ms: int | None = None
+    key: str | None = None
 
 
 @dataclass(frozen=True)
 class Enqueued:
-    """The answer of enqueue for one job: ``added`` is false for a duplicate id."""
+    """The answer of enqueue for one job: ``added`` is false for a duplicate id, and for
+    a send its key gave to another job (``by_key``)."""
 
     job_id: str
     added: bool
+    #: None, or how the job's key decided: "debounced" (``job_id`` is the key's pending
+    #: job, which now runs with this send's arguments) or "throttled" (the send was
+    #: dropped: ``job_id`` is the job of the key's window).
+    by_key: str | None = None
 
     @property
     def id(self) -> str:
@@ -277,6 +289,12 @@ class Stats:
     #: sleep or a wait (``parked``; not counted as attempts).
     waiting: int = 0
     parked: int = 0
+    #: Flow control (lua/README.md section 2.7): jobs ended unrun past their expiry
+    #: (``expired`` counts expired leases), sends debounced into a key's pending job,
+    #: sends dropped inside a key's throttle window.
+    expired_total: int = 0
+    debounced: int = 0
+    throttled: int = 0
 
     @property
     def paused(self) -> bool:
@@ -446,7 +464,8 @@ class JobInfo:
 
     ``state`` is one of ``ready``, ``scheduled``, ``leased``, ``dead``, ``done`` (ended:
     acked, or cancelled, which leaves the same tombstone; its id a duplicate until
-    ``done_until_ms``), ``unknown`` (never enqueued, purged, or ended with its tombstone
+    ``done_until_ms``), ``expired`` (not leased before its ``expires_ms``: never run;
+    ``due_ms`` is when it expired), ``unknown`` (never enqueued, purged, or ended with its tombstone
     gone), or ``ready_or_leased`` (the queue holds more than
     10,000 leases, more than one call scans for the job's). Fields a state does not have
     are -1, '' or None.

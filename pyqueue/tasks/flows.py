@@ -273,13 +273,21 @@ class Signature:
             job_id = self.options.job_id
         if job_id is None and self.options.unique is not None and self.options.unique is not False:
             job_id = self.job_id()
+        key = self.options.key
+        if callable(key):
+            key = self.call_by_name(key)
+            if key is not None and not isinstance(key, str):
+                raise InvalidArgument(f"{self.task.name}: key must return the key as a str or None, got {key!r}")
+        keyed = key is not None  # a key function's None: this send is neither debounced nor throttled
         return NewJob(payload, job_id=job_id, delay_ms=delay_ms, max_attempts=self.options.max_attempts,
-                      priority=self.options.priority, group=group)
+                      priority=self.options.priority, group=group, expires_ms=self.options.expires_ms,
+                      debounce_ms=self.options.debounce_ms if keyed else None,
+                      throttle_ms=self.options.throttle_ms if keyed else None, key=key)
 
-    def handle(self, job_id: str, added: bool) -> SentTask[Any]:
-        """The handle of the job this call was sent as."""
+    def handle(self, job_id: str, added: bool, by_key: str | None = None) -> SentTask[Any]:
+        """The handle of the job this call was sent as (or, ``by_key``, given to)."""
         return SentTask(job_id, self.options.queue, self.task.name, added, self.options.keep_result_ms is not None,
-                        self.task.app)
+                        self.task.app, by_key)
 
     def __or__(self, other: Any) -> Any:
         """``a.s() | b.s()``: the chain of the two (:func:`chain`)."""

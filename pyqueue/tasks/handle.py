@@ -50,8 +50,9 @@ class TaskDead(TaskError):
 
 
 class TaskResultMissing(TaskError):
-    """The job ended without a result to read: it was cancelled, or its result expired
-    or was trimmed (``keep_result`` too short, or ``max_results`` reached)."""
+    """The job ended without a result to read: it was cancelled or expired (``expires``:
+    never run), or its result expired or was trimmed (``keep_result`` too short, or
+    ``max_results`` reached)."""
 
 
 class ResultTimeout(TaskError, TimeoutError):
@@ -61,8 +62,9 @@ class ResultTimeout(TaskError, TimeoutError):
 @dataclass(frozen=True)
 class SentTask(Generic[R]):
     """A sent task run. ``added`` is false when its id (``unique``'s, or the send's
-    ``job_id``) found the job there already (or acked less than ``keep_done_ms`` ago):
-    then this handle names that job."""
+    ``job_id``) found the job there already (or acked less than ``keep_done_ms`` ago),
+    or when its key gave the send to another job (``by_key``): then this handle names
+    that job."""
 
     id: str
     queue: str
@@ -72,10 +74,14 @@ class SentTask(Generic[R]):
     #: answers None once the job is done.
     keeps_result: bool
     app: QueueSource
+    #: None, or how the task's key decided this send (``debounce``/``throttle``):
+    #: "debounced" (``id`` is the key's pending job, which now runs with this send's
+    #: arguments) or "throttled" (dropped: ``id`` is the job of the key's window).
+    by_key: str | None = None
 
     def state(self) -> str:
-        """Where the job is now: ready, scheduled, leased, dead, done or unknown
-        (``Queue.get``)."""
+        """Where the job is now: ready, scheduled, waiting, leased, dead, expired, done
+        or unknown (``Queue.get``)."""
         return self.app.queue(self.queue).get(self.id).state
 
     def progress(self) -> Any:

@@ -138,6 +138,18 @@ class TaskOptionsDict(TypedDict, total=False):
     #: The fair-scheduling group: a str, or a function of the arguments (by name,
     #: defaults included) giving one or None; None: no group.
     group: str | Callable[..., str | None] | None
+    #: Not started within this long of the send: the job ends ``expired``, never run
+    #: and never retried (unlike ``max_age``, which makes it a failure: dead).
+    expires: Duration | None
+    #: With ``key``: run once, this long after the key's last send, with the last
+    #: send's arguments; sends while it runs make one more run.
+    debounce: Duration | None
+    #: With ``key``: at most one job per key per window; later sends in the window
+    #: add nothing (``sent.added`` false, ``sent.id`` the window's job).
+    throttle: Duration | None
+    #: The key of ``debounce`` or ``throttle``: a str, or a function of the arguments
+    #: (by name, defaults included) giving one, or None (that send is not keyed).
+    key: str | Callable[..., str | None] | None
 
 
 class SendOptionsDict(TaskOptionsDict, total=False):
@@ -187,7 +199,8 @@ def exception_types(value: object, name: str) -> tuple[type[BaseException], ...]
 
 
 #: The options that act when sending (the job's queue, record and id), not in the envelope.
-_SEND_TIME = frozenset(("queue", "max_attempts", "unique", "priority", "group", "job_id"))
+_SEND_TIME = frozenset(("queue", "max_attempts", "unique", "priority", "group", "job_id", "expires_ms", "debounce_ms",
+                        "throttle_ms", "key"))
 
 
 @dataclass(frozen=True)
@@ -218,6 +231,12 @@ class TaskOptions:
     #: and for ``unique``) gets the arguments by name, defaults included
     #: (:meth:`pyqueue.tasks.task.Signature.call_by_name`).
     group: str | Callable[..., str | None] | None = None
+    #: Flow control (``Queue.enqueue``): the job's expiry, and its debounce or throttle
+    #: window with the key (a str, or a function of the arguments like ``group``).
+    expires_ms: int | None = None
+    debounce_ms: int | None = None
+    throttle_ms: int | None = None
+    key: str | Callable[..., str | None] | None = None
     #: The job id of one send (``fn.options(job_id=...)``), in place of ``unique``'s or
     #: a random one; None: those. Never a task's own option, nor a ``Tasks`` default.
     job_id: str | None = None
@@ -248,9 +267,9 @@ class TaskOptions:
                 out["retry_on"] = None if value is None else exception_types(value, "retry_on")
             elif key == "fail_on":
                 out["fail_on"] = exception_types(value or (), "fail_on")
-            elif key in ("max_age", "time_limit", "time_limit_grace", "keep_result"):
+            elif key in ("max_age", "time_limit", "time_limit_grace", "keep_result", "expires", "debounce", "throttle"):
                 ms = None if value is None else seconds_to_ms(value, key)
-                if key in ("time_limit", "keep_result") and ms is not None and ms < 1:
+                if key in ("time_limit", "keep_result", "expires", "debounce", "throttle") and ms is not None and ms < 1:
                     raise InvalidArgument(f"{key} must be at least 1 ms, got {value!r}")
                 out[f"{key}_ms"] = ms
             elif key == "unique":
@@ -266,11 +285,20 @@ class TaskOptions:
                 if value is not None and not callable(value):
                     check_group(value)
                 out["group"] = value
+            elif key == "key":
+                if value is not None and not callable(value) and not isinstance(value, str):
+                    raise InvalidArgument(f"key must be a str or a function of the arguments giving one, got {value!r}")
+                out["key"] = value
             elif key == "job_id":
                 out["job_id"] = None if value is None else check_job_id(value)
             else:
                 raise InvalidArgument(f"unknown task option {key!r}; known: {', '.join(SendOptionsDict.__annotations__)}")
-        return replace(base or TaskOptions(), **out)
+        built = replace(base or TaskOptions(), **out)
+        if built.debounce_ms is not None and built.throttle_ms is not None:
+            raise InvalidArgument("a task is debounced or throttled, not both")
+        if (built.debounce_ms is not None or built.throttle_ms is not None) and built.key is None:
+            raise InvalidArgument("debounce and throttle need key=: a str, or a function of the arguments giving one")
+        return built
 
     @property
     def time_limit_grace_s(self) -> float:

@@ -33,7 +33,7 @@ def send_many(
     if len(signatures) == 1:  # a send: one enqueue, none of the grouping below
         sig = signatures[0]
         (answer,) = app.queue(sig.options.queue).enqueue_many([sig.new_job(now_ms, delay_ms, metas[0] if metas else None)])
-        return [sig.handle(answer.job_id, answer.added)]
+        return [sig.handle(answer.job_id, answer.added, answer.by_key)]
     jobs = [(sig, sig.new_job(now_ms, delay_ms, metas[i] if metas else None)) for i, sig in enumerate(signatures)]
     by_queue: dict[str, list[int]] = {}
     for i, (sig, _) in enumerate(jobs):
@@ -42,7 +42,7 @@ def send_many(
     for queue_name, indexes in by_queue.items():
         answers = app.queue(queue_name).enqueue_many([jobs[i][1] for i in indexes])
         for i, answer in zip(indexes, answers):
-            out[i] = jobs[i][0].handle(answer.job_id, answer.added)
+            out[i] = jobs[i][0].handle(answer.job_id, answer.added, answer.by_key)
     return [sent for sent in out if sent is not None]
 
 
@@ -64,7 +64,6 @@ async def asend(
         return sent
     new = sig.new_job(now_ms, delay_ms, metas[0] if metas else None)
     queue = app.aqueue(sig.options.queue)
-    answer = await queue.enqueue(new.payload, job_id=new.job_id, delay_ms=new.delay_ms, max_attempts=new.max_attempts,
-                                 priority=new.priority, group=new.group)
-    return sig.handle(answer.job_id, answer.added)
+    (answer,) = await queue.enqueue_many([new])
+    return sig.handle(answer.job_id, answer.added, answer.by_key)
 

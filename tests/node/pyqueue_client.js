@@ -15,9 +15,10 @@ const LUA_DIR = path.resolve(__dirname, '..', '..', 'lua');
 // KEYS of each script, in the order its header lists them (README §4.2). A script
 // never builds a key name: the client passes every key.
 const SCRIPT_KEYS = {
-  enqueue: ['jobs', 'ready', 'scheduled', 'counters', 'wake', 'done', 'meta', 'gready', 'ring', 'groups', 'events'],
+  enqueue: ['jobs', 'ready', 'scheduled', 'counters', 'wake', 'done', 'meta', 'gready', 'ring', 'groups', 'events',
+    'keyed', 'windows', 'expires'],
   lease: ['jobs', 'ready', 'scheduled', 'leased', 'owners', 'dead', 'errors', 'counters', 'wake', 'done',
-    'meta', 'gready', 'ring', 'groups', 'events', 'steps', 'waiting'],
+    'meta', 'gready', 'ring', 'groups', 'events', 'steps', 'waiting', 'expires', 'expired'],
   ack: ['jobs', 'leased', 'owners', 'done', 'wake', 'meta', 'gready', 'ring', 'groups', 'counters', 'events',
     'steps', 'waiting'],
   nack: ['jobs', 'scheduled', 'leased', 'owners', 'dead', 'errors', 'counters', 'wake', 'finished',
@@ -28,7 +29,7 @@ const SCRIPT_KEYS = {
   scrub: ['jobs', 'ready', 'leased', 'owners', 'dead', 'errors', 'counters', 'wake', 'meta', 'gready', 'ring', 'groups',
     'events'],
   cancel: ['jobs', 'ready', 'scheduled', 'leased', 'owners', 'dead', 'errors', 'counters', 'done', 'wake',
-    'meta', 'gready', 'ring', 'groups', 'events', 'steps', 'waiting'],
+    'meta', 'gready', 'ring', 'groups', 'events', 'steps', 'waiting', 'expires'],
   limit: ['counters', 'wake'],
   set_group_limit: ['counters', 'wake', 'ring', 'groups'],
   ack_result: ['jobs', 'leased', 'owners', 'done', 'results', 'result_expiry', 'finished', 'wake',
@@ -70,7 +71,7 @@ class PqError extends Error {
 
 // The contract version this client is written for (README §10): the KEYS and ARGV of
 // every script as SCRIPT_KEYS and the calls below send them.
-const CONTRACT_VERSION = 5;
+const CONTRACT_VERSION = 6;
 
 // The contract version a script's header states (its line "Contract v<n>"), or null.
 function contractVersion(source) {
@@ -185,18 +186,21 @@ class Queue {
     return this.runner.run(name, SCRIPT_KEYS[name].map((role) => this.key(role)), args);
   }
 
-  // jobs: [{id, payload (Buffer or string), delayMs, maxAttempts, priority, group}], 1..1000
-  // per call; priority (-5..5) and group (README §2.1) are optional.
+  // jobs: [{id, payload (Buffer or string), delayMs, maxAttempts, priority, group, expiresMs,
+  // key}], 1..1000 per call; priority (-5..5) and group (README §2.1), expiresMs and key
+  // ("debounce|<window_ms>|<key>" or "throttle|<window_ms>|<key>", README §2.7) are optional.
+  // flags[i]: 1 added, 0 a duplicate, or the id of the job its key gave the send to.
   async enqueue(jobs) {
     if (jobs.length < 1 || jobs.length > 1000) throw new RangeError('1..1000 jobs per enqueue');
     const args = ['', String(jobs.length)]; // '' = the server clock (production)
     for (const j of jobs) {
       args.push(j.id, Buffer.from(j.payload), int(j.delayMs ?? 0, 'delay_ms', 0, 2 ** 40),
         int(j.maxAttempts ?? 5, 'max_attempts', 1, 10000),
-        j.priority ? int(j.priority, 'priority', -5, 5) : '', j.group ?? '');
+        j.priority ? int(j.priority, 'priority', -5, 5) : '', j.group ?? '',
+        j.expiresMs ? int(j.expiresMs, 'expires_ms', 1, 2 ** 40) : '', j.key ?? '');
     }
     const [added, duplicates, ...flags] = await this.run('enqueue', args);
-    return { added, duplicates, flags };
+    return { added, duplicates, flags: flags.map((f) => (typeof f === 'number' ? f : f.toString('utf8'))) };
   }
 
   // The whole lease call: ack `acks` (receipts) first, then lease up to `count`.

@@ -25,7 +25,8 @@ MAX_EVENTS_BOUND = 10_000_000
 #: The most events one read returns.
 MAX_EVENTS_PAGE = 1000
 #: The event types the scripts write (lua/README.md section 2.5).
-EVENT_TYPES = ("enqueued", "leased", "progress", "acked", "retried", "dead", "released", "cancelled")
+EVENT_TYPES = ("enqueued", "leased", "progress", "acked", "retried", "dead", "released", "cancelled", "step", "sleeping",
+               "waiting", "signalled", "debounced", "throttled", "expired")
 
 Since = Union[int, Literal["now"], None]
 
@@ -45,7 +46,8 @@ class Event:
     attempt: int | None = None
     #: The other fields, by type: ``due_ms`` (enqueued later, retried), ``owner`` and
     #: ``deadline_ms`` (leased), ``value`` (progress), ``error`` (retried, dead: its
-    #: first 1024 bytes), ``state`` (cancelled), ``replayed`` and ``waiting`` (enqueued).
+    #: first 1024 bytes), ``state`` (cancelled), ``replayed`` and ``waiting`` (enqueued),
+    #: ``send`` (debounced, throttled: the id the send carried), ``reason`` (expired).
     fields: Mapping[str, str] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 from json import dumps
 from typing import Any
 
-from pyqueue.protocol.core import JobTuple, Plan, check_now, enqueue_call, new_batch
+from pyqueue.protocol.core import JobTuple, Plan, check_now, enqueue_call, new_batch, text
 from pyqueue.protocol.models import Enqueued, NewJob
 from pyqueue.protocol.spec import QueueSpec, QueueMemory
 from pyqueue.protocol.verbs.base import run
@@ -22,6 +22,10 @@ def enqueue(
     max_attempts: int | None = None,
     priority: int = 0,
     group: str | None = None,
+    expires_ms: int | None = None,
+    debounce_ms: int | None = None,
+    throttle_ms: int | None = None,
+    key: str | None = None,
     now_ms: int | None = None,
 ) -> Plan[Enqueued]:
     """Add one job (lua/enqueue.lua).
@@ -42,10 +46,24 @@ def enqueue(
             round-robin, and never more of one group at once than its cap
             (:meth:`set_group_limit`). Jobs without a group share one turn of
             the round, as if they were one group without a cap.
+        expires_ms: the job must be leased within this long of the send, or it ends
+            as ``expired`` (state, counter, event), never run and never retried; its
+            id stays a duplicate for ``keep_done_ms`` (lua/README.md section 2.7).
+        debounce_ms: with ``key``: the job is due this long after the send. A later
+            send with the same key while it is still waiting replaces its arguments
+            and pushes it back: the key runs once, after a quiet ``debounce_ms``, with
+            the last arguments. A send once it is due (ready, running, retrying) adds
+            one new job for the key. At most one job per key waits at any time.
+        throttle_ms: with ``key``: the first send adds a job and opens the key's
+            window for this long; sends inside it add nothing.
+        key: 1..256 bytes without control characters; on a partitioned queue it picks
+            the job's partition.
         now_ms: tests only: override the server clock.
 
     Returns:
-        The job id and whether it was added. A call re-sent after a lost reply
+        The job id and whether it was added. For a send its key gave to another job
+        (``by_key`` "debounced" or "throttled"), that job's id, and ``added`` false.
+        A call re-sent after a lost reply
         reports ``added=False`` for the job it added the first time, and adds
         nothing even if that job has run and been acked since (within
         ``keep_done_ms``).
@@ -53,7 +71,7 @@ def enqueue(
     Raises:
         InvalidArgument, WrongTypeError, OutcomeUnknown.
     """
-    new = NewJob(payload, job_id, delay_ms, max_attempts, priority, group)
+    new = NewJob(payload, job_id, delay_ms, max_attempts, priority, group, expires_ms, debounce_ms, throttle_ms, key)
     (added,) = yield from enqueue_many(spec, memory, [new], now_ms=now_ms)
     return added
 
@@ -73,11 +91,16 @@ def enqueue_json(
     max_attempts: int | None = None,
     priority: int = 0,
     group: str | None = None,
+    expires_ms: int | None = None,
+    debounce_ms: int | None = None,
+    throttle_ms: int | None = None,
+    key: str | None = None,
     now_ms: int | None = None,
 ) -> Plan[Enqueued]:
     """``enqueue`` the JSON encoding of ``obj`` (compact, UTF-8); read it with ``Job.json()``."""
     plan = enqueue(spec, memory, json_payload(obj), job_id=job_id, delay_ms=delay_ms, max_attempts=max_attempts,
-                   priority=priority, group=group, now_ms=now_ms)
+                   priority=priority, group=group, expires_ms=expires_ms, debounce_ms=debounce_ms,
+                   throttle_ms=throttle_ms, key=key, now_ms=now_ms)
     return (yield from plan)
 
 
@@ -105,4 +128,12 @@ def checked_batch(spec: QueueSpec, jobs: Iterable[NewJob | bytes | str], now_ms:
 def enqueue_batch(spec: QueueSpec, memory: QueueMemory, batch: Sequence[JobTuple], now_ms: int | None) -> Plan[list[Enqueued]]:
     """``enqueue_many`` of jobs already validated (:func:`checked_batch`)."""
     reply = yield from run(memory, enqueue_call(spec.keys, now_ms, batch))
-    return [Enqueued(job[0], flag == 1) for job, flag in zip(batch, reply[2:])]
+    return [enqueued(job, flag) for job, flag in zip(batch, reply[2:])]
+
+
+def enqueued(job: JobTuple, flag: Any) -> Enqueued:
+    """One job's answer from its flag: 1 (added), 0 (a duplicate), or the id of the job
+    its key gave the send to (the key's mode says how)."""
+    if flag == 1 or flag == 0:
+        return Enqueued(job[0], flag == 1)
+    return Enqueued(text(flag), False, job[7].split("|", 1)[0] + "d")

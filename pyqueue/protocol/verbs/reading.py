@@ -128,7 +128,7 @@ def get(spec: QueueSpec, memory: QueueMemory, job_id: str, *, with_payload: bool
     return JobInfo(
         id=job_id, queue=spec.name, state=text(state), now_ms=int(now), attempts=int(attempts),
         max_attempts=int(max_attempts), due_ms=int(due), payload_bytes=int(size),
-        payload=bytes(payload) if with_payload and text(state) not in ("done", "unknown") else None,
+        payload=bytes(payload) if with_payload and text(state) not in ("done", "unknown", "expired") else None,
         error=bytes(error).decode("utf-8", "replace"), deadline_ms=int(deadline), owner=text(owner),
         fence=int(fence), done_until_ms=int(until), enqueued_ms=int(sent),
     )

@@ -1,0 +1,119 @@
+"""Flow control in the task layer (``@tasks.task(debounce=, throttle=, key=, expires=)``
+and the same per send with ``fn.options(...)``): a debounced task runs once per quiet
+window with its last arguments, a throttled one once per window, an expired one never.
+Through the real scripts and a real worker, on the testing helper's moving clock."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from pyqueue import InvalidArgument
+from pyqueue.tasks import TaskResultMissing, Tasks
+
+
+def test_a_debounced_task_runs_once_per_key_after_a_quiet_window_with_its_last_arguments() -> None:
+    tasks = Tasks()
+    ran: list[tuple[int, str]] = []
+
+    @tasks.task(name="reindex", debounce=5, key=lambda user_id, **_: f"user-{user_id}", keep_result=3600)
+    def reindex(user_id: int, version: str) -> str:
+        ran.append((user_id, version))
+        return version
+
+    with tasks.testing() as t:
+        first = reindex.send(7, "v1")
+        t.advance(3)
+        second = reindex.send(7, "v2")
+        other = reindex.send(8, "w1")
+        assert (first.added, second.added, second.id, second.by_key) == (True, False, first.id, "debounced")
+        assert other.added and other.id != first.id
+        assert t.drain(advance=False) == 0  # nothing due yet: the window moved with the second send
+        assert t.drain() == 2
+        assert sorted(ran) == [(7, "v2"), (8, "w1")]
+        assert first.result(timeout=1) == "v2" and second.result(timeout=1) == "v2"
+        assert t.stats().debounced == 1
+
+
+def test_a_throttled_task_runs_once_per_window_and_later_sends_name_the_windows_job() -> None:
+    tasks = Tasks()
+    ran: list[int] = []
+
+    @tasks.task(name="sync", throttle=timedelta(minutes=1), key=lambda account, **_: account)
+    def sync(account: str, n: int) -> None:
+        ran.append(n)
+
+    with tasks.testing() as t:
+        first = sync.send("a", 1)
+        dropped = sync.send("a", 2)
+        assert (dropped.added, dropped.id, dropped.by_key) == (False, first.id, "throttled")
+        t.drain()
+        t.advance(60)
+        again = sync.send("a", 3)
+        assert again.added
+        t.drain()
+        assert ran == [1, 3]
+        assert t.stats().throttled == 1
+
+
+def test_an_expired_task_never_runs_and_its_result_is_missing() -> None:
+    tasks = Tasks()
+    ran: list[int] = []
+
+    @tasks.task(name="otp", expires=30, keep_result=3600)
+    def otp(n: int) -> None:
+        ran.append(n)
+
+    with tasks.testing() as t:
+        late = otp.send(1)
+        t.advance(31)
+        fresh = otp.send(2)
+        assert t.drain() == 1
+        assert ran == [2]
+        assert late.state() == "expired" and fresh.state() == "done"
+        with pytest.raises(TaskResultMissing):
+            late.result(timeout=1)
+        assert t.stats().expired_total == 1
+
+
+def test_per_send_options_and_a_key_function_that_answers_none() -> None:
+    tasks = Tasks()
+    ran: list[str] = []
+
+    @tasks.task(name="ping", debounce=10, key=lambda who, **_: None if who == "vip" else who)
+    def ping(who: str) -> None:
+        ran.append(who)
+
+    with tasks.testing() as t:
+        assert ping.send("vip").added and ping.send("vip").added  # no key: not debounced
+        late = ping.options(expires=1, debounce=None, key=None).send("x")
+        t.advance(2)
+        t.drain()
+        assert ran == ["vip", "vip"] and late.state() == "expired"
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"debounce": 5}, "need key="),
+    ({"throttle": 5, "debounce": 5, "key": "k"}, "not both"),
+    ({"debounce": 0, "key": "k"}, "debounce must be at least 1 ms"),
+    ({"expires": "soon"}, "expires must be seconds"),
+    ({"key": 7, "debounce": 1}, "key must be a str or a function"),
+])
+def test_mistaken_flow_control_options_are_refused_at_registration(options: dict[str, Any], message: str) -> None:
+    tasks = Tasks()
+    with pytest.raises(InvalidArgument, match=message):
+        tasks.task(name="t", **options)(lambda: None)
+
+
+def test_a_key_function_must_answer_a_str() -> None:
+    tasks = Tasks()
+
+    @tasks.task(name="t", throttle=5, key=lambda n, **_: n)
+    def t_(n: int) -> None:
+        pass
+
+    with tasks.testing():
+        with pytest.raises(InvalidArgument, match="key must return the key as a str or None"):
+            t_.send(3)
