@@ -528,6 +528,20 @@ def test_a_rate_limited_queue_shows_its_limit(browser: Any, r: Any, serve: Calla
     assert console.errors == []
 
 
+def test_a_queue_that_used_flow_control_shows_its_counts(browser: Any, r: Any, serve: Callable[..., Any]) -> None:
+    emails = Queue("emails", r)
+    emails.enqueue(b"{}", job_id="late", expires_ms=1, now_ms=1_000)
+    emails.lease(now_ms=2_000)  # expires it
+    emails.enqueue(b"{}", debounce_ms=60_000, key="u")
+    emails.enqueue(b"{}", debounce_ms=60_000, key="u")
+    Queue("reports", r).enqueue(b"{}")
+    page, console = open_page(browser, serve().url)
+    cell = page.locator('#queues tr[data-queue="emails"] [data-field="flow_control"]')
+    expect(cell).to_have_text("1 expired, 1 debounced")
+    expect(page.locator('#queues tr[data-queue="reports"] [data-field="flow_control"]')).to_have_count(0)
+    assert console.errors == []
+
+
 def test_setting_a_group_cap_from_the_page_changes_the_groups_table(
     browser: Any, r: Any, serve: Callable[..., Any]
 ) -> None:

@@ -769,6 +769,22 @@ def test_node_signals_a_python_task_waiting_for_it_and_the_task_gets_the_data(
         serving.stop()
 
 
+def test_node_debounces_throttles_and_expires_and_python_shares_its_keys(server: RedisServer, client: redis.Redis) -> None:
+    node = run_node("keyed", server, {"queue": "from-node-keyed"})
+    assert node["debounce"] == {"added": 1, "duplicates": 0, "flags": [1, "d1"]}
+    assert node["throttle"]["flags"] == [1] and node["throttled"] == {"added": 0, "duplicates": 0, "flags": ["t1"]}
+    q = Queue("from-node-keyed", client)
+    info = q.get("d1", with_payload=True)
+    assert (info.state, info.payload) == ("scheduled", b"v2")
+    # The keys are the queue's, whichever language sent: Python's sends meet Node's jobs.
+    again = q.enqueue(b"v3", debounce_ms=60_000, key="user-7")
+    assert (again.job_id, again.by_key) == ("d1", "debounced")
+    assert q.enqueue(b"c", throttle_ms=60_000, key="acct").job_id == "t1"
+    time.sleep(0.01)
+    assert [j.id for j in q.lease(count=10)] == ["t1"]  # e1 is past its 1 ms
+    assert q.get("e1").state == "expired" and q.stats().expired_total == 1
+
+
 def test_node_reads_the_contract_version_and_calls_of_the_earlier_contract_get_pq_contract(
     server: RedisServer, client: redis.Redis, tmp_path: Path
 ) -> None:

@@ -117,3 +117,24 @@ def test_a_key_function_must_answer_a_str() -> None:
     with tasks.testing():
         with pytest.raises(InvalidArgument, match="key must return the key as a str or None"):
             t_.send(3)
+
+
+def test_a_flow_step_with_flow_control_is_refused_and_nothing_is_sent() -> None:
+    from pyqueue.tasks import chain
+
+    tasks = Tasks()
+
+    @tasks.task(name="a")
+    def a() -> int:
+        return 1
+
+    @tasks.task(name="b", expires=60)
+    def b(x: int) -> int:
+        return x
+
+    with tasks.testing() as t:
+        with pytest.raises(InvalidArgument, match="a flow's step cannot have expires, debounce or throttle"):
+            chain(a.s(), b.s()).send()
+        assert t.stats().enqueued == 0
+        chain(a.s(), b.options(expires=None).s()).send()
+        assert t.drain() == 2

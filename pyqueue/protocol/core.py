@@ -709,7 +709,11 @@ def flow_wait_call(
 ) -> ScriptCall:
     """lua/flow_wait.lua. ``job``: a :data:`JobTuple` (its delay is not sent: a waiting
     job is due when its wait is over); ``waits_for``: (queue, job id) pairs."""
-    job_id, payload, _delay, max_attempts, priority, group, _expires, _key = job
+    job_id, payload, _delay, max_attempts, priority, group, expires_ms, key = job
+    if expires_ms != "" or key:
+        # flow_wait.lua takes neither: refused rather than dropped without a word.
+        raise InvalidArgument(f"job {job_id!r} waits for other jobs: it cannot have an expiry, a debounce or a "
+                              "throttle (give them to the first step of a flow)")
     refs = [f"{queue}\t{ref}" for queue, ref in waits_for]
     return ScriptCall("flow_wait", keys, [now_arg(now_ms), job_id, payload, max_attempts, priority, group, check_ms, *refs])
 

@@ -493,6 +493,13 @@ def _send_steps(
     """Keep the flow's record, arm its waiting steps, then enqueue its first steps;
     ``metas``: what send middleware added to each step's meta."""
     flow_id = compiler.flow_id
+    for step in compiler.steps:
+        o = step.sig.options
+        if o.expires_ms is not None or o.debounce_ms is not None or o.throttle_ms is not None:
+            # A step's id is the flow's and what waits for it waits for that id: a key
+            # could give its send to another job, an expiry end it unreported.
+            raise InvalidArgument(f"{step.sig.task.name}: a flow's step cannot have expires, debounce or throttle "
+                                  "(send it alone, or take them off for the flow: fn.options(expires=None).s())")
     for step, meta in zip(compiler.steps, metas or ()):
         step.meta = meta
     now_ms = app.server_now_ms()

@@ -588,6 +588,18 @@ async function signal(q, opts) {
   };
 }
 
+// Flow control across languages (README §2.7): Node debounces, throttles and sends a job
+// with an expiry; Python reads what those sends decided and shares the keys.
+async function keyed(q) {
+  return {
+    debounce: await q.enqueue([{ id: 'd1', payload: 'v1', key: 'debounce|60000|user-7' },
+      { id: 'd2', payload: 'v2', key: 'debounce|60000|user-7' }]),
+    throttle: await q.enqueue([{ id: 't1', payload: 'a', key: 'throttle|60000|acct' }]),
+    throttled: await q.enqueue([{ id: 't2', payload: 'b', key: 'throttle|60000|acct' }]),
+    expiring: await q.enqueue([{ id: 'e1', payload: 'x', expiresMs: 1 }]),
+  };
+}
+
 async function main() {
   const [scenario, target] = process.argv.slice(2);
   if (scenario === 'keys') {
@@ -603,7 +615,7 @@ async function main() {
   try {
     const q = new Queue(redis, opts.queue);
     const scenarios = {
-      produce, consume, share, service, control, contract, fair, events, signal,
+      produce, consume, share, service, control, contract, fair, events, signal, keyed,
       'task-produce': taskProduce, 'task-work': taskWork, 'task-decode': taskDecode,
     };
     if (!scenarios[scenario]) throw new Error(`unknown scenario ${scenario}`);

@@ -316,6 +316,16 @@
         title: `at most ${q.rate_limit} leases per ${fmtInt(q.rate_period_ms)} ms across all workers, ` +
           `${q.rate_burst} at once` }));
     }
+    // Flow control (debounce, throttle, expiry): only a queue that has used it shows this.
+    const flow = [[q.expired_total, "expired"], [q.debounced, "debounced"], [q.throttled, "throttled"]]
+      .filter(([n]) => n > 0);
+    if (flow.length > 0) {
+      td.append(el("span", { class: "flow-control", "data-field": "flow_control",
+        "data-value": flow.map(([n, what]) => `${what}=${n}`).join(","),
+        text: flow.map(([n, what]) => `${fmtInt(n)} ${what}`).join(", "),
+        title: "expired: jobs ended unrun past their expiry; debounced: sends merged into their key's pending " +
+          "job; throttled: sends dropped inside their key's window (since the queue was made)" }));
+    }
     const action = paused ? "resume" : "pause";
     if (config.actions.includes(action)) {
       const button = el("button", { type: "button", text: paused ? "Resume" : "Pause",
