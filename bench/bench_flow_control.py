@@ -5,10 +5,12 @@ unless ``--redis-url``).
 * **enqueue**, one job per call: plain; with an expiry; a debounced send that adds the
   key's job (a new key each time); one debounced into a pending job (the same key); a
   throttled send that opens a window (a new key) and one dropped in it (the same key).
+* **enqueue** of a sequence's head (a new key each time), and of a job behind a head.
 * **lease**, one job per call, ack-and-lease as a busy worker does: on a queue that
   has never had an expiry, and on one that has (the same jobs without one), and jobs
   sent with an expiry leased in time: what a queue pays once it uses expiries, and that
-  one that does not pays nothing.
+  one that does not pays nothing; and heads of sequences, each ack handing its key on
+  to the job behind it (half the leased jobs are heads, half the jobs handed the key).
 
 Each line: the server's time per EVALSHA (``INFO commandstats``, µs), the commands a
 call ran, and the ratio to the plain call measured in the same run.
@@ -93,6 +95,28 @@ def leases(client: Any, n: int, label: str, had_expiry: bool, expires_ms: int | 
     return measured(client, calls, n)
 
 
+def sequences(client: Any, n: int) -> tuple[tuple[float, float], tuple[float, float], tuple[float, float]]:
+    """Enqueue of a sequence's head (a new key each time) and of jobs behind one head; then
+    the ack-and-lease of heads each with one job behind (the ack hands the key on)."""
+    q = fresh(client, "seq")
+    q.enqueue(b"warm", sequence="warm")
+    heads = measured(client, lambda: [q.enqueue(b"p" * 64, sequence=f"k{i}") for i in range(n)], n)
+    line = fresh(client, "line")
+    line.enqueue(b"head", sequence="one")
+    behind = measured(client, lambda: [line.enqueue(b"p" * 64, sequence="one") for _ in range(n)], n)
+    for i in range(n):  # each head k<i> gets one job behind it
+        q.enqueue(b"p" * 64, sequence=f"k{i}")
+    (job,) = q.lease(lease_ms=LEASE_MS)
+    held = [job]
+
+    def calls() -> None:
+        for _ in range(n):
+            _outcome, jobs = q.ack_and_lease(held[0], lease_ms=LEASE_MS)
+            held[0] = jobs[0]
+
+    return heads, behind, measured(client, calls, n)
+
+
 def run(url: str, n: int) -> None:
     client = _server.client_for(url)
     print(f"redis-server {client.info('server')['redis_version']}, {n} calls per measure")
@@ -104,10 +128,13 @@ def run(url: str, n: int) -> None:
         ("enqueue, throttle: adds", enqueues(client, n, "tnew", throttle_ms=60_000, key="new")),
         ("enqueue, throttle: dropped", enqueues(client, n, "tsame", throttle_ms=60_000, key="same")),
     ]
+    head, behind, hand_on = sequences(client, n)
+    rows += [("enqueue, sequence: head", head), ("enqueue, sequence: behind", behind)]
     lease_rows = [
         ("ack+lease, plain queue", leases(client, n, "lplain", False, None)),
         ("ack+lease, queue with expiries", leases(client, n, "lflag", True, None)),
         ("ack+lease, jobs with an expiry", leases(client, n, "lexp", True, 3_600_000)),
+        ("ack+lease, sequence heads", hand_on),
     ]
     print("\nper call                          server us  commands  vs plain (time)")
     for group in (rows, lease_rows):

@@ -331,7 +331,8 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     q = open_queue(client, args.queue, args.prefix)
     result = q.enqueue(args.payload.encode(), job_id=args.id, delay_ms=args.delay_ms, max_attempts=args.max_attempts,
                        priority=args.priority, group=args.group, expires_ms=args.expires_ms,
-                       debounce_ms=args.debounce_ms, throttle_ms=args.throttle_ms, key=args.key)
+                       debounce_ms=args.debounce_ms, throttle_ms=args.throttle_ms, key=args.key,
+                       sequence=args.sequence)
     print(f"{result.by_key or ('added' if result.added else 'duplicate')} {result.job_id}")
     return 0
 
@@ -380,11 +381,14 @@ def cmd_stats(args: argparse.Namespace) -> int:
         label = f"{q.name} ({q.spec.partitions} partitions)" if q.spec.partitions > 1 else q.name
         parts = parts_of(q) if q.spec.partitions > 1 else []
         for name, s in [(label, q.stats())] + [(f"  {part.name}", part.stats()) for part in parts]:
-            rows.append([name, "paused" if s.paused else "running", s.ready, s.scheduled, s.waiting, s.leased, s.dead,
+            rows.append([name, "paused" if s.paused else "running", s.ready, s.scheduled, s.waiting, s.sequenced,
+                         s.leased, s.dead,
                          s.done, _ms(s.lag_ms), s.enqueued, s.acked, s.nacked, s.reclaimed, s.scrubbed, s.dead_total,
                          s.expired_total])
     # waiting: the scheduled jobs parked for a signal (durable steps), counted in scheduled too
-    header = ["queue", "state", "ready", "scheduled", "waiting", "leased", "dead", "done", "lag", "enqueued", "acked",
+    # sequenced: jobs waiting behind their sequence's head (in no other state)
+    header = ["queue", "state", "ready", "scheduled", "waiting", "sequenced", "leased", "dead", "done", "lag", "enqueued",
+              "acked",
               "nacked", "reclaimed", "scrubbed", "dead_total", "expired"]
     print(table(rows, header) if rows else "no queues")
     # Task names with jobs waiting that no live worker advertises (a sample of each queue).
@@ -548,6 +552,19 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     }
     print(f"{result.queue} {result.id}: {what.get(result.state, f'cancelled (it was {result.state})')}")
     return 0 if result.cancelled else 1
+
+
+def cmd_sequence_skip(args: argparse.Namespace) -> int:
+    """Let a sequence blocked by its dead head go on (Queue.sequence_skip); exit 1 if its
+    head is not dead (nothing changed) or it has no job."""
+    result = existing_queue(connect(args.url), args.queue, args.prefix).sequence_skip(args.key)
+    if result.status == "skipped":
+        print(f"skipped: the dead head left sequence {args.key!r}; "
+              + (f"{result.next_id} runs next" if result.next_id else "no job was waiting: the key is free"))
+        return 0
+    print(f"not skipped: the head of {args.key!r}, {result.next_id}, is not dead" if result.status == "running"
+          else f"not skipped: sequence {args.key!r} has no job")
+    return 1
 
 
 def cmd_signal(args: argparse.Namespace) -> int:
@@ -952,6 +969,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --key: due this long after the key's last send, which replaces its payload")
     p.add_argument("--throttle-ms", type=int, help="with --key: at most one job per key per this long")
     p.add_argument("--key", help="the debounce or throttle key")
+    p.add_argument("--sequence", help="the sequence key: its jobs run one at a time, in send order")
     p.add_argument("--raw", action="store_true",
                    help="enqueue even into a queue whose workers serve tasks (the job is no task: they dead-letter it)")
     p.set_defaults(func=cmd_enqueue)
@@ -1032,6 +1050,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p.add_argument("data", nargs="?", default="null", help="JSON (default: null)")
     p.set_defaults(func=cmd_signal)
+
+    p = sub.add_parser("sequence", help="sequences: skip a dead head that blocks its key")
+    seq = p.add_subparsers(dest="action", required=True)
+    p = seq.add_parser("skip", help="the next job of the key runs; the dead head stays a dead letter")
+    p.add_argument("queue")
+    p.add_argument("key")
+    p.set_defaults(func=cmd_sequence_skip)
 
     p = sub.add_parser("job", help="where is a job: its state, attempts, lease or last error")
     p.add_argument("queue")

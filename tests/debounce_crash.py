@@ -32,8 +32,6 @@ import dataclasses
 import json
 import os
 import random
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -47,6 +45,7 @@ sys.path[:0] = [str(HERE), str(ROOT)]
 
 from crash_harness import RedisProcess  # noqa: E402
 from flow_crash import Workers  # noqa: E402
+from keyed_harness import Producers, settle  # noqa: E402
 
 WORKER_ARGS = ["--concurrency", "4", "--lease-ms", "2000", "--renew-ms", "500", "--expire-ms", "2500",
                "--block-ms", "200", "--grace-ms", "2000"]
@@ -94,50 +93,6 @@ class Report:
                 f"waiting per key, {len(self.problems)} problems, {self.seconds:.1f} s")
 
 
-class Producers:
-    """The producer processes, each with keys of its own, replaced as they are killed."""
-
-    def __init__(self, env: dict[str, str], logdir: Path, cfg: Config, until: float) -> None:
-        self.env, self.logdir, self.cfg, self.until = env, logdir, cfg, until
-        self.procs: dict[int, subprocess.Popen[bytes]] = {}
-        self.started = 0
-        for slot in range(cfg.producers):
-            self.spawn(slot)
-
-    def keys_of(self, slot: int) -> list[str]:
-        return [f"k{i}" for i in range(self.cfg.keys) if i % self.cfg.producers == slot]
-
-    def spawn(self, slot: int) -> None:
-        self.started += 1
-        left = max(0.0, self.until - time.monotonic())
-        code = (f"import time, debounce_app; debounce_app.produce({self.keys_of(slot)!r}, time.monotonic() + {left!r}, "
-                f"{self.started})")
-        out = open(self.logdir / f"producer{self.started}.log", "wb")
-        self.procs[slot] = subprocess.Popen([sys.executable, "-c", code], cwd=HERE, env=self.env, stdout=out,
-                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        out.close()
-
-    def kill_one(self, rng: random.Random) -> None:
-        slot = rng.choice(sorted(self.procs))
-        victim = self.procs[slot]
-        os.kill(victim.pid, signal.SIGKILL)
-        victim.wait()
-        self.spawn(slot)
-
-    def wait(self) -> list[int]:
-        """Wait for every producer to finish its time; the exit codes of those that failed."""
-        failed = []
-        for p in self.procs.values():
-            try:
-                code = p.wait(timeout=self.cfg.timeout_s)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                code = p.wait()
-            if code != 0:
-                failed.append(code)
-        return failed
-
-
 def run(cfg: Config) -> Report:
     report = Report(keys=cfg.keys)
     rng = random.Random(cfg.seed)
@@ -156,7 +111,7 @@ def run(cfg: Config) -> Report:
         checker = threading.Thread(target=watch, args=(server, q, stop, report), daemon=True)
         checker.start()
         workers = Workers(env, Path(tmp), cfg.workers, app="debounce_app:tasks", args=WORKER_ARGS, self_kill=False)
-        producers = Producers(env, Path(tmp), cfg, time.monotonic() + cfg.seconds)
+        producers = Producers("debounce_app", env, Path(tmp), cfg, time.monotonic() + cfg.seconds)
         try:
             while report.kills < cfg.kills and time.monotonic() < producers.until:
                 time.sleep(rng.uniform(0.1, 0.5))
@@ -211,17 +166,6 @@ def watch(server: RedisProcess, q: Any, stop: threading.Event, report: Report) -
                 if most > 1:
                     report.problems.append(f"more than one job waits for a key: {dict(waiting)}")
             time.sleep(0.05)
-
-
-def settle(q: Any, timeout_s: float, report: Report) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        s = q.stats()
-        if s.ready + s.scheduled + s.leased == 0:
-            return
-        time.sleep(0.2)
-    s = q.stats()
-    report.problems.append(f"the queue did not drain: ready {s.ready}, scheduled {s.scheduled}, leased {s.leased}")
 
 
 def check(logfile: Path, server: RedisProcess, q: Any, report: Report) -> None:

@@ -51,9 +51,9 @@ from pyqueue.drivers.queue import transport_of
 #: it implies ``resetkeys`` and ``-@all``); ``resetchannels`` also holds when
 #: ``acl-pubsub-default`` is ``allchannels``.
 RECIPE = """\
-ACL SETUSER pq-producer reset on >producer-secret resetchannels ~pq:{emails}:* -@all +ping +evalsha +script|load +script|exists +multi +exec +time +type +hget +hmget +hset +hsetnx +hincrby +rpush +lindex +llen +zadd +zcard +zcount +zrange +zmscore +xread +xrevrange +zscore +hexists +xadd "(~pq:{emails}:flows ~pq:{emails}:flow_expiry +zrangebyscore +hdel +zrem)"
+ACL SETUSER pq-producer reset on >producer-secret resetchannels ~pq:{emails}:* -@all +ping +evalsha +script|load +script|exists +multi +exec +time +type +hget +hmget +hset +hsetnx +hincrby +rpush +lindex +llen +zadd +zcard +zcount +zrange +zmscore +xread +xrevrange +zscore +hexists +xadd "(~pq:{emails}:flows ~pq:{emails}:flow_expiry ~pq:{emails}:keyed ~pq:{emails}:windows ~pq:{emails}:expires ~pq:{emails}:meta +zrangebyscore +hdel +zrem)"
 ACL SETUSER pq-worker reset on >worker-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +bzpopmin +time +type +exists +get +incr +pexpire +persist +del +hget +hmget +hexists +hset +hsetnx +hincrby +hdel +llen +lrange +ltrim +lpop +lpush +rpush +lrem +zadd +zrem +zscore +zcard +zcount +zrange +zrangebyscore +zrangebylex +zlexcount +zremrangebyrank +zremrangebylex +xadd +zmscore
-ACL SETUSER pq-admin reset on >admin-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +time +type +pexpire +pttl +hget +hgetall +hmget +hexists +hset +hsetnx +hincrby +hdel +rpush +lpush +lindex +llen +lrange +lrem +zadd +zrem +zscore +zscan +zcard +zcount +zrange +zrangebyscore +zlexcount +zremrangebyrank +xrevrange +xadd +xtrim +xlen +xrange +xread
+ACL SETUSER pq-admin reset on >admin-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +time +type +pexpire +pttl +hget +hgetall +hmget +hexists +hset +hsetnx +hincrby +hdel +rpush +lpush +lindex +llen +lrange +lrem +zadd +zrem +zscore +zscan +zcard +zcount +zrange +zrangebyscore +zrangebylex +zlexcount +zremrangebyrank +xrevrange +xadd +xtrim +xlen +xrange +xread
 """
 
 ROLES = ("producer", "worker", "admin")
@@ -81,7 +81,9 @@ ROLE_SCRIPTS: dict[str, tuple[str, ...]] = {
               # set_events: opting a queue in to its event stream (Queue.set_events).
               "set_events",
               # steps: a job's durable steps (pyqueue job, the dashboard's job view).
-              "steps"),
+              "steps",
+              # sequence_skip: letting a sequence blocked by its dead head go on.
+              "sequence_skip"),
 }
 
 #: The commands each role's driver code sends itself, outside any script, and why.
@@ -314,6 +316,23 @@ def test_a_producer_enqueues_pipelines_scripts_and_reads_stats(
     assert (stats.ready, stats.scheduled, stats.enqueued, stats.duplicates) == (8, 1, 9, 1)
     # At most the eviction-policy check a queue object makes once per process and server,
     # which the recipe leaves out on purpose: CONFIG GET would also show the passwords.
+    assert denied_commands(root) <= {"config|get"}
+
+
+def test_a_producer_debounces_throttles_and_sequences_under_its_acl_user(
+    root: redis.Redis, login: Callable[[str], redis.Redis]
+) -> None:
+    q = Queue(QUEUE, login("producer"))
+    first = q.enqueue(b"v1", debounce_ms=60_000, key="d", group="g", expires_ms=120_000)
+    # The merge takes the meta and the expiry the last send did not give (HDEL, ZREM).
+    assert q.enqueue(b"v2", debounce_ms=60_000, key="d").by_key == "debounced"
+    assert root.hget(q.spec.keys.meta, first.job_id) is None and root.zscore(q.spec.keys.expires, first.job_id) is None
+    q.enqueue(b"t", throttle_ms=1, key="t")
+    time.sleep(0.01)
+    q.enqueue(b"t", throttle_ms=1, key="t2")  # trims the stale window of "t" (ZRANGEBYSCORE, HDEL, ZREM)
+    assert root.zscore(q.spec.keys.windows, "t:t") is None
+    assert [q.enqueue(b"s", sequence="o").added for _ in range(2)] == [True, True]
+    assert q.stats().sequenced == 1
     assert denied_commands(root) <= {"config|get"}
 
 
@@ -572,6 +591,12 @@ def script_calls(root: redis.Redis) -> dict[str, tuple[str, Any, list[Any]]]:
     calls["park"] = ("park", q.spec.keys, [now, handles["held"].receipt, "wait", "w", 1000, 600_000])
     calls["signal"] = ("signal", q.spec.keys, [now, "held", "go", b"j1"])
     calls["steps"] = ("steps", q.spec.keys, [now, "held"])
+    # A sequence whose head (s0) is dead, with a job behind it: the skip hands the key on.
+    q.enqueue(b"", job_id="s0", sequence="seq", now_ms=T0)
+    q.enqueue(b"", job_id="s1", sequence="seq", now_ms=T0)
+    root.lrem(q.spec.keys.ready, 1, "s0")
+    root.zadd(q.spec.keys.dead, {"s0": T0})
+    calls["sequence_skip"] = ("sequence_skip", q.spec.keys, [now, "seq"])
     for state in ("ready", "scheduled", "running", "done"):
         calls[f"browse_{state}"] = ("browse", q.spec.keys, [now, state, 0, 10])
     live = Services(root).register([QUEUE], now_ms=T0)

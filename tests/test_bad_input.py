@@ -58,7 +58,12 @@ MALFORMED: list[tuple[str, list[Any]]] = [
     ("enqueue", ["", 1, "id", b"", 0, 1, "", "", "", "debounce|5|"]),
     ("enqueue", ["", 1, "id", b"", 0, 1, "", "", "", "debounce|5|a\nb"]),
     ("enqueue", ["", 1, "id", b"", 0, 1, "", "", "", "debounce|5|" + "k" * 257]),
-    ("enqueue", ["", 1, "id", b"", 0, 1, "", "", "", "sequence|5|k"]),
+    ("enqueue", ["", 1, "id", b"", 0, 1, "", "", "", "sequence|5|k"]),  # block is the only policy
+    ("enqueue", ["", 1, "id", b"", 0, 1, "", "", "", "sequence|skip|k"]),
+    ("enqueue", ["", 1, "id", b"", 0, 1, "", "", "", "sequence|block|"]),
+    ("sequence_skip", ["", ""]),
+    ("sequence_skip", ["", "a\nb"]),
+    ("sequence_skip", ["soon", "k"]),
     ("enqueue", ["", 1, "id", b"", 0, 1, "", "", "", "k"]),
     ("enqueue", ["", 1, "id", b"", 5, 1, "", "", "", "debounce|5|k"]),  # a debounced job's delay is its window
     ("groups", [-1, 10]),
@@ -304,7 +309,7 @@ ROLE_TYPES = {
     "results": "hash", "result_expiry": "zset", "finished": "stream",
     "meta": "hash", "gready": "zset", "ring": "zset", "groups": "hash", "fwait": "zset", "fpending": "zset",
     "events": "stream", "steps": "hash", "waiting": "zset",
-    "keyed": "hash", "windows": "zset", "expires": "zset", "expired": "zset",
+    "keyed": "hash", "windows": "zset", "expires": "zset", "expired": "zset", "sequenced": "zset",
 }
 #: The fair-scheduling keys (lua/README.md section 2.1).
 FAIR_ROLES = {"meta", "gready", "ring", "groups"}
@@ -349,7 +354,8 @@ STEP_ROLES = {"steps", "waiting"}
 STEP_READ = {("stats", "waiting")}
 #: The flow-control keys (lua/README.md section 2.7): the busy queue has no keyed job and
 #: no expiry, so no variant touches them (test_flow_control.py plants them where it does).
-CONTROL_ROLES = {"keyed", "windows", "expires", "expired"}
+CONTROL_ROLES = {"keyed", "windows", "expires", "expired", "sequenced"}
+CONTROL_READ = {("stats", "sequenced")}
 
 
 def untouched(variant: str, role: str, fair: bool) -> bool:
@@ -357,7 +363,7 @@ def untouched(variant: str, role: str, fair: bool) -> bool:
     if role in STEP_ROLES:
         return (variant, role) not in STEP_READ
     if role in CONTROL_ROLES:
-        return True
+        return (variant, role) not in CONTROL_READ
     if role in FAIR_ROLES:
         return (variant, role) in FAIR_UNTOUCHED if fair else (variant, role) not in FAIR_READ
     if fair:
@@ -381,6 +387,12 @@ UNTOUCHED = {
     ("result", "dead"),
     ("result", "errors"),
     ("result", "results"),
+    # An ack and a purge write `scheduled` (and a purge `wake`) only when a sequence's head
+    # hands its key on (test_flow_control.py plants them where one does).
+    ("ack", "scheduled"),
+    ("ack_result", "scheduled"),
+    ("dead_purge", "scheduled"),
+    ("dead_purge", "wake"),
 }
 
 

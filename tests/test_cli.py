@@ -336,3 +336,18 @@ def test_enqueue_with_flow_control_and_stats_shows_expired_jobs(url: str, capsys
     header, _rule, row = capsys.readouterr().out.split("\n")[:3]
     assert header.split()[-1] == "expired" and row.split()[-1] == "1"
     assert main(["--url", url, "enqueue", "cliq", "d", "--key", "k"]) == 2  # a key without a window: refused
+
+
+def test_sequence_skip_lets_a_blocked_sequence_go_on(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    for i in range(2):
+        assert main(["--url", url, "enqueue", "seqq", str(i), "--id", f"s{i}", "--sequence", "order-9",
+                     "--max-attempts", "1"]) == 0
+    q = Queue.from_url(url, "seqq")
+    assert q.get("s1").state == "sequenced"
+    assert main(["--url", url, "sequence", "skip", "seqq", "order-9"]) == 1  # its head is not dead
+    (job,) = q.lease()
+    q.nack(job, "boom")
+    capsys.readouterr()
+    assert main(["--url", url, "sequence", "skip", "seqq", "order-9"]) == 0
+    assert "s1 runs next" in capsys.readouterr().out
+    assert [j.id for j in q.lease()] == ["s1"]

@@ -79,6 +79,7 @@ def world(r: redis.Redis) -> World:
         "park": (q.spec.keys, [NOW, handles["held"].receipt, "sleep", "nap", 1000, 1000]),
         "signal": (q.spec.keys, [NOW, "held", "go", b"j1"]),
         "steps": (q.spec.keys, [NOW, "held"]),
+        "sequence_skip": (q.spec.keys, [NOW, "seq"]),
         "service_register": (
             services.keys.of(svc.id + 1), [NOW, svc.id + 1, "host", 1, "q", 60_000, 1000, 10, "tok2", "reg2"]
         ),
@@ -157,7 +158,7 @@ def test_the_exact_wording_of_a_contract_error(r: redis.Redis) -> None:
     with pytest.raises(redis.ResponseError, match=r"^PQ_CONTRACT pause expects 1 key \(contract v\d+\), got 0$"):
         r.eval(lua_source("pause"), 0, NOW)
     with pytest.raises(redis.ResponseError, match=r"^PQ_CONTRACT stats expects 1 argument \(contract v\d+\), got 2$"):
-        r.eval(lua_source("stats"), 10, *[w.q.spec.keys.role(k) for k in SCRIPT_KEYS["stats"]], NOW, NOW)
+        r.eval(lua_source("stats"), 11, *[w.q.spec.keys.role(k) for k in SCRIPT_KEYS["stats"]], NOW, NOW)
     enqueue = [w.q.spec.keys.role(k) for k in SCRIPT_KEYS["enqueue"]]
     with pytest.raises(redis.ResponseError, match=r"^PQ_CONTRACT enqueue expects 10\.\.8002 arguments in steps of 8 "):
         r.eval(lua_source("enqueue"), len(enqueue), *enqueue, NOW, 1, "id", b"", 0)

@@ -187,6 +187,19 @@ def maintenance_not_due(w: World) -> None:
     w.r.hset(w.q.spec.keys.counters, "next_maintenance_ms", int(time.time() * 1000) + 3_600_000)
 
 
+def case_sequence_skip(w: World) -> Callable[[], None]:
+    busy(w.q)
+    w.q.enqueue(b"head", sequence="k", max_attempts=1)
+    w.q.enqueue(b"next", sequence="k")
+    (job,) = w.q.lease()
+    w.q.nack(job, "boom")
+
+    def call() -> None:
+        assert w.q.sequence_skip("k").status == "skipped"
+
+    return call
+
+
 def case_enqueue(w: World) -> Callable[[], None]:
     busy(w.q)
     w.q.enqueue(b"waiting")
@@ -614,6 +627,7 @@ CASES = [
     Case("service_register", 0, "a namespace that has had a service", case_service_register),
     Case("service_renew", 0, "a live service running one job", case_service_renew),
     Case("service_stop", 0, "a live service", case_service_stop),
+    Case("sequence_skip", 0, "a dead head with one job behind it", case_sequence_skip),
     Case("set_events", 0, "opt in", case_set_events),
     Case("set_group_limit", 0, "the default cap", case_set_group_limit),
     Case("stats", 0, "a queue with a ready job", case_stats),
@@ -744,3 +758,15 @@ def test_flow_control_costs_what_the_headers_state_and_nothing_on_a_queue_withou
     maintenance_not_due(wb)
     lease_base = measured_commands(wb, redis_server, "lease", lambda: base.lease())
     assert (lease_base, {k: v - lease_base for k, v in costs.items()}) == (10, {"no expiry": 1, "in time": 2, "expired": 5})
+    # Sequences: enqueue of a head and of a job behind it; an ack of a head that hands its
+    # key on, and of a job without a sequence in a queue that has them (ack.lua).
+    sq = World(Queue("seq", world.r), world.services, world.r)
+    busy(sq.q)
+    head = measured_commands(sq, redis_server, "enqueue", lambda: sq.q.enqueue(b"h", sequence="s"))
+    behind = measured_commands(sq, redis_server, "enqueue", lambda: sq.q.enqueue(b"b", sequence="s"))
+    sq.q.enqueue(b"plain")
+    jobs = {j.payload: j for j in sq.q.lease(count=2)}
+    hand_on = measured_commands(sq, redis_server, "ack", lambda: sq.q.ack(jobs[b"h"]))
+    flagged = measured_commands(sq, redis_server, "ack", lambda: sq.q.ack(jobs[b"plain"]))
+    plain_ack = stated_costs(header("ack"))[0]
+    assert (head - plain, behind - plain, hand_on - plain_ack, flagged - plain_ack) == (4, 5, 12, 1)

@@ -254,3 +254,153 @@ def test_a_flow_control_key_of_the_wrong_type_is_an_error_and_changes_nothing(q:
             q.enqueue(b"y", throttle_ms=10, key="k", now_ms=T0)
     assert dump_all(r) == before
 
+
+
+# -- sequences --------------------------------------------------------------------------
+
+
+def ids_leased(q: Queue, now: int) -> list[str]:
+    return [j.id for j in lease_all(q, now)]
+
+
+def test_a_sequence_runs_its_jobs_one_at_a_time_in_send_order_and_other_keys_run_beside_it(q: Queue) -> None:
+    for i in range(3):
+        q.enqueue(f"a{i}".encode(), job_id=f"a{i}", sequence="order-1", now_ms=T0)
+    q.enqueue(b"b0", job_id="b0", sequence="order-2", now_ms=T0)
+    q.enqueue(b"free", job_id="free", now_ms=T0)
+    assert [q.get(i, now_ms=T0).state for i in ("a0", "a1", "a2")] == ["ready", "sequenced", "sequenced"]
+    assert q.stats(now_ms=T0).sequenced == 2
+    running = {j.id: j for j in lease_all(q, T0)}
+    assert set(running) == {"a0", "b0", "free"}  # one job of each key, and the jobs without one
+    assert ids_leased(q, T0 + 1) == []
+    assert q.ack(running["a0"], now_ms=T0 + 2) is Outcome.OK
+    (a1,) = lease_all(q, T0 + 3)
+    assert a1.id == "a1" and q.get("a2", now_ms=T0 + 3).state == "sequenced"
+    q.ack_result(a1, b"done", now_ms=T0 + 4)  # ack_result hands the key on too
+    outcome, (a2,) = q.ack_and_lease(running["b0"], now_ms=T0 + 5)
+    assert outcome is Outcome.OK and a2.id == "a2"
+    q.ack(a2, now_ms=T0 + 6)
+    assert q.stats(now_ms=T0 + 6).sequenced == 0
+    # The key is free: the next send is its head at once.
+    q.enqueue(b"a3", job_id="a3", sequence="order-1", now_ms=T0 + 7)
+    assert q.get("a3", now_ms=T0 + 7).state == "ready"
+
+
+def test_order_holds_across_retries_and_lost_leases(q: Queue) -> None:
+    for i in range(2):
+        q.enqueue(f"{i}".encode(), job_id=f"j{i}", sequence="k", max_attempts=5, now_ms=T0)
+    (j0,) = lease_all(q, T0)
+    q.nack(j0, "boom", delay_ms=1000, now_ms=T0 + 1)  # retrying: still the head
+    assert ids_leased(q, T0 + 500) == []
+    (again,) = q.lease(lease_ms=100, now_ms=T0 + 1001)
+    assert again.id == "j0"
+    # Its lease runs out (a crashed worker): reclaimed, it is still the head.
+    assert ids_leased(q, T0 + 1200) == ["j0"]
+    (third,) = [j for j in q.lease(count=5, lease_ms=LEASE, now_ms=T0 + 1200 + LEASE)]
+    assert third.id == "j0" and third.attempt == 4
+    q.ack(third, now_ms=T0 + 1201 + LEASE)
+    assert ids_leased(q, T0 + 1202 + LEASE) == ["j1"]
+
+
+def test_a_dead_head_blocks_its_key_until_replayed_purged_or_skipped(q: Queue) -> None:
+    for i in range(4):
+        q.enqueue(f"{i}".encode(), job_id=f"j{i}", sequence="k", max_attempts=1, now_ms=T0)
+    assert q.sequence_skip("k", now_ms=T0).status == "running"
+    (j0,) = lease_all(q, T0)
+    q.nack(j0, "boom", now_ms=T0 + 1)
+    assert q.get("j0", now_ms=T0 + 1).state == "dead"
+    assert ids_leased(q, T0 + 2) == []  # blocked
+    # Replayed and acked: the key goes on.
+    assert q.dead_replay(["j0"]) == 1
+    (j0,) = lease_all(q, T0 + 3)
+    q.ack(j0, now_ms=T0 + 4)
+    (j1,) = lease_all(q, T0 + 5)
+    assert j1.id == "j1"
+    q.nack(j1, "boom", now_ms=T0 + 6)
+    # Purged: the key goes on.
+    assert q.dead_purge(["j1"]) == 1
+    (j2,) = lease_all(q, T0 + 7)
+    assert j2.id == "j2"
+    q.nack(j2, "boom", now_ms=T0 + 8)
+    # Skipped: the key goes on, the dead job stays a dead letter, out of the sequence.
+    skipped = q.sequence_skip("k", now_ms=T0 + 9)
+    assert (skipped.status, skipped.next_id) == ("skipped", "j3")
+    assert q.get("j2", now_ms=T0 + 9).state == "dead"
+    assert ids_leased(q, T0 + 10) == ["j3"]
+    assert q.sequence_skip("k", now_ms=T0 + 11).status == "running"
+    q.dead_replay(["j2"])  # a replay of a skipped job runs it alone, beside the sequence
+    assert ids_leased(q, T0 + 12) == ["j2"]
+    assert q.sequence_skip("nothing", now_ms=T0 + 13).status == "free"
+
+
+def test_a_cancelled_or_expired_job_leaves_its_line(q: Queue) -> None:
+    q.enqueue(b"0", job_id="j0", sequence="k", now_ms=T0)
+    q.enqueue(b"1", job_id="j1", sequence="k", now_ms=T0)
+    q.enqueue(b"2", job_id="j2", sequence="k", expires_ms=100, now_ms=T0)
+    q.enqueue(b"3", job_id="j3", sequence="k", now_ms=T0)
+    assert q.cancel("j1", now_ms=T0 + 1).state == "sequenced"  # out of line, the others keep their places
+    assert q.cancel("j0", now_ms=T0 + 2).state == "ready"  # the head: hands the key on to j2
+    assert q.get("j2", now_ms=T0 + 2).state == "scheduled"
+    # j2 missed its deadline: it expires instead of running, and hands the key on.
+    assert ids_leased(q, T0 + 200) == []
+    assert q.get("j2", now_ms=T0 + 200).state == "expired"
+    assert ids_leased(q, T0 + 201) == ["j3"]
+    assert q.stats(now_ms=T0 + 201).sequenced == 0
+
+
+def test_a_delayed_job_of_a_sequence_runs_at_its_due_time_once_its_turn_comes(q: Queue) -> None:
+    answers = q.enqueue_many([NewJob(b"0", job_id="j0", sequence="k"), NewJob(b"1", job_id="j1", sequence="k", delay_ms=500),
+                              NewJob(b"2", job_id="j2", sequence="k")], now_ms=T0)
+    assert all(a.added for a in answers)
+    (j0,) = lease_all(q, T0)
+    q.ack(j0, now_ms=T0 + 10)
+    info = q.get("j1", now_ms=T0 + 10)
+    assert (info.state, info.due_ms) == ("scheduled", T0 + 500)  # its delay counts from its send
+    assert ids_leased(q, T0 + 499) == []
+    (j1,) = lease_all(q, T0 + 500)
+    q.ack(j1, now_ms=T0 + 600)
+    assert ids_leased(q, T0 + 600) == ["j2"]  # its due time passed long ago: at once
+
+
+def test_a_sequence_with_another_key_is_refused(q: Queue, r: redis.Redis) -> None:
+    before = dump_all(r)
+    with pytest.raises(InvalidArgument, match="one key per job"):
+        q.enqueue(b"x", sequence="k", debounce_ms=10, key="k")
+    with pytest.raises(InvalidArgument, match="sequence must be 1..256 bytes"):
+        q.enqueue(b"x", sequence="")
+    with pytest.raises(InvalidArgument, match="key must be 1..256 bytes"):
+        q.sequence_skip("a\nb")
+    assert dump_all(r) == before
+
+
+def test_a_sequence_key_of_the_wrong_type_is_an_error_and_changes_nothing(q: Queue, r: redis.Redis) -> None:
+    q.enqueue(b"x", job_id="a", sequence="k", now_ms=T0)
+    (job,) = lease_all(q, T0)
+    r.set(q.spec.keys.sequenced, "planted")
+    before = dump_all(r)
+    with pytest.raises(WrongTypeError):
+        q.enqueue(b"y", sequence="k", now_ms=T0 + 1)  # behind `a`: it goes into `sequenced`
+    with pytest.raises(WrongTypeError):
+        q.ack(job, now_ms=T0 + 1)  # the head's ack hands the key on through `sequenced`
+    assert dump_all(r) == before
+
+
+# -- partitioned queues -------------------------------------------------------------------
+
+
+def test_on_a_partitioned_queue_a_key_picks_the_partition_and_keeps_its_rules(r: redis.Redis) -> None:
+    from pyqueue.protocol.core import partition_of
+
+    q = Queue("parted", r, partitions=4)
+    first = q.enqueue(b"v1", debounce_ms=60_000, key="user-7", now_ms=T0)
+    again = q.enqueue(b"v2", debounce_ms=60_000, key="user-7", now_ms=T0 + 1)
+    assert (again.job_id, again.by_key) == (first.job_id, "debounced")
+    assert partition_of(first.job_id, 4) == partition_of("user-7", 4)
+    a = q.enqueue(b"a", sequence="order-1", now_ms=T0)
+    b = q.enqueue(b"b", sequence="order-1", now_ms=T0)
+    assert partition_of(a.job_id, 4) == partition_of(b.job_id, 4) == partition_of("order-1", 4)
+    assert (q.get(b.job_id, now_ms=T0).state, q.stats(now_ms=T0).sequenced) == ("sequenced", 1)
+    with pytest.raises(InvalidArgument, match="lives in its key's partition"):
+        q.enqueue(b"c", job_id=next(f"x{i}" for i in range(100) if partition_of(f"x{i}", 4) != partition_of("k", 4)),
+                  sequence="k")
+    assert q.sequence_skip("order-1", now_ms=T0).status == "running"

@@ -82,7 +82,7 @@ def build(r: redis.Redis) -> World:
     READY r1..r3; LEASED held, retry (9 attempts), last (max 1 attempt), all until
     T0 + 100 s, r0 by the dead service ns.7, and 'expired' (deadline T0 + 5); SCHEDULED
     'due' (T0 + 10); waiting 'w0' (for r1 and r2), and the record of flow 'f0' (an hour); DEAD 'corpse'; a second queue 'held', paused; service ns.1 serving q, alive, and ns.2, dead and not
-    yet forgotten.
+    yet forgotten; in queue 'seqs', sequence 'k' blocked by its dead head s0, s1 behind it.
     """
     q = Queue("q", r, owner="setup")
     q.set_events(1000)  # a re-sent call must not write its events twice either
@@ -100,6 +100,11 @@ def build(r: redis.Redis) -> World:
     q.flow_wait(NewJob(b"w", job_id="w0"), [("q", "r1"), ("q", "r2")], now_ms=T0)
     q.flow_record("f0", b"{}", 3_600_000, now_ms=T0)
     Queue("held", r).pause(now_ms=T0)  # a paused queue, for the resume case
+    seqs = Queue("seqs", r, owner="setup")  # a sequence blocked by its dead head s0, s1 behind it
+    seqs.enqueue_many([NewJob(b"0", job_id="s0", sequence="k", max_attempts=1), NewJob(b"1", job_id="s1", sequence="k")],
+                      now_ms=T0)
+    (s0,) = seqs.lease_call(call="s5", now_ms=T0).jobs
+    seqs.nack(s0, "died", now_ms=T0)
     services = Services(r, namespace="ns")
     service = services.register(["q"], host="h", pid=1, registration="live", now_ms=T0)
     dead = services.register(["q"], host="h", pid=2, expire_ms=1000, registration="dead", now_ms=T0 - 5000)
@@ -237,6 +242,8 @@ CASES: dict[str, Case] = {
     "signal": Case("signal", lambda q, s, w: q.signal("r1", "go", b"j1", now_ms=NOW),
                    replayed=lambda a: Signalled("duplicate")),
     "steps": Case("steps", lambda q, s, w: q.steps("held", now_ms=NOW)),
+    "sequence_skip": Case("sequence_skip", lambda q, s, w: sibling(q, "seqs").sequence_skip("k", now_ms=NOW),
+                          replayed=lambda a: dataclasses.replace(a, status="running")),
 }
 
 

@@ -283,6 +283,7 @@ def calls(r: Any) -> list[Call]:
         Call("step", k, [NOW, held[5].receipt, 1000, "s1", b"j1"]),
         Call("signal", k, [NOW, "l5", "go", b"jx"]),
         Call("steps", k, [NOW, "l5"], 2),
+        Call("sequence_skip", k, [NOW, "seq"]),
         Call("park", k, [NOW, held[5].receipt, "sleep", "nap", 1000, 1000]),
         Call("promote", k, [NOW, 100]),
         Call("cancel", k, [NOW, "r1", 300_000]),
@@ -425,20 +426,20 @@ def corrupt_dead(r: Any) -> str:
 #: call that provokes it. ``None`` as the backend: both; "real": Redis's own text, which
 #: fakeredis words otherwise.
 SCRIPT_ERRORS: dict[str, tuple[str, str | None, Callable[[Any], list[str]]]] = {
-    f"PQ_CONTRACT stats expects 10 keys (contract v{CONTRACT_VERSION}), got 0": (
+    f"PQ_CONTRACT stats expects 11 keys (contract v{CONTRACT_VERSION}), got 0": (
         "§10, how a client reads it", None, lambda r: [eval_error(r, "stats", 0, 1)]),
     "PQ_CONTRACT <script> expects <what> (contract v<N>), got <count>": (
         "§10, the count check: the form", None,
-        lambda r: [eval_error(r, "pause", 0, 1), eval_error(r, "stats", 10, 2), eval_error(r, "ack", 13, 2),
-                   eval_error(r, "ack_result", 16, 7)]),
+        lambda r: [eval_error(r, "pause", 0, 1), eval_error(r, "stats", 11, 2), eval_error(r, "ack", 16, 2),
+                   eval_error(r, "ack_result", 19, 7)]),
     f"PQ_CONTRACT nack expects 14 keys (contract v{CONTRACT_VERSION}), got 13": (
         "§10", None, lambda r: [eval_error(r, "nack", 13, 6)]),
     f"PQ_CONTRACT cancel expects 3 arguments (contract v{CONTRACT_VERSION}), got 2": (
-        "§10", None, lambda r: [eval_error(r, "cancel", 18, 2)]),
+        "§10", None, lambda r: [eval_error(r, "cancel", 20, 2)]),
     f"PQ_CONTRACT nack expects 6..7 arguments (contract v{CONTRACT_VERSION}), got 5": (
         "§10", None, lambda r: [eval_error(r, "nack", 14, 5)]),
     f"PQ_CONTRACT enqueue expects 10..8002 arguments in steps of 8 (contract v{CONTRACT_VERSION}), got 9": (
-        "§10", None, lambda r: [eval_error(r, "enqueue", 14, 9)]),
+        "§10", None, lambda r: [eval_error(r, "enqueue", 15, 9)]),
     f"PQ_CONTRACT nack expects 14 keys (contract v{CONTRACT_VERSION}), got 8": (
         "§8, errors (nack of an earlier contract)", None, lambda r: [eval_error(r, "nack", 8, 6, "emails")]),
     "PQ_BADARG max_attempts must be in [1, 10000], got 0": (

@@ -71,9 +71,40 @@ class Mutant:
     #: Examples to run for this mutant, when it needs more than EXAMPLES (the budget is
     #: spent only while it survives).
     examples: int = 0
+    #: A bug of flow control: the machine of tests/test_flow_control_machine.py of this
+    #: name ("sequences", "debounce") finds it, instead of the model test.
+    machine: str = ""
 
 
 MUTANTS = [
+    Mutant(
+        "sequence_skip_skips_a_head_that_is_not_dead",
+        "sequence_skip",
+        "if not redis.call('ZSCORE', dead_key, head) then return { 'running', head } end",
+        "if false then return { 'running', head } end",
+        machine="sequences",
+    ),
+    Mutant(
+        "enqueue_lets_a_sequences_second_job_run_beside_its_head",
+        "enqueue",
+        "      behind[i], n_behind = true, n_behind + 1",
+        "      held[keys[i].field] = h",
+        machine="sequences",
+    ),
+    Mutant(
+        "ack_forgets_that_an_acked_job_was_its_sequences_head",
+        "ack",
+        "local p = { head = redis.call('HGET', K.keyed, 's:' .. e.key) == e.id }",
+        "local p = { head = false }",
+        machine="sequences",
+    ),
+    Mutant(
+        "enqueue_never_debounces",
+        "enqueue",
+        "  if h and keys[i].mode == 'debounce' and (not dup or id == h.id) then",
+        "  if false then",
+        machine="debounce",
+    ),
     Mutant(
         "ack_accepts_any_receipt_of_an_existing_job",
         "ack",
@@ -680,6 +711,14 @@ def test_the_model_test_passes_on_an_unmutated_copy(mutant_backend: Backend, tmp
 def test_the_model_test_catches_the_planted_bug(mutant: Mutant, mutant_backend: Backend, tmp_path: Path) -> None:
     backend = mutant_backend
     examples = max(EXAMPLES, mutant.examples)
+    if mutant.machine:
+        import test_flow_control_machine as flow_control
+
+        options = model_settings(examples, STEPS, database=None, derandomize=True, phases=(Phase.generate,),
+                                 report_multiple_bugs=False, print_blob=False)
+        with pytest.raises((AssertionError, PyQueueError, redis.RedisError)):
+            flow_control.run(mutant.machine, backend, plant(mutant, tmp_path), options)
+        return
     failure, ran = run_model(
         backend, plant(mutant, tmp_path), examples, job_control=mutant.job_control, fair=mutant.fair, flows=mutant.flows,
         progress=mutant.progress, browse=mutant.browse, events=mutant.events, steps=mutant.steps,

@@ -809,7 +809,7 @@ def test_node_reads_the_contract_version_and_calls_of_the_earlier_contract_get_p
         "service_register_v1_arguments": {
             "code": "PQ_CONTRACT", "message": f"PQ_CONTRACT service_register expects 10..11 arguments {v}, got 9",
         },
-        "stats_no_keys": {"code": "PQ_CONTRACT", "message": f"PQ_CONTRACT stats expects 10 keys {v}, got 0"},
+        "stats_no_keys": {"code": "PQ_CONTRACT", "message": f"PQ_CONTRACT stats expects 11 keys {v}, got 0"},
     }
     assert node["version_from_an_answer"] == CONTRACT_VERSION
     assert node["other_dir"] == f"nack.lua states contract v{CONTRACT_VERSION + 1}, this client speaks v{CONTRACT_VERSION}"

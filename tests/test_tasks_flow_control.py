@@ -133,8 +133,34 @@ def test_a_flow_step_with_flow_control_is_refused_and_nothing_is_sent() -> None:
         return x
 
     with tasks.testing() as t:
-        with pytest.raises(InvalidArgument, match="a flow's step cannot have expires, debounce or throttle"):
+        with pytest.raises(InvalidArgument, match="a flow.s step cannot have expires, debounce, throttle or sequence"):
             chain(a.s(), b.s()).send()
         assert t.stats().enqueued == 0
         chain(a.s(), b.options(expires=None).s()).send()
         assert t.drain() == 2
+
+
+def test_a_sequenced_task_runs_one_job_per_key_at_a_time_in_send_order_through_retries() -> None:
+    tasks = Tasks()
+    ran: list[tuple[str, int, int]] = []
+
+    @tasks.task(name="apply", sequence=lambda order_id, **_: order_id, backoff=60, max_attempts=3)
+    def apply(order_id: str, step: int) -> None:
+        from pyqueue import current_job
+
+        ran.append((order_id, step, current_job().attempt))
+        if step == 1 and current_job().attempt == 1:
+            raise ConnectionError("try again in a minute")
+
+    with tasks.testing(raise_errors=False) as t:
+        sent = [apply.send("o1", step) for step in range(3)] + [apply.send("o2", 0)]
+        assert [s.state() for s in sent] == ["ready", "sequenced", "sequenced", "ready"]
+        assert t.drain() == 5  # o1: 0, 1 (fails), 1 again a minute later, 2; o2: 0
+        assert t.stats().sequenced == 0
+    assert [r for r in ran if r[0] == "o1"] == [("o1", 0, 1), ("o1", 1, 1), ("o1", 1, 2), ("o1", 2, 1)]
+    assert ("o2", 0, 1) in ran
+
+
+def test_a_sequence_option_with_debounce_is_refused() -> None:
+    with pytest.raises(InvalidArgument, match="one key per job"):
+        Tasks().task(name="t", sequence="k", debounce=1, key="k")(lambda: None)

@@ -8,12 +8,22 @@
 -- passed holds nothing: enqueue trims a few of them per keyed call, so ending scripts
 -- never need to free a key.
 --
+-- A sequence key ("s:<key>" in `keyed`) names its head: the one job of the key that may
+-- be ready, leased, retrying or dead. The others, in send order, wait in `sequenced`, a
+-- lexicographic zset of members "<key>\n<seq>\n<id>" (seq: 16 digits of `keyed`'s
+-- counter "seq"), in no other state. Every job of a sequence has "j:<id>" in `keyed`:
+-- "<seq>|<due_ms>|<key>". When the head ends (acked, cancelled, expired, purged, or its
+-- dead letter skipped by sequence_skip.lua) the script that ends it hands the key to the
+-- next (scheduled at its due time) or frees it; a dead head keeps it: the key is blocked
+-- until the head is replayed and acked, purged, or skipped. The scripts that end jobs
+-- look for this only in a queue whose `counters` has `sequences`.
+--
 -- A job sent with an expiry has an entry in `expires` (zset id -> deadline_ms) until its
 -- first lease: lease.lua reads it (a queue whose `counters` has `expiry`) and moves a job
 -- past its deadline to `expired` (zset id -> ms it expired) instead of leasing it.
 
 -- The modes a key may have, and the prefix of their fields in `keyed` and `windows`
-local KEY_MODES = { debounce = 'd:', throttle = 't:' }
+local KEY_MODES = { debounce = 'd:', throttle = 't:', sequence = 's:' }
 
 -- Most expired ids kept in `expired` (the newest); older ones are forgotten
 local EXPIRED_KEPT = 10000
@@ -21,22 +31,90 @@ local EXPIRED_KEPT = 10000
 -- Stale key fields removed per keyed enqueue call, at most
 local KEY_TRIM = 10
 
--- A job's key argument: '' (none) or "<mode>|<window_ms>|<key>", mode debounce or
--- throttle, window_ms 1..2^40, key 1..256 bytes without control characters. Answers
--- nil (none), or {mode, window_ms, field}; or nil and a PQ_BADARG text.
+-- A job's key argument: '' (none), "<mode>|<window_ms>|<key>" (mode debounce or throttle,
+-- window_ms 1..2^40) or "sequence|block|<key>"; key 1..256 bytes without control
+-- characters. Answers nil (none), or {mode, window_ms, key, field}; or nil and a
+-- PQ_BADARG text.
 local function key_arg(value)
   if value == '' then return nil end
   local mode, window, key = string.match(value, '^(%l+)|([^|]*)|(.*)$')
   if not mode or not KEY_MODES[mode] then
-    return nil, 'PQ_BADARG key must be "debounce|<window_ms>|<key>" or "throttle|<window_ms>|<key>", got '
-      .. string.format('%q', value)
+    return nil, 'PQ_BADARG key must be "debounce|<window_ms>|<key>", "throttle|<window_ms>|<key>" or '
+      .. '"sequence|block|<key>", got ' .. string.format('%q', value)
   end
-  local window_ms, err = int_arg(window, mode .. ' window_ms', 1, 2 ^ 40)
-  if err then return nil, err end
+  local window_ms, err = 0, nil
+  if mode == 'sequence' then
+    if window ~= 'block' then return nil, 'PQ_BADARG a sequence\'s failure policy must be block' end
+  else
+    window_ms, err = int_arg(window, mode .. ' window_ms', 1, 2 ^ 40)
+    if err then return nil, err end
+  end
   if #key < 1 or #key > 256 or string.find(key, '%c') then
     return nil, 'PQ_BADARG key must be 1..256 bytes without control characters'
   end
-  return { mode = mode, window_ms = window_ms, field = KEY_MODES[mode] .. key }
+  return { mode = mode, window_ms = window_ms, key = key, field = KEY_MODES[mode] .. key }
+end
+
+-- The sequence entries of jobs `ids` that end (section 2.7; K holds keyed, sequenced,
+-- scheduled and wake), read before any write: one HMGET of `keyed` (which proves it a
+-- hash), and when any has one, TYPE probes of the keys sequence_end writes. Answers the
+-- entries ({id, seq, key}; NONE when none), or nil and an error text.
+local function sequence_read(K, ids)
+  if #ids == 0 then return NONE end
+  local fields = {}
+  for i, id in ipairs(ids) do fields[i] = 'j:' .. id end
+  local values = hmget(K.keyed, fields)
+  local out = NONE
+  for i, value in ipairs(ids) do
+    local entry = values[i]
+    if entry then
+      local seq, key = string.match(entry, '^(%d+)|%d+|(.+)$')
+      if not seq then return nil, 'PQ_CORRUPT unparsable sequence entry in ' .. K.keyed end
+      if out == NONE then out = {} end
+      out[#out + 1] = { id = value, seq = seq, key = key }
+    end
+  end
+  if out ~= NONE then
+    local err = expect_type(K.sequenced, 'zset') or expect_type(K.scheduled, 'zset') or expect_type(K.wake, 'zset')
+    if err then return nil, err end
+  end
+  return out
+end
+
+-- The jobs of `ended` (from sequence_read) ended for good: a head hands its key to the
+-- next job of the sequence, which is scheduled at its due time (a worker is woken), or
+-- frees it; any other leaves the line. Every read comes before the first write (a user
+-- whose ACL lacks a command is refused before anything changes). Answers the ids
+-- handed a key.
+local function sequence_end(K, ended)
+  local plans, handed = {}, {}
+  for i, e in ipairs(ended) do
+    local p = { head = redis.call('HGET', K.keyed, 's:' .. e.key) == e.id }
+    if p.head then
+      p.next = redis.call('ZRANGEBYLEX', K.sequenced, '[' .. e.key .. '\n', '(' .. e.key .. '\011', 'LIMIT', 0, 1)[1]
+      if p.next then
+        p.id = string.sub(p.next, #e.key + 19)
+        p.due = tonumber(string.match(redis.call('HGET', K.keyed, 'j:' .. p.id) or '', '^%d+|(%d+)|') or '0')
+      end
+    end
+    plans[i] = p
+  end
+  for i, e in ipairs(ended) do
+    local p = plans[i]
+    redis.call('HDEL', K.keyed, 'j:' .. e.id)
+    if p.next then
+      redis.call('ZREM', K.sequenced, p.next)
+      redis.call('HSET', K.keyed, 's:' .. e.key, p.id)
+      redis.call('ZADD', K.scheduled, p.due, p.id)
+      handed[#handed + 1] = p.id
+    elseif p.head then
+      redis.call('HDEL', K.keyed, 's:' .. e.key)
+    else
+      redis.call('ZREM', K.sequenced, e.key .. '\n' .. e.seq .. '\n' .. e.id)
+    end
+  end
+  if #handed > 0 then redis.call('ZADD', K.wake, 0, 'wake') end
+  return handed
 end
 
 -- End jobs that were not leased before their deadline (never leased: their records,

@@ -114,6 +114,7 @@ class QueueFacade:
     promote = Verb(control.promote)
     scrub = Verb(control.scrub)
     cancel = Verb(control.cancel)
+    sequence_skip = Verb(control.sequence_skip)
     limit = Verb(control.limit)
     set_group_limit = Verb(control.set_group_limit)
     groups = Verb(control.groups)

@@ -45,6 +45,7 @@ from pyqueue.protocol.core import (
     check_int,
     check_ids,
     check_job_id,
+    check_key,
     check_now,
     partition_name,
     partition_of,
@@ -53,6 +54,7 @@ from pyqueue.protocol.core import (
 from pyqueue.protocol.errors import InvalidArgument
 from pyqueue.protocol.models import (
     Cancelled,
+    SequenceSkipped,
     DeadJob,
     DeadPage,
     Enqueued,
@@ -232,10 +234,12 @@ def enqueue(
     debounce_ms: int | None = None,
     throttle_ms: int | None = None,
     key: str | None = None,
+    sequence: str | None = None,
     now_ms: int | None = None,
 ) -> Plan[Enqueued]:
     """As :func:`pyqueue.protocol.verbs.produce.enqueue`, in the partition of the job's id."""
-    new = NewJob(payload, job_id, delay_ms, max_attempts, priority, group, expires_ms, debounce_ms, throttle_ms, key)
+    new = NewJob(payload, job_id, delay_ms, max_attempts, priority, group, expires_ms, debounce_ms, throttle_ms, key,
+                 sequence)
     (added,) = yield from enqueue_many(layout, [new], now_ms=now_ms)
     return added
 
@@ -254,12 +258,13 @@ def enqueue_json(
     debounce_ms: int | None = None,
     throttle_ms: int | None = None,
     key: str | None = None,
+    sequence: str | None = None,
     now_ms: int | None = None,
 ) -> Plan[Enqueued]:
     """As :func:`pyqueue.protocol.verbs.produce.enqueue_json`, in the partition of the job's id."""
     plan = enqueue(layout, produce.json_payload(obj), job_id=job_id, delay_ms=delay_ms, max_attempts=max_attempts,
                    priority=priority, group=group, expires_ms=expires_ms, debounce_ms=debounce_ms,
-                   throttle_ms=throttle_ms, key=key, now_ms=now_ms)
+                   throttle_ms=throttle_ms, key=key, sequence=sequence, now_ms=now_ms)
     return (yield from plan)
 
 
@@ -530,6 +535,12 @@ def cancel(layout: Partitions, /, job_id: str, *, now_ms: int | None = None) -> 
     return (yield from layout.part_for(job_id).cancel(job_id, now_ms=now_ms))
 
 
+def sequence_skip(layout: Partitions, /, key: str, *, now_ms: int | None = None) -> Plan[SequenceSkipped]:
+    """As :func:`pyqueue.protocol.verbs.control.sequence_skip`, in the key's partition
+    (a keyed job lives there)."""
+    return (yield from layout.parts[partition_of(check_key(key), layout.count)].sequence_skip(key, now_ms=now_ms))
+
+
 def set_group_limit(layout: Partitions, /, cap: int | None, *, group: str | None = None) -> Plan[bool]:
     """As :func:`pyqueue.protocol.verbs.control.set_group_limit`, in every partition: a
     group's jobs all live in its partition, so the cap there is the group's cap across
@@ -726,6 +737,7 @@ class PartitionedQueue:
     promote = Routed(promote)
     scrub = Routed(scrub)
     cancel = Routed(cancel)
+    sequence_skip = Routed(sequence_skip)
     limit = Routed(limit)
     set_group_limit = Routed(set_group_limit)
     groups = Routed(groups)

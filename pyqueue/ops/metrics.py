@@ -59,9 +59,10 @@ COUNTERS: dict[str, tuple[str, str]] = {
     "expired": ("expired_total", "jobs ended unrun: not leased before their expiry"),
     "debounced": ("debounced", "sends merged into their debounce key's pending job"),
     "throttled": ("throttled", "sends dropped inside their throttle key's window"),
+    "skipped": ("skipped", "dead heads of sequences skipped (pyqueue sequence skip)"),
 }
 #: The ``state`` label of pyqueue_jobs -> the Stats field.
-STATES = ("ready", "scheduled", "waiting", "leased", "dead", "done")
+STATES = ("ready", "scheduled", "waiting", "sequenced", "leased", "dead", "done")
 #: How many of a queue's largest groups pyqueue_group_ready_jobs reports (a bound on its
 #: label values), chosen among the first GROUPS_SCANNED groups of its ring.
 TOP_GROUPS = 10

@@ -201,7 +201,7 @@ def new_job(item: NewJob | bytes | str, max_payload_bytes: int = DEFAULT_MAX_PAY
                                   f"({start_ms} ms): it could never start")
     # On a partitioned queue a keyed job lives in its key's partition, as a grouped one
     # in its group's (the key's state is kept there).
-    home = new.key if key else group
+    home = (new.sequence if new.sequence is not None else new.key) if key else group
     return (
         check_job_id(new.job_id) if new.job_id is not None else new_id(home, partitions),
         payload,
@@ -214,11 +214,26 @@ def new_job(item: NewJob | bytes | str, max_payload_bytes: int = DEFAULT_MAX_PAY
     )
 
 
+def check_key(value: object, what: str = "key") -> str:
+    """A debounce, throttle or sequence key: a str of 1..256 UTF-8 bytes without control
+    characters; else InvalidArgument."""
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{what} must be a str, got {type(value).__name__}")
+    raw = value.encode("utf-8")
+    if not 1 <= len(raw) <= MAX_KEY_BYTES or any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise InvalidArgument(f"{what} must be 1..{MAX_KEY_BYTES} bytes without control characters, got {value!r}")
+    return value
+
+
 def key_arg(new: NewJob, delay_ms: int) -> str:
-    """A job's debounce or throttle key as enqueue.lua takes it ('' for none), or
-    InvalidArgument for a key without a window, a window without a key, both windows,
-    or a delayed debounce."""
+    """A job's debounce, throttle or sequence key as enqueue.lua takes it ('' for none),
+    or InvalidArgument for a key without a window, a window without a key, both windows,
+    a delayed debounce, or a sequence with another key."""
     windows = [(mode, ms) for mode, ms in (("debounce", new.debounce_ms), ("throttle", new.throttle_ms)) if ms is not None]
+    if new.sequence is not None:
+        if windows or new.key is not None:
+            raise InvalidArgument("a job of a sequence is not debounced or throttled too (one key per job)")
+        return f"sequence|block|{check_key(new.sequence, 'sequence')}"
     if not windows:
         if new.key is not None:
             raise InvalidArgument("key needs debounce_ms or throttle_ms: what should the key do?")
@@ -229,11 +244,7 @@ def key_arg(new: NewJob, delay_ms: int) -> str:
     check_int(window_ms, f"{mode}_ms", 1, 2**40)
     if new.key is None:
         raise InvalidArgument(f"{mode}_ms needs a key: the jobs that share it are {mode}d together")
-    if not isinstance(new.key, str):
-        raise InvalidArgument(f"key must be a str, got {type(new.key).__name__}")
-    raw = new.key.encode("utf-8")
-    if not 1 <= len(raw) <= MAX_KEY_BYTES or any(ord(c) < 32 or ord(c) == 127 for c in new.key):
-        raise InvalidArgument(f"key must be 1..{MAX_KEY_BYTES} bytes without control characters, got {new.key!r}")
+    check_key(new.key)
     if mode == "debounce" and delay_ms:
         raise InvalidArgument("a debounced job is due at the end of its window: give debounce_ms, not delay_ms")
     return f"{mode}|{window_ms}|{new.key}"
@@ -692,6 +703,11 @@ def peek_call(keys: Keys, now_ms: int | None) -> ScriptCall:
 def get_call(keys: Keys, now_ms: int | None, job_id: str, with_payload: bool) -> ScriptCall:
     """lua/get.lua."""
     return ScriptCall("get", keys, [now_arg(now_ms), job_id, int(with_payload)])
+
+
+def sequence_skip_call(keys: Keys, now_ms: int | None, key: str) -> ScriptCall:
+    """lua/sequence_skip.lua."""
+    return ScriptCall("sequence_skip", keys, [now_arg(now_ms), key])
 
 
 def cancel_call(keys: Keys, now_ms: int | None, job_id: str, keep_done_ms: int) -> ScriptCall:

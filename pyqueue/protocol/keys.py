@@ -156,6 +156,11 @@ class QueueKeys:
         return self._key("expired")
 
     @property
+    def sequenced(self) -> str:
+        """zset: "<key>\\n<seq>\\n<id>" -> 0, the jobs of sequences waiting behind their head (lex)."""
+        return self._key("sequenced")
+
+    @property
     def fwait(self) -> str:
         """zset: id -> ms of its next check, the jobs waiting for others (flow_wait.lua)."""
         return self._key("fwait")
@@ -204,7 +209,8 @@ class QueueKeys:
 #: Every role of a queue key, in the order lua/README.md lists them.
 ROLES = ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake", "done", "results",
          "result_expiry", "finished", "meta", "gready", "ring", "groups", "fwait", "fpending", "flows", "flow_expiry",
-         "progress", "progress_at", "events", "steps", "waiting", "keyed", "windows", "expires", "expired")
+         "progress", "progress_at", "events", "steps", "waiting", "keyed", "windows", "expires", "expired",
+         "sequenced")
 
 
 @dataclass(frozen=True)

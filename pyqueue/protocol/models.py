@@ -148,6 +148,9 @@ class NewJob:
     debounce_ms: int | None = None
     throttle_ms: int | None = None
     key: str | None = None
+    #: The key of the job's sequence: the jobs of one key run one at a time, in send
+    #: order (``Queue.enqueue``).
+    sequence: str | None = None
 
 
 @dataclass(frozen=True)
@@ -295,6 +298,10 @@ class Stats:
     expired_total: int = 0
     debounced: int = 0
     throttled: int = 0
+    #: Jobs waiting behind their sequence's head (``enqueue(sequence=...)``), and dead
+    #: heads let go by ``sequence_skip``.
+    sequenced: int = 0
+    skipped: int = 0
 
     @property
     def paused(self) -> bool:
@@ -440,11 +447,23 @@ class JobResult:
 
 
 @dataclass(frozen=True)
+class SequenceSkipped:
+    """What ``sequence_skip`` did (lua/sequence_skip.lua): ``status`` ``skipped`` (the
+    dead head left the sequence; ``next_id`` is the new head, '' when none was waiting),
+    ``running`` (the head, ``next_id``, is not dead: nothing changed) or ``free`` (the
+    key has no job)."""
+
+    key: str
+    status: str
+    next_id: str
+
+
+@dataclass(frozen=True)
 class Cancelled:
     """What ``cancel`` did (lua/cancel.lua).
 
     ``state`` is the state the job was cancelled in (``ready``, ``scheduled``,
-    ``leased`` or ``dead``), or, with nothing changed, ``done`` (it had already ended
+    ``leased``, ``dead`` or ``sequenced``), or, with nothing changed, ``done`` (it had already ended
     and its tombstone is in force) or ``unknown`` (no such job).
     """
 

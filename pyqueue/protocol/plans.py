@@ -23,6 +23,7 @@ from pyqueue.protocol.core import (
 )
 from pyqueue.protocol.models import (
     Cancelled,
+    SequenceSkipped,
     DeadPage,
     Enqueued,
     Extended,
@@ -79,9 +80,9 @@ class QueuePlans(Protocol):
     def partition_stats(self, *, now_ms: int | None = None) -> Plan[list[Stats]]: ...
 
     # -- produce
-    def enqueue(self, payload: bytes | str, *, job_id: str | None = None, delay_ms: int = 0, max_attempts: int | None = None, priority: int = 0, group: str | None = None, expires_ms: int | None = None, debounce_ms: int | None = None, throttle_ms: int | None = None, key: str | None = None, now_ms: int | None = None) -> Plan[Enqueued]: ...
+    def enqueue(self, payload: bytes | str, *, job_id: str | None = None, delay_ms: int = 0, max_attempts: int | None = None, priority: int = 0, group: str | None = None, expires_ms: int | None = None, debounce_ms: int | None = None, throttle_ms: int | None = None, key: str | None = None, sequence: str | None = None, now_ms: int | None = None) -> Plan[Enqueued]: ...
 
-    def enqueue_json(self, obj: Any, *, job_id: str | None = None, delay_ms: int = 0, max_attempts: int | None = None, priority: int = 0, group: str | None = None, expires_ms: int | None = None, debounce_ms: int | None = None, throttle_ms: int | None = None, key: str | None = None, now_ms: int | None = None) -> Plan[Enqueued]: ...
+    def enqueue_json(self, obj: Any, *, job_id: str | None = None, delay_ms: int = 0, max_attempts: int | None = None, priority: int = 0, group: str | None = None, expires_ms: int | None = None, debounce_ms: int | None = None, throttle_ms: int | None = None, key: str | None = None, sequence: str | None = None, now_ms: int | None = None) -> Plan[Enqueued]: ...
 
     def enqueue_many(self, jobs: Iterable[NewJob | bytes | str], *, now_ms: int | None = None) -> Plan[list[Enqueued]]: ...
 
@@ -127,6 +128,8 @@ class QueuePlans(Protocol):
     def scrub(self, owner: str, *, limit: int = DEFAULT_MAINTENANCE_LIMIT, now_ms: int | None = None) -> Plan[Scrubbed]: ...
 
     def cancel(self, job_id: str, *, now_ms: int | None = None) -> Plan[Cancelled]: ...
+
+    def sequence_skip(self, key: str, *, now_ms: int | None = None) -> Plan[SequenceSkipped]: ...
 
     def limit(self, count: int, period_ms: int = 1000, *, burst: int = 1) -> Plan[bool]: ...
 
@@ -246,6 +249,7 @@ class SingleQueue:
     promote = Bound(control.promote)
     scrub = Bound(control.scrub)
     cancel = Bound(control.cancel)
+    sequence_skip = Bound(control.sequence_skip)
     limit = Bound(control.limit)
     set_group_limit = Bound(control.set_group_limit)
     groups = Bound(control.groups)

@@ -279,10 +279,15 @@ class Signature:
             if key is not None and not isinstance(key, str):
                 raise InvalidArgument(f"{self.task.name}: key must return the key as a str or None, got {key!r}")
         keyed = key is not None  # a key function's None: this send is neither debounced nor throttled
+        sequence = self.options.sequence
+        if callable(sequence):
+            sequence = self.call_by_name(sequence)
+            if sequence is not None and not isinstance(sequence, str):
+                raise InvalidArgument(f"{self.task.name}: sequence must return the key as a str or None, got {sequence!r}")
         return NewJob(payload, job_id=job_id, delay_ms=delay_ms, max_attempts=self.options.max_attempts,
                       priority=self.options.priority, group=group, expires_ms=self.options.expires_ms,
                       debounce_ms=self.options.debounce_ms if keyed else None,
-                      throttle_ms=self.options.throttle_ms if keyed else None, key=key)
+                      throttle_ms=self.options.throttle_ms if keyed else None, key=key, sequence=sequence)
 
     def handle(self, job_id: str, added: bool, by_key: str | None = None) -> SentTask[Any]:
         """The handle of the job this call was sent as (or, ``by_key``, given to)."""
@@ -495,11 +500,12 @@ def _send_steps(
     flow_id = compiler.flow_id
     for step in compiler.steps:
         o = step.sig.options
-        if o.expires_ms is not None or o.debounce_ms is not None or o.throttle_ms is not None:
+        if o.expires_ms is not None or o.debounce_ms is not None or o.throttle_ms is not None or o.sequence is not None:
             # A step's id is the flow's and what waits for it waits for that id: a key
-            # could give its send to another job, an expiry end it unreported.
-            raise InvalidArgument(f"{step.sig.task.name}: a flow's step cannot have expires, debounce or throttle "
-                                  "(send it alone, or take them off for the flow: fn.options(expires=None).s())")
+            # could give its send to another job, an expiry or a sequence end it unreported
+            # or hold it back.
+            raise InvalidArgument(f"{step.sig.task.name}: a flow's step cannot have expires, debounce, throttle or "
+                                  "sequence (send it alone, or take them off for the flow: fn.options(expires=None).s())")
     for step, meta in zip(compiler.steps, metas or ()):
         step.meta = meta
     now_ms = app.server_now_ms()

@@ -150,6 +150,10 @@ class TaskOptionsDict(TypedDict, total=False):
     #: The key of ``debounce`` or ``throttle``: a str, or a function of the arguments
     #: (by name, defaults included) giving one, or None (that send is not keyed).
     key: str | Callable[..., str | None] | None
+    #: The sequence key: the jobs sent with one key run one at a time, in send order (a
+    #: dead one stops the key until replayed, purged or skipped: ``pyqueue sequence
+    #: skip``). A str, or a function of the arguments giving one, or None (not in one).
+    sequence: str | Callable[..., str | None] | None
 
 
 class SendOptionsDict(TaskOptionsDict, total=False):
@@ -200,7 +204,7 @@ def exception_types(value: object, name: str) -> tuple[type[BaseException], ...]
 
 #: The options that act when sending (the job's queue, record and id), not in the envelope.
 _SEND_TIME = frozenset(("queue", "max_attempts", "unique", "priority", "group", "job_id", "expires_ms", "debounce_ms",
-                        "throttle_ms", "key"))
+                        "throttle_ms", "key", "sequence"))
 
 
 @dataclass(frozen=True)
@@ -237,6 +241,9 @@ class TaskOptions:
     debounce_ms: int | None = None
     throttle_ms: int | None = None
     key: str | Callable[..., str | None] | None = None
+    #: The job's sequence key (``Queue.enqueue(sequence=)``): a str, or a function of the
+    #: arguments like ``group``.
+    sequence: str | Callable[..., str | None] | None = None
     #: The job id of one send (``fn.options(job_id=...)``), in place of ``unique``'s or
     #: a random one; None: those. Never a task's own option, nor a ``Tasks`` default.
     job_id: str | None = None
@@ -285,10 +292,10 @@ class TaskOptions:
                 if value is not None and not callable(value):
                     check_group(value)
                 out["group"] = value
-            elif key == "key":
+            elif key in ("key", "sequence"):
                 if value is not None and not callable(value) and not isinstance(value, str):
-                    raise InvalidArgument(f"key must be a str or a function of the arguments giving one, got {value!r}")
-                out["key"] = value
+                    raise InvalidArgument(f"{key} must be a str or a function of the arguments giving one, got {value!r}")
+                out[key] = value
             elif key == "job_id":
                 out["job_id"] = None if value is None else check_job_id(value)
             else:
@@ -298,6 +305,8 @@ class TaskOptions:
             raise InvalidArgument("a task is debounced or throttled, not both")
         if (built.debounce_ms is not None or built.throttle_ms is not None) and built.key is None:
             raise InvalidArgument("debounce and throttle need key=: a str, or a function of the arguments giving one")
+        if built.sequence is not None and (built.debounce_ms is not None or built.throttle_ms is not None):
+            raise InvalidArgument("a task in a sequence is not debounced or throttled too (one key per job)")
         return built
 
     @property

@@ -16,24 +16,24 @@ const LUA_DIR = path.resolve(__dirname, '..', '..', 'lua');
 // never builds a key name: the client passes every key.
 const SCRIPT_KEYS = {
   enqueue: ['jobs', 'ready', 'scheduled', 'counters', 'wake', 'done', 'meta', 'gready', 'ring', 'groups', 'events',
-    'keyed', 'windows', 'expires'],
+    'keyed', 'windows', 'expires', 'sequenced'],
   lease: ['jobs', 'ready', 'scheduled', 'leased', 'owners', 'dead', 'errors', 'counters', 'wake', 'done',
-    'meta', 'gready', 'ring', 'groups', 'events', 'steps', 'waiting', 'expires', 'expired'],
+    'meta', 'gready', 'ring', 'groups', 'events', 'steps', 'waiting', 'expires', 'expired', 'keyed', 'sequenced'],
   ack: ['jobs', 'leased', 'owners', 'done', 'wake', 'meta', 'gready', 'ring', 'groups', 'counters', 'events',
-    'steps', 'waiting'],
+    'steps', 'waiting', 'scheduled', 'keyed', 'sequenced'],
   nack: ['jobs', 'scheduled', 'leased', 'owners', 'dead', 'errors', 'counters', 'wake', 'finished',
     'meta', 'gready', 'ring', 'groups', 'events'],
   extend: ['jobs', 'leased'],
   release: ['jobs', 'ready', 'leased', 'owners', 'counters', 'wake', 'meta', 'gready', 'ring', 'groups', 'events'],
-  stats: ['jobs', 'ready', 'scheduled', 'leased', 'dead', 'counters', 'done', 'gready', 'ring', 'waiting'],
+  stats: ['jobs', 'ready', 'scheduled', 'leased', 'dead', 'counters', 'done', 'gready', 'ring', 'waiting', 'sequenced'],
   scrub: ['jobs', 'ready', 'leased', 'owners', 'dead', 'errors', 'counters', 'wake', 'meta', 'gready', 'ring', 'groups',
     'events'],
   cancel: ['jobs', 'ready', 'scheduled', 'leased', 'owners', 'dead', 'errors', 'counters', 'done', 'wake',
-    'meta', 'gready', 'ring', 'groups', 'events', 'steps', 'waiting', 'expires'],
+    'meta', 'gready', 'ring', 'groups', 'events', 'steps', 'waiting', 'expires', 'keyed', 'sequenced'],
   limit: ['counters', 'wake'],
   set_group_limit: ['counters', 'wake', 'ring', 'groups'],
   ack_result: ['jobs', 'leased', 'owners', 'done', 'results', 'result_expiry', 'finished', 'wake',
-    'meta', 'gready', 'ring', 'groups', 'counters', 'events', 'steps', 'waiting'],
+    'meta', 'gready', 'ring', 'groups', 'counters', 'events', 'steps', 'waiting', 'scheduled', 'keyed', 'sequenced'],
   signal: ['jobs', 'scheduled', 'dead', 'steps', 'waiting', 'counters', 'wake', 'events'],
   result: ['jobs', 'dead', 'errors', 'done', 'results', 'result_expiry', 'finished'],
   flow_done: ['jobs', 'scheduled', 'wake', 'fwait', 'fpending'],
@@ -188,7 +188,8 @@ class Queue {
 
   // jobs: [{id, payload (Buffer or string), delayMs, maxAttempts, priority, group, expiresMs,
   // key}], 1..1000 per call; priority (-5..5) and group (README §2.1), expiresMs and key
-  // ("debounce|<window_ms>|<key>" or "throttle|<window_ms>|<key>", README §2.7) are optional.
+  // ("debounce|<window_ms>|<key>", "throttle|<window_ms>|<key>" or "sequence|block|<key>",
+  // README §2.7) are optional.
   // flags[i]: 1 added, 0 a duplicate, or the id of the job its key gave the send to.
   async enqueue(jobs) {
     if (jobs.length < 1 || jobs.length > 1000) throw new RangeError('1..1000 jobs per enqueue');

@@ -317,13 +317,15 @@
           `${q.rate_burst} at once` }));
     }
     // Flow control (debounce, throttle, expiry): only a queue that has used it shows this.
-    const flow = [[q.expired_total, "expired"], [q.debounced, "debounced"], [q.throttled, "throttled"]]
+    const flow = [[q.sequenced, "sequenced"], [q.expired_total, "expired"], [q.debounced, "debounced"],
+      [q.throttled, "throttled"]]
       .filter(([n]) => n > 0);
     if (flow.length > 0) {
       td.append(el("span", { class: "flow-control", "data-field": "flow_control",
         "data-value": flow.map(([n, what]) => `${what}=${n}`).join(","),
         text: flow.map(([n, what]) => `${fmtInt(n)} ${what}`).join(", "),
-        title: "expired: jobs ended unrun past their expiry; debounced: sends merged into their key's pending " +
+        title: "sequenced: jobs waiting behind their sequence's head; " +
+          "expired: jobs ended unrun past their expiry; debounced: sends merged into their key's pending " +
           "job; throttled: sends dropped inside their key's window (since the queue was made)" }));
     }
     const action = paused ? "resume" : "pause";

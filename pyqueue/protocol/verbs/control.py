@@ -24,10 +24,21 @@ from pyqueue.protocol.core import (
     promote_call,
     resume_call,
     scrub_call,
+    check_key,
+    sequence_skip_call,
     set_group_limit_call,
     text,
 )
-from pyqueue.protocol.models import Cancelled, DeadJob, DeadPage, GroupInfo, GroupsPage, Promoted, Scrubbed
+from pyqueue.protocol.models import (
+    Cancelled,
+    DeadJob,
+    DeadPage,
+    GroupInfo,
+    GroupsPage,
+    Promoted,
+    Scrubbed,
+    SequenceSkipped,
+)
 from pyqueue.protocol.spec import QueueSpec, QueueMemory
 from pyqueue.protocol.verbs.base import run
 
@@ -53,6 +64,18 @@ def scrub(spec: QueueSpec, memory: QueueMemory, owner: str, *, limit: int = DEFA
     check_now(now_ms)
     scrubbed, dead, more = yield from run(memory, scrub_call(spec.keys, now_ms, owner, limit))
     return Scrubbed(int(scrubbed), int(dead), bool(more))
+
+
+def sequence_skip(spec: QueueSpec, memory: QueueMemory, key: str, *, now_ms: int | None = None) -> Plan[SequenceSkipped]:
+    """Let the sequence ``key`` go on past its dead head (lua/sequence_skip.lua): the
+    next job sent with the key becomes its head and runs (scheduled at its due time);
+    the dead job stays in the dead letters, out of the sequence (a replay runs it alone).
+    A head that is not dead is left alone (``running``). A re-sent call finds the new
+    head running, or the key free: one skip."""
+    check_key(key)
+    check_now(now_ms)
+    status, next_id = yield from run(memory, sequence_skip_call(spec.keys, now_ms, key))
+    return SequenceSkipped(key=key, status=text(status), next_id=text(next_id))
 
 
 def cancel(spec: QueueSpec, memory: QueueMemory, job_id: str, *, now_ms: int | None = None) -> Plan[Cancelled]:

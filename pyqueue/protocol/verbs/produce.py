@@ -26,6 +26,7 @@ def enqueue(
     debounce_ms: int | None = None,
     throttle_ms: int | None = None,
     key: str | None = None,
+    sequence: str | None = None,
     now_ms: int | None = None,
 ) -> Plan[Enqueued]:
     """Add one job (lua/enqueue.lua).
@@ -58,6 +59,12 @@ def enqueue(
             window for this long; sends inside it add nothing.
         key: 1..256 bytes without control characters; on a partitioned queue it picks
             the job's partition.
+        sequence: a key (as ``key``): the jobs sent with one sequence key run one at a
+            time, in send order. A job sent while the key has a job waits, in no other
+            state (``get`` answers ``sequenced``), until every job sent before it has
+            ended (acked, cancelled, expired, or purged from the dead letters); a dead
+            one blocks the key until it is replayed and acked, purged, or skipped
+            (``sequence_skip``). Its delay counts from its send.
         now_ms: tests only: override the server clock.
 
     Returns:
@@ -71,7 +78,8 @@ def enqueue(
     Raises:
         InvalidArgument, WrongTypeError, OutcomeUnknown.
     """
-    new = NewJob(payload, job_id, delay_ms, max_attempts, priority, group, expires_ms, debounce_ms, throttle_ms, key)
+    new = NewJob(payload, job_id, delay_ms, max_attempts, priority, group, expires_ms, debounce_ms, throttle_ms, key,
+                 sequence)
     (added,) = yield from enqueue_many(spec, memory, [new], now_ms=now_ms)
     return added
 
@@ -95,12 +103,13 @@ def enqueue_json(
     debounce_ms: int | None = None,
     throttle_ms: int | None = None,
     key: str | None = None,
+    sequence: str | None = None,
     now_ms: int | None = None,
 ) -> Plan[Enqueued]:
     """``enqueue`` the JSON encoding of ``obj`` (compact, UTF-8); read it with ``Job.json()``."""
     plan = enqueue(spec, memory, json_payload(obj), job_id=job_id, delay_ms=delay_ms, max_attempts=max_attempts,
                    priority=priority, group=group, expires_ms=expires_ms, debounce_ms=debounce_ms,
-                   throttle_ms=throttle_ms, key=key, now_ms=now_ms)
+                   throttle_ms=throttle_ms, key=key, sequence=sequence, now_ms=now_ms)
     return (yield from plan)
 
 
