@@ -107,10 +107,10 @@ local function sequence_read(K, ids)
   for i, value in ipairs(ids) do
     local entry = values[i]
     if entry then
-      local seq, key = string.match(entry, '^(%d+)|%d+|(.+)$')
+      local seq, policy, key = string.match(entry, '^(%d+)|%d+|([bs])|(.+)$')
       if not seq then return nil, 'PQ_CORRUPT unparsable sequence entry in ' .. K.keyed end
       if out == NONE then out = {} end
-      out[#out + 1] = { id = value, seq = seq, key = key }
+      out[#out + 1] = { id = value, seq = seq, policy = policy, key = key }
     end
   end
   if out ~= NONE then

@@ -23,7 +23,8 @@ is not leased within expires_ms of this call. A job may have a key (section 2.7)
     the key has no job is its head, enqueued as any job; a later one is added behind
     it, in `sequenced` only, until every job sent before it has ended (lease.lua,
     ack.lua, ack_result.lua, cancel.lua, dead_purge.lua and sequence_skip.lua hand the
-    key on). Its delay counts from its send.
+    key on), or, under the policy skip, gone dead (nack.lua, lease.lua, promote.lua and
+    scrub.lua hand it on). Its delay counts from its send.
   A duplicate id (above) is a duplicate before its key is looked at.
 
 KEYS (15), all <prefix>:{<queue>}:<role>
@@ -58,7 +59,7 @@ ARGV (2 + 8n)
      expires_ms    '' (none) or integer 1..2^40, more than delay_ms (and than a debounce
                    window): the job must be leased within this long of the send
      key           '' (none), "debounce|<window_ms>|<key>" (delay_ms must be 0),
-                   "throttle|<window_ms>|<key>" or "sequence|block|<key>": window_ms
+                   "throttle|<window_ms>|<key>" or "sequence|<block or skip>|<key>": window_ms
                    1..2^40, key 1..256 bytes without control characters
 
 Returns  {added, duplicates, flag_1 .. flag_n}; flag_i is 1 if job i was added,
@@ -178,11 +179,14 @@ local function key_arg(value)
   local mode, window, key = string.match(value, '^(%l+)|([^|]*)|(.*)$')
   if not mode or not KEY_MODES[mode] then
     return nil, 'PQ_BADARG key must be "debounce|<window_ms>|<key>", "throttle|<window_ms>|<key>" or '
-      .. '"sequence|block|<key>", got ' .. string.format('%q', value)
+      .. '"sequence|<block or skip>|<key>", got ' .. string.format('%q', value)
   end
-  local window_ms, err = 0, nil
+  local window_ms, err, policy = 0, nil, nil
   if mode == 'sequence' then
-    if window ~= 'block' then return nil, 'PQ_BADARG a sequence\'s failure policy must be block' end
+    if window ~= 'block' and window ~= 'skip' then
+      return nil, 'PQ_BADARG a sequence\'s failure policy must be block or skip, got ' .. string.format('%q', window)
+    end
+    policy = string.sub(window, 1, 1)
   else
     window_ms, err = int_arg(window, mode .. ' window_ms', 1, 2 ^ 40)
     if err then return nil, err end
@@ -190,7 +194,7 @@ local function key_arg(value)
   if #key < 1 or #key > 256 or string.find(key, '%c') then
     return nil, 'PQ_BADARG key must be 1..256 bytes without control characters'
   end
-  return { mode = mode, window_ms = window_ms, key = key, field = KEY_MODES[mode] .. key }
+  return { mode = mode, window_ms = window_ms, policy = policy, key = key, field = KEY_MODES[mode] .. key }
 end
 -- lua/include/groups.lua (each helper's note is there)
 local PRIORITY_MIN, PRIORITY_MAX = -5, 5
@@ -451,7 +455,8 @@ for i = 1, n do
     if keys[i] and keys[i].mode == 'sequence' then
       if sequence_args == NONE then sequence_args, line = {}, {} end
       sequence_args[#sequence_args + 1] = 'j:' .. ids[i]
-      sequence_args[#sequence_args + 1] = '|' .. string.format('%d', due_ms) .. '|' .. keys[i].key
+      sequence_args[#sequence_args + 1] = '|' .. string.format('%d', due_ms) .. '|' .. keys[i].policy .. '|'
+        .. keys[i].key
       if behind[i] then line[#line + 1] = #sequence_args end
     end
     if keys[i] and not behind[i] then
@@ -560,7 +565,7 @@ if sequence_args ~= NONE then
   for k = 2, #sequence_args, 2 do sequence_args[k] = '0' .. sequence_args[k] end
   for k, at in ipairs(line) do
     local number = string.format('%016d', seq + k)
-    local key = string.match(sequence_args[at], '^0|%d+|(.*)$')
+    local key = string.match(sequence_args[at], '^0|%d+|%a|(.*)$')
     sequence_args[at] = number .. string.sub(sequence_args[at], 2)
     members[2 * k - 1], members[2 * k] = 0, key .. '\n' .. number .. '\n' .. string.sub(sequence_args[at - 1], 3)
   end

@@ -166,7 +166,7 @@ end
 
 -- Behind its sequence's head (section 2.7): in no other state.
 local entry = redis.call('HGET', keyed_key, 'j:' .. id)
-if entry and redis.call('HGET', keyed_key, 's:' .. (string.match(entry, '^%d+|%d+|(.+)$') or '')) ~= id then
+if entry and redis.call('HGET', keyed_key, 's:' .. (string.match(entry, '^%d+|%d+|%a|(.+)$') or '')) ~= id then
   return answer('sequenced', known)
 end
 

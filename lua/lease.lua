@@ -64,7 +64,8 @@ KEYS (21), all <prefix>:{<queue>}:<role>
  18 expires    zset  id -> deadline_ms of a job sent with an expiry, until its first lease
  19 expired    zset  id -> ms it expired, the newest 10000 jobs expired
  20 keyed      hash  the sequences' heads and entries (section 2.7), when the queue has any
-                   (counters `sequences`): an acked or expired head hands its key on
+                   (counters `sequences`): an acked or expired head hands its key on, and
+                   so does one of the policy skip that maintenance sends to DEAD
  21 sequenced  zset  "<key>\n<seq>\n<id>" -> 0: the jobs waiting behind their head
 
 ARGV (7 + r)
@@ -274,10 +275,10 @@ local function sequence_read(K, ids)
   for i, value in ipairs(ids) do
     local entry = values[i]
     if entry then
-      local seq, key = string.match(entry, '^(%d+)|%d+|(.+)$')
+      local seq, policy, key = string.match(entry, '^(%d+)|%d+|([bs])|(.+)$')
       if not seq then return nil, 'PQ_CORRUPT unparsable sequence entry in ' .. K.keyed end
       if out == NONE then out = {} end
-      out[#out + 1] = { id = value, seq = seq, key = key }
+      out[#out + 1] = { id = value, seq = seq, policy = policy, key = key }
     end
   end
   if out ~= NONE then
@@ -285,6 +286,19 @@ local function sequence_read(K, ids)
     if err then return nil, err end
   end
   return out
+end
+local function sequence_dead_read(K, ids, flag)
+  if not flag or #ids == 0 then return NONE end
+  local ended, err = sequence_read(K, ids)
+  if err then return nil, err end
+  local skipping = NONE
+  for _, e in ipairs(ended) do
+    if e.policy == 's' then
+      if skipping == NONE then skipping = {} end
+      skipping[#skipping + 1] = e
+    end
+  end
+  return skipping
 end
 local function sequence_end(K, ended)
   local plans, handed = {}, {}
@@ -646,6 +660,14 @@ local function reclaim(K, F, fair, leases, metas, now_ms, why, counter, bound)
   emit_failed(K.events, bound, leases, now_ms, why)
   return back, back_metas, woke
 end
+local function dead_sequences(K, leases, flag)
+  if not flag then return NONE end
+  local ids = {}
+  for _, lease in ipairs(leases) do
+    if lease.max and lease.attempt >= lease.max then ids[#ids + 1] = lease.id end
+  end
+  return sequence_dead_read(K, ids, flag)
+end
 local function earliest_due_ms(scheduled_key, leased_key)
   local due = -1
   local s = redis.call('ZRANGE', scheduled_key, 0, 0, 'WITHSCORES')
@@ -687,7 +709,7 @@ local C = {
   expiry = false, expired = NONE, unlisted = NONE,
   -- Whether it has sequences (`sequences`), and the acked and the expired jobs' sequence
   -- entries (forget_read, expire_read: sequence_read).
-  sequences = false, ended = NONE, expired_ended = NONE,
+  sequences = false, ended = NONE, expired_ended = NONE, dead_ended = NONE,
   -- The plan: the counters read (fence0, paused, want; R from rate_cut), maintain_read,
   -- read_moved_metas (id -> meta of each job maintenance moves, in a fair queue), choose.
   fence0 = 0, paused = false, R = false, want = 0, deadline_ms = 0,
@@ -861,6 +883,9 @@ local function maintain_read(C, K)
       C.reclaimed[#C.reclaimed + 1] = lease
     end
   end
+  -- A head of a sequence with the policy skip that goes dead hands its key on.
+  if #C.to_dead > 0 then C.dead_ended, err = dead_sequences(K, C.to_dead, C.sequences) end
+  return err
 end
 
 -- In a fair queue: the meta of every job maintenance moves, read before any write.
@@ -1015,6 +1040,7 @@ local function write_maintenance(C, K, F, wrote)
   if #ended > 0 then
     for i, lease in ipairs(ended) do ended_metas[i] = C.moved_metas[lease.id] or false end
     reclaim(K, F, C.fair, ended, ended_metas, C.now_ms, 'lease expired', 'reclaimed', C.bound)
+    if #C.dead_ended > 0 then sequence_end(K, C.dead_ended) end
   end
   if #C.promoted > 0 then redis.call('HINCRBY', K.counters, 'promoted', #C.promoted) end
   if wrote or #C.promoted + #ended > 0 then

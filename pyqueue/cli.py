@@ -332,7 +332,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     result = q.enqueue(args.payload.encode(), job_id=args.id, delay_ms=args.delay_ms, max_attempts=args.max_attempts,
                        priority=args.priority, group=args.group, expires_ms=args.expires_ms,
                        debounce_ms=args.debounce_ms, throttle_ms=args.throttle_ms, key=args.key,
-                       sequence=args.sequence)
+                       sequence=args.sequence, on_failure=args.on_failure)
     print(f"{result.by_key or ('added' if result.added else 'duplicate')} {result.job_id}")
     return 0
 
@@ -970,6 +970,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--throttle-ms", type=int, help="with --key: at most one job per key per this long")
     p.add_argument("--key", help="the debounce or throttle key")
     p.add_argument("--sequence", help="the sequence key: its jobs run one at a time, in send order")
+    p.add_argument("--on-failure", choices=("block", "skip"), default="block",
+                   help="with --sequence: what its dead job does: block the key (default) or let the next run")
     p.add_argument("--raw", action="store_true",
                    help="enqueue even into a queue whose workers serve tasks (the job is no task: they dead-letter it)")
     p.set_defaults(func=cmd_enqueue)

@@ -26,11 +26,9 @@ tests/test_sequence_crash.py runs it at CI size (12 keys, 20 kills, 8 s of sends
 
 from __future__ import annotations
 
-import argparse
 import collections
 import dataclasses
 import os
-import random
 import sys
 import tempfile
 import time
@@ -42,23 +40,7 @@ ROOT = HERE.parent
 sys.path[:0] = [str(HERE), str(ROOT)]
 
 from crash_harness import RedisProcess  # noqa: E402
-from flow_crash import Workers  # noqa: E402
-from keyed_harness import Producers, settle  # noqa: E402
-
-WORKER_ARGS = ["--concurrency", "4", "--lease-ms", "2000", "--renew-ms", "500", "--expire-ms", "2500",
-               "--block-ms", "200", "--grace-ms", "2000"]
-
-
-@dataclasses.dataclass
-class Config:
-    keys: int = 12
-    kills: int = 20
-    producers: int = 3
-    workers: int = 3
-    seconds: float = 8.0
-    seed: int = 1
-    timeout_s: float = 120.0
-
+from keyed_harness import Config, chaos, main  # noqa: E402
 
 @dataclasses.dataclass
 class Report:
@@ -79,7 +61,6 @@ class Report:
 
 def run(cfg: Config) -> Report:
     report = Report(keys=cfg.keys)
-    rng = random.Random(cfg.seed)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="pq-sequence-") as tmp, RedisProcess(Path(tmp)) as server:
         logfile = Path(tmp) / "ledger.log"
@@ -91,29 +72,7 @@ def run(cfg: Config) -> Report:
 
         sequence_app.tasks.bind(connect(server.url))  # this process reads; the others read PYQUEUE_URL
         q = sequence_app.tasks.queue(sequence_app.QUEUE)
-        workers = Workers(env, Path(tmp), cfg.workers, app="sequence_app:tasks", args=WORKER_ARGS, self_kill=False)
-        producers = Producers("sequence_app", env, Path(tmp), cfg, time.monotonic() + cfg.seconds)
-        try:
-            while report.kills < cfg.kills and time.monotonic() < producers.until:
-                time.sleep(rng.uniform(0.1, 0.5))
-                if rng.random() < 0.5:
-                    producers.kill_one(rng)
-                else:
-                    workers.kill_one(rng)
-                report.kills += 1
-            failed = producers.wait()
-            if failed:
-                report.problems.append(f"producers exited with {failed}")
-            settle(q, cfg.timeout_s, report)
-            died = [p.pid for p in workers.procs if p.poll() is not None]
-            if died:
-                report.problems.append(f"workers died without being killed: {died}")
-        finally:
-            workers.stop()
-            for p in producers.procs.values():
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+        chaos(cfg, "sequence_app", env, Path(tmp), q, report)
         check(logfile, server, q, report)
         report.seconds = time.monotonic() - started
     return report
@@ -159,17 +118,5 @@ def check(logfile: Path, server: RedisProcess, q: Any, report: Report) -> None:
         report.problems.append(f"sequence entries left: {heads[:5]}")
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    for f in dataclasses.fields(Config):
-        ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
-    cfg = Config(**{f.name: getattr(ap.parse_args(), f.name) for f in dataclasses.fields(Config)})
-    report = run(cfg)
-    print(report.line())
-    for problem in report.problems[:20]:
-        print("  problem:", problem)
-    return 1 if report.problems else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(run, __doc__))

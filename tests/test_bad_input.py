@@ -58,8 +58,8 @@ MALFORMED: list[tuple[str, list[Any]]] = [
     ("enqueue", ["", 1, "id", b"", 0, 1, "", "", "", "debounce|5|"]),
     ("enqueue", ["", 1, "id", b"", 0, 1, "", "", "", "debounce|5|a\nb"]),
     ("enqueue", ["", 1, "id", b"", 0, 1, "", "", "", "debounce|5|" + "k" * 257]),
-    ("enqueue", ["", 1, "id", b"", 0, 1, "", "", "", "sequence|5|k"]),  # block is the only policy
-    ("enqueue", ["", 1, "id", b"", 0, 1, "", "", "", "sequence|skip|k"]),
+    ("enqueue", ["", 1, "id", b"", 0, 1, "", "", "", "sequence|5|k"]),  # the policy is block or skip
+    ("enqueue", ["", 1, "id", b"", 0, 1, "", "", "", "sequence|Block|k"]),
     ("enqueue", ["", 1, "id", b"", 0, 1, "", "", "", "sequence|block|"]),
     ("sequence_skip", ["", ""]),
     ("sequence_skip", ["", "a\nb"]),

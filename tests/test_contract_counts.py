@@ -149,8 +149,8 @@ def test_the_exact_wording_of_a_contract_error(r: redis.Redis) -> None:
     keys_obj, args = w.calls["nack"]
     keys = [keys_obj.role(role) for role in SCRIPT_KEYS["nack"]]
     expect = {
-        (13, 6): f"PQ_CONTRACT nack expects 14 keys (contract v{CONTRACT_VERSION}), got 13",
-        (14, 5): f"PQ_CONTRACT nack expects 6..7 arguments (contract v{CONTRACT_VERSION}), got 5",
+        (15, 6): f"PQ_CONTRACT nack expects 16 keys (contract v{CONTRACT_VERSION}), got 15",
+        (16, 5): f"PQ_CONTRACT nack expects 6..7 arguments (contract v{CONTRACT_VERSION}), got 5",
     }
     for (n_keys, n_args), text in expect.items():
         with pytest.raises(redis.ResponseError, match=rf"^{re.escape(text)}$"):

@@ -333,6 +333,45 @@ def test_a_dead_head_blocks_its_key_until_replayed_purged_or_skipped(q: Queue) -
     assert q.sequence_skip("nothing", now_ms=T0 + 13).status == "free"
 
 
+def test_under_skip_a_head_that_goes_dead_hands_its_key_on_at_once(q: Queue, r: redis.Redis) -> None:
+    for i in range(4):
+        q.enqueue(f"{i}".encode(), job_id=f"j{i}", sequence="k", on_failure="skip", max_attempts=1, now_ms=T0)
+    # nack: dead at its last attempt
+    (j0,) = q.lease(lease_ms=100, now_ms=T0)
+    q.nack(j0, "boom", now_ms=T0 + 1)
+    assert (q.get("j0", now_ms=T0 + 1).state, q.get("j1", now_ms=T0 + 1).state) == ("dead", "scheduled")
+    # a lost lease reclaimed by a lease call's maintenance
+    (j1,) = q.lease(lease_ms=100, now_ms=T0 + 2)
+    assert j1.id == "j1"
+    assert ids_leased(q, T0 + 200) == []  # j1's lease expired: dead; j2 handed the key
+    assert q.get("j1", now_ms=T0 + 200).state == "dead" and q.get("j2", now_ms=T0 + 200).state == "scheduled"
+    # promote's reclaim
+    (j2,) = q.lease(lease_ms=100, now_ms=T0 + 201)
+    q.promote(now_ms=T0 + 400)
+    assert q.get("j2", now_ms=T0 + 400).state == "dead" and q.get("j3", now_ms=T0 + 400).state == "scheduled"
+    # the dead ones are out of the sequence: a replay runs them beside it
+    assert q.sequence_skip("k", now_ms=T0 + 401).status == "running"
+    q.dead_replay(["j0"], now_ms=T0 + 402)
+    assert sorted(ids_leased(q, T0 + 403)) == ["j0", "j3"]
+    assert not any(f.startswith(b"j:j0") for f in r.hkeys(q.spec.keys.keyed))
+
+
+def test_under_skip_a_head_of_a_dead_worker_hands_its_key_on_when_scrubbed(q: Queue) -> None:
+    q.enqueue(b"0", job_id="j0", sequence="k", on_failure="skip", max_attempts=1, now_ms=T0)
+    q.enqueue(b"1", job_id="j1", sequence="k", on_failure="skip", now_ms=T0)
+    (j0,) = q.lease(lease_ms=100_000, now_ms=T0)
+    owner = j0.receipt.split("|", 1)[0]
+    q.scrub(owner, now_ms=T0 + 1)
+    assert (q.get("j0", now_ms=T0 + 1).state, q.get("j1", now_ms=T0 + 1).state) == ("dead", "scheduled")
+
+
+def test_on_failure_without_a_sequence_or_of_another_name_is_refused(q: Queue) -> None:
+    with pytest.raises(InvalidArgument, match="on_failure is a sequence's"):
+        q.enqueue(b"x", on_failure="skip")
+    with pytest.raises(InvalidArgument, match="on_failure must be 'block' or 'skip'"):
+        q.enqueue(b"x", sequence="k", on_failure="retry")
+
+
 def test_a_cancelled_or_expired_job_leaves_its_line(q: Queue) -> None:
     q.enqueue(b"0", job_id="j0", sequence="k", now_ms=T0)
     q.enqueue(b"1", job_id="j1", sequence="k", now_ms=T0)

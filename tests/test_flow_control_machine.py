@@ -5,7 +5,8 @@ fakeredis and on a real redis-server.
 
 * **Sequences.** The test keeps each key's line: the jobs sent with the key, in send
   order, that have not ended (acked, cancelled, purged) nor been skipped. The line's
-  first job is its head: ready, scheduled, leased or dead; every other one is
+  first job is its head: ready, scheduled, leased or dead (key ``a``, policy block); a
+  dead head leaves the line at once (key ``b``, policy skip); every other one is
   ``sequenced`` (in no other state), and only a head, or a job in no line, is ever
   leased.
 * **Debounce.** At most one job of a key is scheduled and not yet due, and a send while
@@ -28,6 +29,8 @@ from pyqueue import Queue
 
 T0 = 1_000_000
 KEYS = ("a", "b")
+#: Each key's failure policy (sequences).
+POLICIES = {"a": "block", "b": "skip"}
 SETTINGS = settings(max_examples=60, stateful_step_count=60, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 
@@ -66,7 +69,8 @@ class SequenceMachine(Machine):
     def send(self, key: str, delay: int) -> None:
         self.n += 1
         job_id = f"{key}{self.n}"
-        assert self.q.enqueue(b"x", job_id=job_id, sequence=key, delay_ms=delay, max_attempts=2, now_ms=self.now).added
+        assert self.q.enqueue(b"x", job_id=job_id, sequence=key, on_failure=POLICIES[key], delay_ms=delay,
+                              max_attempts=2, now_ms=self.now).added
         self.lines[key].append(job_id)
 
     @rule(count=st.sampled_from([1, 3]))
@@ -134,6 +138,9 @@ class SequenceMachine(Machine):
     @invariant()
     def lines_hold(self) -> None:
         for key, line in self.lines.items():
+            # Under skip a head that went dead is out of its line (its key went on).
+            while POLICIES[key] == "skip" and line and self.q.get(line[0], now_ms=self.now).state == "dead":
+                line.pop(0)
             for i, job_id in enumerate(line):
                 state = self.q.get(job_id, now_ms=self.now).state
                 if i == 0:

@@ -432,15 +432,15 @@ SCRIPT_ERRORS: dict[str, tuple[str, str | None, Callable[[Any], list[str]]]] = {
         "§10, the count check: the form", None,
         lambda r: [eval_error(r, "pause", 0, 1), eval_error(r, "stats", 11, 2), eval_error(r, "ack", 16, 2),
                    eval_error(r, "ack_result", 19, 7)]),
-    f"PQ_CONTRACT nack expects 14 keys (contract v{CONTRACT_VERSION}), got 13": (
-        "§10", None, lambda r: [eval_error(r, "nack", 13, 6)]),
+    f"PQ_CONTRACT nack expects 16 keys (contract v{CONTRACT_VERSION}), got 15": (
+        "§10", None, lambda r: [eval_error(r, "nack", 15, 6)]),
     f"PQ_CONTRACT cancel expects 3 arguments (contract v{CONTRACT_VERSION}), got 2": (
         "§10", None, lambda r: [eval_error(r, "cancel", 20, 2)]),
     f"PQ_CONTRACT nack expects 6..7 arguments (contract v{CONTRACT_VERSION}), got 5": (
-        "§10", None, lambda r: [eval_error(r, "nack", 14, 5)]),
+        "§10", None, lambda r: [eval_error(r, "nack", 16, 5)]),
     f"PQ_CONTRACT enqueue expects 10..8002 arguments in steps of 8 (contract v{CONTRACT_VERSION}), got 9": (
         "§10", None, lambda r: [eval_error(r, "enqueue", 15, 9)]),
-    f"PQ_CONTRACT nack expects 14 keys (contract v{CONTRACT_VERSION}), got 8": (
+    f"PQ_CONTRACT nack expects 16 keys (contract v{CONTRACT_VERSION}), got 8": (
         "§8, errors (nack of an earlier contract)", None, lambda r: [eval_error(r, "nack", 8, 6, "emails")]),
     "PQ_BADARG max_attempts must be in [1, 10000], got 0": (
         "§8, errors", None,

@@ -99,6 +99,13 @@ MUTANTS = [
         machine="sequences",
     ),
     Mutant(
+        "nack_keeps_a_skip_sequences_dead_head_in_place",
+        "nack",
+        "if to_dead then skipping, err = sequence_dead_read(S, { id }, settings[2]) end",
+        "if false then skipping, err = sequence_dead_read(S, { id }, settings[2]) end",
+        machine="sequences",
+    ),
+    Mutant(
         "enqueue_never_debounces",
         "enqueue",
         "  if h and keys[i].mode == 'debounce' and (not dup or id == h.id) then",

@@ -804,7 +804,7 @@ def test_node_reads_the_contract_version_and_calls_of_the_earlier_contract_get_p
     assert node["versions"] and set(node["versions"].values()) == {CONTRACT_VERSION}
     v = f"(contract v{CONTRACT_VERSION})"
     assert node["calls"] == {
-        "nack_v1_keys": {"code": "PQ_CONTRACT", "message": f"PQ_CONTRACT nack expects 14 keys {v}, got 8"},
+        "nack_v1_keys": {"code": "PQ_CONTRACT", "message": f"PQ_CONTRACT nack expects 16 keys {v}, got 8"},
         "nack_extra_argument": {"code": "PQ_CONTRACT", "message": f"PQ_CONTRACT nack expects 6..7 arguments {v}, got 8"},
         "service_register_v1_arguments": {
             "code": "PQ_CONTRACT", "message": f"PQ_CONTRACT service_register expects 10..11 arguments {v}, got 9",

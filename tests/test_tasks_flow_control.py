@@ -164,3 +164,22 @@ def test_a_sequenced_task_runs_one_job_per_key_at_a_time_in_send_order_through_r
 def test_a_sequence_option_with_debounce_is_refused() -> None:
     with pytest.raises(InvalidArgument, match="one key per job"):
         Tasks().task(name="t", sequence="k", debounce=1, key="k")(lambda: None)
+
+
+def test_a_sequence_with_on_failure_skip_goes_on_past_a_dead_job() -> None:
+    tasks = Tasks()
+    ran: list[int] = []
+
+    @tasks.task(name="apply", sequence=lambda key, **_: key, on_failure="skip", max_attempts=1)
+    def apply(key: str, step: int) -> None:
+        if step == 1:
+            raise ValueError("bad change")
+        ran.append(step)
+
+    with tasks.testing(raise_errors=False) as t:
+        sent = [apply.send("k", step) for step in range(3)]
+        t.drain()
+        assert [s.state() for s in sent] == ["done", "dead", "done"]
+    assert ran == [0, 2]
+    with pytest.raises(InvalidArgument, match="on_failure is a sequence's"):
+        Tasks().task(name="t", on_failure="skip")(lambda: None)

@@ -12,11 +12,13 @@
 -- be ready, leased, retrying or dead. The others, in send order, wait in `sequenced`, a
 -- lexicographic zset of members "<key>\n<seq>\n<id>" (seq: 16 digits of `keyed`'s
 -- counter "seq"), in no other state. Every job of a sequence has "j:<id>" in `keyed`:
--- "<seq>|<due_ms>|<key>". When the head ends (acked, cancelled, expired, purged, or its
--- dead letter skipped by sequence_skip.lua) the script that ends it hands the key to the
--- next (scheduled at its due time) or frees it; a dead head keeps it: the key is blocked
--- until the head is replayed and acked, purged, or skipped. The scripts that end jobs
--- look for this only in a queue whose `counters` has `sequences`.
+-- "<seq>|<due_ms>|<policy>|<key>", policy 'b' (block) or 's' (skip). When the head ends
+-- (acked, cancelled, expired, purged, or its dead letter skipped by sequence_skip.lua)
+-- the script that ends it hands the key to the next (scheduled at its due time) or frees
+-- it. A head that goes dead keeps the key under 'block' (the key waits until the head is
+-- replayed and acked, purged, or skipped), and hands it on at once under 'skip' (its
+-- dead letter is then out of the sequence). The scripts that end jobs look for this only
+-- in a queue whose `counters` has `sequences`.
 --
 -- A job sent with an expiry has an entry in `expires` (zset id -> deadline_ms) until its
 -- first lease: lease.lua reads it (a queue whose `counters` has `expiry`) and moves a job
@@ -32,19 +34,22 @@ local EXPIRED_KEPT = 10000
 local KEY_TRIM = 10
 
 -- A job's key argument: '' (none), "<mode>|<window_ms>|<key>" (mode debounce or throttle,
--- window_ms 1..2^40) or "sequence|block|<key>"; key 1..256 bytes without control
--- characters. Answers nil (none), or {mode, window_ms, key, field}; or nil and a
--- PQ_BADARG text.
+-- window_ms 1..2^40) or "sequence|<block or skip>|<key>"; key 1..256 bytes without
+-- control characters. Answers nil (none), or {mode, window_ms, policy, key, field}; or
+-- nil and a PQ_BADARG text.
 local function key_arg(value)
   if value == '' then return nil end
   local mode, window, key = string.match(value, '^(%l+)|([^|]*)|(.*)$')
   if not mode or not KEY_MODES[mode] then
     return nil, 'PQ_BADARG key must be "debounce|<window_ms>|<key>", "throttle|<window_ms>|<key>" or '
-      .. '"sequence|block|<key>", got ' .. string.format('%q', value)
+      .. '"sequence|<block or skip>|<key>", got ' .. string.format('%q', value)
   end
-  local window_ms, err = 0, nil
+  local window_ms, err, policy = 0, nil, nil
   if mode == 'sequence' then
-    if window ~= 'block' then return nil, 'PQ_BADARG a sequence\'s failure policy must be block' end
+    if window ~= 'block' and window ~= 'skip' then
+      return nil, 'PQ_BADARG a sequence\'s failure policy must be block or skip, got ' .. string.format('%q', window)
+    end
+    policy = string.sub(window, 1, 1)
   else
     window_ms, err = int_arg(window, mode .. ' window_ms', 1, 2 ^ 40)
     if err then return nil, err end
@@ -52,13 +57,13 @@ local function key_arg(value)
   if #key < 1 or #key > 256 or string.find(key, '%c') then
     return nil, 'PQ_BADARG key must be 1..256 bytes without control characters'
   end
-  return { mode = mode, window_ms = window_ms, key = key, field = KEY_MODES[mode] .. key }
+  return { mode = mode, window_ms = window_ms, policy = policy, key = key, field = KEY_MODES[mode] .. key }
 end
 
 -- The sequence entries of jobs `ids` that end (section 2.7; K holds keyed, sequenced,
 -- scheduled and wake), read before any write: one HMGET of `keyed` (which proves it a
 -- hash), and when any has one, TYPE probes of the keys sequence_end writes. Answers the
--- entries ({id, seq, key}; NONE when none), or nil and an error text.
+-- entries ({id, seq, policy, key}; NONE when none), or nil and an error text.
 local function sequence_read(K, ids)
   if #ids == 0 then return NONE end
   local fields = {}
@@ -68,10 +73,10 @@ local function sequence_read(K, ids)
   for i, value in ipairs(ids) do
     local entry = values[i]
     if entry then
-      local seq, key = string.match(entry, '^(%d+)|%d+|(.+)$')
+      local seq, policy, key = string.match(entry, '^(%d+)|%d+|([bs])|(.+)$')
       if not seq then return nil, 'PQ_CORRUPT unparsable sequence entry in ' .. K.keyed end
       if out == NONE then out = {} end
-      out[#out + 1] = { id = value, seq = seq, key = key }
+      out[#out + 1] = { id = value, seq = seq, policy = policy, key = key }
     end
   end
   if out ~= NONE then
@@ -79,6 +84,24 @@ local function sequence_read(K, ids)
     if err then return nil, err end
   end
   return out
+end
+
+-- Of jobs `ids` that go dead, the sequence entries whose policy is 'skip': their key goes
+-- on (sequence_end, after the writes), while a 'block' head keeps it. Read before any
+-- write, only when the queue has sequences (`flag`, counters `sequences`). Answers the
+-- entries (NONE when none), or nil and an error text.
+local function sequence_dead_read(K, ids, flag)
+  if not flag or #ids == 0 then return NONE end
+  local ended, err = sequence_read(K, ids)
+  if err then return nil, err end
+  local skipping = NONE
+  for _, e in ipairs(ended) do
+    if e.policy == 's' then
+      if skipping == NONE then skipping = {} end
+      skipping[#skipping + 1] = e
+    end
+  end
+  return skipping
 end
 
 -- The jobs of `ended` (from sequence_read) ended for good: a head hands its key to the

@@ -72,6 +72,18 @@ local function reclaim(K, F, fair, leases, metas, now_ms, why, counter, bound)
   return back, back_metas, woke
 end
 
+-- The sequence entries (policy skip) of the leases in `leases` that go dead (attempts
+-- used up), read before any write when the queue has sequences (`flag`): their keys go
+-- on after the writes (sequence_end). K holds keyed, sequenced, scheduled and wake.
+local function dead_sequences(K, leases, flag)
+  if not flag then return NONE end
+  local ids = {}
+  for _, lease in ipairs(leases) do
+    if lease.max and lease.attempt >= lease.max then ids[#ids + 1] = lease.id end
+  end
+  return sequence_dead_read(K, ids, flag)
+end
+
 -- Make `ids` READY at the head (`head`, in the order given) or the tail: a job with
 -- meta (metas[i], from fair_meta) into its group's place in `gready`, the others into
 -- the `ready` list.

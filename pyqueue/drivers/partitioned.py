@@ -235,11 +235,12 @@ def enqueue(
     throttle_ms: int | None = None,
     key: str | None = None,
     sequence: str | None = None,
+    on_failure: str = "block",
     now_ms: int | None = None,
 ) -> Plan[Enqueued]:
     """As :func:`pyqueue.protocol.verbs.produce.enqueue`, in the partition of the job's id."""
     new = NewJob(payload, job_id, delay_ms, max_attempts, priority, group, expires_ms, debounce_ms, throttle_ms, key,
-                 sequence)
+                 sequence, on_failure)
     (added,) = yield from enqueue_many(layout, [new], now_ms=now_ms)
     return added
 
@@ -259,12 +260,14 @@ def enqueue_json(
     throttle_ms: int | None = None,
     key: str | None = None,
     sequence: str | None = None,
+    on_failure: str = "block",
     now_ms: int | None = None,
 ) -> Plan[Enqueued]:
     """As :func:`pyqueue.protocol.verbs.produce.enqueue_json`, in the partition of the job's id."""
     plan = enqueue(layout, produce.json_payload(obj), job_id=job_id, delay_ms=delay_ms, max_attempts=max_attempts,
                    priority=priority, group=group, expires_ms=expires_ms, debounce_ms=debounce_ms,
-                   throttle_ms=throttle_ms, key=key, sequence=sequence, now_ms=now_ms)
+                   throttle_ms=throttle_ms, key=key, sequence=sequence, on_failure=on_failure,
+                   now_ms=now_ms)
     return (yield from plan)
 
 

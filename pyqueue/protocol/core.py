@@ -230,10 +230,15 @@ def key_arg(new: NewJob, delay_ms: int) -> str:
     or InvalidArgument for a key without a window, a window without a key, both windows,
     a delayed debounce, or a sequence with another key."""
     windows = [(mode, ms) for mode, ms in (("debounce", new.debounce_ms), ("throttle", new.throttle_ms)) if ms is not None]
+    if new.on_failure not in ("block", "skip"):
+        raise InvalidArgument(f"on_failure must be 'block' or 'skip' (what a sequence's dead head does), "
+                              f"got {new.on_failure!r}")
     if new.sequence is not None:
         if windows or new.key is not None:
             raise InvalidArgument("a job of a sequence is not debounced or throttled too (one key per job)")
-        return f"sequence|block|{check_key(new.sequence, 'sequence')}"
+        return f"sequence|{new.on_failure}|{check_key(new.sequence, 'sequence')}"
+    if new.on_failure != "block":
+        raise InvalidArgument("on_failure is a sequence's: give sequence= too")
     if not windows:
         if new.key is not None:
             raise InvalidArgument("key needs debounce_ms or throttle_ms: what should the key do?")

@@ -149,8 +149,9 @@ class NewJob:
     throttle_ms: int | None = None
     key: str | None = None
     #: The key of the job's sequence: the jobs of one key run one at a time, in send
-    #: order (``Queue.enqueue``).
+    #: order (``Queue.enqueue``); and what its dead head does: "block" (the default) or "skip".
     sequence: str | None = None
+    on_failure: str = "block"
 
 
 @dataclass(frozen=True)

@@ -287,7 +287,8 @@ class Signature:
         return NewJob(payload, job_id=job_id, delay_ms=delay_ms, max_attempts=self.options.max_attempts,
                       priority=self.options.priority, group=group, expires_ms=self.options.expires_ms,
                       debounce_ms=self.options.debounce_ms if keyed else None,
-                      throttle_ms=self.options.throttle_ms if keyed else None, key=key, sequence=sequence)
+                      throttle_ms=self.options.throttle_ms if keyed else None, key=key, sequence=sequence,
+                      on_failure=self.options.on_failure if sequence is not None else "block")
 
     def handle(self, job_id: str, added: bool, by_key: str | None = None) -> SentTask[Any]:
         """The handle of the job this call was sent as (or, ``by_key``, given to)."""

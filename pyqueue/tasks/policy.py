@@ -154,6 +154,9 @@ class TaskOptionsDict(TypedDict, total=False):
     #: dead one stops the key until replayed, purged or skipped: ``pyqueue sequence
     #: skip``). A str, or a function of the arguments giving one, or None (not in one).
     sequence: str | Callable[..., str | None] | None
+    #: With ``sequence``: what a dead job of the key does: "block" (the default: the key
+    #: waits until it is replayed and succeeds, purged, or skipped) or "skip" (the next runs).
+    on_failure: str
 
 
 class SendOptionsDict(TaskOptionsDict, total=False):
@@ -204,7 +207,7 @@ def exception_types(value: object, name: str) -> tuple[type[BaseException], ...]
 
 #: The options that act when sending (the job's queue, record and id), not in the envelope.
 _SEND_TIME = frozenset(("queue", "max_attempts", "unique", "priority", "group", "job_id", "expires_ms", "debounce_ms",
-                        "throttle_ms", "key", "sequence"))
+                        "throttle_ms", "key", "sequence", "on_failure"))
 
 
 @dataclass(frozen=True)
@@ -244,6 +247,8 @@ class TaskOptions:
     #: The job's sequence key (``Queue.enqueue(sequence=)``): a str, or a function of the
     #: arguments like ``group``.
     sequence: str | Callable[..., str | None] | None = None
+    #: What the sequence's dead job does: "block" or "skip" (``Queue.enqueue(on_failure=)``).
+    on_failure: str = "block"
     #: The job id of one send (``fn.options(job_id=...)``), in place of ``unique``'s or
     #: a random one; None: those. Never a task's own option, nor a ``Tasks`` default.
     job_id: str | None = None
@@ -296,6 +301,11 @@ class TaskOptions:
                 if value is not None and not callable(value) and not isinstance(value, str):
                     raise InvalidArgument(f"{key} must be a str or a function of the arguments giving one, got {value!r}")
                 out[key] = value
+            elif key == "on_failure":
+                if value not in ("block", "skip"):
+                    raise InvalidArgument(f"on_failure must be 'block' or 'skip' (what a sequence's dead job does), "
+                                          f"got {value!r}")
+                out["on_failure"] = value
             elif key == "job_id":
                 out["job_id"] = None if value is None else check_job_id(value)
             else:
@@ -307,6 +317,8 @@ class TaskOptions:
             raise InvalidArgument("debounce and throttle need key=: a str, or a function of the arguments giving one")
         if built.sequence is not None and (built.debounce_ms is not None or built.throttle_ms is not None):
             raise InvalidArgument("a task in a sequence is not debounced or throttled too (one key per job)")
+        if built.on_failure != "block" and built.sequence is None:
+            raise InvalidArgument("on_failure is a sequence's: give sequence= too")
         return built
 
     @property

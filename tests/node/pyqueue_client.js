@@ -22,12 +22,12 @@ const SCRIPT_KEYS = {
   ack: ['jobs', 'leased', 'owners', 'done', 'wake', 'meta', 'gready', 'ring', 'groups', 'counters', 'events',
     'steps', 'waiting', 'scheduled', 'keyed', 'sequenced'],
   nack: ['jobs', 'scheduled', 'leased', 'owners', 'dead', 'errors', 'counters', 'wake', 'finished',
-    'meta', 'gready', 'ring', 'groups', 'events'],
+    'meta', 'gready', 'ring', 'groups', 'events', 'keyed', 'sequenced'],
   extend: ['jobs', 'leased'],
   release: ['jobs', 'ready', 'leased', 'owners', 'counters', 'wake', 'meta', 'gready', 'ring', 'groups', 'events'],
   stats: ['jobs', 'ready', 'scheduled', 'leased', 'dead', 'counters', 'done', 'gready', 'ring', 'waiting', 'sequenced'],
   scrub: ['jobs', 'ready', 'leased', 'owners', 'dead', 'errors', 'counters', 'wake', 'meta', 'gready', 'ring', 'groups',
-    'events'],
+    'events', 'scheduled', 'keyed', 'sequenced'],
   cancel: ['jobs', 'ready', 'scheduled', 'leased', 'owners', 'dead', 'errors', 'counters', 'done', 'wake',
     'meta', 'gready', 'ring', 'groups', 'events', 'steps', 'waiting', 'expires', 'keyed', 'sequenced'],
   limit: ['counters', 'wake'],
@@ -188,7 +188,7 @@ class Queue {
 
   // jobs: [{id, payload (Buffer or string), delayMs, maxAttempts, priority, group, expiresMs,
   // key}], 1..1000 per call; priority (-5..5) and group (README §2.1), expiresMs and key
-  // ("debounce|<window_ms>|<key>", "throttle|<window_ms>|<key>" or "sequence|block|<key>",
+  // ("debounce|<window_ms>|<key>", "throttle|<window_ms>|<key>" or "sequence|<block or skip>|<key>",
   // README §2.7) are optional.
   // flags[i]: 1 added, 0 a duplicate, or the id of the job its key gave the send to.
   async enqueue(jobs) {

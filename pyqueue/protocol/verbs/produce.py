@@ -27,6 +27,7 @@ def enqueue(
     throttle_ms: int | None = None,
     key: str | None = None,
     sequence: str | None = None,
+    on_failure: str = "block",
     now_ms: int | None = None,
 ) -> Plan[Enqueued]:
     """Add one job (lua/enqueue.lua).
@@ -65,6 +66,9 @@ def enqueue(
             ended (acked, cancelled, expired, or purged from the dead letters); a dead
             one blocks the key until it is replayed and acked, purged, or skipped
             (``sequence_skip``). Its delay counts from its send.
+        on_failure: with ``sequence``: what its dead head does: "block" (the key
+            waits, as above) or "skip" (the next job runs at once; the dead one stays in
+            the dead letters, out of the sequence).
         now_ms: tests only: override the server clock.
 
     Returns:
@@ -79,7 +83,7 @@ def enqueue(
         InvalidArgument, WrongTypeError, OutcomeUnknown.
     """
     new = NewJob(payload, job_id, delay_ms, max_attempts, priority, group, expires_ms, debounce_ms, throttle_ms, key,
-                 sequence)
+                 sequence, on_failure)
     (added,) = yield from enqueue_many(spec, memory, [new], now_ms=now_ms)
     return added
 
@@ -104,12 +108,14 @@ def enqueue_json(
     throttle_ms: int | None = None,
     key: str | None = None,
     sequence: str | None = None,
+    on_failure: str = "block",
     now_ms: int | None = None,
 ) -> Plan[Enqueued]:
     """``enqueue`` the JSON encoding of ``obj`` (compact, UTF-8); read it with ``Job.json()``."""
     plan = enqueue(spec, memory, json_payload(obj), job_id=job_id, delay_ms=delay_ms, max_attempts=max_attempts,
                    priority=priority, group=group, expires_ms=expires_ms, debounce_ms=debounce_ms,
-                   throttle_ms=throttle_ms, key=key, sequence=sequence, now_ms=now_ms)
+                   throttle_ms=throttle_ms, key=key, sequence=sequence, on_failure=on_failure,
+                   now_ms=now_ms)
     return (yield from plan)
 
 
