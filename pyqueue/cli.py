@@ -382,14 +382,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
         parts = parts_of(q) if q.spec.partitions > 1 else []
         for name, s in [(label, q.stats())] + [(f"  {part.name}", part.stats()) for part in parts]:
             rows.append([name, "paused" if s.paused else "running", s.ready, s.scheduled, s.waiting, s.sequenced,
-                         s.leased, s.dead,
-                         s.done, _ms(s.lag_ms), s.enqueued, s.acked, s.nacked, s.reclaimed, s.scrubbed, s.dead_total,
-                         s.expired_total])
+                         s.leased, s.dead, s.done, _ms(s.lag_ms), s.enqueued, s.acked, s.nacked, s.reclaimed,
+                         s.scrubbed, s.dead_total, s.expired_total])
     # waiting: the scheduled jobs parked for a signal (durable steps), counted in scheduled too
     # sequenced: jobs waiting behind their sequence's head (in no other state)
+    # expired: jobs ended unrun past their expiry (flow control)
     header = ["queue", "state", "ready", "scheduled", "waiting", "sequenced", "leased", "dead", "done", "lag", "enqueued",
-              "acked",
-              "nacked", "reclaimed", "scrubbed", "dead_total", "expired"]
+              "acked", "nacked", "reclaimed", "scrubbed", "dead_total", "expired"]
     print(table(rows, header) if rows else "no queues")
     # Task names with jobs waiting that no live worker advertises (a sample of each queue).
     from pyqueue.tasks.census import unserved_tasks  # the task layer, above the engine

@@ -443,3 +443,22 @@ def test_on_a_partitioned_queue_a_key_picks_the_partition_and_keeps_its_rules(r:
         q.enqueue(b"c", job_id=next(f"x{i}" for i in range(100) if partition_of(f"x{i}", 4) != partition_of("k", 4)),
                   sequence="k")
     assert q.sequence_skip("order-1", now_ms=T0).status == "running"
+
+
+def test_a_sequence_of_grouped_and_prioritized_jobs_keeps_its_order_on_a_fair_queue(q: Queue) -> None:
+    q.set_group_limit(1, group="t")
+    for i in range(3):
+        q.enqueue(f"{i}".encode(), job_id=f"s{i}", sequence="k", group="t", priority=i, now_ms=T0)
+    q.enqueue(b"other", job_id="o", group="t", now_ms=T0)
+    order = []
+    now = T0
+    while len(order) < 4:
+        jobs = q.lease(count=3, lease_ms=LEASE, now_ms=now)
+        assert len(jobs) <= 1  # the group's cap holds for the sequence's jobs too
+        for job in jobs:
+            order.append(job.id)
+            q.ack(job, now_ms=now)
+        now += 1
+        assert now < T0 + 100
+    assert [i for i in order if i.startswith("s")] == ["s0", "s1", "s2"]
+    assert q.stats(now_ms=now).sequenced == 0
