@@ -32,7 +32,7 @@ Returns  {now_ms, state, attempts, max_attempts, due_ms, payload_bytes, payload,
          enqueued_ms: when it was sent (-1 for a record written before contract v5).
          payload is '' unless with_payload is 1; missing numbers are -1, missing
          strings ''.
-Cost     plain case (a ready or leased job, LEASED in one ZSCAN page): 6 commands.
+Cost     plain case (a leased job, LEASED in one ZSCAN page): 5 commands; 6 (a ready job).
          O(1) but for a job that is neither scheduled nor dead: then a ZSCAN of LEASED
          for the receipt ending in the id, O(L) in the number of leases L (which the
          workers' total concurrency bounds, not the queue's length), and at most
@@ -164,16 +164,15 @@ if scheduled_ms then
   return answer(tonumber(redis.call('ZSCORE', waiting_key, id)) == scheduled_ms and 'waiting' or 'scheduled', known)
 end
 
--- Behind its sequence's head (section 2.7): in no other state.
-local entry = redis.call('HGET', keyed_key, 'j:' .. id)
-if entry and redis.call('HGET', keyed_key, 's:' .. (string.match(entry, '^%d+|%d+|%a|(.+)$') or '')) ~= id then
-  return answer('sequenced', known)
-end
-
 -- Leased or ready: a lease names the id at the end of its receipt (find_lease).
 local receipt, deadline_ms, cursor = find_lease(leased_key, id, '0', MAX_SCAN_PAGES)
 if receipt then
   known[9], known[10], known[11] = deadline_ms, string.match(receipt, '^[^|]+'), parse_receipt(receipt).fence
   return answer('leased', known)
+end
+-- Not leased: ready, or behind its sequence's head (section 2.7), in no other state.
+local entry = redis.call('HGET', keyed_key, 'j:' .. id)
+if entry and redis.call('HGET', keyed_key, 's:' .. (string.match(entry, '^%d+|%d+|%a|(.+)$') or '')) ~= id then
+  return answer('sequenced', known)
 end
 return answer(cursor == '0' and 'ready' or 'ready_or_leased', known)

@@ -17,26 +17,18 @@ Order inside the call:
      `leased` counter, deadline = now + lease_ms, receipt recorded in `leased` and
      `owners`.
 A lease past its deadline stays valid until maintenance reclaims it.
-Fair queues (section 2.1: `counters` has `fair`, set by enqueue.lua for a job with a
-group or a priority, and by set_group_limit.lua): acks and maintenance are written
-first, the jobs they end give their groups' slots back and those they move go to
-`gready` or `ready` by their meta; then step 4 is the fair pick instead (fair_pick,
-lua/include/groups.lua: round-robin between groups, highest priority first, groups at
-their cap skipped without moving a job; O((count + skipped) log N)). Such a call also
-proves the type of every key it may write first (a few TYPE calls), and a PQ_CORRUPT
-record found by the pick leaves the acks and maintenance done (they are whole
-transitions of their own).
-A queue that is not fair pays nothing for this: `fair` comes with the counters read anyway.
-While the queue is paused (pause.lua), step 4 leases nothing: acks, the replay check and
-maintenance run as usual, and next_due_ms is -1 (resume.lua wakes the workers).
-Under a rate limit (limit.lua), step 4 leases at most the permits due now (GCRA: one per
-period_ms/count, up to `burst` at once) and advances `rate_tat` by the jobs leased; when
-the limit cut the count and every permit was used, next_due_ms is when the next is due.
-A queue with expiries (section 2.7: `counters` has `expiry`, set by enqueue.lua) reads
-the `expires` entries of the jobs step 4 would lease for the first time: a job past its
-deadline is not leased but expired (its record deleted, its id in `expired` and
-tombstoned in `done` for keep_done_ms, never run); the others leave `expires`. A call
-that expired a job answers next_due_ms = now_ms, so that the worker asks again at once.
+Fair queues (section 2.1; `counters` has `fair`): acks and maintenance are written first
+(ended jobs give their groups' slots back, moved ones go to `gready` or `ready` by their
+meta), then step 4 is the fair pick (fair_pick, lua/include/groups.lua: round-robin
+between groups, highest priority first, groups at their cap skipped; O((count +
+skipped) log N)), after a few TYPE probes of the keys it may write; a PQ_CORRUPT record
+found by the pick leaves the acks and maintenance done. Paused (pause.lua): step 4
+leases nothing and next_due_ms is -1. Rate limited (limit.lua): step 4 leases at most
+the permits due now (GCRA) and advances `rate_tat`; when every permit was used,
+next_due_ms is when the next is due. Expiries (section 2.7; `counters` has `expiry`): a
+job past its `expires` deadline at its first lease is expired instead (never run; its id
+tombstoned like an acked one), and next_due_ms is now_ms. Flags come with the counters
+read anyway: a queue without these features pays nothing for them.
 
 KEYS (21), all <prefix>:{<queue>}:<role>
   1 jobs       hash  id -> "<attempts>|<max_attempts>|<due_ms>:<enqueued_ms>|<payload>"

@@ -605,7 +605,7 @@ CASES = [
     Case("flow_record", 0, "a new record", case_flow_record),
     Case("flow_show", 0, "a record in force", case_flow_show),
     Case("flow_wait", 0, "waits for one job", case_flow_wait),
-    Case("get", 0, "a ready job", get_case("ready")),
+    Case("get", 1, "a ready job", get_case("ready")),
     Case("get", 0, "a leased job", get_case("leased")),
     Case("groups", 0, "one group, one ready job", case_groups),
     Case("lease", 0, "ack one receipt and lease one job", case_ack_and_lease),

@@ -261,11 +261,7 @@ class Signature:
                                       "layer writes")
             meta.update(to_json(extra_meta, f"{self.task.name} meta set by middleware"))
         payload = self.task.encode_envelope(self.json_args, self.json_kwargs, meta)
-        group = self.options.group
-        if callable(group):
-            group = self.call_by_name(group)
-            if group is not None and not isinstance(group, str):
-                raise InvalidArgument(f"{self.task.name}: group must return the group as a str or None, got {group!r}")
+        group = self.resolved(self.options.group, "group", "group")
         # A job without `job_id` or `unique` lets the engine draw its id
         # (pyqueue.protocol.core.new_id): a grouped one's must fall in its group's partition on a
         # partitioned queue, and an id drawn there needs no checks.
@@ -273,22 +269,27 @@ class Signature:
             job_id = self.options.job_id
         if job_id is None and self.options.unique is not None and self.options.unique is not False:
             job_id = self.job_id()
-        key = self.options.key
-        if callable(key):
-            key = self.call_by_name(key)
-            if key is not None and not isinstance(key, str):
-                raise InvalidArgument(f"{self.task.name}: key must return the key as a str or None, got {key!r}")
+        key = self.resolved(self.options.key, "key", "key")
         keyed = key is not None  # a key function's None: this send is neither debounced nor throttled
-        sequence = self.options.sequence
-        if callable(sequence):
-            sequence = self.call_by_name(sequence)
-            if sequence is not None and not isinstance(sequence, str):
-                raise InvalidArgument(f"{self.task.name}: sequence must return the key as a str or None, got {sequence!r}")
+        sequence = self.resolved(self.options.sequence, "sequence", "key")
         return NewJob(payload, job_id=job_id, delay_ms=delay_ms, max_attempts=self.options.max_attempts,
                       priority=self.options.priority, group=group, expires_ms=self.options.expires_ms,
                       debounce_ms=self.options.debounce_ms if keyed else None,
                       throttle_ms=self.options.throttle_ms if keyed else None, key=key, sequence=sequence,
                       on_failure=self.options.on_failure if sequence is not None else "block")
+
+    def resolved(self, value: str | Callable[..., str | None] | None, option: str, noun: str) -> str | None:
+        """An option that is a str, None, or a function of this call's arguments (by name,
+        defaults included) giving one of those (``group``, ``key``, ``sequence``).
+
+        Raises:
+            InvalidArgument: the function gave something else.
+        """
+        if callable(value):
+            value = self.call_by_name(value)
+            if value is not None and not isinstance(value, str):
+                raise InvalidArgument(f"{self.task.name}: {option} must return the {noun} as a str or None, got {value!r}")
+        return value
 
     def handle(self, job_id: str, added: bool, by_key: str | None = None) -> SentTask[Any]:
         """The handle of the job this call was sent as (or, ``by_key``, given to)."""
