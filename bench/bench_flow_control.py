@@ -1,4 +1,4 @@
-"""What flow control costs (debounce, throttle and expiry; lua/enqueue.lua and lease.lua,
+"""What flow control costs (debounce, throttle, expiry, sequences and rate keys; lua/enqueue.lua and lease.lua,
 issue #38), on and off, against a real redis-server (its own, on a free loopback port,
 unless ``--redis-url``).
 
@@ -11,6 +11,10 @@ unless ``--redis-url``).
   sent with an expiry leased in time: what a queue pays once it uses expiries, and that
   one that does not pays nothing; and heads of sequences, each ack handing its key on
   to the job behind it (half the leased jobs are heads, half the jobs handed the key).
+* **rate keys**: enqueue of a job with a rate key; ack-and-lease on a queue that has
+  had one (plain jobs), and of jobs with rate keys under a limit they never reach (each
+  lease checks and spends a permit), 100 keys in turn; and a lease call that defers
+  its one job (every job of the key over its limit: scheduled at its slot instead).
 
 Each line: the server's time per EVALSHA (``INFO commandstats``, µs), the commands a
 call ran, and the ratio to the plain call measured in the same run.
@@ -29,7 +33,7 @@ import _server
 
 _server.use_checkout()
 
-from pyqueue import NewJob, Queue  # noqa: E402
+from pyqueue import NewJob, Queue, RateLimit  # noqa: E402
 
 LEASE_MS = 600_000
 
@@ -77,13 +81,8 @@ def enqueues(client: Any, n: int, label: str, **options: Any) -> tuple[float, fl
     return measured(client, calls, n)
 
 
-def leases(client: Any, n: int, label: str, had_expiry: bool, expires_ms: int | None) -> tuple[float, float]:
-    q = fresh(client, label)
-    if had_expiry:
-        q.enqueue(b"marker", expires_ms=LEASE_MS)  # sets the queue's `expiry` flag
-        q.ack(q.lease()[0])
-    for start in range(0, n + 1, 1000):
-        q.enqueue_many([NewJob(b"p" * 64, expires_ms=expires_ms) for _ in range(min(1000, n + 1 - start))])
+def busy_worker(q: Queue, n: int) -> Callable[[], None]:
+    """n calls of ack-and-lease, one job each, as a busy worker makes them."""
     (job,) = q.lease(lease_ms=LEASE_MS)
     held = [job]
 
@@ -92,7 +91,17 @@ def leases(client: Any, n: int, label: str, had_expiry: bool, expires_ms: int | 
             _outcome, jobs = q.ack_and_lease(held[0], lease_ms=LEASE_MS)
             held[0] = jobs[0]
 
-    return measured(client, calls, n)
+    return calls
+
+
+def leases(client: Any, n: int, label: str, had_expiry: bool, expires_ms: int | None) -> tuple[float, float]:
+    q = fresh(client, label)
+    if had_expiry:
+        q.enqueue(b"marker", expires_ms=LEASE_MS)  # sets the queue's `expiry` flag
+        q.ack(q.lease()[0])
+    for start in range(0, n + 1, 1000):
+        q.enqueue_many([NewJob(b"p" * 64, expires_ms=expires_ms) for _ in range(min(1000, n + 1 - start))])
+    return measured(client, busy_worker(q, n), n)
 
 
 def sequences(client: Any, n: int) -> tuple[tuple[float, float], tuple[float, float], tuple[float, float]]:
@@ -106,15 +115,35 @@ def sequences(client: Any, n: int) -> tuple[tuple[float, float], tuple[float, fl
     behind = measured(client, lambda: [line.enqueue(b"p" * 64, sequence="one") for _ in range(n)], n)
     for i in range(n):  # each head k<i> gets one job behind it
         q.enqueue(b"p" * 64, sequence=f"k{i}")
-    (job,) = q.lease(lease_ms=LEASE_MS)
-    held = [job]
+    return heads, behind, measured(client, busy_worker(q, n), n)
+
+
+#: A limit the jobs never reach: every lease passes its check and spends a permit.
+LOOSE = RateLimit(1_000_000, 1000, burst=1_000_000)
+
+
+def rate_leases(client: Any, n: int, label: str, rated: bool) -> tuple[float, float]:
+    q = fresh(client, label)
+    q.enqueue(b"marker", rate_key="marker", rate_limit=LOOSE)  # sets the queue's `rates` flag
+    q.ack(q.lease()[0])
+    for start in range(0, n + 1, 1000):
+        q.enqueue_many([NewJob(b"p" * 64, **({"rate_key": f"k{(start + i) % 100}", "rate_limit": LOOSE} if rated else {}))
+                        for i in range(min(1000, n + 1 - start))])
+    return measured(client, busy_worker(q, n), n)
+
+
+def rate_deferrals(client: Any, n: int) -> tuple[float, float]:
+    """A lease call whose one job is over its key's limit (1/h): deferred to its slot."""
+    q = fresh(client, "rdefer")
+    for start in range(0, n + 1, 1000):
+        q.enqueue_many([NewJob(b"p" * 64, rate_key="one", rate_limit="1/h") for _ in range(min(1000, n + 1 - start))])
+    assert len(q.lease(lease_ms=LEASE_MS)) == 1  # the key's one permit: the rest are deferred
 
     def calls() -> None:
         for _ in range(n):
-            _outcome, jobs = q.ack_and_lease(held[0], lease_ms=LEASE_MS)
-            held[0] = jobs[0]
+            assert q.lease(lease_ms=LEASE_MS) == []
 
-    return heads, behind, measured(client, calls, n)
+    return measured(client, calls, n)
 
 
 def run(url: str, n: int) -> None:
@@ -129,12 +158,16 @@ def run(url: str, n: int) -> None:
         ("enqueue, throttle: dropped", enqueues(client, n, "tsame", throttle_ms=60_000, key="same")),
     ]
     head, behind, hand_on = sequences(client, n)
-    rows += [("enqueue, sequence: head", head), ("enqueue, sequence: behind", behind)]
+    rows += [("enqueue, sequence: head", head), ("enqueue, sequence: behind", behind),
+             ("enqueue, rate key", enqueues(client, n, "rate", rate_key="acct", rate_limit=LOOSE))]
     lease_rows = [
         ("ack+lease, plain queue", leases(client, n, "lplain", False, None)),
         ("ack+lease, queue with expiries", leases(client, n, "lflag", True, None)),
         ("ack+lease, jobs with an expiry", leases(client, n, "lexp", True, 3_600_000)),
         ("ack+lease, sequence heads", hand_on),
+        ("ack+lease, queue with rate keys", rate_leases(client, n, "rflag", False)),
+        ("ack+lease, jobs with a rate key", rate_leases(client, n, "rjobs", True)),
+        ("lease, deferred by its rate key", rate_deferrals(client, n)),
     ]
     print("\nper call                          server us  commands  vs plain (time)")
     for group in (rows, lease_rows):

@@ -47,7 +47,8 @@ Returns  {status_1 .. status_r}: 'ok' (acked by this call), 'stale' (the job exi
          under another lease or in another state: this lease lost it), 'gone' (no such
          job: acked before, purged, never enqueued, or repeated in this call).
 Cost     plain case (one current receipt, no tombstone trim due): 9 commands; in a queue
-         with sequences +1, +12 when an acked head hands its key on
+         with sequences or rate keys +1, +12 when an acked head hands its key on, +1 when
+         an acked job has a rate entry
 Errors   PQ_BADARG (nothing written), PQ_CORRUPT (a job's `meta` or sequence entry does not
          parse; nothing written), WRONGTYPE (a key holds another Redis type; nothing written).
 Replay   a re-sent call finds its receipts gone and changes nothing; its answer is
@@ -191,31 +192,35 @@ local function forget_steps(steps_key, waiting_key, forgot)
   call_chunked('ZREM', waiting_key, forgot[2])
 end
 -- lua/include/control.lua (each helper's note is there)
-local function sequence_read(K, ids)
+local function keyed_read(K, ids)
   if #ids == 0 then return NONE end
   local fields = {}
-  for i, id in ipairs(ids) do fields[i] = 'j:' .. id end
+  for i, id in ipairs(ids) do fields[2 * i - 1], fields[2 * i] = 'j:' .. id, 'r:' .. id end
   local values = hmget(K.keyed, fields)
-  local out = NONE
+  local out, sequenced = NONE, false
   for i, value in ipairs(ids) do
-    local entry = values[i]
+    local entry, rated = values[2 * i - 1], values[2 * i] ~= false
     if entry then
       local seq, policy, key = string.match(entry, '^(%d+)|%d+|([bs])|(.+)$')
       if not seq then return nil, 'PQ_CORRUPT unparsable sequence entry in ' .. K.keyed end
       if out == NONE then out = {} end
-      out[#out + 1] = { id = value, seq = seq, policy = policy, key = key }
+      out[#out + 1] = { id = value, seq = seq, policy = policy, key = key, rated = rated }
+      sequenced = true
+    elseif rated then
+      if out == NONE then out = {} end
+      out[#out + 1] = { id = value, rated = true }
     end
   end
-  if out ~= NONE then
+  if sequenced then
     local err = expect_type(K.sequenced, 'zset') or expect_type(K.scheduled, 'zset') or expect_type(K.wake, 'zset')
     if err then return nil, err end
   end
   return out
 end
-local function sequence_end(K, ended)
+local function keyed_end(K, ended)
   local plans, handed = {}, {}
   for i, e in ipairs(ended) do
-    local p = { head = redis.call('HGET', K.keyed, 's:' .. e.key) == e.id }
+    local p = { head = e.seq ~= nil and redis.call('HGET', K.keyed, 's:' .. e.key) == e.id }
     if p.head then
       p.next = redis.call('ZRANGEBYLEX', K.sequenced, '[' .. e.key .. '\n', '(' .. e.key .. '\011', 'LIMIT', 0, 1)[1]
       if p.next then
@@ -225,20 +230,30 @@ local function sequence_end(K, ended)
     end
     plans[i] = p
   end
+  local rated_only = {}
   for i, e in ipairs(ended) do
     local p = plans[i]
-    redis.call('HDEL', K.keyed, 'j:' .. e.id)
-    if p.next then
-      redis.call('ZREM', K.sequenced, p.next)
-      redis.call('HSET', K.keyed, 's:' .. e.key, p.id)
-      redis.call('ZADD', K.scheduled, p.due, p.id)
-      handed[#handed + 1] = p.id
-    elseif p.head then
-      redis.call('HDEL', K.keyed, 's:' .. e.key)
+    if not e.seq then
+      rated_only[#rated_only + 1] = 'r:' .. e.id
     else
-      redis.call('ZREM', K.sequenced, e.key .. '\n' .. e.seq .. '\n' .. e.id)
+      if e.rated then
+        redis.call('HDEL', K.keyed, 'j:' .. e.id, 'r:' .. e.id)
+      else
+        redis.call('HDEL', K.keyed, 'j:' .. e.id)
+      end
+      if p.next then
+        redis.call('ZREM', K.sequenced, p.next)
+        redis.call('HSET', K.keyed, 's:' .. e.key, p.id)
+        redis.call('ZADD', K.scheduled, p.due, p.id)
+        handed[#handed + 1] = p.id
+      elseif p.head then
+        redis.call('HDEL', K.keyed, 's:' .. e.key)
+      else
+        redis.call('ZREM', K.sequenced, e.key .. '\n' .. e.seq .. '\n' .. e.id)
+      end
     end
   end
+  if #rated_only > 0 then call_chunked('HDEL', K.keyed, rated_only) end
   if #handed > 0 then redis.call('ZADD', K.wake, 0, 'wake') end
   return handed
 end
@@ -316,11 +331,11 @@ local function write_acked(K, F, receipts, ids, fair, metas, expired, now_ms, ke
   bury(K.done, ids, expired, now_ms, keep_done_ms)
   if fair then fair_finish(F, ids, metas, K.wake) end
   forget_steps(K.steps, K.waiting, forgot)
-  if #ended > 0 then sequence_end(K, ended) end
+  if #ended > 0 then keyed_end(K, ended) end
   emit_acked(K.events, bound, receipts, ids, now_ms)
 end
 local function ack_settings(counters_key, events_key, F, ids, K)
-  local settings = redis.call('HMGET', counters_key, 'fair', 'events', 'steps', 'sequences')
+  local settings = redis.call('HMGET', counters_key, 'fair', 'events', 'steps', 'sequences', 'rates')
   local bound, err = events_bound(counters_key, events_key, settings[2])
   if err then return nil, nil, false, err end
   local forgot, ended = nil, NONE
@@ -329,8 +344,8 @@ local function ack_settings(counters_key, events_key, F, ids, K)
     forgot[1], forgot[2], err = steps_of(K.steps, K.waiting, ids)
     if err then return nil, nil, false, err end
   end
-  if settings[4] then
-    ended, err = sequence_read(K, ids)
+  if settings[4] or settings[5] then
+    ended, err = keyed_read(K, ids)
     if err then return nil, nil, false, err end
   end
   if not settings[1] then return bound, NONE, false, nil, forgot, ended end

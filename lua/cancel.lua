@@ -206,31 +206,35 @@ local function forget_steps(steps_key, waiting_key, forgot)
   call_chunked('ZREM', waiting_key, forgot[2])
 end
 -- lua/include/control.lua (each helper's note is there)
-local function sequence_read(K, ids)
+local function keyed_read(K, ids)
   if #ids == 0 then return NONE end
   local fields = {}
-  for i, id in ipairs(ids) do fields[i] = 'j:' .. id end
+  for i, id in ipairs(ids) do fields[2 * i - 1], fields[2 * i] = 'j:' .. id, 'r:' .. id end
   local values = hmget(K.keyed, fields)
-  local out = NONE
+  local out, sequenced = NONE, false
   for i, value in ipairs(ids) do
-    local entry = values[i]
+    local entry, rated = values[2 * i - 1], values[2 * i] ~= false
     if entry then
       local seq, policy, key = string.match(entry, '^(%d+)|%d+|([bs])|(.+)$')
       if not seq then return nil, 'PQ_CORRUPT unparsable sequence entry in ' .. K.keyed end
       if out == NONE then out = {} end
-      out[#out + 1] = { id = value, seq = seq, policy = policy, key = key }
+      out[#out + 1] = { id = value, seq = seq, policy = policy, key = key, rated = rated }
+      sequenced = true
+    elseif rated then
+      if out == NONE then out = {} end
+      out[#out + 1] = { id = value, rated = true }
     end
   end
-  if out ~= NONE then
+  if sequenced then
     local err = expect_type(K.sequenced, 'zset') or expect_type(K.scheduled, 'zset') or expect_type(K.wake, 'zset')
     if err then return nil, err end
   end
   return out
 end
-local function sequence_end(K, ended)
+local function keyed_end(K, ended)
   local plans, handed = {}, {}
   for i, e in ipairs(ended) do
-    local p = { head = redis.call('HGET', K.keyed, 's:' .. e.key) == e.id }
+    local p = { head = e.seq ~= nil and redis.call('HGET', K.keyed, 's:' .. e.key) == e.id }
     if p.head then
       p.next = redis.call('ZRANGEBYLEX', K.sequenced, '[' .. e.key .. '\n', '(' .. e.key .. '\011', 'LIMIT', 0, 1)[1]
       if p.next then
@@ -240,20 +244,30 @@ local function sequence_end(K, ended)
     end
     plans[i] = p
   end
+  local rated_only = {}
   for i, e in ipairs(ended) do
     local p = plans[i]
-    redis.call('HDEL', K.keyed, 'j:' .. e.id)
-    if p.next then
-      redis.call('ZREM', K.sequenced, p.next)
-      redis.call('HSET', K.keyed, 's:' .. e.key, p.id)
-      redis.call('ZADD', K.scheduled, p.due, p.id)
-      handed[#handed + 1] = p.id
-    elseif p.head then
-      redis.call('HDEL', K.keyed, 's:' .. e.key)
+    if not e.seq then
+      rated_only[#rated_only + 1] = 'r:' .. e.id
     else
-      redis.call('ZREM', K.sequenced, e.key .. '\n' .. e.seq .. '\n' .. e.id)
+      if e.rated then
+        redis.call('HDEL', K.keyed, 'j:' .. e.id, 'r:' .. e.id)
+      else
+        redis.call('HDEL', K.keyed, 'j:' .. e.id)
+      end
+      if p.next then
+        redis.call('ZREM', K.sequenced, p.next)
+        redis.call('HSET', K.keyed, 's:' .. e.key, p.id)
+        redis.call('ZADD', K.scheduled, p.due, p.id)
+        handed[#handed + 1] = p.id
+      elseif p.head then
+        redis.call('HDEL', K.keyed, 's:' .. e.key)
+      else
+        redis.call('ZREM', K.sequenced, e.key .. '\n' .. e.seq .. '\n' .. e.id)
+      end
     end
   end
+  if #rated_only > 0 then call_chunked('HDEL', K.keyed, rated_only) end
   if #handed > 0 then redis.call('ZADD', K.wake, 0, 'wake') end
   return handed
 end
@@ -368,7 +382,7 @@ local MAX_SCAN_PAGES, FIRST_PAGES = 1000, 10
 err = expect_type(counters_key, 'hash') or (state == 'dead' and expect_type(errors_key, 'hash'))
   or expect_type(owners_key, 'zset') or meta and (fair_types(F) or expect_type(wake_key, 'zset'))
 if err then return redis.error_reply(err) end
-local settings = redis.call('HMGET', counters_key, 'events', 'steps', 'expiry', 'sequences')
+local settings = redis.call('HMGET', counters_key, 'events', 'steps', 'expiry', 'sequences', 'rates')
 local bound, forgot
 bound, err = events_bound(counters_key, events_key, settings[1])
 if not err and settings[2] then
@@ -377,13 +391,14 @@ if not err and settings[2] then
   forgot[1], forgot[2], err = steps_of(steps_key, waiting_key, { id })
 end
 if not err and settings[3] then err = expect_type(expires_key, 'zset') end
--- Its sequence entry (section 2.7), when the queue has sequences: a job behind its head is
--- in no other state.
+-- Its entries in `keyed` (section 2.7), when the queue has sequences or rate keys: a job
+-- behind its sequence's head is in no other state.
 local S = { scheduled = scheduled_key, wake = wake_key, keyed = keyed_key, sequenced = sequenced_key }
 local ended = NONE
-if not err and settings[4] then
-  ended, err = sequence_read(S, { id })
-  if not err and not state and #ended > 0 and redis.call('HGET', keyed_key, 's:' .. ended[1].key) ~= id then
+if not err and (settings[4] or settings[5]) then
+  ended, err = keyed_read(S, { id })
+  if not err and not state and #ended > 0 and ended[1].seq
+    and redis.call('HGET', keyed_key, 's:' .. ended[1].key) ~= id then
     state = 'sequenced'
   end
 end
@@ -398,7 +413,7 @@ if state == 'dead' then
 elseif state == 'scheduled' then
   redis.call('ZREM', scheduled_key, id)
 elseif state == 'sequenced' then
-  -- Nothing here: sequence_end, below, takes it out of its line.
+  -- Nothing here: keyed_end, below, takes it out of its line.
 else
   local _, cursor
   receipt, _, cursor = find_lease(leased_key, id, '0', FIRST_PAGES)
@@ -428,7 +443,7 @@ if meta then redis.call('HDEL', F.meta, id) end
 redis.call('HDEL', jobs_key, id)
 forget_steps(steps_key, waiting_key, forgot)
 if settings[3] then redis.call('ZREM', expires_key, id) end
-if #ended > 0 then sequence_end(S, ended) end
+if #ended > 0 then keyed_end(S, ended) end
 bury(done_key, { id }, expired, now_ms, keep_done_ms)
 redis.call('HINCRBY', counters_key, 'cancelled', 1)
 emit(events_key, bound, 'cancelled', id, now_ms, 'state', state)

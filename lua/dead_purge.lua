@@ -98,31 +98,35 @@ local function forget_steps(steps_key, waiting_key, forgot)
   call_chunked('ZREM', waiting_key, forgot[2])
 end
 -- lua/include/control.lua (each helper's note is there)
-local function sequence_read(K, ids)
+local function keyed_read(K, ids)
   if #ids == 0 then return NONE end
   local fields = {}
-  for i, id in ipairs(ids) do fields[i] = 'j:' .. id end
+  for i, id in ipairs(ids) do fields[2 * i - 1], fields[2 * i] = 'j:' .. id, 'r:' .. id end
   local values = hmget(K.keyed, fields)
-  local out = NONE
+  local out, sequenced = NONE, false
   for i, value in ipairs(ids) do
-    local entry = values[i]
+    local entry, rated = values[2 * i - 1], values[2 * i] ~= false
     if entry then
       local seq, policy, key = string.match(entry, '^(%d+)|%d+|([bs])|(.+)$')
       if not seq then return nil, 'PQ_CORRUPT unparsable sequence entry in ' .. K.keyed end
       if out == NONE then out = {} end
-      out[#out + 1] = { id = value, seq = seq, policy = policy, key = key }
+      out[#out + 1] = { id = value, seq = seq, policy = policy, key = key, rated = rated }
+      sequenced = true
+    elseif rated then
+      if out == NONE then out = {} end
+      out[#out + 1] = { id = value, rated = true }
     end
   end
-  if out ~= NONE then
+  if sequenced then
     local err = expect_type(K.sequenced, 'zset') or expect_type(K.scheduled, 'zset') or expect_type(K.wake, 'zset')
     if err then return nil, err end
   end
   return out
 end
-local function sequence_end(K, ended)
+local function keyed_end(K, ended)
   local plans, handed = {}, {}
   for i, e in ipairs(ended) do
-    local p = { head = redis.call('HGET', K.keyed, 's:' .. e.key) == e.id }
+    local p = { head = e.seq ~= nil and redis.call('HGET', K.keyed, 's:' .. e.key) == e.id }
     if p.head then
       p.next = redis.call('ZRANGEBYLEX', K.sequenced, '[' .. e.key .. '\n', '(' .. e.key .. '\011', 'LIMIT', 0, 1)[1]
       if p.next then
@@ -132,20 +136,30 @@ local function sequence_end(K, ended)
     end
     plans[i] = p
   end
+  local rated_only = {}
   for i, e in ipairs(ended) do
     local p = plans[i]
-    redis.call('HDEL', K.keyed, 'j:' .. e.id)
-    if p.next then
-      redis.call('ZREM', K.sequenced, p.next)
-      redis.call('HSET', K.keyed, 's:' .. e.key, p.id)
-      redis.call('ZADD', K.scheduled, p.due, p.id)
-      handed[#handed + 1] = p.id
-    elseif p.head then
-      redis.call('HDEL', K.keyed, 's:' .. e.key)
+    if not e.seq then
+      rated_only[#rated_only + 1] = 'r:' .. e.id
     else
-      redis.call('ZREM', K.sequenced, e.key .. '\n' .. e.seq .. '\n' .. e.id)
+      if e.rated then
+        redis.call('HDEL', K.keyed, 'j:' .. e.id, 'r:' .. e.id)
+      else
+        redis.call('HDEL', K.keyed, 'j:' .. e.id)
+      end
+      if p.next then
+        redis.call('ZREM', K.sequenced, p.next)
+        redis.call('HSET', K.keyed, 's:' .. e.key, p.id)
+        redis.call('ZADD', K.scheduled, p.due, p.id)
+        handed[#handed + 1] = p.id
+      elseif p.head then
+        redis.call('HDEL', K.keyed, 's:' .. e.key)
+      else
+        redis.call('ZREM', K.sequenced, e.key .. '\n' .. e.seq .. '\n' .. e.id)
+      end
     end
   end
+  if #rated_only > 0 then call_chunked('HDEL', K.keyed, rated_only) end
   if #handed > 0 then redis.call('ZADD', K.wake, 0, 'wake') end
   return handed
 end
@@ -170,16 +184,17 @@ end
 local remaining = redis.call('ZCARD', dead_key) - #ids
 if #ids > 0 then
   local err = expect_type(jobs_key, 'hash') or expect_type(errors_key, 'hash') or expect_type(meta_key, 'hash')
-  -- The `steps` and `sequences` flags (sections 2.6, 2.7); the read proves `counters` a
-  -- hash, instead of a TYPE probe, so a queue without either pays no command for them.
-  local flags = redis.pcall('HMGET', counters_key, 'steps', 'sequences')
+  -- The `steps`, `sequences` and `rates` flags (sections 2.6, 2.7); the read proves
+  -- `counters` a hash, instead of a TYPE probe, so a queue without them pays no command
+  -- for them.
+  local flags = redis.pcall('HMGET', counters_key, 'steps', 'sequences', 'rates')
   if flags.err then err = err or expect_type(counters_key, 'hash') or tostring(flags.err) end
   local forgot, ended = nil, NONE
   if not err and flags[1] then
     forgot = {}
     forgot[1], forgot[2], err = steps_of(steps_key, waiting_key, ids)
   end
-  if not err and flags[2] then ended, err = sequence_read(K, ids) end
+  if not err and (flags[2] or flags[3]) then ended, err = keyed_read(K, ids) end
   if err then return redis.error_reply(err) end
 
   -- 3. Write.
@@ -191,6 +206,6 @@ if #ids > 0 then
   call_chunked('HDEL', jobs_key, ids)
   call_chunked('HDEL', meta_key, ids) -- the meta of jobs with a group or a priority (section 2.1)
   forget_steps(steps_key, waiting_key, forgot)
-  if #ended > 0 then sequence_end(K, ended) end
+  if #ended > 0 then keyed_end(K, ended) end
 end
 return { #ids, remaining }

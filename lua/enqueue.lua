@@ -25,6 +25,8 @@ is not leased within expires_ms of this call. A job may have a key (section 2.7)
     ack.lua, ack_result.lua, cancel.lua, dead_purge.lua and sequence_skip.lua hand the
     key on), or, under the policy skip, gone dead (nack.lua, lease.lua, promote.lua and
     scrub.lua hand it on). Its delay counts from its send.
+  rate: the job gets a rate entry: lease.lua leases it no faster than its key's limit
+    (section 2.7). A debounce merge takes the last send's rate key, or none.
   A duplicate id (above) is a duplicate before its key is looked at.
 
 KEYS (15), all <prefix>:{<queue>}:<role>
@@ -41,8 +43,10 @@ KEYS (15), all <prefix>:{<queue>}:<role>
  11 events     stream  the queue's events, when it has opted in (section 2.5): 'enqueued'
                    per job added (not per duplicate), with due_ms when it is delayed;
                    'debounced' per send merged into a job, 'throttled' per send dropped
- 12 keyed      hash  "d:<key>" / "t:<key>" -> the id of the job holding a debounce / throttle key
- 13 windows    zset  "d:<key>" / "t:<key>" -> ms until which that job holds the key
+ 12 keyed      hash  "d:<key>" / "t:<key>" -> the id of the job holding a debounce / throttle
+                   key; "r:<id>" -> a job's rate entry (section 2.7); "s:", "j:": sequences
+ 13 windows    zset  "d:<key>" / "t:<key>" -> ms until which that job holds the key;
+                   "k:<key>" -> until when a rate key's state means something (trimmed here)
  14 expires    zset  id -> deadline_ms of a job sent with an expiry, until its first lease
  15 sequenced  zset  "<key>\n<seq>\n<id>" -> 0: the jobs of sequences behind their head
 
@@ -60,7 +64,10 @@ ARGV (2 + 8n)
                    window): the job must be leased within this long of the send
      key           '' (none), "debounce|<window_ms>|<key>" (delay_ms must be 0),
                    "throttle|<window_ms>|<key>" or "sequence|<block or skip>|<key>": window_ms
-                   1..2^40, key 1..256 bytes without control characters
+                   1..2^40, key 1..256 bytes without control characters; or a rate key
+                   "rate|<count>/<period_ms>/<burst>/<cost>|<key>" (count 1..1000000,
+                   period_ms 1..86400000, burst 1..1000000, cost 1..burst); or both, the
+                   flow key first, joined by a newline
 
 Returns  {added, duplicates, flag_1 .. flag_n}; flag_i is 1 if job i was added,
          0 if it was a duplicate (of an existing job, of an acked or expired job whose
@@ -70,7 +77,7 @@ Returns  {added, duplicates, flag_1 .. flag_n}; flag_i is 1 if job i was added,
 Cost     plain case (one job, a queue with no optional feature on): 8 commands;
          with an expiry +3; a keyed send that adds a job +5, one debounced into the
          key's pending job +6, one throttled +0; +2 per call that trims stale keys; a
-         sequence's head +4, a job behind it +5
+         sequence's head +4, a job behind it +5; a job with a rate key +4
 Errors   PQ_BADARG (nothing written), WRONGTYPE (a key holds another Redis type;
          nothing written).
 Replay   re-sending the same call finds every job present, or acked and tombstoned,
@@ -174,6 +181,39 @@ end
 -- lua/include/control.lua (each helper's note is there)
 local KEY_MODES = { debounce = 'd:', throttle = 't:', sequence = 's:' }
 local KEY_TRIM = 10
+local function rate_limit_arg(value, zero)
+  local count, period, burst = string.match(value, '^(%d+)/(%d+)/(%d+)$')
+  if not count then
+    return nil, nil, nil, 'PQ_BADARG a rate limit is "<count>/<period_ms>/<burst>", got ' .. string.format('%q', value)
+  end
+  local c, p, b, err = tonumber(count), tonumber(period), tonumber(burst), nil
+  if c < (zero and 0 or 1) or c > 1000000 then
+    err = 'PQ_BADARG a rate limit\'s count must be in [' .. (zero and 0 or 1) .. ', 1000000], got ' .. count
+  elseif p < 1 or p > 86400000 then
+    err = 'PQ_BADARG a rate limit\'s period_ms must be in [1, 86400000], got ' .. period
+  elseif b < 1 or b > 1000000 then
+    err = 'PQ_BADARG a rate limit\'s burst must be in [1, 1000000], got ' .. burst
+  end
+  if err then return nil, nil, nil, err end
+  return c, p, b
+end
+local function rate_arg(value)
+  local limit, cost, key = string.match(value, '^rate|(%d+/%d+/%d+)/(%d+)|(.*)$')
+  if not limit then
+    return nil, 'PQ_BADARG a rate key must be "rate|<count>/<period_ms>/<burst>/<cost>|<key>", got '
+      .. string.format('%q', value)
+  end
+  local _, _, burst, err = rate_limit_arg(limit, false)
+  if err then return nil, err end
+  local c = tonumber(cost)
+  if c < 1 or c > burst then
+    return nil, 'PQ_BADARG a job\'s cost must be in [1, burst] (' .. burst .. '): more could never pass, got ' .. cost
+  end
+  if #key < 1 or #key > 256 or string.find(key, '%c') then
+    return nil, 'PQ_BADARG key must be 1..256 bytes without control characters'
+  end
+  return { limit = limit, cost = c, key = key }
+end
 local function key_arg(value)
   if value == '' then return nil end
   local mode, window, key = string.match(value, '^(%l+)|([^|]*)|(.*)$')
@@ -195,6 +235,22 @@ local function key_arg(value)
     return nil, 'PQ_BADARG key must be 1..256 bytes without control characters'
   end
   return { mode = mode, window_ms = window_ms, policy = policy, key = key, field = KEY_MODES[mode] .. key }
+end
+local function keys_arg(value)
+  if value == '' then return false, false end
+  local first, rest = string.match(value, '^([^\n]*)\n(.*)$')
+  local key, rate, err = false, false, nil
+  if not first then
+    if string.sub(value, 1, 5) == 'rate|' then rate, err = rate_arg(value) else key, err = key_arg(value) end
+  elseif first == '' then
+    err = 'PQ_BADARG a job\'s keys are a flow key, a rate key, or both joined by a newline (the flow key first), got '
+      .. string.format('%q', value)
+  else
+    key, err = key_arg(first)
+    if not err then rate, err = rate_arg(rest) end
+  end
+  if err then return nil, nil, err end
+  return key or false, rate
 end
 -- lua/include/groups.lua (each helper's note is there)
 local PRIORITY_MIN, PRIORITY_MAX = -5, 5
@@ -271,8 +327,9 @@ end
 local now_ms
 now_ms, err = now_arg(ARGV[1])
 if err then return redis.error_reply(err) end
--- expiries[i]: job i's expires_ms or false; keys[i]: its key (key_arg) or false.
-local ids, delays, maxes, metas, expiries, keys, any_keyed = {}, {}, {}, {}, {}, {}, false
+-- expiries[i]: job i's expires_ms or false; keys[i]: its key (key_arg) or false; rates[i]:
+-- its rate key (rate_arg) or false.
+local ids, delays, maxes, metas, expiries, keys, rates, any_keyed, any_rated = {}, {}, {}, {}, {}, {}, {}, false, false
 for i = 1, n do
   local base = 8 * i - 6
   local id = ARGV[base + 1]
@@ -291,10 +348,11 @@ for i = 1, n do
     if err then return redis.error_reply(err .. ', job ' .. i) end
     if p ~= 0 or group ~= '' then metas[i] = { priority = p, pos = '', group = group } end
   end
-  expiries[i], keys[i] = false, false
-  if ARGV[base + 8] ~= '' then
-    keys[i], err = key_arg(ARGV[base + 8])
-    if err then return redis.error_reply(err .. ', job ' .. i) end
+  expiries[i] = false
+  keys[i], rates[i], err = keys_arg(ARGV[base + 8])
+  if err then return redis.error_reply(err .. ', job ' .. i) end
+  if rates[i] then any_rated = true end
+  if keys[i] then
     any_keyed = true
     if keys[i].mode == 'debounce' then
       -- A debounced job is due when its window has passed since the last send.
@@ -325,7 +383,7 @@ now_ms = now_ms or server_now_ms()
 -- field whose job is no longer scheduled after now (cancelled, promoted by hand). Up to
 -- KEY_TRIM such stale fields are trimmed below. (These reads prove `keyed` a hash and
 -- `windows` and `scheduled` zsets.)
-local held, stale = {}, NONE
+local held, stale, any_windowed = {}, NONE, false
 if any_keyed then
   local fields, listed = {}, {}
   for i = 1, n do
@@ -370,8 +428,16 @@ if any_keyed then
       end
     end
   end
-  if #windowed > 0 then stale = redis.call('ZRANGEBYSCORE', windows_key, '-inf', now_ms, 'LIMIT', 0, KEY_TRIM) end
+  any_windowed = #windowed > 0
 end
+-- Stale fields to trim: windows past, and rate keys' state past its time (rates: its
+-- producers pay for the trim). The read proves `windows` a zset, and a rated job's HSET
+-- needs `keyed` proven a hash when no read above did.
+if any_windowed or any_rated then
+  stale = redis.call('ZRANGEBYSCORE', windows_key, '-inf', now_ms, 'LIMIT', 0, KEY_TRIM)
+end
+if any_rated and not any_keyed then err = expect_type(keyed_key, 'hash') end
+if err then return redis.error_reply(err) end
 
 -- 3. Decide each send, in order. src[i], for a job i this call adds, is the send whose
 -- arguments it takes: i, or the last send debounced into it. `merged` lists the keys'
@@ -421,6 +487,10 @@ reply[1], reply[2] = added, duplicates
 -- 4. The writes, planned: records, READY and SCHEDULED entries, meta, expiries, keys.
 local records, ready_ids, ready_metas, scheduled_args, later_metas = {}, {}, {}, NONE, {}
 local expiry_args, expiry_gone, meta_gone, key_args, window_args = NONE, NONE, NONE, NONE, NONE
+-- rate_args: the jobs' rate entries to write; unrated: the rate entries of merged jobs
+-- whose last send has none (deleted when the queue has rate keys); keyed_gone: keyed
+-- fields to delete.
+local rate_args, unrated, keyed_gone = NONE, NONE, NONE
 local fair = false
 local function schedule(id, due_ms)
   if scheduled_args == NONE then scheduled_args = {} end
@@ -436,6 +506,11 @@ local function plan_job(id, s, key)
     if expiry_args == NONE then expiry_args = {} end
     expiry_args[#expiry_args + 1] = now_ms + expiries[s]
     expiry_args[#expiry_args + 1] = id
+  end
+  if rates[s] then
+    if rate_args == NONE then rate_args = {} end
+    rate_args[#rate_args + 1] = 'r:' .. id
+    rate_args[#rate_args + 1] = rates[s].limit .. '/' .. rates[s].cost .. '||' .. rates[s].key
   end
   if key and key.mode ~= 'sequence' then
     if window_args == NONE then window_args = {} end
@@ -499,6 +574,11 @@ for _, h in ipairs(merged) do
     if expiry_gone == NONE then expiry_gone = {} end
     expiry_gone[#expiry_gone + 1] = h.id
   end
+  -- Its rate is the last send's too: none when that send has none.
+  if not rates[s] then
+    if unrated == NONE then unrated = {} end
+    unrated[#unrated + 1] = 'r:' .. h.id
+  end
 end
 -- Stale fields to trim: those this call does not write again.
 local trimmed = NONE
@@ -508,6 +588,10 @@ if #stale > 0 then
   trimmed = {}
   for _, field in ipairs(stale) do
     if not written[field] then trimmed[#trimmed + 1] = field end
+  end
+  if #trimmed > 0 then
+    if keyed_gone == NONE then keyed_gone = {} end
+    for _, field in ipairs(trimmed) do keyed_gone[#keyed_gone + 1] = field end
   end
 end
 
@@ -530,8 +614,13 @@ if not err and #scheduled_args > 0 and not first_scheduled then err = expect_typ
 if not err and fair then err = fair_types(F) end
 if not err and expiry_args ~= NONE then err = expect_type(expires_key, 'zset') end
 if not err and n_behind > 0 then err = expect_type(sequenced_key, 'zset') end
-local bound
-if not err and (wrote or throttled > 0) then bound, err = events_bound(counters_key, events_key) end
+-- The events' bound, and whether the queue has rate keys (a merged job may have a rate
+-- entry to delete only then): one read of `counters`, which proves it a hash.
+local bound, flags
+if not err and (wrote or throttled > 0) then
+  flags = redis.call('HMGET', counters_key, 'events', 'rates')
+  bound, err = events_bound(counters_key, events_key, flags[1])
+end
 if err then return redis.error_reply(err) end
 local raised = added > 0 and redis.call('ZMSCORE', wake_key, 'wake')[1]
 
@@ -574,10 +663,16 @@ if sequence_args ~= NONE then
   redis.call('HSET', counters_key, 'sequences', 1)
 end
 if window_args ~= NONE then call_chunked('ZADD', windows_key, window_args) end
-if trimmed ~= NONE and #trimmed > 0 then
-  call_chunked('HDEL', keyed_key, trimmed)
-  call_chunked('ZREM', windows_key, trimmed)
+if rate_args ~= NONE then
+  call_chunked('HSET', keyed_key, rate_args)
+  redis.call('HSET', counters_key, 'rates', 1)
 end
+if unrated ~= NONE and flags and flags[2] then
+  if keyed_gone == NONE then keyed_gone = {} end
+  for _, field in ipairs(unrated) do keyed_gone[#keyed_gone + 1] = field end
+end
+if keyed_gone ~= NONE then call_chunked('HDEL', keyed_key, keyed_gone) end
+if trimmed ~= NONE and #trimmed > 0 then call_chunked('ZREM', windows_key, trimmed) end
 if debounced > 0 then redis.call('HINCRBY', counters_key, 'debounced', debounced) end
 if throttled > 0 then redis.call('HINCRBY', counters_key, 'throttled', throttled) end
 if bound then

@@ -77,6 +77,11 @@ local function expect_type(key, want)
 end
 -- lua/include/calls.lua (each helper's note is there)
 local CHUNK = 500
+local function call_chunked(cmd, key, values)
+  for i = 1, #values, CHUNK do
+    redis.call(cmd, key, unpack(values, i, math.min(i + CHUNK - 1, #values)))
+  end
+end
 local function hmget(key, fields)
   if #fields == 0 then return {} end
   if #fields <= CHUNK then return redis.call('HMGET', key, unpack(fields)) end
@@ -102,31 +107,35 @@ local function emit(events_key, bound, kind, id, now_ms, ...)
   end
 end
 -- lua/include/control.lua (each helper's note is there)
-local function sequence_read(K, ids)
+local function keyed_read(K, ids)
   if #ids == 0 then return NONE end
   local fields = {}
-  for i, id in ipairs(ids) do fields[i] = 'j:' .. id end
+  for i, id in ipairs(ids) do fields[2 * i - 1], fields[2 * i] = 'j:' .. id, 'r:' .. id end
   local values = hmget(K.keyed, fields)
-  local out = NONE
+  local out, sequenced = NONE, false
   for i, value in ipairs(ids) do
-    local entry = values[i]
+    local entry, rated = values[2 * i - 1], values[2 * i] ~= false
     if entry then
       local seq, policy, key = string.match(entry, '^(%d+)|%d+|([bs])|(.+)$')
       if not seq then return nil, 'PQ_CORRUPT unparsable sequence entry in ' .. K.keyed end
       if out == NONE then out = {} end
-      out[#out + 1] = { id = value, seq = seq, policy = policy, key = key }
+      out[#out + 1] = { id = value, seq = seq, policy = policy, key = key, rated = rated }
+      sequenced = true
+    elseif rated then
+      if out == NONE then out = {} end
+      out[#out + 1] = { id = value, rated = true }
     end
   end
-  if out ~= NONE then
+  if sequenced then
     local err = expect_type(K.sequenced, 'zset') or expect_type(K.scheduled, 'zset') or expect_type(K.wake, 'zset')
     if err then return nil, err end
   end
   return out
 end
-local function sequence_end(K, ended)
+local function keyed_end(K, ended)
   local plans, handed = {}, {}
   for i, e in ipairs(ended) do
-    local p = { head = redis.call('HGET', K.keyed, 's:' .. e.key) == e.id }
+    local p = { head = e.seq ~= nil and redis.call('HGET', K.keyed, 's:' .. e.key) == e.id }
     if p.head then
       p.next = redis.call('ZRANGEBYLEX', K.sequenced, '[' .. e.key .. '\n', '(' .. e.key .. '\011', 'LIMIT', 0, 1)[1]
       if p.next then
@@ -136,20 +145,30 @@ local function sequence_end(K, ended)
     end
     plans[i] = p
   end
+  local rated_only = {}
   for i, e in ipairs(ended) do
     local p = plans[i]
-    redis.call('HDEL', K.keyed, 'j:' .. e.id)
-    if p.next then
-      redis.call('ZREM', K.sequenced, p.next)
-      redis.call('HSET', K.keyed, 's:' .. e.key, p.id)
-      redis.call('ZADD', K.scheduled, p.due, p.id)
-      handed[#handed + 1] = p.id
-    elseif p.head then
-      redis.call('HDEL', K.keyed, 's:' .. e.key)
+    if not e.seq then
+      rated_only[#rated_only + 1] = 'r:' .. e.id
     else
-      redis.call('ZREM', K.sequenced, e.key .. '\n' .. e.seq .. '\n' .. e.id)
+      if e.rated then
+        redis.call('HDEL', K.keyed, 'j:' .. e.id, 'r:' .. e.id)
+      else
+        redis.call('HDEL', K.keyed, 'j:' .. e.id)
+      end
+      if p.next then
+        redis.call('ZREM', K.sequenced, p.next)
+        redis.call('HSET', K.keyed, 's:' .. e.key, p.id)
+        redis.call('ZADD', K.scheduled, p.due, p.id)
+        handed[#handed + 1] = p.id
+      elseif p.head then
+        redis.call('HDEL', K.keyed, 's:' .. e.key)
+      else
+        redis.call('ZREM', K.sequenced, e.key .. '\n' .. e.seq .. '\n' .. e.id)
+      end
     end
   end
+  if #rated_only > 0 then call_chunked('HDEL', K.keyed, rated_only) end
   if #handed > 0 then redis.call('ZADD', K.wake, 0, 'wake') end
   return handed
 end
@@ -172,15 +191,19 @@ if not head then return { 'free', '' } end
 if not redis.call('ZSCORE', dead_key, head) then return { 'running', head } end
 local K = { scheduled = scheduled_key, wake = wake_key, keyed = keyed_key, sequenced = sequenced_key }
 local ended
-ended, err = sequence_read(K, { head })
-if not err and #ended == 0 then err = 'PQ_CORRUPT the head of sequence ' .. key .. ' has no sequence entry' end
+ended, err = keyed_read(K, { head })
+if not err and (#ended == 0 or not ended[1].seq) then
+  err = 'PQ_CORRUPT the head of sequence ' .. key .. ' has no sequence entry'
+end
+-- Its dead letter stays, and keeps its rate entry (a replay is limited too).
+if not err then ended[1].rated = false end
 local bound
 if not err then bound, err = events_bound(counters_key, events_key) end
 if err then return redis.error_reply(err) end
 now_ms = now_ms or server_now_ms()
 
 -- 3. Write.
-local next_id = sequence_end(K, ended)[1] or ''
+local next_id = keyed_end(K, ended)[1] or ''
 redis.call('HINCRBY', counters_key, 'skipped', 1)
 emit(events_key, bound, 'skipped', head, now_ms, 'key', key, 'next', next_id)
 return { 'skipped', next_id }

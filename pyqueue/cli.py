@@ -9,6 +9,7 @@ cannot see it).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import asyncio
@@ -22,8 +23,9 @@ from typing import Any
 
 import redis
 
+from pyqueue.protocol.core import parse_rate as core_parse_rate
 from pyqueue.protocol.errors import InvalidArgument, PyQueueError, map_redis_error
-from pyqueue.protocol.models import Job, JobInfo
+from pyqueue.protocol.models import Job, JobInfo, RateLimit
 from pyqueue.protocol.verbs.events import Event, Since
 from pyqueue.drivers.clients import Client, embedded_redis
 from pyqueue.drivers.clients import connect as _connect
@@ -168,6 +170,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         raise InvalidArgument("a handler function serves the queues given with -q/--queue (or --queues a,b)")
     schedules = [parse_schedule(spec, queues[0], "every") for spec in args.every or ()]
     schedules += [parse_schedule(spec, queues[0], "cron") for spec in args.cron or ()]
+    if args.schedule_attempts is not None:
+        if not schedules:
+            raise InvalidArgument("--schedule-attempts sets the attempts of --every/--cron jobs; none is given")
+        schedules = [dataclasses.replace(s, max_attempts=args.schedule_attempts) for s in schedules]
     options: dict[str, Any] = dict(
         redis=connect(args.url),
         prefix=args.prefix,
@@ -332,7 +338,9 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     result = q.enqueue(args.payload.encode(), job_id=args.id, delay_ms=args.delay_ms, max_attempts=args.max_attempts,
                        priority=args.priority, group=args.group, expires_ms=args.expires_ms,
                        debounce_ms=args.debounce_ms, throttle_ms=args.throttle_ms, key=args.key,
-                       sequence=args.sequence, on_failure=args.on_failure)
+                       sequence=args.sequence, on_failure=args.on_failure, rate_key=args.rate_key,
+                       rate_limit=None if args.rate_limit is None else rate_limit_of(args.rate_limit, args.rate_burst),
+                       cost=args.cost)
     print(f"{result.by_key or ('added' if result.added else 'duplicate')} {result.job_id}")
     return 0
 
@@ -383,12 +391,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
         for name, s in [(label, q.stats())] + [(f"  {part.name}", part.stats()) for part in parts]:
             rows.append([name, "paused" if s.paused else "running", s.ready, s.scheduled, s.waiting, s.sequenced,
                          s.leased, s.dead, s.done, _ms(s.lag_ms), s.enqueued, s.acked, s.nacked, s.reclaimed,
-                         s.scrubbed, s.dead_total, s.expired_total])
+                         s.scrubbed, s.dead_total, s.expired_total, s.deferred])
     # waiting: the scheduled jobs parked for a signal (durable steps), counted in scheduled too
     # sequenced: jobs waiting behind their sequence's head (in no other state)
     # expired: jobs ended unrun past their expiry (flow control)
+    # deferred: leases put off to their rate key's next permit (flow control)
     header = ["queue", "state", "ready", "scheduled", "waiting", "sequenced", "leased", "dead", "done", "lag", "enqueued",
-              "acked", "nacked", "reclaimed", "scrubbed", "dead_total", "expired"]
+              "acked", "nacked", "reclaimed", "scrubbed", "dead_total", "expired", "deferred"]
     print(table(rows, header) if rows else "no queues")
     # Task names with jobs waiting that no live worker advertises (a sample of each queue).
     from pyqueue.tasks.census import unserved_tasks  # the task layer, above the engine
@@ -463,21 +472,31 @@ def cmd_pause(args: argparse.Namespace) -> int:
 
 
 def parse_rate(value: str) -> tuple[int, int]:
-    """``100/s``, ``5/m``, ``1/h``, ``20/500ms`` or ``off`` as (count, period_ms); off is (0, 1000).
-    The period is a duration as ``--every`` takes it, its number optional (``s`` is ``1s``)."""
+    """``100/s``, ``5/m``, ``1/h``, ``20/500ms`` or ``off`` as (count, period_ms); off is
+    (0, 1000). The forms are :func:`pyqueue.protocol.core.parse_rate`'s."""
     if value == "off":
         return 0, 1000
-    count, sep, period = value.partition("/")
     try:
-        if not sep or not count.isdigit() or int(count) == 0:
-            raise InvalidArgument("no COUNT/")
-        return int(count), parse_duration_ms(period if period[:1].isdigit() else "1" + period)
+        rate = core_parse_rate(value)
     except InvalidArgument:
         raise PyQueueError(f"a rate is COUNT/PERIOD (100/s, 5/m, 1/h, 20/500ms) or off, got {value!r}") from None
+    return rate.count, rate.period_ms
+
+
+def rate_limit_of(text: str, burst: int) -> RateLimit:
+    """A RateLimit from ``COUNT/PERIOD`` and a burst, or a clear error."""
+    try:
+        return core_parse_rate(text, burst)
+    except InvalidArgument as exc:
+        raise PyQueueError(str(exc)) from None
 
 
 def cmd_limit(args: argparse.Namespace) -> int:
-    """Set or lift a queue's rate limit (Queue.limit)."""
+    """Set or lift a queue's rate limit (Queue.limit), or one rate key's (Queue.set_rate_limit)."""
+    if args.key is not None:
+        return limit_key(args)
+    if args.rate == "default":
+        raise PyQueueError("default is a rate key's (the limit its jobs carry): give --key")
     count, period_ms = parse_rate(args.rate)
     q = configured_queue(args, connect(args.url))
     changed = q.limit(count, period_ms, burst=args.burst)
@@ -486,6 +505,27 @@ def cmd_limit(args: argparse.Namespace) -> int:
     else:
         print(f"{args.queue}: at most {count} leases per {_ms(period_ms)} across all workers, "
               f"{args.burst} at once{'' if changed else ' (unchanged)'}")
+    return 0
+
+
+def limit_key(args: argparse.Namespace) -> int:
+    """``pyqueue limit QUEUE RATE --key KEY``: Queue.set_rate_limit."""
+    q = configured_queue(args, connect(args.url))
+    rate: RateLimit | None
+    if args.rate == "default":
+        rate = None
+    elif args.rate == "off":
+        rate = RateLimit(0, 1000)
+    else:
+        rate = rate_limit_of(args.rate, args.burst)
+    changed = q.set_rate_limit(args.key, rate)
+    if rate is None:
+        what = "the limit its jobs carry"
+    elif rate.count == 0:
+        what = "no limit: its jobs pass unchecked"
+    else:
+        what = f"at most {rate.count} leases per {_ms(rate.period_ms)}, {rate.burst} at once"
+    print(f"{args.queue}: rate key {args.key!r}: {what}{'' if changed else ' (unchanged)'}")
     return 0
 
 
@@ -920,6 +960,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cron", action="append", metavar="NAME[@QUEUE]=EXPR",
                    help="a periodic job on a cron expression in UTC, e.g. 'report=0 * * * *' (six fields: seconds "
                         "first); otherwise as --every")
+    p.add_argument("--schedule-attempts", type=int, default=None, metavar="N",
+                   help="each --every/--cron tick job's max attempts (default: the queue's default, 5)")
     p.add_argument("--keep-results-ms", type=int, default=None, metavar="MS",
                    help="keep each handler's return value as its job's result for MS (default: only results the "
                         "handler wraps in pyqueue.Result)")
@@ -971,6 +1013,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sequence", help="the sequence key: its jobs run one at a time, in send order")
     p.add_argument("--on-failure", choices=("block", "skip"), default="block",
                    help="with --sequence: what its dead job does: block the key (default) or let the next run")
+    p.add_argument("--rate-key", help="the rate key: its jobs are leased no faster than --rate-limit")
+    p.add_argument("--rate-limit", metavar="COUNT/PERIOD", help="with --rate-key: 100/s, 5/m, 1/h, 20/500ms")
+    p.add_argument("--rate-burst", type=int, default=1, help="with --rate-limit: leases at once after a quiet spell "
+                                                             "(default 1: evenly spaced)")
+    p.add_argument("--cost", type=int, default=1, help="with --rate-key: the permits this job takes (default 1)")
     p.add_argument("--raw", action="store_true",
                    help="enqueue even into a queue whose workers serve tasks (the job is no task: they dead-letter it)")
     p.set_defaults(func=cmd_enqueue)
@@ -1013,9 +1060,13 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--create", action="store_true", help=CREATE_HELP)
         p.set_defaults(func=cmd_pause)  # args.command names which (the subparsers' dest)
 
-    p = sub.add_parser("limit", help="cap how fast a queue hands out jobs, across all workers (or: off)")
+    p = sub.add_parser("limit", help="cap how fast a queue hands out jobs, across all workers (or: off); with --key, "
+                                     "how fast the jobs of one rate key are")
     p.add_argument("queue")
-    p.add_argument("rate", help="COUNT/PERIOD: 100/s, 5/m, 1/h, 20/500ms; or off")
+    p.add_argument("rate", help="COUNT/PERIOD: 100/s, 5/m, 1/h, 20/500ms; or off; with --key also default (the "
+                                "limit its jobs were sent with)")
+    p.add_argument("--key", help="a rate key (enqueue --rate-key, a task's rate_key): set its limit at run time, "
+                                 "over the one its jobs carry")
     p.add_argument("--burst", type=int, default=1,
                    help="leases at once after a quiet spell (default 1: evenly spaced, never more than COUNT "
                         "in any PERIOD)")

@@ -632,7 +632,8 @@ class Trial:
                 "--block-ms", str(cfg.block_ms)]
         argv += ["--prefetch", str(cfg.prefetch)]
         if cfg.tick_every_s and role == "chaos":  # the drain worker adds none: it must settle
-            argv += ["--every", f"tick={cfg.tick_every_s}s"]
+            # A tick is killed as often as any job: it gets the jobs' attempts, not the default 5.
+            argv += ["--every", f"tick={cfg.tick_every_s}s", "--schedule-attempts", str(cfg.job_max_attempts)]
         supervised = bool(cfg.processes) and role == "chaos"
         if supervised:
             # Children die at the crash point over and over, by design: none of those

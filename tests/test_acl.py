@@ -72,6 +72,9 @@ ROLE_SCRIPTS: dict[str, tuple[str, ...]] = {
         # progress: a running task's current_job().progress(...); step, park, steps: its
         # durable steps, sleeps and waits (current_job().step, .sleep, .wait_signal).
         "progress", "step", "park", "steps",
+        # defer_key: a running task holds its rate key after a downstream's 429
+        # (current_job().defer_key).
+        "defer_key",
     ),
     "admin": ("stats", "get", "result", "cancel", "limit", "set_group_limit", "groups", "pause", "resume", "dead_list", "dead_replay", "dead_purge", "service_stop",
               # flow_show: `pyqueue flow show` and the dashboard's flow view; progress_show:
@@ -83,7 +86,9 @@ ROLE_SCRIPTS: dict[str, tuple[str, ...]] = {
               # steps: a job's durable steps (pyqueue job, the dashboard's job view).
               "steps",
               # sequence_skip: letting a sequence blocked by its dead head go on.
-              "sequence_skip"),
+              "sequence_skip",
+              # set_rate_limit: a rate key's limit at run time (pyqueue limit QUEUE RATE --key).
+              "set_rate_limit"),
 }
 
 #: The commands each role's driver code sends itself, outside any script, and why.
@@ -597,6 +602,11 @@ def script_calls(root: redis.Redis) -> dict[str, tuple[str, Any, list[Any]]]:
     root.lrem(q.spec.keys.ready, 1, "s0")
     root.zadd(q.spec.keys.dead, {"s0": T0})
     calls["sequence_skip"] = ("sequence_skip", q.spec.keys, [now, "seq"])
+    # Rate keys: a key's limit set at run time, and a running job's key deferred ('held' as
+    # if it was sent with a rate key).
+    calls["set_rate_limit"] = ("set_rate_limit", q.spec.keys, ["api", "5/1000/1"])
+    root.hset(q.spec.keys.keyed, "r:held", "10/1000/2/1||api")
+    calls["defer_key"] = ("defer_key", q.spec.keys, [now, handles["held"].receipt, 5000])
     for state in ("ready", "scheduled", "running", "done"):
         calls[f"browse_{state}"] = ("browse", q.spec.keys, [now, state, 0, 10])
     live = Services(root).register([QUEUE], now_ms=T0)

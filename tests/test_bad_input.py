@@ -61,6 +61,60 @@ MALFORMED: list[tuple[str, list[Any]]] = [
     ("enqueue", ["", 1, "id", b"", 0, 1, "", "", "", "sequence|5|k"]),  # the policy is block or skip
     ("enqueue", ["", 1, "id", b"", 0, 1, "", "", "", "sequence|Block|k"]),
     ("enqueue", ["", 1, "id", b"", 0, 1, "", "", "", "sequence|block|"]),
+    # Rate keys (lua/README.md section 2.7): "rate|<count>/<period_ms>/<burst>/<cost>|<key>",
+    # alone or after a flow key and a newline.
+    *(("enqueue", ["", 1, "id", b"", 0, 1, "", "", "", key]) for key in [
+        "rate|10/1000/1|k",  # no cost
+        "rate|10/1000/1/1",  # no key
+        "rate|10/1000/1/1|",
+        "rate||k",
+        "rate|ten/1000/1/1|k",
+        "rate|-1/1000/1/1|k",
+        "rate|1.5/1000/1/1|k",
+        "rate|10/1000/1/0|k",  # cost 0
+        "rate|10/1000/2/3|k",  # cost above the burst: it could never pass
+        "rate|0/1000/1/1|k",  # count 0: a job's own limit must limit (set_rate_limit lifts one)
+        "rate|1000001/1000/1/1|k",
+        "rate|10/0/1/1|k",  # period 0
+        "rate|10/86400001/1/1|k",
+        "rate|10/1000/0/1|k",  # burst 0
+        "rate|10/1000/1000001/1|k",
+        "rate|10/1000/1/1|a\tb",  # a control character in the key
+        "rate|10/1000/1/1|" + "k" * 257,
+        "rate|10/1000/1/1|k\nrate|10/1000/1/1|k",  # two rate keys
+        "rate|10/1000/1/1|k\ndebounce|100|k",  # the flow key comes first
+        "debounce|100|k\nrate|10/1000/0/1|k",  # a bad rate key after a good flow key
+        "debounce|100|k\nrate|10/1000/1/1|",
+        "throttle|100|k\nrate|10/1000/1/2|k",
+        "sequence|block|k\nrate|10/1000/1/1|k\n",
+        "debounce|0|k\nrate|10/1000/1/1|k",  # a bad flow key before a good rate key
+        "debounce|100|k\n",
+        "debounce|100|k\nthrottle|100|k",
+        "Rate|10/1000/1/1|k",
+        "\nrate|10/1000/1/1|k",  # an empty flow key before the newline
+    ]),
+    ("set_rate_limit", ["", "10/1000/1"]),
+    ("set_rate_limit", ["a\nb", "10/1000/1"]),
+    ("set_rate_limit", ["k" * 257, "10/1000/1"]),
+    ("set_rate_limit", ["k", "10/1000"]),
+    ("set_rate_limit", ["k", "10/1000/1/1"]),  # a cost is a job's, not a key's
+    ("set_rate_limit", ["k", "off"]),
+    ("set_rate_limit", ["k", "-1/1000/1"]),
+    ("set_rate_limit", ["k", "1000001/1000/1"]),
+    ("set_rate_limit", ["k", "10/0/1"]),
+    ("set_rate_limit", ["k", "10/86400001/1"]),
+    ("set_rate_limit", ["k", "10/1000/0"]),
+    ("set_rate_limit", ["k", "10/1000/1000001"]),
+    ("set_rate_limit", ["k", " 10/1000/1"]),
+    ("defer_key", ["soon", RECEIPT, 1000]),
+    ("defer_key", ["", "not-a-receipt", 1000]),
+    ("defer_key", ["", "w|c|x|1|job", 1000]),
+    ("defer_key", ["", "w|c|1|1|", 1000]),
+    ("defer_key", ["", RECEIPT, -1]),
+    ("defer_key", ["", RECEIPT, "soon"]),
+    ("defer_key", ["", RECEIPT, "1.5"]),
+    ("defer_key", ["", RECEIPT, ""]),
+    ("defer_key", ["", RECEIPT, 2**40 + 1]),
     ("sequence_skip", ["", ""]),
     ("sequence_skip", ["", "a\nb"]),
     ("sequence_skip", ["soon", "k"]),
@@ -292,6 +346,106 @@ def test_malformed_arguments_are_rejected_with_pq_badarg_and_nothing_written(
 
 def test_every_script_has_malformed_argument_cases() -> None:
     assert {s for s, _ in MALFORMED} == set(SCRIPT_KEYS)
+
+
+#: The texts of a few of the rate-key refusals above (lua/include/control.lua): each names
+#: the part that is wrong, and enqueue adds the job's place in the call.
+RATE_KEY_ERRORS = {
+    "rate|10/1000/1|k": 'a rate key must be "rate|<count>/<period_ms>/<burst>/<cost>|<key>", got "rate|10/1000/1|k"',
+    "rate|10/1000/1/0|k": "a job's cost must be in [1, burst] (1): more could never pass, got 0",
+    "rate|10/1000/2/3|k": "a job's cost must be in [1, burst] (2): more could never pass, got 3",
+    "rate|0/1000/1/1|k": "a rate limit's count must be in [1, 1000000], got 0",
+    "rate|10/0/1/1|k": "a rate limit's period_ms must be in [1, 86400000], got 0",
+    "rate|10/1000/0/1|k": "a rate limit's burst must be in [1, 1000000], got 0",
+    "rate|10/1000/1/1|a\tb": "key must be 1..256 bytes without control characters",
+    "debounce|100|k\nrate|10/1000/0/1|k": "a rate limit's burst must be in [1, 1000000], got 0",
+    "debounce|0|k\nrate|10/1000/1/1|k": "debounce window_ms must be in [1, 1099511627776], got 0",
+}
+
+
+@pytest.mark.parametrize("key", sorted(RATE_KEY_ERRORS))
+def test_a_bad_rate_key_is_refused_with_the_part_that_is_wrong(q: Queue, r: redis.Redis, key: str) -> None:
+    good = ["ok", b"", 0, 1, "", "", "", "rate|10/1000/1/1|k"]
+    with pytest.raises(redis.ResponseError) as info:
+        transport_of(q).run("enqueue", q.spec.keys, [T0, 2, *good, "id", b"", 0, 1, "", "", "", key])
+    assert str(info.value) == f"PQ_BADARG {RATE_KEY_ERRORS[key]}, job 2"
+    assert r.keys("*") == []
+
+
+def test_defer_key_of_a_job_without_a_rate_key_is_refused_and_writes_nothing(q: Queue, r: redis.Redis) -> None:
+    handles = busy_queue(q)
+    q.enqueue(b"", job_id="rated", rate_key="api", rate_limit="10/s", now_ms=T0)  # the queue has rate keys
+    before = dump_all(r)
+    with pytest.raises(redis.ResponseError, match=r"^PQ_BADARG job held has no rate key to defer$"):
+        transport_of(q).run("defer_key", q.spec.keys, [T0 + 60, handles["held"].receipt, 1000])
+    with pytest.raises(InvalidArgument):
+        q.defer_key(handles["held"], 1000, now_ms=T0 + 60)
+    assert dump_all(r) == before
+
+
+#: The rate-limit scripts' calls on a queue with a leased job of a rate key (and one
+#: deferred behind it), and the keys each must prove before it writes.
+RATE_WRONG_TYPE_CASES = [
+    ("set_rate_limit", "keyed", planted) for planted in ("string", "list", "set", "zset", "stream")
+] + [
+    ("defer_key", role, planted)
+    for role, right in (("leased", "zset"), ("keyed", "hash"), ("windows", "zset"))
+    for planted in ("string", "list", "hash", "set", "zset", "stream")
+    if planted != right
+] + [
+    ("lease_rated", role, planted)
+    for role, right in (("keyed", "hash"), ("windows", "zset"))
+    for planted in ("string", "list", "hash", "set", "zset", "stream")
+    if planted != right
+]
+
+
+@pytest.mark.parametrize(("variant", "role", "planted"), RATE_WRONG_TYPE_CASES)
+@pytest.mark.parametrize("fair", [False, True])
+def test_a_rate_script_finds_a_key_of_the_wrong_type_and_writes_nothing(
+    r: redis.Redis, variant: str, role: str, planted: str, fair: bool
+) -> None:
+    q = Queue("q", r)
+    g = {"group": "g"} if fair else {}
+    q.enqueue_many([NewJob(b"", job_id=f"r{i}", rate_key="api", rate_limit="1/m", **g) for i in range(3)], now_ms=T0)
+    (held,) = q.lease(now_ms=T0)  # r0 takes the permit; r1 and r2 wait in READY
+    calls = {
+        "set_rate_limit": ("set_rate_limit", ["api", "5/1000/1"]),
+        "defer_key": ("defer_key", [T0, held.receipt, 5000]),
+        "lease_rated": ("lease", [T0 + 1, "w", "c2", 2, 1000, 100, 1000]),  # defers r1 and r2
+    }
+    script, args = calls[variant]
+    key = q.spec.keys.role(role)
+    r.delete(key)
+    PLANTERS[planted](r, key)
+    before = dump_all(r)
+    with pytest.raises(redis.ResponseError, match=r"WRONGTYPE") as info:
+        transport_of(q).run(script, q.spec.keys, args)
+    assert isinstance(map_redis_error(info.value), WrongTypeError)
+    assert dump_all(r) == before
+
+
+@pytest.mark.parametrize("call", [
+    lambda q: q.set_rate_limit("", "10/s"),
+    lambda q: q.set_rate_limit("a\nb", "10/s"),
+    lambda q: q.set_rate_limit("k", "ten a second"),
+    lambda q: q.set_rate_limit("k", "10/fortnight"),
+    lambda q: q.set_rate_limit("k", "-1/s"),
+    lambda q: q.set_rate_limit("k", 10),
+    lambda q: q.enqueue(b"x", rate_key="k"),  # a key without its limit
+    lambda q: q.enqueue(b"x", rate_limit="10/s"),  # a limit without its key
+    lambda q: q.enqueue(b"x", rate_key="k", rate_limit="10/s", cost=0),
+    lambda q: q.enqueue(b"x", rate_key="k", rate_limit="10/s", cost=2),  # above the burst, 1
+    lambda q: q.enqueue(b"x", rate_key="a\tb", rate_limit="10/s"),
+    lambda q: q.enqueue(b"x", rate_key="k", rate_limit="0/s"),
+    lambda q: q.enqueue(b"x", cost=2),
+], ids=range(13))
+def test_bad_rate_arguments_are_rejected_in_python_before_anything_is_sent(
+    q: Queue, r: redis.Redis, call: Any
+) -> None:
+    with pytest.raises(InvalidArgument):
+        call(q)
+    assert r.keys("*") == []
 
 
 #: A value of each Redis type, planted where another type belongs.

@@ -334,8 +334,34 @@ def test_enqueue_with_flow_control_and_stats_shows_expired_jobs(url: str, capsys
     assert q.get("gone").state == "expired"
     assert main(["--url", url, "stats", "cliq"]) == 0
     header, _rule, row = capsys.readouterr().out.split("\n")[:3]
-    assert header.split()[-1] == "expired" and row.split()[-1] == "1"
+    assert header.split()[-2:] == ["expired", "deferred"] and row.split()[-2:] == ["1", "0"]
     assert main(["--url", url, "enqueue", "cliq", "d", "--key", "k"]) == 2  # a key without a window: refused
+
+
+def test_enqueue_with_a_rate_key_and_limit_sets_a_keys_limit_at_run_time(url: str,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    for i in range(3):
+        assert main(["--url", url, "enqueue", "rateq", str(i), "--id", f"r{i}", "--rate-key", "acct",
+                     "--rate-limit", "1/h"]) == 0
+    q = Queue.from_url(url, "rateq")
+    assert [j.id for j in q.lease(count=3)] == ["r0"]
+    assert q.stats().deferred == 2
+    capsys.readouterr()
+    assert main(["--url", url, "limit", "rateq", "100/s", "--key", "acct", "--burst", "5"]) == 0
+    assert capsys.readouterr().out == "rateq: rate key 'acct': at most 100 leases per 1000 ms, 5 at once\n"
+    assert main(["--url", url, "limit", "rateq", "100/s", "--key", "acct", "--burst", "5"]) == 0
+    assert capsys.readouterr().out.endswith("(unchanged)\n")
+    assert main(["--url", url, "limit", "rateq", "off", "--key", "acct"]) == 0
+    assert "its jobs pass unchecked" in capsys.readouterr().out
+    assert main(["--url", url, "limit", "rateq", "default", "--key", "acct"]) == 0
+    assert "the limit its jobs carry" in capsys.readouterr().out
+    assert main(["--url", url, "limit", "rateq", "default"]) == 2  # default is a rate key's
+    assert main(["--url", url, "limit", "nosuchq", "1/s", "--key", "acct"]) == 2  # a typo creates nothing
+    assert main(["--url", url, "enqueue", "rateq", "x", "--rate-key", "acct", "--rate-limit", "1/week"]) == 2
+    assert main(["--url", url, "enqueue", "rateq", "x", "--rate-key", "acct"]) == 2  # no limit: refused
+    assert main(["--url", url, "stats", "rateq"]) == 0
+    header, _rule, row = capsys.readouterr().out.split("\n")[:3]
+    assert header.split()[-1] == "deferred" and row.split()[-1] == "2"
 
 
 def test_sequence_skip_lets_a_blocked_sequence_go_on(url: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -37,6 +37,9 @@ def test_the_header_rules_read_as_expected() -> None:
     assert argv_rule("enqueue") == ArgvRule(10, 8002, 8)
     assert argv_rule("ack_result") == ArgvRule(6, 2004, 2)
     assert argv_rule("lease") == ArgvRule(7, 1007)
+    assert len(SCRIPT_KEYS["lease"]) == 22 and SCRIPT_KEYS["lease"][-1] == "windows"
+    assert argv_rule("set_rate_limit") == ArgvRule(2, 2)
+    assert argv_rule("defer_key") == ArgvRule(3, 3)
     assert argv_rule("dead_purge") == ArgvRule(1, 1000)
 
 
@@ -54,6 +57,8 @@ def world(r: redis.Redis) -> World:
     handles = busy_queue(q)
     services = Services(r, namespace="ns")
     svc = services.register(["q"], registration="reg1", now_ms=T0)
+    # 'held' as if it was sent with a rate key, so that defer_key of its lease writes.
+    r.hset(q.spec.keys.role("keyed"), "r:held", "10/1000/2/1||api")
     touching = calls_touching_every_key(q, handles)
     calls: dict[str, tuple[Any, list[Any]]] = {script: (q.spec.keys, args) for script, args in touching.values()}
     calls["nack"] = (q.spec.keys, touching["nack_to_scheduled"][1])  # 6 ARGV: the smallest valid count
@@ -80,6 +85,8 @@ def world(r: redis.Redis) -> World:
         "signal": (q.spec.keys, [NOW, "held", "go", b"j1"]),
         "steps": (q.spec.keys, [NOW, "held"]),
         "sequence_skip": (q.spec.keys, [NOW, "seq"]),
+        "set_rate_limit": (q.spec.keys, ["api", "5/1000/1"]),
+        "defer_key": (q.spec.keys, [NOW, handles["held"].receipt, 5000]),
         "service_register": (
             services.keys.of(svc.id + 1), [NOW, svc.id + 1, "host", 1, "q", 60_000, 1000, 10, "tok2", "reg2"]
         ),

@@ -187,6 +187,24 @@ def maintenance_not_due(w: World) -> None:
     w.r.hset(w.q.spec.keys.counters, "next_maintenance_ms", int(time.time() * 1000) + 3_600_000)
 
 
+def case_set_rate_limit(w: World) -> Callable[[], None]:
+    def call() -> None:
+        assert w.q.set_rate_limit("acct", "10/s") is True
+
+    return call
+
+
+def case_defer_key(w: World) -> Callable[[], None]:
+    busy(w.q)
+    w.q.enqueue(b"x", rate_key="acct", rate_limit="10/s")
+    (job,) = w.q.lease()
+
+    def call() -> None:
+        assert w.q.defer_key(job, 1000) is not None
+
+    return call
+
+
 def case_sequence_skip(w: World) -> Callable[[], None]:
     busy(w.q)
     w.q.enqueue(b"head", sequence="k", max_attempts=1)
@@ -630,6 +648,8 @@ CASES = [
     Case("sequence_skip", 0, "a dead head with one job behind it", case_sequence_skip),
     Case("set_events", 0, "opt in", case_set_events),
     Case("set_group_limit", 0, "the default cap", case_set_group_limit),
+    Case("set_rate_limit", 0, "set a key's limit", case_set_rate_limit),
+    Case("defer_key", 0, "a job with a rate key", case_defer_key),
     Case("stats", 0, "a queue with a ready job", case_stats),
     Case("step", 0, "a step of a queue with step data", case_step),
     Case("park", 0, "a first sleep", case_park),
@@ -770,3 +790,22 @@ def test_flow_control_costs_what_the_headers_state_and_nothing_on_a_queue_withou
     flagged = measured_commands(sq, redis_server, "ack", lambda: sq.q.ack(jobs[b"plain"]))
     plain_ack = stated_costs(header("ack"))[0]
     assert (head - plain, behind - plain, hand_on - plain_ack, flagged - plain_ack) == (4, 5, 12, 1)
+    # Rate keys: enqueue of a rated job; in a queue with rate keys, a lease of a plain job,
+    # of a rated job whose permit is due, and of one deferred instead; an ack of a rated job.
+    rq = World(Queue("rates", world.r), world.services, world.r)
+    busy(rq.q)
+    rated = measured_commands(rq, redis_server, "enqueue",
+                              lambda: rq.q.enqueue(b"r", rate_key="acct", rate_limit="1/h"))
+    (first,) = rq.q.lease()
+    rq.q.ack(first)
+    leases = {}
+    for name, options in (("plain", {}), ("rated", {"rate_key": "other", "rate_limit": "1/h"}),
+                          ("deferred", {"rate_key": "other", "rate_limit": "1/h"})):
+        rq.q.enqueue(b"x", **options)
+        maintenance_not_due(rq)
+        leases[name] = measured_commands(rq, redis_server, "lease", lambda: rq.q.lease())
+    rq.q.enqueue(b"y", rate_key="third", rate_limit="1/h")
+    (job,) = rq.q.lease()
+    rated_ack = measured_commands(rq, redis_server, "ack", lambda: rq.q.ack(job))
+    assert (rated - plain, {k: v - lease_base for k, v in leases.items()}, rated_ack - plain_ack) == (
+        4, {"plain": 1, "rated": 5, "deferred": 4}, 2)

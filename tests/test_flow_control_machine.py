@@ -11,6 +11,11 @@ fakeredis and on a real redis-server.
   leased.
 * **Debounce.** At most one job of a key is scheduled and not yet due, and a send while
   one is answers with its id (``debounced``).
+* **Rate keys.** Every lease of a key's jobs, retries included, takes its cost in
+  permits: between any two leases of a key at t1 <= t2, the costs leased sum to at most
+  burst + (t2 - t1) / spacing (the GCRA's bound), whatever the order of sends, leases,
+  retries, lost leases, limit changes and defers; and no job is lost: once the clock
+  has moved past every permit, every job not acked is leased.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 from model import Backend, FakeBackend, RealBackend
 
-from pyqueue import Queue
+from pyqueue import Queue, RateLimit
 
 T0 = 1_000_000
 KEYS = ("a", "b")
@@ -196,8 +201,94 @@ class DebounceMachine(Machine):
         assert all(n <= 1 for n in waiting.values()), waiting
 
 
+#: The rate keys' limits: (count, period_ms, burst); spacing = period_ms / count.
+RATES = {"a": (4, 1000, 3), "b": (10, 1000, 1)}
+
+
+class RateMachine(Machine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = self.queue("rate")
+        self.now = T0
+        self.n = 0
+        self.sent: dict[str, tuple[str, int]] = {}  # job id -> (key, cost), until acked
+        self.leases: dict[str, list[tuple[int, int]]] = {k: [] for k in RATES}  # key -> (lease ms, cost)
+        self.leased: dict[str, Any] = {}
+
+    @rule(key=st.sampled_from(sorted(RATES)), cost=st.sampled_from([1, 1, 2, 3]))
+    def send(self, key: str, cost: int) -> None:
+        count, period, burst = RATES[key]
+        cost = min(cost, burst)
+        self.n += 1
+        job_id = f"{key}{self.n}"
+        assert self.q.enqueue(b"x", job_id=job_id, rate_key=key, rate_limit=RateLimit(count, period, burst),
+                              cost=cost, max_attempts=1000, now_ms=self.now).added
+        self.sent[job_id] = (key, cost)
+
+    @rule(count=st.sampled_from([1, 4]))
+    def lease(self, count: int) -> None:
+        for job in self.q.lease(count=count, lease_ms=100, now_ms=self.now):
+            key, cost = self.sent[job.id]
+            self.leases[key].append((self.now, cost))
+            self.leased[job.id] = job
+
+    @rule(data=st.data(), how=st.sampled_from(["ack", "ack", "retry", "defer"]))
+    def end_lease(self, data: st.DataObject, how: str) -> None:
+        if not self.leased:
+            return
+        job_id = data.draw(st.sampled_from(sorted(self.leased)))
+        job = self.leased.pop(job_id)
+        if how == "ack":
+            if self.q.ack(job, now_ms=self.now).value == "ok":
+                del self.sent[job_id]
+        elif how == "retry":
+            self.q.nack(job, "boom", delay_ms=0, now_ms=self.now)
+        else:
+            # Held for 700 ms (stricter: the bound below still holds), then retried at once.
+            until = self.q.defer_key(job, 700, now_ms=self.now)
+            assert until is None or until >= self.now + 700
+            self.q.nack(job, "boom", delay_ms=0, now_ms=self.now)
+
+    @rule(key=st.sampled_from(sorted(RATES)), strict=st.booleans())
+    def set_limit(self, key: str, strict: bool) -> None:
+        # Half the jobs' own rate (the same burst), or back to theirs: the bound of their
+        # own holds throughout.
+        count, period, burst = RATES[key]
+        self.q.set_rate_limit(key, RateLimit(count, 2 * period, burst) if strict else None)
+
+    @rule(ms=st.sampled_from([1, 50, 300, 2000]))
+    def advance(self, ms: int) -> None:
+        self.now += ms
+
+    @invariant()
+    def each_key_keeps_its_bound(self) -> None:
+        for key, leases in self.leases.items():
+            count, period, burst = RATES[key]
+            spacing = period / count
+            for i in range(len(leases)):
+                total = 0
+                for j in range(i, len(leases)):
+                    total += leases[j][1]
+                    span = leases[j][0] - leases[i][0]
+                    assert total <= burst + span / spacing + 1e-6, (key, leases[i:j + 1])
+
+    def teardown(self) -> None:
+        # Nothing is lost: past every permit, every job not acked is leased.
+        try:
+            pending = set(self.sent) - set(self.leased)
+            for _ in range(200):
+                if not pending:
+                    break
+                self.now += 5000
+                for job in self.q.lease(count=100, lease_ms=10**8, now_ms=self.now):
+                    pending.discard(job.id)
+            assert not pending, f"jobs never leased again: {sorted(pending)[:5]}"
+        finally:
+            super().teardown()
+
+
 #: The machines by name (tests/test_mutations.py runs them against planted bugs).
-MACHINES: dict[str, type[Machine]] = {"sequences": SequenceMachine, "debounce": DebounceMachine}
+MACHINES: dict[str, type[Machine]] = {"sequences": SequenceMachine, "debounce": DebounceMachine, "rates": RateMachine}
 
 
 def run(name: str, backend: Backend, lua_directory: Path | None = None, options: settings = SETTINGS) -> None:
@@ -228,3 +319,11 @@ def test_debounce_keeps_one_waiting_job_per_key_on_fakeredis() -> None:
 
 def test_debounce_keeps_one_waiting_job_per_key_on_a_real_redis_server(redis_server: RedisServer) -> None:
     on_real_server(redis_server, "debounce")
+
+
+def test_rate_keys_keep_their_bound_and_lose_no_job_on_fakeredis() -> None:
+    run("rates", FakeBackend())
+
+
+def test_rate_keys_keep_their_bound_and_lose_no_job_on_a_real_redis_server(redis_server: RedisServer) -> None:
+    on_real_server(redis_server, "rates")

@@ -73,6 +73,7 @@ class World:
     retry: Job
     last: Job
     service: Service
+    rated: Job
 
 
 def build(r: redis.Redis) -> World:
@@ -82,7 +83,9 @@ def build(r: redis.Redis) -> World:
     READY r1..r3; LEASED held, retry (9 attempts), last (max 1 attempt), all until
     T0 + 100 s, r0 by the dead service ns.7, and 'expired' (deadline T0 + 5); SCHEDULED
     'due' (T0 + 10); waiting 'w0' (for r1 and r2), and the record of flow 'f0' (an hour); DEAD 'corpse'; a second queue 'held', paused; service ns.1 serving q, alive, and ns.2, dead and not
-    yet forgotten; in queue 'seqs', sequence 'k' blocked by its dead head s0, s1 behind it.
+    yet forgotten; in queue 'seqs', sequence 'k' blocked by its dead head s0, s1 behind it;
+    in queue 'rates', rate key 'api' (1 a minute): t0 LEASED with its permit, t1 deferred
+    (SCHEDULED for the key's next permit, T0 + 60 s).
     """
     q = Queue("q", r, owner="setup")
     q.set_events(1000)  # a re-sent call must not write its events twice either
@@ -105,11 +108,15 @@ def build(r: redis.Redis) -> World:
                       now_ms=T0)
     (s0,) = seqs.lease_call(call="s5", now_ms=T0).jobs
     seqs.nack(s0, "died", now_ms=T0)
+    rates = Queue("rates", r, owner="setup")
+    rates.enqueue_many([NewJob(bytes([48 + i]), job_id=f"t{i}", rate_key="api", rate_limit="1/m") for i in range(2)],
+                       now_ms=T0)
+    (rated,) = rates.lease_call(call="s6", count=2, lease_ms=100_000, now_ms=T0).jobs
     services = Services(r, namespace="ns")
     service = services.register(["q"], host="h", pid=1, registration="live", now_ms=T0)
     dead = services.register(["q"], host="h", pid=2, expire_ms=1000, registration="dead", now_ms=T0 - 5000)
     r.delete(dead.keys.role("service"))  # expired (not left to the real clock: builds must be identical)
-    return World(held, retry, last, service)
+    return World(held, retry, last, service, rated)
 
 
 Act = Callable[[Queue, Services, World], Any]
@@ -244,6 +251,10 @@ CASES: dict[str, Case] = {
     "steps": Case("steps", lambda q, s, w: q.steps("held", now_ms=NOW)),
     "sequence_skip": Case("sequence_skip", lambda q, s, w: sibling(q, "seqs").sequence_skip("k", now_ms=NOW),
                           replayed=lambda a: dataclasses.replace(a, status="running")),
+    "set_rate_limit": Case("set_rate_limit", lambda q, s, w: sibling(q, "rates").set_rate_limit("api", "5/s"),
+                           replayed=lambda a: False),
+    # A re-sent defer moves the key's state to the same time: the same answer.
+    "defer_key": Case("defer_key", lambda q, s, w: sibling(q, "rates").defer_key(w.rated, 200_000, now_ms=NOW)),
 }
 
 

@@ -249,7 +249,10 @@ def calls(r: Any) -> list[Call]:
     q.enqueue(b"", job_id="acked", now_ms=T0)
     (acked,) = q.lease(now_ms=T0)
     q.ack(acked, now_ms=T0)  # a tombstone in force at NOW
-    q.enqueue_many([NewJob(b"l", job_id=f"l{i}", max_attempts=1) for i in range(6)], now_ms=T0)
+    # l0 has a rate key (its permit is due: it is leased with the others), for defer_key.
+    rated = {"rate_key": "api", "rate_limit": "10/s"}
+    q.enqueue_many([NewJob(b"l", job_id=f"l{i}", max_attempts=1, **(rated if i == 0 else {})) for i in range(6)],
+                   now_ms=T0)
     held = q.lease(count=6, lease_ms=10**6, now_ms=T0)
     q.progress(held[0], b'{"done": 1}', now_ms=T0)
     services = Services(r, namespace="ns")
@@ -273,6 +276,11 @@ def calls(r: Any) -> list[Call]:
         *(Call("browse", k, [NOW, state, 0, 10]) for state in BROWSE_WIDTHS),
         Call("progress_show", k, ["l0", "r0"], 2),
         Call("progress", k, [NOW, held[0].receipt, b'{"done": 2}']),
+        Call("defer_key", k, [NOW, held[0].receipt, 1000]),
+        Call("set_rate_limit", k, ["api", "0/1000/1"]),
+        Call("defer_key", k, [NOW, held[0].receipt, 1000]),  # unlimited
+        Call("set_rate_limit", k, ["api", ""]),
+        Call("defer_key", k, [NOW, "w|c|99|1|nope", 1000]),  # lost
         Call("extend", k, [NOW, 1000, held[0].receipt, stale], 2),
         Call("enqueue", k, [NOW, 2, "n1", b"x", 0, 3, "", "", "", "", "n2", b"y", 0, 3, "", "", "", ""], 2),
         Call("lease", k, [NOW, "w", "c1", 2, 30_000, 100, 300_000, held[1].receipt, stale], 2),
@@ -416,6 +424,20 @@ def planted_ready(r: Any, script: str, args: list[Any]) -> str:
         r.delete(EMAILS.ready)
 
 
+def enqueue_error(r: Any, key: str) -> str:
+    """The error of an enqueue of one job whose 8th value is ``key``."""
+    return error_of(lambda: transport_of(Queue("emails", r)).run(
+        "enqueue", EMAILS, ["", 1, "job-9", b"x", 0, 3, "", "", "", key]))
+
+
+def defer_plain_job(r: Any) -> str:
+    """The error of defer_key for a lease of a job sent without a rate key."""
+    q = Queue("emails", r)
+    q.enqueue(b"x", job_id="job-9")
+    (job,) = q.lease()
+    return error_of(lambda: transport_of(q).run("defer_key", EMAILS, ["", job.receipt, 1000]))
+
+
 def corrupt_dead(r: Any) -> str:
     r.hset(EMAILS.jobs, "job-9", "garbage")
     r.zadd(EMAILS.dead, {"job-9": 1})
@@ -457,6 +479,13 @@ SCRIPT_ERRORS: dict[str, tuple[str, str | None, Callable[[Any], list[str]]]] = {
     "WRONGTYPE Operation against a key holding the wrong kind of value script: <sha>, on @user_script:<line>.": (
         "§5 and §8: a read that runs into a wrong type", "real", lambda r: [planted_ready(r, "stats", [""])]),
     "PQ_CORRUPT no valid record for dead job in pq:{emails}:jobs": ("§8, errors", None, lambda r: [corrupt_dead(r)]),
+    'PQ_BADARG a rate key must be "rate|<count>/<period_ms>/<burst>/<cost>|<key>", got <value>, job <i>': (
+        "§2.7, rate keys", None,
+        lambda r: [enqueue_error(r, "rate|10/1000/1|k"), enqueue_error(r, "debounce|100|k\nrate|10|k")]),
+    "PQ_BADARG a job's cost must be in [1, burst] (<burst>): more could never pass, got <cost>, job <i>": (
+        "§2.7, rate keys", None,
+        lambda r: [enqueue_error(r, "rate|10/1000/2/3|k"), enqueue_error(r, "rate|10/1000/1/0|k")]),
+    "PQ_BADARG job <id> has no rate key to defer": ("§2.7, deferring a key", None, lambda r: [defer_plain_job(r)]),
     "NOSCRIPT No matching script. Please use EVAL.": (
         "§1.1 and §8", None, lambda r: [error_of(lambda: r.evalsha("0" * 40, 0))]),
 }

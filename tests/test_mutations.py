@@ -6,6 +6,9 @@ The model test (``tests/model.py``, on redis-server; fakeredis without one) runs
 ``Queue(..., lua_directory=...)`` and must fail. If someone weakens the model (drops a
 check, narrows a strategy) so that a planted bug goes unnoticed, the mutant's test fails
 and so does CI. The unmutated copy must pass, so a mutant fails because of its mutation.
+A bug of flow control is found by a machine of tests/test_flow_control_machine.py
+instead (``Mutant.machine``), and a bug of rate keys by the plain tests of
+tests/test_rate_limits.py run against the copy (``Mutant.module``, :func:`run_module`).
 
 The search is derandomized (the same examples every run) and does not shrink: a mutant
 is caught at the first failing example. A mutant whose bug needs no job-control rule
@@ -22,6 +25,8 @@ or tests/ moves every mutant's example: keep the budget well above the example f
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import os
 import shutil
 from collections.abc import Iterator
@@ -35,7 +40,7 @@ from hypothesis import Phase
 from hypothesis.stateful import run_state_machine_as_test
 from model import JOB_CONTROL_RULES, Backend, FakeBackend, RealBackend, machine_for, model_settings
 
-from pyqueue import PyQueueError
+from pyqueue import PyQueueError, Queue
 from pyqueue.drivers.scripts import SCRIPT_KEYS, lua_dir
 
 #: Garbage that earlier tests left is collected before each (long) model run.
@@ -74,6 +79,9 @@ class Mutant:
     #: A bug of flow control: the machine of tests/test_flow_control_machine.py of this
     #: name ("sequences", "debounce") finds it, instead of the model test.
     machine: str = ""
+    #: A bug that the plain tests of this test module find (run_module: ``tests/<module>.py``'s
+    #: tests that take no fixture but ``q`` and ``r``), instead of the model test.
+    module: str = ""
 
 
 MUTANTS = [
@@ -94,7 +102,7 @@ MUTANTS = [
     Mutant(
         "ack_forgets_that_an_acked_job_was_its_sequences_head",
         "ack",
-        "local p = { head = redis.call('HGET', K.keyed, 's:' .. e.key) == e.id }",
+        "local p = { head = e.seq ~= nil and redis.call('HGET', K.keyed, 's:' .. e.key) == e.id }",
         "local p = { head = false }",
         machine="sequences",
     ),
@@ -628,6 +636,51 @@ MUTANTS += [
     ),
 ]
 
+#: Keyed rate limits' bugs (lua/README.md section 2.7), found by tests/test_rate_limits.py.
+MUTANTS += [
+    Mutant(
+        # A job that passes its key's check does not spend its permits: every job of the
+        # key passes.
+        "lease_does_not_spend_a_keys_permits",
+        "lease",
+        "        k.tat, k.changed = tat, true",
+        "        k.changed = true",
+        module="test_rate_limits",
+    ),
+    Mutant(
+        # Every job deferred in one call goes to the key's next permit, not to the next free
+        # slot after the jobs deferred before it: they come due together.
+        "lease_defers_a_keys_waiting_jobs_all_to_its_next_permit",
+        "lease",
+        "          at = math.max(due, k.slot)",
+        "          at = due",
+        module="test_rate_limits",
+    ),
+    Mutant(
+        "lease_leases_a_job_it_deferred",
+        "lease",
+        "    if not C.deferred[p.id] then new_lease(C, p.id, p.record, p.attempt, p.max, p.at, p.sent) end",
+        "    new_lease(C, p.id, p.record, p.attempt, p.max, p.at, p.sent)",
+        module="test_rate_limits",
+    ),
+    Mutant(
+        "set_rate_limit_writes_a_field_lease_does_not_read",
+        "set_rate_limit",
+        "local field = 'l:' .. key",
+        "local field = 'L:' .. key",
+        module="test_rate_limits",
+    ),
+    Mutant(
+        # Not fenced: a lease that has ended still defers its key (or, when its job has
+        # ended too, is refused for a rate entry it no longer has).
+        "defer_key_is_not_fenced",
+        "defer_key",
+        "if not redis.call('ZSCORE', leased_key, receipt) then return { 'lost', -1 } end",
+        "",
+        module="test_rate_limits",
+    ),
+]
+
 # Not planted, because it is equivalent (no test can tell it from the original): extend.lua
 # re-adding a receipt whether or not its ZREM removed one. It only writes receipts it has
 # just found in `leased`, so the check is a second line of defence, not behaviour.
@@ -688,6 +741,30 @@ def run_model(
     return None, machine.examples_run
 
 
+def run_module(module: str, backend: Backend, lua_directory: Path) -> tuple[list[str], list[str]]:
+    """Run the plain tests of ``tests/<module>.py`` against the scripts of
+    ``lua_directory``: each test function that is not parametrized and takes no fixture
+    but ``q`` (a queue named "q" of the sync driver, loading those scripts) and ``r``
+    (its client), each on an empty Redis of ``backend``. Answers the names of the tests
+    that failed, and of all it ran."""
+    tests = importlib.import_module(module)
+    failed, ran = [], []
+    for name, test in inspect.getmembers(tests, inspect.isfunction):
+        params = inspect.signature(test).parameters
+        if not name.startswith("test_") or hasattr(test, "pytestmark") or not set(params) <= {"q", "r"}:
+            continue
+        client = backend.fresh()
+        try:
+            fixtures = {"q": Queue("q", client, lua_directory=lua_directory), "r": client}
+            ran.append(name)
+            test(**{p: fixtures[p] for p in params})
+        except (Exception, pytest.fail.Exception):  # a test fails on any exception
+            failed.append(name)
+        finally:
+            backend.done(client)
+    return failed, ran
+
+
 def test_every_script_has_at_least_one_planted_bug() -> None:
     assert {m.script for m in MUTANTS} == set(SCRIPT_KEYS)
     assert len({m.name for m in MUTANTS}) == len(MUTANTS) >= 8
@@ -714,6 +791,16 @@ def test_the_model_test_passes_on_an_unmutated_copy(mutant_backend: Backend, tmp
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize("module", sorted({m.module for m in MUTANTS if m.module}))
+def test_the_tests_that_catch_mutants_pass_on_an_unmutated_copy(module: str, mutant_backend: Backend,
+                                                                   tmp_path: Path) -> None:
+    shutil.copytree(lua_dir(), tmp_path, dirs_exist_ok=True)
+    failed, ran = run_module(module, mutant_backend, tmp_path)
+    assert ran and not failed, f"tests/{module}.py on the unmutated copy: {len(ran)} run, failed: {failed}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
 def test_the_model_test_catches_the_planted_bug(mutant: Mutant, mutant_backend: Backend, tmp_path: Path) -> None:
     backend = mutant_backend
@@ -725,6 +812,11 @@ def test_the_model_test_catches_the_planted_bug(mutant: Mutant, mutant_backend: 
                                  report_multiple_bugs=False, print_blob=False)
         with pytest.raises((AssertionError, PyQueueError, redis.RedisError)):
             flow_control.run(mutant.machine, backend, plant(mutant, tmp_path), options)
+        return
+    if mutant.module:
+        failed, ran = run_module(mutant.module, backend, plant(mutant, tmp_path))
+        assert failed, f"none of the {len(ran)} plain tests of tests/{mutant.module}.py caught {mutant.name}"
+        print(f"{mutant.name}: caught by {', '.join(failed)} on {backend.name}")  # pytest -rP shows it
         return
     failure, ran = run_model(
         backend, plant(mutant, tmp_path), examples, job_control=mutant.job_control, fair=mutant.fair, flows=mutant.flows,

@@ -785,6 +785,27 @@ def test_node_debounces_throttles_and_expires_and_python_shares_its_keys(server:
     assert q.get("e1").state == "expired" and q.stats().expired_total == 1
 
 
+def test_node_sends_rate_keyed_jobs_defers_and_overrides_the_key_and_python_shares_its_state(
+    server: RedisServer, client: redis.Redis
+) -> None:
+    node = run_node("rates", server, {"queue": "from-node-rates"})
+    assert node["sent"] == {"added": 3, "duplicates": 0, "flags": [1, 1, 1]}
+    # 1 a minute, burst 1: r1 takes the permit due now; r2 and r9 are deferred to later
+    # permits, and the lease answers "call again at once".
+    assert node["leased"] == ["r1"] and node["nextDueMs"] == node["nowMs"]
+    # defer_key: the key takes no job for 5 s at least (its next permit was later already).
+    assert node["deferred"]["status"] == "deferred" and node["deferred"]["afterMs"] >= 5000
+    assert node["lost"] == {"status": "lost", "untilMs": -1}
+    assert node["override"] == [True, False, True]
+    q = Queue("from-node-rates", client)
+    assert [q.get(i).state for i in ("r1", "r2", "r9")] == ["leased", "scheduled", "scheduled"]
+    assert q.stats().deferred == 2
+    # Python's send of the same key and limit meets Node's state: deferred too.
+    assert q.enqueue(b"d", job_id="r3", rate_key="api", rate_limit="1/m").added
+    assert q.lease(count=10) == [] and q.get("r3").state == "scheduled" and q.stats().deferred == 3
+    assert q.set_rate_limit("api", "off") is True and q.set_rate_limit("api", None) is True
+
+
 def test_node_reads_the_contract_version_and_calls_of_the_earlier_contract_get_pq_contract(
     server: RedisServer, client: redis.Redis, tmp_path: Path
 ) -> None:

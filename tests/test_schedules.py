@@ -152,6 +152,10 @@ def test_the_worker_command_refuses_bad_schedules_with_exit_2(capsys: pytest.Cap
     assert "keep_done_ms > 0" in capsys.readouterr().err
     assert main([*base, "--every", "x=1s", "--cron", "x@r=* * * * *"]) == 2
     assert "unique" in capsys.readouterr().err
+    assert main([*base, "--schedule-attempts", "7"]) == 2
+    assert "none is given" in capsys.readouterr().err
+    assert main([*base, "--every", "x=1s", "--schedule-attempts", "0"]) == 2
+    assert "max_attempts" in capsys.readouterr().err
 
 
 # -- ticks (pure: the clock is an argument) -------------------------------------------------
@@ -419,7 +423,7 @@ def real(redis_server: RedisServer) -> redis.Redis:
 
 def test_the_worker_command_runs_interval_and_cron_schedules(redis_server: RedisServer, real: redis.Redis) -> None:
     proc = spawn(redis_server, "-q", "main", "-q", "other", "--block-ms", "500",
-                 "--every", "tick=1s", "--cron", "six@other=*/1 * * * * *")
+                 "--every", "tick=1s", "--cron", "six@other=*/1 * * * * *", "--schedule-attempts", "7")
     try:
         deadline = time.monotonic() + 15
         while real.llen("test:{runs}:runs") < 4:
@@ -432,7 +436,7 @@ def test_the_worker_command_runs_interval_and_cron_schedules(redis_server: Redis
     ran = {x.decode() for x in real.lrange("test:{runs}:runs", 0, -1)}
     assert {x.split(":")[0] for x in ran} == {"tick", "six"}
     assert Queue("main", real).stats().enqueued >= 1 and Queue("other", real).stats().enqueued >= 1
-    assert b"scheduler started: tick@main every 1s, six@other cron '*/1 * * * * *'" in \
+    assert b"scheduler started: tick@main every 1s, 7 attempts, six@other cron '*/1 * * * * *', 7 attempts" in \
         proc.log_path.read_bytes()  # type: ignore[attr-defined]
 
 

@@ -1,4 +1,5 @@
-"""Flow control in the task layer (``@tasks.task(debounce=, throttle=, key=, expires=)``
+"""Flow control in the task layer (``@tasks.task(debounce=, throttle=, key=, expires=)``,
+``sequence=``, ``rate_limit=`` with ``rate_key=`` and ``cost=``
 and the same per send with ``fn.options(...)``): a debounced task runs once per quiet
 window with its last arguments, a throttled one once per window, an expired one never.
 Through the real scripts and a real worker, on the testing helper's moving clock."""
@@ -10,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from pyqueue import InvalidArgument
-from pyqueue.tasks import TaskResultMissing, Tasks
+from pyqueue import InvalidArgument, RateLimit
+from pyqueue.tasks import TaskResultMissing, Tasks, current_job
 
 
 def test_a_debounced_task_runs_once_per_key_after_a_quiet_window_with_its_last_arguments() -> None:
@@ -133,7 +134,7 @@ def test_a_flow_step_with_flow_control_is_refused_and_nothing_is_sent() -> None:
         return x
 
     with tasks.testing() as t:
-        with pytest.raises(InvalidArgument, match="a flow.s step cannot have expires, debounce, throttle or sequence"):
+        with pytest.raises(InvalidArgument, match="a flow.s step cannot have expires, debounce, throttle, sequence or rate_limit"):
             chain(a.s(), b.s()).send()
         assert t.stats().enqueued == 0
         chain(a.s(), b.options(expires=None).s()).send()
@@ -183,3 +184,94 @@ def test_a_sequence_with_on_failure_skip_goes_on_past_a_dead_job() -> None:
     assert ran == [0, 2]
     with pytest.raises(InvalidArgument, match="on_failure is a sequence's"):
         Tasks().task(name="t", on_failure="skip")(lambda: None)
+
+
+# -- keyed rate limits -------------------------------------------------------------------
+
+
+def test_a_rate_limited_task_runs_each_keys_jobs_no_faster_than_its_limit() -> None:
+    tasks = Tasks()
+    runs: list[tuple[str, int, int]] = []
+
+    @tasks.task(name="call_api", rate_limit="2/s", rate_key=lambda account, **_: account)
+    def call_api(account: str, n: int) -> None:
+        # When it was leased, on the server's clock (its deadline less the lease time): a
+        # reading of the clock here would come a varying while after.
+        runs.append((account, n, current_job().job.deadline_ms - t.lease_ms))
+
+    with tasks.testing() as t:
+        for n in range(4):
+            call_api.send("a", n)
+        call_api.send("b", 0)
+        assert t.drain() == 5
+        a_runs = [ms for account, _, ms in runs if account == "a"]
+        assert [n for account, n, _ in runs if account == "a"] == [0, 1, 2, 3]
+        # a's permits are 500 ms apart (a run may start a little after its permit, the
+        # next one's does not move); b ran at once, before a's second.
+        assert all(ms - a_runs[0] >= 500 * k for k, ms in enumerate(a_runs)), a_runs
+        assert [account for account, _, _ in runs][:2] == ["a", "b"]
+        assert t.stats().deferred >= 3  # once each, and again for a job whose turn a late lease took
+
+
+def test_a_task_wide_limit_without_a_key_and_a_cost_per_run() -> None:
+    tasks = Tasks()
+    runs: list[int] = []
+
+    @tasks.task(name="import_rows", rate_limit=RateLimit(10, 1000, burst=10), cost=lambda rows, **_: len(rows))
+    def import_rows(rows: list[int]) -> None:
+        runs.append(current_job().job.deadline_ms - t.lease_ms)
+
+    with tasks.testing() as t:
+        import_rows.send(list(range(8)))
+        import_rows.send(list(range(5)))  # 8 + 5 > 10: waits for 3 more permits, 300 ms
+        assert t.drain() == 2
+        assert 300 <= runs[1] - runs[0] < 1000, runs
+        with pytest.raises(InvalidArgument, match="cost"):
+            import_rows.send(list(range(11)))  # more than the burst: it could never run
+
+
+def test_a_task_holds_its_key_after_a_429_and_runs_again_when_it_is_free() -> None:
+    tasks = Tasks()
+    runs: list[tuple[int, int]] = []
+
+    @tasks.task(name="webhook", rate_limit="100/s", rate_key=lambda host, **_: host, max_attempts=5)
+    def webhook(host: str, n: int) -> None:
+        runs.append((n, current_job().job.deadline_ms - t.lease_ms))
+        if n == 0 and current_job().attempt == 1:
+            current_job().defer_key(30)  # the host said Retry-After: 30
+
+    with tasks.testing() as t:
+        webhook.send("h", 0)
+        webhook.send("h", 1)
+        assert t.drain() == 3
+        # Both waited out the 30 s: the retry of 0, and 1, held back by the key.
+        assert runs[0][0] == 0 and sorted(n for n, _ in runs[1:]) == [0, 1]
+        assert all(ms - runs[0][1] >= 30_000 for _, ms in runs[1:]), runs
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"rate_key": "k"}, "rate_key and cost are a rate limit's"),
+    ({"cost": 3}, "rate_key and cost are a rate limit's"),
+    ({"rate_limit": "2/s", "cost": 2}, "over the rate limit's burst"),
+    ({"rate_limit": "2/week"}, "COUNT/PERIOD"),
+    ({"rate_limit": "2/s", "cost": 0}, "cost must be an int >= 1"),
+    ({"rate_limit": "2/s", "rate_key": ""}, "rate_key must be 1..256 bytes"),
+])
+def test_mistaken_rate_options_are_refused_at_registration(options: dict[str, Any], message: str) -> None:
+    tasks = Tasks()
+    with pytest.raises(InvalidArgument, match=message):
+        tasks.task(name="t", **options)(lambda: None)
+
+
+def test_a_rate_key_function_answering_none_sends_that_job_unlimited() -> None:
+    tasks = Tasks()
+
+    @tasks.task(name="t", rate_limit="1/h", rate_key=lambda vip, **_: None if vip else "all")
+    def t_(vip: bool) -> None:
+        pass
+
+    with tasks.testing() as t:
+        for vip in (False, False, True, True):
+            t_.send(vip)
+        assert t.drain(advance=False) == 3  # both VIP sends and one of the others
+        assert t.stats().deferred == 1

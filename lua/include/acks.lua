@@ -8,7 +8,8 @@
 -- back (with `fair`: `metas` holds each job's meta or false), and each job gets its
 -- 'acked' event when the queue has opted in (`bound`), and their step data goes
 -- (`forgot`, from ack_settings: nil when the queue has none), and a sequence's head
--- hands its key on (`ended`, from ack_settings: NONE when the queue has no sequences).
+-- hands its key on and rate entries go (`ended`, from ack_settings: NONE when the queue
+-- has neither sequences nor rate keys).
 -- K holds the keys jobs, leased, owners, done, wake, events, steps and waiting, and
 -- scheduled, keyed and sequenced. ZREM on `owners` is the first
 -- write: it removes something, so at its memory limit Redis still runs the call (it
@@ -20,7 +21,7 @@ local function write_acked(K, F, receipts, ids, fair, metas, expired, now_ms, ke
   bury(K.done, ids, expired, now_ms, keep_done_ms)
   if fair then fair_finish(F, ids, metas, K.wake) end
   forget_steps(K.steps, K.waiting, forgot)
-  if #ended > 0 then sequence_end(K, ended) end
+  if #ended > 0 then keyed_end(K, ended) end
   emit_acked(K.events, bound, receipts, ids, now_ms)
 end
 
@@ -29,11 +30,12 @@ end
 -- set by enqueue.lua for a job with a group or a priority, and by set_group_limit.lua;
 -- lease.lua decides so too); and their step data to delete only when the queue has
 -- any (`steps`: set by step.lua, park.lua and signal.lua; K.steps and K.waiting), and
--- their sequence entries only when it has sequences (`sequences`: set by enqueue.lua).
+-- their entries in `keyed` only when it has sequences or rate keys (`sequences`,
+-- `rates`: set by enqueue.lua).
 -- A plain queue reads none of them. Answers bound, metas, fair, nil, forgot, ended (for
 -- write_acked); or nil, nil, false and an error text.
 local function ack_settings(counters_key, events_key, F, ids, K)
-  local settings = redis.call('HMGET', counters_key, 'fair', 'events', 'steps', 'sequences')
+  local settings = redis.call('HMGET', counters_key, 'fair', 'events', 'steps', 'sequences', 'rates')
   local bound, err = events_bound(counters_key, events_key, settings[2])
   if err then return nil, nil, false, err end
   local forgot, ended = nil, NONE
@@ -42,8 +44,8 @@ local function ack_settings(counters_key, events_key, F, ids, K)
     forgot[1], forgot[2], err = steps_of(K.steps, K.waiting, ids)
     if err then return nil, nil, false, err end
   end
-  if settings[4] then
-    ended, err = sequence_read(K, ids)
+  if settings[4] or settings[5] then
+    ended, err = keyed_read(K, ids)
     if err then return nil, nil, false, err end
   end
   if not settings[1] then return bound, NONE, false, nil, forgot, ended end

@@ -23,6 +23,30 @@
 -- A job sent with an expiry has an entry in `expires` (zset id -> deadline_ms) until its
 -- first lease: lease.lua reads it (a queue whose `counters` has `expiry`) and moves a job
 -- past its deadline to `expired` (zset id -> ms it expired) instead of leasing it.
+--
+-- A job sent with a rate key has "r:<id>" in `keyed` for its whole life:
+-- "<count>/<period_ms>/<burst>/<cost>|<w>|<key>", w 'w' while it waits for a slot. A
+-- key's limit is a GCRA, as limit.lua's for a whole queue: a permit every spacing =
+-- period_ms / count ms, up to `burst` banked, kept as one number, tat (when the next
+-- permit would be due with none banked, ms). lease.lua checks the jobs it is about to
+-- lease (a queue whose `counters` has `rates`) against their key's GCRA, at the lease: a
+-- job passes when its cost in permits is due now, and then spends them. A job that does
+-- not pass is not leased but scheduled at the time its permits will be due: the first
+-- free slot after the jobs deferred before it, so that a key's waiting jobs are spread
+-- over its permits, not all due at the next one. The key's state, "k:<key>" in `keyed`,
+-- is "<tat>|<slot>|<spacing>" (slot: where the next deferred job goes, at the earliest;
+-- spacing: the limit's that wrote it: under another limit, the permits still owed are
+-- counted at the new spacing, rate_state), listed in `windows` under the same field
+-- until tat and slot have passed (then it means nothing, and enqueue trims it). A
+-- deferred job is checked again when it comes due: the check is always made at the
+-- lease, so no two leases of a key are closer than its limit allows, even after workers
+-- were away while many jobs came due. A deferred job that, come due, must wait again
+-- (a worker came late to the job before it, whose lease moved tat on) keeps its place:
+-- it goes to the time its permits are due, not behind the key's line; its mark goes
+-- when it passes. "l:<key>"
+-- (set_rate_limit.lua) overrides the limit the jobs carry:
+-- "<count>/<period_ms>/<burst>", count 0 for none. The scripts that end a job delete its
+-- rate entry (keyed_read, keyed_end); a dead job keeps it, for a replay.
 
 -- The modes a key may have, and the prefix of their fields in `keyed` and `windows`
 local KEY_MODES = { debounce = 'd:', throttle = 't:', sequence = 's:' }
@@ -32,6 +56,47 @@ local EXPIRED_KEPT = 10000
 
 -- Stale key fields removed per keyed enqueue call, at most
 local KEY_TRIM = 10
+
+-- A rate limit's parts, "<count>/<period_ms>/<burst>" (as limit.lua's ARGV), checked:
+-- count 0..1000000 (`zero` allows 0: no limit), period_ms 1..86400000, burst 1..1000000.
+-- Answers count, period_ms, burst, or nil and a PQ_BADARG text.
+local function rate_limit_arg(value, zero)
+  local count, period, burst = string.match(value, '^(%d+)/(%d+)/(%d+)$')
+  if not count then
+    return nil, nil, nil, 'PQ_BADARG a rate limit is "<count>/<period_ms>/<burst>", got ' .. string.format('%q', value)
+  end
+  local c, p, b, err = tonumber(count), tonumber(period), tonumber(burst), nil
+  if c < (zero and 0 or 1) or c > 1000000 then
+    err = 'PQ_BADARG a rate limit\'s count must be in [' .. (zero and 0 or 1) .. ', 1000000], got ' .. count
+  elseif p < 1 or p > 86400000 then
+    err = 'PQ_BADARG a rate limit\'s period_ms must be in [1, 86400000], got ' .. period
+  elseif b < 1 or b > 1000000 then
+    err = 'PQ_BADARG a rate limit\'s burst must be in [1, 1000000], got ' .. burst
+  end
+  if err then return nil, nil, nil, err end
+  return c, p, b
+end
+
+-- A job's rate argument, "rate|<count>/<period_ms>/<burst>/<cost>|<key>" (cost 1..burst:
+-- a job costing more than the burst could never pass). Answers {limit, cost, key}, or
+-- nil and a PQ_BADARG text.
+local function rate_arg(value)
+  local limit, cost, key = string.match(value, '^rate|(%d+/%d+/%d+)/(%d+)|(.*)$')
+  if not limit then
+    return nil, 'PQ_BADARG a rate key must be "rate|<count>/<period_ms>/<burst>/<cost>|<key>", got '
+      .. string.format('%q', value)
+  end
+  local _, _, burst, err = rate_limit_arg(limit, false)
+  if err then return nil, err end
+  local c = tonumber(cost)
+  if c < 1 or c > burst then
+    return nil, 'PQ_BADARG a job\'s cost must be in [1, burst] (' .. burst .. '): more could never pass, got ' .. cost
+  end
+  if #key < 1 or #key > 256 or string.find(key, '%c') then
+    return nil, 'PQ_BADARG key must be 1..256 bytes without control characters'
+  end
+  return { limit = limit, cost = c, key = key }
+end
 
 -- A job's key argument: '' (none), "<mode>|<window_ms>|<key>" (mode debounce or throttle,
 -- window_ms 1..2^40) or "sequence|<block or skip>|<key>"; key 1..256 bytes without
@@ -60,26 +125,54 @@ local function key_arg(value)
   return { mode = mode, window_ms = window_ms, policy = policy, key = key, field = KEY_MODES[mode] .. key }
 end
 
--- The sequence entries of jobs `ids` that end (section 2.7; K holds keyed, sequenced,
--- scheduled and wake), read before any write: one HMGET of `keyed` (which proves it a
--- hash), and when any has one, TYPE probes of the keys sequence_end writes. Answers the
--- entries ({id, seq, policy, key}; NONE when none), or nil and an error text.
-local function sequence_read(K, ids)
+-- A job's keys argument: '' (none), a flow key (key_arg), a rate key (rate_arg), or
+-- both, the flow key first, separated by a newline. Answers the flow key (or false),
+-- the rate (or false); or nil, nil and a PQ_BADARG text.
+local function keys_arg(value)
+  if value == '' then return false, false end
+  local first, rest = string.match(value, '^([^\n]*)\n(.*)$')
+  local key, rate, err = false, false, nil
+  if not first then
+    if string.sub(value, 1, 5) == 'rate|' then rate, err = rate_arg(value) else key, err = key_arg(value) end
+  elseif first == '' then
+    err = 'PQ_BADARG a job\'s keys are a flow key, a rate key, or both joined by a newline (the flow key first), got '
+      .. string.format('%q', value)
+  else
+    key, err = key_arg(first)
+    if not err then rate, err = rate_arg(rest) end
+  end
+  if err then return nil, nil, err end
+  return key or false, rate
+end
+
+-- The entries in `keyed` of jobs `ids` that end (section 2.7; K holds keyed, sequenced,
+-- scheduled and wake): their sequence entries "j:<id>" and rate entries "r:<id>", read
+-- before any write: one HMGET of `keyed` (which proves it a hash), and when any job is
+-- in a sequence, TYPE probes of the keys keyed_end writes. Called by the scripts that
+-- end jobs, in a queue whose `counters` has `sequences` or `rates`. Answers the entries
+-- ({id, seq, policy, key} of a sequence's job, rated = whether it has a rate entry;
+-- {id, rated = true} of a job with a rate entry only; NONE when none), or nil and an
+-- error text.
+local function keyed_read(K, ids)
   if #ids == 0 then return NONE end
   local fields = {}
-  for i, id in ipairs(ids) do fields[i] = 'j:' .. id end
+  for i, id in ipairs(ids) do fields[2 * i - 1], fields[2 * i] = 'j:' .. id, 'r:' .. id end
   local values = hmget(K.keyed, fields)
-  local out = NONE
+  local out, sequenced = NONE, false
   for i, value in ipairs(ids) do
-    local entry = values[i]
+    local entry, rated = values[2 * i - 1], values[2 * i] ~= false
     if entry then
       local seq, policy, key = string.match(entry, '^(%d+)|%d+|([bs])|(.+)$')
       if not seq then return nil, 'PQ_CORRUPT unparsable sequence entry in ' .. K.keyed end
       if out == NONE then out = {} end
-      out[#out + 1] = { id = value, seq = seq, policy = policy, key = key }
+      out[#out + 1] = { id = value, seq = seq, policy = policy, key = key, rated = rated }
+      sequenced = true
+    elseif rated then
+      if out == NONE then out = {} end
+      out[#out + 1] = { id = value, rated = true }
     end
   end
-  if out ~= NONE then
+  if sequenced then
     local err = expect_type(K.sequenced, 'zset') or expect_type(K.scheduled, 'zset') or expect_type(K.wake, 'zset')
     if err then return nil, err end
   end
@@ -87,32 +180,34 @@ local function sequence_read(K, ids)
 end
 
 -- Of jobs `ids` that go dead, the sequence entries whose policy is 'skip': their key goes
--- on (sequence_end, after the writes), while a 'block' head keeps it. Read before any
+-- on (keyed_end, after the writes), while a 'block' head keeps it. Read before any
 -- write, only when the queue has sequences (`flag`, counters `sequences`). Answers the
 -- entries (NONE when none), or nil and an error text.
 local function sequence_dead_read(K, ids, flag)
   if not flag or #ids == 0 then return NONE end
-  local ended, err = sequence_read(K, ids)
+  local ended, err = keyed_read(K, ids)
   if err then return nil, err end
   local skipping = NONE
   for _, e in ipairs(ended) do
     if e.policy == 's' then
       if skipping == NONE then skipping = {} end
+      -- Its dead letter leaves the line but keeps its rate entry: a replay is limited too.
+      e.rated = false
       skipping[#skipping + 1] = e
     end
   end
   return skipping
 end
 
--- The jobs of `ended` (from sequence_read) ended for good: a head hands its key to the
--- next job of the sequence, which is scheduled at its due time (a worker is woken), or
--- frees it; any other leaves the line. Every read comes before the first write (a user
--- whose ACL lacks a command is refused before anything changes). Answers the ids
--- handed a key.
-local function sequence_end(K, ended)
+-- The jobs of `ended` (from keyed_read) ended for good: their rate entries go; a head
+-- hands its key to the next job of the sequence, which is scheduled at its due time (a
+-- worker is woken), or frees it; any other leaves the line. Every read comes before the
+-- first write (a user whose ACL lacks a command is refused before anything changes).
+-- Answers the ids handed a key.
+local function keyed_end(K, ended)
   local plans, handed = {}, {}
   for i, e in ipairs(ended) do
-    local p = { head = redis.call('HGET', K.keyed, 's:' .. e.key) == e.id }
+    local p = { head = e.seq ~= nil and redis.call('HGET', K.keyed, 's:' .. e.key) == e.id }
     if p.head then
       p.next = redis.call('ZRANGEBYLEX', K.sequenced, '[' .. e.key .. '\n', '(' .. e.key .. '\011', 'LIMIT', 0, 1)[1]
       if p.next then
@@ -122,20 +217,30 @@ local function sequence_end(K, ended)
     end
     plans[i] = p
   end
+  local rated_only = {}
   for i, e in ipairs(ended) do
     local p = plans[i]
-    redis.call('HDEL', K.keyed, 'j:' .. e.id)
-    if p.next then
-      redis.call('ZREM', K.sequenced, p.next)
-      redis.call('HSET', K.keyed, 's:' .. e.key, p.id)
-      redis.call('ZADD', K.scheduled, p.due, p.id)
-      handed[#handed + 1] = p.id
-    elseif p.head then
-      redis.call('HDEL', K.keyed, 's:' .. e.key)
+    if not e.seq then
+      rated_only[#rated_only + 1] = 'r:' .. e.id
     else
-      redis.call('ZREM', K.sequenced, e.key .. '\n' .. e.seq .. '\n' .. e.id)
+      if e.rated then
+        redis.call('HDEL', K.keyed, 'j:' .. e.id, 'r:' .. e.id)
+      else
+        redis.call('HDEL', K.keyed, 'j:' .. e.id)
+      end
+      if p.next then
+        redis.call('ZREM', K.sequenced, p.next)
+        redis.call('HSET', K.keyed, 's:' .. e.key, p.id)
+        redis.call('ZADD', K.scheduled, p.due, p.id)
+        handed[#handed + 1] = p.id
+      elseif p.head then
+        redis.call('HDEL', K.keyed, 's:' .. e.key)
+      else
+        redis.call('ZREM', K.sequenced, e.key .. '\n' .. e.seq .. '\n' .. e.id)
+      end
     end
   end
+  if #rated_only > 0 then call_chunked('HDEL', K.keyed, rated_only) end
   if #handed > 0 then redis.call('ZADD', K.wake, 0, 'wake') end
   return handed
 end
@@ -153,4 +258,132 @@ local function expire_jobs(K, ids, now_ms, keep_done_ms, bound)
   redis.call('HINCRBY', K.counters, 'expired', #ids)
   bury(K.done, ids, 0, now_ms, keep_done_ms)
   for _, id in ipairs(ids) do emit(K.events, bound, 'expired', id, now_ms, 'reason', 'not started by its deadline') end
+end
+
+-- A rate key's state ("<tat>|<slot>|<spacing>", or false: none) as {tat, slot, spacing};
+-- or nil when it does not parse.
+local function rate_state(value)
+  local tat, slot, spacing = string.match(value or '0|0|0', '^([%d.]+)|([%d.]+)|([%d.]+)$')
+  if not tat then return nil end
+  return { tat = tonumber(tat), slot = tonumber(slot), spacing = tonumber(spacing) }
+end
+
+-- Key state `k` brought to a limit's `spacing` at now_ms: the permits still owed (tat and
+-- slot ahead of now) are owed at the new spacing, so a change of limit neither forgives
+-- them nor lets a burst through twice.
+local function rate_respace(k, spacing, now_ms)
+  -- (The state keeps the spacing to 6 decimals: a difference below that is no change.)
+  if math.abs(k.spacing - spacing) > 1e-5 then
+    if k.spacing > 0 then
+      k.tat = now_ms + math.max(0, k.tat - now_ms) * spacing / k.spacing
+      k.slot = now_ms + math.max(0, k.slot - now_ms) * spacing / k.spacing
+    end
+    k.spacing = spacing
+  end
+end
+
+-- The rate check of jobs about to be leased (lease.lua, a queue with `rates`): `ids`,
+-- in the order they would be leased. One HMGET of their rate entries; when any has one,
+-- one more of their keys' state and limits. Decides each in order against its key's
+-- GCRA: a job passes when its permits are due now; else it is deferred to its slot.
+-- Answers the plan for rate_write (NONE: no job has a rate entry), whose `deferred` maps
+-- each deferred id to its time; or nil and a PQ_CORRUPT text.
+local function rate_read(K, ids, now_ms)
+  if #ids == 0 then return NONE end
+  local fields = {}
+  for i, id in ipairs(ids) do fields[i] = 'r:' .. id end
+  local entries = hmget(K.keyed, fields)
+  local checked, keys, key_order, key_fields = {}, {}, {}, {}
+  for i, entry in ipairs(entries) do
+    if entry then
+      local limit, cost, waited, key = string.match(entry, '^(%d+/%d+/%d+)/(%d+)|(w?)|(.+)$')
+      if not limit then return nil, 'PQ_CORRUPT unparsable rate entry in ' .. K.keyed end
+      checked[#checked + 1] = { id = ids[i], limit = limit, cost = tonumber(cost), key = key, waited = waited == 'w' }
+      if not keys[key] then
+        keys[key] = { at = #key_fields + 1 }
+        key_order[#key_order + 1] = key
+        key_fields[#key_fields + 1], key_fields[#key_fields + 2] = 'k:' .. key, 'l:' .. key
+      end
+    end
+  end
+  if #checked == 0 then return NONE end
+  local state = hmget(K.keyed, key_fields)
+  for _, key in ipairs(key_order) do
+    local k = rate_state(state[keys[key].at])
+    if not k then return nil, 'PQ_CORRUPT unparsable rate key state in ' .. K.keyed end
+    k.override = state[keys[key].at + 1]
+    keys[key] = k
+  end
+  local R = { deferred = {}, n_deferred = 0, keyed_args = {}, window_args = {}, scheduled_args = {} }
+  for _, job in ipairs(checked) do
+    local k = keys[job.key]
+    local count, period_ms, burst = string.match(k.override or job.limit, '^(%d+)/(%d+)/(%d+)$')
+    if not count then return nil, 'PQ_CORRUPT unparsable rate limit in ' .. K.keyed end
+    count, burst = tonumber(count), tonumber(burst)
+    if count > 0 then
+      local spacing = tonumber(period_ms) / count
+      rate_respace(k, spacing, now_ms)
+      -- A job costing more than the burst (the limit was lowered since) takes the whole burst.
+      local cost = math.min(job.cost, burst) * spacing
+      local tat = math.max(k.tat, now_ms) + cost
+      -- When its permits are due; the small epsilon keeps float rounding from deferring a due one.
+      local due = tat - burst * spacing
+      if due <= now_ms + 1e-6 then
+        k.tat, k.changed = tat, true
+        if job.waited then
+          -- Its wait is over: a retry or a replay later queues behind the key's line.
+          local n = #R.keyed_args
+          R.keyed_args[n + 1] = 'r:' .. job.id
+          R.keyed_args[n + 2] = job.limit .. '/' .. job.cost .. '||' .. job.key
+        end
+      else
+        local at
+        if job.waited then
+          -- Its place in line again: when its permits are due, after the others of this
+          -- call that waited before (k.again).
+          at = math.max(due, k.again or due)
+          k.again, k.slot = at + cost, math.max(k.slot, at + cost)
+        else
+          at = math.max(due, k.slot)
+          k.slot = at + cost
+          local n = #R.keyed_args
+          R.keyed_args[n + 1] = 'r:' .. job.id
+          R.keyed_args[n + 2] = job.limit .. '/' .. job.cost .. '|w|' .. job.key
+        end
+        k.changed = true
+        local until_ms = math.ceil(at)
+        R.deferred[job.id], R.n_deferred = until_ms, R.n_deferred + 1
+        R.scheduled_args[#R.scheduled_args + 1] = until_ms
+        R.scheduled_args[#R.scheduled_args + 1] = job.id
+      end
+    end
+  end
+  for _, key in ipairs(key_order) do
+    local k = keys[key]
+    if k.changed then
+      local n = #R.keyed_args
+      R.keyed_args[n + 1], R.keyed_args[n + 2] = 'k:' .. key, string.format('%.3f|%.3f|%.6f', k.tat, k.slot, k.spacing)
+      R.window_args[#R.window_args + 1] = math.ceil(math.max(k.tat, k.slot))
+      R.window_args[#R.window_args + 1] = 'k:' .. key
+    end
+  end
+  return R
+end
+
+-- The rate check's writes (R from rate_read): the keys' new state (listed in `windows`
+-- until it means nothing), the marks of the jobs that begin or end a wait, and each
+-- deferred job's place in SCHEDULED at its slot, its count and its event. The caller
+-- has proven `windows` and `scheduled` zsets.
+local function rate_write(K, R, now_ms, bound)
+  if R == NONE then return end
+  if #R.keyed_args > 0 then call_chunked('HSET', K.keyed, R.keyed_args) end
+  if #R.window_args > 0 then call_chunked('ZADD', K.windows, R.window_args) end
+  if R.n_deferred == 0 then return end
+  call_chunked('ZADD', K.scheduled, R.scheduled_args)
+  redis.call('HINCRBY', K.counters, 'deferred', R.n_deferred)
+  if not bound then return end
+  for k = 2, #R.scheduled_args, 2 do
+    emit(K.events, bound, 'deferred', R.scheduled_args[k], now_ms, 'until_ms',
+      string.format('%d', R.scheduled_args[k - 1]))
+  end
 end

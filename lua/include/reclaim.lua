@@ -74,7 +74,7 @@ end
 
 -- The sequence entries (policy skip) of the leases in `leases` that go dead (attempts
 -- used up), read before any write when the queue has sequences (`flag`): their keys go
--- on after the writes (sequence_end). K holds keyed, sequenced, scheduled and wake.
+-- on after the writes (keyed_end). K holds keyed, sequenced, scheduled and wake.
 local function dead_sequences(K, leases, flag)
   if not flag then return NONE end
   local ids = {}

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from pyqueue.protocol.core import (
+    keys_of,
     DEFAULT_LEASE_MS,
     DEFAULT_MAINTENANCE_LIMIT,
     DEFAULT_MAX_RESULTS,
@@ -53,6 +54,7 @@ from pyqueue.protocol.core import (
 )
 from pyqueue.protocol.errors import InvalidArgument
 from pyqueue.protocol.models import (
+    RateLimit,
     Cancelled,
     SequenceSkipped,
     DeadJob,
@@ -197,13 +199,13 @@ def enqueue_batch(layout: Partitions, /, batch: Sequence[JobTuple], now_ms: int 
                 "lives in its group's partition, and this id falls in another; let pyqueue choose the id "
                 "(job_id=None), or choose one in the group's partition (pyqueue.protocol.core.partition_of)"
             )
-        key = job[7].split("|", 2)[2] if job[7] else ""
-        if key and partition_of(key, layout.count) != part:
-            raise InvalidArgument(
-                f"job {job[0]!r} of key {key!r}: on a queue of {layout.count} partitions a keyed job lives in its "
-                "key's partition (its state is kept there), and this id or group falls in another; let pyqueue "
-                "choose the id (job_id=None), and give a keyed job a group in the key's partition, if any"
-            )
+        for key in keys_of(job[7]):
+            if partition_of(key, layout.count) != part:
+                raise InvalidArgument(
+                    f"job {job[0]!r} of key {key!r}: on a queue of {layout.count} partitions a keyed job lives in "
+                    "its key's partition (its state is kept there), and this id or group falls in another; let "
+                    "pyqueue choose the id (job_id=None), and give a keyed job a group in the key's partition, if any"
+                )
         groups.setdefault(part, []).append(position)
     out: list[Enqueued | None] = [None] * len(batch)
     for p, positions in groups.items():
@@ -236,11 +238,14 @@ def enqueue(
     key: str | None = None,
     sequence: str | None = None,
     on_failure: str = "block",
+    rate_key: str | None = None,
+    rate_limit: RateLimit | str | None = None,
+    cost: int = 1,
     now_ms: int | None = None,
 ) -> Plan[Enqueued]:
     """As :func:`pyqueue.protocol.verbs.produce.enqueue`, in the partition of the job's id."""
     new = NewJob(payload, job_id, delay_ms, max_attempts, priority, group, expires_ms, debounce_ms, throttle_ms, key,
-                 sequence, on_failure)
+                 sequence, on_failure, rate_key, rate_limit, cost)
     (added,) = yield from enqueue_many(layout, [new], now_ms=now_ms)
     return added
 
@@ -261,13 +266,16 @@ def enqueue_json(
     key: str | None = None,
     sequence: str | None = None,
     on_failure: str = "block",
+    rate_key: str | None = None,
+    rate_limit: RateLimit | str | None = None,
+    cost: int = 1,
     now_ms: int | None = None,
 ) -> Plan[Enqueued]:
     """As :func:`pyqueue.protocol.verbs.produce.enqueue_json`, in the partition of the job's id."""
     plan = enqueue(layout, produce.json_payload(obj), job_id=job_id, delay_ms=delay_ms, max_attempts=max_attempts,
                    priority=priority, group=group, expires_ms=expires_ms, debounce_ms=debounce_ms,
                    throttle_ms=throttle_ms, key=key, sequence=sequence, on_failure=on_failure,
-                   now_ms=now_ms)
+                   rate_key=rate_key, rate_limit=rate_limit, cost=cost, now_ms=now_ms)
     return (yield from plan)
 
 
@@ -544,6 +552,17 @@ def sequence_skip(layout: Partitions, /, key: str, *, now_ms: int | None = None)
     return (yield from layout.parts[partition_of(check_key(key), layout.count)].sequence_skip(key, now_ms=now_ms))
 
 
+def set_rate_limit(layout: Partitions, /, key: str, rate: RateLimit | str | None) -> Plan[bool]:
+    """As :func:`pyqueue.protocol.verbs.control.set_rate_limit`, in the key's partition
+    (where its jobs live, when the rate key picks it)."""
+    return (yield from layout.parts[partition_of(check_key(key), layout.count)].set_rate_limit(key, rate))
+
+
+def defer_key(layout: Partitions, /, job: Job, delay_ms: int, **kwargs: Any) -> Plan[int | None]:
+    """As :func:`pyqueue.protocol.verbs.consume.defer_key`, in the partition of the job."""
+    return (yield from layout.part_for(check_progress_job(job).id).defer_key(job, delay_ms, **kwargs))
+
+
 def set_group_limit(layout: Partitions, /, cap: int | None, *, group: str | None = None) -> Plan[bool]:
     """As :func:`pyqueue.protocol.verbs.control.set_group_limit`, in every partition: a
     group's jobs all live in its partition, so the cap there is the group's cap across
@@ -741,6 +760,8 @@ class PartitionedQueue:
     scrub = Routed(scrub)
     cancel = Routed(cancel)
     sequence_skip = Routed(sequence_skip)
+    set_rate_limit = Routed(set_rate_limit)
+    defer_key = Routed(defer_key)
     limit = Routed(limit)
     set_group_limit = Routed(set_group_limit)
     groups = Routed(groups)

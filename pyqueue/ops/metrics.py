@@ -17,7 +17,8 @@ and ``pyqueue metrics --port 9808`` serves them alone. Needs the ``metrics`` ext
 Per queue (label ``queue``; a partitioned queue once, summed over its partitions):
 every script-kept counter as a counter (``pyqueue_<name>_total``: enqueued, duplicates,
 leased, acked, nacked, promoted, reclaimed, scrubbed, released, dead, replayed, purged,
-cancelled);
+cancelled, parked, and flow control's expired, debounced, throttled, skipped and
+deferred);
 the jobs in each state as a gauge (``pyqueue_jobs{state=ready|scheduled|leased|dead|
 done}``); due-but-unpromoted jobs and expired leases; the lag of the oldest due job in
 seconds; the partition count; whether it is paused; its rate limit in leases per second;
@@ -60,6 +61,7 @@ COUNTERS: dict[str, tuple[str, str]] = {
     "debounced": ("debounced", "sends merged into their debounce key's pending job"),
     "throttled": ("throttled", "sends dropped inside their throttle key's window"),
     "skipped": ("skipped", "dead heads of sequences skipped (pyqueue sequence skip)"),
+    "deferred": ("deferred", "leases put off to their rate key's next permit (the job scheduled then)"),
 }
 #: The ``state`` label of pyqueue_jobs -> the Stats field.
 STATES = ("ready", "scheduled", "waiting", "sequenced", "leased", "dead", "done")

@@ -71,7 +71,7 @@ from typing import Literal
 import redis as redis_lib
 from cronsim import CronSim, CronSimError
 
-from pyqueue.protocol.core import as_payload, check_int
+from pyqueue.protocol.core import DURATION, as_payload, check_int, parse_duration_ms
 from pyqueue.protocol.errors import InvalidArgument, PyQueueError
 from pyqueue.protocol.keys import check_name
 from pyqueue.drivers.facade import parts_of
@@ -80,8 +80,6 @@ from pyqueue.drivers.queue import Queue
 log = logging.getLogger("pyqueue.ops.schedules")
 
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-_DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")
-_UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 #: Longest interval accepted (366 days).
 MAX_EVERY_MS = 366 * 86_400_000
@@ -173,8 +171,9 @@ class Schedule:
         return _cron_next(self.cron, _utc(now_ms // 1000), reverse=False)
 
     def describe(self) -> str:
-        """``every 60s`` or ``cron '0 * * * *'``."""
-        return f"every {self.every_ms // 1000}s" if self.every_ms is not None else f"cron {self.cron!r}"
+        """``every 60s`` or ``cron '0 * * * *'``, then ``, 7 attempts`` if it sets them."""
+        when = f"every {self.every_ms // 1000}s" if self.every_ms is not None else f"cron {self.cron!r}"
+        return when if self.max_attempts is None else f"{when}, {self.max_attempts} attempts"
 
 
 def _utc(seconds: int) -> datetime:
@@ -238,18 +237,6 @@ def due(schedule: Schedule, now_ms: int, keep_done_ms: int, last: int | None) ->
 # -- the CLI forms ---------------------------------------------------------------------
 
 
-def parse_duration_ms(text: str) -> int:
-    """``90000ms``, ``60s``, ``5m``, ``1h`` or ``1d`` in milliseconds.
-
-    Raises:
-        InvalidArgument: another form.
-    """
-    match = _DURATION.fullmatch(text.strip())
-    if not match:
-        raise InvalidArgument(f"an interval is a whole number with a unit ms, s, m, h or d (60s, 5m), got {text!r}")
-    return int(match.group(1)) * _UNIT_MS[match.group(2)]
-
-
 def parse_schedule(spec: str, default_queue: str, kind: Literal["every", "cron", "auto"] = "auto") -> Schedule:
     """A schedule from its command-line form ``NAME=WHEN`` or ``NAME@QUEUE=WHEN``.
 
@@ -269,7 +256,7 @@ def parse_schedule(spec: str, default_queue: str, kind: Literal["every", "cron",
     if at and not queue:
         raise InvalidArgument(f"a schedule is NAME=WHEN or NAME@QUEUE=WHEN, got {spec!r}")
     queue = queue or default_queue
-    if kind == "every" or (kind == "auto" and _DURATION.fullmatch(when.strip())):
+    if kind == "every" or (kind == "auto" and DURATION.fullmatch(when.strip())):
         return Schedule(name, queue, every_ms=parse_duration_ms(when))
     return Schedule(name, queue, cron=when.strip())
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeGuard, TypeVar, Union, overload
 
 from pyqueue.protocol.errors import CorruptRecord, InvalidArgument, PayloadTooLarge, PyQueueError
-from pyqueue.protocol.models import Job, NewJob, Outcome
+from pyqueue.protocol.models import Job, NewJob, Outcome, RateLimit
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -135,8 +135,9 @@ def as_payload(value: object) -> bytes:
 
 
 #: What enqueue.lua takes per job: (id, payload, delay_ms, max_attempts, priority, group,
-#: expires_ms, key), as the script takes them ('' for 0 and for none; key as
-#: "<mode>|<window_ms>|<key>", lua/README.md section 2.7).
+#: expires_ms, keys), as the script takes them ('' for 0 and for none; keys as
+#: "<mode>|<window_ms>|<key>", "rate|<count>/<period_ms>/<burst>/<cost>|<key>", or both
+#: joined by a newline, lua/README.md section 2.7).
 JobTuple = tuple[str, bytes, int, int, int | str, str, int | str, str]
 
 #: The most bytes of a debounce or throttle key.
@@ -193,6 +194,7 @@ def new_job(item: NewJob | bytes | str, max_payload_bytes: int = DEFAULT_MAX_PAY
     group = None if new.group is None else check_group(new.group)
     delay_ms = check_int(new.delay_ms, "delay_ms", 0, 2**40)
     key = key_arg(new, delay_ms)
+    rate = rate_arg(new)
     if new.expires_ms is not None:
         check_int(new.expires_ms, "expires_ms", 1, 2**40)
         start_ms = new.debounce_ms if new.debounce_ms is not None else delay_ms
@@ -200,8 +202,10 @@ def new_job(item: NewJob | bytes | str, max_payload_bytes: int = DEFAULT_MAX_PAY
             raise InvalidArgument(f"expires_ms ({new.expires_ms}) must be more than the job's delay or debounce window "
                                   f"({start_ms} ms): it could never start")
     # On a partitioned queue a keyed job lives in its key's partition, as a grouped one
-    # in its group's (the key's state is kept there).
-    home = (new.sequence if new.sequence is not None else new.key) if key else group
+    # in its group's (the key's state is kept there); a job with a flow key and a rate key
+    # in different partitions is refused when it is sent (partitioned.enqueue_batch).
+    flow_key = (new.sequence if new.sequence is not None else new.key) if key else None
+    home = flow_key or new.rate_key or group
     return (
         check_job_id(new.job_id) if new.job_id is not None else new_id(home, partitions),
         payload,
@@ -210,7 +214,7 @@ def new_job(item: NewJob | bytes | str, max_payload_bytes: int = DEFAULT_MAX_PAY
         priority or "",
         group or "",
         "" if new.expires_ms is None else new.expires_ms,
-        key,
+        f"{key}\n{rate}" if key and rate else key or rate,
     )
 
 
@@ -253,6 +257,77 @@ def key_arg(new: NewJob, delay_ms: int) -> str:
     if mode == "debounce" and delay_ms:
         raise InvalidArgument("a debounced job is due at the end of its window: give debounce_ms, not delay_ms")
     return f"{mode}|{window_ms}|{new.key}"
+
+
+#: A duration's text: a whole number and a unit.
+DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")
+_UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_duration_ms(text: str) -> int:
+    """``90000ms``, ``60s``, ``5m``, ``1h`` or ``1d`` in milliseconds.
+
+    Raises:
+        InvalidArgument: another form.
+    """
+    match = DURATION.fullmatch(text.strip())
+    if not match:
+        raise InvalidArgument(f"an interval is a whole number with a unit ms, s, m, h or d (60s, 5m), got {text!r}")
+    return int(match.group(1)) * _UNIT_MS[match.group(2)]
+
+
+def parse_rate(text: str, burst: int = 1) -> RateLimit:
+    """``100/s``, ``5/m``, ``1/h``, ``20/500ms`` as a :class:`RateLimit` (the period a
+    duration as :func:`parse_duration_ms` takes it, its number optional: ``s`` is ``1s``).
+
+    Raises:
+        InvalidArgument: another form, or a count, period or burst out of range.
+    """
+    count, sep, period = text.partition("/") if isinstance(text, str) else ("", "", "")
+    if not sep or not count.isdigit() or int(count) == 0:
+        raise InvalidArgument(f"a rate is COUNT/PERIOD (100/s, 5/m, 1/h, 20/500ms), got {text!r}")
+    try:
+        period_ms = parse_duration_ms(period if period[:1].isdigit() else "1" + period)
+    except InvalidArgument:
+        raise InvalidArgument(f"a rate is COUNT/PERIOD (100/s, 5/m, 1/h, 20/500ms), got {text!r}") from None
+    return check_rate(RateLimit(int(count), period_ms, burst))
+
+
+def check_rate(value: object, zero: bool = False) -> RateLimit:
+    """A :class:`RateLimit` (or its text, :func:`parse_rate`) in the engine's ranges:
+    count 1..1,000,000 (0 too with ``zero``: no limit), period_ms 1..86,400,000, burst
+    1..1,000,000; else InvalidArgument."""
+    rate = parse_rate(value) if isinstance(value, str) else value
+    if not isinstance(rate, RateLimit):
+        raise InvalidArgument(f"a rate limit is a RateLimit or its text (100/s, 5/m), got {type(value).__name__}")
+    check_int(rate.count, "a rate limit's count", 0 if zero else 1, 1_000_000)
+    check_int(rate.period_ms, "a rate limit's period_ms", 1, 86_400_000)
+    check_int(rate.burst, "a rate limit's burst", 1, 1_000_000)
+    return rate
+
+
+def keys_of(value: str) -> list[str]:
+    """The keys in a job's keys argument (:data:`JobTuple`'s last value): its flow key's
+    and its rate key's, as they are given."""
+    return [part.split("|", 2)[2] for part in value.split("\n")] if value else []
+
+
+def rate_arg(new: NewJob) -> str:
+    """A job's rate key as enqueue.lua takes it ('' for none), or InvalidArgument for a
+    rate key without a limit, a limit without a key, or a cost out of 1..burst (a job
+    costing more than the burst could never pass)."""
+    if new.rate_key is None:
+        if new.rate_limit is not None:
+            raise InvalidArgument("rate_limit needs a rate_key: the jobs that share it share the limit")
+        if new.cost != 1:
+            raise InvalidArgument("cost is a rate limit's: give rate_key and rate_limit too")
+        return ""
+    check_key(new.rate_key, "rate_key")
+    if new.rate_limit is None:
+        raise InvalidArgument("rate_key needs a rate_limit (100/m, RateLimit(...)): how fast may its jobs run?")
+    rate = check_rate(new.rate_limit)
+    check_int(new.cost, f"cost (at most the burst, {rate.burst}: more could never pass)", 1, rate.burst)
+    return f"rate|{rate.count}/{rate.period_ms}/{rate.burst}/{new.cost}|{new.rate_key}"
 
 
 def new_batch(
@@ -718,6 +793,16 @@ def sequence_skip_call(keys: Keys, now_ms: int | None, key: str) -> ScriptCall:
 def cancel_call(keys: Keys, now_ms: int | None, job_id: str, keep_done_ms: int) -> ScriptCall:
     """lua/cancel.lua."""
     return ScriptCall("cancel", keys, [now_arg(now_ms), job_id, keep_done_ms])
+
+
+def set_rate_limit_call(keys: Keys, key: str, limit: str) -> ScriptCall:
+    """lua/set_rate_limit.lua. ``limit``: '' or "<count>/<period_ms>/<burst>"."""
+    return ScriptCall("set_rate_limit", keys, [key, limit])
+
+
+def defer_key_call(keys: Keys, now_ms: int | None, receipt: str, for_ms: int) -> ScriptCall:
+    """lua/defer_key.lua."""
+    return ScriptCall("defer_key", keys, [now_arg(now_ms), receipt, for_ms])
 
 
 def limit_call(keys: Keys, count: int, period_ms: int, burst: int) -> ScriptCall:

@@ -152,6 +152,27 @@ class NewJob:
     #: order (``Queue.enqueue``); and what its dead head does: "block" (the default) or "skip".
     sequence: str | None = None
     on_failure: str = "block"
+    #: A keyed rate limit (``Queue.enqueue``): the jobs sent with one ``rate_key`` are
+    #: leased no faster than ``rate_limit`` (a :class:`RateLimit`, or its text such as
+    #: "100/m"), each taking ``cost`` permits.
+    rate_key: str | None = None
+    rate_limit: RateLimit | str | None = None
+    cost: int = 1
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """At most ``count`` leases per ``period_ms``, up to ``burst`` of them at once after a
+    quiet spell (a GCRA, as :meth:`Queue.limit`'s: in any window of ``period_ms`` at most
+    ``count + burst - 1`` start). Its text form is ``COUNT/PERIOD`` (``100/s``, ``5/m``,
+    ``20/500ms``), parsed by :func:`pyqueue.protocol.core.parse_rate`."""
+
+    count: int
+    period_ms: int
+    burst: int = 1
+
+    def __str__(self) -> str:
+        return f"{self.count}/{self.period_ms}ms" + (f" (burst {self.burst})" if self.burst != 1 else "")
 
 
 @dataclass(frozen=True)
@@ -303,6 +324,9 @@ class Stats:
     #: heads let go by ``sequence_skip``.
     sequenced: int = 0
     skipped: int = 0
+    #: Leases put off by a rate key's limit (``enqueue(rate_key=...)``): each such job
+    #: was scheduled at its permit's time, with the permit reserved.
+    deferred: int = 0
 
     @property
     def paused(self) -> bool:

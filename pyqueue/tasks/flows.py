@@ -272,11 +272,30 @@ class Signature:
         key = self.resolved(self.options.key, "key", "key")
         keyed = key is not None  # a key function's None: this send is neither debounced nor throttled
         sequence = self.resolved(self.options.sequence, "sequence", "key")
+        rate_key, cost = self.rate_terms()
         return NewJob(payload, job_id=job_id, delay_ms=delay_ms, max_attempts=self.options.max_attempts,
                       priority=self.options.priority, group=group, expires_ms=self.options.expires_ms,
                       debounce_ms=self.options.debounce_ms if keyed else None,
                       throttle_ms=self.options.throttle_ms if keyed else None, key=key, sequence=sequence,
-                      on_failure=self.options.on_failure if sequence is not None else "block")
+                      on_failure=self.options.on_failure if sequence is not None else "block",
+                      rate_key=rate_key, rate_limit=self.options.rate_limit if rate_key is not None else None,
+                      cost=cost if rate_key is not None else 1)
+
+    def rate_terms(self) -> tuple[str | None, int]:
+        """This call's rate key (None: not limited) and cost: the task's name when the
+        limit has no key, else the key (a function's None: this send is not limited).
+
+        Raises:
+            InvalidArgument: a cost function that gives no int >= 1.
+        """
+        o = self.options
+        if o.rate_limit is None:
+            return None, 1
+        rate_key = f"task:{self.task.name}" if o.rate_key is None else self.resolved(o.rate_key, "rate_key", "key")
+        cost = self.call_by_name(o.cost) if callable(o.cost) else o.cost
+        if isinstance(cost, bool) or not isinstance(cost, int) or cost < 1:
+            raise InvalidArgument(f"{self.task.name}: cost must give an int >= 1, got {cost!r}")
+        return rate_key, cost
 
     def resolved(self, value: str | Callable[..., str | None] | None, option: str, noun: str) -> str | None:
         """An option that is a str, None, or a function of this call's arguments (by name,
@@ -502,12 +521,15 @@ def _send_steps(
     flow_id = compiler.flow_id
     for step in compiler.steps:
         o = step.sig.options
-        if o.expires_ms is not None or o.debounce_ms is not None or o.throttle_ms is not None or o.sequence is not None:
+        if o.expires_ms is not None or o.debounce_ms is not None or o.throttle_ms is not None or o.sequence is not None \
+                or o.rate_limit is not None:
             # A step's id is the flow's and what waits for it waits for that id: a key
             # could give its send to another job, an expiry or a sequence end it unreported
-            # or hold it back.
-            raise InvalidArgument(f"{step.sig.task.name}: a flow's step cannot have expires, debounce, throttle or "
-                                  "sequence (send it alone, or take them off for the flow: fn.options(expires=None).s())")
+            # or hold it back. A waiting step is armed by flow_wait.lua, which keeps no key,
+            # so a rate limit would hold for the first steps only: refused for all.
+            raise InvalidArgument(f"{step.sig.task.name}: a flow's step cannot have expires, debounce, throttle, "
+                                  "sequence or rate_limit (send it alone, or take them off for the flow: "
+                                  "fn.options(expires=None).s())")
     for step, meta in zip(compiler.steps, metas or ()):
         step.meta = meta
     now_ms = app.server_now_ms()

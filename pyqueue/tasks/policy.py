@@ -14,8 +14,9 @@ from dataclasses import dataclass, fields, replace
 from datetime import timedelta
 from typing import Any, TypedDict
 
-from pyqueue.protocol.core import check_group, check_job_id, check_priority
+from pyqueue.protocol.core import check_group, check_job_id, check_key, check_priority, check_rate
 from pyqueue.protocol.errors import InvalidArgument
+from pyqueue.protocol.models import RateLimit
 from pyqueue.worker.endings import seconds_to_ms
 from pyqueue.worker.slots import DEFAULT_TIME_LIMIT_GRACE_S
 
@@ -157,6 +158,18 @@ class TaskOptionsDict(TypedDict, total=False):
     #: With ``sequence``: what a dead job of the key does: "block" (the default: the key
     #: waits until it is replayed and succeeds, purged, or skipped) or "skip" (the next runs).
     on_failure: str
+    #: At most this many runs per period for each rate key, across all workers: "100/m",
+    #: "5/s", "20/500ms" (evenly spaced), or a :class:`pyqueue.RateLimit` (with a burst).
+    #: A job over its key's limit waits, scheduled at its permit's time, without holding
+    #: a worker or using an attempt; other keys' jobs run meanwhile.
+    rate_limit: RateLimit | str | None
+    #: The key the limit is counted per (a tenant, an API key): a str, or a function of
+    #: the arguments giving one, or None from the function (that send is not limited).
+    #: Default: the task's name (one limit for the whole task).
+    rate_key: str | Callable[..., str | None] | None
+    #: The permits one run takes (1..the limit's burst): an int, or a function of the
+    #: arguments giving one (``cost=lambda rows, **_: len(rows)``). Default 1.
+    cost: int | Callable[..., int]
 
 
 class SendOptionsDict(TaskOptionsDict, total=False):
@@ -207,7 +220,7 @@ def exception_types(value: object, name: str) -> tuple[type[BaseException], ...]
 
 #: The options that act when sending (the job's queue, record and id), not in the envelope.
 _SEND_TIME = frozenset(("queue", "max_attempts", "unique", "priority", "group", "job_id", "expires_ms", "debounce_ms",
-                        "throttle_ms", "key", "sequence", "on_failure"))
+                        "throttle_ms", "key", "sequence", "on_failure", "rate_limit", "rate_key", "cost"))
 
 
 @dataclass(frozen=True)
@@ -249,6 +262,12 @@ class TaskOptions:
     sequence: str | Callable[..., str | None] | None = None
     #: What the sequence's dead job does: "block" or "skip" (``Queue.enqueue(on_failure=)``).
     on_failure: str = "block"
+    #: A keyed rate limit (``Queue.enqueue(rate_key=, rate_limit=, cost=)``): the limit,
+    #: its key (a str or a function of the arguments like ``group``; None: the task's
+    #: name) and each run's cost (an int or such a function).
+    rate_limit: RateLimit | None = None
+    rate_key: str | Callable[..., str | None] | None = None
+    cost: int | Callable[..., int] = 1
     #: The job id of one send (``fn.options(job_id=...)``), in place of ``unique``'s or
     #: a random one; None: those. Never a task's own option, nor a ``Tasks`` default.
     job_id: str | None = None
@@ -301,6 +320,17 @@ class TaskOptions:
                 if value is not None and not callable(value) and not isinstance(value, str):
                     raise InvalidArgument(f"{key} must be a str or a function of the arguments giving one, got {value!r}")
                 out[key] = value
+            elif key == "rate_limit":
+                out["rate_limit"] = None if value is None else check_rate(value)
+            elif key == "rate_key":
+                if value is not None and not callable(value):
+                    check_key(value, "rate_key")
+                out["rate_key"] = value
+            elif key == "cost":
+                if not callable(value) and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                    raise InvalidArgument(f"cost must be an int >= 1 or a function of the arguments giving one, "
+                                          f"got {value!r}")
+                out["cost"] = value
             elif key == "on_failure":
                 if value not in ("block", "skip"):
                     raise InvalidArgument(f"on_failure must be 'block' or 'skip' (what a sequence's dead job does), "
@@ -319,6 +349,11 @@ class TaskOptions:
             raise InvalidArgument("a task in a sequence is not debounced or throttled too (one key per job)")
         if built.on_failure != "block" and built.sequence is None:
             raise InvalidArgument("on_failure is a sequence's: give sequence= too")
+        if built.rate_limit is None and (built.rate_key is not None or built.cost != 1):
+            raise InvalidArgument("rate_key and cost are a rate limit's: give rate_limit= too (\"100/m\")")
+        if built.rate_limit is not None and isinstance(built.cost, int) and built.cost > built.rate_limit.burst:
+            raise InvalidArgument(f"cost {built.cost} is over the rate limit's burst ({built.rate_limit.burst}): "
+                                  "such a run could never start")
         return built
 
     @property

@@ -10,7 +10,7 @@ import asyncio
 import contextvars
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta, timezone
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from pyqueue.protocol.errors import InvalidArgument
 from pyqueue.protocol.models import CancelFlag, Job
@@ -18,6 +18,7 @@ from pyqueue.tasks import steps as durable
 from pyqueue.tasks.codec import to_json
 from pyqueue.tasks.run_queue import ClientUnavailable, run_queue
 from pyqueue.worker import Retry
+from pyqueue.worker.endings import seconds_to_ms
 
 T = TypeVar("T")
 
@@ -112,6 +113,33 @@ class TaskRun:
             blocking = run_queue(self.app, self.job.queue)
             return bool(await asyncio.to_thread(blocking.progress, self.job, data))
         return bool(await queue.progress(self.job, data))
+
+    def defer_key(self, seconds: float | timedelta, reason: str | None = None) -> NoReturn:
+        """Hold this job's rate key for ``seconds`` (a downstream answered 429 with a
+        ``Retry-After``): no job of the key is leased before then (lua/defer_key.lua; its
+        permits already reserved stay), and this run ends by raising :class:`Retry`, so
+        the job runs again then. The retry counts as an attempt, as any retry does. From
+        an ``async def`` task, ``await`` :meth:`adefer_key`.
+
+        Raises:
+            Retry: always (let it propagate).
+            InvalidArgument: a bad duration, or the task has no rate limit.
+        """
+        delay_ms = seconds_to_ms(seconds, "seconds")
+        run_queue(self.app, self.job.queue).defer_key(self.job, delay_ms)
+        raise Retry(delay_ms=delay_ms, reason=reason or f"rate key deferred for {delay_ms} ms by the task")
+
+    async def adefer_key(self, seconds: float | timedelta, reason: str | None = None) -> NoReturn:
+        """:meth:`defer_key` for ``async def`` tasks."""
+        delay_ms = seconds_to_ms(seconds, "seconds")
+        try:
+            queue = run_queue(self.app, self.job.queue, use_asyncio=True)
+        except ClientUnavailable:
+            blocking = run_queue(self.app, self.job.queue)
+            await asyncio.to_thread(blocking.defer_key, self.job, delay_ms)
+        else:
+            await queue.defer_key(self.job, delay_ms)
+        raise Retry(delay_ms=delay_ms, reason=reason or f"rate key deferred for {delay_ms} ms by the task")
 
     def _progress_bytes(self, value: Any) -> bytes:
         from pyqueue.tasks.codec import dumps

@@ -600,6 +600,29 @@ async function keyed(q) {
   };
 }
 
+// Keyed rate limits across languages (README §2.7): Node sends jobs with a rate key,
+// leases (the second and third wait for later permits), defers the key as for a 429,
+// and sets and lifts the key's run-time limit; Python's sends then share the key's state.
+async function rates(q) {
+  const key = 'rate|1/60000/1/1|api';
+  const sent = await q.enqueue([{ id: 'r1', payload: 'a', key }, { id: 'r2', payload: 'b', key },
+    { id: 'r9', payload: 'c', key: `sequence|block|order\n${key}` }]);
+  const leased = await q.lease({ count: 10 });
+  const [job] = leased.jobs;
+  const deferred = await q.deferKey(job.receipt, 5000);
+  const lost = await q.deferKey(`${q.owner}|gone|1|1|r1`, 5000);
+  return {
+    sent,
+    leased: leased.jobs.map((j) => str(j.id)),
+    nowMs: leased.nowMs,
+    nextDueMs: leased.nextDueMs,
+    deferred: { status: deferred.status, afterMs: deferred.untilMs - leased.nowMs },
+    lost,
+    override: [await q.setRateLimit('api', { count: 0 }), await q.setRateLimit('api', { count: 0 }),
+      await q.setRateLimit('api', null)],
+  };
+}
+
 async function main() {
   const [scenario, target] = process.argv.slice(2);
   if (scenario === 'keys') {
@@ -615,7 +638,7 @@ async function main() {
   try {
     const q = new Queue(redis, opts.queue);
     const scenarios = {
-      produce, consume, share, service, control, contract, fair, events, signal, keyed,
+      produce, consume, share, service, control, contract, fair, events, signal, keyed, rates,
       'task-produce': taskProduce, 'task-work': taskWork, 'task-decode': taskDecode,
     };
     if (!scenarios[scenario]) throw new Error(`unknown scenario ${scenario}`);

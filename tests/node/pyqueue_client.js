@@ -18,7 +18,8 @@ const SCRIPT_KEYS = {
   enqueue: ['jobs', 'ready', 'scheduled', 'counters', 'wake', 'done', 'meta', 'gready', 'ring', 'groups', 'events',
     'keyed', 'windows', 'expires', 'sequenced'],
   lease: ['jobs', 'ready', 'scheduled', 'leased', 'owners', 'dead', 'errors', 'counters', 'wake', 'done',
-    'meta', 'gready', 'ring', 'groups', 'events', 'steps', 'waiting', 'expires', 'expired', 'keyed', 'sequenced'],
+    'meta', 'gready', 'ring', 'groups', 'events', 'steps', 'waiting', 'expires', 'expired', 'keyed', 'sequenced',
+    'windows'],
   ack: ['jobs', 'leased', 'owners', 'done', 'wake', 'meta', 'gready', 'ring', 'groups', 'counters', 'events',
     'steps', 'waiting', 'scheduled', 'keyed', 'sequenced'],
   nack: ['jobs', 'scheduled', 'leased', 'owners', 'dead', 'errors', 'counters', 'wake', 'finished',
@@ -32,6 +33,8 @@ const SCRIPT_KEYS = {
     'meta', 'gready', 'ring', 'groups', 'events', 'steps', 'waiting', 'expires', 'keyed', 'sequenced'],
   limit: ['counters', 'wake'],
   set_group_limit: ['counters', 'wake', 'ring', 'groups'],
+  set_rate_limit: ['keyed'],
+  defer_key: ['leased', 'keyed', 'windows'],
   ack_result: ['jobs', 'leased', 'owners', 'done', 'results', 'result_expiry', 'finished', 'wake',
     'meta', 'gready', 'ring', 'groups', 'counters', 'events', 'steps', 'waiting', 'scheduled', 'keyed', 'sequenced'],
   signal: ['jobs', 'scheduled', 'dead', 'steps', 'waiting', 'counters', 'wake', 'events'],
@@ -188,8 +191,10 @@ class Queue {
 
   // jobs: [{id, payload (Buffer or string), delayMs, maxAttempts, priority, group, expiresMs,
   // key}], 1..1000 per call; priority (-5..5) and group (README §2.1), expiresMs and key
-  // ("debounce|<window_ms>|<key>", "throttle|<window_ms>|<key>" or "sequence|<block or skip>|<key>",
-  // README §2.7) are optional.
+  // are optional. key (README §2.7): a flow key ("debounce|<window_ms>|<key>",
+  // "throttle|<window_ms>|<key>" or "sequence|<block or skip>|<key>"), a rate key
+  // ("rate|<count>/<period_ms>/<burst>/<cost>|<key>", cost 1..burst), or both joined by
+  // a newline, the flow key first.
   // flags[i]: 1 added, 0 a duplicate, or the id of the job its key gave the send to.
   async enqueue(jobs) {
     if (jobs.length < 1 || jobs.length > 1000) throw new RangeError('1..1000 jobs per enqueue');
@@ -283,6 +288,22 @@ class Queue {
       int(count, 'count', 0, 1000000), int(periodMs, 'period_ms', 1, 86400000), int(burst, 'burst', 1, 1000000),
     ]);
     return { count: c, periodMs: p, burst: b, changed: changed === 1 };
+  }
+
+  // Set the limit of one rate key at run time (README §2.7): it wins over the limit its
+  // jobs carry. limit null goes back to theirs; count 0 lets the key's jobs through.
+  async setRateLimit(key, limit = null) {
+    const arg = limit === null ? '' : [int(limit.count, 'count', 0, 1000000),
+      int(limit.periodMs ?? 1000, 'period_ms', 1, 86400000), int(limit.burst ?? 1, 'burst', 1, 1000000)].join('/');
+    const [changed] = await this.run('set_rate_limit', [key, arg]);
+    return changed === 1;
+  }
+
+  // The rate key of a job this client holds (its receipt) takes no job until now + forMs
+  // (README §2.7): {status: 'deferred' | 'unlimited' | 'lost', untilMs}.
+  async deferKey(receipt, forMs) {
+    const [status, untilMs] = await this.run('defer_key', ['', receipt, int(forMs, 'for_ms', 0, 2 ** 40)]);
+    return { status: str(status), untilMs };
   }
 
   // Cap how many jobs of one group run at once (README §2.1): group '' is the default.

@@ -316,9 +316,9 @@
         title: `at most ${q.rate_limit} leases per ${fmtInt(q.rate_period_ms)} ms across all workers, ` +
           `${q.rate_burst} at once` }));
     }
-    // Flow control (debounce, throttle, expiry): only a queue that has used it shows this.
+    // Flow control (debounce, throttle, expiry, rate keys): only a queue that has used it shows this.
     const flow = [[q.sequenced, "sequenced"], [q.expired_total, "expired"], [q.debounced, "debounced"],
-      [q.throttled, "throttled"]]
+      [q.throttled, "throttled"], [q.deferred, "deferred"]]
       .filter(([n]) => n > 0);
     if (flow.length > 0) {
       td.append(el("span", { class: "flow-control", "data-field": "flow_control",
@@ -326,7 +326,8 @@
         text: flow.map(([n, what]) => `${fmtInt(n)} ${what}`).join(", "),
         title: "sequenced: jobs waiting behind their sequence's head; " +
           "expired: jobs ended unrun past their expiry; debounced: sends merged into their key's pending " +
-          "job; throttled: sends dropped inside their key's window (since the queue was made)" }));
+          "job; throttled: sends dropped inside their key's window; deferred: leases put off to their rate " +
+          "key's next permit (since the queue was made)" }));
     }
     const action = paused ? "resume" : "pause";
     if (config.actions.includes(action)) {

@@ -26,6 +26,7 @@ from pyqueue.protocol.core import (
     ack_result_call,
     check_int,
     check_now,
+    defer_key_call,
     encode_result,
     extend_call,
     lease_call as lease_script,
@@ -280,6 +281,29 @@ def extend(
     check_now(now_ms)
     reply = yield from run(memory, extend_call(spec.keys, now_ms, lease_ms, receipts))
     return [Extended(Outcome(text(reply[i])), int(reply[i + 1])) for i in range(0, len(reply), 2)]
+
+
+def defer_key(spec: QueueSpec, memory: QueueMemory, job: Job, delay_ms: int, *, now_ms: int | None = None) -> Plan[int | None]:
+    """Let the rate key of ``job``, a job this worker holds, take no job until now +
+    ``delay_ms`` (lua/defer_key.lua): for a downstream's 429 with its Retry-After. The
+    key's next permit is due then (or later, if it was already); permits reserved stay.
+    The job itself is not touched: end its run as you choose (the task layer's
+    ``current_job().defer_key`` retries it then). Fenced: a lease that has ended
+    defers nothing.
+
+    Returns:
+        When the key's next permit is due (server ms), the server's now if the key's
+        limit was lifted with ``set_rate_limit`` (nothing written), or None if the
+        lease has ended.
+
+    Raises:
+        InvalidArgument: not a leased Job, a bad delay, or the job has no rate key.
+    """
+    receipt = receipts_of([job])[0]
+    check_int(delay_ms, "delay_ms", 0, 2**40)
+    check_now(now_ms)
+    status, until_ms = yield from run(memory, defer_key_call(spec.keys, now_ms, receipt, delay_ms))
+    return None if text(status) == "lost" else int(until_ms)
 
 
 def release(spec: QueueSpec, memory: QueueMemory, jobs: Iterable[Job], *, now_ms: int | None = None) -> Plan[list[Outcome]]:

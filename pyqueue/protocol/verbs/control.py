@@ -25,8 +25,10 @@ from pyqueue.protocol.core import (
     resume_call,
     scrub_call,
     check_key,
+    check_rate,
     sequence_skip_call,
     set_group_limit_call,
+    set_rate_limit_call,
     text,
 )
 from pyqueue.protocol.models import (
@@ -36,6 +38,7 @@ from pyqueue.protocol.models import (
     GroupInfo,
     GroupsPage,
     Promoted,
+    RateLimit,
     Scrubbed,
     SequenceSkipped,
 )
@@ -127,6 +130,26 @@ def limit(spec: QueueSpec, memory: QueueMemory, count: int, period_ms: int = 100
     check_int(period_ms, "period_ms", 1, 86_400_000)
     check_int(burst, "burst", 1, 1_000_000)
     *_, changed = yield from run(memory, limit_call(spec.keys, count, period_ms, burst))
+    return bool(changed)
+
+
+def set_rate_limit(spec: QueueSpec, memory: QueueMemory, key: str, rate: RateLimit | str | None) -> Plan[bool]:
+    """Set the limit of the rate key ``key`` at run time (lua/set_rate_limit.lua): it wins
+    over the limit its jobs were sent with (``enqueue(rate_limit=...)``), from the next
+    lease on. ``rate``: a :class:`RateLimit` or its text ("100/m"); a count of 0 lets the
+    key's jobs through unchecked; None goes back to the limit the jobs carry. Jobs
+    already deferred keep the permits they reserved. Returns whether this call changed
+    the key's limit (a re-sent call changes nothing).
+
+    Raises:
+        InvalidArgument: a malformed key or rate (nothing sent).
+    """
+    check_key(key, "key")
+    limit = ""
+    if rate is not None:
+        checked = check_rate(RateLimit(0, 1000) if rate == "off" else rate, zero=True)
+        limit = f"{checked.count}/{checked.period_ms}/{checked.burst}"
+    (changed,) = yield from run(memory, set_rate_limit_call(spec.keys, key, limit))
     return bool(changed)
 
 

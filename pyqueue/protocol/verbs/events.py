@@ -26,7 +26,7 @@ MAX_EVENTS_BOUND = 10_000_000
 MAX_EVENTS_PAGE = 1000
 #: The event types the scripts write (lua/README.md section 2.5).
 EVENT_TYPES = ("enqueued", "leased", "progress", "acked", "retried", "dead", "released", "cancelled", "step", "sleeping",
-               "waiting", "signalled", "debounced", "throttled", "expired")
+               "waiting", "signalled", "debounced", "throttled", "expired", "skipped", "deferred")
 
 Since = Union[int, Literal["now"], None]
 
@@ -47,7 +47,8 @@ class Event:
     #: The other fields, by type: ``due_ms`` (enqueued later, retried), ``owner`` and
     #: ``deadline_ms`` (leased), ``value`` (progress), ``error`` (retried, dead: its
     #: first 1024 bytes), ``state`` (cancelled), ``replayed`` and ``waiting`` (enqueued),
-    #: ``send`` (debounced, throttled: the id the send carried), ``reason`` (expired).
+    #: ``send`` (debounced, throttled: the id the send carried), ``reason`` (expired),
+    #: ``key`` and ``next`` (skipped), ``until_ms`` (deferred: when it is due again).
     fields: Mapping[str, str] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:

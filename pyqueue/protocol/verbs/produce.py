@@ -7,7 +7,7 @@ from json import dumps
 from typing import Any
 
 from pyqueue.protocol.core import JobTuple, Plan, check_now, enqueue_call, new_batch, text
-from pyqueue.protocol.models import Enqueued, NewJob
+from pyqueue.protocol.models import Enqueued, NewJob, RateLimit
 from pyqueue.protocol.spec import QueueSpec, QueueMemory
 from pyqueue.protocol.verbs.base import run
 
@@ -28,6 +28,9 @@ def enqueue(
     key: str | None = None,
     sequence: str | None = None,
     on_failure: str = "block",
+    rate_key: str | None = None,
+    rate_limit: RateLimit | str | None = None,
+    cost: int = 1,
     now_ms: int | None = None,
 ) -> Plan[Enqueued]:
     """Add one job (lua/enqueue.lua).
@@ -69,6 +72,18 @@ def enqueue(
         on_failure: with ``sequence``: what its dead head does: "block" (the key
             waits, as above) or "skip" (the next job runs at once; the dead one stays in
             the dead letters, out of the sequence).
+        rate_key: a key (as ``key``; on a partitioned queue it picks the partition
+            when there is no other key): the jobs sent with one rate key are leased no
+            faster than ``rate_limit``, across all workers. Decided by lease.lua: a job
+            whose permit is not due is not leased but scheduled at its permit's time
+            with the permit reserved (counted as ``deferred``), so it is leased then;
+            other keys' jobs are leased meanwhile. A retry takes a permit again; the
+            job's expiry still counts while it is deferred.
+        rate_limit: with ``rate_key``: a :class:`RateLimit`, or its text ``COUNT/PERIOD``
+            ("100/m", "5/s", "20/500ms"; burst 1: evenly spaced). Each job is checked
+            against the limit it carries, unless the key has one set with
+            :meth:`set_rate_limit`, which wins.
+        cost: with ``rate_key``: the permits this job takes, 1..the limit's burst.
         now_ms: tests only: override the server clock.
 
     Returns:
@@ -83,7 +98,7 @@ def enqueue(
         InvalidArgument, WrongTypeError, OutcomeUnknown.
     """
     new = NewJob(payload, job_id, delay_ms, max_attempts, priority, group, expires_ms, debounce_ms, throttle_ms, key,
-                 sequence, on_failure)
+                 sequence, on_failure, rate_key, rate_limit, cost)
     (added,) = yield from enqueue_many(spec, memory, [new], now_ms=now_ms)
     return added
 
@@ -109,13 +124,16 @@ def enqueue_json(
     key: str | None = None,
     sequence: str | None = None,
     on_failure: str = "block",
+    rate_key: str | None = None,
+    rate_limit: RateLimit | str | None = None,
+    cost: int = 1,
     now_ms: int | None = None,
 ) -> Plan[Enqueued]:
     """``enqueue`` the JSON encoding of ``obj`` (compact, UTF-8); read it with ``Job.json()``."""
     plan = enqueue(spec, memory, json_payload(obj), job_id=job_id, delay_ms=delay_ms, max_attempts=max_attempts,
                    priority=priority, group=group, expires_ms=expires_ms, debounce_ms=debounce_ms,
                    throttle_ms=throttle_ms, key=key, sequence=sequence, on_failure=on_failure,
-                   now_ms=now_ms)
+                   rate_key=rate_key, rate_limit=rate_limit, cost=cost, now_ms=now_ms)
     return (yield from plan)
 
 
