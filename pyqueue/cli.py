@@ -23,7 +23,7 @@ from typing import Any
 
 import redis
 
-from pyqueue.protocol.core import parse_rate as core_parse_rate
+from pyqueue.protocol.core import parse_duration_ms, parse_rate as core_parse_rate
 from pyqueue.protocol.errors import InvalidArgument, PyQueueError, map_redis_error
 from pyqueue.protocol.models import Job, JobInfo, RateLimit
 from pyqueue.protocol.verbs.events import Event, Since
@@ -38,7 +38,7 @@ from pyqueue.protocol.verbs.flows import DEFAULT_FLOW_CHECK_MS
 from pyqueue.protocol.verbs.steps import TIMED_OUT, JobSteps
 from pyqueue.worker.supervised import ENV_VAR, SupervisorLink
 from pyqueue.worker.supervisor import DEFAULT_CRASH_LOOP, EXIT_CRASH_LOOP, FAST_DEATH_S, Supervisor
-from pyqueue.ops.schedules import parse_duration_ms, parse_schedule
+from pyqueue.ops.schedules import parse_schedule
 from pyqueue.ops.service import DEFAULT_EXPIRE_MS, DEFAULT_NAMESPACE, Services
 from pyqueue.worker.aio import AsyncWorker
 from pyqueue.worker import Worker

@@ -24,6 +24,7 @@ from conftest import RedisServer
 
 from pyqueue import InvalidArgument, Job, Outcome, OutcomeUnknown, Queue
 from pyqueue.cli import main
+from pyqueue.protocol.core import parse_duration_ms
 from pyqueue.ops.schedules import (
     ENQUEUE_MARGIN_MS,
     MAX_ROUND_S,
@@ -31,7 +32,6 @@ from pyqueue.ops.schedules import (
     Schedule,
     Scheduler,
     due,
-    parse_duration_ms,
     parse_schedule,
     server_now_ms,
     window_ms,
