@@ -183,12 +183,14 @@ def test_exactly_once_ack_answer_when_two_workers_hold_the_same_job_in_turn(q: Q
 
 
 @pytest.mark.parametrize("role", [role for role in SCRIPT_KEYS["lease"]
-                                  if role not in ("steps", "waiting", "expires", "expired", "keyed", "sequenced")])
+                                  if role not in ("steps", "waiting", "expires", "expired", "keyed", "sequenced",
+                                                  "windows")])
 def test_check_before_write_a_failing_call_wrote_nothing(q: Queue, r: redis.Redis, role: str) -> None:
     # The exhaustive table is in test_bad_input.py; this runs lease, the widest script,
     # with each of its keys broken (the tombstones' key only matters when it acks; the
-    # durable-step keys only on a queue with step data: tests/test_steps.py; the expiry
-    # and sequence keys only on a queue that has them: tests/test_flow_control.py).
+    # durable-step keys only on a queue with step data: tests/test_steps.py; the expiry,
+    # sequence and rate keys only on a queue that has them: tests/test_flow_control.py,
+    # tests/test_rate_limits.py).
     handles = busy_queue(q, fair=role in ("meta", "gready", "ring", "groups"))
     script, args = calls_touching_every_key(q, handles)["ack_and_lease" if role == "done" else "lease"]
     r.delete(q.spec.keys.role(role))
