@@ -47,8 +47,8 @@ Returns  {status_1 .. status_r}: 'ok' (acked by this call), 'stale' (the job exi
          under another lease or in another state: this lease lost it), 'gone' (no such
          job: acked before, purged, never enqueued, or repeated in this call).
 Cost     plain case (one current receipt, no tombstone trim due): 9 commands; in a queue
-         with sequences or rate keys +1, +12 when an acked head hands its key on, +1 when
-         an acked job has a rate entry
+         with sequences, rate keys or sizes +1, +12 when an acked head hands its key on,
+         +1 when an acked job has a rate entry or a size, +1 more for a size
 Errors   PQ_BADARG (nothing written), PQ_CORRUPT (a job's `meta` or sequence entry does not
          parse; nothing written), WRONGTYPE (a key holds another Redis type; nothing written).
 Replay   a re-sent call finds its receipts gone and changes nothing; its answer is
@@ -195,20 +195,26 @@ end
 local function keyed_read(K, ids)
   if #ids == 0 then return NONE end
   local fields = {}
-  for i, id in ipairs(ids) do fields[2 * i - 1], fields[2 * i] = 'j:' .. id, 'r:' .. id end
+  for i, id in ipairs(ids) do
+    fields[3 * i - 2], fields[3 * i - 1], fields[3 * i] = 'j:' .. id, 'r:' .. id, 'b:' .. id
+  end
   local values = hmget(K.keyed, fields)
   local out, sequenced = NONE, false
   for i, value in ipairs(ids) do
-    local entry, rated = values[2 * i - 1], values[2 * i] ~= false
+    local entry, rated, bytes = values[3 * i - 2], values[3 * i - 1] ~= false, values[3 * i]
+    if bytes then
+      bytes = tonumber(bytes)
+      if not bytes then return nil, 'PQ_CORRUPT unparsable job size in ' .. K.keyed end
+    end
     if entry then
       local seq, policy, key = string.match(entry, '^(%d+)|%d+|([bs])|(.+)$')
       if not seq then return nil, 'PQ_CORRUPT unparsable sequence entry in ' .. K.keyed end
       if out == NONE then out = {} end
-      out[#out + 1] = { id = value, seq = seq, policy = policy, key = key, rated = rated }
+      out[#out + 1] = { id = value, seq = seq, policy = policy, key = key, rated = rated, bytes = bytes }
       sequenced = true
-    elseif rated then
+    elseif rated or bytes then
       if out == NONE then out = {} end
-      out[#out + 1] = { id = value, rated = true }
+      out[#out + 1] = { id = value, rated = rated, bytes = bytes }
     end
   end
   if sequenced then
@@ -230,17 +236,17 @@ local function keyed_end(K, ended)
     end
     plans[i] = p
   end
-  local rated_only = {}
+  -- The fields of the jobs' own entries, deleted together; a sequence's are handled below.
+  local gone, bytes = {}, 0
   for i, e in ipairs(ended) do
     local p = plans[i]
-    if not e.seq then
-      rated_only[#rated_only + 1] = 'r:' .. e.id
-    else
-      if e.rated then
-        redis.call('HDEL', K.keyed, 'j:' .. e.id, 'r:' .. e.id)
-      else
-        redis.call('HDEL', K.keyed, 'j:' .. e.id)
-      end
+    if e.rated then gone[#gone + 1] = 'r:' .. e.id end
+    if e.bytes then
+      gone[#gone + 1] = 'b:' .. e.id
+      bytes = bytes + e.bytes
+    end
+    if e.seq then
+      gone[#gone + 1] = 'j:' .. e.id
       if p.next then
         redis.call('ZREM', K.sequenced, p.next)
         redis.call('HSET', K.keyed, 's:' .. e.key, p.id)
@@ -253,7 +259,8 @@ local function keyed_end(K, ended)
       end
     end
   end
-  if #rated_only > 0 then call_chunked('HDEL', K.keyed, rated_only) end
+  if #gone > 0 then call_chunked('HDEL', K.keyed, gone) end
+  if bytes > 0 then redis.call('HINCRBY', K.counters, 'bytes', -bytes) end
   if #handed > 0 then redis.call('ZADD', K.wake, 0, 'wake') end
   return handed
 end
@@ -335,7 +342,7 @@ local function write_acked(K, F, receipts, ids, fair, metas, expired, now_ms, ke
   emit_acked(K.events, bound, receipts, ids, now_ms)
 end
 local function ack_settings(counters_key, events_key, F, ids, K)
-  local settings = redis.call('HMGET', counters_key, 'fair', 'events', 'steps', 'sequences', 'rates')
+  local settings = redis.call('HMGET', counters_key, 'fair', 'events', 'steps', 'sequences', 'rates', 'sized')
   local bound, err = events_bound(counters_key, events_key, settings[2])
   if err then return nil, nil, false, err end
   local forgot, ended = nil, NONE
@@ -344,7 +351,7 @@ local function ack_settings(counters_key, events_key, F, ids, K)
     forgot[1], forgot[2], err = steps_of(K.steps, K.waiting, ids)
     if err then return nil, nil, false, err end
   end
-  if settings[4] or settings[5] then
+  if settings[4] or settings[5] or settings[6] then
     ended, err = keyed_read(K, ids)
     if err then return nil, nil, false, err end
   end
@@ -398,7 +405,7 @@ if #receipts > 0 then
   -- The stream's bound and, in a fair queue, the acked jobs' meta (ack_settings).
   local K = { jobs = jobs_key, leased = leased_key, owners = owners_key, done = done_key }
   K.wake, K.events, K.steps, K.waiting = wake_key, events_key, steps_key, waiting_key
-  K.scheduled, K.keyed, K.sequenced = scheduled_key, keyed_key, sequenced_key
+  K.scheduled, K.keyed, K.sequenced, K.counters = scheduled_key, keyed_key, sequenced_key, counters_key
   local bound, metas, fair, forgot, ended
   bound, metas, fair, err, forgot, ended = ack_settings(counters_key, events_key, F, acked_ids, K)
   err = err or not jobs_read and expect_type(jobs_key, 'hash')

@@ -44,8 +44,8 @@ ARGV (4 + 2n)
 Returns  {status_1 .. status_n} as ack.lua: 'ok' (acked, result stored), 'stale' or
          'gone' (nothing written for it).
 Cost     plain case (one current receipt, no expired result): 16 commands; in a queue with
-         sequences or rate keys +1, +12 when an acked head hands its key on, +1 when an
-         acked job has a rate entry
+         sequences, rate keys or sizes +1, +12 when an acked head hands its key on, +1 when
+         an acked job has a rate entry or a size, +1 more for a size
 Errors   PQ_BADARG, PQ_CORRUPT (a job's `meta` or sequence entry does not parse), WRONGTYPE
          (nothing written).
 Replay   a re-sent call finds its receipts gone and writes nothing more: one effect.
@@ -193,20 +193,26 @@ end
 local function keyed_read(K, ids)
   if #ids == 0 then return NONE end
   local fields = {}
-  for i, id in ipairs(ids) do fields[2 * i - 1], fields[2 * i] = 'j:' .. id, 'r:' .. id end
+  for i, id in ipairs(ids) do
+    fields[3 * i - 2], fields[3 * i - 1], fields[3 * i] = 'j:' .. id, 'r:' .. id, 'b:' .. id
+  end
   local values = hmget(K.keyed, fields)
   local out, sequenced = NONE, false
   for i, value in ipairs(ids) do
-    local entry, rated = values[2 * i - 1], values[2 * i] ~= false
+    local entry, rated, bytes = values[3 * i - 2], values[3 * i - 1] ~= false, values[3 * i]
+    if bytes then
+      bytes = tonumber(bytes)
+      if not bytes then return nil, 'PQ_CORRUPT unparsable job size in ' .. K.keyed end
+    end
     if entry then
       local seq, policy, key = string.match(entry, '^(%d+)|%d+|([bs])|(.+)$')
       if not seq then return nil, 'PQ_CORRUPT unparsable sequence entry in ' .. K.keyed end
       if out == NONE then out = {} end
-      out[#out + 1] = { id = value, seq = seq, policy = policy, key = key, rated = rated }
+      out[#out + 1] = { id = value, seq = seq, policy = policy, key = key, rated = rated, bytes = bytes }
       sequenced = true
-    elseif rated then
+    elseif rated or bytes then
       if out == NONE then out = {} end
-      out[#out + 1] = { id = value, rated = true }
+      out[#out + 1] = { id = value, rated = rated, bytes = bytes }
     end
   end
   if sequenced then
@@ -228,17 +234,17 @@ local function keyed_end(K, ended)
     end
     plans[i] = p
   end
-  local rated_only = {}
+  -- The fields of the jobs' own entries, deleted together; a sequence's are handled below.
+  local gone, bytes = {}, 0
   for i, e in ipairs(ended) do
     local p = plans[i]
-    if not e.seq then
-      rated_only[#rated_only + 1] = 'r:' .. e.id
-    else
-      if e.rated then
-        redis.call('HDEL', K.keyed, 'j:' .. e.id, 'r:' .. e.id)
-      else
-        redis.call('HDEL', K.keyed, 'j:' .. e.id)
-      end
+    if e.rated then gone[#gone + 1] = 'r:' .. e.id end
+    if e.bytes then
+      gone[#gone + 1] = 'b:' .. e.id
+      bytes = bytes + e.bytes
+    end
+    if e.seq then
+      gone[#gone + 1] = 'j:' .. e.id
       if p.next then
         redis.call('ZREM', K.sequenced, p.next)
         redis.call('HSET', K.keyed, 's:' .. e.key, p.id)
@@ -251,7 +257,8 @@ local function keyed_end(K, ended)
       end
     end
   end
-  if #rated_only > 0 then call_chunked('HDEL', K.keyed, rated_only) end
+  if #gone > 0 then call_chunked('HDEL', K.keyed, gone) end
+  if bytes > 0 then redis.call('HINCRBY', K.counters, 'bytes', -bytes) end
   if #handed > 0 then redis.call('ZADD', K.wake, 0, 'wake') end
   return handed
 end
@@ -333,7 +340,7 @@ local function write_acked(K, F, receipts, ids, fair, metas, expired, now_ms, ke
   emit_acked(K.events, bound, receipts, ids, now_ms)
 end
 local function ack_settings(counters_key, events_key, F, ids, K)
-  local settings = redis.call('HMGET', counters_key, 'fair', 'events', 'steps', 'sequences', 'rates')
+  local settings = redis.call('HMGET', counters_key, 'fair', 'events', 'steps', 'sequences', 'rates', 'sized')
   local bound, err = events_bound(counters_key, events_key, settings[2])
   if err then return nil, nil, false, err end
   local forgot, ended = nil, NONE
@@ -342,7 +349,7 @@ local function ack_settings(counters_key, events_key, F, ids, K)
     forgot[1], forgot[2], err = steps_of(K.steps, K.waiting, ids)
     if err then return nil, nil, false, err end
   end
-  if settings[4] or settings[5] then
+  if settings[4] or settings[5] or settings[6] then
     ended, err = keyed_read(K, ids)
     if err then return nil, nil, false, err end
   end
@@ -408,7 +415,7 @@ now_ms = now_ms or server_now_ms()
 local F = fair_keys(9)
 local K = { jobs = jobs_key, leased = leased_key, owners = owners_key, done = done_key }
 K.wake, K.events, K.steps, K.waiting = wake_key, events_key, steps_key, waiting_key
-K.scheduled, K.keyed, K.sequenced = scheduled_key, keyed_key, sequenced_key
+K.scheduled, K.keyed, K.sequenced, K.counters = scheduled_key, keyed_key, sequenced_key, counters_key
 local bound, metas, fair, forgot, ended
 bound, metas, fair, err, forgot, ended = ack_settings(counters_key, events_key, F, acked_ids, K)
 err = err or (not jobs_read and expect_type(jobs_key, 'hash')) or expect_type(results_key, 'hash')

@@ -209,20 +209,26 @@ end
 local function keyed_read(K, ids)
   if #ids == 0 then return NONE end
   local fields = {}
-  for i, id in ipairs(ids) do fields[2 * i - 1], fields[2 * i] = 'j:' .. id, 'r:' .. id end
+  for i, id in ipairs(ids) do
+    fields[3 * i - 2], fields[3 * i - 1], fields[3 * i] = 'j:' .. id, 'r:' .. id, 'b:' .. id
+  end
   local values = hmget(K.keyed, fields)
   local out, sequenced = NONE, false
   for i, value in ipairs(ids) do
-    local entry, rated = values[2 * i - 1], values[2 * i] ~= false
+    local entry, rated, bytes = values[3 * i - 2], values[3 * i - 1] ~= false, values[3 * i]
+    if bytes then
+      bytes = tonumber(bytes)
+      if not bytes then return nil, 'PQ_CORRUPT unparsable job size in ' .. K.keyed end
+    end
     if entry then
       local seq, policy, key = string.match(entry, '^(%d+)|%d+|([bs])|(.+)$')
       if not seq then return nil, 'PQ_CORRUPT unparsable sequence entry in ' .. K.keyed end
       if out == NONE then out = {} end
-      out[#out + 1] = { id = value, seq = seq, policy = policy, key = key, rated = rated }
+      out[#out + 1] = { id = value, seq = seq, policy = policy, key = key, rated = rated, bytes = bytes }
       sequenced = true
-    elseif rated then
+    elseif rated or bytes then
       if out == NONE then out = {} end
-      out[#out + 1] = { id = value, rated = true }
+      out[#out + 1] = { id = value, rated = rated, bytes = bytes }
     end
   end
   if sequenced then
@@ -244,17 +250,17 @@ local function keyed_end(K, ended)
     end
     plans[i] = p
   end
-  local rated_only = {}
+  -- The fields of the jobs' own entries, deleted together; a sequence's are handled below.
+  local gone, bytes = {}, 0
   for i, e in ipairs(ended) do
     local p = plans[i]
-    if not e.seq then
-      rated_only[#rated_only + 1] = 'r:' .. e.id
-    else
-      if e.rated then
-        redis.call('HDEL', K.keyed, 'j:' .. e.id, 'r:' .. e.id)
-      else
-        redis.call('HDEL', K.keyed, 'j:' .. e.id)
-      end
+    if e.rated then gone[#gone + 1] = 'r:' .. e.id end
+    if e.bytes then
+      gone[#gone + 1] = 'b:' .. e.id
+      bytes = bytes + e.bytes
+    end
+    if e.seq then
+      gone[#gone + 1] = 'j:' .. e.id
       if p.next then
         redis.call('ZREM', K.sequenced, p.next)
         redis.call('HSET', K.keyed, 's:' .. e.key, p.id)
@@ -267,7 +273,8 @@ local function keyed_end(K, ended)
       end
     end
   end
-  if #rated_only > 0 then call_chunked('HDEL', K.keyed, rated_only) end
+  if #gone > 0 then call_chunked('HDEL', K.keyed, gone) end
+  if bytes > 0 then redis.call('HINCRBY', K.counters, 'bytes', -bytes) end
   if #handed > 0 then redis.call('ZADD', K.wake, 0, 'wake') end
   return handed
 end
@@ -382,7 +389,7 @@ local MAX_SCAN_PAGES, FIRST_PAGES = 1000, 10
 err = expect_type(counters_key, 'hash') or (state == 'dead' and expect_type(errors_key, 'hash'))
   or expect_type(owners_key, 'zset') or meta and (fair_types(F) or expect_type(wake_key, 'zset'))
 if err then return redis.error_reply(err) end
-local settings = redis.call('HMGET', counters_key, 'events', 'steps', 'expiry', 'sequences', 'rates')
+local settings = redis.call('HMGET', counters_key, 'events', 'steps', 'expiry', 'sequences', 'rates', 'sized')
 local bound, forgot
 bound, err = events_bound(counters_key, events_key, settings[1])
 if not err and settings[2] then
@@ -391,11 +398,12 @@ if not err and settings[2] then
   forgot[1], forgot[2], err = steps_of(steps_key, waiting_key, { id })
 end
 if not err and settings[3] then err = expect_type(expires_key, 'zset') end
--- Its entries in `keyed` (section 2.7), when the queue has sequences or rate keys: a job
+-- Its entries in `keyed` (section 2.7), when the queue has sequences, rate keys or sizes: a job
 -- behind its sequence's head is in no other state.
-local S = { scheduled = scheduled_key, wake = wake_key, keyed = keyed_key, sequenced = sequenced_key }
+local S = { scheduled = scheduled_key, wake = wake_key, keyed = keyed_key, sequenced = sequenced_key,
+  counters = counters_key }
 local ended = NONE
-if not err and (settings[4] or settings[5]) then
+if not err and (settings[4] or settings[5] or settings[6]) then
   ended, err = keyed_read(S, { id })
   if not err and not state and #ended > 0 and ended[1].seq
     and redis.call('HGET', keyed_key, 's:' .. ended[1].key) ~= id then

@@ -101,20 +101,26 @@ end
 local function keyed_read(K, ids)
   if #ids == 0 then return NONE end
   local fields = {}
-  for i, id in ipairs(ids) do fields[2 * i - 1], fields[2 * i] = 'j:' .. id, 'r:' .. id end
+  for i, id in ipairs(ids) do
+    fields[3 * i - 2], fields[3 * i - 1], fields[3 * i] = 'j:' .. id, 'r:' .. id, 'b:' .. id
+  end
   local values = hmget(K.keyed, fields)
   local out, sequenced = NONE, false
   for i, value in ipairs(ids) do
-    local entry, rated = values[2 * i - 1], values[2 * i] ~= false
+    local entry, rated, bytes = values[3 * i - 2], values[3 * i - 1] ~= false, values[3 * i]
+    if bytes then
+      bytes = tonumber(bytes)
+      if not bytes then return nil, 'PQ_CORRUPT unparsable job size in ' .. K.keyed end
+    end
     if entry then
       local seq, policy, key = string.match(entry, '^(%d+)|%d+|([bs])|(.+)$')
       if not seq then return nil, 'PQ_CORRUPT unparsable sequence entry in ' .. K.keyed end
       if out == NONE then out = {} end
-      out[#out + 1] = { id = value, seq = seq, policy = policy, key = key, rated = rated }
+      out[#out + 1] = { id = value, seq = seq, policy = policy, key = key, rated = rated, bytes = bytes }
       sequenced = true
-    elseif rated then
+    elseif rated or bytes then
       if out == NONE then out = {} end
-      out[#out + 1] = { id = value, rated = true }
+      out[#out + 1] = { id = value, rated = rated, bytes = bytes }
     end
   end
   if sequenced then
@@ -136,17 +142,17 @@ local function keyed_end(K, ended)
     end
     plans[i] = p
   end
-  local rated_only = {}
+  -- The fields of the jobs' own entries, deleted together; a sequence's are handled below.
+  local gone, bytes = {}, 0
   for i, e in ipairs(ended) do
     local p = plans[i]
-    if not e.seq then
-      rated_only[#rated_only + 1] = 'r:' .. e.id
-    else
-      if e.rated then
-        redis.call('HDEL', K.keyed, 'j:' .. e.id, 'r:' .. e.id)
-      else
-        redis.call('HDEL', K.keyed, 'j:' .. e.id)
-      end
+    if e.rated then gone[#gone + 1] = 'r:' .. e.id end
+    if e.bytes then
+      gone[#gone + 1] = 'b:' .. e.id
+      bytes = bytes + e.bytes
+    end
+    if e.seq then
+      gone[#gone + 1] = 'j:' .. e.id
       if p.next then
         redis.call('ZREM', K.sequenced, p.next)
         redis.call('HSET', K.keyed, 's:' .. e.key, p.id)
@@ -159,7 +165,8 @@ local function keyed_end(K, ended)
       end
     end
   end
-  if #rated_only > 0 then call_chunked('HDEL', K.keyed, rated_only) end
+  if #gone > 0 then call_chunked('HDEL', K.keyed, gone) end
+  if bytes > 0 then redis.call('HINCRBY', K.counters, 'bytes', -bytes) end
   if #handed > 0 then redis.call('ZADD', K.wake, 0, 'wake') end
   return handed
 end
@@ -168,7 +175,8 @@ end
 local contract_error = contract('dead_purge', 11, 1, MAX_BATCH)
 local meta_key, steps_key, waiting_key = KEYS[5], KEYS[6], KEYS[7]
 local scheduled_key, wake_key, keyed_key, sequenced_key = KEYS[8], KEYS[9], KEYS[10], KEYS[11]
-local K = { scheduled = scheduled_key, wake = wake_key, keyed = keyed_key, sequenced = sequenced_key }
+local K = { scheduled = scheduled_key, wake = wake_key, keyed = keyed_key, sequenced = sequenced_key,
+  counters = counters_key }
 if contract_error then return redis.error_reply(contract_error) end
 
 -- 1. Validate.
@@ -184,17 +192,17 @@ end
 local remaining = redis.call('ZCARD', dead_key) - #ids
 if #ids > 0 then
   local err = expect_type(jobs_key, 'hash') or expect_type(errors_key, 'hash') or expect_type(meta_key, 'hash')
-  -- The `steps`, `sequences` and `rates` flags (sections 2.6, 2.7); the read proves
+  -- The `steps`, `sequences`, `rates` and `sized` flags (sections 2.6, 2.7); the read proves
   -- `counters` a hash, instead of a TYPE probe, so a queue without them pays no command
   -- for them.
-  local flags = redis.pcall('HMGET', counters_key, 'steps', 'sequences', 'rates')
+  local flags = redis.pcall('HMGET', counters_key, 'steps', 'sequences', 'rates', 'sized')
   if flags.err then err = err or expect_type(counters_key, 'hash') or tostring(flags.err) end
   local forgot, ended = nil, NONE
   if not err and flags[1] then
     forgot = {}
     forgot[1], forgot[2], err = steps_of(steps_key, waiting_key, ids)
   end
-  if not err and (flags[2] or flags[3]) then ended, err = keyed_read(K, ids) end
+  if not err and (flags[2] or flags[3] or flags[4]) then ended, err = keyed_read(K, ids) end
   if err then return redis.error_reply(err) end
 
   -- 3. Write.

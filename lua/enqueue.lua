@@ -27,6 +27,9 @@ is not leased within expires_ms of this call. A job may have a key (section 2.7)
     scrub.lua hand it on). Its delay counts from its send.
   rate: the job gets a rate entry: lease.lua leases it no faster than its key's limit
     (section 2.7). A debounce merge takes the last send's rate key, or none.
+A queue with a byte budget (set_budget.lua; `counters` has `budget`) keeps each added
+job's payload size, "b:<id>" in `keyed`, and their sum, `bytes` in `counters` (a merge
+the last send's size); a call that would take `bytes` past the budget is refused.
   A duplicate id (above) is a duplicate before its key is looked at.
 
 KEYS (15), all <prefix>:{<queue>}:<role>
@@ -44,7 +47,8 @@ KEYS (15), all <prefix>:{<queue>}:<role>
                    per job added (not per duplicate), with due_ms when it is delayed;
                    'debounced' per send merged into a job, 'throttled' per send dropped
  12 keyed      hash  "d:<key>" / "t:<key>" -> the id of the job holding a debounce / throttle
-                   key; "r:<id>" -> a job's rate entry (section 2.7); "s:", "j:": sequences
+                   key; "r:<id>" -> a job's rate entry (section 2.7); "s:", "j:": sequences;
+                   "b:<id>" -> a job's payload size, under a byte budget
  13 windows    zset  "d:<key>" / "t:<key>" -> ms until which that job holds the key;
                    "k:<key>" -> until when a rate key's state means something (trimmed here)
  14 expires    zset  id -> deadline_ms of a job sent with an expiry, until its first lease
@@ -77,9 +81,11 @@ Returns  {added, duplicates, flag_1 .. flag_n}; flag_i is 1 if job i was added,
 Cost     plain case (one job, a queue with no optional feature on): 8 commands;
          with an expiry +3; a keyed send that adds a job +5, one debounced into the
          key's pending job +6, one throttled +0; +2 per call that trims stale keys; a
-         sequence's head +4, a job behind it +5; a job with a rate key +4
-Errors   PQ_BADARG (nothing written), WRONGTYPE (a key holds another Redis type;
-         nothing written).
+         sequence's head +4, a job behind it +5; a job with a rate key +4; a call under
+         a byte budget +3
+Errors   PQ_BADARG (nothing written), PQ_FULL (the call would take the queue past its
+         byte budget, set_budget.lua; nothing written), WRONGTYPE (a key holds another
+         Redis type; nothing written).
 Replay   re-sending the same call finds every job present, or acked and tombstoned,
          and adds nothing (an ack with keep_done_ms = 0 leaves no tombstone).
 Contract v6 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
@@ -614,14 +620,49 @@ if not err and #scheduled_args > 0 and not first_scheduled then err = expect_typ
 if not err and fair then err = fair_types(F) end
 if not err and expiry_args ~= NONE then err = expect_type(expires_key, 'zset') end
 if not err and n_behind > 0 then err = expect_type(sequenced_key, 'zset') end
--- The events' bound, and whether the queue has rate keys (a merged job may have a rate
--- entry to delete only then): one read of `counters`, which proves it a hash.
+-- The events' bound, whether the queue has rate keys (a merged job may have a rate
+-- entry to delete only then), and its byte budget: one read of `counters`, which proves
+-- it a hash.
 local bound, flags
 if not err and (wrote or throttled > 0) then
-  flags = redis.call('HMGET', counters_key, 'events', 'rates')
+  flags = redis.call('HMGET', counters_key, 'events', 'rates', 'budget', 'bytes', 'sized')
   bound, err = events_bound(counters_key, events_key, flags[1])
 end
 if err then return redis.error_reply(err) end
+-- A byte budget (set_budget.lua): each job's payload size is kept as "b:<id>" in `keyed`
+-- and counted in `bytes` (the scripts that end jobs take it off); a call that would take
+-- the queue past its budget is refused, with nothing written. A merged job's size is
+-- its last send's.
+local sized_args, delta = NONE, 0
+local budget = flags and tonumber(flags[3] or '')
+if budget then
+  sized_args = {}
+  for i = 1, n do
+    if reply[2 + i] == 1 then
+      local size = #ARGV[8 * src[i] - 4]
+      sized_args[#sized_args + 1], sized_args[#sized_args + 2] = 'b:' .. ids[i], size
+      delta = delta + size
+    end
+  end
+  if #merged > 0 then
+    local fields = {}
+    for k, h in ipairs(merged) do fields[k] = 'b:' .. h.id end
+    local olds = redis.call('HMGET', keyed_key, unpack(fields))
+    for k, h in ipairs(merged) do
+      local size = #ARGV[8 * h.src - 4]
+      sized_args[#sized_args + 1], sized_args[#sized_args + 2] = 'b:' .. h.id, size
+      delta = delta + size - (tonumber(olds[k] or '0') or 0)
+    end
+  end
+  local used = tonumber(flags[4] or '0') or 0
+  if delta > 0 and used + delta > budget then
+    return redis.error_reply(string.format('PQ_FULL the queue is at its byte budget: %d of %d bytes in use, this '
+      .. 'call adds %d (%s)', used, budget, delta, counters_key))
+  end
+  -- (`keyed` is written below: a probe unless a read above proved it.)
+  if not any_keyed and not any_rated then err = expect_type(keyed_key, 'hash') end
+  if err then return redis.error_reply(err) end
+end
 local raised = added > 0 and redis.call('ZMSCORE', wake_key, 'wake')[1]
 
 -- 6. Write.
@@ -666,6 +707,11 @@ if window_args ~= NONE then call_chunked('ZADD', windows_key, window_args) end
 if rate_args ~= NONE then
   call_chunked('HSET', keyed_key, rate_args)
   redis.call('HSET', counters_key, 'rates', 1)
+end
+if sized_args ~= NONE and #sized_args > 0 then
+  call_chunked('HSET', keyed_key, sized_args)
+  if delta ~= 0 then redis.call('HINCRBY', counters_key, 'bytes', delta) end
+  if not flags[5] then redis.call('HSET', counters_key, 'sized', 1) end
 end
 if unrated ~= NONE and flags and flags[2] then
   if keyed_gone == NONE then keyed_gone = {} end

@@ -268,20 +268,26 @@ local EXPIRED_KEPT = 10000
 local function keyed_read(K, ids)
   if #ids == 0 then return NONE end
   local fields = {}
-  for i, id in ipairs(ids) do fields[2 * i - 1], fields[2 * i] = 'j:' .. id, 'r:' .. id end
+  for i, id in ipairs(ids) do
+    fields[3 * i - 2], fields[3 * i - 1], fields[3 * i] = 'j:' .. id, 'r:' .. id, 'b:' .. id
+  end
   local values = hmget(K.keyed, fields)
   local out, sequenced = NONE, false
   for i, value in ipairs(ids) do
-    local entry, rated = values[2 * i - 1], values[2 * i] ~= false
+    local entry, rated, bytes = values[3 * i - 2], values[3 * i - 1] ~= false, values[3 * i]
+    if bytes then
+      bytes = tonumber(bytes)
+      if not bytes then return nil, 'PQ_CORRUPT unparsable job size in ' .. K.keyed end
+    end
     if entry then
       local seq, policy, key = string.match(entry, '^(%d+)|%d+|([bs])|(.+)$')
       if not seq then return nil, 'PQ_CORRUPT unparsable sequence entry in ' .. K.keyed end
       if out == NONE then out = {} end
-      out[#out + 1] = { id = value, seq = seq, policy = policy, key = key, rated = rated }
+      out[#out + 1] = { id = value, seq = seq, policy = policy, key = key, rated = rated, bytes = bytes }
       sequenced = true
-    elseif rated then
+    elseif rated or bytes then
       if out == NONE then out = {} end
-      out[#out + 1] = { id = value, rated = true }
+      out[#out + 1] = { id = value, rated = rated, bytes = bytes }
     end
   end
   if sequenced then
@@ -298,8 +304,9 @@ local function sequence_dead_read(K, ids, flag)
   for _, e in ipairs(ended) do
     if e.policy == 's' then
       if skipping == NONE then skipping = {} end
-      -- Its dead letter leaves the line but keeps its rate entry: a replay is limited too.
-      e.rated = false
+      -- Its dead letter leaves the line but keeps its rate entry (a replay is limited too)
+      -- and its size (it is still kept).
+      e.rated, e.bytes = false, nil
       skipping[#skipping + 1] = e
     end
   end
@@ -318,17 +325,17 @@ local function keyed_end(K, ended)
     end
     plans[i] = p
   end
-  local rated_only = {}
+  -- The fields of the jobs' own entries, deleted together; a sequence's are handled below.
+  local gone, bytes = {}, 0
   for i, e in ipairs(ended) do
     local p = plans[i]
-    if not e.seq then
-      rated_only[#rated_only + 1] = 'r:' .. e.id
-    else
-      if e.rated then
-        redis.call('HDEL', K.keyed, 'j:' .. e.id, 'r:' .. e.id)
-      else
-        redis.call('HDEL', K.keyed, 'j:' .. e.id)
-      end
+    if e.rated then gone[#gone + 1] = 'r:' .. e.id end
+    if e.bytes then
+      gone[#gone + 1] = 'b:' .. e.id
+      bytes = bytes + e.bytes
+    end
+    if e.seq then
+      gone[#gone + 1] = 'j:' .. e.id
       if p.next then
         redis.call('ZREM', K.sequenced, p.next)
         redis.call('HSET', K.keyed, 's:' .. e.key, p.id)
@@ -341,7 +348,8 @@ local function keyed_end(K, ended)
       end
     end
   end
-  if #rated_only > 0 then call_chunked('HDEL', K.keyed, rated_only) end
+  if #gone > 0 then call_chunked('HDEL', K.keyed, gone) end
+  if bytes > 0 then redis.call('HINCRBY', K.counters, 'bytes', -bytes) end
   if #handed > 0 then redis.call('ZADD', K.wake, 0, 'wake') end
   return handed
 end
@@ -831,9 +839,9 @@ local C = {
   bound = false, fair = false, ack_metas = NONE, forgot = false, expired_done = 0,
   -- Whether the queue has expiries (counters `expiry`), and the ids expire_read ended.
   expiry = false, expired = NONE, unlisted = NONE,
-  -- Whether it has sequences (`sequences`) or rate keys (`rates`), and the acked and the
-  -- expired jobs' entries in `keyed` (forget_read, expire_read: keyed_read).
-  sequences = false, rates = false, ended = NONE, expired_ended = NONE, dead_ended = NONE,
+  -- Whether it has sequences (`sequences`), rate keys (`rates`) or sizes (`sized`), and
+  -- the acked and the expired jobs' entries in `keyed` (forget_read, expire_read: keyed_read).
+  sequences = false, rates = false, sized = false, ended = NONE, expired_ended = NONE, dead_ended = NONE,
   -- The rate check's plan (rate_read; NONE: nothing to write) and its deferred ids.
   rated = NONE, deferred = NONE,
   -- The plan: the counters read (fence0, paused, want; R from rate_cut), maintain_read,
@@ -916,8 +924,8 @@ end
 -- flags are read here when not given. Answers nil or an error text.
 local function forget_read(C, K, steps_flag, keyed_flag)
   if steps_flag == nil then
-    local flags = redis.call('HMGET', K.counters, 'steps', 'sequences', 'rates')
-    steps_flag, keyed_flag = flags[1], flags[2] or flags[3]
+    local flags = redis.call('HMGET', K.counters, 'steps', 'sequences', 'rates', 'sized')
+    steps_flag, keyed_flag = flags[1], flags[2] or flags[3] or flags[4]
   end
   local err
   if steps_flag then
@@ -1066,7 +1074,7 @@ local function expire_read(C, K, ids)
   -- The worker asks again at once for the jobs it did not get (next_due).
   if #C.expired > 0 then C.stopped_at_limit = true end
   -- An expired head hands its sequence's key on, and a rate entry goes (write_expired).
-  if (C.sequences or C.rates) and #C.expired > 0 then
+  if (C.sequences or C.rates or C.sized) and #C.expired > 0 then
     local err
     C.expired_ended, err = keyed_read(K, C.expired)
     if err then return nil, err end
@@ -1179,7 +1187,8 @@ local function prove_types(C, K, F, read_after)
     -- `windows` here (and `scheduled` below).
     or C.rated ~= NONE and (expect_type(K.windows, 'zset')
       or C.rated.n_deferred > 0 and not C.scheduled_read and expect_type(K.scheduled, 'zset'))
-    or C.rates and C.fair and (expect_type(K.keyed, 'hash') or expect_type(K.windows, 'zset'))
+    or (C.rates or C.sized and C.expiry) and C.fair and (expect_type(K.keyed, 'hash')
+      or C.rates and expect_type(K.windows, 'zset'))
     or nil
   -- A fair queue proves every key it may write, or read after writing, that no read
   -- above has proven (`ready`, `gready` and `leased` are; `meta` when acks read it;
@@ -1395,7 +1404,7 @@ end
 -- `events` (the stream's bound) come with the fields read anyway: a queue without them
 -- pays no command for their checks.
 local counters = redis.call('HMGET', K.counters, 'leased', 'next_maintenance_ms', 'paused', 'rate_limit', 'rate_tat',
-  'fair', 'events', 'steps', 'expiry', 'sequences', 'rates')
+  'fair', 'events', 'steps', 'expiry', 'sequences', 'rates', 'sized')
 C.bound, err = events_bound(K.counters, K.events, counters[7])
 if err then return redis.error_reply(err) end
 C.fence0 = tonumber(counters[1] or '0') or 0
@@ -1412,8 +1421,9 @@ end
 -- with count 0, and `want` is what the call asked for (after pause and rate limit).
 C.fair, C.want = counters[6] ~= false, C.count
 C.expiry, C.sequences, C.rates = counters[9] ~= false, counters[10] ~= false, counters[11] ~= false
+C.sized = counters[12] ~= false
 if #C.to_ack > 0 then
-  err = forget_read(C, K, counters[8], C.sequences or C.rates)
+  err = forget_read(C, K, counters[8], C.sequences or C.rates or C.sized)
   if err then return redis.error_reply(err) end
 end
 local fair_short = false

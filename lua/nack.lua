@@ -162,20 +162,26 @@ end
 local function keyed_read(K, ids)
   if #ids == 0 then return NONE end
   local fields = {}
-  for i, id in ipairs(ids) do fields[2 * i - 1], fields[2 * i] = 'j:' .. id, 'r:' .. id end
+  for i, id in ipairs(ids) do
+    fields[3 * i - 2], fields[3 * i - 1], fields[3 * i] = 'j:' .. id, 'r:' .. id, 'b:' .. id
+  end
   local values = hmget(K.keyed, fields)
   local out, sequenced = NONE, false
   for i, value in ipairs(ids) do
-    local entry, rated = values[2 * i - 1], values[2 * i] ~= false
+    local entry, rated, bytes = values[3 * i - 2], values[3 * i - 1] ~= false, values[3 * i]
+    if bytes then
+      bytes = tonumber(bytes)
+      if not bytes then return nil, 'PQ_CORRUPT unparsable job size in ' .. K.keyed end
+    end
     if entry then
       local seq, policy, key = string.match(entry, '^(%d+)|%d+|([bs])|(.+)$')
       if not seq then return nil, 'PQ_CORRUPT unparsable sequence entry in ' .. K.keyed end
       if out == NONE then out = {} end
-      out[#out + 1] = { id = value, seq = seq, policy = policy, key = key, rated = rated }
+      out[#out + 1] = { id = value, seq = seq, policy = policy, key = key, rated = rated, bytes = bytes }
       sequenced = true
-    elseif rated then
+    elseif rated or bytes then
       if out == NONE then out = {} end
-      out[#out + 1] = { id = value, rated = true }
+      out[#out + 1] = { id = value, rated = rated, bytes = bytes }
     end
   end
   if sequenced then
@@ -192,8 +198,9 @@ local function sequence_dead_read(K, ids, flag)
   for _, e in ipairs(ended) do
     if e.policy == 's' then
       if skipping == NONE then skipping = {} end
-      -- Its dead letter leaves the line but keeps its rate entry: a replay is limited too.
-      e.rated = false
+      -- Its dead letter leaves the line but keeps its rate entry (a replay is limited too)
+      -- and its size (it is still kept).
+      e.rated, e.bytes = false, nil
       skipping[#skipping + 1] = e
     end
   end
@@ -212,17 +219,17 @@ local function keyed_end(K, ended)
     end
     plans[i] = p
   end
-  local rated_only = {}
+  -- The fields of the jobs' own entries, deleted together; a sequence's are handled below.
+  local gone, bytes = {}, 0
   for i, e in ipairs(ended) do
     local p = plans[i]
-    if not e.seq then
-      rated_only[#rated_only + 1] = 'r:' .. e.id
-    else
-      if e.rated then
-        redis.call('HDEL', K.keyed, 'j:' .. e.id, 'r:' .. e.id)
-      else
-        redis.call('HDEL', K.keyed, 'j:' .. e.id)
-      end
+    if e.rated then gone[#gone + 1] = 'r:' .. e.id end
+    if e.bytes then
+      gone[#gone + 1] = 'b:' .. e.id
+      bytes = bytes + e.bytes
+    end
+    if e.seq then
+      gone[#gone + 1] = 'j:' .. e.id
       if p.next then
         redis.call('ZREM', K.sequenced, p.next)
         redis.call('HSET', K.keyed, 's:' .. e.key, p.id)
@@ -235,7 +242,8 @@ local function keyed_end(K, ended)
       end
     end
   end
-  if #rated_only > 0 then call_chunked('HDEL', K.keyed, rated_only) end
+  if #gone > 0 then call_chunked('HDEL', K.keyed, gone) end
+  if bytes > 0 then redis.call('HINCRBY', K.counters, 'bytes', -bytes) end
   if #handed > 0 then redis.call('ZADD', K.wake, 0, 'wake') end
   return handed
 end

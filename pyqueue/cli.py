@@ -9,14 +9,15 @@ cannot see it).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import datetime
-import json
-import asyncio
 import functools
 import importlib
+import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -376,6 +377,61 @@ def cmd_send(args: argparse.Namespace) -> int:
         payload, job_id=args.id, delay_ms=round(args.delay * 1000), max_attempts=args.max_attempts
     )
     print(f"{'sent' if result.added else 'duplicate'} {args.task} as job {result.job_id} to {queue}")
+    return 0
+
+
+#: Byte units of ``pyqueue budget``: SI (1000) and binary (1024).
+_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """``512MiB``, ``1GB``, ``64KiB`` or ``1000`` (bytes) as bytes."""
+    match = re.fullmatch(r"(\d+)\s*([A-Za-z]*)", text.strip())
+    unit = match.group(2).upper() if match else ""
+    if not match or unit not in _SIZE_UNITS:
+        raise PyQueueError(f"a size is a whole number with a unit B, KB, MB, GB, KiB, MiB or GiB (512MiB), got {text!r}")
+    return int(match.group(1)) * _SIZE_UNITS[unit]
+
+
+def _size(n: int) -> str:
+    """Bytes for people: 512.0 MiB."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def cmd_budget(args: argparse.Namespace) -> int:
+    """Set or lift a queue's byte budget (Queue.set_budget)."""
+    max_bytes = None if args.size == "off" else parse_size(args.size)
+    q = configured_queue(args, connect(args.url))
+    changed = q.set_budget(max_bytes)
+    used = q.stats().bytes
+    if max_bytes is None:
+        print(f"{args.queue}: {'byte budget lifted' if changed else 'had no byte budget'}")
+    else:
+        print(f"{args.queue}: at most {_size(max_bytes)} of payloads ({max_bytes} bytes; {_size(used)} in use)"
+              f"{'' if changed else ' (unchanged)'}; an enqueue past it is refused with QueueFull")
+    return 0
+
+
+def cmd_memory(args: argparse.Namespace) -> int:
+    """What each queue holds in Redis, by part (pyqueue.ops.memory)."""
+    from pyqueue.ops.memory import PARTS, memory_of
+
+    client = connect(args.url)
+    for name in args.queue or ():
+        existing_queue(client, name, args.prefix)  # a typo is refused, not shown as an empty queue
+    reports = [memory_of(q) for q in logical_queues(client, args.prefix, args.queue)]
+    if not reports:
+        print("no queues")
+        return 0
+    rows = [[m.queue, *(_size(m.parts[part]) for part in PARTS), _size(m.total), _size(m.payload_bytes),
+             _size(m.budget_bytes) if m.budget_bytes else "none"] for m in reports]
+    print(table(rows, ["queue", *PARTS, "total", "payloads", "budget"]))
+    if any(m.measure == "dump" for m in reports):
+        print("\n(this server has no MEMORY USAGE: sizes are each key's DUMP length, its serialized size)")
     return 0
 
 
@@ -821,22 +877,36 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     import threading
 
     try:
-        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client import CollectorRegistry, make_wsgi_app
     except ImportError:
         raise PyQueueError(
             "pyqueue metrics needs the metrics extra (prometheus-client): pip install \"pyqueue-redis[metrics]\""
         ) from None
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+    from pyqueue.ops.autoscale import backlog_app
     from pyqueue.ops.metrics import PyQueueCollector
 
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+
+    class QuietHandler(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the stdlib's name)
+            pass  # a scrape every few seconds is not worth a line
+
+    client = connect(args.url)
     registry = CollectorRegistry()
-    registry.register(PyQueueCollector(connect(args.url), queues=args.queue, prefix=args.prefix,
-                                       namespaces=[args.namespace]))
+    registry.register(PyQueueCollector(client, queues=args.queue, prefix=args.prefix, namespaces=[args.namespace]))
+    app = backlog_app(client, args.prefix, args.queue, make_wsgi_app(registry))
     try:
-        server, _thread = start_http_server(args.port, addr=args.bind, registry=registry)
+        server = make_server(args.bind, args.port, app, server_class=Server, handler_class=QuietHandler)
     except OSError as exc:  # the port in use, or an address this host does not have
         raise PyQueueError(f"cannot serve metrics on {args.bind}:{args.port}: {exc.strerror or exc}") from None
-    print(f"serving pyqueue metrics on http://{args.bind}:{server.server_port}/metrics", flush=True)
+    thread = threading.Thread(target=server.serve_forever, name="pyqueue-metrics", daemon=True)
+    thread.start()
+    base = f"http://{args.bind}:{server.server_port}"
+    print(f"serving pyqueue metrics on {base}/metrics and the autoscaling signal on {base}/backlog", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -1037,6 +1107,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("queue", nargs="*", help="default: every queue under the prefix")
     p.set_defaults(func=cmd_stats)
 
+    p = sub.add_parser("budget", help="cap the payload bytes a queue holds (or: off); an enqueue past it is "
+                                      "refused with QueueFull")
+    p.add_argument("queue")
+    p.add_argument("size", help="512MiB, 1GB, 64KiB, 1000 (bytes); or off")
+    p.add_argument("--create", action="store_true", help=CREATE_HELP)
+    p.set_defaults(func=cmd_budget)
+
+    p = sub.add_parser("memory", help="what each queue holds in Redis: jobs, results, tombstones, events, indexes")
+    p.add_argument("queue", nargs="*", help="default: every queue under the prefix")
+    p.set_defaults(func=cmd_memory)
+
     p = sub.add_parser("services", help="registered workers")
     p.set_defaults(func=cmd_services)
 
@@ -1138,7 +1219,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="as JSON")
     p.set_defaults(func=cmd_flow_show)
 
-    p = sub.add_parser("metrics", help="serve Prometheus metrics on /metrics (needs pyqueue-redis[metrics])")
+    p = sub.add_parser("metrics", help="serve Prometheus metrics on /metrics, and the autoscaling signal for KEDA "
+                                       "on /backlog (needs pyqueue-redis[metrics])")
     p.add_argument("--port", type=int, default=9808, help="default 9808; 0 picks a free port")
     p.add_argument("--bind", default="127.0.0.1", help="address to listen on (default 127.0.0.1: loopback only)")
     p.add_argument("-q", "--queue", action="append", help="only these queues (default: every queue found at each scrape)")

@@ -38,8 +38,8 @@ from conftest import RedisServer, require_redis_server
 from helpers import T0, busy_queue, calls_touching_every_key, dump_all, restore_all
 
 from pyqueue.protocol.core import enqueue_call, stats_call
-from pyqueue import Job, NewJob, Outcome, Queue, ScriptError
-from pyqueue.protocol.keys import ServiceKeys
+from pyqueue import Job, NewJob, Outcome, Queue, QueueFull, ScriptError
+from pyqueue.protocol.keys import QueueKeys, ServiceKeys
 from pyqueue.drivers.clients import check_server, forget_server_checks
 from pyqueue.drivers.scripts import SCRIPT_KEYS, lua_source
 from pyqueue.ops.service import Services
@@ -88,7 +88,9 @@ ROLE_SCRIPTS: dict[str, tuple[str, ...]] = {
               # sequence_skip: letting a sequence blocked by its dead head go on.
               "sequence_skip",
               # set_rate_limit: a rate key's limit at run time (pyqueue limit QUEUE RATE --key).
-              "set_rate_limit"),
+              "set_rate_limit",
+              # set_budget: a queue's byte budget (pyqueue budget QUEUE SIZE).
+              "set_budget"),
 }
 
 #: The commands each role's driver code sends itself, outside any script, and why.
@@ -141,6 +143,7 @@ SENT_BY_DRIVER: dict[str, dict[str, str]] = {
 CLOSURE: dict[str, set[str]] = {"producer": set(), "worker": {"zcard"}, "admin": {"zrangebyscore", "lrem", "xadd"}}
 
 QUEUE, NAMESPACE = "emails", "workers"
+QUEUE_KEYS = QueueKeys("pq", QUEUE)
 PASSWORDS = {role: f"{role}-secret" for role in ROLES}
 
 
@@ -338,6 +341,28 @@ def test_a_producer_debounces_throttles_and_sequences_under_its_acl_user(
     assert root.zscore(q.spec.keys.windows, "t:t") is None
     assert [q.enqueue(b"s", sequence="o").added for _ in range(2)] == [True, True]
     assert q.stats().sequenced == 1
+    assert denied_commands(root) <= {"config|get"}
+
+
+def test_under_a_byte_budget_a_producer_sends_and_is_refused_and_a_worker_ends_sized_jobs(
+    root: redis.Redis, login: Callable[[str], redis.Redis]
+) -> None:
+    admin = Queue(QUEUE, login("admin"))
+    assert admin.set_budget(10) is True
+    producer = Queue(QUEUE, login("producer"))
+    # A sized send writes its size to `keyed` and the sum to `counters`; a debounced one
+    # reads the size it replaces.
+    assert producer.enqueue(b"abc", job_id="b0").added
+    producer.enqueue(b"de", debounce_ms=60_000, key="d")
+    assert producer.enqueue(b"fgh", debounce_ms=60_000, key="d").by_key == "debounced"
+    with pytest.raises(QueueFull):
+        producer.enqueue(b"x" * 5)
+    assert producer.stats().bytes == 6
+    worker = Queue(QUEUE, login("worker"))
+    (job,) = worker.lease()
+    assert job.id == "b0" and worker.ack(job) is Outcome.OK
+    assert admin.stats().bytes == 3 and root.hget(QUEUE_KEYS.keyed, "b:b0") is None
+    assert admin.set_budget(None) is True
     assert denied_commands(root) <= {"config|get"}
 
 
@@ -607,6 +632,12 @@ def script_calls(root: redis.Redis) -> dict[str, tuple[str, Any, list[Any]]]:
     calls["set_rate_limit"] = ("set_rate_limit", q.spec.keys, ["api", "5/1000/1"])
     root.hset(q.spec.keys.keyed, "r:held", "10/1000/2/1||api")
     calls["defer_key"] = ("defer_key", q.spec.keys, [now, handles["held"].receipt, 5000])
+    # A byte budget, and sizes for 'held' and 'corpse' as if they were sent under it: every
+    # send below is sized (HSET of `keyed`, HINCRBY of `counters`), and the scripts that
+    # end those two take their sizes off (HMGET and HDEL of `keyed`, HINCRBY).
+    root.hset(q.spec.keys.counters, mapping={"budget": 1_000_000, "bytes": 2, "sized": 1})
+    root.hset(q.spec.keys.keyed, mapping={"b:held": 1, "b:corpse": 1})
+    calls["set_budget"] = ("set_budget", q.spec.keys, [2_000_000])
     for state in ("ready", "scheduled", "running", "done"):
         calls[f"browse_{state}"] = ("browse", q.spec.keys, [now, state, 0, 10])
     live = Services(root).register([QUEUE], now_ms=T0)

@@ -115,6 +115,14 @@ MALFORMED: list[tuple[str, list[Any]]] = [
     ("defer_key", ["", RECEIPT, "1.5"]),
     ("defer_key", ["", RECEIPT, ""]),
     ("defer_key", ["", RECEIPT, 2**40 + 1]),
+    # Byte budgets (lua/README.md section 2.7): max_bytes an integer 0..2^50.
+    ("set_budget", [-1]),
+    ("set_budget", [2**50 + 1]),
+    ("set_budget", ["1.5"]),
+    ("set_budget", ["1e3"]),
+    ("set_budget", ["512MiB"]),
+    ("set_budget", [" 100"]),
+    ("set_budget", [""]),
     ("sequence_skip", ["", ""]),
     ("sequence_skip", ["", "a\nb"]),
     ("sequence_skip", ["soon", "k"]),
@@ -445,6 +453,61 @@ def test_bad_rate_arguments_are_rejected_in_python_before_anything_is_sent(
 ) -> None:
     with pytest.raises(InvalidArgument):
         call(q)
+    assert r.keys("*") == []
+
+
+#: The byte-budget calls on a queue with a budget and a sized job leased (and one ready),
+#: and the keys each must prove before it writes: set_budget's `counters`; a sized send's
+#: `keyed` (its size) and `counters` (the sum); an ack's `keyed`, which it reads the size
+#: from.
+BUDGET_WRONG_TYPE_CASES = [
+    ("set_budget", "counters", planted) for planted in ("string", "list", "set", "zset", "stream")
+] + [
+    (variant, "keyed", planted)
+    for variant in ("enqueue_sized", "ack_sized")
+    for planted in ("string", "list", "set", "zset", "stream")
+]
+
+
+@pytest.mark.parametrize(("variant", "role", "planted"), BUDGET_WRONG_TYPE_CASES)
+def test_a_budget_script_finds_a_key_of_the_wrong_type_and_writes_nothing(
+    r: redis.Redis, variant: str, role: str, planted: str
+) -> None:
+    q = Queue("q", r)
+    q.set_budget(1000)
+    q.enqueue_many([NewJob(b"abc", job_id="b0"), NewJob(b"de", job_id="b1")], now_ms=T0)
+    (held,) = q.lease(now_ms=T0)
+    calls = {
+        "set_budget": ("set_budget", [500]),
+        "enqueue_sized": ("enqueue", [T0, 1, "b2", b"fgh", 0, 1, "", "", "", ""]),
+        "ack_sized": ("ack", [T0, 1000, held.receipt]),
+    }
+    script, args = calls[variant]
+    key = q.spec.keys.role(role)
+    r.delete(key)
+    PLANTERS[planted](r, key)
+    before = dump_all(r)
+    with pytest.raises(redis.ResponseError, match=r"WRONGTYPE") as info:
+        transport_of(q).run(script, q.spec.keys, args)
+    assert isinstance(map_redis_error(info.value), WrongTypeError)
+    assert dump_all(r) == before
+
+
+def test_a_corrupt_job_size_is_reported_and_nothing_written(q: Queue, r: redis.Redis) -> None:
+    q.set_budget(1000)
+    q.enqueue(b"abc", job_id="b0", now_ms=T0)
+    (held,) = q.lease(now_ms=T0)
+    r.hset(q.spec.keys.keyed, "b:b0", "three")
+    before = dump_all(r)
+    with pytest.raises(redis.ResponseError, match=r"^PQ_CORRUPT unparsable job size in "):
+        transport_of(q).run("ack", q.spec.keys, [T0, 1000, held.receipt])
+    assert dump_all(r) == before
+
+
+@pytest.mark.parametrize("max_bytes", [-1, 2**50 + 1, 1.5, "1MiB", True, math.nan], ids=repr)
+def test_a_bad_budget_is_rejected_in_python_before_anything_is_sent(q: Queue, r: redis.Redis, max_bytes: Any) -> None:
+    with pytest.raises(InvalidArgument):
+        q.set_budget(max_bytes)
     assert r.keys("*") == []
 
 

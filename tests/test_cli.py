@@ -377,3 +377,22 @@ def test_sequence_skip_lets_a_blocked_sequence_go_on(url: str, capsys: pytest.Ca
     assert main(["--url", url, "sequence", "skip", "seqq", "order-9"]) == 0
     assert "s1 runs next" in capsys.readouterr().out
     assert [j.id for j in q.lease()] == ["s1"]
+
+
+def test_budget_caps_a_queues_payload_bytes_and_memory_reports_them(url: str,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--url", url, "budget", "budq", "1KiB"]) == 2  # no such queue: a typo creates nothing
+    assert main(["--url", url, "budget", "budq", "1KiB", "--create"]) == 0
+    assert "at most 1.0 KiB of payloads (1024 bytes; 0 B in use)" in capsys.readouterr().out
+    assert main(["--url", url, "enqueue", "budq", "x" * 1000]) == 0
+    assert main(["--url", url, "enqueue", "budq", "x" * 100]) == 2  # past the budget: refused
+    assert "QueueFull" in capsys.readouterr().err
+    assert Queue.from_url(url, "budq").stats().enqueued == 1
+    assert main(["--url", url, "budget", "budq", "lots"]) == 2
+    assert main(["--url", url, "memory", "budq"]) == 0
+    header, _rule, row = capsys.readouterr().out.split("\n")[:3]
+    assert header.split()[:3] == ["queue", "jobs", "results"] and header.split()[-3:] == ["total", "payloads", "budget"]
+    assert row.split()[0] == "budq" and row.split()[-4:] == ["1000", "B", "1.0", "KiB"]
+    assert main(["--url", url, "memory", "nosuchq"]) == 2
+    assert main(["--url", url, "budget", "budq", "off"]) == 0
+    assert "byte budget lifted" in capsys.readouterr().out

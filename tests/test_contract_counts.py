@@ -40,6 +40,7 @@ def test_the_header_rules_read_as_expected() -> None:
     assert len(SCRIPT_KEYS["lease"]) == 22 and SCRIPT_KEYS["lease"][-1] == "windows"
     assert argv_rule("set_rate_limit") == ArgvRule(2, 2)
     assert argv_rule("defer_key") == ArgvRule(3, 3)
+    assert argv_rule("set_budget") == ArgvRule(1, 1) and SCRIPT_KEYS["set_budget"] == ("counters",)
     assert argv_rule("dead_purge") == ArgvRule(1, 1000)
 
 
@@ -87,6 +88,7 @@ def world(r: redis.Redis) -> World:
         "sequence_skip": (q.spec.keys, [NOW, "seq"]),
         "set_rate_limit": (q.spec.keys, ["api", "5/1000/1"]),
         "defer_key": (q.spec.keys, [NOW, handles["held"].receipt, 5000]),
+        "set_budget": (q.spec.keys, [1_000_000]),
         "service_register": (
             services.keys.of(svc.id + 1), [NOW, svc.id + 1, "host", 1, "q", 60_000, 1000, 10, "tok2", "reg2"]
         ),

@@ -187,6 +187,13 @@ def maintenance_not_due(w: World) -> None:
     w.r.hset(w.q.spec.keys.counters, "next_maintenance_ms", int(time.time() * 1000) + 3_600_000)
 
 
+def case_set_budget(w: World) -> Callable[[], None]:
+    def call() -> None:
+        assert w.q.set_budget(1 << 20) is True
+
+    return call
+
+
 def case_set_rate_limit(w: World) -> Callable[[], None]:
     def call() -> None:
         assert w.q.set_rate_limit("acct", "10/s") is True
@@ -649,6 +656,7 @@ CASES = [
     Case("set_events", 0, "opt in", case_set_events),
     Case("set_group_limit", 0, "the default cap", case_set_group_limit),
     Case("set_rate_limit", 0, "set a key's limit", case_set_rate_limit),
+    Case("set_budget", 0, "a queue's first budget", case_set_budget),
     Case("defer_key", 0, "a job with a rate key", case_defer_key),
     Case("stats", 0, "a queue with a ready job", case_stats),
     Case("step", 0, "a step of a queue with step data", case_step),
@@ -809,3 +817,13 @@ def test_flow_control_costs_what_the_headers_state_and_nothing_on_a_queue_withou
     rated_ack = measured_commands(rq, redis_server, "ack", lambda: rq.q.ack(job))
     assert (rated - plain, {k: v - lease_base for k, v in leases.items()}, rated_ack - plain_ack) == (
         4, {"plain": 1, "rated": 5, "deferred": 4}, 2)
+    # Byte budgets: enqueue and ack of a job sized under a budget (the first enqueue also
+    # sets the `sized` flag: measured after it).
+    bq = World(Queue("budget", world.r), world.services, world.r)
+    busy(bq.q)
+    bq.q.set_budget(1 << 30)
+    bq.q.enqueue(b"first")
+    sized = measured_commands(bq, redis_server, "enqueue", lambda: bq.q.enqueue(b"x"))
+    jobs = bq.q.lease(count=3)
+    sized_ack = measured_commands(bq, redis_server, "ack", lambda: bq.q.ack(jobs[-1]))
+    assert (sized - plain, sized_ack - plain_ack) == (3, 3)

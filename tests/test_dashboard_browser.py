@@ -542,6 +542,24 @@ def test_a_queue_that_used_flow_control_shows_its_counts(browser: Any, r: Any, s
     assert console.errors == []
 
 
+def test_a_queue_with_a_byte_budget_shows_its_use_and_rate_deferrals_show(browser: Any, r: Any,
+                                                                          serve: Callable[..., Any]) -> None:
+    emails = Queue("emails", r)
+    emails.set_budget(1000)
+    emails.enqueue(b"x" * 250)
+    reports = Queue("reports", r)
+    for _ in range(2):
+        reports.enqueue(b"{}", rate_key="acct", rate_limit="1/h")
+    reports.lease(count=2)  # one leased, one deferred to its slot
+    page, console = open_page(browser, serve().url)
+    budget = page.locator('#queues tr[data-queue="emails"] [data-field="budget"]')
+    expect(budget).to_have_text("25% of budget")
+    expect(budget).to_have_attribute("data-value", "250/1000")
+    expect(page.locator('#queues tr[data-queue="reports"] [data-field="budget"]')).to_have_count(0)
+    expect(page.locator('#queues tr[data-queue="reports"] [data-field="flow_control"]')).to_have_text("1 deferred")
+    assert console.errors == []
+
+
 def test_setting_a_group_cap_from_the_page_changes_the_groups_table(
     browser: Any, r: Any, serve: Callable[..., Any]
 ) -> None:

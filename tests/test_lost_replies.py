@@ -74,6 +74,7 @@ class World:
     last: Job
     service: Service
     rated: Job
+    sized: Job
 
 
 def build(r: redis.Redis) -> World:
@@ -85,7 +86,8 @@ def build(r: redis.Redis) -> World:
     'due' (T0 + 10); waiting 'w0' (for r1 and r2), and the record of flow 'f0' (an hour); DEAD 'corpse'; a second queue 'held', paused; service ns.1 serving q, alive, and ns.2, dead and not
     yet forgotten; in queue 'seqs', sequence 'k' blocked by its dead head s0, s1 behind it;
     in queue 'rates', rate key 'api' (1 a minute): t0 LEASED with its permit, t1 deferred
-    (SCHEDULED for the key's next permit, T0 + 60 s).
+    (SCHEDULED for the key's next permit, T0 + 60 s); in queue 'budgets', a byte budget
+    of 10 with 5 bytes in use: b0 (3 bytes) LEASED, b1 (2 bytes) READY.
     """
     q = Queue("q", r, owner="setup")
     q.set_events(1000)  # a re-sent call must not write its events twice either
@@ -112,11 +114,15 @@ def build(r: redis.Redis) -> World:
     rates.enqueue_many([NewJob(bytes([48 + i]), job_id=f"t{i}", rate_key="api", rate_limit="1/m") for i in range(2)],
                        now_ms=T0)
     (rated,) = rates.lease_call(call="s6", count=2, lease_ms=100_000, now_ms=T0).jobs
+    budgets = Queue("budgets", r, owner="setup")
+    budgets.set_budget(10)
+    budgets.enqueue_many([NewJob(b"abc", job_id="b0"), NewJob(b"de", job_id="b1")], now_ms=T0)
+    (sized,) = budgets.lease_call(call="s7", count=1, lease_ms=100_000, now_ms=T0).jobs
     services = Services(r, namespace="ns")
     service = services.register(["q"], host="h", pid=1, registration="live", now_ms=T0)
     dead = services.register(["q"], host="h", pid=2, expire_ms=1000, registration="dead", now_ms=T0 - 5000)
     r.delete(dead.keys.role("service"))  # expired (not left to the real clock: builds must be identical)
-    return World(held, retry, last, service, rated)
+    return World(held, retry, last, service, rated, sized)
 
 
 Act = Callable[[Queue, Services, World], Any]
@@ -128,7 +134,7 @@ class Case:
     clean call to the answer of a call whose first send applied and whose reply was lost
     (the re-send's answer); ``same_call`` is what the caller sends twice in (b) when
     ``act`` cannot be repeated with the same arguments; ``duplicates`` is how many jobs
-    a re-send counts as duplicates."""
+    a re-send counts as duplicates (in ``queue``)."""
 
     script: str
     act: Act
@@ -136,6 +142,8 @@ class Case:
     same_call: Act | None = None
     same_call_replayed: Callable[[Any], Any] = lambda answer: answer
     duplicates: int = 0
+    #: The queue whose ``duplicates`` counter a re-send raises.
+    queue: str = "q"
 
 
 def view(answer: Any) -> Any:
@@ -255,6 +263,19 @@ CASES: dict[str, Case] = {
                            replayed=lambda a: False),
     # A re-sent defer moves the key's state to the same time: the same answer.
     "defer_key": Case("defer_key", lambda q, s, w: sibling(q, "rates").defer_key(w.rated, 200_000, now_ms=NOW)),
+    # Byte budgets: a re-sent set_budget finds the same budget; a re-sent sized enqueue
+    # (its 5 bytes take the queue exactly to its budget) finds its job, counts a duplicate
+    # and is not refused (it adds no byte); a re-sent ack of a sized job takes its size
+    # off once.
+    "set_budget": Case("set_budget", lambda q, s, w: sibling(q, "budgets").set_budget(1000), replayed=lambda a: False),
+    "enqueue_sized": Case(
+        "enqueue",
+        lambda q, s, w: sibling(q, "budgets").enqueue_many([NewJob(b"fghij", job_id="b2")], now_ms=NOW),
+        replayed=lambda a: [dataclasses.replace(e, added=False) for e in a],
+        duplicates=1, queue="budgets",
+    ),
+    "ack_sized": Case("ack", lambda q, s, w: sibling(q, "budgets").ack(w.sized, now_ms=NOW),
+                      replayed=lambda a: Outcome.GONE),
 }
 
 
@@ -305,13 +326,14 @@ def snapshot(r: redis.Redis) -> dict[bytes, object]:
     return out
 
 
-def with_duplicates(state: dict[bytes, object], n: int) -> dict[bytes, object]:
-    """``state`` with the queue's duplicates counter raised by ``n``."""
+def with_duplicates(state: dict[bytes, object], n: int, queue: str = "q") -> dict[bytes, object]:
+    """``state`` with ``queue``'s duplicates counter raised by ``n``."""
     if not n:
         return state
-    counters = dict(state[b"pq:{q}:counters"])  # type: ignore[call-overload]
+    key = f"pq:{{{queue}}}:counters".encode()
+    counters = dict(state[key])  # type: ignore[call-overload]
     counters[b"duplicates"] = str(int(counters.get(b"duplicates", 0)) + n).encode()
-    return {**state, b"pq:{q}:counters": counters}
+    return {**state, key: counters}
 
 
 def through_proxy(proxy: FaultProxy, retries: int, fault: Fault | None) -> redis.Redis:
@@ -380,7 +402,7 @@ def test_with_driver_retries_a_lost_command_or_reply_has_the_effect_of_one_call(
     applied_twice = fault is not Fault.DROP_COMMAND  # the first send ran; redis-py sent it again
     expected = case.replayed(clean_answer) if applied_twice else clean_answer
     assert view(answer) == view(expected)
-    assert snapshot(direct) == with_duplicates(clean_state, case.duplicates if applied_twice else 0)
+    assert snapshot(direct) == with_duplicates(clean_state, case.duplicates if applied_twice else 0, case.queue)
 
 
 # -- (b) no retries: OutcomeUnknown, and the caller's same call ------------------------
@@ -409,7 +431,7 @@ def test_without_retries_a_lost_call_raises_outcome_unknown_and_the_callers_same
     applied_twice = fault is not Fault.DROP_COMMAND
     expected = replayed(clean_answer) if applied_twice else clean_answer
     assert view(answer) == view(expected)
-    assert snapshot(direct) == with_duplicates(clean_state, case.duplicates if applied_twice else 0)
+    assert snapshot(direct) == with_duplicates(clean_state, case.duplicates if applied_twice else 0, case.queue)
 
 
 # -- what the cases above imply, spelled out -------------------------------------------

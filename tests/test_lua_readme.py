@@ -282,6 +282,8 @@ def calls(r: Any) -> list[Call]:
         Call("set_rate_limit", k, ["api", ""]),
         Call("defer_key", k, [NOW, "w|c|99|1|nope", 1000]),  # lost
         Call("extend", k, [NOW, 1000, held[0].receipt, stale], 2),
+        Call("set_budget", k, [1_000_000]),  # the sends below are sized (section 2.7)
+        Call("set_budget", k, [1_000_000]),  # unchanged
         Call("enqueue", k, [NOW, 2, "n1", b"x", 0, 3, "", "", "", "", "n2", b"y", 0, 3, "", "", "", ""], 2),
         Call("lease", k, [NOW, "w", "c1", 2, 30_000, 100, 300_000, held[1].receipt, stale], 2),
         Call("ack", k, [NOW, 300_000, held[2].receipt, stale], 2),
@@ -296,6 +298,7 @@ def calls(r: Any) -> list[Call]:
         Call("promote", k, [NOW, 100]),
         Call("cancel", k, [NOW, "r1", 300_000]),
         Call("cancel", k, [NOW, "nothing", 300_000]),
+        Call("set_budget", k, [0]),  # lifted
         Call("limit", k, [10, 1000, 5]),
         Call("limit", k, [0, 1, 1]),
         Call("set_group_limit", k, ["grp", 3]),
@@ -438,6 +441,16 @@ def defer_plain_job(r: Any) -> str:
     return error_of(lambda: transport_of(q).run("defer_key", EMAILS, ["", job.receipt, 1000]))
 
 
+def budget_full(r: Any, queue: str, budget: int, used: int, adds: int) -> str:
+    """The error of an enqueue of ``adds`` bytes into ``queue`` under a byte budget of
+    ``budget`` with ``used`` bytes in use (section 2.7)."""
+    q = Queue(queue, r)
+    q.set_budget(budget)
+    q.enqueue(b"x" * used, job_id="b-1")
+    return error_of(lambda: transport_of(q).run(
+        "enqueue", QueueKeys("pq", queue), ["", 1, "b-2", b"x" * adds, 0, 3, "", "", "", ""]))
+
+
 def corrupt_dead(r: Any) -> str:
     r.hset(EMAILS.jobs, "job-9", "garbage")
     r.zadd(EMAILS.dead, {"job-9": 1})
@@ -486,6 +499,11 @@ SCRIPT_ERRORS: dict[str, tuple[str, str | None, Callable[[Any], list[str]]]] = {
         "§2.7, rate keys", None,
         lambda r: [enqueue_error(r, "rate|10/1000/2/3|k"), enqueue_error(r, "rate|10/1000/1/0|k")]),
     "PQ_BADARG job <id> has no rate key to defer": ("§2.7, deferring a key", None, lambda r: [defer_plain_job(r)]),
+    "PQ_FULL the queue is at its byte budget: <used> of <budget> bytes in use, this call adds <delta> (<counters key>)": (
+        "§2.7, byte budgets, and §5", None,
+        lambda r: [budget_full(r, "emails", 100, 60, 50), budget_full(r, "other", 1, 0, 2)]),
+    "PQ_FULL the queue is at its byte budget: 8 of 10 bytes in use, this call adds 3 (pq:{digests}:counters)": (
+        "§8, byte budgets", None, lambda r: [budget_full(r, "digests", 10, 8, 3)]),
     "NOSCRIPT No matching script. Please use EVAL.": (
         "§1.1 and §8", None, lambda r: [error_of(lambda: r.evalsha("0" * 40, 0))]),
 }

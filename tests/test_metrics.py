@@ -3,11 +3,13 @@ queues, workers, a scrape while a worker runs, and ``pyqueue metrics`` over HTTP
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -42,7 +44,8 @@ def busy(r: Any) -> tuple[Queue, Queue]:
     q.ack(a)
     q.nack(b, "boom")
     p = Queue("orders", r, partitions=3)
-    p.enqueue_many([NewJob(b"") for _ in range(9)])
+    p.set_budget(30_000)  # each partition 10,000
+    p.enqueue_many([NewJob(b"x" * 10) for _ in range(9)])
     return q, p
 
 
@@ -62,6 +65,8 @@ def test_every_counter_and_state_matches_stats_with_prometheus_names_and_types(r
         # Lag grows with the server clock: read at the scrape, before these stats.
         assert 0 <= families["pyqueue_lag_seconds"][1][("pyqueue_lag_seconds", labels)] <= stats.lag_ms / 1000
         assert families["pyqueue_partitions"][1][("pyqueue_partitions", labels)] == queue.spec.partitions
+        assert families["pyqueue_payload_bytes"][1][("pyqueue_payload_bytes", labels)] == stats.bytes
+        assert families["pyqueue_budget_bytes"][1][("pyqueue_budget_bytes", labels)] == stats.budget_bytes
     # A partitioned queue once, as its sum: its partitions are not reported again.
     assert not any("orders#" in str(key) for _, samples in families.values() for key in samples)
     assert families["pyqueue_acked"][1][("pyqueue_acked_total", (("queue", "emails"),))] == 1
@@ -109,11 +114,24 @@ def test_pyqueue_metrics_serves_the_text_format_over_http(redis_server: RedisSer
         assert proc.stdout is not None
         line = proc.stdout.readline().decode()
         assert "http://127.0.0.1:" in line, line
-        url = line.split()[-1]
+        url = next(word for word in line.split() if word.endswith("/metrics"))
         with urllib.request.urlopen(url, timeout=10) as response:
             body = response.read().decode()
         assert 'pyqueue_enqueued_total{queue="emails"} 7.0' in body
         assert "# TYPE pyqueue_jobs gauge" in body
+        # The autoscaling signal on the same port (pyqueue.ops.autoscale).
+        backlog = url.replace("/metrics", "/backlog")
+        with urllib.request.urlopen(backlog + "?queue=emails", timeout=10) as response:
+            assert response.headers["Content-Type"] == "application/json"
+            one = json.loads(response.read())
+        assert (one["queue"], one["backlog"], one["paused"]) == ("emails", 3, False)
+        with urllib.request.urlopen(backlog, timeout=10) as response:
+            every = json.loads(response.read())
+        assert sorted(q["queue"] for q in every["queues"]) == ["emails", "orders"]
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            urllib.request.urlopen(backlog + "?queue=nosuch", timeout=10)
+        assert missing.value.code == 404
+        missing.value.close()
     finally:
         proc.terminate()
         code = proc.wait(10)

@@ -7,8 +7,9 @@ The model test (``tests/model.py``, on redis-server; fakeredis without one) runs
 check, narrows a strategy) so that a planted bug goes unnoticed, the mutant's test fails
 and so does CI. The unmutated copy must pass, so a mutant fails because of its mutation.
 A bug of flow control is found by a machine of tests/test_flow_control_machine.py
-instead (``Mutant.machine``), and a bug of rate keys by the plain tests of
-tests/test_rate_limits.py run against the copy (``Mutant.module``, :func:`run_module`).
+instead (``Mutant.machine``), and a bug of rate keys or byte budgets by the plain tests
+of tests/test_rate_limits.py or tests/test_budgets.py run against the copy
+(``Mutant.module``, :func:`run_module`).
 
 The search is derandomized (the same examples every run) and does not shrink: a mutant
 is caught at the first failing example. A mutant whose bug needs no job-control rule
@@ -681,6 +682,77 @@ MUTANTS += [
     ),
 ]
 
+#: Byte budgets' bugs (lua/README.md section 2.7), found by tests/test_budgets.py.
+MUTANTS += [
+    Mutant(
+        "enqueue_does_not_refuse_a_send_past_the_budget",
+        "enqueue",
+        "  if delta > 0 and used + delta > budget then",
+        "  if false then",
+        module="test_budgets",
+    ),
+    Mutant(
+        # The size is counted in `bytes` but not kept as "b:<id>": no ending can take it off.
+        "enqueue_counts_a_size_it_does_not_keep",
+        "enqueue",
+        "  call_chunked('HSET', keyed_key, sized_args)",
+        "",
+        module="test_budgets",
+    ),
+    Mutant(
+        # A send debounced into a sized job adds its size on top of the job's old one.
+        "enqueue_counts_a_merged_jobs_old_size_too",
+        "enqueue",
+        "      delta = delta + size - (tonumber(olds[k] or '0') or 0)",
+        "      delta = delta + size",
+        module="test_budgets",
+    ),
+    Mutant(
+        # keyed_end deletes an acked job's "b:<id>" but does not take its size off `bytes`.
+        "ack_does_not_take_an_acked_jobs_size_off",
+        "ack",
+        "  if bytes > 0 then redis.call('HINCRBY', K.counters, 'bytes', -bytes) end",
+        "",
+        module="test_budgets",
+    ),
+    Mutant(
+        "ack_result_does_not_take_an_acked_jobs_size_off",
+        "ack_result",
+        "  if bytes > 0 then redis.call('HINCRBY', K.counters, 'bytes', -bytes) end",
+        "",
+        module="test_budgets",
+    ),
+    Mutant(
+        # An expired job (ended unrun at its first lease) keeps counting.
+        "lease_keeps_an_expired_jobs_size",
+        "lease",
+        "  if (C.sequences or C.rates or C.sized) and #C.expired > 0 then",
+        "  if (C.sequences or C.rates) and #C.expired > 0 then",
+        module="test_budgets",
+    ),
+    Mutant(
+        "cancel_keeps_a_cancelled_jobs_size",
+        "cancel",
+        "if not err and (settings[4] or settings[5] or settings[6]) then",
+        "if not err and (settings[4] or settings[5]) then",
+        module="test_budgets",
+    ),
+    Mutant(
+        "dead_purge_keeps_a_purged_jobs_size",
+        "dead_purge",
+        "  if not err and (flags[2] or flags[3] or flags[4]) then ended, err = keyed_read(K, ids) end",
+        "  if not err and (flags[2] or flags[3]) then ended, err = keyed_read(K, ids) end",
+        module="test_budgets",
+    ),
+    Mutant(
+        "set_budget_writes_a_field_enqueue_does_not_read",
+        "set_budget",
+        "if new then redis.call('HSET', counters_key, 'budget', new)",
+        "if new then redis.call('HSET', counters_key, 'Budget', new)",
+        module="test_budgets",
+    ),
+]
+
 # Not planted, because it is equivalent (no test can tell it from the original): extend.lua
 # re-adding a receipt whether or not its ZREM removed one. It only writes receipts it has
 # just found in `leased`, so the check is a second line of defence, not behaviour.
@@ -743,15 +815,18 @@ def run_model(
 
 def run_module(module: str, backend: Backend, lua_directory: Path) -> tuple[list[str], list[str]]:
     """Run the plain tests of ``tests/<module>.py`` against the scripts of
-    ``lua_directory``: each test function that is not parametrized and takes no fixture
-    but ``q`` (a queue named "q" of the sync driver, loading those scripts) and ``r``
-    (its client), each on an empty Redis of ``backend``. Answers the names of the tests
-    that failed, and of all it ran."""
+    ``lua_directory``: each test function that is not parametrized and takes ``q`` (a
+    queue named "q" of the sync driver, loading those scripts) or ``r`` (its client) and
+    no other fixture, each on an empty Redis of ``backend``. A test that takes neither
+    (a Hypothesis machine on a backend of its own, tests/test_budgets.py's) could not
+    load the copy, so it is left out. Answers the names of the tests that failed, and of
+    all it ran."""
     tests = importlib.import_module(module)
     failed, ran = [], []
     for name, test in inspect.getmembers(tests, inspect.isfunction):
         params = inspect.signature(test).parameters
-        if not name.startswith("test_") or hasattr(test, "pytestmark") or not set(params) <= {"q", "r"}:
+        if (not name.startswith("test_") or hasattr(test, "pytestmark") or not params
+                or not set(params) <= {"q", "r"}):
             continue
         client = backend.fresh()
         try:

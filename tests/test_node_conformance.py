@@ -71,7 +71,7 @@ import redis
 from conftest import IN_CI, RedisServer, dump_all
 from tasks_support import Serving, wait_for
 
-from pyqueue import Job, NewJob, Outcome, Queue
+from pyqueue import Job, NewJob, Outcome, Queue, QueueFull
 from pyqueue.protocol.core import decode_result, encode_result
 from pyqueue.drivers.queue import DEFAULT_LEASE_MS
 from pyqueue.drivers.scripts import CONTRACT_VERSION
@@ -804,6 +804,35 @@ def test_node_sends_rate_keyed_jobs_defers_and_overrides_the_key_and_python_shar
     assert q.enqueue(b"d", job_id="r3", rate_key="api", rate_limit="1/m").added
     assert q.lease(count=10) == [] and q.get("r3").state == "scheduled" and q.stats().deferred == 3
     assert q.set_rate_limit("api", "off") is True and q.set_rate_limit("api", None) is True
+
+
+def test_node_sets_a_byte_budget_and_is_refused_past_it_and_python_counts_the_same(
+    server: RedisServer, client: redis.Redis
+) -> None:
+    node = run_node("budget", server, {"queue": "from-node-budget"})
+    assert node["set"] == [{"changed": True, "bytes": 0}, {"changed": False, "bytes": 0}]
+    assert node["sent"] == {"added": 1, "duplicates": 0, "flags": [1]}
+    # The batch (5 + 0 bytes) would take the queue past its 10: refused whole, the code
+    # first (README §5), with the counts in the text.
+    assert node["refused"] == {
+        "code": "PQ_FULL",
+        "message": "PQ_FULL the queue is at its byte budget: 6 of 10 bytes in use, this call adds 5 "
+                   "(pq:{from-node-budget}:counters)",
+    }
+    assert (node["bytes"], node["budgetBytes"]) == (6, 10)
+    # Python reads Node's budget and count, and its sends meet the same cap.
+    q = Queue("from-node-budget", client)
+    st = q.stats()
+    assert (st.bytes, st.budget_bytes, st.enqueued) == (6, 10, 1)
+    assert q.get("b2").state == "unknown" and q.get("b3").state == "unknown"  # nothing written
+    with pytest.raises(QueueFull):
+        q.enqueue(b"fives", job_id="p1")
+    assert q.enqueue(b"four", job_id="p2").added and q.stats().bytes == 10
+    assert q.set_budget(10) is False
+    # An ending takes the size off whoever sent the job.
+    (job,) = q.lease()
+    assert job.id == "b1" and q.ack(job) is Outcome.OK
+    assert q.stats().bytes == 4
 
 
 def test_node_reads_the_contract_version_and_calls_of_the_earlier_contract_get_pq_contract(

@@ -146,30 +146,36 @@ local function keys_arg(value)
 end
 
 -- The entries in `keyed` of jobs `ids` that end (section 2.7; K holds keyed, sequenced,
--- scheduled and wake): their sequence entries "j:<id>" and rate entries "r:<id>", read
--- before any write: one HMGET of `keyed` (which proves it a hash), and when any job is
--- in a sequence, TYPE probes of the keys keyed_end writes. Called by the scripts that
--- end jobs, in a queue whose `counters` has `sequences` or `rates`. Answers the entries
--- ({id, seq, policy, key} of a sequence's job, rated = whether it has a rate entry;
--- {id, rated = true} of a job with a rate entry only; NONE when none), or nil and an
--- error text.
+-- scheduled, wake and counters): their sequence entries "j:<id>", rate entries "r:<id>"
+-- and sizes "b:<id>" (byte budgets, set_budget.lua), read before any write: one HMGET of
+-- `keyed` (which proves it a hash), and when any job is in a sequence, TYPE probes of
+-- the keys keyed_end writes. Called by the scripts that end jobs, in a queue whose
+-- `counters` has `sequences`, `rates` or `sized`. Answers the entries ({id, seq, policy,
+-- key} of a sequence's job, or {id} of another; rated: whether it has a rate entry;
+-- bytes: its size, or nil), NONE when none; or nil and an error text.
 local function keyed_read(K, ids)
   if #ids == 0 then return NONE end
   local fields = {}
-  for i, id in ipairs(ids) do fields[2 * i - 1], fields[2 * i] = 'j:' .. id, 'r:' .. id end
+  for i, id in ipairs(ids) do
+    fields[3 * i - 2], fields[3 * i - 1], fields[3 * i] = 'j:' .. id, 'r:' .. id, 'b:' .. id
+  end
   local values = hmget(K.keyed, fields)
   local out, sequenced = NONE, false
   for i, value in ipairs(ids) do
-    local entry, rated = values[2 * i - 1], values[2 * i] ~= false
+    local entry, rated, bytes = values[3 * i - 2], values[3 * i - 1] ~= false, values[3 * i]
+    if bytes then
+      bytes = tonumber(bytes)
+      if not bytes then return nil, 'PQ_CORRUPT unparsable job size in ' .. K.keyed end
+    end
     if entry then
       local seq, policy, key = string.match(entry, '^(%d+)|%d+|([bs])|(.+)$')
       if not seq then return nil, 'PQ_CORRUPT unparsable sequence entry in ' .. K.keyed end
       if out == NONE then out = {} end
-      out[#out + 1] = { id = value, seq = seq, policy = policy, key = key, rated = rated }
+      out[#out + 1] = { id = value, seq = seq, policy = policy, key = key, rated = rated, bytes = bytes }
       sequenced = true
-    elseif rated then
+    elseif rated or bytes then
       if out == NONE then out = {} end
-      out[#out + 1] = { id = value, rated = true }
+      out[#out + 1] = { id = value, rated = rated, bytes = bytes }
     end
   end
   if sequenced then
@@ -191,15 +197,17 @@ local function sequence_dead_read(K, ids, flag)
   for _, e in ipairs(ended) do
     if e.policy == 's' then
       if skipping == NONE then skipping = {} end
-      -- Its dead letter leaves the line but keeps its rate entry: a replay is limited too.
-      e.rated = false
+      -- Its dead letter leaves the line but keeps its rate entry (a replay is limited too)
+      -- and its size (it is still kept).
+      e.rated, e.bytes = false, nil
       skipping[#skipping + 1] = e
     end
   end
   return skipping
 end
 
--- The jobs of `ended` (from keyed_read) ended for good: their rate entries go; a head
+-- The jobs of `ended` (from keyed_read) ended for good: their rate entries and sizes
+-- go (the queue's `bytes` less theirs); a head
 -- hands its key to the next job of the sequence, which is scheduled at its due time (a
 -- worker is woken), or frees it; any other leaves the line. Every read comes before the
 -- first write (a user whose ACL lacks a command is refused before anything changes).
@@ -217,17 +225,17 @@ local function keyed_end(K, ended)
     end
     plans[i] = p
   end
-  local rated_only = {}
+  -- The fields of the jobs' own entries, deleted together; a sequence's are handled below.
+  local gone, bytes = {}, 0
   for i, e in ipairs(ended) do
     local p = plans[i]
-    if not e.seq then
-      rated_only[#rated_only + 1] = 'r:' .. e.id
-    else
-      if e.rated then
-        redis.call('HDEL', K.keyed, 'j:' .. e.id, 'r:' .. e.id)
-      else
-        redis.call('HDEL', K.keyed, 'j:' .. e.id)
-      end
+    if e.rated then gone[#gone + 1] = 'r:' .. e.id end
+    if e.bytes then
+      gone[#gone + 1] = 'b:' .. e.id
+      bytes = bytes + e.bytes
+    end
+    if e.seq then
+      gone[#gone + 1] = 'j:' .. e.id
       if p.next then
         redis.call('ZREM', K.sequenced, p.next)
         redis.call('HSET', K.keyed, 's:' .. e.key, p.id)
@@ -240,7 +248,8 @@ local function keyed_end(K, ended)
       end
     end
   end
-  if #rated_only > 0 then call_chunked('HDEL', K.keyed, rated_only) end
+  if #gone > 0 then call_chunked('HDEL', K.keyed, gone) end
+  if bytes > 0 then redis.call('HINCRBY', K.counters, 'bytes', -bytes) end
   if #handed > 0 then redis.call('ZADD', K.wake, 0, 'wake') end
   return handed
 end

@@ -119,6 +119,7 @@ class QueueFacade:
     limit = Verb(control.limit)
     set_group_limit = Verb(control.set_group_limit)
     set_rate_limit = Verb(control.set_rate_limit)
+    set_budget = Verb(control.set_budget)
     groups = Verb(control.groups)
     pause = Verb(control.pause)
     resume = Verb(control.resume)

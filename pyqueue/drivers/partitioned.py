@@ -563,6 +563,15 @@ def defer_key(layout: Partitions, /, job: Job, delay_ms: int, **kwargs: Any) -> 
     return (yield from layout.part_for(check_progress_job(job).id).defer_key(job, delay_ms, **kwargs))
 
 
+def set_budget(layout: Partitions, /, max_bytes: int | None) -> Plan[bool]:
+    """As :func:`pyqueue.protocol.verbs.control.set_budget`, in every partition: each
+    holds at most its share, ``max_bytes / partitions`` rounded up (an enqueue is refused
+    when its own partition is full)."""
+    check_int(0 if max_bytes is None else max_bytes, "max_bytes", 0, 2**50)
+    share = -(-max_bytes // layout.count) if max_bytes else None
+    return any((yield from plan_each(part.set_budget(share) for part in layout.parts)))
+
+
 def set_group_limit(layout: Partitions, /, cap: int | None, *, group: str | None = None) -> Plan[bool]:
     """As :func:`pyqueue.protocol.verbs.control.set_group_limit`, in every partition: a
     group's jobs all live in its partition, so the cap there is the group's cap across
@@ -761,6 +770,7 @@ class PartitionedQueue:
     cancel = Routed(cancel)
     sequence_skip = Routed(sequence_skip)
     set_rate_limit = Routed(set_rate_limit)
+    set_budget = Routed(set_budget)
     defer_key = Routed(defer_key)
     limit = Routed(limit)
     set_group_limit = Routed(set_group_limit)

@@ -94,6 +94,7 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "limit": ("counters", "wake"),
     "set_group_limit": ("counters", "wake", "ring", "groups"),
     "set_rate_limit": ("keyed",),
+    "set_budget": ("counters",),
     "defer_key": ("leased", "keyed", "windows"),
     "groups": ("gready", "ring", "groups"),
     "pause": ("counters",),

@@ -22,6 +22,8 @@ deferred);
 the jobs in each state as a gauge (``pyqueue_jobs{state=ready|scheduled|leased|dead|
 done}``); due-but-unpromoted jobs and expired leases; the lag of the oldest due job in
 seconds; the partition count; whether it is paused; its rate limit in leases per second;
+its byte budget and the payload bytes it counts (``pyqueue_budget_bytes``,
+``pyqueue_payload_bytes``);
 fair scheduling's groups with ready jobs (``pyqueue_groups{state=waiting|at_cap}``) and,
 for a queue that has any, the ready jobs of its largest groups
 (``pyqueue_group_ready_jobs{group}``: the TOP_GROUPS largest among the first 1000 groups
@@ -136,6 +138,10 @@ class PyQueueCollector(Collector):
                                    "cap (at_cap)", labels=["queue", "state"])
         largest = GaugeMetricFamily("pyqueue_group_ready_jobs", f"ready jobs of the queue's {TOP_GROUPS} largest groups",
                                     labels=["queue", "group"])
+        payload = GaugeMetricFamily("pyqueue_payload_bytes", "payload bytes of the jobs its byte budget counts "
+                                    "(Queue.set_budget)", labels=["queue"])
+        budget = GaugeMetricFamily("pyqueue_budget_bytes", "the queue's byte budget (0: none): an enqueue past it "
+                                   "is refused", labels=["queue"])
         queues = self._queues()
         for q, stats in zip(queues, stats_many(queues)):
             for name, (field, _) in COUNTERS.items():
@@ -148,6 +154,8 @@ class PyQueueCollector(Collector):
             partitions.add_metric([q.name], q.spec.partitions)
             paused.add_metric([q.name], int(stats.paused))
             rate.add_metric([q.name], stats.rate_limit * 1000 / stats.rate_period_ms if stats.rate_limit else 0)
+            payload.add_metric([q.name], stats.bytes)
+            budget.add_metric([q.name], stats.budget_bytes)
             groups.add_metric([q.name, "waiting"], stats.groups_waiting)
             groups.add_metric([q.name, "at_cap"], stats.groups_at_cap)
             if stats.groups_waiting + stats.groups_at_cap:
@@ -155,7 +163,7 @@ class PyQueueCollector(Collector):
                 for group in sorted(page.groups, key=lambda g: (-g.ready, g.name))[:TOP_GROUPS]:
                     largest.add_metric([q.name, group.name], group.ready)
         yield from counters.values()
-        yield from (jobs, due, expired, lag, partitions, paused, rate, groups, largest)
+        yield from (jobs, due, expired, lag, partitions, paused, rate, payload, budget, groups, largest)
 
         workers = GaugeMetricFamily("pyqueue_workers", "registered workers by state (alive, stopping)",
                                     labels=["namespace", "state"])

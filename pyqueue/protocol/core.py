@@ -795,6 +795,11 @@ def cancel_call(keys: Keys, now_ms: int | None, job_id: str, keep_done_ms: int) 
     return ScriptCall("cancel", keys, [now_arg(now_ms), job_id, keep_done_ms])
 
 
+def set_budget_call(keys: Keys, max_bytes: int) -> ScriptCall:
+    """lua/set_budget.lua."""
+    return ScriptCall("set_budget", keys, [max_bytes])
+
+
 def set_rate_limit_call(keys: Keys, key: str, limit: str) -> ScriptCall:
     """lua/set_rate_limit.lua. ``limit``: '' or "<count>/<period_ms>/<burst>"."""
     return ScriptCall("set_rate_limit", keys, [key, limit])

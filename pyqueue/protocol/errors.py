@@ -8,6 +8,8 @@
     │   │                            script's contract version lists (PQ_CONTRACT)
     │   └── PayloadTooLarge          a payload over ``max_payload_bytes``, refused before
     │                                anything is sent
+    ├── QueueFull                    an enqueue past the queue's byte budget, refused with
+    │                                nothing written (PQ_FULL)
     ├── WrongTypeError               a queue key holds another Redis type (WRONGTYPE)
     ├── CorruptRecord                a job record does not parse (PQ_CORRUPT)
     ├── ServiceError                 service lifecycle (registration, renewal)
@@ -82,6 +84,13 @@ class PayloadTooLarge(InvalidArgument):
     """A payload over the queue object's ``max_payload_bytes`` (64 MiB by default), or
     one ``enqueue_many`` call's payloads over 256 MiB together. Refused before anything
     is sent: nothing was written."""
+
+
+class QueueFull(PyQueueError):
+    """An enqueue that would take the queue's payload bytes past its budget
+    (``Queue.set_budget``): the script refused the whole call before writing anything,
+    so nothing was added. A definite answer, never ``OutcomeUnknown``: retry once the
+    queue has drained, or raise the budget."""
 
 
 class WrongTypeError(PyQueueError):
@@ -194,6 +203,7 @@ CODES: dict[str, tuple[type[PyQueueError], str]] = {
     "PQ_CONTRACT": (ContractMismatch, "the call's number of KEYS or ARGV is not the one the script's contract lists"),
     "PQ_CORRUPT": (CorruptRecord, "a stored record or receipt does not parse"),
     "PQ_EXISTS": (ServiceExists, "the key of a newly allocated service id already exists"),
+    "PQ_FULL": (QueueFull, "the call would take the queue past its byte budget: nothing written"),
     "WRONGTYPE": (WrongTypeError, "a key holds another Redis type"),
 }
 

@@ -325,8 +325,12 @@ class Stats:
     sequenced: int = 0
     skipped: int = 0
     #: Leases put off by a rate key's limit (``enqueue(rate_key=...)``): each such job
-    #: was scheduled at its permit's time, with the permit reserved.
+    #: was scheduled at its slot, when its permits will be due.
     deferred: int = 0
+    #: Byte budgets (``Queue.set_budget``): the payload bytes of the jobs sized since the
+    #: queue had a budget and not yet ended (dead ones included), and the budget (0: none).
+    bytes: int = 0
+    budget_bytes: int = 0
 
     @property
     def paused(self) -> bool:

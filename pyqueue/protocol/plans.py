@@ -254,6 +254,7 @@ class SingleQueue:
     limit = Bound(control.limit)
     set_group_limit = Bound(control.set_group_limit)
     set_rate_limit = Bound(control.set_rate_limit)
+    set_budget = Bound(control.set_budget)
     groups = Bound(control.groups)
     pause = Bound(control.pause)
     resume = Bound(control.resume)

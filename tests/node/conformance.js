@@ -34,7 +34,7 @@
 
 const readline = require('readline');
 const {
-  Queue, Service, ScriptRunner, SCRIPT_KEYS, SERVICE_SCRIPT_KEYS, connect, newCall, seconds, monotonicMs,
+  Queue, Service, ScriptRunner, PqError, SCRIPT_KEYS, SERVICE_SCRIPT_KEYS, connect, newCall, seconds, monotonicMs,
   CONTRACT_VERSION, contractVersion, loadScripts,
 } = require('./pyqueue_client');
 const tasks = require('./tasks');
@@ -623,6 +623,23 @@ async function rates(q) {
   };
 }
 
+// Byte budgets across languages (README §2.7): Node caps the queue's payload bytes, sends
+// under the cap, and a send past it is refused with PQ_FULL, nothing written; Python's
+// view of the count and its own sends then agree.
+async function budget(q) {
+  const set = [await q.setBudget(10), await q.setBudget(10)];
+  const sent = await q.enqueue([{ id: 'b1', payload: 'sixsix' }]);
+  let refused = null;
+  try {
+    await q.enqueue([{ id: 'b2', payload: 'fives' }, { id: 'b3', payload: '' }]);
+  } catch (err) {
+    if (!(err instanceof PqError)) throw err;
+    refused = { code: err.code, message: err.message };
+  }
+  const stats = await q.stats();
+  return { set, sent, refused, bytes: stats.bytes, budgetBytes: stats.budget_bytes };
+}
+
 async function main() {
   const [scenario, target] = process.argv.slice(2);
   if (scenario === 'keys') {
@@ -638,7 +655,7 @@ async function main() {
   try {
     const q = new Queue(redis, opts.queue);
     const scenarios = {
-      produce, consume, share, service, control, contract, fair, events, signal, keyed, rates,
+      produce, consume, share, service, control, contract, fair, events, signal, keyed, rates, budget,
       'task-produce': taskProduce, 'task-work': taskWork, 'task-decode': taskDecode,
     };
     if (!scenarios[scenario]) throw new Error(`unknown scenario ${scenario}`);

@@ -35,6 +35,7 @@ const SCRIPT_KEYS = {
   set_group_limit: ['counters', 'wake', 'ring', 'groups'],
   set_rate_limit: ['keyed'],
   defer_key: ['leased', 'keyed', 'windows'],
+  set_budget: ['counters'],
   ack_result: ['jobs', 'leased', 'owners', 'done', 'results', 'result_expiry', 'finished', 'wake',
     'meta', 'gready', 'ring', 'groups', 'counters', 'events', 'steps', 'waiting', 'scheduled', 'keyed', 'sequenced'],
   signal: ['jobs', 'scheduled', 'dead', 'steps', 'waiting', 'counters', 'wake', 'events'],
@@ -196,6 +197,8 @@ class Queue {
   // ("rate|<count>/<period_ms>/<burst>/<cost>|<key>", cost 1..burst), or both joined by
   // a newline, the flow key first.
   // flags[i]: 1 added, 0 a duplicate, or the id of the job its key gave the send to.
+  // Under a byte budget (setBudget) a send past it throws a PqError with code PQ_FULL,
+  // and nothing of the call was written (README §2.7).
   async enqueue(jobs) {
     if (jobs.length < 1 || jobs.length > 1000) throw new RangeError('1..1000 jobs per enqueue');
     const args = ['', String(jobs.length)]; // '' = the server clock (production)
@@ -267,7 +270,8 @@ class Queue {
     return (await this.run('release', ['', ...receipts])).map(str);
   }
 
-  // 26 name/value pairs, in a fixed order (README §4.2).
+  // Name/value pairs (38 under contract v6, README §4.2), read by name: a later contract
+  // may add pairs.
   async stats() {
     const reply = await this.run('stats', ['']);
     const out = {};
@@ -304,6 +308,15 @@ class Queue {
   async deferKey(receipt, forMs) {
     const [status, untilMs] = await this.run('defer_key', ['', receipt, int(forMs, 'for_ms', 0, 2 ** 40)]);
     return { status: str(status), untilMs };
+  }
+
+  // Cap the payload bytes the queue holds (README §2.7): an enqueue that would take it
+  // past maxBytes is refused with PQ_FULL. null (or 0) lifts the cap. Jobs sent without a
+  // budget are not counted. {changed, bytes}: whether the cap changed, and the bytes the
+  // queue's sized jobs hold now.
+  async setBudget(maxBytes = null) {
+    const [changed, bytes] = await this.run('set_budget', [int(maxBytes ?? 0, 'max_bytes', 0, 2 ** 50)]);
+    return { changed: changed === 1, bytes };
   }
 
   // Cap how many jobs of one group run at once (README §2.1): group '' is the default.

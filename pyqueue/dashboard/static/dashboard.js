@@ -316,6 +316,12 @@
         title: `at most ${q.rate_limit} leases per ${fmtInt(q.rate_period_ms)} ms across all workers, ` +
           `${q.rate_burst} at once` }));
     }
+    if (q.budget_bytes > 0) {  // the byte budget (pyqueue budget): payload bytes in use of it
+      td.append(el("span", { class: "budget", "data-field": "budget", "data-value": `${q.bytes}/${q.budget_bytes}`,
+        text: `${Math.round(100 * q.bytes / q.budget_bytes)}% of budget`,
+        title: `${fmtInt(q.bytes)} of ${fmtInt(q.budget_bytes)} payload bytes in use; an enqueue past the budget ` +
+          "is refused" }));
+    }
     // Flow control (debounce, throttle, expiry, rate keys): only a queue that has used it shows this.
     const flow = [[q.sequenced, "sequenced"], [q.expired_total, "expired"], [q.debounced, "debounced"],
       [q.throttled, "throttled"], [q.deferred, "deferred"]]

@@ -27,6 +27,7 @@ from pyqueue.protocol.core import (
     check_key,
     check_rate,
     sequence_skip_call,
+    set_budget_call,
     set_group_limit_call,
     set_rate_limit_call,
     text,
@@ -150,6 +151,23 @@ def set_rate_limit(spec: QueueSpec, memory: QueueMemory, key: str, rate: RateLim
         checked = check_rate(RateLimit(0, 1000) if rate == "off" else rate, zero=True)
         limit = f"{checked.count}/{checked.period_ms}/{checked.burst}"
     (changed,) = yield from run(memory, set_rate_limit_call(spec.keys, key, limit))
+    return bool(changed)
+
+
+def set_budget(spec: QueueSpec, memory: QueueMemory, max_bytes: int | None) -> Plan[bool]:
+    """Cap the payload bytes the queue holds (lua/set_budget.lua), or lift the cap (None
+    or 0). With a budget, enqueue keeps each job's payload size and refuses, with
+    :class:`~pyqueue.QueueFull` and nothing written, a call that would take the queue
+    past it; a job's size is taken off when it ends (acked, cancelled, expired, purged
+    from the dead letters: a dead job still counts). Jobs sent while the queue had no
+    budget are not counted. ``Stats.bytes`` is the sum now, ``Stats.budget_bytes`` the
+    cap. Returns whether this call changed the budget.
+
+    Raises:
+        InvalidArgument: max_bytes not None or in 0..2^50 (nothing sent).
+    """
+    check_int(0 if max_bytes is None else max_bytes, "max_bytes", 0, 2**50)
+    changed, _bytes = yield from run(memory, set_budget_call(spec.keys, max_bytes or 0))
     return bool(changed)
 
 
