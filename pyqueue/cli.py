@@ -502,6 +502,13 @@ def cmd_dead(args: argparse.Namespace) -> int:
         return _dead_everywhere(client, args.prefix)
     q = existing_queue(client, args.queue, args.prefix)
     ids = args.id or None
+    where = dead_filter(args)
+    if where is not None:
+        if ids:
+            raise PyQueueError("give --id, or a filter (--task, --error, --since, --until): not both")
+        return dead_by_filter(q, args, where)
+    if args.dry_run:
+        raise PyQueueError("--dry-run goes with a filter (--task, --error, --since, --until)")
     if args.action == "list":
         page = q.dead_list(args.offset, args.limit)
         rows = [[d.id, _task_of(d.payload), _utc(d.dead_ms), f"{d.attempts}/{d.max_attempts}", d.error[:60],
@@ -512,6 +519,58 @@ def cmd_dead(args: argparse.Namespace) -> int:
         print(f"replayed {q.dead_replay(ids, limit=args.limit)}")
     else:
         print(f"purged {q.dead_purge(ids, limit=args.limit)}")
+    return 0
+
+
+def parse_when(text: str) -> int:
+    """``10:00`` or ``10:00:30`` (today, UTC) or an ISO 8601 date or time
+    (``2026-11-29T10:00``, UTC unless it says otherwise) as unix ms."""
+    try:
+        if re.fullmatch(r"\d{1,2}:\d{2}(:\d{2})?", text):
+            clock = datetime.time.fromisoformat(text if len(text.split(":")[0]) == 2 else "0" + text)
+            today = datetime.datetime.now(datetime.timezone.utc).date()
+            when = datetime.datetime.combine(today, clock, datetime.timezone.utc)
+        else:
+            when = datetime.datetime.fromisoformat(text)
+            if when.tzinfo is None:
+                when = when.replace(tzinfo=datetime.timezone.utc)
+    except ValueError:
+        raise PyQueueError(f"a time is HH:MM (today, UTC) or ISO 8601 (2026-11-29T10:00), got {text!r}") from None
+    return int(when.timestamp() * 1000)
+
+
+def dead_filter(args: argparse.Namespace) -> Any:
+    """The dead letters' filter the options give (pyqueue.ops.find.DeadFilter), or None."""
+    from pyqueue.ops.find import DeadFilter
+
+    if args.task is None and args.error is None and args.since is None and args.until is None:
+        return None
+    task = args.task
+    return DeadFilter(error=args.error, since_ms=None if args.since is None else parse_when(args.since),
+                      until_ms=None if args.until is None else parse_when(args.until),
+                      match=None if task is None else (lambda job: _task_of(job.payload) == task))
+
+
+def dead_by_filter(q: Queue, args: argparse.Namespace, where: Any) -> int:
+    """``pyqueue dead list|replay|purge QUEUE --task/--error/--since/--until [--dry-run]``."""
+    from pyqueue.ops.find import dead_matching, purge_matching, replay_matching
+
+    if args.action == "list":
+        found = list(dead_matching(q, where))
+        rows = [[d.id, _task_of(d.payload), _utc(d.dead_ms), f"{d.attempts}/{d.max_attempts}", d.error[:60],
+                 len(d.payload)] for d in found[: args.limit]]
+        print(table(rows, ["id", "task", "died (UTC)", "attempts", "error", "bytes"]) if rows else "no dead jobs found")
+        print(f"{len(found)} found")
+        return 0
+    act = replay_matching if args.action == "replay" else purge_matching
+    result = act(q, where, dry_run=args.dry_run)
+    verb = "replayed" if args.action == "replay" else "purged"
+    if args.dry_run:
+        print(f"would have {verb} {result.found} (a dry run: nothing changed); first: {', '.join(result.sample) or '-'}")
+    else:
+        others = result.found - result.done
+        print(f"{verb} {result.done} of {result.found} found" + (f" ({others} moved meanwhile by others)" if others
+                                                                   else ""))
     return 0
 
 
@@ -1129,8 +1188,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["list", "replay", "purge"])
     p.add_argument("queue", nargs="?", help="the queue (list without it: every queue of every primary)")
     p.add_argument("--id", action="append", help="only these ids (repeat)")
-    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--limit", type=int, default=100, help="list: rows shown; replay/purge without a filter: the "
+                                                          "oldest this many (default 100)")
     p.add_argument("--offset", type=int, default=0)
+    p.add_argument("--task", help="filter: the dead jobs of this task (its name in the job's payload)")
+    p.add_argument("--error", metavar="CLASS", help="filter: the dead jobs whose error is this exception class "
+                                                    "(TimeoutError)")
+    p.add_argument("--since", metavar="WHEN", help="filter: died at or after WHEN: HH:MM (today, UTC) or ISO 8601")
+    p.add_argument("--until", metavar="WHEN", help="filter: died before WHEN")
+    p.add_argument("--dry-run", action="store_true",
+                   help="with a filter: say how many replay/purge would move, and change nothing")
     p.set_defaults(func=cmd_dead)
 
     for command, text in (("pause", "stop a queue from handing out jobs (enqueue goes on)"),

@@ -396,3 +396,40 @@ def test_budget_caps_a_queues_payload_bytes_and_memory_reports_them(url: str,
     assert main(["--url", url, "memory", "nosuchq"]) == 2
     assert main(["--url", url, "budget", "budq", "off"]) == 0
     assert "byte budget lifted" in capsys.readouterr().out
+
+
+def test_dead_replay_and_purge_by_task_error_and_time_with_a_dry_run(url: str,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from pyqueue.tasks import Tasks
+
+    app = Tasks(client=connect(url))
+
+    @app.task(name="send_invoice", queue="deadq", max_attempts=1)
+    def send_invoice(n: int) -> None:
+        pass
+
+    @app.task(name="other", queue="deadq", max_attempts=1)
+    def other() -> None:
+        pass
+
+    for n in range(3):
+        send_invoice.send(n)
+    other.send()
+    q = Queue.from_url(url, "deadq")
+    for job in q.lease(count=10):  # each fails as its task would, and is dead at once
+        q.nack(job, "TimeoutError: slow", final=True)
+    capsys.readouterr()
+    base = ["--url", url, "dead"]
+    assert main([*base, "list", "deadq", "--task", "send_invoice", "--error", "TimeoutError", "--since", "00:00"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("3 found")
+    assert main([*base, "replay", "deadq", "--task", "send_invoice", "--dry-run"]) == 0
+    assert capsys.readouterr().out.startswith("would have replayed 3 (a dry run: nothing changed)")
+    assert q.stats().dead == 4
+    assert main([*base, "replay", "deadq", "--task", "send_invoice", "--error", "TimeoutError"]) == 0
+    assert capsys.readouterr().out == "replayed 3 of 3 found\n"
+    assert main([*base, "purge", "deadq", "--error", "ValueError"]) == 0
+    assert capsys.readouterr().out == "purged 0 of 0 found\n"
+    assert (q.stats().dead, q.stats().ready) == (1, 3)
+    assert main([*base, "replay", "deadq", "--dry-run"]) == 2  # a dry run needs a filter
+    assert main([*base, "replay", "deadq", "--id", "x", "--task", "other"]) == 2  # ids or a filter
+    assert main([*base, "list", "deadq", "--since", "yesterday"]) == 2
