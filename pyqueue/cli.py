@@ -39,7 +39,7 @@ from pyqueue.protocol.verbs.flows import DEFAULT_FLOW_CHECK_MS
 from pyqueue.protocol.verbs.steps import TIMED_OUT, JobSteps
 from pyqueue.worker.supervised import ENV_VAR, SupervisorLink
 from pyqueue.worker.supervisor import DEFAULT_CRASH_LOOP, EXIT_CRASH_LOOP, FAST_DEATH_S, Supervisor
-from pyqueue.ops.schedules import parse_schedule
+from pyqueue.ops.schedules import parse_schedule, server_now_ms
 from pyqueue.ops.service import DEFAULT_EXPIRE_MS, DEFAULT_NAMESPACE, Services
 from pyqueue.worker.aio import AsyncWorker
 from pyqueue.worker import Worker
@@ -502,7 +502,7 @@ def cmd_dead(args: argparse.Namespace) -> int:
         return _dead_everywhere(client, args.prefix)
     q = existing_queue(client, args.queue, args.prefix)
     ids = args.id or None
-    where = dead_filter(args)
+    where = dead_filter(args, q)
     if where is not None:
         if ids:
             raise PyQueueError("give --id, or a filter (--task, --error, --since, --until): not both")
@@ -522,13 +522,13 @@ def cmd_dead(args: argparse.Namespace) -> int:
     return 0
 
 
-def parse_when(text: str) -> int:
-    """``10:00`` or ``10:00:30`` (today, UTC) or an ISO 8601 date or time
-    (``2026-11-29T10:00``, UTC unless it says otherwise) as unix ms."""
+def parse_when(text: str, now_ms: int) -> int:
+    """``10:00`` or ``10:00:30`` (today, UTC, by ``now_ms``: the server's clock) or an ISO
+    8601 date or time (``2026-11-29T10:00``, UTC unless it says otherwise) as unix ms."""
     try:
         if re.fullmatch(r"\d{1,2}:\d{2}(:\d{2})?", text):
             clock = datetime.time.fromisoformat(text if len(text.split(":")[0]) == 2 else "0" + text)
-            today = datetime.datetime.now(datetime.timezone.utc).date()
+            today = datetime.datetime.fromtimestamp(now_ms / 1000, datetime.timezone.utc).date()
             when = datetime.datetime.combine(today, clock, datetime.timezone.utc)
         else:
             when = datetime.datetime.fromisoformat(text)
@@ -539,15 +539,17 @@ def parse_when(text: str) -> int:
     return int(when.timestamp() * 1000)
 
 
-def dead_filter(args: argparse.Namespace) -> Any:
-    """The dead letters' filter the options give (pyqueue.ops.find.DeadFilter), or None."""
+def dead_filter(args: argparse.Namespace, q: Queue) -> Any:
+    """The dead letters' filter the options give (pyqueue.ops.find.DeadFilter), or None.
+    "Today" is the server's (one clock)."""
     from pyqueue.ops.find import DeadFilter
 
     if args.task is None and args.error is None and args.since is None and args.until is None:
         return None
     task = args.task
-    return DeadFilter(error=args.error, since_ms=None if args.since is None else parse_when(args.since),
-                      until_ms=None if args.until is None else parse_when(args.until),
+    now_ms = server_now_ms(q) if args.since is not None or args.until is not None else 0
+    return DeadFilter(error=args.error, since_ms=None if args.since is None else parse_when(args.since, now_ms),
+                      until_ms=None if args.until is None else parse_when(args.until, now_ms),
                       match=None if task is None else (lambda job: _task_of(job.payload) == task))
 
 
