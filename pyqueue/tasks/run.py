@@ -117,8 +117,8 @@ class TaskRun:
     def defer_key(self, seconds: float | timedelta, reason: str | None = None) -> NoReturn:
         """Hold this job's rate key for ``seconds`` (a downstream answered 429 with a
         ``Retry-After``): no job of the key is leased before then (lua/defer_key.lua; its
-        permits already reserved stay), and this run ends by raising :class:`Retry`, so
-        the job runs again then. The retry counts as an attempt, as any retry does. From
+        jobs waiting for earlier slots wait on), and this run ends by raising
+        :class:`Retry`, so the job runs again then. The retry counts as an attempt, as any retry does. From
         an ``async def`` task, ``await`` :meth:`adefer_key`.
 
         Raises:

@@ -286,7 +286,8 @@ def extend(
 def defer_key(spec: QueueSpec, memory: QueueMemory, job: Job, delay_ms: int, *, now_ms: int | None = None) -> Plan[int | None]:
     """Let the rate key of ``job``, a job this worker holds, take no job until now +
     ``delay_ms`` (lua/defer_key.lua): for a downstream's 429 with its Retry-After. The
-    key's next permit is due then (or later, if it was already); permits reserved stay.
+    key's next permit is due then (or later, if it was already): its jobs deferred to
+    earlier slots are checked again when they come due, and wait on.
     The job itself is not touched: end its run as you choose (the task layer's
     ``current_job().defer_key`` retries it then). Fenced: a lease that has ended
     defers nothing.

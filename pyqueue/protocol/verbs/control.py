@@ -139,8 +139,9 @@ def set_rate_limit(spec: QueueSpec, memory: QueueMemory, key: str, rate: RateLim
     over the limit its jobs were sent with (``enqueue(rate_limit=...)``), from the next
     lease on. ``rate``: a :class:`RateLimit` or its text ("100/m"); a count of 0 lets the
     key's jobs through unchecked; None goes back to the limit the jobs carry. Jobs
-    already deferred keep the permits they reserved. Returns whether this call changed
-    the key's limit (a re-sent call changes nothing).
+    already deferred are checked at the new limit when they come due (the permits
+    still owed are counted at its spacing). Returns whether this call changed the
+    key's limit (a re-sent call changes nothing).
 
     Raises:
         InvalidArgument: a malformed key or rate (nothing sent).

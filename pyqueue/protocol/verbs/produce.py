@@ -74,10 +74,11 @@ def enqueue(
             the dead letters, out of the sequence).
         rate_key: a key (as ``key``; on a partitioned queue it picks the partition
             when there is no other key): the jobs sent with one rate key are leased no
-            faster than ``rate_limit``, across all workers. Decided by lease.lua: a job
-            whose permit is not due is not leased but scheduled at its permit's time
-            with the permit reserved (counted as ``deferred``), so it is leased then;
-            other keys' jobs are leased meanwhile. A retry takes a permit again; the
+            faster than ``rate_limit``, across all workers. Decided by lease.lua at
+            every lease: a job whose permits are not due is not leased but scheduled
+            at its slot, when they will be (counted as ``deferred``; the key's waiting
+            jobs spread over its permits, in order); other keys' jobs are leased
+            meanwhile. A retry takes a permit again; the
             job's expiry still counts while it is deferred.
         rate_limit: with ``rate_key``: a :class:`RateLimit`, or its text ``COUNT/PERIOD``
             ("100/m", "5/s", "20/500ms"; burst 1: evenly spaced). Each job is checked
