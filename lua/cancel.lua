@@ -214,21 +214,18 @@ local function keyed_read(K, ids)
   end
   local values = hmget(K.keyed, fields)
   local out, sequenced = NONE, false
-  for i, value in ipairs(ids) do
-    local entry, rated, bytes = values[3 * i - 2], values[3 * i - 1] ~= false, values[3 * i]
-    if bytes then
-      bytes = tonumber(bytes)
-      if not bytes then return nil, 'PQ_CORRUPT unparsable job size in ' .. K.keyed end
-    end
-    if entry then
-      local seq, policy, key = string.match(entry, '^(%d+)|%d+|([bs])|(.+)$')
-      if not seq then return nil, 'PQ_CORRUPT unparsable sequence entry in ' .. K.keyed end
+  for i, id in ipairs(ids) do
+    local entry, bytes = values[3 * i - 2], tonumber(values[3 * i] or '0')
+    if not bytes then return nil, 'PQ_CORRUPT unparsable job size in ' .. K.keyed end
+    if entry or values[3 * i - 1] or bytes > 0 then
+      local e = { id = id, bytes = bytes }
+      if entry then
+        e.seq, e.policy, e.key = string.match(entry, '^(%d+)|%d+|([bs])|(.+)$')
+        if not e.seq then return nil, 'PQ_CORRUPT unparsable sequence entry in ' .. K.keyed end
+        sequenced = true
+      end
       if out == NONE then out = {} end
-      out[#out + 1] = { id = value, seq = seq, policy = policy, key = key, rated = rated, bytes = bytes }
-      sequenced = true
-    elseif rated or bytes then
-      if out == NONE then out = {} end
-      out[#out + 1] = { id = value, rated = rated, bytes = bytes }
+      out[#out + 1] = e
     end
   end
   if sequenced then
@@ -250,30 +247,27 @@ local function keyed_end(K, ended)
     end
     plans[i] = p
   end
-  -- The fields of the jobs' own entries, deleted together; a sequence's are handled below.
+  -- The jobs' own fields, deleted together (a field a job has not is no matter to HDEL).
   local gone, bytes = {}, 0
   for i, e in ipairs(ended) do
     local p = plans[i]
-    if e.rated then gone[#gone + 1] = 'r:' .. e.id end
-    if e.bytes then
-      gone[#gone + 1] = 'b:' .. e.id
+    gone[#gone + 1] = 'j:' .. e.id
+    if not e.kept then
+      gone[#gone + 1], gone[#gone + 2] = 'r:' .. e.id, 'b:' .. e.id
       bytes = bytes + e.bytes
     end
-    if e.seq then
-      gone[#gone + 1] = 'j:' .. e.id
-      if p.next then
-        redis.call('ZREM', K.sequenced, p.next)
-        redis.call('HSET', K.keyed, 's:' .. e.key, p.id)
-        redis.call('ZADD', K.scheduled, p.due, p.id)
-        handed[#handed + 1] = p.id
-      elseif p.head then
-        redis.call('HDEL', K.keyed, 's:' .. e.key)
-      else
-        redis.call('ZREM', K.sequenced, e.key .. '\n' .. e.seq .. '\n' .. e.id)
-      end
+    if p.next then
+      redis.call('ZREM', K.sequenced, p.next)
+      redis.call('HSET', K.keyed, 's:' .. e.key, p.id)
+      redis.call('ZADD', K.scheduled, p.due, p.id)
+      handed[#handed + 1] = p.id
+    elseif p.head then
+      redis.call('HDEL', K.keyed, 's:' .. e.key)
+    elseif e.seq then
+      redis.call('ZREM', K.sequenced, e.key .. '\n' .. e.seq .. '\n' .. e.id)
     end
   end
-  if #gone > 0 then call_chunked('HDEL', K.keyed, gone) end
+  call_chunked('HDEL', K.keyed, gone)
   if bytes > 0 then redis.call('HINCRBY', K.counters, 'bytes', -bytes) end
   if #handed > 0 then redis.call('ZADD', K.wake, 0, 'wake') end
   return handed
