@@ -9,7 +9,7 @@ Memory is bounded: each call first deletes up to n + 10 results whose time is up
 the oldest-expiring results beyond max_results, so at most max_results results are
 kept, each at most 524288 bytes.
 
-KEYS (19), all <prefix>:{<queue>}:<role>
+KEYS (20), all <prefix>:{<queue>}:<role>
   1 jobs           hash    id -> "<attempts>|<max_attempts>|<due_ms>:<enqueued_ms>|<payload>"
   2 leased         zset    receipt -> deadline_ms
   3 owners         zset    receipt -> 0
@@ -32,6 +32,8 @@ KEYS (19), all <prefix>:{<queue>}:<role>
  18 keyed          hash    the sequences' heads and entries (section 2.7), when the queue
                            has any (counters `sequences`): an acked head hands its key on
  19 sequenced      zset    "<key>\n<seq>\n<id>" -> 0: the jobs waiting behind their head
+ 20 index          zset    "<kind>\n<value>\n<enqueued_ms>\n<id>" -> 0: the indexes (set_indexes.lua): an
+                   ended job's members go, when the queue has any (counters `indexed`)
 
 ARGV (4 + 2n)
   1  now_ms          '' (use the server clock) or integer >= 0; tests only
@@ -190,32 +192,44 @@ local function forget_steps(steps_key, waiting_key, forgot)
   call_chunked('ZREM', waiting_key, forgot[2])
 end
 -- lua/include/control.lua (each helper's note is there)
+local function index_members(id, entry, out)
+  local enqueued_ms, group, task = string.match(entry, '^(%d+)\n([^\n]*)\n(.*)$')
+  if not enqueued_ms then return nil end
+  local at = string.format('%015d', tonumber(enqueued_ms))
+  if task ~= '' then out[#out + 1] = 't\n' .. task .. '\n' .. at .. '\n' .. id end
+  if group ~= '' then out[#out + 1] = 'g\n' .. group .. '\n' .. at .. '\n' .. id end
+  return out
+end
 local function keyed_read(K, ids)
   if #ids == 0 then return NONE end
   local fields = {}
   for i, id in ipairs(ids) do
-    fields[3 * i - 2], fields[3 * i - 1], fields[3 * i] = 'j:' .. id, 'r:' .. id, 'b:' .. id
+    fields[4 * i - 3], fields[4 * i - 2], fields[4 * i - 1], fields[4 * i] = 'j:' .. id, 'r:' .. id, 'b:' .. id,
+      'x:' .. id
   end
   local values = hmget(K.keyed, fields)
-  local out, sequenced = NONE, false
+  local out, sequenced, indexed = NONE, false, false
   for i, id in ipairs(ids) do
-    local entry, bytes = values[3 * i - 2], tonumber(values[3 * i] or '0')
+    local entry, bytes, index = values[4 * i - 3], tonumber(values[4 * i - 1] or '0'), values[4 * i]
     if not bytes then return nil, 'PQ_CORRUPT unparsable job size in ' .. K.keyed end
-    if entry or values[3 * i - 1] or bytes > 0 then
-      local e = { id = id, bytes = bytes }
+    if entry or values[4 * i - 2] or bytes > 0 or index then
+      local e = { id = id, bytes = bytes, index = index }
       if entry then
         e.seq, e.policy, e.key = string.match(entry, '^(%d+)|%d+|([bs])|(.+)$')
         if not e.seq then return nil, 'PQ_CORRUPT unparsable sequence entry in ' .. K.keyed end
         sequenced = true
       end
+      if index then
+        if not index_members(id, index, {}) then return nil, 'PQ_CORRUPT unparsable index entry in ' .. K.keyed end
+        indexed = true
+      end
       if out == NONE then out = {} end
       out[#out + 1] = e
     end
   end
-  if sequenced then
-    local err = expect_type(K.sequenced, 'zset') or expect_type(K.scheduled, 'zset') or expect_type(K.wake, 'zset')
-    if err then return nil, err end
-  end
+  local err = sequenced and (expect_type(K.sequenced, 'zset') or expect_type(K.scheduled, 'zset')
+    or expect_type(K.wake, 'zset')) or indexed and K.index and expect_type(K.index, 'zset') or nil
+  if err then return nil, err end
   return out
 end
 local function keyed_end(K, ended)
@@ -232,13 +246,14 @@ local function keyed_end(K, ended)
     plans[i] = p
   end
   -- The jobs' own fields, deleted together (a field a job has not is no matter to HDEL).
-  local gone, bytes = {}, 0
+  local gone, bytes, unindexed = {}, 0, NONE
   for i, e in ipairs(ended) do
     local p = plans[i]
     gone[#gone + 1] = 'j:' .. e.id
     if not e.kept then
-      gone[#gone + 1], gone[#gone + 2] = 'r:' .. e.id, 'b:' .. e.id
+      gone[#gone + 1], gone[#gone + 2], gone[#gone + 3] = 'r:' .. e.id, 'b:' .. e.id, 'x:' .. e.id
       bytes = bytes + e.bytes
+      if e.index then unindexed = index_members(e.id, e.index, unindexed == NONE and {} or unindexed) end
     end
     if p.next then
       redis.call('ZREM', K.sequenced, p.next)
@@ -252,6 +267,7 @@ local function keyed_end(K, ended)
     end
   end
   call_chunked('HDEL', K.keyed, gone)
+  if unindexed ~= NONE then call_chunked('ZREM', K.index, unindexed) end
   if bytes > 0 then redis.call('HINCRBY', K.counters, 'bytes', -bytes) end
   if #handed > 0 then redis.call('ZADD', K.wake, 0, 'wake') end
   return handed
@@ -334,7 +350,8 @@ local function write_acked(K, F, receipts, ids, fair, metas, expired, now_ms, ke
   emit_acked(K.events, bound, receipts, ids, now_ms)
 end
 local function ack_settings(counters_key, events_key, F, ids, K)
-  local settings = redis.call('HMGET', counters_key, 'fair', 'events', 'steps', 'sequences', 'rates', 'sized')
+  local settings = redis.call('HMGET', counters_key, 'fair', 'events', 'steps', 'sequences', 'rates', 'sized',
+    'indexed')
   local bound, err = events_bound(counters_key, events_key, settings[2])
   if err then return nil, nil, false, err end
   local forgot, ended = nil, NONE
@@ -343,7 +360,7 @@ local function ack_settings(counters_key, events_key, F, ids, K)
     forgot[1], forgot[2], err = steps_of(K.steps, K.waiting, ids)
     if err then return nil, nil, false, err end
   end
-  if settings[4] or settings[5] or settings[6] then
+  if settings[4] or settings[5] or settings[6] or settings[7] then
     ended, err = keyed_read(K, ids)
     if err then return nil, nil, false, err end
   end
@@ -354,7 +371,7 @@ local function ack_settings(counters_key, events_key, F, ids, K)
 end
 -- <<< pyqueue includes
 
-local contract_error = contract('ack_result', 19, 6, 4 + 2 * MAX_BATCH, 2)
+local contract_error = contract('ack_result', 20, 6, 4 + 2 * MAX_BATCH, 2)
 if contract_error then return redis.error_reply(contract_error) end
 local MAX_RESULT_BYTES, STREAM_LENGTH = 524288, 1000
 
@@ -410,6 +427,7 @@ local F = fair_keys(9)
 local K = { jobs = jobs_key, leased = leased_key, owners = owners_key, done = done_key }
 K.wake, K.events, K.steps, K.waiting = wake_key, events_key, steps_key, waiting_key
 K.scheduled, K.keyed, K.sequenced, K.counters = scheduled_key, keyed_key, sequenced_key, counters_key
+K.index = KEYS[20]
 local bound, metas, fair, forgot, ended
 bound, metas, fair, err, forgot, ended = ack_settings(counters_key, events_key, F, acked_ids, K)
 err = err or (not jobs_read and expect_type(jobs_key, 'hash')) or expect_type(results_key, 'hash')

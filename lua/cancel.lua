@@ -9,7 +9,7 @@ The job's record is deleted and its id is tombstoned in `done` like an acked one
 keep_done_ms: while the tombstone lives a producer's retried enqueue of the id is a
 duplicate, so a cancelled job does not come back.
 
-KEYS (20), all <prefix>:{<queue>}:<role>
+KEYS (21), all <prefix>:{<queue>}:<role>
   1 jobs       hash  id -> "<attempts>|<max_attempts>|<due_ms>:<enqueued_ms>|<payload>"
   2 ready      list  job ids
   3 scheduled  zset  id -> due_ms
@@ -36,6 +36,8 @@ KEYS (20), all <prefix>:{<queue>}:<role>
                    (counters `sequences`): a cancelled head hands its key on
  20 sequenced  zset  "<key>\n<seq>\n<id>" -> 0: the jobs waiting behind their head; a
                    cancelled one leaves it
+ 21 index      zset  "<kind>\n<value>\n<enqueued_ms>\n<id>" -> 0: the indexes (set_indexes.lua): an
+                   ended job's members go, when the queue has any (counters `indexed`)
 
 ARGV (3)
   1  now_ms        '' (use the server clock) or integer >= 0; tests only
@@ -206,32 +208,44 @@ local function forget_steps(steps_key, waiting_key, forgot)
   call_chunked('ZREM', waiting_key, forgot[2])
 end
 -- lua/include/control.lua (each helper's note is there)
+local function index_members(id, entry, out)
+  local enqueued_ms, group, task = string.match(entry, '^(%d+)\n([^\n]*)\n(.*)$')
+  if not enqueued_ms then return nil end
+  local at = string.format('%015d', tonumber(enqueued_ms))
+  if task ~= '' then out[#out + 1] = 't\n' .. task .. '\n' .. at .. '\n' .. id end
+  if group ~= '' then out[#out + 1] = 'g\n' .. group .. '\n' .. at .. '\n' .. id end
+  return out
+end
 local function keyed_read(K, ids)
   if #ids == 0 then return NONE end
   local fields = {}
   for i, id in ipairs(ids) do
-    fields[3 * i - 2], fields[3 * i - 1], fields[3 * i] = 'j:' .. id, 'r:' .. id, 'b:' .. id
+    fields[4 * i - 3], fields[4 * i - 2], fields[4 * i - 1], fields[4 * i] = 'j:' .. id, 'r:' .. id, 'b:' .. id,
+      'x:' .. id
   end
   local values = hmget(K.keyed, fields)
-  local out, sequenced = NONE, false
+  local out, sequenced, indexed = NONE, false, false
   for i, id in ipairs(ids) do
-    local entry, bytes = values[3 * i - 2], tonumber(values[3 * i] or '0')
+    local entry, bytes, index = values[4 * i - 3], tonumber(values[4 * i - 1] or '0'), values[4 * i]
     if not bytes then return nil, 'PQ_CORRUPT unparsable job size in ' .. K.keyed end
-    if entry or values[3 * i - 1] or bytes > 0 then
-      local e = { id = id, bytes = bytes }
+    if entry or values[4 * i - 2] or bytes > 0 or index then
+      local e = { id = id, bytes = bytes, index = index }
       if entry then
         e.seq, e.policy, e.key = string.match(entry, '^(%d+)|%d+|([bs])|(.+)$')
         if not e.seq then return nil, 'PQ_CORRUPT unparsable sequence entry in ' .. K.keyed end
         sequenced = true
       end
+      if index then
+        if not index_members(id, index, {}) then return nil, 'PQ_CORRUPT unparsable index entry in ' .. K.keyed end
+        indexed = true
+      end
       if out == NONE then out = {} end
       out[#out + 1] = e
     end
   end
-  if sequenced then
-    local err = expect_type(K.sequenced, 'zset') or expect_type(K.scheduled, 'zset') or expect_type(K.wake, 'zset')
-    if err then return nil, err end
-  end
+  local err = sequenced and (expect_type(K.sequenced, 'zset') or expect_type(K.scheduled, 'zset')
+    or expect_type(K.wake, 'zset')) or indexed and K.index and expect_type(K.index, 'zset') or nil
+  if err then return nil, err end
   return out
 end
 local function keyed_end(K, ended)
@@ -248,13 +262,14 @@ local function keyed_end(K, ended)
     plans[i] = p
   end
   -- The jobs' own fields, deleted together (a field a job has not is no matter to HDEL).
-  local gone, bytes = {}, 0
+  local gone, bytes, unindexed = {}, 0, NONE
   for i, e in ipairs(ended) do
     local p = plans[i]
     gone[#gone + 1] = 'j:' .. e.id
     if not e.kept then
-      gone[#gone + 1], gone[#gone + 2] = 'r:' .. e.id, 'b:' .. e.id
+      gone[#gone + 1], gone[#gone + 2], gone[#gone + 3] = 'r:' .. e.id, 'b:' .. e.id, 'x:' .. e.id
       bytes = bytes + e.bytes
+      if e.index then unindexed = index_members(e.id, e.index, unindexed == NONE and {} or unindexed) end
     end
     if p.next then
       redis.call('ZREM', K.sequenced, p.next)
@@ -268,6 +283,7 @@ local function keyed_end(K, ended)
     end
   end
   call_chunked('HDEL', K.keyed, gone)
+  if unindexed ~= NONE then call_chunked('ZREM', K.index, unindexed) end
   if bytes > 0 then redis.call('HINCRBY', K.counters, 'bytes', -bytes) end
   if #handed > 0 then redis.call('ZADD', K.wake, 0, 'wake') end
   return handed
@@ -338,7 +354,7 @@ local function fair_unready(F, id, meta)
 end
 -- <<< pyqueue includes
 
-local contract_error = contract('cancel', 20, 3, 3)
+local contract_error = contract('cancel', 21, 3, 3)
 local F = fair_keys(11)
 if contract_error then return redis.error_reply(contract_error) end
 
@@ -383,7 +399,8 @@ local MAX_SCAN_PAGES, FIRST_PAGES = 1000, 10
 err = expect_type(counters_key, 'hash') or (state == 'dead' and expect_type(errors_key, 'hash'))
   or expect_type(owners_key, 'zset') or meta and (fair_types(F) or expect_type(wake_key, 'zset'))
 if err then return redis.error_reply(err) end
-local settings = redis.call('HMGET', counters_key, 'events', 'steps', 'expiry', 'sequences', 'rates', 'sized')
+local settings = redis.call('HMGET', counters_key, 'events', 'steps', 'expiry', 'sequences', 'rates', 'sized',
+  'indexed')
 local bound, forgot
 bound, err = events_bound(counters_key, events_key, settings[1])
 if not err and settings[2] then
@@ -392,12 +409,12 @@ if not err and settings[2] then
   forgot[1], forgot[2], err = steps_of(steps_key, waiting_key, { id })
 end
 if not err and settings[3] then err = expect_type(expires_key, 'zset') end
--- Its entries in `keyed` (section 2.7), when the queue has sequences, rate keys or sizes: a job
+-- Its entries in `keyed` (section 2.7), when the queue has sequences, rate keys, sizes or indexes: a job
 -- behind its sequence's head is in no other state.
 local S = { scheduled = scheduled_key, wake = wake_key, keyed = keyed_key, sequenced = sequenced_key,
-  counters = counters_key }
+  counters = counters_key, index = KEYS[21] }
 local ended = NONE
-if not err and (settings[4] or settings[5] or settings[6]) then
+if not err and (settings[4] or settings[5] or settings[6] or settings[7]) then
   ended, err = keyed_read(S, { id })
   if not err and not state and #ended > 0 and ended[1].seq
     and redis.call('HGET', keyed_key, 's:' .. ended[1].key) ~= id then

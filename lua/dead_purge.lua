@@ -3,7 +3,7 @@
 Only the given ids are deleted; ids not in DEAD are skipped. (To purge "the oldest N",
 list them with dead_list first: naming the ids is what makes a re-sent call harmless.)
 
-KEYS (11), all <prefix>:{<queue>}:<role>
+KEYS (12), all <prefix>:{<queue>}:<role>
   1 jobs      hash  id -> "<attempts>|<max_attempts>|<due_ms>:<enqueued_ms>|<payload>"
   2 dead      zset  id -> dead_ms
   3 errors    hash  id -> last error text
@@ -18,6 +18,8 @@ KEYS (11), all <prefix>:{<queue>}:<role>
                   (counters `sequences`): a purged head (a dead job that blocked its
                   sequence) hands its key on
  11 sequenced zset  "<key>\n<seq>\n<id>" -> 0: the jobs waiting behind their head
+ 12 index     zset  "<kind>\n<value>\n<enqueued_ms>\n<id>" -> 0: the indexes (set_indexes.lua): an
+                   ended job's members go, when the queue has any (counters `indexed`)
 
 ARGV (k)
   1.. ids     1..1000 job ids
@@ -98,32 +100,44 @@ local function forget_steps(steps_key, waiting_key, forgot)
   call_chunked('ZREM', waiting_key, forgot[2])
 end
 -- lua/include/control.lua (each helper's note is there)
+local function index_members(id, entry, out)
+  local enqueued_ms, group, task = string.match(entry, '^(%d+)\n([^\n]*)\n(.*)$')
+  if not enqueued_ms then return nil end
+  local at = string.format('%015d', tonumber(enqueued_ms))
+  if task ~= '' then out[#out + 1] = 't\n' .. task .. '\n' .. at .. '\n' .. id end
+  if group ~= '' then out[#out + 1] = 'g\n' .. group .. '\n' .. at .. '\n' .. id end
+  return out
+end
 local function keyed_read(K, ids)
   if #ids == 0 then return NONE end
   local fields = {}
   for i, id in ipairs(ids) do
-    fields[3 * i - 2], fields[3 * i - 1], fields[3 * i] = 'j:' .. id, 'r:' .. id, 'b:' .. id
+    fields[4 * i - 3], fields[4 * i - 2], fields[4 * i - 1], fields[4 * i] = 'j:' .. id, 'r:' .. id, 'b:' .. id,
+      'x:' .. id
   end
   local values = hmget(K.keyed, fields)
-  local out, sequenced = NONE, false
+  local out, sequenced, indexed = NONE, false, false
   for i, id in ipairs(ids) do
-    local entry, bytes = values[3 * i - 2], tonumber(values[3 * i] or '0')
+    local entry, bytes, index = values[4 * i - 3], tonumber(values[4 * i - 1] or '0'), values[4 * i]
     if not bytes then return nil, 'PQ_CORRUPT unparsable job size in ' .. K.keyed end
-    if entry or values[3 * i - 1] or bytes > 0 then
-      local e = { id = id, bytes = bytes }
+    if entry or values[4 * i - 2] or bytes > 0 or index then
+      local e = { id = id, bytes = bytes, index = index }
       if entry then
         e.seq, e.policy, e.key = string.match(entry, '^(%d+)|%d+|([bs])|(.+)$')
         if not e.seq then return nil, 'PQ_CORRUPT unparsable sequence entry in ' .. K.keyed end
         sequenced = true
       end
+      if index then
+        if not index_members(id, index, {}) then return nil, 'PQ_CORRUPT unparsable index entry in ' .. K.keyed end
+        indexed = true
+      end
       if out == NONE then out = {} end
       out[#out + 1] = e
     end
   end
-  if sequenced then
-    local err = expect_type(K.sequenced, 'zset') or expect_type(K.scheduled, 'zset') or expect_type(K.wake, 'zset')
-    if err then return nil, err end
-  end
+  local err = sequenced and (expect_type(K.sequenced, 'zset') or expect_type(K.scheduled, 'zset')
+    or expect_type(K.wake, 'zset')) or indexed and K.index and expect_type(K.index, 'zset') or nil
+  if err then return nil, err end
   return out
 end
 local function keyed_end(K, ended)
@@ -140,13 +154,14 @@ local function keyed_end(K, ended)
     plans[i] = p
   end
   -- The jobs' own fields, deleted together (a field a job has not is no matter to HDEL).
-  local gone, bytes = {}, 0
+  local gone, bytes, unindexed = {}, 0, NONE
   for i, e in ipairs(ended) do
     local p = plans[i]
     gone[#gone + 1] = 'j:' .. e.id
     if not e.kept then
-      gone[#gone + 1], gone[#gone + 2] = 'r:' .. e.id, 'b:' .. e.id
+      gone[#gone + 1], gone[#gone + 2], gone[#gone + 3] = 'r:' .. e.id, 'b:' .. e.id, 'x:' .. e.id
       bytes = bytes + e.bytes
+      if e.index then unindexed = index_members(e.id, e.index, unindexed == NONE and {} or unindexed) end
     end
     if p.next then
       redis.call('ZREM', K.sequenced, p.next)
@@ -160,17 +175,18 @@ local function keyed_end(K, ended)
     end
   end
   call_chunked('HDEL', K.keyed, gone)
+  if unindexed ~= NONE then call_chunked('ZREM', K.index, unindexed) end
   if bytes > 0 then redis.call('HINCRBY', K.counters, 'bytes', -bytes) end
   if #handed > 0 then redis.call('ZADD', K.wake, 0, 'wake') end
   return handed
 end
 -- <<< pyqueue includes
 
-local contract_error = contract('dead_purge', 11, 1, MAX_BATCH)
+local contract_error = contract('dead_purge', 12, 1, MAX_BATCH)
 local meta_key, steps_key, waiting_key = KEYS[5], KEYS[6], KEYS[7]
 local scheduled_key, wake_key, keyed_key, sequenced_key = KEYS[8], KEYS[9], KEYS[10], KEYS[11]
 local K = { scheduled = scheduled_key, wake = wake_key, keyed = keyed_key, sequenced = sequenced_key,
-  counters = counters_key }
+  counters = counters_key, index = KEYS[12] }
 if contract_error then return redis.error_reply(contract_error) end
 
 -- 1. Validate.
@@ -189,14 +205,14 @@ if #ids > 0 then
   -- The `steps`, `sequences`, `rates` and `sized` flags (sections 2.6, 2.7); the read proves
   -- `counters` a hash, instead of a TYPE probe, so a queue without them pays no command
   -- for them.
-  local flags = redis.pcall('HMGET', counters_key, 'steps', 'sequences', 'rates', 'sized')
+  local flags = redis.pcall('HMGET', counters_key, 'steps', 'sequences', 'rates', 'sized', 'indexed')
   if flags.err then err = err or expect_type(counters_key, 'hash') or tostring(flags.err) end
   local forgot, ended = nil, NONE
   if not err and flags[1] then
     forgot = {}
     forgot[1], forgot[2], err = steps_of(steps_key, waiting_key, ids)
   end
-  if not err and (flags[2] or flags[3] or flags[4]) then ended, err = keyed_read(K, ids) end
+  if not err and (flags[2] or flags[3] or flags[4] or flags[5]) then ended, err = keyed_read(K, ids) end
   if err then return redis.error_reply(err) end
 
   -- 3. Write.

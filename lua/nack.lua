@@ -159,32 +159,44 @@ local function emit(events_key, bound, kind, id, now_ms, ...)
   end
 end
 -- lua/include/control.lua (each helper's note is there)
+local function index_members(id, entry, out)
+  local enqueued_ms, group, task = string.match(entry, '^(%d+)\n([^\n]*)\n(.*)$')
+  if not enqueued_ms then return nil end
+  local at = string.format('%015d', tonumber(enqueued_ms))
+  if task ~= '' then out[#out + 1] = 't\n' .. task .. '\n' .. at .. '\n' .. id end
+  if group ~= '' then out[#out + 1] = 'g\n' .. group .. '\n' .. at .. '\n' .. id end
+  return out
+end
 local function keyed_read(K, ids)
   if #ids == 0 then return NONE end
   local fields = {}
   for i, id in ipairs(ids) do
-    fields[3 * i - 2], fields[3 * i - 1], fields[3 * i] = 'j:' .. id, 'r:' .. id, 'b:' .. id
+    fields[4 * i - 3], fields[4 * i - 2], fields[4 * i - 1], fields[4 * i] = 'j:' .. id, 'r:' .. id, 'b:' .. id,
+      'x:' .. id
   end
   local values = hmget(K.keyed, fields)
-  local out, sequenced = NONE, false
+  local out, sequenced, indexed = NONE, false, false
   for i, id in ipairs(ids) do
-    local entry, bytes = values[3 * i - 2], tonumber(values[3 * i] or '0')
+    local entry, bytes, index = values[4 * i - 3], tonumber(values[4 * i - 1] or '0'), values[4 * i]
     if not bytes then return nil, 'PQ_CORRUPT unparsable job size in ' .. K.keyed end
-    if entry or values[3 * i - 1] or bytes > 0 then
-      local e = { id = id, bytes = bytes }
+    if entry or values[4 * i - 2] or bytes > 0 or index then
+      local e = { id = id, bytes = bytes, index = index }
       if entry then
         e.seq, e.policy, e.key = string.match(entry, '^(%d+)|%d+|([bs])|(.+)$')
         if not e.seq then return nil, 'PQ_CORRUPT unparsable sequence entry in ' .. K.keyed end
         sequenced = true
       end
+      if index then
+        if not index_members(id, index, {}) then return nil, 'PQ_CORRUPT unparsable index entry in ' .. K.keyed end
+        indexed = true
+      end
       if out == NONE then out = {} end
       out[#out + 1] = e
     end
   end
-  if sequenced then
-    local err = expect_type(K.sequenced, 'zset') or expect_type(K.scheduled, 'zset') or expect_type(K.wake, 'zset')
-    if err then return nil, err end
-  end
+  local err = sequenced and (expect_type(K.sequenced, 'zset') or expect_type(K.scheduled, 'zset')
+    or expect_type(K.wake, 'zset')) or indexed and K.index and expect_type(K.index, 'zset') or nil
+  if err then return nil, err end
   return out
 end
 local function sequence_dead_read(K, ids, flag)
@@ -217,13 +229,14 @@ local function keyed_end(K, ended)
     plans[i] = p
   end
   -- The jobs' own fields, deleted together (a field a job has not is no matter to HDEL).
-  local gone, bytes = {}, 0
+  local gone, bytes, unindexed = {}, 0, NONE
   for i, e in ipairs(ended) do
     local p = plans[i]
     gone[#gone + 1] = 'j:' .. e.id
     if not e.kept then
-      gone[#gone + 1], gone[#gone + 2] = 'r:' .. e.id, 'b:' .. e.id
+      gone[#gone + 1], gone[#gone + 2], gone[#gone + 3] = 'r:' .. e.id, 'b:' .. e.id, 'x:' .. e.id
       bytes = bytes + e.bytes
+      if e.index then unindexed = index_members(e.id, e.index, unindexed == NONE and {} or unindexed) end
     end
     if p.next then
       redis.call('ZREM', K.sequenced, p.next)
@@ -237,6 +250,7 @@ local function keyed_end(K, ended)
     end
   end
   call_chunked('HDEL', K.keyed, gone)
+  if unindexed ~= NONE then call_chunked('ZREM', K.index, unindexed) end
   if bytes > 0 then redis.call('HINCRBY', K.counters, 'bytes', -bytes) end
   if #handed > 0 then redis.call('ZADD', K.wake, 0, 'wake') end
   return handed

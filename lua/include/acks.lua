@@ -30,12 +30,13 @@ end
 -- set by enqueue.lua for a job with a group or a priority, and by set_group_limit.lua;
 -- lease.lua decides so too); and their step data to delete only when the queue has
 -- any (`steps`: set by step.lua, park.lua and signal.lua; K.steps and K.waiting), and
--- their entries in `keyed` only when it has sequences, rate keys or sizes (`sequences`,
--- `rates`, `sized`: set by enqueue.lua).
+-- their entries in `keyed` only when it has sequences, rate keys, sizes or index
+-- entries (`sequences`, `rates`, `sized`, `indexed`: set by enqueue.lua).
 -- A plain queue reads none of them. Answers bound, metas, fair, nil, forgot, ended (for
 -- write_acked); or nil, nil, false and an error text.
 local function ack_settings(counters_key, events_key, F, ids, K)
-  local settings = redis.call('HMGET', counters_key, 'fair', 'events', 'steps', 'sequences', 'rates', 'sized')
+  local settings = redis.call('HMGET', counters_key, 'fair', 'events', 'steps', 'sequences', 'rates', 'sized',
+    'indexed')
   local bound, err = events_bound(counters_key, events_key, settings[2])
   if err then return nil, nil, false, err end
   local forgot, ended = nil, NONE
@@ -44,7 +45,7 @@ local function ack_settings(counters_key, events_key, F, ids, K)
     forgot[1], forgot[2], err = steps_of(K.steps, K.waiting, ids)
     if err then return nil, nil, false, err end
   end
-  if settings[4] or settings[5] or settings[6] then
+  if settings[4] or settings[5] or settings[6] or settings[7] then
     ended, err = keyed_read(K, ids)
     if err then return nil, nil, false, err end
   end

@@ -125,60 +125,109 @@ local function key_arg(value)
   return { mode = mode, window_ms = window_ms, policy = policy, key = key, field = KEY_MODES[mode] .. key }
 end
 
--- A job's keys argument: '' (none), a flow key (key_arg), a rate key (rate_arg), or
--- both, the flow key first, separated by a newline. Answers the flow key (or false),
--- the rate (or false); or nil, nil and a PQ_BADARG text.
-local function keys_arg(value)
-  if value == '' then return false, false end
-  local first, rest = string.match(value, '^([^\n]*)\n(.*)$')
-  local key, rate, err = false, false, nil
-  if not first then
-    if string.sub(value, 1, 5) == 'rate|' then rate, err = rate_arg(value) else key, err = key_arg(value) end
-  elseif first == '' then
-    err = 'PQ_BADARG a job\'s keys are a flow key, a rate key, or both joined by a newline (the flow key first), got '
+-- A job's task name, "task|<name>" in its keys argument (indexes, set_indexes.lua):
+-- 1..256 bytes without control characters. Answers the name, or nil and a PQ_BADARG text.
+local function task_arg(value)
+  local name = string.sub(value, 6)
+  if #name < 1 or #name > 256 or string.find(name, '%c') then
+    return nil, 'PQ_BADARG a task name must be "task|<name>", name 1..256 bytes without control characters, got '
       .. string.format('%q', value)
-  else
-    key, err = key_arg(first)
-    if not err then rate, err = rate_arg(rest) end
   end
-  if err then return nil, nil, err end
-  return key or false, rate
+  return name
+end
+
+-- A job's keys argument: '' (none), or lines joined by newlines, at most one of each
+-- kind: a flow key (key_arg), a rate key ("rate|...", rate_arg), a task name
+-- ("task|<name>", task_arg). Answers the flow key, the rate and the task name (each
+-- false when absent); or nil, nil, nil and a PQ_BADARG text.
+local function keys_arg(value)
+  if value == '' then return false, false, false end
+  local got, err = { key = false, rate = false, task = false }, nil
+  for line in string.gmatch(value .. '\n', '([^\n]*)\n') do
+    local kind = string.sub(line, 1, 5) == 'rate|' and 'rate' or string.sub(line, 1, 5) == 'task|' and 'task'
+      or line ~= '' and 'key' or nil
+    if not kind or got[kind] then
+      err = 'PQ_BADARG a job\'s keys are lines joined by newlines, at most one each of a flow key, a rate key '
+        .. '("rate|...") and a task name ("task|..."), got ' .. string.format('%q', value)
+    elseif kind == 'rate' then
+      got.rate, err = rate_arg(line)
+    elseif kind == 'task' then
+      got.task, err = task_arg(line)
+    else
+      got.key, err = key_arg(line)
+    end
+    if err then return nil, nil, nil, err end
+  end
+  return got.key, got.rate, got.task
+end
+
+-- Indexes (set_indexes.lua, lua/README.md section 2.8): in a queue whose `counters` has
+-- `indexes`, each job sent with a task name or a group is listed in `index`, a
+-- lexicographic zset (all scores 0) of members "<kind>\n<value>\n<enqueued_ms, 15
+-- digits>\n<id>": kind 't' (task name) or 'g' (group). So one ZRANGEBYLEX answers a
+-- task's or a group's jobs in send order, and a time range is a range of members. A
+-- job's "x:<id>" in `keyed`, "<enqueued_ms>\n<group>\n<task>", names its members: the
+-- scripts that end a job read it with its other entries (keyed_read) and remove both
+-- (keyed_end). Its state is not in the index: it is read where it lives (search.lua).
+-- A dead job keeps its members: it is still a job.
+
+-- The index entry "x:<id>" of a job sent at `enqueued_ms` with `task` and `group`
+-- ('' or false: none), or nil when it has neither.
+local function index_entry(enqueued_ms, group, task)
+  if (task or '') == '' and (group or '') == '' then return nil end
+  return string.format('%d', enqueued_ms) .. '\n' .. (group or '') .. '\n' .. (task or '')
+end
+
+-- The `index` members of job `id` from its entry (index_entry), appended to `out`.
+local function index_members(id, entry, out)
+  local enqueued_ms, group, task = string.match(entry, '^(%d+)\n([^\n]*)\n(.*)$')
+  if not enqueued_ms then return nil end
+  local at = string.format('%015d', tonumber(enqueued_ms))
+  if task ~= '' then out[#out + 1] = 't\n' .. task .. '\n' .. at .. '\n' .. id end
+  if group ~= '' then out[#out + 1] = 'g\n' .. group .. '\n' .. at .. '\n' .. id end
+  return out
 end
 
 -- The entries in `keyed` of jobs `ids` that end (section 2.7; K holds keyed, sequenced,
--- scheduled, wake and counters): their sequence entries "j:<id>", rate entries "r:<id>"
--- and sizes "b:<id>" (byte budgets, set_budget.lua), read before any write: one HMGET of
--- `keyed` (which proves it a hash), and when any job is in a sequence, TYPE probes of
--- the keys keyed_end writes. Called by the scripts that end jobs, in a queue whose
--- `counters` has `sequences`, `rates` or `sized`. Answers the entries of the jobs that
--- have any ({id, bytes: its size or 0; and seq, policy, key of a sequence's job}), NONE
--- when none; or nil and an error text.
+-- scheduled, wake, counters and index): their sequence entries "j:<id>", rate entries
+-- "r:<id>", sizes "b:<id>" (byte budgets, set_budget.lua) and index entries "x:<id>"
+-- (set_indexes.lua), read before any write: one HMGET of `keyed` (which proves it a
+-- hash), and TYPE probes of the keys keyed_end writes when any job is in a sequence or
+-- indexed (K.index: the scripts whose entries all stay, `kept` dead letters, pass none).
+-- Called by the scripts that end jobs, in a queue whose `counters` has
+-- `sequences`, `rates`, `sized` or `indexed`. Answers the entries of the jobs that have
+-- any ({id, bytes: its size or 0; index: its index entry; and seq, policy, key of a
+-- sequence's job}), NONE when none; or nil and an error text.
 local function keyed_read(K, ids)
   if #ids == 0 then return NONE end
   local fields = {}
   for i, id in ipairs(ids) do
-    fields[3 * i - 2], fields[3 * i - 1], fields[3 * i] = 'j:' .. id, 'r:' .. id, 'b:' .. id
+    fields[4 * i - 3], fields[4 * i - 2], fields[4 * i - 1], fields[4 * i] = 'j:' .. id, 'r:' .. id, 'b:' .. id,
+      'x:' .. id
   end
   local values = hmget(K.keyed, fields)
-  local out, sequenced = NONE, false
+  local out, sequenced, indexed = NONE, false, false
   for i, id in ipairs(ids) do
-    local entry, bytes = values[3 * i - 2], tonumber(values[3 * i] or '0')
+    local entry, bytes, index = values[4 * i - 3], tonumber(values[4 * i - 1] or '0'), values[4 * i]
     if not bytes then return nil, 'PQ_CORRUPT unparsable job size in ' .. K.keyed end
-    if entry or values[3 * i - 1] or bytes > 0 then
-      local e = { id = id, bytes = bytes }
+    if entry or values[4 * i - 2] or bytes > 0 or index then
+      local e = { id = id, bytes = bytes, index = index }
       if entry then
         e.seq, e.policy, e.key = string.match(entry, '^(%d+)|%d+|([bs])|(.+)$')
         if not e.seq then return nil, 'PQ_CORRUPT unparsable sequence entry in ' .. K.keyed end
         sequenced = true
       end
+      if index then
+        if not index_members(id, index, {}) then return nil, 'PQ_CORRUPT unparsable index entry in ' .. K.keyed end
+        indexed = true
+      end
       if out == NONE then out = {} end
       out[#out + 1] = e
     end
   end
-  if sequenced then
-    local err = expect_type(K.sequenced, 'zset') or expect_type(K.scheduled, 'zset') or expect_type(K.wake, 'zset')
-    if err then return nil, err end
-  end
+  local err = sequenced and (expect_type(K.sequenced, 'zset') or expect_type(K.scheduled, 'zset')
+    or expect_type(K.wake, 'zset')) or indexed and K.index and expect_type(K.index, 'zset') or nil
+  if err then return nil, err end
   return out
 end
 
@@ -204,7 +253,8 @@ local function sequence_dead_read(K, ids, flag)
 end
 
 -- The jobs of `ended` (from keyed_read) ended for good: their entries go (a job still
--- `kept`, a dead letter, keeps its rate entry and size), and the queue's `bytes` less
+-- `kept`, a dead letter, keeps its rate entry, size and index members), so do their
+-- members in `index`, and the queue's `bytes` less
 -- their sizes; a head hands its key to the next job of the sequence, which is scheduled
 -- at its due time (a worker is woken), or frees it; any other leaves the line. Every
 -- read comes before the first write (a user whose ACL lacks a command is refused before
@@ -223,13 +273,14 @@ local function keyed_end(K, ended)
     plans[i] = p
   end
   -- The jobs' own fields, deleted together (a field a job has not is no matter to HDEL).
-  local gone, bytes = {}, 0
+  local gone, bytes, unindexed = {}, 0, NONE
   for i, e in ipairs(ended) do
     local p = plans[i]
     gone[#gone + 1] = 'j:' .. e.id
     if not e.kept then
-      gone[#gone + 1], gone[#gone + 2] = 'r:' .. e.id, 'b:' .. e.id
+      gone[#gone + 1], gone[#gone + 2], gone[#gone + 3] = 'r:' .. e.id, 'b:' .. e.id, 'x:' .. e.id
       bytes = bytes + e.bytes
+      if e.index then unindexed = index_members(e.id, e.index, unindexed == NONE and {} or unindexed) end
     end
     if p.next then
       redis.call('ZREM', K.sequenced, p.next)
@@ -243,6 +294,7 @@ local function keyed_end(K, ended)
     end
   end
   call_chunked('HDEL', K.keyed, gone)
+  if unindexed ~= NONE then call_chunked('ZREM', K.index, unindexed) end
   if bytes > 0 then redis.call('HINCRBY', K.counters, 'bytes', -bytes) end
   if #handed > 0 then redis.call('ZADD', K.wake, 0, 'wake') end
   return handed

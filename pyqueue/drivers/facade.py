@@ -25,6 +25,7 @@ from pyqueue.protocol.core import (
 from pyqueue.protocol.plans import QueuePlans
 from pyqueue.protocol.spec import DEFAULT_COALESCE_ENQUEUES, QueueMemory, QueueSpec, random_owner
 from pyqueue.protocol.verbs import consume, control, flows, produce, reading
+from pyqueue.protocol.verbs import search as search_plans
 from pyqueue.protocol.verbs import events as event_plans
 from pyqueue.protocol.verbs import progress as progress_plans
 from pyqueue.protocol.verbs import steps as step_plans
@@ -120,6 +121,9 @@ class QueueFacade:
     set_group_limit = Verb(control.set_group_limit)
     set_rate_limit = Verb(control.set_rate_limit)
     set_budget = Verb(control.set_budget)
+    set_indexes = Verb(search_plans.set_indexes)
+    search = Verb(search_plans.search)
+    promote_now = Verb(search_plans.promote_now)
     groups = Verb(control.groups)
     pause = Verb(control.pause)
     resume = Verb(control.resume)

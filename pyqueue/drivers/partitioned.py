@@ -64,6 +64,7 @@ from pyqueue.protocol.models import (
     GroupsPage,
     Job,
     JobEntry,
+    SearchPage,
     JobInfo,
     JobPage,
     JobResult,
@@ -85,6 +86,7 @@ from pyqueue.protocol.verbs import produce
 from pyqueue.protocol.verbs.progress import Progress, check_progress_ids, check_progress_job
 from pyqueue.protocol.verbs.steps import Committed, JobSteps, ParkAnswer, ParkKind, Signalled, check_leased
 from pyqueue.protocol.verbs.reading import check_browse, peek_many, sum_stats
+from pyqueue.protocol.verbs.search import DEFAULT_SCAN_MOST, check_search
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -572,6 +574,49 @@ def set_budget(layout: Partitions, /, max_bytes: int | None) -> Plan[bool]:
     return any((yield from plan_each(part.set_budget(share) for part in layout.parts)))
 
 
+def set_indexes(layout: Partitions, /, on: bool = True, *, now_ms: int | None = None) -> Plan[int | None]:
+    """As :func:`pyqueue.protocol.verbs.search.set_indexes`, in every partition: since
+    when every partition keeps them (the latest), or None."""
+    answers = yield from plan_each(part.set_indexes(on, now_ms=now_ms) for part in layout.parts)
+    return None if None in answers else max(a for a in answers if a is not None)
+
+
+def search(layout: Partitions, /, *, cursor: str = "", count: int = 100, scan_most: int = DEFAULT_SCAN_MOST,
+           **where: Any) -> Plan[SearchPage]:
+    """As :func:`pyqueue.protocol.verbs.search.search`, over the partitions in order
+    (``JobEntry.queue`` names each job's partition; a group's jobs are all in its
+    partition). The cursor is "<partition>:<that partition's cursor>"."""
+    check_search(where.get("state"), where.get("task"), where.get("group"), where.get("error"),
+                 where.get("since_ms"), where.get("until_ms"), count)
+    p, part_cursor = 0, ""
+    if cursor:
+        head, _, part_cursor = cursor.partition(":")
+        if not head.isdigit() or int(head) >= layout.count:
+            raise InvalidArgument(f"cursor {cursor!r} is not one of this queue's search pages")
+        p = int(head)
+    jobs: list[JobEntry] = []
+    examined, since, latest = 0, None, 0
+    while p < layout.count and len(jobs) < count and examined < scan_most:
+        page = yield from layout.parts[p].search(cursor=part_cursor, count=count - len(jobs),
+                                                 scan_most=scan_most - examined, **where)
+        jobs += page.jobs
+        examined, since, latest = examined + page.examined, page.indexed_since_ms, max(latest, page.now_ms)
+        part_cursor = page.cursor
+        if not part_cursor:
+            p += 1
+    next_cursor = f"{p}:{part_cursor}" if p < layout.count else ""
+    return SearchPage(jobs=jobs, cursor=next_cursor, examined=examined, indexed_since_ms=since, now_ms=latest)
+
+
+def promote_now(layout: Partitions, /, ids: Sequence[str], *, now_ms: int | None = None) -> Plan[list[str]]:
+    """As :func:`pyqueue.protocol.verbs.search.promote_now`: each id in its partition."""
+    groups: dict[int, list[str]] = {}
+    for job_id in check_ids(ids):
+        groups.setdefault(partition_of(job_id, layout.count), []).append(job_id)
+    answers = yield from plan_each(layout.parts[p].promote_now(group, now_ms=now_ms) for p, group in sorted(groups.items()))
+    return [job_id for answer in answers for job_id in answer]
+
+
 def set_group_limit(layout: Partitions, /, cap: int | None, *, group: str | None = None) -> Plan[bool]:
     """As :func:`pyqueue.protocol.verbs.control.set_group_limit`, in every partition: a
     group's jobs all live in its partition, so the cap there is the group's cap across
@@ -771,6 +816,9 @@ class PartitionedQueue:
     sequence_skip = Routed(sequence_skip)
     set_rate_limit = Routed(set_rate_limit)
     set_budget = Routed(set_budget)
+    set_indexes = Routed(set_indexes)
+    search = Routed(search)
+    promote_now = Routed(promote_now)
     defer_key = Routed(defer_key)
     limit = Routed(limit)
     set_group_limit = Routed(set_group_limit)

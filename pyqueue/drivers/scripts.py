@@ -69,15 +69,15 @@ def contract_version(source: str) -> int | None:
 #: The keys each script takes, by role, in header order (tests compare with the headers).
 SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "enqueue": ("jobs", "ready", "scheduled", "counters", "wake", "done", "meta", "gready", "ring", "groups", "events",
-                "keyed", "windows", "expires", "sequenced"),
+                "keyed", "windows", "expires", "sequenced", "index"),
     "lease": ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake", "done",
               "meta", "gready", "ring", "groups", "events", "steps", "waiting", "expires", "expired", "keyed", "sequenced",
-              "windows"),
+              "windows", "index"),
     "ack": ("jobs", "leased", "owners", "done", "wake", "meta", "gready", "ring", "groups", "counters", "events",
-            "steps", "waiting", "scheduled", "keyed", "sequenced"),
+            "steps", "waiting", "scheduled", "keyed", "sequenced", "index"),
     "ack_result": ("jobs", "leased", "owners", "done", "results", "result_expiry", "finished", "wake",
                    "meta", "gready", "ring", "groups", "counters", "events", "steps", "waiting", "scheduled", "keyed",
-                   "sequenced"),
+                   "sequenced", "index"),
     "nack": ("jobs", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake", "finished",
              "meta", "gready", "ring", "groups", "events", "keyed", "sequenced"),
     "extend": ("jobs", "leased"),
@@ -90,11 +90,16 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "get": ("jobs", "scheduled", "leased", "dead", "errors", "done", "waiting", "expired", "keyed"),
     "result": ("jobs", "dead", "errors", "done", "results", "result_expiry", "finished"),
     "cancel": ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "done", "wake",
-               "meta", "gready", "ring", "groups", "events", "steps", "waiting", "expires", "keyed", "sequenced"),
+               "meta", "gready", "ring", "groups", "events", "steps", "waiting", "expires", "keyed", "sequenced",
+               "index"),
     "limit": ("counters", "wake"),
     "set_group_limit": ("counters", "wake", "ring", "groups"),
     "set_rate_limit": ("keyed",),
     "set_budget": ("counters",),
+    "set_indexes": ("counters",),
+    "search": ("jobs", "ready", "scheduled", "leased", "dead", "errors", "counters", "index", "keyed", "waiting",
+               "gready"),
+    "promote_now": ("jobs", "scheduled", "waiting", "wake"),
     "defer_key": ("leased", "keyed", "windows"),
     "groups": ("gready", "ring", "groups"),
     "pause": ("counters",),
@@ -102,7 +107,7 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "dead_list": ("jobs", "dead", "errors"),
     "dead_replay": ("jobs", "ready", "dead", "errors", "counters", "wake", "meta", "gready", "ring", "groups", "events"),
     "dead_purge": ("jobs", "dead", "errors", "counters", "meta", "steps", "waiting", "scheduled", "wake", "keyed",
-                   "sequenced"),
+                   "sequenced", "index"),
     "sequence_skip": ("dead", "counters", "events", "scheduled", "wake", "keyed", "sequenced"),
     "scrub": ("jobs", "ready", "leased", "owners", "dead", "errors", "counters", "wake", "meta", "gready", "ring", "groups",
               "events", "scheduled", "keyed", "sequenced"),
@@ -189,7 +194,8 @@ def _node_pool() -> ThreadPoolExecutor:
 
 
 #: Scripts that write nothing: wait_replicas sends no WAIT after them.
-READ_ONLY = frozenset({"stats", "peek", "dead_list", "get", "result", "flow_show", "progress_show", "browse", "groups"})
+READ_ONLY = frozenset({"stats", "peek", "dead_list", "get", "result", "flow_show", "progress_show", "browse", "groups",
+                       "search"})
 
 #: How long a cluster call keeps retrying weather before it raises.
 DEFAULT_WEATHER_BUDGET_S = 30.0

@@ -214,8 +214,14 @@ def new_job(item: NewJob | bytes | str, max_payload_bytes: int = DEFAULT_MAX_PAY
         priority or "",
         group or "",
         "" if new.expires_ms is None else new.expires_ms,
-        f"{key}\n{rate}" if key and rate else key or rate,
+        "\n".join(part for part in (key, rate, task_arg(new.task)) if part),
     )
+
+
+def task_arg(task: str | None) -> str:
+    """A job's task name as enqueue.lua takes it ("task|<name>"; '' for none): a str of
+    1..256 UTF-8 bytes without control characters, else InvalidArgument."""
+    return "" if task is None else "task|" + check_key(task, "task")
 
 
 def check_key(value: object, what: str = "key") -> str:
@@ -308,8 +314,8 @@ def check_rate(value: object, zero: bool = False) -> RateLimit:
 
 def keys_of(value: str) -> list[str]:
     """The keys in a job's keys argument (:data:`JobTuple`'s last value): its flow key's
-    and its rate key's, as they are given."""
-    return [part.split("|", 2)[2] for part in value.split("\n")] if value else []
+    and its rate key's, as they are given (not its task name)."""
+    return [part.split("|", 2)[2] for part in value.split("\n") if not part.startswith("task|")] if value else []
 
 
 def rate_arg(new: NewJob) -> str:
@@ -798,6 +804,24 @@ def cancel_call(keys: Keys, now_ms: int | None, job_id: str, keep_done_ms: int) 
 def set_budget_call(keys: Keys, max_bytes: int) -> ScriptCall:
     """lua/set_budget.lua."""
     return ScriptCall("set_budget", keys, [max_bytes])
+
+
+def set_indexes_call(keys: Keys, now_ms: int | None, on: bool) -> ScriptCall:
+    """lua/set_indexes.lua."""
+    return ScriptCall("set_indexes", keys, [now_arg(now_ms), 1 if on else 0])
+
+
+def search_call(keys: Keys, now_ms: int | None, state: str, task: str, group: str, error: str,
+                since_ms: int | None, until_ms: int | None, cursor: str, count: int) -> ScriptCall:
+    """lua/search.lua."""
+    return ScriptCall("search", keys, [now_arg(now_ms), state, task, group, error,
+                                       "" if since_ms is None else since_ms, "" if until_ms is None else until_ms,
+                                       cursor, count])
+
+
+def promote_now_call(keys: Keys, now_ms: int | None, ids: Sequence[str]) -> ScriptCall:
+    """lua/promote_now.lua."""
+    return ScriptCall("promote_now", keys, [now_arg(now_ms), *ids])
 
 
 def set_rate_limit_call(keys: Keys, key: str, limit: str) -> ScriptCall:

@@ -141,6 +141,11 @@ class QueueKeys:
         return self._key("keyed")
 
     @property
+    def index(self) -> str:
+        """zset: "<t or g>\\n<task or group>\\n<enqueued_ms>\\n<id>" -> 0, the jobs of a queue that keeps indexes (set_indexes.lua)."""
+        return self._key("index")
+
+    @property
     def windows(self) -> str:
         """zset: "d:<key>" / "t:<key>" -> ms until which that job holds the key."""
         return self._key("windows")
@@ -210,7 +215,7 @@ class QueueKeys:
 ROLES = ("jobs", "ready", "scheduled", "leased", "owners", "dead", "errors", "counters", "wake", "done", "results",
          "result_expiry", "finished", "meta", "gready", "ring", "groups", "fwait", "fpending", "flows", "flow_expiry",
          "progress", "progress_at", "events", "steps", "waiting", "keyed", "windows", "expires", "expired",
-         "sequenced")
+         "sequenced", "index")
 
 
 @dataclass(frozen=True)

@@ -158,6 +158,9 @@ class NewJob:
     rate_key: str | None = None
     rate_limit: RateLimit | str | None = None
     cost: int = 1
+    #: The task it runs (the task layer sets it): a queue that keeps indexes
+    #: (``Queue.set_indexes``) lists the job under it, for ``Queue.search(task=)``.
+    task: str | None = None
 
 
 @dataclass(frozen=True)
@@ -388,6 +391,20 @@ class DeadPage:
     jobs: list[DeadJob]
 
 
+@dataclass(frozen=True)
+class SearchPage:
+    """One page of ``Queue.search``: the jobs found (at most the count asked), and the
+    cursor to go on from (``""``: the search is complete). ``examined``: the jobs read
+    to find them. ``indexed_since_ms``: since when the queue keeps indexes (jobs sent
+    before are not found by task or group), or None."""
+
+    jobs: list[JobEntry]
+    cursor: str
+    examined: int
+    indexed_since_ms: int | None
+    now_ms: int
+
+
 #: The due time of a job waiting for other jobs (lua/flow_wait.lua): never due by time.
 WAITING_DUE_MS = 2**50
 
@@ -418,6 +435,16 @@ class JobEntry:
     done_until_ms: int = -1
     has_result: bool = False
     finished_ms: int = -1
+    #: A job found by ``Queue.search``: its state ('ready', 'scheduled', 'waiting',
+    #: 'sequenced', 'leased' or 'dead'; '' in a browse page, whose state is the page's),
+    #: its task ('' when it was sent without one, or before the queue kept indexes),
+    #: when it was sent, when it died and its last error (dead), its payload's size.
+    state: str = ""
+    task: str = ""
+    enqueued_ms: int = -1
+    dead_ms: int = -1
+    error: str = ""
+    payload_bytes: int = -1
 
     @property
     def waiting(self) -> bool:

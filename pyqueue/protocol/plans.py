@@ -22,6 +22,7 @@ from pyqueue.protocol.core import (
     Plan,
 )
 from pyqueue.protocol.models import (
+    SearchPage,
     Cancelled,
     SequenceSkipped,
     DeadPage,
@@ -43,6 +44,8 @@ from pyqueue.protocol.models import (
 )
 from pyqueue.protocol.spec import QueueMemory, QueueSpec
 from pyqueue.protocol.verbs import base, consume, control, flows, produce, reading
+from pyqueue.protocol.verbs import search as search_plans
+from pyqueue.protocol.verbs.search import DEFAULT_SCAN_MOST
 from pyqueue.protocol.verbs import events as event_plans
 from pyqueue.protocol.verbs import progress as progress_plans
 from pyqueue.protocol.verbs import steps as step_plans
@@ -146,6 +149,13 @@ class QueuePlans(Protocol):
     def dead_replay(self, ids: Sequence[str] | None = None, *, limit: int = 100, now_ms: int | None = None) -> Plan[int]: ...
 
     def dead_purge(self, ids: Sequence[str] | None = None, *, limit: int = 100) -> Plan[int]: ...
+
+    # -- search
+    def set_indexes(self, on: bool = True, *, now_ms: int | None = None) -> Plan[int | None]: ...
+
+    def search(self, *, state: str | None = None, task: str | None = None, group: str | None = None, error: str | None = None, since_ms: int | None = None, until_ms: int | None = None, cursor: str = '', count: int = 100, scan_most: int = DEFAULT_SCAN_MOST, now_ms: int | None = None) -> Plan[SearchPage]: ...
+
+    def promote_now(self, ids: Sequence[str], *, now_ms: int | None = None) -> Plan[list[str]]: ...
 
     # -- flows
     def flow_wait(self, job: NewJob, waits_for: Sequence[Ref], *, check_ms: int = DEFAULT_FLOW_CHECK_MS, now_ms: int | None = None) -> Plan[str]: ...
@@ -255,6 +265,9 @@ class SingleQueue:
     set_group_limit = Bound(control.set_group_limit)
     set_rate_limit = Bound(control.set_rate_limit)
     set_budget = Bound(control.set_budget)
+    set_indexes = Bound(search_plans.set_indexes)
+    search = Bound(search_plans.search)
+    promote_now = Bound(search_plans.promote_now)
     groups = Bound(control.groups)
     pause = Bound(control.pause)
     resume = Bound(control.resume)

@@ -279,7 +279,7 @@ class Signature:
                       throttle_ms=self.options.throttle_ms if keyed else None, key=key, sequence=sequence,
                       on_failure=self.options.on_failure if sequence is not None else "block",
                       rate_key=rate_key, rate_limit=self.options.rate_limit if rate_key is not None else None,
-                      cost=cost if rate_key is not None else 1)
+                      cost=cost if rate_key is not None else 1, task=self.task.name)
 
     def rate_terms(self) -> tuple[str | None, int]:
         """This call's rate key (None: not limited) and cost: the task's name when the
