@@ -416,6 +416,54 @@ def cmd_budget(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_indexes(args: argparse.Namespace) -> int:
+    """Keep a queue's search indexes, or stop (Queue.set_indexes)."""
+    q = configured_queue(args, connect(args.url))
+    since_ms = q.set_indexes(args.on == "on")
+    if since_ms is None:
+        print(f"{args.queue}: keeps no indexes (the members kept go as their jobs end)")
+    else:
+        print(f"{args.queue}: keeps indexes since {_utc(since_ms)} UTC: pyqueue search --task/--group finds the jobs "
+              "sent since then")
+    return 0
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    """``pyqueue search QUEUE --state --task --group --error --since --until [--replay|--purge|--cancel|--promote]``."""
+    from pyqueue.ops.find import BULK_ACTIONS, JobFilter, act_matching
+
+    q = existing_queue(connect(args.url), args.queue, args.prefix)
+    now_ms = server_now_ms(q) if args.since is not None or args.until is not None else 0
+    where = JobFilter(state=args.state, task=args.task, group=args.group, error=args.error,
+                      since_ms=None if args.since is None else parse_when(args.since, now_ms),
+                      until_ms=None if args.until is None else parse_when(args.until, now_ms))
+    actions = [a for a in BULK_ACTIONS if getattr(args, a)]
+    if len(actions) > 1:
+        raise PyQueueError(f"one action at a time, got {', '.join('--' + a for a in actions)}")
+    if args.dry_run and not actions:
+        raise PyQueueError("--dry-run goes with an action (--replay, --purge, --cancel, --promote)")
+    if actions:
+        result = act_matching(q, actions[0], where, dry_run=args.dry_run)
+        verb = BULK_ACTIONS[actions[0]][1]
+        if args.dry_run:
+            print(f"would have {verb} {result.found} (a dry run: nothing changed); first: "
+                  f"{', '.join(result.sample) or '-'}")
+        else:
+            others = result.found - result.done
+            print(f"{verb} {result.done} of {result.found} found"
+                  + (f" ({others} moved meanwhile by others)" if others else ""))
+        return 0
+    page = q.search(count=args.limit, cursor=args.cursor, **where.search_args())
+    rows = [[j.id, j.state, j.task or "-", j.group or "-", _utc(j.enqueued_ms) if j.enqueued_ms >= 0 else "-",
+             f"{j.attempts}/{j.max_attempts}", (j.error or j.owner)[:50]] for j in page.jobs]
+    print(table(rows, ["id", "state", "task", "group", "sent (UTC)", "attempts", "error / owner"]) if rows
+          else "no jobs found")
+    print(f"{len(page.jobs)} shown, {page.examined} read" + (f"; more: --cursor '{page.cursor}'" if page.cursor else ""))
+    if page.indexed_since_ms is not None and (args.task or args.group):
+        print(f"(indexes since {_utc(page.indexed_since_ms)} UTC: jobs sent before are not found by task or group)")
+    return 0
+
+
 def cmd_memory(args: argparse.Namespace) -> int:
     """What each queue holds in Redis, by part (pyqueue.ops.memory)."""
     from pyqueue.ops.memory import PARTS, memory_of
@@ -1174,6 +1222,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("size", help="512MiB, 1GB, 64KiB, 1000 (bytes); or off")
     p.add_argument("--create", action="store_true", help=CREATE_HELP)
     p.set_defaults(func=cmd_budget)
+
+    p = sub.add_parser("indexes", help="keep a queue's search indexes by task and group (or: off)")
+    p.add_argument("queue")
+    p.add_argument("on", choices=["on", "off"])
+    p.add_argument("--create", action="store_true", help=CREATE_HELP)
+    p.set_defaults(func=cmd_indexes)
+
+    p = sub.add_parser("search", help="find jobs in any state by state, task, group, error class and time; and "
+                                      "replay, purge, cancel or promote what is found")
+    p.add_argument("queue")
+    p.add_argument("--state", choices=["ready", "scheduled", "waiting", "sequenced", "leased", "dead"])
+    p.add_argument("--task", help="the jobs of this task (needs indexes: pyqueue indexes QUEUE on)")
+    p.add_argument("--group", help="the jobs of this group (needs indexes)")
+    p.add_argument("--error", metavar="CLASS", help="dead jobs whose error is this exception class (TimeoutError)")
+    p.add_argument("--since", metavar="WHEN", help="died (dead jobs) or sent (others) at or after WHEN: HH:MM (today, "
+                                                   "UTC) or ISO 8601")
+    p.add_argument("--until", metavar="WHEN", help="died or sent before WHEN")
+    p.add_argument("--limit", type=int, default=50, help="rows shown (1..500, default 50)")
+    p.add_argument("--cursor", default="", help="go on from where a page stopped")
+    for action, text in (("replay", "replay the dead jobs found"), ("purge", "delete the dead jobs found"),
+                         ("cancel", "cancel the jobs found, in any state"),
+                         ("promote", "make the scheduled jobs found due now")):
+        p.add_argument("--" + action, action="store_true", help=text + " (each job's state is checked again as it is "
+                                                                      "acted on)")
+    p.add_argument("--dry-run", action="store_true", help="with an action: say how many it would act on, change nothing")
+    p.set_defaults(func=cmd_search)
 
     p = sub.add_parser("memory", help="what each queue holds in Redis: jobs, results, tombstones, events, indexes")
     p.add_argument("queue", nargs="*", help="default: every queue under the prefix")

@@ -116,6 +116,7 @@ class QueueFacade:
     promote = Verb(control.promote)
     scrub = Verb(control.scrub)
     cancel = Verb(control.cancel)
+    cancel_many = Verb(control.cancel_many)
     sequence_skip = Verb(control.sequence_skip)
     limit = Verb(control.limit)
     set_group_limit = Verb(control.set_group_limit)

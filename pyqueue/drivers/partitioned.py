@@ -243,11 +243,12 @@ def enqueue(
     rate_key: str | None = None,
     rate_limit: RateLimit | str | None = None,
     cost: int = 1,
+    task: str | None = None,
     now_ms: int | None = None,
 ) -> Plan[Enqueued]:
     """As :func:`pyqueue.protocol.verbs.produce.enqueue`, in the partition of the job's id."""
     new = NewJob(payload, job_id, delay_ms, max_attempts, priority, group, expires_ms, debounce_ms, throttle_ms, key,
-                 sequence, on_failure, rate_key, rate_limit, cost)
+                 sequence, on_failure, rate_key, rate_limit, cost, task)
     (added,) = yield from enqueue_many(layout, [new], now_ms=now_ms)
     return added
 
@@ -271,13 +272,14 @@ def enqueue_json(
     rate_key: str | None = None,
     rate_limit: RateLimit | str | None = None,
     cost: int = 1,
+    task: str | None = None,
     now_ms: int | None = None,
 ) -> Plan[Enqueued]:
     """As :func:`pyqueue.protocol.verbs.produce.enqueue_json`, in the partition of the job's id."""
     plan = enqueue(layout, produce.json_payload(obj), job_id=job_id, delay_ms=delay_ms, max_attempts=max_attempts,
                    priority=priority, group=group, expires_ms=expires_ms, debounce_ms=debounce_ms,
                    throttle_ms=throttle_ms, key=key, sequence=sequence, on_failure=on_failure,
-                   rate_key=rate_key, rate_limit=rate_limit, cost=cost, now_ms=now_ms)
+                   rate_key=rate_key, rate_limit=rate_limit, cost=cost, task=task, now_ms=now_ms)
     return (yield from plan)
 
 
@@ -548,6 +550,18 @@ def cancel(layout: Partitions, /, job_id: str, *, now_ms: int | None = None) -> 
     return (yield from layout.part_for(job_id).cancel(job_id, now_ms=now_ms))
 
 
+def cancel_many(layout: Partitions, /, job_ids: Sequence[str], *, now_ms: int | None = None) -> Plan[list[Cancelled]]:
+    """As :func:`pyqueue.protocol.verbs.control.cancel_many`: each id in its partition;
+    the answers in the order of ``job_ids``."""
+    ids = check_ids(job_ids)
+    groups: dict[int, list[str]] = {}
+    for job_id in ids:
+        groups.setdefault(partition_of(job_id, layout.count), []).append(job_id)
+    answers = yield from plan_each(layout.parts[p].cancel_many(group, now_ms=now_ms) for p, group in sorted(groups.items()))
+    by_id = {a.id: a for answer in answers for a in answer}
+    return [by_id[job_id] for job_id in ids]
+
+
 def sequence_skip(layout: Partitions, /, key: str, *, now_ms: int | None = None) -> Plan[SequenceSkipped]:
     """As :func:`pyqueue.protocol.verbs.control.sequence_skip`, in the key's partition
     (a keyed job lives there)."""
@@ -813,6 +827,7 @@ class PartitionedQueue:
     promote = Routed(promote)
     scrub = Routed(scrub)
     cancel = Routed(cancel)
+    cancel_many = Routed(cancel_many)
     sequence_skip = Routed(sequence_skip)
     set_rate_limit = Routed(set_rate_limit)
     set_budget = Routed(set_budget)

@@ -1,13 +1,21 @@
-"""Find dead letters by what they are, and replay or purge them in bulk: ``pyqueue dead
-replay QUEUE --task send_invoice --error TimeoutError --since 10:00``.
+"""Find jobs by what they are, and act on them in bulk: ``pyqueue search QUEUE --state dead
+--task send_invoice --error TimeoutError --since 10:00 --replay``.
 
-The dead letters are read page by page, oldest first (lua/dead_list.lua, 1000 a call),
-and filtered here; the jobs found are then replayed (lua/dead_replay.lua) or purged
-(lua/dead_purge.lua) 1000 ids a call. Each of those scripts re-checks every id it gets
-and skips one that is no longer dead (replayed or purged meanwhile by someone else), so
-a job is never moved twice, and the counts returned are what the scripts moved. The
-read is O(dead letters) and holds only the ids found; a queue's dead letters are
-meant to be few (``pyqueue memory``). Read-only with ``dry_run``.
+Two ways to find, one way to act:
+
+- :class:`JobFilter` and :func:`matching` read ``Queue.search`` pages (lua/search.lua):
+  any state, by task and group on a queue that keeps indexes (``Queue.set_indexes``),
+  by state, error class and time on any queue.
+- :class:`DeadFilter` and :func:`dead_matching` read the dead letters page by page
+  (lua/dead_list.lua, 1000 a call) and filter them here, with any test of a dead job
+  (its payload too): what ``pyqueue dead`` uses on a queue without indexes.
+
+The ids found are collected first, then acted on 1000 a call by scripts that check
+each job's state again in the same call: ``dead_replay`` and ``dead_purge`` skip a job
+that is no longer dead, ``cancel`` one that has ended, ``promote_now`` one that is no
+longer scheduled. So a job is never moved twice, nor retried after its ack, and the
+counts returned are what the scripts did: "replayed 35 of 37 found (2 moved meanwhile
+by others)". Read-only with ``dry_run``.
 """
 
 from __future__ import annotations
@@ -15,10 +23,83 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from typing import Any
+
 from pyqueue.drivers.queue import Queue
 from pyqueue.protocol.core import MAX_BATCH
 from pyqueue.protocol.errors import InvalidArgument
-from pyqueue.protocol.models import DeadJob
+from pyqueue.protocol.models import DeadJob, JobEntry
+from pyqueue.protocol.verbs.search import check_search
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    """Which jobs, for ``Queue.search``: every field given must hold (none: every job).
+    ``task`` and ``group`` need the queue's indexes (``Queue.set_indexes``)."""
+
+    #: ready, scheduled, waiting, sequenced, leased or dead
+    state: str | None = None
+    task: str | None = None
+    group: str | None = None
+    #: A dead job's exception class (as :class:`DeadFilter`'s); implies dead.
+    error: str | None = None
+    #: A dead job died, any other was sent, at or after / before this time (ms, server clock).
+    since_ms: int | None = None
+    until_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        check_search(self.state, self.task, self.group, self.error, self.since_ms, self.until_ms, 1)
+
+    def search_args(self) -> dict[str, Any]:
+        """The keyword arguments of ``Queue.search``."""
+        return {"state": self.state, "task": self.task, "group": self.group, "error": self.error,
+                "since_ms": self.since_ms, "until_ms": self.until_ms}
+
+
+def matching(queue: Queue, where: JobFilter, *, page_size: int = 500) -> Iterator[JobEntry]:
+    """The jobs of ``queue`` that ``where`` finds, page after page of ``Queue.search``
+    until its cursor is spent (each page one atomic read: a job that moves meanwhile may
+    be seen twice or missed)."""
+    cursor = ""
+    while True:
+        page = queue.search(cursor=cursor, count=page_size, **where.search_args())
+        yield from page.jobs
+        cursor = page.cursor
+        if not cursor:
+            return
+
+
+#: The bulk actions, the state each acts on (None: any), and the verb of its answer.
+BULK_ACTIONS = {"replay": ("dead", "replayed"), "purge": ("dead", "purged"), "cancel": (None, "cancelled"),
+                "promote": ("scheduled", "promoted")}
+
+
+def act_matching(queue: Queue, action: str, where: JobFilter, *, dry_run: bool = False) -> BulkResult:
+    """Do ``action`` to every job ``where`` finds: ``replay`` dead jobs (to READY,
+    attempts reset), ``purge`` dead jobs (deleted), ``cancel`` jobs in any state (ended,
+    their ids tombstoned), ``promote`` scheduled jobs (due now). A filter whose state is
+    not the action's is refused (InvalidArgument); one without a state gets it."""
+    if action not in BULK_ACTIONS:
+        raise InvalidArgument(f"action must be one of {', '.join(BULK_ACTIONS)}, got {action!r}")
+    state, _verb = BULK_ACTIONS[action]
+    if state is not None and where.state not in (None, state):
+        raise InvalidArgument(f"{action} acts on {state} jobs: the filter's state is {where.state!r}")
+    if state is not None and where.state is None:
+        where = JobFilter(**{**where.search_args(), "state": state})
+    ids = list(dict.fromkeys(job.id for job in matching(queue, where)))
+    done = 0
+    if not dry_run:
+        for start in range(0, len(ids), MAX_BATCH):
+            chunk = ids[start : start + MAX_BATCH]
+            if action == "replay":
+                done += queue.dead_replay(chunk)
+            elif action == "purge":
+                done += queue.dead_purge(chunk)
+            elif action == "cancel":
+                done += sum(c.state not in ("done", "unknown") for c in queue.cancel_many(chunk))
+            else:
+                done += len(queue.promote_now(chunk))
+    return BulkResult(found=len(ids), done=done, sample=ids[:10])
 
 
 @dataclass(frozen=True)
@@ -74,10 +155,10 @@ def dead_matching(queue: Queue, where: DeadFilter) -> Iterator[DeadJob]:
 class BulkResult:
     """What a bulk action found and did."""
 
-    #: The dead letters the filter found.
+    #: The jobs the filter found.
     found: int
-    #: How many the scripts moved (replayed or purged): fewer than ``found`` when
-    #: others moved some meanwhile; 0 with ``dry_run``.
+    #: How many the scripts moved (replayed, purged, cancelled, promoted): fewer than
+    #: ``found`` when others moved some meanwhile; 0 with ``dry_run``.
     done: int
     #: The first ids found (at most 10), to show.
     sample: list[str]

@@ -24,6 +24,8 @@ PARTS: dict[str, tuple[str, ...]] = {
     "results": ("results", "result_expiry", "finished"),
     "tombstones": ("done", "expired"),
     "events": ("events",),
+    # (the x:<id> entries naming a job's members live in `keyed`, under flow_control)
+    "indexes": ("index",),
     "flow_control": ("keyed", "windows", "expires", "sequenced"),
     "steps": ("steps", "waiting"),
     "flows": ("fwait", "fpending", "flows", "flow_expiry"),

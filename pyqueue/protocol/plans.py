@@ -132,6 +132,8 @@ class QueuePlans(Protocol):
 
     def cancel(self, job_id: str, *, now_ms: int | None = None) -> Plan[Cancelled]: ...
 
+    def cancel_many(self, job_ids: Sequence[str], *, now_ms: int | None = None) -> Plan[list[Cancelled]]: ...
+
     def sequence_skip(self, key: str, *, now_ms: int | None = None) -> Plan[SequenceSkipped]: ...
 
     def limit(self, count: int, period_ms: int = 1000, *, burst: int = 1) -> Plan[bool]: ...
@@ -260,6 +262,7 @@ class SingleQueue:
     promote = Bound(control.promote)
     scrub = Bound(control.scrub)
     cancel = Bound(control.cancel)
+    cancel_many = Bound(control.cancel_many)
     sequence_skip = Bound(control.sequence_skip)
     limit = Bound(control.limit)
     set_group_limit = Bound(control.set_group_limit)

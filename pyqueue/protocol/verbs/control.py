@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pyqueue.protocol.core import (
     DEFAULT_MAINTENANCE_LIMIT,
     MAX_BATCH,
+    Pipelined,
     Plan,
     cancel_call,
     check_group,
@@ -43,6 +44,7 @@ from pyqueue.protocol.models import (
     Scrubbed,
     SequenceSkipped,
 )
+from pyqueue.protocol.errors import map_redis_error
 from pyqueue.protocol.spec import QueueSpec, QueueMemory
 from pyqueue.protocol.verbs.base import run
 
@@ -111,6 +113,22 @@ def cancel(spec: QueueSpec, memory: QueueMemory, job_id: str, *, now_ms: int | N
     check_now(now_ms)
     (state,) = yield from run(memory, cancel_call(spec.keys, now_ms, job_id, spec.keep_done_ms))
     return Cancelled(id=job_id, queue=spec.name, state=text(state))
+
+
+def cancel_many(spec: QueueSpec, memory: QueueMemory, job_ids: Sequence[str], *, now_ms: int | None = None) -> Plan[list[Cancelled]]:
+    """:meth:`cancel` of up to 1000 jobs in one round trip (lua/cancel.lua once per id,
+    pipelined): each call is atomic and checks its job's state, as one cancel does.
+    One answer each, in order."""
+    ids = check_ids(job_ids)
+    check_now(now_ms)
+    calls = [cancel_call(spec.keys, now_ms, job_id, spec.keep_done_ms) for job_id in ids]
+    replies = yield Pipelined("cancel", [(call.keys, call.args) for call in calls])
+    out = []
+    for job_id, reply in zip(ids, replies):
+        if isinstance(reply, Exception):
+            raise map_redis_error(reply) from reply
+        out.append(Cancelled(id=job_id, queue=spec.name, state=text(reply[0])))
+    return out
 
 
 def limit(spec: QueueSpec, memory: QueueMemory, count: int, period_ms: int = 1000, *, burst: int = 1) -> Plan[bool]:

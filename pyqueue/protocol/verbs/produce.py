@@ -31,6 +31,7 @@ def enqueue(
     rate_key: str | None = None,
     rate_limit: RateLimit | str | None = None,
     cost: int = 1,
+    task: str | None = None,
     now_ms: int | None = None,
 ) -> Plan[Enqueued]:
     """Add one job (lua/enqueue.lua).
@@ -85,6 +86,9 @@ def enqueue(
             against the limit it carries, unless the key has one set with
             :meth:`set_rate_limit`, which wins.
         cost: with ``rate_key``: the permits this job takes, 1..the limit's burst.
+        task: the task the job runs (1..256 bytes without control characters; the
+            task layer sets its own): a queue that keeps indexes (:meth:`set_indexes`)
+            lists the job under it, for :meth:`search`.
         now_ms: tests only: override the server clock.
 
     Returns:
@@ -99,7 +103,7 @@ def enqueue(
         InvalidArgument, WrongTypeError, OutcomeUnknown.
     """
     new = NewJob(payload, job_id, delay_ms, max_attempts, priority, group, expires_ms, debounce_ms, throttle_ms, key,
-                 sequence, on_failure, rate_key, rate_limit, cost)
+                 sequence, on_failure, rate_key, rate_limit, cost, task)
     (added,) = yield from enqueue_many(spec, memory, [new], now_ms=now_ms)
     return added
 
@@ -128,13 +132,14 @@ def enqueue_json(
     rate_key: str | None = None,
     rate_limit: RateLimit | str | None = None,
     cost: int = 1,
+    task: str | None = None,
     now_ms: int | None = None,
 ) -> Plan[Enqueued]:
     """``enqueue`` the JSON encoding of ``obj`` (compact, UTF-8); read it with ``Job.json()``."""
     plan = enqueue(spec, memory, json_payload(obj), job_id=job_id, delay_ms=delay_ms, max_attempts=max_attempts,
                    priority=priority, group=group, expires_ms=expires_ms, debounce_ms=debounce_ms,
                    throttle_ms=throttle_ms, key=key, sequence=sequence, on_failure=on_failure,
-                   rate_key=rate_key, rate_limit=rate_limit, cost=cost, now_ms=now_ms)
+                   rate_key=rate_key, rate_limit=rate_limit, cost=cost, task=task, now_ms=now_ms)
     return (yield from plan)
 
 
