@@ -602,18 +602,32 @@ def dead_filter(args: argparse.Namespace, q: Queue) -> Any:
 
 
 def dead_by_filter(q: Queue, args: argparse.Namespace, where: Any) -> int:
-    """``pyqueue dead list|replay|purge QUEUE --task/--error/--since/--until [--dry-run]``."""
-    from pyqueue.ops.find import dead_matching, purge_matching, replay_matching
+    """``pyqueue dead list|replay|purge QUEUE --task/--error/--since/--until [--dry-run]``:
+    by ``Queue.search`` (lua/search.lua), unless a task is asked of a queue that keeps
+    no indexes: then the dead letters' payloads are read (pyqueue.ops.find.DeadFilter)."""
+    from pyqueue.ops.find import JobFilter, act_matching, dead_matching, matching, purge_matching, replay_matching
 
+    by_index = args.task is None or q.search(state="dead", count=1).indexed_since_ms is not None
+    found: list[Any]
+    if by_index:
+        job_filter = JobFilter(state="dead", task=args.task, error=args.error, since_ms=where.since_ms,
+                               until_ms=where.until_ms)
     if args.action == "list":
-        found = list(dead_matching(q, where))
-        rows = [[d.id, _task_of(d.payload), _utc(d.dead_ms), f"{d.attempts}/{d.max_attempts}", d.error[:60],
-                 len(d.payload)] for d in found[: args.limit]]
+        if by_index:
+            found = list(matching(q, job_filter))
+            rows = [[d.id, d.task or "-", _utc(d.dead_ms), f"{d.attempts}/{d.max_attempts}", d.error[:60],
+                     d.payload_bytes] for d in found[: args.limit]]
+        else:
+            found = list(dead_matching(q, where))
+            rows = [[d.id, _task_of(d.payload), _utc(d.dead_ms), f"{d.attempts}/{d.max_attempts}", d.error[:60],
+                     len(d.payload)] for d in found[: args.limit]]
         print(table(rows, ["id", "task", "died (UTC)", "attempts", "error", "bytes"]) if rows else "no dead jobs found")
         print(f"{len(found)} found")
         return 0
-    act = replay_matching if args.action == "replay" else purge_matching
-    result = act(q, where, dry_run=args.dry_run)
+    if by_index:
+        result = act_matching(q, args.action, job_filter, dry_run=args.dry_run)
+    else:
+        result = (replay_matching if args.action == "replay" else purge_matching)(q, where, dry_run=args.dry_run)
     verb = "replayed" if args.action == "replay" else "purged"
     if args.dry_run:
         print(f"would have {verb} {result.found} (a dry run: nothing changed); first: {', '.join(result.sample) or '-'}")
@@ -1267,7 +1281,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=100, help="list: rows shown; replay/purge without a filter: the "
                                                           "oldest this many (default 100)")
     p.add_argument("--offset", type=int, default=0)
-    p.add_argument("--task", help="filter: the dead jobs of this task (its name in the job's payload)")
+    p.add_argument("--task", help="filter: the dead jobs of this task (by the queue's indexes when it keeps them, "
+                                  "else read from each dead job's payload)")
     p.add_argument("--error", metavar="CLASS", help="filter: the dead jobs whose error is this exception class "
                                                     "(TimeoutError)")
     p.add_argument("--since", metavar="WHEN", help="filter: died at or after WHEN: HH:MM (today, UTC) or ISO 8601")

@@ -433,3 +433,52 @@ def test_dead_replay_and_purge_by_task_error_and_time_with_a_dry_run(url: str,
     assert main([*base, "replay", "deadq", "--dry-run"]) == 2  # a dry run needs a filter
     assert main([*base, "replay", "deadq", "--id", "x", "--task", "other"]) == 2  # ids or a filter
     assert main([*base, "list", "deadq", "--since", "yesterday"]) == 2
+
+
+def test_search_finds_by_task_and_state_and_acts_on_what_it_finds(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from pyqueue.tasks import Tasks
+
+    base = ["--url", url]
+    assert main([*base, "indexes", "shop", "on"]) == 2  # no queue shop yet: a typo?
+    assert main([*base, "indexes", "shop", "on", "--create"]) == 0
+    assert "keeps indexes since" in capsys.readouterr().out
+    app = Tasks(client=connect(url))
+
+    @app.task(name="send_invoice", queue="shop", max_attempts=1)
+    def send_invoice(n: int) -> None:
+        pass
+
+    @app.task(name="resize", queue="shop")
+    def resize() -> None:
+        pass
+
+    for n in range(3):
+        send_invoice.send(n)
+    resize.send()
+    q = Queue.from_url(url, "shop")
+    for job in [j for j in q.lease(count=10) if j.json()["task"] == "send_invoice"][:2]:
+        q.nack(job, "TimeoutError: slow", final=True)
+    capsys.readouterr()
+    assert main([*base, "search", "shop", "--task", "send_invoice"]) == 0
+    out = capsys.readouterr().out
+    assert out.count(" dead ") == 2 and "3 shown" in out and "resize" not in out
+    assert main([*base, "search", "shop", "--state", "dead", "--error", "TimeoutError", "--since", "00:00"]) == 0
+    assert "2 shown" in capsys.readouterr().out
+    # pyqueue dead goes by the indexes too.
+    assert main([*base, "dead", "list", "shop", "--task", "send_invoice"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("2 found")
+    assert main([*base, "search", "shop", "--task", "send_invoice", "--replay", "--dry-run"]) == 0
+    assert capsys.readouterr().out.startswith("would have replayed 2 (a dry run: nothing changed)")
+    assert main([*base, "search", "shop", "--task", "send_invoice", "--replay"]) == 0
+    assert capsys.readouterr().out == "replayed 2 of 2 found\n"
+    assert main([*base, "search", "shop", "--task", "send_invoice", "--cancel"]) == 0
+    assert capsys.readouterr().out == "cancelled 3 of 3 found\n"
+    assert q.stats().cancelled == 3
+    # Refused loudly, nothing changed.
+    assert main([*base, "search", "shop", "--state", "ready", "--replay"]) == 2
+    assert main([*base, "search", "shop", "--cancel", "--purge"]) == 2
+    assert main([*base, "search", "shop", "--dry-run"]) == 2
+    assert main([*base, "search", "nosuch", "--task", "x"]) == 2
+    assert main([*base, "indexes", "shop", "off"]) == 0
+    assert main([*base, "search", "shop", "--task", "resize"]) == 2
+    assert "no indexes" in capsys.readouterr().err

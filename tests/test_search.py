@@ -105,7 +105,7 @@ def test_error_class_and_time_filters(q: Queue) -> None:
     # A dead job's time is its death; any other's its send.
     assert found(q, state="dead", since_ms=T0 + 25) == ["d2"]
     assert found(q, state="dead", until_ms=T0 + 25) == ["d1"]
-    assert found(q, task="send_invoice", since_ms=T0 + 25) == ["d1"][:0]  # sent at T0, d1 died at T0 + 20
+    assert found(q, task="send_invoice", since_ms=T0 + 25) == []  # sent at T0; d1 died at T0 + 20
     assert found(q, task="send_invoice", until_ms=T0 + 1) == ["r1", "r2", "s1"]
     with pytest.raises(InvalidArgument, match="only dead jobs"):
         q.search(state="ready", error="TimeoutError")
@@ -241,8 +241,7 @@ def test_a_job_acked_between_the_find_and_the_action_is_not_touched(q: Queue) ->
     q.cancel_many = cancel_racing  # type: ignore[method-assign]
     result = act_matching(q, "cancel", JobFilter(task="t"))
     assert acked == ["j0"] and (result.found, result.done) == (5, 4)
-    st = q.stats()
-    assert (st.cancelled_total if hasattr(st, "cancelled_total") else st.cancelled) == 4
+    assert q.stats().cancelled == 4
 
 
 def test_a_partitioned_queue_is_searched_in_every_partition(make_queue: Any) -> None:
