@@ -66,10 +66,11 @@ Returns  {now_ms, cursor, examined, indexed_since_ms, entry_1 .. entry_k}: curso
          sequenced: its due_ms), task ('' unknown), group, error (dead) or owner
          (leased) or '', payload_bytes. State 'ready_or_leased': a job found in none
          of the other states when LEASED holds more than 10,000 leases.
-Cost     plain case (state 'dead', one dead job): 6 commands. A page costs O(log n +
-         SCAN_MOST) for an index or zset source, plus one HMGET of `jobs` and of
-         `keyed`, ZMSCOREs of `dead`, `scheduled` and `waiting`, and, when a job may
-         be leased, one ZRANGE of LEASED (at most 10,000: the workers' concurrency).
+Cost     plain case (state 'dead', one dead job): 10 commands (`TIME` included). A page
+         costs O(log n + SCAN_MOST) for an index or zset source, plus one HMGET of
+         `jobs` and of `keyed`, ZMSCOREs of `dead`, `scheduled` and `waiting`, an HGET of
+         `errors` per dead match, and, when a job may be leased, one ZRANGE of LEASED (at
+         most 10,000: the workers' concurrency).
 Errors   PQ_BADARG (a filter or cursor that does not parse; task or group on a queue
          without indexes), PQ_CORRUPT, WRONGTYPE. Writes nothing.
 Replay   read only.
@@ -220,22 +221,26 @@ local after
 -- A zset by score from `lo_score` up to (not with) `hi_score`, after the (score, member)
 -- of the cursor.
 local function zset_page(key, lo_score, hi_score)
-  local rows
+  local rows, full
   if at == '' then
     rows = redis.call('ZRANGEBYSCORE', key, lo_score, '(' .. string.format('%d', hi_score), 'WITHSCORES', 'LIMIT', 0,
       SCAN_MOST)
+    full = #rows == 2 * SCAN_MOST
   else
     local score, member = string.match(at, '^([^\n]+)\n(.*)$')
     if not score or not tonumber(score) then return 'PQ_BADARG this cursor does not parse' end
     local rank = redis.call('ZRANK', key, member)
     if rank and tonumber(redis.call('ZSCORE', key, member)) == tonumber(score) then
       rows = redis.call('ZRANGE', key, rank + 1, rank + SCAN_MOST, 'WITHSCORES')
+      full = #rows == 2 * SCAN_MOST
     else
       -- Gone meanwhile: from its score on, past the members of that score up to it
       -- (equal scores are in member order).
       local all = redis.call('ZRANGEBYSCORE', key, score, '(' .. string.format('%d', hi_score), 'WITHSCORES', 'LIMIT',
         0, SCAN_MOST)
-      rows = {}
+      rows, full = {}, #all == 2 * SCAN_MOST
+      -- (a full read of equal scores all up to the cursor's member goes on after the last)
+      if full then marks[0] = all[#all] .. '\n' .. all[#all - 1] end
       for i = 1, #all, 2 do
         if tonumber(all[i + 1]) ~= tonumber(score) or all[i] > member then
           rows[#rows + 1], rows[#rows + 2] = all[i], all[i + 1]
@@ -243,7 +248,7 @@ local function zset_page(key, lo_score, hi_score)
       end
     end
   end
-  more = #rows == 2 * SCAN_MOST
+  more = full
   for i = 1, #rows, 2 do
     if tonumber(rows[i + 1]) >= hi_score then more = false; break end
     ids[#ids + 1], marks[#ids + 1] = rows[i], rows[i + 1] .. '\n' .. rows[i]
@@ -301,7 +306,7 @@ end
 if err then return redis.error_reply(err) end
 now_ms = now_ms or server_now_ms()
 local out = { now_ms, '', #ids, indexed_since }
-if more and #ids > 0 then out[2] = after(#ids) end
+if more and (#ids > 0 or marks[0]) then out[2] = after(#ids) end
 if #ids == 0 then return out end
 
 -- 4. What each job is now: its record, index entry, state.

@@ -276,3 +276,19 @@ def test_the_task_layer_lists_its_jobs_under_their_task(r: redis.Redis, backend:
     page = q.search(task="billing.send_invoice")
     assert len(page.jobs) == 2 and {j.task for j in page.jobs} == {"billing.send_invoice"}
     assert b"pq:{jobs}:index" in all_keys(r)
+
+
+def test_a_page_goes_on_after_its_cursor_when_that_job_left_meanwhile(q: Queue) -> None:
+    # 30 dead letters that died at the same ms (equal scores: ordered by id).
+    q.enqueue_many([NewJob(b"", job_id=f"d{i:02d}", max_attempts=1) for i in range(30)], now_ms=T0)
+    for job in q.lease(count=30, now_ms=T0):
+        q.nack(job, "ValueError: x", now_ms=T0 + 5)
+    first = q.search(state="dead", count=10)
+    assert [j.id for j in first.jobs] == [f"d{i:02d}" for i in range(10)] and first.cursor
+    assert q.dead_purge(["d09", "d10"]) == 2  # the cursor's job, and the next one
+    rest, cursor = [], first.cursor
+    while cursor:
+        page = q.search(state="dead", count=10, cursor=cursor)
+        rest += [j.id for j in page.jobs]
+        cursor = page.cursor
+    assert rest == [f"d{i:02d}" for i in range(11, 30)]
