@@ -1,7 +1,8 @@
 """The dashboard without a browser: its JSON against the driver's own answers, dead
 letters and their actions, pause and resume, the job lookup, the jobs panel's pages by
 state, a flow's tree and states, a
-queue's groups and their caps, the token, CSRF and Host rules, the sampler's history, and ``pyqueue dashboard`` / ``pyqueue demo --dashboard``
+queue's groups and their caps, the search box and its bulk actions (CSRF, the confirmed
+count, read-only mode), the token, CSRF and Host rules, the sampler's history, and ``pyqueue dashboard`` / ``pyqueue demo --dashboard``
 as commands. (The page in a real
 browser: tests/test_dashboard_browser.py.)"""
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import html
 import json
 import os
 import re
@@ -20,10 +22,11 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlencode
 
 import fakeredis
 import pytest
-from conftest import RedisServer
+from conftest import RedisServer, dump_all
 from tasks_support import Serving
 
 pytest.importorskip("starlette", reason="the dashboard extra is not installed")
@@ -37,6 +40,7 @@ from pyqueue.dashboard.security import CSRF_COOKIE, DashboardRefused, check_bind
 from pyqueue.ops.service import RunningJob, Services  # noqa: E402
 from pyqueue.tasks import TaskDead, Tasks, chord  # noqa: E402
 from helpers import queue_parts
+from pyqueue.ops.find import JobFilter, matching  # noqa: E402
 
 
 #: Also on the Redis Cluster backend (conftest.BACKENDS).
@@ -1103,3 +1107,290 @@ def test_running_jobs_show_what_their_worker_reported_and_their_progress(open_da
     assert by_id["reported"]["progress"] == '{"done": 3}'
     # Leased after the worker's last report: nothing known yet, and no progress.
     assert (by_id["fresh"]["leased_ms"], by_id["fresh"]["limit_ms"], by_id["fresh"]["progress"]) == (None, None, None)
+
+
+# -- the search box and its bulk actions (#39) -------------------------------------------------
+
+
+def rows_of(page: str) -> list[tuple[str, str]]:
+    """The (id, state) of each row of a search page's results."""
+    return [(html.unescape(i), s) for i, s in re.findall(r'<tr data-job="([^"]*)" data-state="([^"]*)">', page)]
+
+
+def text_of(page: str, element_id: str) -> str:
+    """The text of the element with ``element_id`` (tags dropped, entities decoded)."""
+    found = re.search(rf'<(\w+)[^>]* id="{element_id}"[^>]*>(.*?)</\1>', page, re.S)
+    assert found is not None, f"no #{element_id} in the page"
+    return html.unescape(re.sub(r"<[^>]+>", "", found.group(2))).strip()
+
+
+def link_of(page: str, element_id: str) -> str:
+    found = re.search(rf'<a id="{element_id}" href="([^"]*)"', page)
+    assert found is not None, f"no link #{element_id} in the page"
+    return "/" + html.unescape(found.group(1))
+
+
+def confirmation(client: TestClient, status: int = 200, **params: str) -> tuple[Any, dict[str, str]]:
+    """GET a bulk action's confirmation page; its answer and its form's fields."""
+    page = client.get("/bulk", params=params)
+    assert page.status_code == status, page.text
+    form = re.search(r'<form id="bulk-confirm"(.*?)</form>', page.text, re.S)
+    fields = {} if form is None else {k: html.unescape(v) for k, v in re.findall(
+        r'<input type="hidden" name="(\w+)" value="([^"]*)">', form.group(1))}
+    return page, fields
+
+
+def bulk(client: TestClient, fields: dict[str, str], **kwargs: Any) -> Any:
+    return client.post("/bulk", content=urlencode(fields),
+                       headers={"content-type": "application/x-www-form-urlencoded", **kwargs.pop("headers", {})},
+                       **kwargs)
+
+
+def task_dead(q: Queue, task: str, ids: list[str], error: str) -> None:
+    """Make ``ids`` dead letters of the task ``task`` (no other job may be ready)."""
+    q.enqueue_many([NewJob(b"{}", job_id=i, max_attempts=1, task=task) for i in ids])
+    left = set(ids)
+    while left:
+        for job in q.lease(count=len(left)):
+            q.nack(job, error.format(id=job.id))
+            left.discard(job.id)
+
+
+def test_the_search_box_shows_what_queue_search_finds_a_page_at_a_time(r: Any, open_dashboard: Any) -> None:
+    q = Queue("emails", r)
+    q.set_indexes(True)
+    task_dead(q, "send_invoice", ["dead-1"], "TimeoutError: smtp")
+    q.enqueue_many([NewJob(b"{}", job_id=f"inv{i:02}", task="send_invoice") for i in range(60)])
+    q.enqueue_many([NewJob(b"{}", job_id=f"rep{i}", task="report", group="acme") for i in range(3)])
+    q.enqueue(b"{}", job_id="inv-later", task="send_invoice", delay_ms=3_600_000)
+    p = Queue("orders", r, partitions=3)
+    p.set_indexes(True)
+    p.enqueue_many([NewJob(b"", task="ship") for _ in range(7)] + [NewJob(b"", task="bill") for _ in range(2)])
+    client = open_dashboard(r)
+    assert 'id="search-form"' in client.get("/").text  # the box is on the dashboard's page
+
+    first = client.get("/search", params={"queue": "emails", "task": "send_invoice", "state": "ready"})
+    assert first.status_code == 200, first.text
+    expected = q.search(task="send_invoice", state="ready", count=50)
+    assert rows_of(first.text) == [(job.id, "ready") for job in expected.jobs] and len(expected.jobs) == 50
+    assert 'href="./?queue=emails&amp;job=inv00#lookup"' in first.text  # an id opens the job view
+    # the form keeps what was asked; "more" carries the cursor, and the last page has none
+    assert 'name="task" value="send_invoice"' in first.text and '<option value="ready" selected>' in first.text
+    more = link_of(first.text, "search-more")
+    assert "cursor=" in more and "task=send_invoice" in more and "state=ready" in more
+    second = client.get(more)
+    assert second.status_code == 200 and len(rows_of(second.text)) == 10
+    assert 'id="search-more"' not in second.text
+    assert {i for i, _ in rows_of(first.text) + rows_of(second.text)} == {f"inv{i:02}" for i in range(60)}
+    # any state: the dead and the scheduled ones too, with the dead one's error
+    every = client.get("/search", params={"queue": "emails", "task": "send_invoice"}).text
+    rest = client.get(link_of(every, "search-more")).text
+    assert {s for _, s in rows_of(every) + rows_of(rest)} == {"dead", "ready", "scheduled"}
+    assert len(rows_of(every) + rows_of(rest)) == 62 and "TimeoutError: smtp" in every + rest
+    # by group; by error class (any queue); the bulk actions a state allows
+    by_group = client.get("/search", params={"queue": "emails", "group": "acme"}).text
+    assert rows_of(by_group) == [(f"rep{i}", "ready") for i in range(3)]
+    assert re.findall(r'data-action="(\w+)"', by_group) == ["replay", "purge", "cancel", "promote"]
+    dead = client.get("/search", params={"queue": "emails", "error": "TimeoutError"}).text
+    assert rows_of(dead) == [("dead-1", "dead")]
+    assert re.findall(r'data-action="(\w+)"', dead) == ["replay", "purge", "cancel"]
+    ready = client.get("/search", params={"queue": "emails", "state": "ready", "task": "report"}).text
+    assert re.findall(r'data-action="(\w+)"', ready) == ["cancel"]
+    # a partitioned queue: every partition, by its logical name
+    ship = client.get("/search", params={"queue": "orders", "task": "ship"}).text
+    assert sorted(i for i, _ in rows_of(ship)) == sorted(job.id for job in matching(p, JobFilter(task="ship")))
+    assert len(rows_of(ship)) == 7
+    assert client.get("/search", params={"queue": "nope"}).status_code == 404
+
+
+def test_the_search_page_escapes_task_names_and_error_texts(r: Any, open_dashboard: Any) -> None:
+    q = Queue("emails", r)
+    q.set_indexes(True)
+    task_dead(q, '<img src=x onerror="alert(1)">', ["x1"], 'ValueError: <script>alert("{id}")</script>')
+    client = open_dashboard(r)
+    page = client.get("/search", params={"queue": "emails", "task": '<img src=x onerror="alert(1)">'})
+    assert page.status_code == 200 and rows_of(page.text) == [("x1", "dead")]
+    assert "<script>" not in page.text and "<img" not in page.text
+    assert "&lt;script&gt;alert(&#34;x1&#34;)&lt;/script&gt;" in page.text
+    _, fields = confirmation(client, queue="emails", action="purge", task='<img src=x onerror="alert(1)">')
+    assert fields["task"] == '<img src=x onerror="alert(1)">' and fields["count"] == "1"
+
+
+def test_a_search_by_task_or_group_without_indexes_says_how_to_turn_them_on(r: Any, open_dashboard: Any) -> None:
+    q, _ = busy(r)  # no indexes
+    client = open_dashboard(r)
+    before = dump_all(r)
+    for field in ("task", "group"):
+        page = client.get("/search", params={"queue": "emails", field: "send_invoice"})
+        assert page.status_code == 400
+        said = text_of(page.text, "search-message")
+        assert "emails keeps no indexes" in said and "`pyqueue indexes emails on`" in said
+        refused, fields = confirmation(client, 400, queue="emails", action="cancel", **{field: "send_invoice"})
+        assert "`pyqueue indexes emails on`" in text_of(refused.text, "bulk-message") and fields == {}
+    assert dump_all(r) == before
+    # the other filters work on any queue
+    dead = client.get("/search", params={"queue": "emails", "state": "dead"})
+    assert rows_of(dead.text) == [(job.id, "dead") for job in q.search(state="dead").jobs]
+    assert [i for i, _ in rows_of(dead.text)] == ["d1", "d2", "d3"]
+
+
+def test_bad_search_input_is_refused_with_the_reason_and_changes_nothing(r: Any, open_dashboard: Any) -> None:
+    busy(r)
+    client = open_dashboard(r)
+    before = dump_all(r)
+    for params, reason in (({"state": "bogus"}, "state must be one of"),
+                           ({"error": "Timeout:Error"}, "error is an exception class name"),
+                           ({"state": "ready", "error": "ValueError"}, "only dead jobs have an error"),
+                           ({"since": "25:99"}, "since is HH:MM"),
+                           ({"until": "yesterday"}, "until is HH:MM"),
+                           ({"cursor": "not-a-cursor"}, "cursor")):
+        page = client.get("/search", params={"queue": "emails", **params})
+        assert page.status_code == 400, params
+        assert reason in text_of(page.text, "search-message"), params
+        if "cursor" not in params:
+            refused, fields = confirmation(client, 400, queue="emails", action="cancel", **params)
+            assert reason in text_of(refused.text, "bulk-message") and fields == {}
+    _, fields = confirmation(client, queue="emails", action="replay", state="dead")
+    for bad, reason in (({"action": "explode"}, "action must be one of"), ({"state": "ready"}, "replay acts on dead"),
+                        ({"count": "many"}, "count is the number"), ({"since_ms": "noon"}, "since_ms is a time")):
+        refused = bulk(client, {**fields, **bad})
+        assert refused.status_code == 400 and reason in text_of(refused.text, "bulk-message"), bad
+    refused, _ = confirmation(client, 400, queue="emails", action="promote", state="dead")
+    assert "promote acts on scheduled jobs" in text_of(refused.text, "bulk-message")
+    assert dump_all(r) == before
+
+
+def test_a_bulk_cancel_needs_the_csrf_token_and_without_it_changes_nothing(r: Any, open_dashboard: Any) -> None:
+    q = Queue("emails", r)
+    q.set_indexes(True)
+    q.enqueue_many([NewJob(b"{}", job_id=f"inv{i}", task="send_invoice") for i in range(5)])
+    q.enqueue_many([NewJob(b"{}", job_id=f"rep{i}", task="report") for i in range(2)])
+    client = open_dashboard(r)
+    page, fields = confirmation(client, queue="emails", action="cancel", task="send_invoice")
+    assert text_of(page.text, "bulk-count") == "The filter finds 5 jobs of emails now."
+    assert "Cancel 5 jobs of emails?" in page.text and text_of(page.text, "bulk-filter") == "task send_invoice"
+    assert fields == {"csrf": client.cookies.get(CSRF_COOKIE), "queue": "emails", "action": "cancel", "state": "",
+                      "task": "send_invoice", "group": "", "error": "", "since_ms": "", "until_ms": "", "count": "5"}
+    before = dump_all(r)
+    token = fields["csrf"]
+    without = {k: v for k, v in fields.items() if k != "csrf"}
+    for refused in (
+        bulk(client, without),                                                      # no token
+        bulk(client, {**fields, "csrf": token + "0"}),                              # not the cookie's
+        bulk(client, without, headers={"x-csrf-token": token}),                     # a form's token is its field
+        bulk(client, fields, headers={"origin": "http://evil.example"}),            # another origin
+        bulk(client, fields, headers={"origin": "null"}),                           # an opaque one
+        client.post("/bulk", json=fields, headers={"x-csrf-token": token}),         # not a form
+    ):
+        assert refused.status_code == 403, refused.text
+        assert "refused" in text_of(refused.text, "bulk-message") or "CSRF" in text_of(refused.text, "bulk-message")
+    client.cookies.set(CSRF_COOKIE, "attacker-nonce.0000")
+    assert bulk(client, {**fields, "csrf": "attacker-nonce.0000"}).status_code == 403  # not signed here
+    client.cookies.set(CSRF_COOKIE, token)
+    assert dump_all(r) == before
+
+    done = bulk(client, fields, headers={"origin": BASE})
+    assert done.status_code == 200, done.text
+    assert text_of(done.text, "bulk-result") == "cancelled 5 of 5 found"
+    assert {i: q.get(i).state for i in [f"inv{n}" for n in range(5)] + ["rep0", "rep1"]} == {
+        **{f"inv{n}": "done" for n in range(5)}, "rep0": "ready", "rep1": "ready"}
+    assert q.stats().cancelled == 5
+    # a script with the Bearer token needs no CSRF token (as the JSON actions)
+    scripted = open_dashboard(r, token=TOKEN)
+    answer = bulk(scripted, {**without, "task": "report", "count": "2"}, headers={"authorization": f"Bearer {TOKEN}"})
+    assert text_of(answer.text, "bulk-result") == "cancelled 2 of 2 found" and q.stats().ready == 0
+
+
+def test_a_bulk_action_never_acts_on_more_than_confirmed_and_counts_what_others_moved(
+        r: Any, open_dashboard: Any) -> None:
+    q = Queue("emails", r)
+    task_dead(q, "send_invoice", [f"t{i}" for i in range(5)], "TimeoutError: smtp {id}")
+    task_dead(q, "send_invoice", ["v1", "v2"], "ValueError: no mailbox {id}")
+    client = open_dashboard(r)
+    page, fields = confirmation(client, queue="emails", action="replay", error="TimeoutError")
+    assert (fields["count"], fields["state"], fields["error"]) == ("5", "dead", "TimeoutError")
+    assert text_of(page.text, "bulk-filter") == "state dead, error TimeoutError"
+    task_dead(q, "send_invoice", ["t5"], "TimeoutError: late")  # found after the confirmation
+    before = dump_all(r)
+    again = bulk(client, fields)
+    assert again.status_code == 409
+    assert "finds 6 jobs now, more than the 5 you confirmed: nothing was changed" in text_of(again.text, "bulk-message")
+    assert dump_all(r) == before
+    fields = {k: html.unescape(v) for k, v in re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)">',
+                                                          again.text)}
+    assert fields["count"] == "6"
+    assert q.dead_replay(["t0"]) == 1  # another client moves one meanwhile
+    done = bulk(client, fields)
+    assert text_of(done.text, "bulk-result") == "replayed 5 of 6 found (1 moved meanwhile by others)"
+    assert sorted(job.id for job in q.dead_list().jobs) == ["v1", "v2"]
+    assert q.stats().replayed == 6
+
+
+def test_bulk_purge_and_promote_act_on_exactly_the_jobs_found(r: Any, open_dashboard: Any) -> None:
+    q = Queue("emails", r)
+    q.set_indexes(True)
+    task_dead(q, "send_invoice", ["d1", "d2"], "ValueError: {id}")
+    task_dead(q, "report", ["d3"], "ValueError: {id}")
+    q.enqueue_many([NewJob(b"{}", job_id=f"s{i}", task="report", delay_ms=3_600_000) for i in range(3)])
+    q.enqueue(b"{}", job_id="s-other", task="send_invoice", delay_ms=3_600_000)
+    client = open_dashboard(r)
+    _, fields = confirmation(client, queue="emails", action="purge", task="send_invoice")
+    assert (fields["count"], fields["state"]) == ("2", "dead")  # purge finds dead jobs only
+    assert text_of(bulk(client, fields).text, "bulk-result") == "purged 2 of 2 found"
+    assert [q.get(i).state for i in ("d1", "d2", "d3", "s-other")] == ["unknown", "unknown", "dead", "scheduled"]
+    _, fields = confirmation(client, queue="emails", action="promote", task="report")
+    assert (fields["count"], fields["state"]) == ("3", "scheduled")
+    assert text_of(bulk(client, fields).text, "bulk-result") == "promoted 3 of 3 found"
+    for job_id, promoted in (("s0", True), ("s1", True), ("s2", True), ("s-other", False)):
+        info = q.get(job_id)
+        assert (info.due_ms <= info.now_ms) is promoted, job_id
+    # a filter that finds nothing offers nothing to confirm
+    page, fields = confirmation(client, queue="emails", action="purge", task="nothing")
+    assert fields == {} and text_of(page.text, "bulk-count") == "The filter finds 0 jobs of emails now."
+
+
+def test_since_and_until_are_the_servers_time_and_confirmed_as_ms(r: Any, open_dashboard: Any) -> None:
+    from pyqueue.dashboard.search import SearchForm, parse_when
+
+    noon = 1_795_953_600_000  # 2026-11-29 12:00:00 UTC
+    assert parse_when("10:00", "since", noon) == noon - 2 * 3_600_000  # today by the clock given
+    assert parse_when("2026-11-29T10:00", "since", None) == noon - 2 * 3_600_000  # datetime-local: UTC
+    assert parse_when("2026-11-29T11:00+01:00", "since", None) == noon - 2 * 3_600_000
+    assert not SearchForm(since="2026-11-29T10:00").needs_clock() and SearchForm(until="9:30").needs_clock()
+    q = Queue("emails", r)
+    q.enqueue(b"{}", job_id="j1")
+    client = open_dashboard(r)
+    _, fields = confirmation(client, queue="emails", action="cancel", since="00:00", until="23:59:59")
+    now_ms = q.peek().now_ms
+    midnight = now_ms - now_ms % 86_400_000
+    assert (fields["since_ms"], fields["until_ms"], fields["count"]) == (
+        str(midnight), str(midnight + 86_399_000), "1")
+
+
+def test_a_read_only_dashboard_offers_no_action_and_refuses_every_post(r: Any, open_dashboard: Any) -> None:
+    q = Queue("emails", r)
+    q.set_indexes(True)
+    task_dead(q, "send_invoice", ["d1", "d2"], "ValueError: {id}")
+    q.enqueue_many([NewJob(b"{}", job_id=f"r{i}", task="send_invoice") for i in range(3)])
+    writable = open_dashboard(r)
+    _, fields = confirmation(writable, queue="emails", action="cancel", task="send_invoice")
+    client = open_dashboard(r, read_only=True)
+    token = csrf_of(client)
+    home = client.get("/").text
+    initial = json.loads(re.search(r'<script type="application/json" id="initial">(.*?)</script>', home, re.S)
+                         .group(1))  # type: ignore[union-attr]
+    assert initial["config"]["actions"] == [] and initial["config"]["read_only"] is True
+    assert "data-action=" not in home and 'id="search-form"' in home  # searching is reading
+    found = client.get("/search", params={"queue": "emails", "task": "send_invoice"})
+    assert found.status_code == 200 and len(rows_of(found.text)) == 5 and 'id="bulk-actions"' not in found.text
+    before = dump_all(r)
+    refused, form = confirmation(client, 403, queue="emails", action="cancel", task="send_invoice")
+    assert form == {} and "read-only" in text_of(refused.text, "bulk-message")
+    answer = bulk(client, {**fields, "csrf": token})
+    assert answer.status_code == 403 and "read-only" in text_of(answer.text, "bulk-message")
+    for action, body in (("dead_replay", {"all": True}), ("dead_purge", {"ids": ["d1"]}), ("cancel", {"ids": ["r1"]}),
+                         ("pause", {})):
+        assert post(client, "emails", action, body, token).status_code == 403
+    scripted = open_dashboard(r, read_only=True, token=TOKEN)  # a Bearer token is no way round it
+    assert bulk(scripted, fields, headers={"authorization": f"Bearer {TOKEN}"}).status_code == 403
+    assert dump_all(r) == before

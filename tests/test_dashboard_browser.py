@@ -721,3 +721,58 @@ def test_the_running_tab_shows_each_jobs_elapsed_time_time_limit_and_progress(
         # new one of its kind: that one drains, which waits for the 90 s job.)
         worker.kill()
         worker.wait(30)
+
+
+def test_searching_from_the_page_then_cancelling_every_job_found_after_a_confirmation(
+    browser: Any, r: Any, serve: Callable[..., Any]
+) -> None:
+    q = Queue("emails", r)
+    q.set_indexes(True)
+    q.enqueue_many([NewJob(b'{"user": "ada@example.com"}', job_id=f"inv{i}", task="send_invoice") for i in range(4)])
+    q.enqueue_many([NewJob(b"{}", job_id=f"rep{i}", task="report") for i in range(3)])
+    q.enqueue(b"{}", job_id="inv-later", task="send_invoice", delay_ms=3_600_000)
+    everyone = [f"inv{i}" for i in range(4)] + [f"rep{i}" for i in range(3)] + ["inv-later"]
+    before = {job_id: q.get(job_id).state for job_id in everyone}
+    page, console = open_page(browser, serve().url)
+
+    # the search box of the dashboard's page: task and state
+    box = page.locator("#search-form")
+    box.locator("#search-queue").select_option("emails")
+    box.locator("#search-state").select_option("ready")
+    box.locator("#search-task").fill("send_invoice")
+    box.get_by_role("button", name="Search").click()
+    rows = page.locator("#search-results tbody tr")
+    expect(rows).to_have_count(4)
+    assert sorted(rows.nth(i).get_attribute("data-job") for i in range(4)) == [f"inv{i}" for i in range(4)]
+    expect(page.locator("#search-results td[data-field=task]").first).to_have_text("send_invoice")
+    expect(page.locator("#search-summary")).to_have_text(re.compile(r"^4 jobs shown"))
+    expect(page.locator("#search-task")).to_have_value("send_invoice")  # the box keeps the filter
+    assert "example.com" not in page.content()  # never a payload
+
+    # a bulk action: a confirmation with the count found now, then the outcome
+    page.get_by_role("button", name="Cancel all found…").click()
+    expect(page.locator("#bulk-count")).to_have_text("The filter finds 4 jobs of emails now.")
+    expect(page.locator("#bulk-filter")).to_have_text("state ready, task send_invoice")
+    assert {job_id: q.get(job_id).state for job_id in everyone} == before  # nothing yet
+    page.get_by_role("button", name="Cancel 4 jobs").click()
+    expect(page.locator("#bulk-result")).to_have_text("cancelled 4 of 4 found")
+
+    # exactly those jobs changed
+    after = {job_id: q.get(job_id).state for job_id in everyone}
+    assert after == {**before, **{f"inv{i}": "done" for i in range(4)}}
+    assert before["inv-later"] == "scheduled" and before["rep0"] == "ready"
+    assert q.stats().cancelled == 4
+
+    # back to the search: nothing ready of that task is left; any state finds the
+    # scheduled one, whose id opens the job view of the dashboard's page
+    page.locator("#bulk-back").click()
+    expect(page.locator("#search-summary")).to_have_text(re.compile(r"^0 jobs shown"))
+    page.locator("#search-state").select_option("")
+    page.get_by_role("button", name="Search").click()
+    expect(rows).to_have_count(1)
+    rows.first.get_by_role("link", name="inv-later").click()
+    page.wait_for_selector("body[data-ready]")
+    result = page.locator("#lookup-result")
+    expect(result.locator('tr[data-field="id"] td')).to_have_text("inv-later")
+    expect(result.locator('tr[data-field="state"] td')).to_have_text("scheduled")
+    assert console.errors == []

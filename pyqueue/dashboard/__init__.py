@@ -2,8 +2,10 @@
 throughput, lag and backlog over the last minutes, the registered workers and the task
 names they serve, the task names with jobs waiting that no live worker serves, dead
 letters to read, replay and purge, queues to pause and resume, jobs to look up by id,
-a flow (chain, group, chord) shown by its id as a tree with each step's state, and a
-queue's groups (fair scheduling) with their caps to set. A client like any other
+a flow (chain, group, chord) shown by its id as a tree with each step's state, a
+queue's groups (fair scheduling) with their caps to set, and a search box (any state, by
+task, group, error class and time) whose results can be replayed, purged, cancelled or
+promoted in bulk after a confirmation that states their count. A client like any other
 (DESIGN §12): it calls the same driver verbs as the CLI, serves its own assets from this
 package (no CDN), binds loopback by default and asks for a token elsewhere, protects
 actions with CSRF tokens, and shows payloads only when started with
@@ -17,6 +19,7 @@ says clearly what is missing.
 * :mod:`.security` -- bind, token, Host and CSRF rules (no web framework);
 * :mod:`.groups` -- a queue's groups table and the group cap action's body (no web framework);
 * :mod:`.flows` -- a flow's tree and its steps' states (no web framework);
+* :mod:`.search` -- the search box's filter, rows and bulk actions' words (no web framework);
 * :mod:`.app` -- the Starlette app and its actions table;
 * :mod:`.server` -- uvicorn in a thread, and ``pyqueue dashboard``.
 """

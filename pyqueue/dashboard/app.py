@@ -12,6 +12,9 @@ Routes (all relative, so the app also works behind a proxy under a path prefix):
 ``GET /api/queues/<queue>/groups?limit=``              its groups with ready jobs (``Queue.groups``)
 ``GET /api/queues/<queue>/flow?id=<id>``               a flow's tree, each step's state (:mod:`.flows`)
 ``POST /api/queues/<queue>/actions/<action>``          one entry of :data:`ACTIONS` (JSON body)
+``GET /search?queue=&state=&task=&...&cursor=``        the search box's page of results (:mod:`.search`)
+``GET /bulk?queue=&action=&<the search's fields>``     a bulk action's confirmation: its count now
+``POST /bulk`` (a form: CSRF token, filter, count)     the bulk action (``act_matching``), its outcome
 ``GET /static/...``                                    the page's own CSS, JS and icon
 =====================================================  ==========================================
 
@@ -21,6 +24,11 @@ a queue's pause and resume, a looked-up job's cancel, and a group cap (``group_l
 the only one whose body is not ids: see :mod:`.groups`). The job id of a lookup (and a
 flow's id) is a query parameter, not a path segment: an id may hold any character but
 control characters, ``/`` included.
+
+The search box and its bulk actions are pages rendered here (``search.html``,
+``bulk.html``; see :mod:`.search`), so a bulk action is a plain form: its CSRF token is
+a hidden field instead of a header, checked the same way. In read-only mode
+(``DashboardConfig.read_only``) no action is offered and every POST is refused (403).
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl
 
 import jinja2
 import redis as redis_lib
@@ -57,6 +66,7 @@ from pyqueue.dashboard.groups import (
     parse_cap_change,
     set_cap,
 )
+from pyqueue.dashboard import search as searching
 from pyqueue.dashboard.history import CENSUS_S, SERIES, Point, QueueRow, Sampler, Snapshot, WorkerRow
 from pyqueue.dashboard.security import (
     CSRF_COOKIE,
@@ -70,8 +80,10 @@ from pyqueue.dashboard.security import (
 from pyqueue.dashboard.taskview import FRESH_S, TaskView
 from pyqueue.protocol.errors import InvalidArgument, PyQueueError
 from pyqueue.protocol.verbs.events import MAX_EVENTS_PAGE
+from pyqueue.protocol.verbs.search import SEARCH_STATES
 from pyqueue.protocol.verbs.steps import TIMED_OUT, JobSteps
 from pyqueue.drivers.queue import Queue
+from pyqueue.ops.find import BulkResult, JobFilter, act_matching
 from pyqueue.tasks.flowview import no_record_message
 
 HERE = Path(__file__).resolve().parent
@@ -124,6 +136,8 @@ class DashboardConfig:
         label: what the page says it is connected to (a URL without credentials).
         worker_metrics: the workers' metrics URLs (``pyqueue worker --metrics-port``)
             the task view reads and sums (see :mod:`.taskview`); none: no task view.
+        read_only: offer no action (no button, no bulk action) and refuse every POST
+            (403): a dashboard to look, search and read only.
     """
 
     redis: Client
@@ -140,6 +154,7 @@ class DashboardConfig:
     census_s: float = CENSUS_S
     label: str = ""
     worker_metrics: Sequence[str] = ()
+    read_only: bool = False
 
 
 # -- actions ---------------------------------------------------------------------------
@@ -467,6 +482,10 @@ class NoSuchQueue(LookupError):
     """A URL names a queue the dashboard does not show (404)."""
 
 
+#: What the search and bulk pages say on the page instead of raising (see ``failed``).
+PAGE_ERRORS = (NoSuchQueue, InvalidArgument, PyQueueError, redis_lib.RedisError)
+
+
 def _handles_errors(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
     """Driver errors as JSON: a queue it does not show is 404, a refused argument is the
     caller's (400), an unreachable Redis is not (503)."""
@@ -496,34 +515,69 @@ def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> St
         loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True, undefined=jinja2.StrictUndefined
     )
     page_template = templates.get_template("index.html")
+    search_template = templates.get_template("search.html")
+    bulk_template = templates.get_template("bulk.html")
     task_view = TaskView(config.worker_metrics, fresh_s=min(FRESH_S, config.fresh_s))
 
     async def queue_of(request: Request) -> Queue:
         """The queue the URL names, or NoSuchQueue (404)."""
-        name = request.path_params["queue"]
+        return await queue_named(request.path_params["queue"])
+
+    async def queue_named(name: str) -> Queue:
+        """The queue ``name``, or NoSuchQueue (404)."""
         queue = await run_in_threadpool(sampler.queue, name)
         if queue is None:
             raise NoSuchQueue(f"no queue {name!r}")
         return queue
 
-    async def page(request: Request) -> Response:
+    def csrf_token(request: Request) -> str:
+        """The browser's CSRF token if this process signed it, else a new one."""
         cookie = request.cookies.get(CSRF_COOKIE)
-        token = cookie if cookie and csrf.signed(cookie) else csrf.new_token()
+        return cookie if cookie and csrf.signed(cookie) else csrf.new_token()
+
+    def html_page(request: Request, template: jinja2.Template, status: int = 200, **context: Any) -> Response:
+        """A page of ``template`` with the CSRF cookie its forms need (and its token as
+        ``csrf_token``)."""
+        token = csrf_token(request)
+        html = template.render(csrf_token=token, label=config.label, read_only=config.read_only, **context)
+        response = HTMLResponse(html, status_code=status, headers={"cache-control": "no-store"})
+        response.set_cookie(CSRF_COOKIE, token, httponly=True, samesite="strict", path="/",
+                            secure=request.url.scheme == "https")
+        return response
+
+    def refusal(request: Request, token: str | None) -> str | None:
+        """Why a state change is refused (403), or None: the dashboard is read-only, or
+        the request came from another origin or without this browser's CSRF token
+        (``token``: the header's, or a form's field). Authentication happened in Guard;
+        what is left is whether this browser meant it. A Bearer request needs no CSRF
+        token: browsers never add that header by themselves."""
+        if config.read_only:
+            return "this dashboard is read-only: it changes nothing"
+        if request.scope.get("state", {}).get("auth") != "bearer":
+            if not same_origin(request.headers.get("origin"), request.headers.get("host")):
+                return "cross-origin request refused"
+            if not csrf.check(request.cookies.get(CSRF_COOKIE), token):
+                return "missing or invalid CSRF token (reload the page)"
+        return None
+
+    async def queue_names() -> list[str]:
+        snapshot = await run_in_threadpool(sampler.snapshot)
+        return [row.name for row in snapshot.queues]
+
+    async def page(request: Request) -> Response:
         snapshot = await run_in_threadpool(sampler.snapshot)
         points = await run_in_threadpool(sampler.history)
         initial = {
             "overview": overview(snapshot, points),
             "config": {"poll_ms": int(config.poll_s * 1000), "history_ms": int(config.history_s * 1000),
-                       "show_payloads": config.show_payloads, "actions": sorted(ACTIONS),
+                       "show_payloads": config.show_payloads,
+                       "actions": [] if config.read_only else sorted(ACTIONS), "read_only": config.read_only,
                        "dead_page": DEAD_PAGE, "groups_page": GROUPS_PAGE, "jobs_page": JOBS_PAGE,
                        "label": config.label, "prefix": config.prefix,
                        "task_view": bool(config.worker_metrics), "events_page": EVENTS_PAGE},
         }
-        html = page_template.render(initial=initial, csrf_token=token, label=config.label)
-        response = HTMLResponse(html, headers={"cache-control": "no-store"})
-        response.set_cookie(CSRF_COOKIE, token, httponly=True, samesite="strict", path="/",
-                            secure=request.url.scheme == "https")
-        return response
+        return html_page(request, page_template, initial=initial, queues=[row.name for row in snapshot.queues],
+                         queue="", form=searching.SearchForm(), states=SEARCH_STATES)
 
     @_handles_errors
     async def api_overview(request: Request) -> Response:
@@ -609,12 +663,9 @@ def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> St
 
     @_handles_errors
     async def api_action(request: Request) -> Response:
-        # Authentication happened in Guard; what is left is whether this browser meant it.
-        if request.scope.get("state", {}).get("auth") != "bearer":
-            if not same_origin(request.headers.get("origin"), request.headers.get("host")):
-                return _json_error("cross-origin request refused", 403)
-            if not csrf.check(request.cookies.get(CSRF_COOKIE), request.headers.get(CSRF_HEADER)):
-                return _json_error("missing or invalid CSRF token (reload the page)", 403)
+        refused = refusal(request, request.headers.get(CSRF_HEADER))
+        if refused is not None:
+            return _json_error(refused, 403)
         if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
             return _json_error("send the action as application/json", 415)
         action = ACTIONS.get(request.path_params["action"])
@@ -630,6 +681,103 @@ def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> St
         sampler.invalidate()
         return JSONResponse({"action": action.name, "queue": queue.name, "count": count, "more": more,
                              "message": action.message(queue.name, count, more, argument)})
+
+    # -- the search box and its bulk actions (see .search) --------------------------------
+
+    def failed(request: Request, template: jinja2.Template, context: dict[str, Any], exc: Exception) -> Response:
+        """A queue not shown is 404; a refused filter 400, with the reason (and how to
+        turn indexes on, when the filter needs them); an unreachable Redis 503."""
+        if isinstance(exc, NoSuchQueue):
+            status, said = 404, str(exc)
+        elif isinstance(exc, InvalidArgument):
+            status, said = 400, searching.reason(exc, context["queue"])
+        else:
+            status, said = 503, f"{type(exc).__name__}: {exc}"
+        return html_page(request, template, status, **{**context, "message": said})
+
+    async def search_page(request: Request) -> Response:
+        params = request.query_params
+        form = searching.SearchForm.of(params)
+        name = params.get("queue", "")
+        context: dict[str, Any] = {"queues": await queue_names(), "queue": name, "form": form,
+                                   "states": SEARCH_STATES, "message": "", "rows": [], "searched": False,
+                                   "summary": "", "more": "", "actions": [], "partitioned": False}
+        if not name:
+            return html_page(request, search_template, **context)
+        try:
+            queue = await queue_named(name)
+            where = await run_in_threadpool(searching.read_filter, queue, form)
+            found = await run_in_threadpool(lambda: queue.search(cursor=params.get("cursor", ""),
+                                                                 count=searching.SEARCH_PAGE, **where.search_args()))
+        except PAGE_ERRORS as exc:
+            return failed(request, search_template, context, exc)
+        context.update(
+            searched=True, rows=[searching.row(job, found.now_ms, name) for job in found.jobs],
+            summary=searching.summary(found, where),
+            more=searching.search_link(name, form, found.cursor) if found.cursor else "",
+            actions=[] if config.read_only else searching.offered_actions(where),
+            partitioned=queue.spec.partitions > 1,
+        )
+        return html_page(request, search_template, **context)
+
+    def bulk_context(name: str, action: str, where: JobFilter) -> dict[str, Any]:
+        return {"queue": name, "action": action, "action_label": searching.ACTION_LABELS.get(action, ("", ""))[0],
+                "filter": searching.describe(where), "fields": searching.filter_fields(where),
+                "back": searching.search_link(name, searching.form_of(where)), "question": "", "found": -1,
+                "danger": action in searching.DANGEROUS, "message": "", "result": "", "sample": []}
+
+    async def bulk_confirm(request: Request) -> Response:
+        params = request.query_params
+        name, action = params.get("queue", ""), params.get("action", "")
+        form = searching.SearchForm.of(params)
+        context = {**bulk_context(name, action, JobFilter()), "back": searching.search_link(name, form)}
+        if config.read_only:
+            return html_page(request, bulk_template, 403, **{**context, "message": refusal(request, None)})
+        try:
+            queue = await queue_named(name)
+            where = searching.for_action(await run_in_threadpool(searching.read_filter, queue, form), action)
+            dry: BulkResult = await run_in_threadpool(lambda: act_matching(queue, action, where, dry_run=True))
+        except PAGE_ERRORS as exc:
+            return failed(request, bulk_template, context, exc)
+        return html_page(request, bulk_template, **{
+            **bulk_context(name, action, where), "found": dry.found, "sample": dry.sample,
+            "question": searching.confirm_question(name, action, dry.found)})
+
+    async def bulk_run(request: Request) -> Response:
+        body = await request.body()
+        kind = request.headers.get("content-type", "").split(";")[0].strip()
+        fields = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)) \
+            if kind == "application/x-www-form-urlencoded" and len(body) <= 65536 else {}
+        name, action = fields.get("queue", ""), fields.get("action", "")
+        context = bulk_context(name, action, JobFilter())
+        refused = refusal(request, fields.get("csrf"))
+        if refused is not None:
+            return html_page(request, bulk_template, 403, **{**context, "message": refused})
+        if not fields:
+            return html_page(request, bulk_template, 415, **{
+                **context, "message": "send the confirmation form (application/x-www-form-urlencoded, at most 64 KB)"})
+        try:
+            queue = await queue_named(name)
+            where = searching.for_action(searching.confirmed_filter(fields), action)
+            context = bulk_context(name, action, where)
+            confirmed = fields.get("count", "")
+            if not confirmed.isdigit():
+                raise InvalidArgument(f"count is the number of jobs confirmed, got {confirmed!r}")
+            # Never act on more jobs than the person confirmed: the filter may find
+            # more now (jobs sent meanwhile). Then ask again, changing nothing.
+            dry: BulkResult = await run_in_threadpool(lambda: act_matching(queue, action, where, dry_run=True))
+            if dry.found > int(confirmed):
+                return html_page(request, bulk_template, 409, **{
+                    **context, "found": dry.found, "sample": dry.sample,
+                    "question": searching.confirm_question(name, action, dry.found),
+                    "message": f"The filter finds {searching.n_jobs(dry.found)} now, more than the {confirmed} "
+                               "you confirmed: nothing was changed. Confirm the new count, or go back."})
+            done: BulkResult = await run_in_threadpool(lambda: act_matching(queue, action, where))
+        except PAGE_ERRORS as exc:
+            return failed(request, bulk_template, context, exc)
+        sampler.invalidate()
+        return html_page(request, bulk_template, **{
+            **context, "result": searching.outcome(action, done.found, done.done, int(confirmed))})
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -652,6 +800,9 @@ def create_app(config: DashboardConfig, *, sampler: Sampler | None = None) -> St
             Route("/api/queues/{queue:path}/events", api_events),
             Route("/api/queues/{queue:path}/flow", api_flow),
             Route("/api/queues/{queue:path}/actions/{action}", api_action, methods=["POST"]),
+            Route("/search", search_page),
+            Route("/bulk", bulk_confirm, methods=["GET"]),
+            Route("/bulk", bulk_run, methods=["POST"]),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ],
         middleware=[

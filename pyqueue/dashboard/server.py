@@ -94,16 +94,21 @@ def serve_until_signalled(
     every_s: float,
     history_s: float,
     worker_metrics: Sequence[str] = (),
+    read_only: bool = False,
 ) -> int:
-    """``pyqueue dashboard``: serve until SIGTERM or SIGINT, then exit 0."""
+    """``pyqueue dashboard``: serve until SIGTERM or SIGINT, then exit 0 (``read_only``:
+    offer no action and refuse every POST, see :class:`DashboardConfig`)."""
     config = DashboardConfig(client, prefix=prefix, queues=queues, namespaces=namespaces, token=token,
                              show_payloads=show_payloads, every_s=every_s, history_s=history_s,
-                             label=public_label(url), worker_metrics=check_urls(worker_metrics))
+                             label=public_label(url), worker_metrics=check_urls(worker_metrics),
+                             read_only=read_only)
     running = RunningDashboard(config, host, port)
     notes = []
     if token:
         notes.append("token required: HTTP Basic with any user name and the token as password, or Bearer")
     notes.append("payloads shown" if show_payloads else "payloads hidden (--show-payloads shows them)")
+    if read_only:
+        notes.append("read-only: no action")
     print(f"serving the pyqueue dashboard on {running.url} ({'; '.join(notes)})", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -437,16 +437,23 @@
         ? el("pre", { class: "payload", text: job.payload + (job.payload_truncated ? " …" : "") })
         : el("span", { class: "muted", text: `${fmtInt(job.payload_bytes)} bytes`,
           title: "payloads are hidden: start the dashboard with --show-payloads to see them" });
-      const replay = el("button", { type: "button", text: "replay" });
-      replay.addEventListener("click", () => act("dead_replay", { ids: [job.id] }));
-      const purge = el("button", { type: "button", class: "danger", text: "purge" });
-      purge.addEventListener("click", () => act("dead_purge", { ids: [job.id] }));
+      const buttons = [];  // none in read-only mode (config.actions is empty)
+      if (config.actions.includes("dead_replay")) {
+        const replay = el("button", { type: "button", text: "replay" });
+        replay.addEventListener("click", () => act("dead_replay", { ids: [job.id] }));
+        buttons.push(replay);
+      }
+      if (config.actions.includes("dead_purge")) {
+        const purge = el("button", { type: "button", class: "danger", text: "purge" });
+        purge.addEventListener("click", () => act("dead_purge", { ids: [job.id] }));
+        buttons.push(purge);
+      }
       return el("tr", { "data-job": job.id },
         el("td", {}, box), el("td", { class: "id", text: job.id }),
         el("td", { text: died.text, title: died.title }),
         el("td", { text: `${job.attempts}/${job.max_attempts}` }),
         el("td", {}, error), el("td", {}, payload),
-        el("td", { class: "row-actions" }, replay, purge));
+        el("td", { class: "row-actions" }, ...buttons));
     }));
     const last = Math.min(page.total, state.deadOffset + page.jobs.length);
     document.getElementById("dead-range").textContent =
@@ -934,12 +941,14 @@
 
   // -- job lookup --------------------------------------------------------------------
 
-  // The queue selects of the job lookup and the flow panel: every queue by name.
+  // The queue selects of the job lookup, the flow panel and the search box: every
+  // queue by name.
   function renderLookupSelect() {
     const names = state.overview.queues.map((q) => q.name);
     if (names.join("\n") === state.lookupQueues) return;   // rebuilt only when the queues change
     state.lookupQueues = names.join("\n");
-    for (const select of [document.getElementById("lookup-queue"), document.getElementById("flow-queue")]) {
+    for (const id of ["lookup-queue", "flow-queue", "search-queue"]) {
+      const select = document.getElementById(id);
       const chosen = names.includes(select.value) ? select.value : names[0];
       select.replaceChildren(...names.map((name) => el("option", { value: name, text: name, selected: name === chosen })));
     }
@@ -1011,7 +1020,7 @@
         title: "payload" in info ? "" : "payloads are hidden: start the dashboard with --show-payloads to see them" }));
     }
     if (info.error) row("error", "last error", el("pre", { class: "error", text: info.error + (info.error_truncated ? " …" : "") }));
-    if (["ready", "scheduled", "waiting", "leased", "dead"].includes(info.state)) {
+    if (config.actions.includes("cancel") && ["ready", "scheduled", "waiting", "leased", "dead"].includes(info.state)) {
       const button = el("button", { type: "button", id: "lookup-cancel", text: "Cancel job",
         title: info.state === "leased" ? "end its lease now; its worker tells the handler at the next extension"
           : "remove it now: it will not run" });
@@ -1021,6 +1030,13 @@
     const table = document.getElementById("lookup-result");
     table.querySelector("tbody").replaceChildren(...rows);
     table.hidden = false;
+  }
+
+  // A link to a job's view (the search page's ids): ?queue=<name>&job=<id>#lookup.
+  function openLinkedJob() {
+    const params = new URLSearchParams(window.location.search);
+    const id = params.get("job"), name = params.get("queue");
+    if (id && name && state.overview.queues.some((q) => q.name === name)) openJob(name, id);
   }
 
   function wireLookup() {
@@ -1219,6 +1235,7 @@
     loadTasks();
     loadEvents();
     if (state.groupsShown) loadGroups();
+    openLinkedJob();
     window.addEventListener("resize", drawCharts);
     state.pollTimer = setTimeout(() => poll(false), config.poll_ms);
     document.body.dataset.ready = "1";
