@@ -1049,7 +1049,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         connect(args.url), url=args.url, host=args.bind, port=args.port, prefix=args.prefix, queues=args.queue,
         namespaces=args.workers_namespace or [args.namespace], token=args.token or None,
         show_payloads=args.show_payloads, every_s=args.sample_s, history_s=args.history_s,
-        worker_metrics=args.worker_metrics or (),
+        worker_metrics=args.worker_metrics or (), read_only=args.read_only,
     )
 
 
@@ -1393,6 +1393,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "at least 16 characters (env PYQUEUE_DASHBOARD_TOKEN, which keeps it out of ps)")
     p.add_argument("--show-payloads", action="store_true",
                    help="show dead letters' payloads (hidden by default: they may hold personal data)")
+    p.add_argument("--read-only", action="store_true",
+                   help="offer no action (replay, purge, cancel, pause, bulk actions) and refuse every POST")
     p.add_argument("-q", "--queue", action="append", help="only these queues (default: every queue found)")
     p.add_argument("--workers-namespace", action="append", metavar="NS",
                    help="service namespaces whose workers to show (repeat; default: --namespace)")

@@ -1038,6 +1038,32 @@ def test_pyqueue_dashboard_serves_over_http_and_exits_0_on_sigterm(redis_server:
     assert code == 0
 
 
+def test_pyqueue_dashboard_read_only_refuses_every_action(redis_server: RedisServer) -> None:
+    r = redis_server.client()
+    r.flushall()
+    busy(r)
+    before = dump_all(r)
+    env = dict(os.environ, PYQUEUE_DASHBOARD_TOKEN=TOKEN)
+    proc = subprocess.Popen([sys.executable, "-m", "pyqueue", "--url", redis_server.url(), "dashboard", "--port", "0",
+                             "--read-only"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        url = read_url(proc, "read-only: no action")
+        request = urllib.request.Request(url + "api/queues/emails/actions/pause", data=b"{}", method="POST",
+                                         headers={"authorization": f"Bearer {TOKEN}",
+                                                  "content-type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code == 403
+        refused.value.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(20)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+    assert code == 0 and dump_all(r) == before
+
+
 def test_pyqueue_demo_dashboard_serves_the_demo_queues_while_it_runs_and_after() -> None:
     proc = subprocess.Popen([sys.executable, "-m", "pyqueue", "demo", "--jobs", "150", "--dashboard",
                              "--dashboard-port", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
