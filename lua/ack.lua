@@ -49,8 +49,9 @@ Returns  {status_1 .. status_r}: 'ok' (acked by this call), 'stale' (the job exi
          under another lease or in another state: this lease lost it), 'gone' (no such
          job: acked before, purged, never enqueued, or repeated in this call).
 Cost     plain case (one current receipt, no tombstone trim due): 9 commands; in a queue
-         with sequences, rate keys or sizes +1, +12 when an acked head hands its key on,
-         +1 when an acked job has a rate entry or a size, +1 more for a size
+         with sequences, rate keys, sizes or indexed jobs +1, +12 when an acked head hands
+         its key on, +1 when an acked job has a rate entry, a size or an index entry, +1
+         more for a size, +2 more for an index entry
 Errors   PQ_BADARG (nothing written), PQ_CORRUPT (a job's `meta` or sequence entry does not
          parse; nothing written), WRONGTYPE (a key holds another Redis type; nothing written).
 Replay   a re-sent call finds its receipts gone and changes nothing; its answer is

@@ -46,8 +46,9 @@ ARGV (4 + 2n)
 Returns  {status_1 .. status_n} as ack.lua: 'ok' (acked, result stored), 'stale' or
          'gone' (nothing written for it).
 Cost     plain case (one current receipt, no expired result): 16 commands; in a queue with
-         sequences, rate keys or sizes +1, +12 when an acked head hands its key on, +1 when
-         an acked job has a rate entry or a size, +1 more for a size
+         sequences, rate keys, sizes or indexed jobs +1, +12 when an acked head hands its
+         key on, +1 when an acked job has a rate entry, a size or an index entry, +1 more
+         for a size, +2 more for an index entry
 Errors   PQ_BADARG, PQ_CORRUPT (a job's `meta` or sequence entry does not parse), WRONGTYPE
          (nothing written).
 Replay   a re-sent call finds its receipts gone and writes nothing more: one effect.

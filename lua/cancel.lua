@@ -48,7 +48,8 @@ Returns  {state}: the state the job was cancelled in, 'ready', 'scheduled', 'lea
          'dead' or 'sequenced' (waiting behind its sequence's head); or, with nothing written, 'done' (it already ended: acked or cancelled,
          tombstone in force) or 'unknown' (no such job).
 Cost     plain case (a ready job, LEASED in one ZSCAN page): 14 commands (+2 in a queue with
-         expiries; +1 in one with sequences, more when a cancelled head hands its key on).
+         expiries; +1 in one with sequences, rate keys, sizes or indexed jobs, more when a
+         cancelled head hands its key on, +3 for an indexed job).
          O(1) for a scheduled or dead job. Otherwise a ZSCAN of LEASED for the receipt
          ending in the id (O(L), L leases: the workers' total concurrency bounds it);
          past 10,000 leases without a match, an LREM on READY (O(position)) first, then

@@ -25,8 +25,9 @@ ARGV (k)
   1.. ids     1..1000 job ids
 
 Returns  {purged, remaining}: jobs deleted, and jobs left in DEAD.
-Cost     plain case (one dead job's id): 11 commands; in a queue with sequences +1, more
-         when a purged head hands its key on (as ack.lua)
+Cost     plain case (one dead job's id): 11 commands; in a queue with sequences, rate keys,
+         sizes or indexed jobs +1, more when a purged head hands its key on or a purged
+         job has entries (as ack.lua: +3 for an indexed job)
 Errors   PQ_BADARG, PQ_CORRUPT (a sequence entry does not parse), WRONGTYPE (nothing written
          on any error).
 Replay   a re-sent call finds the ids gone and deletes nothing.

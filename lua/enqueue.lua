@@ -89,7 +89,7 @@ Cost     plain case (one job, a queue with no optional feature on): 8 commands;
          with an expiry +3; a keyed send that adds a job +5, one debounced into the
          key's pending job +6, one throttled +0; +2 per call that trims stale keys; a
          sequence's head +4, a job behind it +5; a job with a rate key +4; a call under
-         a byte budget +3; a call that adds indexed jobs +3
+         a byte budget +3; a call that adds indexed jobs +4
 Errors   PQ_BADARG (nothing written), PQ_FULL (the call would take the queue past its
          byte budget, set_budget.lua; nothing written), WRONGTYPE (a key holds another
          Redis type; nothing written).

@@ -93,9 +93,10 @@ Returns  {now_ms, next_due_ms, r, ack_status_1 .. ack_status_r, m, job_1 .. job_
 Cost     plain case (count 1, one ready job, maintenance not due): 13 commands (ack one,
          lease one); 10 (lease one); in a queue with expiries, a call that leases jobs
          for the first time +1, +1 more if one was sent with an expiry, +3 more if one
-         expired; in a queue with sequences, acks as ack.lua's; in a queue with rate
-         keys +1, +4 more to lease a job with a rate key, +3 more to defer one instead (not
-         leased: it pays none of a lease's 3 writes)
+         expired; in a queue with sequences, rate keys, sizes or indexed jobs, acks and
+         expiries as ack.lua's acks; in a queue with rate keys +1, +4 more to lease a job
+         with a rate key, +3 more to defer one instead (not leased: it pays none of a
+         lease's 3 writes)
 Errors   PQ_BADARG (nothing written), PQ_CORRUPT (a record does not parse; nothing
          written), WRONGTYPE (a key holds another Redis type; nothing written).
 Contract v6 (lua/README.md section 10): other counts of KEYS or ARGV than above answer

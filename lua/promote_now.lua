@@ -19,7 +19,7 @@ ARGV (1 + n)
   then 1..1000 job ids
 
 Returns  {promoted, id_1 .. id_k}: how many jobs were made due, and which.
-Cost     plain case (one scheduled job): 6 commands
+Cost     plain case (one scheduled job): 8 commands (`TIME` included)
 Errors   PQ_BADARG, PQ_CORRUPT (a record does not parse), WRONGTYPE (nothing written).
 Replay   a re-sent call finds the jobs due and changes nothing.
 Contract v6 (lua/README.md section 10): other counts of KEYS or ARGV than above answer

@@ -362,7 +362,9 @@ for i, id in ipairs(ids) do
     end
     ok = s ~= nil and (state == '' or s == state or s == 'ready_or_leased' and (state == 'ready' or state == 'leased'))
   end
-  if ok then
+  -- (A record written before v5 has no enqueued_ms: a time bound leaves it out, and a
+  -- search without one finds it.)
+  if ok and (ARGV[6] ~= '' or ARGV[7] ~= '') then
     local t = s == 'dead' and at_ms or enqueued_ms or -1
     ok = t >= since_ms and t < until_ms
   end

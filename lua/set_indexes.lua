@@ -17,7 +17,7 @@ ARGV (2)
 
 Returns  {changed, since_ms}: 1 if this call turned them on or off, and since when the
          queue keeps indexes (-1: it keeps none).
-Cost     plain case (turn a queue's indexes on): 2 commands
+Cost     plain case (turn a queue's indexes on): 3 commands (`TIME` included)
 Errors   PQ_BADARG, WRONGTYPE (nothing written).
 Replay   a re-sent call finds them as it left them and changes nothing.
 Contract v6 (lua/README.md section 10): other counts of KEYS or ARGV than above answer

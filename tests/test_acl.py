@@ -51,9 +51,9 @@ from pyqueue.drivers.queue import transport_of
 #: it implies ``resetkeys`` and ``-@all``); ``resetchannels`` also holds when
 #: ``acl-pubsub-default`` is ``allchannels``.
 RECIPE = """\
-ACL SETUSER pq-producer reset on >producer-secret resetchannels ~pq:{emails}:* -@all +ping +evalsha +script|load +script|exists +multi +exec +time +type +hget +hmget +hset +hsetnx +hincrby +rpush +lindex +llen +zadd +zcard +zcount +zrange +zmscore +xread +xrevrange +zscore +hexists +xadd "(~pq:{emails}:flows ~pq:{emails}:flow_expiry ~pq:{emails}:keyed ~pq:{emails}:windows ~pq:{emails}:expires ~pq:{emails}:meta +zrangebyscore +hdel +zrem)"
+ACL SETUSER pq-producer reset on >producer-secret resetchannels ~pq:{emails}:* -@all +ping +evalsha +script|load +script|exists +multi +exec +time +type +hget +hmget +hset +hsetnx +hincrby +rpush +lindex +llen +zadd +zcard +zcount +zrange +zmscore +xread +xrevrange +zscore +hexists +xadd "(~pq:{emails}:flows ~pq:{emails}:flow_expiry ~pq:{emails}:keyed ~pq:{emails}:windows ~pq:{emails}:expires ~pq:{emails}:meta ~pq:{emails}:index +zrangebyscore +hdel +zrem)"
 ACL SETUSER pq-worker reset on >worker-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +bzpopmin +time +type +exists +get +incr +pexpire +persist +del +hget +hmget +hexists +hset +hsetnx +hincrby +hdel +llen +lrange +ltrim +lpop +lpush +rpush +lrem +zadd +zrem +zscore +zcard +zcount +zrange +zrangebyscore +zrangebylex +zlexcount +zremrangebyrank +zremrangebylex +xadd +zmscore
-ACL SETUSER pq-admin reset on >admin-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +time +type +pexpire +pttl +hget +hgetall +hmget +hexists +hset +hsetnx +hincrby +hdel +rpush +lpush +lindex +llen +lrange +lrem +zadd +zrem +zscore +zscan +zcard +zcount +zrange +zrangebyscore +zrangebylex +zlexcount +zremrangebyrank +xrevrange +xadd +xtrim +xlen +xrange +xread
+ACL SETUSER pq-admin reset on >admin-secret resetchannels ~pq:{emails}:* ~pq:{workers}:service:* -@all +ping +evalsha +script|load +time +type +pexpire +pttl +hget +hgetall +hmget +hexists +hset +hsetnx +hincrby +hdel +rpush +lpush +lindex +llen +lrange +lrem +zadd +zrem +zscore +zmscore +zrank +zscan +hscan +zcard +zcount +zrange +zrangebyscore +zrangebylex +zlexcount +zremrangebyrank +xrevrange +xadd +xtrim +xlen +xrange +xread
 """
 
 ROLES = ("producer", "worker", "admin")
@@ -90,7 +90,11 @@ ROLE_SCRIPTS: dict[str, tuple[str, ...]] = {
               # set_rate_limit: a rate key's limit at run time (pyqueue limit QUEUE RATE --key).
               "set_rate_limit",
               # set_budget: a queue's byte budget (pyqueue budget QUEUE SIZE).
-              "set_budget"),
+              "set_budget",
+              # set_indexes, search, promote_now: finding jobs by task, group, state or
+              # error (Queue.search, pyqueue.ops.find) and running scheduled ones now; the
+              # only scripts of the role that call HSCAN, ZRANK and ZMSCORE (search).
+              "set_indexes", "search", "promote_now"),
 }
 
 #: The commands each role's driver code sends itself, outside any script, and why.
@@ -366,6 +370,31 @@ def test_under_a_byte_budget_a_producer_sends_and_is_refused_and_a_worker_ends_s
     assert denied_commands(root) <= {"config|get"}
 
 
+def test_under_indexes_a_producer_sends_listed_jobs_a_worker_ends_them_and_an_admin_finds_and_promotes(
+    root: redis.Redis, login: Callable[[str], redis.Redis]
+) -> None:
+    admin = Queue(QUEUE, login("admin"))
+    assert admin.set_indexes(True) is not None
+    producer = Queue(QUEUE, login("producer"))
+    # A listed send writes its entry to `keyed` and its members to `index`; a debounced one
+    # removes the members of the send it replaces (ZREM on `index`).
+    assert producer.enqueue(b"a", job_id="i0", task="mail.send", group="g").added
+    producer.enqueue(b"d1", debounce_ms=60_000, key="d", task="mail.digest")
+    assert producer.enqueue(b"d2", debounce_ms=60_000, key="d", task="mail.digest", group="g").by_key == "debounced"
+    page = admin.search(group="g")
+    assert sorted(j.state for j in page.jobs) == ["ready", "scheduled"]
+    (later,) = [j.id for j in page.jobs if j.state == "scheduled"]
+    assert admin.promote_now([later]) == [later]
+    worker = Queue(QUEUE, login("worker"))
+    (job,) = worker.lease()
+    assert job.id == "i0" and worker.ack(job) is Outcome.OK
+    assert [j.id for j in admin.search(task="mail.send").jobs] == []
+    assert root.hget(QUEUE_KEYS.keyed, "x:i0") is None
+    assert [(j.id, j.state) for j in admin.search(task="mail.digest").jobs] == [(later, "ready")]  # promoted
+    assert admin.set_indexes(False) is None
+    assert denied_commands(root) <= {"config|get"}
+
+
 def test_a_producer_cannot_take_or_delete_jobs(root: redis.Redis, login: Callable[[str], redis.Redis]) -> None:
     Queue(QUEUE, root).enqueue(b"", job_id="j")
     q = Queue(QUEUE, login("producer"))
@@ -638,6 +667,22 @@ def script_calls(root: redis.Redis) -> dict[str, tuple[str, Any, list[Any]]]:
     root.hset(q.spec.keys.counters, mapping={"budget": 1_000_000, "bytes": 2, "sized": 1})
     root.hset(q.spec.keys.keyed, mapping={"b:held": 1, "b:corpse": 1})
     calls["set_budget"] = ("set_budget", q.spec.keys, [2_000_000])
+    # Indexes, and index entries for 'held' and 'corpse' as if they were sent while the
+    # queue kept them: every send below with a task or a group is listed (HSET of `keyed`,
+    # ZADD of `index`), and the scripts that end those two remove their members (HMGET
+    # and HDEL of `keyed`, ZREM of `index`). search reads by task (ZLEXCOUNT,
+    # ZRANGEBYLEX), by state (ZCOUNT, ZRANGEBYSCORE, ZRANK past a cursor) and over every
+    # job (HSCAN); promote_now makes 'due' due earlier than its time.
+    root.hset(q.spec.keys.counters, mapping={"indexes": T0, "indexed": 1})
+    root.hset(q.spec.keys.keyed, mapping={"x:held": f"{T0}\n\nt", "x:corpse": f"{T0}\ng\nt"})
+    root.zadd(q.spec.keys.index, {f"t\nt\n{T0:015d}\nheld": 0, f"t\nt\n{T0:015d}\ncorpse": 0,
+                                  f"g\ng\n{T0:015d}\ncorpse": 0})
+    calls["set_indexes"] = ("set_indexes", q.spec.keys, [now, 0])
+    calls["search_task"] = ("search", q.spec.keys, [now, "", "t", "", "", "", "", "", 10])
+    calls["search_dead"] = ("search", q.spec.keys, [now, "dead", "", "", "", "", "", "", 1])
+    calls["search_dead_page_2"] = ("search", q.spec.keys, [now, "dead", "", "", "", "", "", f"d{T0}\ncorpse", 1])
+    calls["search_any"] = ("search", q.spec.keys, [now, "", "", "", "", "", "", "", 10])
+    calls["promote_now"] = ("promote_now", q.spec.keys, [T0, "due"])
     for state in ("ready", "scheduled", "running", "done"):
         calls[f"browse_{state}"] = ("browse", q.spec.keys, [now, state, 0, 10])
     live = Services(root).register([QUEUE], now_ms=T0)

@@ -62,7 +62,7 @@ MALFORMED: list[tuple[str, list[Any]]] = [
     ("enqueue", ["", 1, "id", b"", 0, 1, "", "", "", "sequence|Block|k"]),
     ("enqueue", ["", 1, "id", b"", 0, 1, "", "", "", "sequence|block|"]),
     # Rate keys (lua/README.md section 2.7): "rate|<count>/<period_ms>/<burst>/<cost>|<key>",
-    # alone or after a flow key and a newline.
+    # alone or beside a flow key (and a task name), each on a line of its own, in any order.
     *(("enqueue", ["", 1, "id", b"", 0, 1, "", "", "", key]) for key in [
         "rate|10/1000/1|k",  # no cost
         "rate|10/1000/1/1",  # no key
@@ -82,7 +82,6 @@ MALFORMED: list[tuple[str, list[Any]]] = [
         "rate|10/1000/1/1|a\tb",  # a control character in the key
         "rate|10/1000/1/1|" + "k" * 257,
         "rate|10/1000/1/1|k\nrate|10/1000/1/1|k",  # two rate keys
-        "rate|10/1000/1/1|k\ndebounce|100|k",  # the flow key comes first
         "debounce|100|k\nrate|10/1000/0/1|k",  # a bad rate key after a good flow key
         "debounce|100|k\nrate|10/1000/1/1|",
         "throttle|100|k\nrate|10/1000/1/2|k",
@@ -123,6 +122,54 @@ MALFORMED: list[tuple[str, list[Any]]] = [
     ("set_budget", ["512MiB"]),
     ("set_budget", [" 100"]),
     ("set_budget", [""]),
+    # Indexes (lua/README.md section 2.8): a task name "task|<name>", 1..256 bytes without
+    # control characters, on a line of its own, at most one; set_indexes' on 0 or 1;
+    # search's filters; promote_now's ids.
+    *(("enqueue", ["", 1, "id", b"", 0, 1, "", "", "", key]) for key in [
+        "task|",  # no name
+        "task|" + "t" * 257,
+        "task|a\tb",  # a control character in the name
+        "task|a\nb",  # a second line that is no key
+        "task|a\ntask|b",  # two task names
+        "task|a\n",  # an empty line after it
+        "\ntask|a",
+        "task|a\nrate|10/1000/1/1|k\ntask|b",
+        "task|a\ndebounce|0|k",  # a bad flow key beside a good task name
+        "Task|a",  # not a task line: a flow key of an unknown mode
+    ]),
+    ("set_indexes", ["", 2]),
+    ("set_indexes", ["", -1]),
+    ("set_indexes", ["", ""]),
+    ("set_indexes", ["", "on"]),
+    ("set_indexes", ["", "1.0"]),
+    ("set_indexes", ["soon", 1]),
+    ("search", ["soon", "", "", "", "", "", "", "", 10]),
+    ("search", ["", "done", "", "", "", "", "", "", 10]),  # not a state search answers
+    ("search", ["", "Dead", "", "", "", "", "", "", 10]),
+    ("search", ["", "", "t" * 257, "", "", "", "", "", 10]),
+    ("search", ["", "", "a\nb", "", "", "", "", "", 10]),
+    ("search", ["", "", "", "a|b", "", "", "", "", 10]),
+    ("search", ["", "", "", "g" * 129, "", "", "", "", 10]),
+    ("search", ["", "", "", "", "Timeout:Error", "", "", "", 10]),
+    ("search", ["", "", "", "", "a\tb", "", "", "", 10]),
+    ("search", ["", "ready", "", "", "TimeoutError", "", "", "", 10]),  # an error implies dead
+    ("search", ["", "", "", "", "", -1, "", "", 10]),
+    ("search", ["", "", "", "", "", "", 2**50 + 1, "", 10]),
+    ("search", ["", "", "", "", "", "today", "", "", 10]),
+    ("search", ["", "", "", "", "", "", "", "", 0]),
+    ("search", ["", "", "", "", "", "", "", "", 501]),
+    ("search", ["", "", "", "", "", "", "", "", ""]),
+    ("search", ["", "", "task", "", "", "", "", "", 10]),  # the busy queue keeps no indexes
+    ("search", ["", "dead", "", "", "", "", "", "h0:0", 10]),  # a cursor of another source
+    ("search", ["", "dead", "", "", "", "", "", "dnot a cursor", 10]),
+    ("search", ["", "", "", "", "", "", "", "hx:y", 10]),
+    ("search", ["", "leased", "", "", "", "", "", "lx", 10]),
+    ("promote_now", ["", ""]),
+    ("promote_now", ["", "a\nb"]),
+    ("promote_now", ["", "x" * 257]),
+    ("promote_now", ["", "due", ""]),  # a bad id after a good one
+    ("promote_now", ["soon", "due"]),
+    ("promote_now", [""]),  # no id: a contract error
     ("sequence_skip", ["", ""]),
     ("sequence_skip", ["", "a\nb"]),
     ("sequence_skip", ["soon", "k"]),
@@ -527,6 +574,7 @@ ROLE_TYPES = {
     "meta": "hash", "gready": "zset", "ring": "zset", "groups": "hash", "fwait": "zset", "fpending": "zset",
     "events": "stream", "steps": "hash", "waiting": "zset",
     "keyed": "hash", "windows": "zset", "expires": "zset", "expired": "zset", "sequenced": "zset",
+    "index": "zset",
 }
 #: The fair-scheduling keys (lua/README.md section 2.1).
 FAIR_ROLES = {"meta", "gready", "ring", "groups"}
@@ -543,6 +591,122 @@ WRONG_TYPE_CASES = [
     for planted in PLANTERS
     if planted != ROLE_TYPES[role]
 ]
+
+
+#: The index calls on a queue that keeps indexes, with listed jobs ("i0" leased, "i1"
+#: ready, "i2" scheduled, "i3" dead), and the keys each must prove before it writes (or,
+#: read only, reads): set_indexes' `counters`; an indexed send's `keyed` (its entry) and
+#: `index` (its members); the end of a listed job (ack, cancel, dead_purge): `keyed`,
+#: which it reads the entry from, and `index`, which it removes the members from;
+#: promote_now's keys; and every key search reads.
+INDEX_CALLS: dict[str, tuple[str, Any]] = {
+    "set_indexes": ("set_indexes", lambda held: [T0, 0]),
+    "enqueue_indexed": ("enqueue", lambda held: [T0, 1, "i9", b"x", 0, 1, "", "g", "", "task|t"]),
+    "ack_indexed": ("ack", lambda held: [T0, 1000, held.receipt]),
+    "cancel_indexed": ("cancel", lambda held: [T0, "i1", 1000]),
+    "dead_purge_indexed": ("dead_purge", lambda held: ["i3"]),
+    "promote_now": ("promote_now", lambda held: [T0, "i2"]),
+    "search_task": ("search", lambda held: [T0, "", "t", "", "", "", "", "", 10]),
+    "search_dead": ("search", lambda held: [T0, "dead", "", "", "", "", "", "", 10]),
+    "search_any": ("search", lambda held: [T0, "", "", "", "", "", "", "", 10]),
+}
+INDEX_WRONG_TYPE_CASES = [
+    (variant, role, planted)
+    for variant, roles in {
+        "set_indexes": ("counters",),
+        "enqueue_indexed": ("keyed", "index"),
+        "ack_indexed": ("keyed", "index"),
+        "cancel_indexed": ("keyed", "index"),
+        "dead_purge_indexed": ("keyed", "index"),
+        "promote_now": ("jobs", "scheduled", "waiting", "wake"),
+        "search_task": ("jobs", "counters", "index", "keyed", "dead", "scheduled", "waiting", "leased"),
+        "search_dead": ("jobs", "dead", "errors", "keyed", "scheduled", "waiting"),
+        "search_any": ("jobs",),
+    }.items()
+    for role in roles
+    for planted in ("string", "list", "hash", "set", "zset", "stream")
+    if planted != ROLE_TYPES[role]
+]
+
+
+def indexed_queue(q: Queue) -> Job:
+    """``q`` keeping indexes, with listed jobs in four states; answers i0's lease."""
+    q.set_indexes(True, now_ms=T0)
+    q.enqueue_many([NewJob(b"x", job_id=f"i{i}", task="t", group="g", delay_ms=10_000 if i == 2 else 0,
+                           max_attempts=1) for i in (0, 3, 1, 2)], now_ms=T0)
+    held, dying = q.lease(count=2, now_ms=T0)
+    assert (held.id, dying.id) == ("i0", "i3")
+    q.nack(dying, "boom", now_ms=T0)
+    return held
+
+
+@pytest.mark.parametrize(("variant", "role", "planted"), INDEX_WRONG_TYPE_CASES)
+def test_an_index_script_finds_a_key_of_the_wrong_type_and_writes_nothing(
+    r: redis.Redis, variant: str, role: str, planted: str
+) -> None:
+    q = Queue("q", r)
+    held = indexed_queue(q)
+    script, args = INDEX_CALLS[variant]
+    key = q.spec.keys.role(role)
+    r.delete(key)
+    PLANTERS[planted](r, key)
+    before = dump_all(r)
+    with pytest.raises(redis.ResponseError, match=r"WRONGTYPE") as info:
+        transport_of(q).run(script, q.spec.keys, args(held))
+    assert isinstance(map_redis_error(info.value), WrongTypeError)
+    assert dump_all(r) == before
+
+
+@pytest.mark.parametrize("variant", sorted(INDEX_CALLS))
+def test_each_index_call_succeeds_on_the_indexed_queue(r: redis.Redis, variant: str) -> None:
+    # Guards the table above: each call is valid, so the errors come from the planted key.
+    q = Queue("q", r)
+    held = indexed_queue(q)
+    script, args = INDEX_CALLS[variant]
+    transport_of(q).run(script, q.spec.keys, args(held))
+
+
+@pytest.mark.parametrize("entry", ["garbage", "12\nno task line", "\ng\nt", "x1\ng\nt"])
+def test_a_corrupt_index_entry_is_reported_and_nothing_written(q: Queue, r: redis.Redis, entry: str) -> None:
+    held = indexed_queue(q)
+    r.hset(q.spec.keys.keyed, "x:i0", entry)
+    r.hset(q.spec.keys.keyed, "x:i1", entry)
+    before = dump_all(r)
+    for script, args in (("ack", [T0, 1000, held.receipt]), ("cancel", [T0, "i1", 1000])):
+        with pytest.raises(redis.ResponseError, match=r"^PQ_CORRUPT unparsable index entry in "):
+            transport_of(q).run(script, q.spec.keys, args)
+        assert dump_all(r) == before
+
+
+@pytest.mark.parametrize("call", [
+    lambda q: q.set_indexes(1),
+    lambda q: q.set_indexes("yes"),
+    lambda q: q.search(state="done"),
+    lambda q: q.search(task=""),
+    lambda q: q.search(task="a\nb"),
+    lambda q: q.search(group="a|b"),
+    lambda q: q.search(error="Timeout: x"),
+    lambda q: q.search(error=""),
+    lambda q: q.search(state="ready", error="TimeoutError"),
+    lambda q: q.search(since_ms=-1),
+    lambda q: q.search(until_ms=2**50 + 1),
+    lambda q: q.search(count=0),
+    lambda q: q.search(count=501),
+    lambda q: q.search(cursor=5),
+    lambda q: q.search(scan_most=0),
+    lambda q: q.promote_now(["a\nb"]),
+    lambda q: q.promote_now([""]),
+    lambda q: q.enqueue(b"x", task=""),
+    lambda q: q.enqueue(b"x", task="t" * 257),
+    lambda q: q.enqueue(b"x", task="a\tb"),
+    lambda q: q.enqueue_many([NewJob(b"x", task="a\nb")]),
+], ids=lambda c: "")
+def test_bad_index_arguments_are_rejected_in_python_before_anything_is_sent(
+    q: Queue, r: redis.Redis, call: Any
+) -> None:
+    with pytest.raises(InvalidArgument):
+        call(q)
+    assert r.keys("*") == []
 
 
 #: On a queue without groups or priorities (busy_queue), the fair-scheduling keys a variant
@@ -570,8 +734,10 @@ FAIR_MODE_UNTOUCHED = {("stats", "jobs")}
 STEP_ROLES = {"steps", "waiting"}
 STEP_READ = {("stats", "waiting")}
 #: The flow-control keys (lua/README.md section 2.7): the busy queue has no keyed job and
-#: no expiry, so no variant touches them (test_flow_control.py plants them where it does).
-CONTROL_ROLES = {"keyed", "windows", "expires", "expired", "sequenced"}
+#: no expiry, so no variant touches them (test_flow_control.py plants them where it does);
+#: nor does it keep indexes (section 2.8: INDEX_WRONG_TYPE_CASES plants `index` where one
+#: is written).
+CONTROL_ROLES = {"keyed", "windows", "expires", "expired", "sequenced", "index"}
 CONTROL_READ = {("stats", "sequenced")}
 
 

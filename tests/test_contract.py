@@ -49,6 +49,10 @@ def test_key_locals_are_bound_in_header_order(name: str) -> None:
     for first in re.findall(r"^local F = fair_keys\((\d+)\)$", body, re.M):
         for offset, role in enumerate(("meta", "gready", "ring", "groups")):
             bound[int(first) + offset] = f"{role}_key"
+    # A key used only by the helpers' key table may be bound as its field, named for its
+    # role: `K.index = KEYS[17]`, or `index = KEYS[21]` in the table's constructor.
+    for role, index in re.findall(r"(?:\bK\.|[{,]\s*)(\w+) = KEYS\[(\d+)\]", body):
+        bound.setdefault(int(index), f"{role}_key")
     assert [bound[i] for i in sorted(bound)] == [f"{role}_key" for role in SCRIPT_KEYS[name]]
 
 

@@ -37,11 +37,14 @@ def test_the_header_rules_read_as_expected() -> None:
     assert argv_rule("enqueue") == ArgvRule(10, 8002, 8)
     assert argv_rule("ack_result") == ArgvRule(6, 2004, 2)
     assert argv_rule("lease") == ArgvRule(7, 1007)
-    assert len(SCRIPT_KEYS["lease"]) == 22 and SCRIPT_KEYS["lease"][-1] == "windows"
+    assert len(SCRIPT_KEYS["lease"]) == 23 and SCRIPT_KEYS["lease"][-2:] == ("windows", "index")
     assert argv_rule("set_rate_limit") == ArgvRule(2, 2)
     assert argv_rule("defer_key") == ArgvRule(3, 3)
     assert argv_rule("set_budget") == ArgvRule(1, 1) and SCRIPT_KEYS["set_budget"] == ("counters",)
     assert argv_rule("dead_purge") == ArgvRule(1, 1000)
+    assert argv_rule("set_indexes") == ArgvRule(2, 2) and SCRIPT_KEYS["set_indexes"] == ("counters",)
+    assert argv_rule("search") == ArgvRule(9, 9) and len(SCRIPT_KEYS["search"]) == 11
+    assert argv_rule("promote_now") == ArgvRule(2, 1001)
 
 
 @dataclass
@@ -89,6 +92,9 @@ def world(r: redis.Redis) -> World:
         "set_rate_limit": (q.spec.keys, ["api", "5/1000/1"]),
         "defer_key": (q.spec.keys, [NOW, handles["held"].receipt, 5000]),
         "set_budget": (q.spec.keys, [1_000_000]),
+        "set_indexes": (q.spec.keys, [NOW, 1]),
+        "search": (q.spec.keys, [NOW, "", "", "", "", "", "", "", 10]),
+        "promote_now": (q.spec.keys, [T0, "due"]),  # at T0 it is due later (T0 + 10): it would write
         "service_register": (
             services.keys.of(svc.id + 1), [NOW, svc.id + 1, "host", 1, "q", 60_000, 1000, 10, "tok2", "reg2"]
         ),

@@ -194,6 +194,36 @@ def case_set_budget(w: World) -> Callable[[], None]:
     return call
 
 
+def case_set_indexes(w: World) -> Callable[[], None]:
+    def call() -> None:
+        assert w.q.set_indexes(True) is not None
+
+    return call
+
+
+def case_search(w: World) -> Callable[[], None]:
+    busy(w.q)
+    w.q.enqueue(b"x", job_id="dies", max_attempts=1)
+    (job,) = w.q.lease()
+    w.q.nack(job, "boom")
+
+    def call() -> None:
+        page = w.q.search(state="dead")
+        assert [j.id for j in page.jobs] == ["dies"] and page.cursor == ""
+
+    return call
+
+
+def case_promote_now(w: World) -> Callable[[], None]:
+    busy(w.q)
+    w.q.enqueue(b"x", job_id="later", delay_ms=3_600_000)
+
+    def call() -> None:
+        assert w.q.promote_now(["later"]) == ["later"]
+
+    return call
+
+
 def case_set_rate_limit(w: World) -> Callable[[], None]:
     def call() -> None:
         assert w.q.set_rate_limit("acct", "10/s") is True
@@ -657,6 +687,9 @@ CASES = [
     Case("set_group_limit", 0, "the default cap", case_set_group_limit),
     Case("set_rate_limit", 0, "set a key's limit", case_set_rate_limit),
     Case("set_budget", 0, "a queue's first budget", case_set_budget),
+    Case("set_indexes", 0, "turn a queue's indexes on", case_set_indexes),
+    Case("search", 0, "state dead, one dead job", case_search),
+    Case("promote_now", 0, "one scheduled job", case_promote_now),
     Case("defer_key", 0, "a job with a rate key", case_defer_key),
     Case("stats", 0, "a queue with a ready job", case_stats),
     Case("step", 0, "a step of a queue with step data", case_step),
@@ -827,3 +860,32 @@ def test_flow_control_costs_what_the_headers_state_and_nothing_on_a_queue_withou
     jobs = bq.q.lease(count=3)
     sized_ack = measured_commands(bq, redis_server, "ack", lambda: bq.q.ack(jobs[-1]))
     assert (sized - plain, sized_ack - plain_ack) == (3, 3)
+    # Indexes (section 2.8): enqueue of a job with a task and a group in a queue that
+    # keeps indexes (the first also sets the `indexed` flag: measured after it), and, in
+    # such a queue, the ack of an indexed job and of one sent without task or group; the
+    # ack part of a lease of an indexed job.
+    iq = World(Queue("indexed", world.r), world.services, world.r)
+    busy(iq.q)
+    iq.q.set_indexes(True)
+    iq.q.enqueue(b"first", task="t")
+    indexed = measured_commands(iq, redis_server, "enqueue", lambda: iq.q.enqueue(b"x", task="t"))
+    jobs = iq.q.lease(count=3)
+    by_payload = {j.payload: j for j in jobs}
+    indexed_ack = measured_commands(iq, redis_server, "ack", lambda: iq.q.ack(by_payload[b"x"]))
+    iq.q.enqueue(b"plain")
+    (plain_job,) = [j for j in iq.q.lease(count=3) if j.payload == b"plain"]
+    unindexed_ack = measured_commands(iq, redis_server, "ack", lambda: iq.q.ack(plain_job))
+    iq.q.enqueue(b"next", task="t")
+    maintenance_not_due(iq)
+    ack_lease = measured_commands(iq, redis_server, "lease", lambda: iq.q.ack_and_lease(by_payload[b"first"]))
+    plain_ack_lease = stated_costs(header("lease"))[0]
+    # cancel of an indexed ready job and dead_purge of an indexed dead job, in that queue.
+    iq.q.enqueue(b"cancel me", job_id="to-cancel", task="t")
+    cancelled = measured_commands(iq, redis_server, "cancel", lambda: iq.q.cancel("to-cancel"))
+    iq.q.enqueue(b"dies", job_id="to-purge", task="t", max_attempts=1)
+    (dying,) = iq.q.lease()
+    iq.q.nack(dying, "boom")
+    purged = measured_commands(iq, redis_server, "dead_purge", lambda: iq.q.dead_purge(["to-purge"]))
+    assert (indexed - plain, indexed_ack - plain_ack, unindexed_ack - plain_ack, ack_lease - plain_ack_lease,
+            cancelled - stated_costs(header("cancel"))[0], purged - stated_costs(header("dead_purge"))[0]) == (
+        4, 4, 1, 4, 4, 4)

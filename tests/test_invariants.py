@@ -184,13 +184,14 @@ def test_exactly_once_ack_answer_when_two_workers_hold_the_same_job_in_turn(q: Q
 
 @pytest.mark.parametrize("role", [role for role in SCRIPT_KEYS["lease"]
                                   if role not in ("steps", "waiting", "expires", "expired", "keyed", "sequenced",
-                                                  "windows")])
+                                                  "windows", "index")])
 def test_check_before_write_a_failing_call_wrote_nothing(q: Queue, r: redis.Redis, role: str) -> None:
     # The exhaustive table is in test_bad_input.py; this runs lease, the widest script,
     # with each of its keys broken (the tombstones' key only matters when it acks; the
     # durable-step keys only on a queue with step data: tests/test_steps.py; the expiry,
     # sequence and rate keys only on a queue that has them: tests/test_flow_control.py,
-    # tests/test_rate_limits.py).
+    # tests/test_rate_limits.py; `index` only on a queue with listed jobs:
+    # tests/test_bad_input.py's index cases).
     handles = busy_queue(q, fair=role in ("meta", "gready", "ring", "groups"))
     script, args = calls_touching_every_key(q, handles)["ack_and_lease" if role == "done" else "lease"]
     r.delete(q.spec.keys.role(role))
@@ -263,8 +264,15 @@ def test_bounded_work_no_script_scans_the_keyspace() -> None:
     assert len(zscan.findall(helpers)) == 1 and "until cursor == '0' or pages == max_pages" in helpers
     for path in lua_dir().glob("*.lua"):
         body = path.read_text()
-        assert not re.search(r"""redis\.call\(\s*['"](KEYS|SCAN|HSCAN|SSCAN|HGETALL|HKEYS|HVALS|SMEMBERS)['"]""",
+        assert not re.search(r"""redis\.call\(\s*['"](KEYS|SCAN|SSCAN|HGETALL|HKEYS|HVALS|SMEMBERS)['"]""",
                              body, re.I), path
+        # One HSCAN: search.lua's page over every job, one call with a COUNT fixed in the
+        # script (a page of the one key it was given, never the keyspace).
+        hscans = re.findall(r"""redis\.call\(\s*['"]HSCAN['"],\s*(\w+),[^)]*'COUNT',\s*(\w+)\)""", body, re.I)
+        assert len(hscans) == len(re.findall(r"""['"]HSCAN['"]""", body, re.I)), f"{path}: an HSCAN without COUNT"
+        assert not hscans or path.name == "search.lua" and hscans == [("jobs_key", "SCAN_MOST")], path
+        if hscans:
+            assert re.search(r"^local SCAN_MOST, LEASES_MOST = 2000, 10000$", body, re.M), f"{path}: SCAN_MOST"
         own = lua_build.outside(body)
         assert not zscan.search(own), f"{path}: ZSCAN outside find_lease"
         # ...and every call passes a page limit fixed in the script (get and cancel).
@@ -374,4 +382,97 @@ def test_the_acked_counter_is_derived_consistently(q: Queue, r: redis.Redis) -> 
     assert s.acked == s.leased_total - s.nacked - s.reclaimed - s.scrubbed - s.released - s.leased
     assert s.acked == sum(walk.acked_ok.values())
 
+
+# -- indexes (lua/README.md section 2.8) ---------------------------------------------------
+
+
+def index_members(job_id: str, entry: str) -> set[bytes]:
+    """The `index` members an entry "x:<id>" = "<enqueued_ms>\\n<group>\\n<task>" names."""
+    at, group, task = entry.split("\n", 2)
+    assert at.isdigit(), entry
+    return {f"{kind}\n{value}\n{int(at):015d}\n{job_id}".encode() for kind, value in (("t", task), ("g", group))
+            if value}
+
+
+def check_indexes(r: redis.Redis, q: Queue) -> None:
+    """An `index` member exists exactly when its job exists with an entry `x:<id>` that
+    names it; every entry is a live job's, sent when its record says, and names at least
+    one member; every score is 0."""
+    k = q.spec.keys
+    records = {i.decode(): v for i, v in r.hgetall(k.jobs).items()}
+    entries = {f.decode()[2:]: v.decode() for f, v in r.hgetall(k.keyed).items() if f.startswith(b"x:")}
+    assert set(entries) <= set(records), f"index entries of jobs that are gone: {set(entries) - set(records)}"
+    expected: set[bytes] = set()
+    for job_id, entry in entries.items():
+        named = index_members(job_id, entry)
+        assert named, f"{job_id}: an entry that names no member: {entry!r}"
+        sent = re.match(rb"^\d+\|\d+\|\d+:(\d+)\|", records[job_id])
+        assert sent and sent.group(1).decode() == entry.split("\n", 1)[0], (job_id, records[job_id], entry)
+        expected |= named
+    members = r.zrange(k.index, 0, -1, withscores=True)
+    assert {score for _, score in members} <= {0.0}
+    assert {m for m, _ in members} == expected, (
+        f"members without an entry: {sorted({m for m, _ in members} - expected)}, "
+        f"entries without their members: {sorted(expected - {m for m, _ in members})}")
+
+
+class IndexWalk(Walk):
+    """A walk of a queue that keeps indexes: jobs with and without task names and
+    groups, debounced into their keys' jobs, expiring, cancelled, purged, replayed and
+    made due now, besides every transition of :class:`Walk`."""
+
+    def step(self) -> None:
+        q, rng = self.q, self.rng
+        op = rng.choice(["send", "send", "walk", "walk", "walk", "cancel", "purge", "promote_now", "ack_result",
+                         "search"])
+        if op == "send":
+            batch = []
+            for _ in range(rng.randint(1, 3)):
+                debounced = rng.random() < 0.2
+                delay = 0 if debounced else rng.choice([0, 0, 5, 50])
+                # A debounced send always has a task name here: one with neither a task
+                # name nor a group, merged into a listed job, leaves the job's stale entry
+                # (tests/test_search_contract.py, the xfail case).
+                batch.append(NewJob(b"p", job_id=f"j{rng.randint(0, 40)}",
+                                    task=rng.choice(["a", "b"] if debounced else [None, "a", "b"]),
+                                    group=rng.choice([None, "g1", "g2"]), max_attempts=rng.randint(1, 3),
+                                    delay_ms=delay, debounce_ms=50 if debounced else None,
+                                    key=f"k{rng.randint(0, 2)}" if debounced else None,
+                                    expires_ms=rng.choice([None, None, 30]) if delay == 0 and not debounced else None))
+            for e in q.enqueue_many(batch, now_ms=self.now):
+                if e.added:
+                    self.enqueued.add(e.job_id)
+        elif op == "walk":
+            super().step()
+        elif op == "cancel":
+            q.cancel(f"j{rng.randint(0, 40)}", now_ms=self.now)
+        elif op == "purge":
+            q.dead_purge([d.id for d in q.dead_list(limit=rng.randint(1, 3)).jobs])
+        elif op == "promote_now":
+            q.promote_now([f"j{rng.randint(0, 40)}" for _ in range(3)], now_ms=self.now)
+        elif op == "ack_result" and self.held:
+            job = self.held.pop(rng.randrange(len(self.held)))
+            self.answered(job, q.ack_result(job, b"r", now_ms=self.now))
+        elif op == "search":
+            page = q.search(task=rng.choice(["a", "b"]), now_ms=self.now)
+            assert all(j.task == page.jobs[0].task for j in page.jobs)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_indexes_a_member_exists_exactly_while_its_job_does_with_its_entry(q: Queue, r: redis.Redis, seed: int) -> None:
+    q.set_indexes(True, now_ms=T0)
+    walk = IndexWalk(q, seed)
+    most = 0
+    for _ in range(200):
+        walk.step()
+        check_indexes(r, q)
+        most = max(most, r.zcard(q.spec.keys.index))
+        for job_id, states in job_states(r, q).items():
+            assert len(states) == 1, f"{job_id} is in {states}"
+    assert most >= 5, "the walk listed (almost) nothing"
+    walk.drain()
+    for job_id in [d.id for d in q.dead_list(limit=1000).jobs]:
+        assert q.dead_purge([job_id]) == 1
+        check_indexes(r, q)
+    assert r.zcard(q.spec.keys.index) == 0 and not [f for f in r.hkeys(q.spec.keys.keyed) if f.startswith(b"x:")]
 

@@ -75,6 +75,7 @@ class World:
     service: Service
     rated: Job
     sized: Job
+    indexed: Job
 
 
 def build(r: redis.Redis) -> World:
@@ -87,7 +88,9 @@ def build(r: redis.Redis) -> World:
     yet forgotten; in queue 'seqs', sequence 'k' blocked by its dead head s0, s1 behind it;
     in queue 'rates', rate key 'api' (1 a minute): t0 LEASED with its permit, t1 deferred
     (SCHEDULED for the key's next permit, T0 + 60 s); in queue 'budgets', a byte budget
-    of 10 with 5 bytes in use: b0 (3 bytes) LEASED, b1 (2 bytes) READY.
+    of 10 with 5 bytes in use: b0 (3 bytes) LEASED, b1 (2 bytes) READY; in queue
+    'indexes', which keeps indexes (since T0), jobs of task 't' in group 'g': x0 LEASED,
+    x1 READY, x2 SCHEDULED (T0 + 60 s).
     """
     q = Queue("q", r, owner="setup")
     q.set_events(1000)  # a re-sent call must not write its events twice either
@@ -118,11 +121,16 @@ def build(r: redis.Redis) -> World:
     budgets.set_budget(10)
     budgets.enqueue_many([NewJob(b"abc", job_id="b0"), NewJob(b"de", job_id="b1")], now_ms=T0)
     (sized,) = budgets.lease_call(call="s7", count=1, lease_ms=100_000, now_ms=T0).jobs
+    indexes = Queue("indexes", r, owner="setup")
+    indexes.set_indexes(True, now_ms=T0)
+    indexes.enqueue_many([NewJob(bytes([48 + i]), job_id=f"x{i}", task="t", group="g", delay_ms=60_000 if i == 2 else 0)
+                          for i in range(3)], now_ms=T0)
+    (indexed,) = indexes.lease_call(call="s8", count=1, lease_ms=100_000, now_ms=T0).jobs
     services = Services(r, namespace="ns")
     service = services.register(["q"], host="h", pid=1, registration="live", now_ms=T0)
     dead = services.register(["q"], host="h", pid=2, expire_ms=1000, registration="dead", now_ms=T0 - 5000)
     r.delete(dead.keys.role("service"))  # expired (not left to the real clock: builds must be identical)
-    return World(held, retry, last, service, rated, sized)
+    return World(held, retry, last, service, rated, sized, indexed)
 
 
 Act = Callable[[Queue, Services, World], Any]
@@ -276,6 +284,23 @@ CASES: dict[str, Case] = {
     ),
     "ack_sized": Case("ack", lambda q, s, w: sibling(q, "budgets").ack(w.sized, now_ms=NOW),
                       replayed=lambda a: Outcome.GONE),
+    # Indexes (lua/README.md section 2.8): a re-sent set_indexes finds them on since the
+    # first send's time (the same answer); search is read only; a re-sent promote_now
+    # finds its job due and makes none due; a re-sent indexed enqueue finds its job (its
+    # members written once); a re-sent ack of a listed job removes its members once.
+    "set_indexes": Case("set_indexes", lambda q, s, w: q.set_indexes(True, now_ms=NOW)),
+    "search": Case("search", lambda q, s, w: sibling(q, "indexes").search(task="t", now_ms=NOW)),
+    "promote_now": Case("promote_now", lambda q, s, w: sibling(q, "indexes").promote_now(["x2", "x1"], now_ms=NOW),
+                        replayed=lambda a: []),
+    "enqueue_indexed": Case(
+        "enqueue",
+        lambda q, s, w: sibling(q, "indexes").enqueue_many([NewJob(b"3", job_id="x3", task="t", group="g")],
+                                                           now_ms=NOW),
+        replayed=lambda a: [dataclasses.replace(e, added=False) for e in a],
+        duplicates=1, queue="indexes",
+    ),
+    "ack_indexed": Case("ack", lambda q, s, w: sibling(q, "indexes").ack(w.indexed, now_ms=NOW),
+                        replayed=lambda a: Outcome.GONE),
 }
 
 

@@ -210,6 +210,9 @@ LAYOUTS: dict[str, tuple[tuple[str, ...], Callable[[list[Any], int], int]]] = {
         lambda reply, n: 4 + reply[2] + 8 * reply[3 + reply[2]],
     ),
     "ack": (("`[status_1 .. status_r]`",), lambda reply, n: n),
+    "search": (("`[now_ms, cursor, examined, indexed_since_ms, entry_1 .. entry_k]`", "each entry 10 values"),
+               lambda reply, n: 4 + 10 * n),
+    "promote_now": (("`[promoted, id_1 .. id_k]`",), lambda reply, n: 1 + reply[0]),
     "ack_result": (("`[status_1 .. status_n]`",), lambda reply, n: n),
     "release": (("`[status_1 .. status_r]`",), lambda reply, n: n),
     "extend": (("`[status_1, deadline_ms_1, ..]`", "2 per receipt"), lambda reply, n: 2 * n),
@@ -299,6 +302,17 @@ def calls(r: Any) -> list[Call]:
         Call("cancel", k, [NOW, "r1", 300_000]),
         Call("cancel", k, [NOW, "nothing", 300_000]),
         Call("set_budget", k, [0]),  # lifted
+        # Indexes (section 2.8): on, a job listed by its task name and group, found by
+        # each; a search by state; the scheduled 'later' made due now (then nothing more).
+        Call("set_indexes", k, [NOW, 1]),
+        Call("set_indexes", k, [NOW, 1]),  # unchanged
+        Call("enqueue", k, [NOW, 1, "ix1", b"i", 0, 3, "", "grp", "", "task|mail.send"], 1),
+        Call("search", k, [NOW, "", "mail.send", "", "", "", "", "", 10], 1),
+        Call("search", k, [NOW, "ready", "", "grp", "", "", "", "", 10], 1),  # not g1: sent before
+        Call("search", k, [NOW, "scheduled", "", "", "", "", "", "", 10], 2),  # 'later' and l5 (asleep)
+        Call("promote_now", k, [NOW, "later", "r2"], 2),
+        Call("promote_now", k, [NOW, "later"], 1),
+        Call("set_indexes", k, [NOW, 0]),
         Call("limit", k, [10, 1000, 5]),
         Call("limit", k, [0, 1, 1]),
         Call("set_group_limit", k, ["grp", 3]),
@@ -465,16 +479,16 @@ SCRIPT_ERRORS: dict[str, tuple[str, str | None, Callable[[Any], list[str]]]] = {
         "§10, how a client reads it", None, lambda r: [eval_error(r, "stats", 0, 1)]),
     "PQ_CONTRACT <script> expects <what> (contract v<N>), got <count>": (
         "§10, the count check: the form", None,
-        lambda r: [eval_error(r, "pause", 0, 1), eval_error(r, "stats", 11, 2), eval_error(r, "ack", 16, 2),
-                   eval_error(r, "ack_result", 19, 7)]),
+        lambda r: [eval_error(r, "pause", 0, 1), eval_error(r, "stats", 11, 2), eval_error(r, "ack", 17, 2),
+                   eval_error(r, "ack_result", 20, 7)]),
     f"PQ_CONTRACT nack expects 16 keys (contract v{CONTRACT_VERSION}), got 15": (
         "§10", None, lambda r: [eval_error(r, "nack", 15, 6)]),
     f"PQ_CONTRACT cancel expects 3 arguments (contract v{CONTRACT_VERSION}), got 2": (
-        "§10", None, lambda r: [eval_error(r, "cancel", 20, 2)]),
+        "§10", None, lambda r: [eval_error(r, "cancel", 21, 2)]),
     f"PQ_CONTRACT nack expects 6..7 arguments (contract v{CONTRACT_VERSION}), got 5": (
         "§10", None, lambda r: [eval_error(r, "nack", 16, 5)]),
     f"PQ_CONTRACT enqueue expects 10..8002 arguments in steps of 8 (contract v{CONTRACT_VERSION}), got 9": (
-        "§10", None, lambda r: [eval_error(r, "enqueue", 15, 9)]),
+        "§10", None, lambda r: [eval_error(r, "enqueue", 16, 9)]),
     f"PQ_CONTRACT nack expects 16 keys (contract v{CONTRACT_VERSION}), got 8": (
         "§8, errors (nack of an earlier contract)", None, lambda r: [eval_error(r, "nack", 8, 6, "emails")]),
     "PQ_BADARG max_attempts must be in [1, 10000], got 0": (

@@ -726,22 +726,22 @@ MUTANTS += [
         # An expired job (ended unrun at its first lease) keeps counting.
         "lease_keeps_an_expired_jobs_size",
         "lease",
-        "  if (C.sequences or C.rates or C.sized) and #C.expired > 0 then",
-        "  if (C.sequences or C.rates) and #C.expired > 0 then",
+        "  if (C.sequences or C.rates or C.sized or C.indexed) and #C.expired > 0 then",
+        "  if (C.sequences or C.rates or C.indexed) and #C.expired > 0 then",
         module="test_budgets",
     ),
     Mutant(
         "cancel_keeps_a_cancelled_jobs_size",
         "cancel",
-        "if not err and (settings[4] or settings[5] or settings[6]) then",
-        "if not err and (settings[4] or settings[5]) then",
+        "if not err and (settings[4] or settings[5] or settings[6] or settings[7]) then",
+        "if not err and (settings[4] or settings[5] or settings[7]) then",
         module="test_budgets",
     ),
     Mutant(
         "dead_purge_keeps_a_purged_jobs_size",
         "dead_purge",
-        "  if not err and (flags[2] or flags[3] or flags[4]) then ended, err = keyed_read(K, ids) end",
-        "  if not err and (flags[2] or flags[3]) then ended, err = keyed_read(K, ids) end",
+        "  if not err and (flags[2] or flags[3] or flags[4] or flags[5]) then ended, err = keyed_read(K, ids) end",
+        "  if not err and (flags[2] or flags[3] or flags[5]) then ended, err = keyed_read(K, ids) end",
         module="test_budgets",
     ),
     Mutant(
@@ -750,6 +750,109 @@ MUTANTS += [
         "if new then redis.call('HSET', counters_key, 'budget', new)",
         "if new then redis.call('HSET', counters_key, 'Budget', new)",
         module="test_budgets",
+    ),
+]
+
+#: Indexes' bugs (lua/README.md section 2.8), found by tests/test_search_contract.py.
+MUTANTS += [
+    Mutant(
+        # keyed_end deletes an acked job's entry "x:<id>" but leaves its members in `index`.
+        "ack_does_not_unlist_an_acked_job",
+        "ack",
+        "  if unindexed ~= NONE then call_chunked('ZREM', K.index, unindexed) end",
+        "",
+        module="test_search_contract",
+    ),
+    Mutant(
+        "ack_result_does_not_unlist_an_acked_job",
+        "ack_result",
+        "  if unindexed ~= NONE then call_chunked('ZREM', K.index, unindexed) end",
+        "",
+        module="test_search_contract",
+    ),
+    Mutant(
+        # An expired job (ended unrun at its first lease) stays listed.
+        "lease_keeps_an_expired_jobs_index_members",
+        "lease",
+        "  if (C.sequences or C.rates or C.sized or C.indexed) and #C.expired > 0 then",
+        "  if (C.sequences or C.rates or C.sized) and #C.expired > 0 then",
+        module="test_search_contract",
+    ),
+    Mutant(
+        "cancel_keeps_a_cancelled_jobs_index_members",
+        "cancel",
+        "  if unindexed ~= NONE then call_chunked('ZREM', K.index, unindexed) end",
+        "",
+        module="test_search_contract",
+    ),
+    Mutant(
+        "dead_purge_keeps_a_purged_jobs_index_members",
+        "dead_purge",
+        "  if not err and (flags[2] or flags[3] or flags[4] or flags[5]) then ended, err = keyed_read(K, ids) end",
+        "  if not err and (flags[2] or flags[3] or flags[4]) then ended, err = keyed_read(K, ids) end",
+        module="test_search_contract",
+    ),
+    Mutant(
+        # A send merged into a listed job adds its own members but leaves the old ones.
+        "enqueue_keeps_a_merged_jobs_old_members",
+        "enqueue",
+        "  if #unindexed > 0 then call_chunked('ZREM', index_key, unindexed) end",
+        "",
+        module="test_search_contract",
+    ),
+    Mutant(
+        # The members are written without the entry that names them: no ending finds them.
+        "enqueue_lists_a_job_without_its_entry",
+        "enqueue",
+        "    call_chunked('HSET', keyed_key, index_args)",
+        "",
+        module="test_search_contract",
+    ),
+    Mutant(
+        # Every job of the source found is answered, whatever its state now.
+        "search_skips_its_state_check",
+        "search",
+        "    ok = s ~= nil and (state == '' or s == state or s == 'ready_or_leased' and (state == 'ready' or state == 'leased'))",
+        "    ok = s ~= nil",
+        module="test_search_contract",
+    ),
+    Mutant(
+        # since/until bound only the sources that are ranges (an index range, DEAD).
+        "search_checks_no_time_of_the_jobs_it_reads",
+        "search",
+        "    ok = t >= since_ms and t < until_ms",
+        "    ok = true",
+        module="test_search_contract",
+    ),
+    Mutant(
+        # An error class matches only a whole text's first part, not a dotted name's last.
+        "search_matches_no_qualified_error_class",
+        "search",
+        "      ok = class == error_class or string.sub(class, -#error_class - 1) == '.' .. error_class",
+        "      ok = class == error_class",
+        module="test_search_contract",
+    ),
+    Mutant(
+        # The state is not checked: a leased, ready or already due job is made due "now" too.
+        "promote_now_moves_a_job_that_is_not_scheduled_for_later",
+        "promote_now",
+        "  if due and due > now_ms and due < WAIT_DUE_MS and not parked[i] then later[#later + 1] = id end",
+        "  if (due or 0) < WAIT_DUE_MS and not parked[i] then later[#later + 1] = id end",
+        module="test_search_contract",
+    ),
+    Mutant(
+        "promote_now_moves_a_job_parked_for_a_signal",
+        "promote_now",
+        "  if due and due > now_ms and due < WAIT_DUE_MS and not parked[i] then later[#later + 1] = id end",
+        "  if due and due > now_ms and due < WAIT_DUE_MS then later[#later + 1] = id end",
+        module="test_search_contract",
+    ),
+    Mutant(
+        "set_indexes_writes_a_field_enqueue_does_not_read",
+        "set_indexes",
+        "redis.call('HSET', counters_key, 'indexes', now_ms)",
+        "redis.call('HSET', counters_key, 'Indexes', now_ms)",
+        module="test_search_contract",
     ),
 ]
 

@@ -1196,3 +1196,44 @@ def test_a_node_worker_runs_a_chords_members_reports_them_and_python_runs_the_ca
     check.equal(flow.status(), {"done": 6}, "every step done")
     check.equal([k for k in client.keys("*") if k.endswith((b":fwait", b":fpending"))], [], "no flow key left")
     print(f"flow: {check.count} checks; node ran and reported a chord's 5 members, python ran its callback")
+
+
+def test_node_keeps_indexes_searches_and_promotes_and_python_finds_the_same(
+    server: RedisServer, client: redis.Redis
+) -> None:
+    node = run_node("indexes", server, {"queue": "from-node-indexes"})
+    assert node["since"] == [True, True]  # on once: the second call answers the same time
+    assert node["sent"] == {"added": 4, "duplicates": 0, "flags": [1, 1, 1, 1]}
+    # The members Node's sends wrote (README section 2.8): one per task name and group,
+    # the send time in 15 digits; i4, with neither, is not listed.
+    (sent_at,) = {at for _, _, at, _ in node["listed"]}
+    assert len(sent_at) == 15 and sent_at.isdigit()
+    assert [(kind, value, job_id) for kind, value, _, job_id in node["listed"]] == [
+        ("g", "acme", "i1"), ("g", "acme", "i3"), ("t", "mail.digest", "i3"), ("t", "mail.send", "i1"),
+        ("t", "mail.send", "i2")]
+    assert node["byTask"] == {"ids": ["i1", "i2"], "states": ["ready", "ready"], "tasks": ["mail.send", "mail.send"],
+                              "groups": ["acme", ""], "cursor": "", "indexed": True}
+    assert node["byGroup"] == {"ids": ["i1", "i3"], "states": ["ready", "scheduled"],
+                               "tasks": ["mail.send", "mail.digest"], "groups": ["acme", "acme"], "cursor": "",
+                               "indexed": True}
+    assert node["scheduled"]["ids"] == ["i3"] and node["scheduled"]["tasks"] == ["mail.digest"]
+    # The ack unlisted the acked job: its members and its entry are gone.
+    acked = node["leased"]
+    assert acked in ("i1", "i2") and node["acked"] == ["ok"] and node["entry"] is None
+    assert node["afterAck"] == [m for m in node["listed"] if m[3] != acked]
+    assert node["promoted"] == [["i3"], []] and node["refused"] == "PQ_BADARG"
+    # Python finds what Node listed, in the states the jobs have now, and its own sends
+    # and endings keep the same index.
+    q = Queue("from-node-indexes", client)
+    other = "i1" if acked == "i2" else "i2"
+    assert [(j.id, j.state) for j in q.search(task="mail.send").jobs] == [(other, "ready")]
+    assert [(j.id, j.state, j.task) for j in q.search(group="acme").jobs if j.id == "i3"] == [
+        ("i3", "scheduled", "mail.digest")]
+    assert q.get("i3").due_ms < Queue("from-node-indexes", client).stats().now_ms + 1  # due now
+    assert q.enqueue(b"p", job_id="p1", task="mail.send").added
+    assert [j.id for j in q.search(task="mail.send").jobs] == sorted([other, "p1"])
+    jobs = q.lease(count=10)
+    assert sorted(j.id for j in jobs) == sorted([other, "i3", "i4", "p1"])
+    q.ack_many(jobs)
+    assert client.zcard("pq:{from-node-indexes}:index") == 0
+    assert [f for f in client.hkeys("pq:{from-node-indexes}:keyed") if f.startswith(b"x:")] == []

@@ -640,6 +640,46 @@ async function budget(q) {
   return { set, sent, refused, bytes: stats.bytes, budgetBytes: stats.budget_bytes };
 }
 
+// Indexes across languages (README §2.8): Node turns a queue's indexes on, sends jobs
+// with a task name and a group, finds them by task, by group and by state, acks one (its
+// members leave `index`) and makes a delayed one due now; Python then finds the same.
+async function indexes(q, _opts, redis) {
+  const since = [await q.setIndexes(true), await q.setIndexes(true)];
+  const sent = await q.enqueue([
+    { id: 'i1', payload: 'a', task: 'mail.send', group: 'acme' },
+    { id: 'i2', payload: 'b', task: 'mail.send', key: 'rate|100/1000/1/1|smtp' },
+    { id: 'i3', payload: 'c', task: 'mail.digest', group: 'acme', delayMs: 3600000 },
+    { id: 'i4', payload: 'd' },
+  ]);
+  const index = async () => (await redis.zrange(q.key('index'), 0, -1)).map((m) => m.split('\n'));
+  const listed = await index();
+  const byTask = await q.search({ task: 'mail.send' });
+  const byGroup = await q.search({ group: 'acme' });
+  const scheduled = await q.search({ state: 'scheduled' });
+  const leased = await q.lease({ count: 1 });
+  const [job] = leased.jobs;
+  const acked = await q.ack([job.receipt]);
+  const afterAck = await index();
+  const entry = await redis.hget(q.key('keyed'), `x:${str(job.id)}`);
+  const promoted = [await q.promoteNow(['i3', 'i2', 'nothing']), await q.promoteNow(['i3'])];
+  let refused = null;
+  try {
+    await q.search({ task: 'mail.send', state: 'done' });
+  } catch (err) {
+    if (!(err instanceof PqError)) throw err;
+    refused = err.code;
+  }
+  const summary = (page) => ({
+    ids: page.jobs.map((j) => j.id), states: page.jobs.map((j) => j.state), tasks: page.jobs.map((j) => j.task),
+    groups: page.jobs.map((j) => j.group), cursor: page.cursor, indexed: page.indexedSinceMs === since[0],
+  });
+  return {
+    since: since.map((s) => s !== null && s === since[0]), sent, listed, byTask: summary(byTask),
+    byGroup: summary(byGroup), scheduled: summary(scheduled), leased: str(job.id), acked, afterAck,
+    entry, promoted, refused,
+  };
+}
+
 async function main() {
   const [scenario, target] = process.argv.slice(2);
   if (scenario === 'keys') {
@@ -655,7 +695,7 @@ async function main() {
   try {
     const q = new Queue(redis, opts.queue);
     const scenarios = {
-      produce, consume, share, service, control, contract, fair, events, signal, keyed, rates, budget,
+      produce, consume, share, service, control, contract, fair, events, signal, keyed, rates, budget, indexes,
       'task-produce': taskProduce, 'task-work': taskWork, 'task-decode': taskDecode,
     };
     if (!scenarios[scenario]) throw new Error(`unknown scenario ${scenario}`);

@@ -16,12 +16,12 @@ const LUA_DIR = path.resolve(__dirname, '..', '..', 'lua');
 // never builds a key name: the client passes every key.
 const SCRIPT_KEYS = {
   enqueue: ['jobs', 'ready', 'scheduled', 'counters', 'wake', 'done', 'meta', 'gready', 'ring', 'groups', 'events',
-    'keyed', 'windows', 'expires', 'sequenced'],
+    'keyed', 'windows', 'expires', 'sequenced', 'index'],
   lease: ['jobs', 'ready', 'scheduled', 'leased', 'owners', 'dead', 'errors', 'counters', 'wake', 'done',
     'meta', 'gready', 'ring', 'groups', 'events', 'steps', 'waiting', 'expires', 'expired', 'keyed', 'sequenced',
-    'windows'],
+    'windows', 'index'],
   ack: ['jobs', 'leased', 'owners', 'done', 'wake', 'meta', 'gready', 'ring', 'groups', 'counters', 'events',
-    'steps', 'waiting', 'scheduled', 'keyed', 'sequenced'],
+    'steps', 'waiting', 'scheduled', 'keyed', 'sequenced', 'index'],
   nack: ['jobs', 'scheduled', 'leased', 'owners', 'dead', 'errors', 'counters', 'wake', 'finished',
     'meta', 'gready', 'ring', 'groups', 'events', 'keyed', 'sequenced'],
   extend: ['jobs', 'leased'],
@@ -30,14 +30,20 @@ const SCRIPT_KEYS = {
   scrub: ['jobs', 'ready', 'leased', 'owners', 'dead', 'errors', 'counters', 'wake', 'meta', 'gready', 'ring', 'groups',
     'events', 'scheduled', 'keyed', 'sequenced'],
   cancel: ['jobs', 'ready', 'scheduled', 'leased', 'owners', 'dead', 'errors', 'counters', 'done', 'wake',
-    'meta', 'gready', 'ring', 'groups', 'events', 'steps', 'waiting', 'expires', 'keyed', 'sequenced'],
+    'meta', 'gready', 'ring', 'groups', 'events', 'steps', 'waiting', 'expires', 'keyed', 'sequenced', 'index'],
   limit: ['counters', 'wake'],
   set_group_limit: ['counters', 'wake', 'ring', 'groups'],
   set_rate_limit: ['keyed'],
   defer_key: ['leased', 'keyed', 'windows'],
   set_budget: ['counters'],
+  set_indexes: ['counters'],
+  search: ['jobs', 'ready', 'scheduled', 'leased', 'dead', 'errors', 'counters', 'index', 'keyed', 'waiting', 'gready'],
+  promote_now: ['jobs', 'scheduled', 'waiting', 'wake'],
+  dead_purge: ['jobs', 'dead', 'errors', 'counters', 'meta', 'steps', 'waiting', 'scheduled', 'wake', 'keyed',
+    'sequenced', 'index'],
   ack_result: ['jobs', 'leased', 'owners', 'done', 'results', 'result_expiry', 'finished', 'wake',
-    'meta', 'gready', 'ring', 'groups', 'counters', 'events', 'steps', 'waiting', 'scheduled', 'keyed', 'sequenced'],
+    'meta', 'gready', 'ring', 'groups', 'counters', 'events', 'steps', 'waiting', 'scheduled', 'keyed', 'sequenced',
+    'index'],
   signal: ['jobs', 'scheduled', 'dead', 'steps', 'waiting', 'counters', 'wake', 'events'],
   result: ['jobs', 'dead', 'errors', 'done', 'results', 'result_expiry', 'finished'],
   flow_done: ['jobs', 'scheduled', 'wake', 'fwait', 'fpending'],
@@ -149,6 +155,15 @@ function int(value, name, lo, hi) {
   return String(value);
 }
 
+// A job's task name (README §2.8): 1..256 UTF-8 bytes without control characters.
+function taskName(name) {
+  const bytes = Buffer.byteLength(String(name));
+  if (typeof name !== 'string' || bytes < 1 || bytes > 256 || /[\x00-\x1f\x7f]/.test(name)) {
+    throw new RangeError(`a task name is 1..256 bytes without control characters, got ${JSON.stringify(name)}`);
+  }
+  return name;
+}
+
 // A fresh random token per logical lease call; a retry must re-send the same one
 // (README §1). ioredis re-sends a queued command unchanged after a reconnect, which
 // keeps that promise for us.
@@ -195,7 +210,8 @@ class Queue {
   // are optional. key (README §2.7): a flow key ("debounce|<window_ms>|<key>",
   // "throttle|<window_ms>|<key>" or "sequence|<block or skip>|<key>"), a rate key
   // ("rate|<count>/<period_ms>/<burst>/<cost>|<key>", cost 1..burst), or both joined by
-  // a newline, the flow key first.
+  // a newline, the flow key first. task: a task name (README §2.8), sent as a line
+  // "task|<name>" of key: a queue that keeps indexes lists the job under it.
   // flags[i]: 1 added, 0 a duplicate, or the id of the job its key gave the send to.
   // Under a byte budget (setBudget) a send past it throws a PqError with code PQ_FULL,
   // and nothing of the call was written (README §2.7).
@@ -206,7 +222,8 @@ class Queue {
       args.push(j.id, Buffer.from(j.payload), int(j.delayMs ?? 0, 'delay_ms', 0, 2 ** 40),
         int(j.maxAttempts ?? 5, 'max_attempts', 1, 10000),
         j.priority ? int(j.priority, 'priority', -5, 5) : '', j.group ?? '',
-        j.expiresMs ? int(j.expiresMs, 'expires_ms', 1, 2 ** 40) : '', j.key ?? '');
+        j.expiresMs ? int(j.expiresMs, 'expires_ms', 1, 2 ** 40) : '',
+        [j.key, j.task === undefined ? undefined : `task|${taskName(j.task)}`].filter((line) => line).join('\n'));
     }
     const [added, duplicates, ...flags] = await this.run('enqueue', args);
     return { added, duplicates, flags: flags.map((f) => (typeof f === 'number' ? f : f.toString('utf8'))) };
@@ -317,6 +334,44 @@ class Queue {
   async setBudget(maxBytes = null) {
     const [changed, bytes] = await this.run('set_budget', [int(maxBytes ?? 0, 'max_bytes', 0, 2 ** 50)]);
     return { changed: changed === 1, bytes };
+  }
+
+  // Keep the indexes search reads by task and group (README §2.8), or stop: since when
+  // the queue keeps them (null: none).
+  async setIndexes(on = true) {
+    const [, sinceMs] = await this.run('set_indexes', ['', on ? '1' : '0']);
+    return sinceMs < 0 ? null : sinceMs;
+  }
+
+  // One page of the jobs that match every filter given (README §2.8, §4.2 search):
+  // {nowMs, cursor ('' when the source is exhausted), examined, indexedSinceMs, jobs}.
+  // A page may hold no match and still have a cursor: call again with it.
+  async search({ state = '', task = '', group = '', error = '', sinceMs = null, untilMs = null, cursor = '',
+    count = 100 } = {}) {
+    const reply = await this.run('search', ['', state, task, group, error,
+      sinceMs === null ? '' : int(sinceMs, 'since_ms', 0, 2 ** 50),
+      untilMs === null ? '' : int(untilMs, 'until_ms', 0, 2 ** 50), cursor, int(count, 'count', 1, 500)]);
+    const [nowMs, next, examined, since] = reply;
+    const jobs = [];
+    for (let at = 4; at < reply.length; at += 10) {
+      const [id, st, attempts, maxAttempts, enqueuedMs, atMs, t, g, extra, payloadBytes] = reply.slice(at, at + 10);
+      const utf8 = (b) => b.toString('utf8');
+      jobs.push({ id: utf8(id), state: str(st), attempts, maxAttempts, enqueuedMs, atMs, task: utf8(t), group: utf8(g),
+        extra: utf8(extra), payloadBytes });
+    }
+    return { nowMs, cursor: str(next), examined, indexedSinceMs: since < 0 ? null : since, jobs };
+  }
+
+  // Make scheduled jobs due now (README §2.8): the ids that were SCHEDULED for later.
+  async promoteNow(ids) {
+    if (ids.length < 1 || ids.length > 1000) throw new RangeError('1..1000 ids per call');
+    const [, ...promoted] = await this.run('promote_now', ['', ...ids]);
+    return promoted.map(str);
+  }
+
+  // Delete dead jobs for good (README §4.2 dead_purge): [purged, remaining].
+  async deadPurge(ids) {
+    return this.run('dead_purge', ids);
   }
 
   // Cap how many jobs of one group run at once (README §2.1): group '' is the default.
