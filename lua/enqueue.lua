@@ -722,7 +722,13 @@ if flags and flags[6] then
       if olds[k] and not index_members(h.id, olds[k], unindexed) then
         return redis.error_reply('PQ_CORRUPT unparsable index entry in ' .. keyed_key)
       end
+      local listed = #index_args
       index_job(h.id, h.src)
+      -- Its last send has neither a task name nor a group: the job is listed no more.
+      if olds[k] and #index_args == listed then
+        if keyed_gone == NONE then keyed_gone = {} end
+        keyed_gone[#keyed_gone + 1] = 'x:' .. h.id
+      end
     end
   end
   -- (`keyed` and `index` are written below: probes unless a read above proved them.)

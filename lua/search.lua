@@ -24,14 +24,18 @@ error is an exception class: a dead job matches when its error text's part befor
 first ':' is that name, or ends with '.' and that name (TimeoutError matches
 "asyncio.exceptions.TimeoutError: ..."). It implies state dead.
 
-Pages: a call reads at most SCAN_MOST (2000) jobs of its source and answers the
-matches among them (at most `count`) and a cursor to go on from ('' when the source is
-exhausted): a page may hold no match and still have a cursor. An index page goes on
-after its last member, a zset page after its last (score, member), so jobs that leave
-the source meanwhile shift nothing; a ready page goes on by rank (jobs leased meanwhile
-shift it: a job may be missed, as with browse.lua); an HSCAN page by its cursor (a job
-may be seen twice). Each page is one atomic read; jobs moving between pages may be
-seen twice or missed. Bulk actions (lua/README.md section 4.9) re-check each job.
+Pages: a call reads its source in chunks, 100 jobs first and twice as many each time
+after, until `count` jobs match, SCAN_MOST (2000) have been read, or the source ends;
+it answers the matches (at most `count`) and a cursor to go on from ('' when the
+source is exhausted): a page may hold no match and still have a cursor, and a page
+whose matches come early reads few jobs. The cursor goes on after the last job read
+(or, on a full page, after the job before the first match left out): an index page
+after that member, a zset page after that (score, member), so jobs that leave the
+source meanwhile shift nothing; a ready or leased page by rank (jobs leased meanwhile
+shift it: a job may be missed, as with browse.lua); an HSCAN page by HSCAN's cursor,
+"<cursor>:<taken>:<count>" (a job may be seen twice). Each page is one atomic read;
+jobs moving between pages may be seen twice or missed. Bulk actions (lua/README.md
+section 2.8) check each job again.
 
 KEYS (11), all <prefix>:{<queue>}:<role>
   1 jobs       hash  id -> "<attempts>|<max_attempts>|<due_ms>:<enqueued_ms>|<payload>"
@@ -66,11 +70,12 @@ Returns  {now_ms, cursor, examined, indexed_since_ms, entry_1 .. entry_k}: curso
          sequenced: its due_ms), task ('' unknown), group, error (dead) or owner
          (leased) or '', payload_bytes. State 'ready_or_leased': a job found in none
          of the other states when LEASED holds more than 10,000 leases.
-Cost     plain case (state 'dead', one dead job): 10 commands (`TIME` included). A page
-         costs O(log n + SCAN_MOST) for an index or zset source, plus one HMGET of
-         `jobs` and of `keyed`, ZMSCOREs of `dead`, `scheduled` and `waiting`, an HGET of
-         `errors` per dead match, and, when a job may be leased, one ZRANGE of LEASED (at
-         most 10,000: the workers' concurrency).
+Cost     plain case (state 'dead', one dead job): 10 commands (`TIME` included). Per chunk
+         read: one read of the source (O(log n + chunk) for an index or zset source),
+         one HMGET of `jobs` and of `keyed`, ZMSCOREs of `dead`, `scheduled` and
+         `waiting`, and one HMGET of `errors` when dead jobs pass the other filters; once
+         per call, when a job may be leased, one ZRANGE of LEASED (at most 10,000: the
+         workers' concurrency).
 Errors   PQ_BADARG (a filter or cursor that does not parse; task or group on a queue
          without indexes), PQ_CORRUPT, WRONGTYPE. Writes nothing.
 Replay   read only.
@@ -212,35 +217,33 @@ end
 if cursor ~= '' and string.sub(cursor, 1, 1) ~= source then
   return redis.error_reply('PQ_BADARG this cursor is not one of this search\'s (its filter changed?)')
 end
-local at = string.sub(cursor, 2)
 
--- 3. Read the source: up to SCAN_MOST ids; after(k) is the cursor that goes on after
--- the k-th of them, and `more` whether the source may hold more.
-local ids, marks, more = {}, {}, false
-local after
+-- 3. The source, read in chunks: read(at, limit) answers up to `limit` ids from the
+-- position `at` (a cursor without its letter), the cursor after each of them
+-- (after(k)), and whether the source may hold more.
 -- A zset by score from `lo_score` up to (not with) `hi_score`, after the (score, member)
--- of the cursor.
-local function zset_page(key, lo_score, hi_score)
-  local rows, full
+-- of `at`.
+local function zset_read(key, lo_score, hi_score, at, limit)
+  local rows, full, tail
   if at == '' then
     rows = redis.call('ZRANGEBYSCORE', key, lo_score, '(' .. string.format('%d', hi_score), 'WITHSCORES', 'LIMIT', 0,
-      SCAN_MOST)
-    full = #rows == 2 * SCAN_MOST
+      limit)
+    full = #rows == 2 * limit
   else
     local score, member = string.match(at, '^([^\n]+)\n(.*)$')
-    if not score or not tonumber(score) then return 'PQ_BADARG this cursor does not parse' end
+    if not score or not tonumber(score) then return nil, 'PQ_BADARG this cursor does not parse' end
     local rank = redis.call('ZRANK', key, member)
     if rank and tonumber(redis.call('ZSCORE', key, member)) == tonumber(score) then
-      rows = redis.call('ZRANGE', key, rank + 1, rank + SCAN_MOST, 'WITHSCORES')
-      full = #rows == 2 * SCAN_MOST
+      rows = redis.call('ZRANGE', key, rank + 1, rank + limit, 'WITHSCORES')
+      full = #rows == 2 * limit
     else
       -- Gone meanwhile: from its score on, past the members of that score up to it
       -- (equal scores are in member order).
       local all = redis.call('ZRANGEBYSCORE', key, score, '(' .. string.format('%d', hi_score), 'WITHSCORES', 'LIMIT',
-        0, SCAN_MOST)
-      rows, full = {}, #all == 2 * SCAN_MOST
-      -- (a full read of equal scores all up to the cursor's member goes on after the last)
-      if full then marks[0] = all[#all] .. '\n' .. all[#all - 1] end
+        0, limit)
+      rows, full = {}, #all == 2 * limit
+      -- (a full read of equal scores, all up to the cursor's member, goes on after the last)
+      if full then tail = all[#all] .. '\n' .. all[#all - 1] end
       for i = 1, #all, 2 do
         if tonumber(all[i + 1]) ~= tonumber(score) or all[i] > member then
           rows[#rows + 1], rows[#rows + 2] = all[i], all[i + 1]
@@ -248,75 +251,68 @@ local function zset_page(key, lo_score, hi_score)
       end
     end
   end
-  more = full
+  local ids, marks, more = {}, { [0] = tail or at }, full
   for i = 1, #rows, 2 do
     if tonumber(rows[i + 1]) >= hi_score then more = false; break end
     ids[#ids + 1], marks[#ids + 1] = rows[i], rows[i + 1] .. '\n' .. rows[i]
   end
-  after = function(k) return source .. marks[k] end
+  return ids, function(k) return marks[k] end, more
 end
-if source == 'i' then
-  local members = redis.call('ZRANGEBYLEX', index_key, at == '' and lo or '(' .. at, hi, 'LIMIT', 0, SCAN_MOST)
-  for i, member in ipairs(members) do
-    ids[i], marks[i] = string.match(member, '^[tg]\n[^\n]*\n%d+\n(.*)$'), member
-    if not ids[i] then return redis.error_reply('PQ_CORRUPT unparsable member in ' .. index_key) end
-  end
-  more = #members == SCAN_MOST
-  after = function(k) return 'i' .. marks[k] end
-elseif source == 'd' then
-  err = zset_page(dead_key, string.format('%d', since_ms), until_ms)
-elseif source == 's' or source == 'w' then
-  err = zset_page(source == 's' and scheduled_key or waiting_key, '-inf', 2 ^ 53)
-else
-  -- By rank (ready, leased) or by HSCAN's cursor and how many of its page were taken.
-  local rank, skip = 0, 0
-  if at ~= '' then
-    if source == 'h' then
-      local c, k = string.match(at, '^(%d+):(%d+)$')
-      at, skip = c, tonumber(k)
-    else
-      rank = tonumber(string.match(at, '^%d+$'))
+local function read(at, limit)
+  if source == 'i' then
+    local members = redis.call('ZRANGEBYLEX', index_key, at == '' and lo or '(' .. at, hi, 'LIMIT', 0, limit)
+    local ids = {}
+    for i, member in ipairs(members) do
+      ids[i] = string.match(member, '^[tg]\n[^\n]*\n%d+\n(.*)$')
+      if not ids[i] then return nil, 'PQ_CORRUPT unparsable member in ' .. index_key end
     end
-    if not at or not rank then return redis.error_reply('PQ_BADARG this cursor does not parse') end
+    return ids, function(k) return k == 0 and at or members[k] end, #members == limit
+  elseif source == 'd' then
+    return zset_read(dead_key, string.format('%d', since_ms), until_ms, at, limit)
+  elseif source == 's' or source == 'w' then
+    return zset_read(source == 's' and scheduled_key or waiting_key, '-inf', 2 ^ 53, at, limit)
+  elseif source == 'h' then
+    -- HSCAN's cursor, and how many of the page it answers were taken, of a page read
+    -- with which COUNT (the same COUNT from the same cursor answers the same page while
+    -- the hash is not resized).
+    local from, skip = '0', 0
+    if at ~= '' then
+      local c, k, n = string.match(at, '^(%d+):(%d+):(%d+)$')
+      if not c then return nil, 'PQ_BADARG this cursor does not parse' end
+      from, skip = c, tonumber(k)
+      if skip > 0 then limit = math.min(tonumber(n), SCAN_MOST) end
+    end
+    local page = redis.call('HSCAN', jobs_key, from, 'COUNT', limit)
+    local ids, size = {}, #page[2] / 2
+    for i = 2 * skip + 1, #page[2], 2 do ids[#ids + 1] = page[2][i] end
+    return ids, function(k)
+      return k + skip >= size and page[1] .. ':0:0' or from .. ':' .. (skip + k) .. ':' .. limit
+    end, page[1] ~= '0'
   end
+  -- By rank: the leases, or READY (the list, then `gready`).
+  local rank = at == '' and 0 or tonumber(string.match(at, '^%d+$'))
+  if not rank then return nil, 'PQ_BADARG this cursor does not parse' end
+  local ids = {}
   if source == 'l' then
-    local rows = redis.call('ZRANGE', leased_key, rank, rank + SCAN_MOST - 1)
-    for i, receipt in ipairs(rows) do ids[i] = receipt_id(receipt) end
-  elseif source == 'r' then
+    for i, receipt in ipairs(redis.call('ZRANGE', leased_key, rank, rank + limit - 1)) do ids[i] = receipt_id(receipt) end
+  else
     local n_ready = redis.call('LLEN', ready_key)
-    if rank < n_ready then ids = redis.call('LRANGE', ready_key, rank, rank + SCAN_MOST - 1) end
-    if #ids < SCAN_MOST then
+    if rank < n_ready then ids = redis.call('LRANGE', ready_key, rank, rank + limit - 1) end
+    if #ids < limit then
       local from = math.max(rank - n_ready, 0)
-      for _, member in ipairs(redis.call('ZRANGE', gready_key, from, from + SCAN_MOST - #ids - 1)) do
+      for _, member in ipairs(redis.call('ZRANGE', gready_key, from, from + limit - #ids - 1)) do
         ids[#ids + 1] = string.match(member, '^[^|]*|[^|]*|(.*)$')
       end
     end
-  else
-    local page = redis.call('HSCAN', jobs_key, at == '' and '0' or at, 'COUNT', SCAN_MOST)
-    for i = 2 * skip + 1, #page[2], 2 do ids[#ids + 1] = page[2][i] end
-    local from = at == '' and '0' or at
-    after = function(k) return k + skip >= #page[2] / 2 and 'h' .. page[1] .. ':0' or 'h' .. from .. ':' .. (skip + k) end
-    more = page[1] ~= '0'
   end
-  if source ~= 'h' then
-    more = #ids == SCAN_MOST
-    after = function(k) return source .. string.format('%d', rank + k) end
-  end
+  return ids, function(k) return string.format('%d', rank + k) end, #ids == limit
 end
-if err then return redis.error_reply(err) end
-now_ms = now_ms or server_now_ms()
-local out = { now_ms, '', #ids, indexed_since }
-if more and (#ids > 0 or marks[0]) then out[2] = after(#ids) end
-if #ids == 0 then return out end
 
--- 4. What each job is now: its record, index entry, state.
-local records = hmget(jobs_key, ids)
-local fields = {}
-for i, id in ipairs(ids) do fields[i] = 'x:' .. id end
-local entries = hmget(keyed_key, fields)
-local dead = redis.call('ZMSCORE', dead_key, unpack(ids))
-local scheduled = redis.call('ZMSCORE', scheduled_key, unpack(ids))
-local waiting = redis.call('ZMSCORE', waiting_key, unpack(ids))
+-- 4. Check each job read against the whole filter, in its state now (its record, index
+-- entry and state read in a few commands per chunk), until `count` match, SCAN_MOST
+-- have been read, or the source ends. Chunks grow from CHUNK_FIRST: a page of few
+-- matches near its start reads few jobs.
+local CHUNK_FIRST = 100
 local leases, leases_all = nil, true
 local function lease_of(id)
   if not leases then
@@ -332,60 +328,106 @@ local function behind_head(id)
   local entry = redis.call('HGET', keyed_key, 'j:' .. id)
   return entry and redis.call('HGET', keyed_key, 's:' .. (string.match(entry, '^%d+|%d+|%a|(.+)$') or '')) ~= id
 end
-
-local matched = 0
-for i, id in ipairs(ids) do
-  local record = records[i]
-  local attempts, max_attempts, due_ms, payload_at, enqueued_ms
-  if record then
-    attempts, max_attempts, due_ms, payload_at, enqueued_ms = parse_record(record)
-    if not attempts then return redis.error_reply('PQ_CORRUPT job ' .. id .. ' has an unreadable record') end
+-- The jobs of `ids` that match, in order: {i, id, state, at_ms, extra, record, entry}.
+local function check(ids)
+  local records = hmget(jobs_key, ids)
+  local fields = {}
+  for i, id in ipairs(ids) do fields[i] = 'x:' .. id end
+  local entries = hmget(keyed_key, fields)
+  local dead = redis.call('ZMSCORE', dead_key, unpack(ids))
+  local scheduled = redis.call('ZMSCORE', scheduled_key, unpack(ids))
+  local waiting = redis.call('ZMSCORE', waiting_key, unpack(ids))
+  local found, dead_found = {}, {}
+  for i, id in ipairs(ids) do
+    local record = records[i]
+    local job = { i = i, id = id, record = record }
+    if record then
+      job.attempts, job.max_attempts, job.due_ms, job.payload_at, job.enqueued_ms = parse_record(record)
+      if not job.attempts then return nil, 'PQ_CORRUPT job ' .. id .. ' has an unreadable record' end
+    end
+    local _, entry_group, entry_task = string.match(entries[i] or '', '^(%d+)\n([^\n]*)\n(.*)$')
+    job.task, job.group = entry_task or '', entry_group or ''
+    -- A job whose record is gone ended between its index entry and now: skipped.
+    local ok = record ~= nil and (task == '' or entry_task == task) and (group == '' or entry_group == group)
+    local s, at_ms, extra = nil, job.due_ms, ''
+    if ok then
+      if dead[i] then
+        s, at_ms = 'dead', tonumber(dead[i])
+      elseif scheduled[i] then
+        s, at_ms = tonumber(waiting[i]) == tonumber(scheduled[i]) and 'waiting' or 'scheduled', tonumber(scheduled[i])
+      elseif state == '' or state == 'leased' or state == 'ready' or state == 'sequenced' then
+        local lease = lease_of(id)
+        if lease then
+          s, at_ms, extra = 'leased', lease[2], string.match(lease[1], '^[^|]+')
+        elseif behind_head(id) then
+          s = 'sequenced'
+        else
+          s = leases_all and 'ready' or 'ready_or_leased'
+        end
+      end
+      ok = s ~= nil and (state == '' or s == state or s == 'ready_or_leased' and (state == 'ready' or state == 'leased'))
+    end
+    -- (A record written before v5 has no enqueued_ms: a time bound leaves it out, and a
+    -- search without one finds it.)
+    if ok and (ARGV[6] ~= '' or ARGV[7] ~= '') then
+      local t = s == 'dead' and at_ms or job.enqueued_ms or -1
+      ok = t >= since_ms and t < until_ms
+    end
+    if ok then
+      job.state, job.at_ms, job.extra = s, at_ms, extra
+      found[#found + 1] = job
+      if s == 'dead' then dead_found[#dead_found + 1] = job end
+    end
   end
-  local entry_at, entry_group, entry_task = string.match(entries[i] or '', '^(%d+)\n([^\n]*)\n(.*)$')
-  -- A job whose record is gone ended between its index entry and now: skipped.
-  local ok = record ~= nil and (task == '' or entry_task == task) and (group == '' or entry_group == group)
-  local s, at_ms, extra = nil, due_ms, ''
-  if ok then
-    if dead[i] then
-      s, at_ms = 'dead', tonumber(dead[i])
-    elseif scheduled[i] then
-      s, at_ms = tonumber(waiting[i]) == tonumber(scheduled[i]) and 'waiting' or 'scheduled', tonumber(scheduled[i])
-    elseif state == '' or state == 'leased' or state == 'ready' or state == 'sequenced' then
-      local lease = lease_of(id)
-      if lease then
-        s, at_ms, extra = 'leased', lease[2], string.match(lease[1], '^[^|]+')
-      elseif behind_head(id) then
-        s = 'sequenced'
-      else
-        s = leases_all and 'ready' or 'ready_or_leased'
+  -- The dead ones' errors, in one read; the error class decides.
+  if #dead_found > 0 then
+    local dead_ids = {}
+    for k, job in ipairs(dead_found) do dead_ids[k] = job.id end
+    local errors = hmget(errors_key, dead_ids)
+    for k, job in ipairs(dead_found) do
+      job.extra = errors[k] or ''
+      if error_class ~= '' then
+        local class = string.match(job.extra, '^%s*([^:]-)%s*:') or string.match(job.extra, '^%s*(.-)%s*$')
+        job.miss = class ~= error_class and string.sub(class, -#error_class - 1) ~= '.' .. error_class
       end
     end
-    ok = s ~= nil and (state == '' or s == state or s == 'ready_or_leased' and (state == 'ready' or state == 'leased'))
   end
-  -- (A record written before v5 has no enqueued_ms: a time bound leaves it out, and a
-  -- search without one finds it.)
-  if ok and (ARGV[6] ~= '' or ARGV[7] ~= '') then
-    local t = s == 'dead' and at_ms or enqueued_ms or -1
-    ok = t >= since_ms and t < until_ms
-  end
-  if ok and s == 'dead' then
-    extra = redis.call('HGET', errors_key, id) or ''
-    if error_class ~= '' then
-      local class = string.match(extra, '^%s*([^:]-)%s*:') or string.match(extra, '^%s*(.-)%s*$')
-      ok = class == error_class or string.sub(class, -#error_class - 1) == '.' .. error_class
-    end
-  end
-  if ok then
-    matched = matched + 1
-    if matched > count then
-      -- A full page: the next goes on after the job before this one.
-      out[2], out[3] = after(i - 1), i - 1
-      break
-    end
-    local n = #out
-    out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5] = id, s, attempts, max_attempts, enqueued_ms or -1
-    out[n + 6], out[n + 7], out[n + 8], out[n + 9] = at_ms or -1, entry_task or '', entry_group or '', extra
-    out[n + 10] = #record - payload_at + 1
-  end
+  return found
 end
-return out
+
+now_ms = now_ms or server_now_ms()
+local out, at, examined, chunk = { now_ms, '', 0, indexed_since }, string.sub(cursor, 2), 0, CHUNK_FIRST
+local matched = 0
+while true do
+  local ids, after, more = read(at, math.min(chunk, SCAN_MOST - examined))
+  if not ids then return redis.error_reply(after) end
+  local found = {}
+  if #ids > 0 then
+    found, err = check(ids)
+    if not found then return redis.error_reply(err) end
+  end
+  for _, job in ipairs(found) do
+    if not job.miss then
+      matched = matched + 1
+      if matched > count then
+        -- A full page: the next goes on after the job before this one.
+        out[2], out[3] = source .. after(job.i - 1), examined + job.i - 1
+        return out
+      end
+      local n = #out
+      out[n + 1], out[n + 2], out[n + 3], out[n + 4] = job.id, job.state, job.attempts, job.max_attempts
+      out[n + 5], out[n + 6], out[n + 7], out[n + 8] = job.enqueued_ms or -1, job.at_ms or -1, job.task, job.group
+      out[n + 9], out[n + 10] = job.extra, #job.record - job.payload_at + 1
+    end
+  end
+  examined = examined + #ids
+  out[3] = examined
+  if not more then
+    out[2] = ''
+    return out
+  end
+  at = after(#ids)
+  out[2] = source .. at
+  if examined >= SCAN_MOST then return out end
+  chunk = chunk * 2
+end

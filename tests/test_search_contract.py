@@ -169,9 +169,6 @@ def test_promote_now_skips_a_job_parked_for_a_signal(q: Queue, r: redis.Redis) -
     assert r.hget(q.spec.keys.jobs, "p") == before and r.zscore(q.spec.keys.scheduled, "p") == T0 + 60_000
 
 
-@pytest.mark.xfail(strict=True, reason="enqueue.lua: a send merged into a listed job with neither a task name nor a "
-                   "group removes the job's members but leaves its entry x:<id>, so search answers the old task "
-                   "and group for it (reported; lua/enqueue.lua is not this change's to edit)")
 def test_a_merge_by_a_send_without_task_or_group_unlists_the_job_whole(q: Queue, r: redis.Redis) -> None:
     q.set_indexes(True, now_ms=T0)
     q.enqueue(b"1", job_id="d", task="old", group="g", debounce_ms=100, key="k", now_ms=T0)
