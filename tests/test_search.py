@@ -292,3 +292,13 @@ def test_a_page_goes_on_after_its_cursor_when_that_job_left_meanwhile(q: Queue) 
         rest += [j.id for j in page.jobs]
         cursor = page.cursor
     assert rest == [f"d{i:02d}" for i in range(11, 30)]
+
+
+def test_a_str_of_ids_is_refused_not_taken_as_its_characters(q: Queue, r: redis.Redis) -> None:
+    q.enqueue(b"", job_id="j", delay_ms=3_600_000)
+    before = dump_all(r)
+    for call in (lambda: q.promote_now("j"), lambda: q.cancel_many("j"), lambda: q.dead_replay("j"),
+                 lambda: q.dead_purge("j")):
+        with pytest.raises(InvalidArgument, match="list of job ids"):
+            call()
+    assert dump_all(r) == before

@@ -368,7 +368,9 @@ def receipts_of(jobs: Iterable[Job]) -> list[str]:
 
 
 def check_ids(ids: Iterable[str]) -> list[str]:
-    """At most 1000 valid job ids."""
+    """At most 1000 valid job ids (a str is refused: it would be taken as its characters)."""
+    if isinstance(ids, (str, bytes)):
+        raise InvalidArgument(f"ids must be a list of job ids, got the {type(ids).__name__} {ids!r}")
     checked = [check_job_id(i) for i in ids]
     if len(checked) > MAX_BATCH:
         raise InvalidArgument(f"at most {MAX_BATCH} ids per call, got {len(checked)}")
