@@ -354,7 +354,7 @@ local function write_acked(K, F, receipts, ids, fair, metas, expired, now_ms, ke
 end
 local function ack_settings(counters_key, events_key, F, ids, K)
   local settings = redis.call('HMGET', counters_key, 'fair', 'events', 'steps', 'sequences', 'rates', 'sized',
-    'indexed')
+    'indexed', 'result_budget', 'result_bytes', 'rsized')
   local bound, err = events_bound(counters_key, events_key, settings[2])
   if err then return nil, nil, false, err end
   local forgot, ended = nil, NONE
@@ -367,10 +367,10 @@ local function ack_settings(counters_key, events_key, F, ids, K)
     ended, err = keyed_read(K, ids)
     if err then return nil, nil, false, err end
   end
-  if not settings[1] then return bound, NONE, false, nil, forgot, ended end
+  if not settings[1] then return bound, NONE, false, nil, forgot, ended, settings end
   local metas, fair
   metas, err, fair = fair_meta(F, ids)
-  return bound, metas, fair, err, forgot, ended
+  return bound, metas, fair, err, forgot, ended, settings
 end
 -- <<< pyqueue includes
 

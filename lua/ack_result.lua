@@ -7,7 +7,12 @@ call its result is stored for result_ttl_ms: `results` id -> "<finished_ms>|<val
 stream (at most 1000 entries), which wait_result readers block on (XREAD BLOCK).
 Memory is bounded: each call first deletes up to n + 10 results whose time is up, and
 the oldest-expiring results beyond max_results, so at most max_results results are
-kept, each at most 524288 bytes.
+kept, each at most 524288 bytes. A queue with a results budget (set_result_budget.lua;
+`counters` has `result_budget`) also keeps the size of each result it stores, "rb:<id>"
+in `keyed`, and their sum, `result_bytes` in `counters`; a call that would take the sum
+past the budget deletes up to n + 10 more of the oldest-expiring results first (a
+result stored while the queue had no budget has no size: it is deleted in its turn,
+and counts for nothing).
 
 KEYS (20), all <prefix>:{<queue>}:<role>
   1 jobs           hash    id -> "<attempts>|<max_attempts>|<due_ms>:<enqueued_ms>|<payload>"
@@ -352,7 +357,7 @@ local function write_acked(K, F, receipts, ids, fair, metas, expired, now_ms, ke
 end
 local function ack_settings(counters_key, events_key, F, ids, K)
   local settings = redis.call('HMGET', counters_key, 'fair', 'events', 'steps', 'sequences', 'rates', 'sized',
-    'indexed')
+    'indexed', 'result_budget', 'result_bytes', 'rsized')
   local bound, err = events_bound(counters_key, events_key, settings[2])
   if err then return nil, nil, false, err end
   local forgot, ended = nil, NONE
@@ -365,10 +370,10 @@ local function ack_settings(counters_key, events_key, F, ids, K)
     ended, err = keyed_read(K, ids)
     if err then return nil, nil, false, err end
   end
-  if not settings[1] then return bound, NONE, false, nil, forgot, ended end
+  if not settings[1] then return bound, NONE, false, nil, forgot, ended, settings end
   local metas, fair
   metas, err, fair = fair_meta(F, ids)
-  return bound, metas, fair, err, forgot, ended
+  return bound, metas, fair, err, forgot, ended, settings
 end
 -- <<< pyqueue includes
 
@@ -429,8 +434,8 @@ local K = { jobs = jobs_key, leased = leased_key, owners = owners_key, done = do
 K.wake, K.events, K.steps, K.waiting = wake_key, events_key, steps_key, waiting_key
 K.scheduled, K.keyed, K.sequenced, K.counters = scheduled_key, keyed_key, sequenced_key, counters_key
 K.index = KEYS[20]
-local bound, metas, fair, forgot, ended
-bound, metas, fair, err, forgot, ended = ack_settings(counters_key, events_key, F, acked_ids, K)
+local bound, metas, fair, forgot, ended, settings
+bound, metas, fair, err, forgot, ended, settings = ack_settings(counters_key, events_key, F, acked_ids, K)
 err = err or (not jobs_read and expect_type(jobs_key, 'hash')) or expect_type(results_key, 'hash')
   or expect_type(finished_key, 'stream') or fair and (fair_types(F) or expect_type(wake_key, 'zset'))
 if err then return redis.error_reply(err) end
@@ -441,6 +446,49 @@ if over > 0 then
   -- The oldest-expiring after the expired ones (ranks #trim ..), at most n + 10 more.
   local oldest = redis.call('ZRANGE', result_expiry_key, #trim, #trim + math.min(over, n + TRIM_BATCH) - 1)
   for _, id in ipairs(oldest) do trim[#trim + 1] = id end
+end
+-- A results budget: the sizes of the results trimmed and of those stored again (the same
+-- id: its old result is replaced), one read; then, past the budget, more of the oldest.
+local R = NONE
+if settings[8] or settings[10] then
+  R = { budget = tonumber(settings[8] or ''), used = tonumber(settings[9] or '0'), gone = {}, sizes = {} }
+  local fields, trimmed = {}, {}
+  for k, id in ipairs(trim) do fields[k], trimmed[id] = 'rb:' .. id, true end
+  for _, pair in ipairs(stored) do fields[#fields + 1] = 'rb:' .. pair[1] end
+  local olds = hmget(keyed_key, fields)
+  for k, field in ipairs(fields) do
+    local size = olds[k] and tonumber(olds[k])
+    if olds[k] and not size or not R.used then
+      return redis.error_reply('PQ_CORRUPT unparsable result size in ' .. keyed_key .. ' or ' .. counters_key)
+    end
+    -- (a stored id whose old result is trimmed too is counted once)
+    if size and (k <= #trim or not trimmed[string.sub(field, 4)]) then
+      R.used, R.gone[#R.gone + 1] = R.used - size, field
+    end
+  end
+  if R.budget then
+    for _, pair in ipairs(stored) do
+      local size = #string.format('%d|', now_ms) + #pair[2]
+      R.sizes[#R.sizes + 1], R.sizes[#R.sizes + 2] = 'rb:' .. pair[1], size
+      R.used = R.used + size
+    end
+    if R.used > R.budget then
+      local storing = {}
+      for _, pair in ipairs(stored) do storing[pair[1]] = true end
+      local oldest = redis.call('ZRANGE', result_expiry_key, #trim, #trim + n + TRIM_BATCH - 1)
+      local more = {}
+      for _, id in ipairs(oldest) do
+        if not storing[id] then more[#more + 1] = id end
+      end
+      for k, id in ipairs(more) do more[k] = 'rb:' .. id end
+      local sizes = hmget(keyed_key, more)
+      for k, field in ipairs(more) do
+        if R.used <= R.budget then break end
+        trim[#trim + 1] = string.sub(field, 4)
+        if sizes[k] then R.used, R.gone[#R.gone + 1] = R.used - (tonumber(sizes[k]) or 0), field end
+      end
+    end
+  end
 end
 
 -- 4. Write: the acks (ZREM on `owners` first, as ack.lua), then the results.
@@ -459,4 +507,10 @@ for _, pair in ipairs(stored) do
 end
 call_chunked('HSET', results_key, fields)
 call_chunked('ZADD', result_expiry_key, expiries)
+if R ~= NONE then
+  if #R.gone > 0 then call_chunked('HDEL', keyed_key, R.gone) end
+  if #R.sizes > 0 then call_chunked('HSET', keyed_key, R.sizes) end
+  redis.call('HSET', counters_key, 'result_bytes', string.format('%d', R.used))
+  if R.budget and not settings[10] then redis.call('HSET', counters_key, 'rsized', 1) end
+end
 return status

@@ -406,6 +406,14 @@ def cmd_budget(args: argparse.Namespace) -> int:
     """Set or lift a queue's byte budget (Queue.set_budget)."""
     max_bytes = None if args.size == "off" else parse_size(args.size)
     q = configured_queue(args, connect(args.url))
+    if args.results:
+        changed = q.set_result_budget(max_bytes)
+        if max_bytes is None:
+            print(f"{args.queue}: {'results budget lifted' if changed else 'had no results budget'}")
+        else:
+            print(f"{args.queue}: results kept within {_size(max_bytes)} ({max_bytes} bytes)"
+                  f"{'' if changed else ' (unchanged)'}; past it the oldest-expiring results go first")
+        return 0
     changed = q.set_budget(max_bytes)
     used = q.stats().bytes
     if max_bytes is None:
@@ -1234,6 +1242,8 @@ def build_parser() -> argparse.ArgumentParser:
                                       "refused with QueueFull")
     p.add_argument("queue")
     p.add_argument("size", help="512MiB, 1GB, 64KiB, 1000 (bytes); or off")
+    p.add_argument("--results", action="store_true", help="cap the bytes of results the queue keeps instead: past "
+                                                          "it, ack_result deletes the oldest-expiring results first")
     p.add_argument("--create", action="store_true", help=CREATE_HELP)
     p.set_defaults(func=cmd_budget)
 

@@ -32,11 +32,13 @@ end
 -- any (`steps`: set by step.lua, park.lua and signal.lua; K.steps and K.waiting), and
 -- their entries in `keyed` only when it has sequences, rate keys, sizes or index
 -- entries (`sequences`, `rates`, `sized`, `indexed`: set by enqueue.lua).
--- A plain queue reads none of them. Answers bound, metas, fair, nil, forgot, ended (for
--- write_acked); or nil, nil, false and an error text.
+-- A plain queue reads none of them. The same read answers ack_result.lua's results
+-- budget (`result_budget`, `result_bytes`, `rsized`: set_result_budget.lua), as
+-- `settings` 8..10. Answers bound, metas, fair, nil, forgot, ended (for write_acked),
+-- settings; or nil, nil, false and an error text.
 local function ack_settings(counters_key, events_key, F, ids, K)
   local settings = redis.call('HMGET', counters_key, 'fair', 'events', 'steps', 'sequences', 'rates', 'sized',
-    'indexed')
+    'indexed', 'result_budget', 'result_bytes', 'rsized')
   local bound, err = events_bound(counters_key, events_key, settings[2])
   if err then return nil, nil, false, err end
   local forgot, ended = nil, NONE
@@ -49,8 +51,8 @@ local function ack_settings(counters_key, events_key, F, ids, K)
     ended, err = keyed_read(K, ids)
     if err then return nil, nil, false, err end
   end
-  if not settings[1] then return bound, NONE, false, nil, forgot, ended end
+  if not settings[1] then return bound, NONE, false, nil, forgot, ended, settings end
   local metas, fair
   metas, err, fair = fair_meta(F, ids)
-  return bound, metas, fair, err, forgot, ended
+  return bound, metas, fair, err, forgot, ended, settings
 end

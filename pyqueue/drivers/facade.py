@@ -122,6 +122,7 @@ class QueueFacade:
     set_group_limit = Verb(control.set_group_limit)
     set_rate_limit = Verb(control.set_rate_limit)
     set_budget = Verb(control.set_budget)
+    set_result_budget = Verb(control.set_result_budget)
     set_indexes = Verb(search_plans.set_indexes)
     search = Verb(search_plans.search)
     promote_now = Verb(search_plans.promote_now)

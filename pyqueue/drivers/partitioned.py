@@ -588,6 +588,14 @@ def set_budget(layout: Partitions, /, max_bytes: int | None) -> Plan[bool]:
     return any((yield from plan_each(part.set_budget(share) for part in layout.parts)))
 
 
+def set_result_budget(layout: Partitions, /, max_bytes: int | None) -> Plan[bool]:
+    """As :func:`pyqueue.protocol.verbs.control.set_result_budget`, in every partition:
+    each keeps at most its share, ``max_bytes / partitions`` rounded up."""
+    check_int(0 if max_bytes is None else max_bytes, "max_bytes", 0, 2**50)
+    share = -(-max_bytes // layout.count) if max_bytes else None
+    return any((yield from plan_each(part.set_result_budget(share) for part in layout.parts)))
+
+
 def set_indexes(layout: Partitions, /, on: bool = True, *, now_ms: int | None = None) -> Plan[int | None]:
     """As :func:`pyqueue.protocol.verbs.search.set_indexes`, in every partition: since
     when every partition keeps them (the latest), or None."""
@@ -831,6 +839,7 @@ class PartitionedQueue:
     sequence_skip = Routed(sequence_skip)
     set_rate_limit = Routed(set_rate_limit)
     set_budget = Routed(set_budget)
+    set_result_budget = Routed(set_result_budget)
     set_indexes = Routed(set_indexes)
     search = Routed(search)
     promote_now = Routed(promote_now)

@@ -96,6 +96,7 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "set_group_limit": ("counters", "wake", "ring", "groups"),
     "set_rate_limit": ("keyed",),
     "set_budget": ("counters",),
+    "set_result_budget": ("counters",),
     "set_indexes": ("counters",),
     "search": ("jobs", "ready", "scheduled", "leased", "dead", "errors", "counters", "index", "keyed", "waiting",
                "gready"),

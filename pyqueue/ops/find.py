@@ -20,9 +20,8 @@ by others)". Read-only with ``dry_run``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-
 from typing import Any
 
 from pyqueue.drivers.queue import Queue
@@ -86,20 +85,13 @@ def act_matching(queue: Queue, action: str, where: JobFilter, *, dry_run: bool =
         raise InvalidArgument(f"{action} acts on {state} jobs: the filter's state is {where.state!r}")
     if state is not None and where.state is None:
         where = JobFilter(**{**where.search_args(), "state": state})
-    ids = list(dict.fromkeys(job.id for job in matching(queue, where)))
-    done = 0
-    if not dry_run:
-        for start in range(0, len(ids), MAX_BATCH):
-            chunk = ids[start : start + MAX_BATCH]
-            if action == "replay":
-                done += queue.dead_replay(chunk)
-            elif action == "purge":
-                done += queue.dead_purge(chunk)
-            elif action == "cancel":
-                done += sum(c.state not in ("done", "unknown") for c in queue.cancel_many(chunk))
-            else:
-                done += len(queue.promote_now(chunk))
-    return BulkResult(found=len(ids), done=done, sample=ids[:10])
+    acts: dict[str, Callable[[list[str]], int]] = {
+        "replay": queue.dead_replay,
+        "purge": queue.dead_purge,
+        "cancel": lambda ids: sum(c.state not in ("done", "unknown") for c in queue.cancel_many(ids)),
+        "promote": lambda ids: len(queue.promote_now(ids)),
+    }
+    return _bulk(list(dict.fromkeys(job.id for job in matching(queue, where))), dry_run, acts[action])
 
 
 @dataclass(frozen=True)
@@ -166,19 +158,19 @@ class BulkResult:
 
 def replay_matching(queue: Queue, where: DeadFilter, *, dry_run: bool = False) -> BulkResult:
     """Replay the dead letters ``where`` finds (see the module)."""
-    return _bulk(queue, where, dry_run, lambda ids: queue.dead_replay(ids))
+    return _bulk([job.id for job in dead_matching(queue, where)], dry_run, queue.dead_replay)
 
 
 def purge_matching(queue: Queue, where: DeadFilter, *, dry_run: bool = False) -> BulkResult:
     """Purge the dead letters ``where`` finds (see the module)."""
-    return _bulk(queue, where, dry_run, lambda ids: queue.dead_purge(ids))
+    return _bulk([job.id for job in dead_matching(queue, where)], dry_run, queue.dead_purge)
 
 
-def _bulk(queue: Queue, where: DeadFilter, dry_run: bool, act: Callable[[list[str]], int]) -> BulkResult:
-    # Every id first, then the actions: acting while paging would move the pages' offsets.
-    ids = [job.id for job in dead_matching(queue, where)]
+def _bulk(ids: Sequence[str], dry_run: bool, act: Callable[[list[str]], int]) -> BulkResult:
+    """``act`` on ``ids``, found first (acting while paging would move a rank-paged read
+    under it), 1000 a call; what the scripts did."""
     done = 0
     if not dry_run:
         for start in range(0, len(ids), MAX_BATCH):
-            done += act(ids[start : start + MAX_BATCH])
-    return BulkResult(found=len(ids), done=done, sample=ids[:10])
+            done += act(list(ids[start : start + MAX_BATCH]))
+    return BulkResult(found=len(ids), done=done, sample=list(ids[:10]))

@@ -268,6 +268,7 @@ class SingleQueue:
     set_group_limit = Bound(control.set_group_limit)
     set_rate_limit = Bound(control.set_rate_limit)
     set_budget = Bound(control.set_budget)
+    set_result_budget = Bound(control.set_result_budget)
     set_indexes = Bound(search_plans.set_indexes)
     search = Bound(search_plans.search)
     promote_now = Bound(search_plans.promote_now)

@@ -29,6 +29,7 @@ from pyqueue.protocol.core import (
     check_rate,
     sequence_skip_call,
     set_budget_call,
+    set_result_budget_call,
     set_group_limit_call,
     set_rate_limit_call,
     text,
@@ -187,6 +188,22 @@ def set_budget(spec: QueueSpec, memory: QueueMemory, max_bytes: int | None) -> P
     """
     check_int(0 if max_bytes is None else max_bytes, "max_bytes", 0, 2**50)
     changed, _bytes = yield from run(memory, set_budget_call(spec.keys, max_bytes or 0))
+    return bool(changed)
+
+
+def set_result_budget(spec: QueueSpec, memory: QueueMemory, max_bytes: int | None) -> Plan[bool]:
+    """Cap the bytes of results the queue keeps (lua/set_result_budget.lua), or lift the
+    cap (None or 0). With a budget, ``ack_result`` keeps each result's size and, before
+    it stores results that would take the sum past the cap, deletes the oldest-expiring
+    ones (as it deletes those past ``max_results`` or past their time): a result may be
+    gone before its ``result_ttl_ms``. Results stored while the queue had no budget are
+    not counted. Returns whether this call changed the budget.
+
+    Raises:
+        InvalidArgument: max_bytes not None or in 0..2^50 (nothing sent).
+    """
+    check_int(0 if max_bytes is None else max_bytes, "max_bytes", 0, 2**50)
+    changed, _bytes = yield from run(memory, set_result_budget_call(spec.keys, max_bytes or 0))
     return bool(changed)
 
 
