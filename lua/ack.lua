@@ -51,7 +51,8 @@ Returns  {status_1 .. status_r}: 'ok' (acked by this call), 'stale' (the job exi
 Cost     plain case (one current receipt, no tombstone trim due): 9 commands; in a queue
          with sequences, rate keys, sizes or indexed jobs +1, +12 when an acked head hands
          its key on, +1 when an acked job has a rate entry, a size or an index entry, +1
-         more for a size, +2 more for an index entry
+         more for a size, +2 more for an index entry; with a tombstone limit
+         (set_tombstone_limit.lua) +1, +1 more when past it
 Errors   PQ_BADARG (nothing written), PQ_CORRUPT (a job's `meta` or sequence entry does not
          parse; nothing written), WRONGTYPE (a key holds another Redis type; nothing written).
 Replay   a re-sent call finds its receipts gone and changes nothing; its answer is
@@ -139,7 +140,7 @@ local function trim_done(key, expired, most)
     redis.call('ZREMRANGEBYRANK', key, 0, math.min(expired, most) - 1)
   end
 end
-local function bury(key, ids, expired, now_ms, keep_done_ms)
+local function bury(key, ids, expired, now_ms, keep_done_ms, most)
   trim_done(key, expired, #ids + TRIM_BATCH)
   local kept_until = now_ms + keep_done_ms
   if keep_done_ms == 0 then
@@ -150,6 +151,10 @@ local function bury(key, ids, expired, now_ms, keep_done_ms)
     local args = {}
     for i, id in ipairs(ids) do args[2 * i - 1], args[2 * i] = kept_until, id end
     call_chunked('ZADD', key, args)
+  end
+  if most then
+    local over = redis.call('ZCARD', key) - most
+    if over > 0 then redis.call('ZREMRANGEBYRANK', key, 0, math.min(over, #ids + TRIM_BATCH) - 1) end
   end
 end
 -- lua/include/events.lua (each helper's note is there)
@@ -346,7 +351,7 @@ local function write_acked(K, F, receipts, ids, fair, metas, expired, now_ms, ke
   call_chunked('ZREM', K.owners, receipts)
   call_chunked('ZREM', K.leased, receipts)
   call_chunked('HDEL', K.jobs, ids)
-  bury(K.done, ids, expired, now_ms, keep_done_ms)
+  bury(K.done, ids, expired, now_ms, keep_done_ms, K.done_most)
   if fair then fair_finish(F, ids, metas, K.wake) end
   forget_steps(K.steps, K.waiting, forgot)
   if #ended > 0 then keyed_end(K, ended) end
@@ -354,7 +359,8 @@ local function write_acked(K, F, receipts, ids, fair, metas, expired, now_ms, ke
 end
 local function ack_settings(counters_key, events_key, F, ids, K)
   local settings = redis.call('HMGET', counters_key, 'fair', 'events', 'steps', 'sequences', 'rates', 'sized',
-    'indexed', 'result_budget', 'result_bytes', 'rsized')
+    'indexed', 'result_budget', 'result_bytes', 'rsized', 'done_max')
+  K.done_most = tonumber(settings[11] or '')
   local bound, err = events_bound(counters_key, events_key, settings[2])
   if err then return nil, nil, false, err end
   local forgot, ended = nil, NONE

@@ -49,7 +49,8 @@ Returns  {state}: the state the job was cancelled in, 'ready', 'scheduled', 'lea
          tombstone in force) or 'unknown' (no such job).
 Cost     plain case (a ready job, LEASED in one ZSCAN page): 14 commands (+2 in a queue with
          expiries; +1 in one with sequences, rate keys, sizes or indexed jobs, more when a
-         cancelled head hands its key on, +3 for an indexed job).
+         cancelled head hands its key on, +3 for an indexed job; with a tombstone limit
+         +1, +1 more when past it).
          O(1) for a scheduled or dead job. Otherwise a ZSCAN of LEASED for the receipt
          ending in the id (O(L), L leases: the workers' total concurrency bounds it);
          past 10,000 leases without a match, an LREM on READY (O(position)) first, then
@@ -159,7 +160,7 @@ local function trim_done(key, expired, most)
     redis.call('ZREMRANGEBYRANK', key, 0, math.min(expired, most) - 1)
   end
 end
-local function bury(key, ids, expired, now_ms, keep_done_ms)
+local function bury(key, ids, expired, now_ms, keep_done_ms, most)
   trim_done(key, expired, #ids + TRIM_BATCH)
   local kept_until = now_ms + keep_done_ms
   if keep_done_ms == 0 then
@@ -170,6 +171,10 @@ local function bury(key, ids, expired, now_ms, keep_done_ms)
     local args = {}
     for i, id in ipairs(ids) do args[2 * i - 1], args[2 * i] = kept_until, id end
     call_chunked('ZADD', key, args)
+  end
+  if most then
+    local over = redis.call('ZCARD', key) - most
+    if over > 0 then redis.call('ZREMRANGEBYRANK', key, 0, math.min(over, #ids + TRIM_BATCH) - 1) end
   end
 end
 -- lua/include/events.lua (each helper's note is there)
@@ -401,7 +406,7 @@ err = expect_type(counters_key, 'hash') or (state == 'dead' and expect_type(erro
   or expect_type(owners_key, 'zset') or meta and (fair_types(F) or expect_type(wake_key, 'zset'))
 if err then return redis.error_reply(err) end
 local settings = redis.call('HMGET', counters_key, 'events', 'steps', 'expiry', 'sequences', 'rates', 'sized',
-  'indexed')
+  'indexed', 'done_max')
 local bound, forgot
 bound, err = events_bound(counters_key, events_key, settings[1])
 if not err and settings[2] then
@@ -464,7 +469,7 @@ redis.call('HDEL', jobs_key, id)
 forget_steps(steps_key, waiting_key, forgot)
 if settings[3] then redis.call('ZREM', expires_key, id) end
 if #ended > 0 then keyed_end(S, ended) end
-bury(done_key, { id }, expired, now_ms, keep_done_ms)
+bury(done_key, { id }, expired, now_ms, keep_done_ms, tonumber(settings[8] or ''))
 redis.call('HINCRBY', counters_key, 'cancelled', 1)
 emit(events_key, bound, 'cancelled', id, now_ms, 'state', state)
 return { state }

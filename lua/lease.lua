@@ -96,7 +96,8 @@ Cost     plain case (count 1, one ready job, maintenance not due): 13 commands (
          expired; in a queue with sequences, rate keys, sizes or indexed jobs, acks and
          expiries as ack.lua's acks; in a queue with rate keys +1, +4 more to lease a job
          with a rate key, +3 more to defer one instead (not leased: it pays none of a
-         lease's 3 writes)
+         lease's 3 writes); with a tombstone limit (set_tombstone_limit.lua), a call that
+         acks or expires jobs +1, +1 more when past it
 Errors   PQ_BADARG (nothing written), PQ_CORRUPT (a record does not parse; nothing
          written), WRONGTYPE (a key holds another Redis type; nothing written).
 Contract v6 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
@@ -197,7 +198,7 @@ local function trim_done(key, expired, most)
     redis.call('ZREMRANGEBYRANK', key, 0, math.min(expired, most) - 1)
   end
 end
-local function bury(key, ids, expired, now_ms, keep_done_ms)
+local function bury(key, ids, expired, now_ms, keep_done_ms, most)
   trim_done(key, expired, #ids + TRIM_BATCH)
   local kept_until = now_ms + keep_done_ms
   if keep_done_ms == 0 then
@@ -208,6 +209,10 @@ local function bury(key, ids, expired, now_ms, keep_done_ms)
     local args = {}
     for i, id in ipairs(ids) do args[2 * i - 1], args[2 * i] = kept_until, id end
     call_chunked('ZADD', key, args)
+  end
+  if most then
+    local over = redis.call('ZCARD', key) - most
+    if over > 0 then redis.call('ZREMRANGEBYRANK', key, 0, math.min(over, #ids + TRIM_BATCH) - 1) end
   end
 end
 -- lua/include/events.lua (each helper's note is there)
@@ -371,7 +376,7 @@ local function expire_jobs(K, ids, now_ms, keep_done_ms, bound)
   call_chunked('ZADD', K.expired, args)
   redis.call('ZREMRANGEBYRANK', K.expired, 0, -EXPIRED_KEPT - 1)
   redis.call('HINCRBY', K.counters, 'expired', #ids)
-  bury(K.done, ids, 0, now_ms, keep_done_ms)
+  bury(K.done, ids, 0, now_ms, keep_done_ms, K.done_most)
   for _, id in ipairs(ids) do emit(K.events, bound, 'expired', id, now_ms, 'reason', 'not started by its deadline') end
 end
 local function rate_state(value)
@@ -745,7 +750,7 @@ local function write_acked(K, F, receipts, ids, fair, metas, expired, now_ms, ke
   call_chunked('ZREM', K.owners, receipts)
   call_chunked('ZREM', K.leased, receipts)
   call_chunked('HDEL', K.jobs, ids)
-  bury(K.done, ids, expired, now_ms, keep_done_ms)
+  bury(K.done, ids, expired, now_ms, keep_done_ms, K.done_most)
   if fair then fair_finish(F, ids, metas, K.wake) end
   forget_steps(K.steps, K.waiting, forgot)
   if #ended > 0 then keyed_end(K, ended) end
@@ -1417,7 +1422,7 @@ end
 -- `events` (the stream's bound) come with the fields read anyway: a queue without them
 -- pays no command for their checks.
 local counters = redis.call('HMGET', K.counters, 'leased', 'next_maintenance_ms', 'paused', 'rate_limit', 'rate_tat',
-  'fair', 'events', 'steps', 'expiry', 'sequences', 'rates', 'sized', 'indexed')
+  'fair', 'events', 'steps', 'expiry', 'sequences', 'rates', 'sized', 'indexed', 'done_max')
 C.bound, err = events_bound(K.counters, K.events, counters[7])
 if err then return redis.error_reply(err) end
 C.fence0 = tonumber(counters[1] or '0') or 0
@@ -1435,6 +1440,8 @@ end
 C.fair, C.want = counters[6] ~= false, C.count
 C.expiry, C.sequences, C.rates = counters[9] ~= false, counters[10] ~= false, counters[11] ~= false
 C.sized, C.indexed = counters[12] ~= false, counters[13] ~= false
+-- The tombstone limit (set_tombstone_limit.lua), kept by the acks' and expiries' bury.
+K.done_most = tonumber(counters[14] or '')
 if #C.to_ack > 0 then
   err = forget_read(C, K, counters[8], C.sequences or C.rates or C.sized or C.indexed)
   if err then return redis.error_reply(err) end

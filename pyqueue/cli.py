@@ -424,6 +424,25 @@ def cmd_budget(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tombstones(args: argparse.Namespace) -> int:
+    """Cap how many tombstones a queue keeps, or lift the cap (Queue.set_tombstone_limit)."""
+    max_count = None if args.max == "off" else _count(args.max)
+    q = configured_queue(args, connect(args.url))
+    changed = q.set_tombstone_limit(max_count)
+    if max_count is None:
+        print(f"{args.queue}: {'tombstone limit lifted' if changed else 'had no tombstone limit'}")
+    else:
+        print(f"{args.queue}: at most {max_count} tombstones{'' if changed else ' (unchanged)'}; past it the "
+              "earliest-expiring go first (their ids are then no longer duplicates)")
+    return 0
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise PyQueueError(f"a limit is a whole number of tombstones (100000) or off, got {text!r}")
+    return int(text)
+
+
 def cmd_indexes(args: argparse.Namespace) -> int:
     """Keep a queue's search indexes, or stop (Queue.set_indexes)."""
     q = configured_queue(args, connect(args.url))
@@ -1246,6 +1265,13 @@ def build_parser() -> argparse.ArgumentParser:
                                                           "it, ack_result deletes the oldest-expiring results first")
     p.add_argument("--create", action="store_true", help=CREATE_HELP)
     p.set_defaults(func=cmd_budget)
+
+    p = sub.add_parser("tombstones", help="cap how many tombstones (ended ids kept as duplicates) a queue keeps "
+                                          "(or: off)")
+    p.add_argument("queue")
+    p.add_argument("max", help="the most tombstones kept (100000), or off")
+    p.add_argument("--create", action="store_true", help=CREATE_HELP)
+    p.set_defaults(func=cmd_tombstones)
 
     p = sub.add_parser("indexes", help="keep a queue's search indexes by task and group (or: off)")
     p.add_argument("queue")

@@ -18,7 +18,7 @@ local function write_acked(K, F, receipts, ids, fair, metas, expired, now_ms, ke
   call_chunked('ZREM', K.owners, receipts)
   call_chunked('ZREM', K.leased, receipts)
   call_chunked('HDEL', K.jobs, ids)
-  bury(K.done, ids, expired, now_ms, keep_done_ms)
+  bury(K.done, ids, expired, now_ms, keep_done_ms, K.done_most)
   if fair then fair_finish(F, ids, metas, K.wake) end
   forget_steps(K.steps, K.waiting, forgot)
   if #ended > 0 then keyed_end(K, ended) end
@@ -34,11 +34,13 @@ end
 -- entries (`sequences`, `rates`, `sized`, `indexed`: set by enqueue.lua).
 -- A plain queue reads none of them. The same read answers ack_result.lua's results
 -- budget (`result_budget`, `result_bytes`, `rsized`: set_result_budget.lua), as
--- `settings` 8..10. Answers bound, metas, fair, nil, forgot, ended (for write_acked),
--- settings; or nil, nil, false and an error text.
+-- `settings` 8..10, and sets K.done_most, the tombstone limit (`done_max`:
+-- set_tombstone_limit.lua) that write_acked keeps. Answers bound, metas, fair, nil,
+-- forgot, ended (for write_acked), settings; or nil, nil, false and an error text.
 local function ack_settings(counters_key, events_key, F, ids, K)
   local settings = redis.call('HMGET', counters_key, 'fair', 'events', 'steps', 'sequences', 'rates', 'sized',
-    'indexed', 'result_budget', 'result_bytes', 'rsized')
+    'indexed', 'result_budget', 'result_bytes', 'rsized', 'done_max')
+  K.done_most = tonumber(settings[11] or '')
   local bound, err = events_bound(counters_key, events_key, settings[2])
   if err then return nil, nil, false, err end
   local forgot, ended = nil, NONE

@@ -311,7 +311,7 @@ local function expire_jobs(K, ids, now_ms, keep_done_ms, bound)
   call_chunked('ZADD', K.expired, args)
   redis.call('ZREMRANGEBYRANK', K.expired, 0, -EXPIRED_KEPT - 1)
   redis.call('HINCRBY', K.counters, 'expired', #ids)
-  bury(K.done, ids, 0, now_ms, keep_done_ms)
+  bury(K.done, ids, 0, now_ms, keep_done_ms, K.done_most)
   for _, id in ipairs(ids) do emit(K.events, bound, 'expired', id, now_ms, 'reason', 'not started by its deadline') end
 end
 

@@ -14,7 +14,10 @@ local function trim_done(key, expired, most)
 end
 
 -- Tombstone acked ids in `key` (done; ack.lua). Trim the `expired` lowest ranks first: ZADD may re-rank them.
-local function bury(key, ids, expired, now_ms, keep_done_ms)
+-- With a tombstone limit (`most`: counters `done_max`, set_tombstone_limit.lua), the
+-- earliest-expiring tombstones past it go too, in force or not, at most #ids + TRIM_BATCH
+-- a call (so a lowered limit is reached over a few calls, each bounded).
+local function bury(key, ids, expired, now_ms, keep_done_ms, most)
   trim_done(key, expired, #ids + TRIM_BATCH)
   local kept_until = now_ms + keep_done_ms
   if keep_done_ms == 0 then
@@ -25,5 +28,9 @@ local function bury(key, ids, expired, now_ms, keep_done_ms)
     local args = {}
     for i, id in ipairs(ids) do args[2 * i - 1], args[2 * i] = kept_until, id end
     call_chunked('ZADD', key, args)
+  end
+  if most then
+    local over = redis.call('ZCARD', key) - most
+    if over > 0 then redis.call('ZREMRANGEBYRANK', key, 0, math.min(over, #ids + TRIM_BATCH) - 1) end
   end
 end

@@ -123,6 +123,7 @@ class QueueFacade:
     set_rate_limit = Verb(control.set_rate_limit)
     set_budget = Verb(control.set_budget)
     set_result_budget = Verb(control.set_result_budget)
+    set_tombstone_limit = Verb(control.set_tombstone_limit)
     set_indexes = Verb(search_plans.set_indexes)
     search = Verb(search_plans.search)
     promote_now = Verb(search_plans.promote_now)

@@ -596,6 +596,14 @@ def set_result_budget(layout: Partitions, /, max_bytes: int | None) -> Plan[bool
     return any((yield from plan_each(part.set_result_budget(share) for part in layout.parts)))
 
 
+def set_tombstone_limit(layout: Partitions, /, max_count: int | None) -> Plan[bool]:
+    """As :func:`pyqueue.protocol.verbs.control.set_tombstone_limit`, in every
+    partition: each keeps at most its share, ``max_count / partitions`` rounded up."""
+    check_int(0 if max_count is None else max_count, "max_count", 0, 2**40)
+    share = -(-max_count // layout.count) if max_count else None
+    return any((yield from plan_each(part.set_tombstone_limit(share) for part in layout.parts)))
+
+
 def set_indexes(layout: Partitions, /, on: bool = True, *, now_ms: int | None = None) -> Plan[int | None]:
     """As :func:`pyqueue.protocol.verbs.search.set_indexes`, in every partition: since
     when every partition keeps them (the latest), or None."""
@@ -840,6 +848,7 @@ class PartitionedQueue:
     set_rate_limit = Routed(set_rate_limit)
     set_budget = Routed(set_budget)
     set_result_budget = Routed(set_result_budget)
+    set_tombstone_limit = Routed(set_tombstone_limit)
     set_indexes = Routed(set_indexes)
     search = Routed(search)
     promote_now = Routed(promote_now)

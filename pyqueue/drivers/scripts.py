@@ -97,6 +97,7 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "set_rate_limit": ("keyed",),
     "set_budget": ("counters",),
     "set_result_budget": ("counters",),
+    "set_tombstone_limit": ("counters",),
     "set_indexes": ("counters",),
     "search": ("jobs", "ready", "scheduled", "leased", "dead", "errors", "counters", "index", "keyed", "waiting",
                "gready"),

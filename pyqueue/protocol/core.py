@@ -813,6 +813,11 @@ def set_result_budget_call(keys: Keys, max_bytes: int) -> ScriptCall:
     return ScriptCall("set_result_budget", keys, [max_bytes])
 
 
+def set_tombstone_limit_call(keys: Keys, max_count: int) -> ScriptCall:
+    """lua/set_tombstone_limit.lua."""
+    return ScriptCall("set_tombstone_limit", keys, [max_count])
+
+
 def set_indexes_call(keys: Keys, now_ms: int | None, on: bool) -> ScriptCall:
     """lua/set_indexes.lua."""
     return ScriptCall("set_indexes", keys, [now_arg(now_ms), 1 if on else 0])

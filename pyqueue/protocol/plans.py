@@ -269,6 +269,7 @@ class SingleQueue:
     set_rate_limit = Bound(control.set_rate_limit)
     set_budget = Bound(control.set_budget)
     set_result_budget = Bound(control.set_result_budget)
+    set_tombstone_limit = Bound(control.set_tombstone_limit)
     set_indexes = Bound(search_plans.set_indexes)
     search = Bound(search_plans.search)
     promote_now = Bound(search_plans.promote_now)

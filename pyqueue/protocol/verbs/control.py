@@ -30,6 +30,7 @@ from pyqueue.protocol.core import (
     sequence_skip_call,
     set_budget_call,
     set_result_budget_call,
+    set_tombstone_limit_call,
     set_group_limit_call,
     set_rate_limit_call,
     text,
@@ -204,6 +205,23 @@ def set_result_budget(spec: QueueSpec, memory: QueueMemory, max_bytes: int | Non
     """
     check_int(0 if max_bytes is None else max_bytes, "max_bytes", 0, 2**50)
     changed, _bytes = yield from run(memory, set_result_budget_call(spec.keys, max_bytes or 0))
+    return bool(changed)
+
+
+def set_tombstone_limit(spec: QueueSpec, memory: QueueMemory, max_count: int | None) -> Plan[bool]:
+    """Cap how many tombstones the queue keeps (lua/set_tombstone_limit.lua), or lift
+    the cap (None or 0). A tombstone is an ended job's id, kept ``keep_done_ms`` so that
+    a re-sent enqueue of it is a duplicate; past the limit, the scripts that write them
+    (ack, ack_result, lease, cancel) delete the earliest-expiring first, at most n + 10
+    per call. An id whose tombstone went for room is no longer a duplicate: a re-sent
+    enqueue of it adds the job again. Each tombstone is one id, so this bounds their
+    bytes. Returns whether this call changed the limit.
+
+    Raises:
+        InvalidArgument: max_count not None or in 0..2^40 (nothing sent).
+    """
+    check_int(0 if max_count is None else max_count, "max_count", 0, 2**40)
+    (changed,) = yield from run(memory, set_tombstone_limit_call(spec.keys, max_count or 0))
     return bool(changed)
 
 
