@@ -457,13 +457,13 @@ def cmd_indexes(args: argparse.Namespace) -> int:
 
 def cmd_search(args: argparse.Namespace) -> int:
     """``pyqueue search QUEUE --state --task --group --error --since --until [--replay|--purge|--cancel|--promote]``."""
-    from pyqueue.ops.find import BULK_ACTIONS, JobFilter, act_matching
+    from pyqueue.ops.find import BULK_ACTIONS, JobFilter, act_matching, parse_when
 
     q = existing_queue(connect(args.url), args.queue, args.prefix)
     now_ms = server_now_ms(q) if args.since is not None or args.until is not None else 0
     where = JobFilter(state=args.state, task=args.task, group=args.group, error=args.error,
-                      since_ms=None if args.since is None else parse_when(args.since, now_ms),
-                      until_ms=None if args.until is None else parse_when(args.until, now_ms))
+                      since_ms=None if args.since is None else parse_when(args.since, "--since", now_ms),
+                      until_ms=None if args.until is None else parse_when(args.until, "--until", now_ms))
     actions = [a for a in BULK_ACTIONS if getattr(args, a)]
     if len(actions) > 1:
         raise PyQueueError(f"one action at a time, got {', '.join('--' + a for a in actions)}")
@@ -597,34 +597,17 @@ def cmd_dead(args: argparse.Namespace) -> int:
     return 0
 
 
-def parse_when(text: str, now_ms: int) -> int:
-    """``10:00`` or ``10:00:30`` (today, UTC, by ``now_ms``: the server's clock) or an ISO
-    8601 date or time (``2026-11-29T10:00``, UTC unless it says otherwise) as unix ms."""
-    try:
-        if re.fullmatch(r"\d{1,2}:\d{2}(:\d{2})?", text):
-            clock = datetime.time.fromisoformat(text if len(text.split(":")[0]) == 2 else "0" + text)
-            today = datetime.datetime.fromtimestamp(now_ms / 1000, datetime.timezone.utc).date()
-            when = datetime.datetime.combine(today, clock, datetime.timezone.utc)
-        else:
-            when = datetime.datetime.fromisoformat(text)
-            if when.tzinfo is None:
-                when = when.replace(tzinfo=datetime.timezone.utc)
-    except ValueError:
-        raise PyQueueError(f"a time is HH:MM (today, UTC) or ISO 8601 (2026-11-29T10:00), got {text!r}") from None
-    return int(when.timestamp() * 1000)
-
-
 def dead_filter(args: argparse.Namespace, q: Queue) -> Any:
     """The dead letters' filter the options give (pyqueue.ops.find.DeadFilter), or None.
     "Today" is the server's (one clock)."""
-    from pyqueue.ops.find import DeadFilter
+    from pyqueue.ops.find import DeadFilter, parse_when
 
     if args.task is None and args.error is None and args.since is None and args.until is None:
         return None
     task = args.task
     now_ms = server_now_ms(q) if args.since is not None or args.until is not None else 0
-    return DeadFilter(error=args.error, since_ms=None if args.since is None else parse_when(args.since, now_ms),
-                      until_ms=None if args.until is None else parse_when(args.until, now_ms),
+    return DeadFilter(error=args.error, since_ms=None if args.since is None else parse_when(args.since, "--since", now_ms),
+                      until_ms=None if args.until is None else parse_when(args.until, "--until", now_ms),
                       match=None if task is None else (lambda job: _task_of(job.payload) == task))
 
 

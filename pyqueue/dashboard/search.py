@@ -23,14 +23,13 @@ it, :func:`pyqueue.ops.schedules.server_now_ms`), a date and time without a zone
 from __future__ import annotations
 
 import datetime
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 from urllib.parse import urlencode
 
 from pyqueue.drivers.queue import Queue
-from pyqueue.ops.find import BULK_ACTIONS, JobFilter
+from pyqueue.ops.find import BULK_ACTIONS, CLOCK, JobFilter, parse_when
 from pyqueue.ops.schedules import server_now_ms
 from pyqueue.protocol.errors import InvalidArgument
 from pyqueue.protocol.models import JobEntry, SearchPage
@@ -46,9 +45,6 @@ ACTION_LABELS = {"replay": ("Replay", "Replay {n} of {queue}? They go back to re
                  "promote": ("Promote", "Make {n} of {queue} due now?")}
 #: The actions that end jobs for good (their buttons are red).
 DANGEROUS = frozenset({"purge", "cancel"})
-
-_CLOCK = re.compile(r"\d{1,2}:\d{2}(:\d{2})?")
-
 
 def no_indexes(exc: InvalidArgument) -> bool:
     """Whether ``exc`` is search's refusal of a task or group filter on a queue that
@@ -95,30 +91,6 @@ def ago(ms: int, now_ms: int) -> str:
     return f"{d // 86_400_000} d ago"
 
 
-def parse_when(text: str, name: str, now_ms: int | None) -> int:
-    """``10:00`` or ``10:00:30`` (today, UTC, by ``now_ms``: the server's clock), or a
-    date and time (``2026-11-29T10:00``, what a datetime-local field sends; UTC unless it
-    says otherwise), as unix ms. InvalidArgument naming the field otherwise."""
-    try:
-        if _CLOCK.fullmatch(text):
-            if now_ms is None:
-                raise ValueError("no clock")
-            clock = datetime.time.fromisoformat(text if len(text.split(":")[0]) == 2 else "0" + text)
-            today = datetime.datetime.fromtimestamp(now_ms / 1000, datetime.timezone.utc).date()
-            when = datetime.datetime.combine(today, clock, datetime.timezone.utc)
-        else:
-            when = datetime.datetime.fromisoformat(text)
-            if when.tzinfo is None:
-                when = when.replace(tzinfo=datetime.timezone.utc)
-        ms = int(when.timestamp() * 1000)
-    except (ValueError, OverflowError):
-        raise InvalidArgument(f"{name} is HH:MM (today, by the server's clock, UTC) or a date and time "
-                              f"(2026-11-29T10:00, UTC unless it says otherwise), got {text!r}") from None
-    if not 0 <= ms <= 2**50:
-        raise InvalidArgument(f"{name} is out of range: {text!r}")
-    return ms
-
-
 @dataclass(frozen=True)
 class SearchForm:
     """The search box's fields as typed ('' for an empty one), spaces around trimmed."""
@@ -140,7 +112,7 @@ class SearchForm:
 
     def needs_clock(self) -> bool:
         """Whether a time is an ``HH:MM`` of today: the server's clock decides the day."""
-        return any(_CLOCK.fullmatch(t) for t in (self.since, self.until))
+        return any(CLOCK.fullmatch(t) for t in (self.since, self.until))
 
     def to_filter(self, now_ms: int | None) -> JobFilter:
         """The filter the fields make (InvalidArgument with the reason: a state not

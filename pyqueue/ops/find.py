@@ -20,6 +20,8 @@ by others)". Read-only with ``dry_run``.
 
 from __future__ import annotations
 
+import datetime
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +31,35 @@ from pyqueue.protocol.core import MAX_BATCH
 from pyqueue.protocol.errors import InvalidArgument
 from pyqueue.protocol.models import DeadJob, JobEntry
 from pyqueue.protocol.verbs.search import check_search
+
+
+#: A time of day, ``10:00`` or ``10:00:30``: today by the server's clock (:func:`parse_when`).
+CLOCK = re.compile(r"\d{1,2}:\d{2}(:\d{2})?")
+
+
+def parse_when(text: str, name: str, now_ms: int | None) -> int:
+    """``10:00`` or ``10:00:30`` (today, UTC, by ``now_ms``: the server's clock), or a
+    date and time (``2026-11-29T10:00``, what a datetime-local field sends; UTC unless it
+    says otherwise), as unix ms. InvalidArgument naming the field otherwise."""
+    try:
+        if CLOCK.fullmatch(text):
+            if now_ms is None:
+                raise ValueError("no clock")
+            clock = datetime.time.fromisoformat(text if len(text.split(":")[0]) == 2 else "0" + text)
+            today = datetime.datetime.fromtimestamp(now_ms / 1000, datetime.timezone.utc).date()
+            when = datetime.datetime.combine(today, clock, datetime.timezone.utc)
+        else:
+            when = datetime.datetime.fromisoformat(text)
+            if when.tzinfo is None:
+                when = when.replace(tzinfo=datetime.timezone.utc)
+        ms = int(when.timestamp() * 1000)
+    except (ValueError, OverflowError):
+        raise InvalidArgument(f"{name} is HH:MM (today, by the server's clock, UTC) or a date and time "
+                              f"(2026-11-29T10:00, UTC unless it says otherwise), got {text!r}") from None
+    if not 0 <= ms <= 2**50:
+        raise InvalidArgument(f"{name} is out of range: {text!r}")
+    return ms
+
 
 
 @dataclass(frozen=True)
