@@ -27,15 +27,17 @@ KEYS (20), all <prefix>:{<queue>}:<role>
  10 gready         zset    "<group>|<rank>|<id>" -> 0: READY jobs with meta (lexicographic)
  11 ring           zset    group -> turn (>= 1) or -1 (parked at its cap)
  12 groups         hash    r:<group>, c:<group>, cap, turn, seq, uturn
- 13 counters       hash    read only: `events`, the event stream's bound (section 2.5), `fair`, `steps`,
-                           `sequences`
+ 13 counters       hash    read: `events`, the event stream's bound (section 2.5), `fair`, `steps`,
+                           `sequences`, `result_budget`, `rsized`; written only under a results
+                           budget: `result_bytes` (and `rsized`, once)
  14 events         stream  the queue's events, when it has opted in: 'acked' per job acked
  15 steps          hash    the jobs' step data (section 2.6): an acked job's is deleted,
                            when the queue has any (counters `steps`)
  16 waiting        zset    id -> until_ms, the jobs parked for a signal: an acked job leaves it
  17 scheduled      zset    id -> due_ms: where an acked head's next job goes (section 2.7)
  18 keyed          hash    the sequences' heads and entries (section 2.7), when the queue
-                           has any (counters `sequences`): an acked head hands its key on
+                           has any (counters `sequences`): an acked head hands its key on;
+                           "rb:<id>" -> the size of each result stored under a results budget
  19 sequenced      zset    "<key>\n<seq>\n<id>" -> 0: the jobs waiting behind their head
  20 index          zset    "<kind>\n<value>\n<enqueued_ms>\n<id>" -> 0: the indexes (set_indexes.lua): an
                    ended job's members go, when the queue has any (counters `indexed`)
@@ -53,9 +55,11 @@ Returns  {status_1 .. status_n} as ack.lua: 'ok' (acked, result stored), 'stale'
 Cost     plain case (one current receipt, no expired result): 16 commands; in a queue with
          sequences, rate keys, sizes or indexed jobs +1, +12 when an acked head hands its
          key on, +1 when an acked job has a rate entry, a size or an index entry, +1 more
-         for a size, +2 more for an index entry
-Errors   PQ_BADARG, PQ_CORRUPT (a job's `meta` or sequence entry does not parse), WRONGTYPE
-         (nothing written).
+         for a size, +2 more for an index entry; under a results budget +3 (+1 in the call
+         that first sizes a result), +5 more when it deletes results to stay within it;
+         once the budget is lifted +2
+Errors   PQ_BADARG, PQ_CORRUPT (a job's `meta` or sequence entry, or a result's size or
+         `result_bytes`, does not parse), WRONGTYPE (nothing written).
 Replay   a re-sent call finds its receipts gone and writes nothing more: one effect.
 Groups   as ack.lua: an acked job's group gets its slot back (section 2.1).
 Contract v6 (lua/README.md section 10): other counts of KEYS or ARGV than above answer
@@ -489,8 +493,12 @@ if settings[8] or settings[10] then
       local sizes = hmget(keyed_key, more)
       for k, field in ipairs(more) do
         if R.used <= R.budget then break end
+        local size = sizes[k] and tonumber(sizes[k])
+        if sizes[k] and not size then
+          return redis.error_reply('PQ_CORRUPT unparsable result size in ' .. keyed_key .. ' or ' .. counters_key)
+        end
         trim[#trim + 1] = string.sub(field, 4)
-        if sizes[k] then R.used, R.gone[#R.gone + 1] = R.used - (tonumber(sizes[k]) or 0), field end
+        if size then R.used, R.gone[#R.gone + 1] = R.used - size, field end
       end
     end
   end

@@ -1,4 +1,5 @@
---[[ set_result_budget: cap the bytes of results a queue keeps (section 2.4), or lift the cap.
+--[[ set_result_budget: cap the bytes of results a queue keeps (lua/README.md section 2,
+results), or lift the cap.
 
 With a results budget, ack_result.lua keeps the size of each result it stores ("rb:<id>"
 in `keyed`) and their sum (`result_bytes` in `counters`), and a call that would take

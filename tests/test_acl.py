@@ -91,6 +91,8 @@ ROLE_SCRIPTS: dict[str, tuple[str, ...]] = {
               "set_rate_limit",
               # set_budget: a queue's byte budget (pyqueue budget QUEUE SIZE).
               "set_budget",
+              # set_result_budget: a queue's results budget (pyqueue budget QUEUE SIZE --results).
+              "set_result_budget",
               # set_indexes, search, promote_now: finding jobs by task, group, state or
               # error (Queue.search, pyqueue.ops.find) and running scheduled ones now; the
               # only scripts of the role that call HSCAN, ZRANK and ZMSCORE (search).
@@ -367,6 +369,29 @@ def test_under_a_byte_budget_a_producer_sends_and_is_refused_and_a_worker_ends_s
     assert job.id == "b0" and worker.ack(job) is Outcome.OK
     assert admin.stats().bytes == 3 and root.hget(QUEUE_KEYS.keyed, "b:b0") is None
     assert admin.set_budget(None) is True
+    assert denied_commands(root) <= {"config|get"}
+
+
+def test_under_a_results_budget_a_worker_sizes_and_trims_results_and_a_producer_reads_them(
+    root: redis.Redis, login: Callable[[str], redis.Redis]
+) -> None:
+    admin = Queue(QUEUE, login("admin"))
+    producer = Queue(QUEUE, login("producer"))
+    worker = Queue(QUEUE, login("worker"))
+    # Each result "<finished_ms>|" + "b" + 20 bytes: a budget of two.
+    size = len(f"{int(root.time()[0]) * 1000}|") + 21
+    assert admin.set_result_budget(2 * size) is True
+    producer.enqueue_many([NewJob(b"", job_id=f"k{i}") for i in range(3)])
+    # Under a budget ack_result reads, writes and deletes sizes in `keyed` (HMGET, HSET,
+    # HDEL) and writes the sum and the flag to `counters` (HSET); the third result takes
+    # the sum past the budget, so the call also reads the oldest results (ZRANGE) and
+    # deletes the first (HDEL, ZREM).
+    for job in worker.lease(count=3):
+        assert worker.ack_result(job, b"r" * 20, result_ttl_ms=3_600_000) is Outcome.OK
+    assert [producer.result(f"k{i}").state for i in range(3)] == ["done", "ok", "ok"]
+    assert root.hget(QUEUE_KEYS.keyed, "rb:k0") is None and int(root.hget(QUEUE_KEYS.keyed, "rb:k2")) == size
+    assert int(root.hget(QUEUE_KEYS.counters, "result_bytes")) == 2 * size
+    assert admin.set_result_budget(None) is True
     assert denied_commands(root) <= {"config|get"}
 
 
@@ -667,6 +692,15 @@ def script_calls(root: redis.Redis) -> dict[str, tuple[str, Any, list[Any]]]:
     root.hset(q.spec.keys.counters, mapping={"budget": 1_000_000, "bytes": 2, "sized": 1})
     root.hset(q.spec.keys.keyed, mapping={"b:held": 1, "b:corpse": 1})
     calls["set_budget"] = ("set_budget", q.spec.keys, [2_000_000])
+    # A results budget that the ack_result below passes: a sized result of 'r0' kept (it
+    # expires first) and the sum at the budget, so the call reads and takes off sizes
+    # (HMGET, HDEL of `keyed`), trims 'r0' (ZRANGE, HDEL, ZREM) and writes its own size
+    # and the sum (HSET of `keyed` and `counters`).
+    root.hset(q.spec.keys.counters, mapping={"result_budget": 100, "result_bytes": 100, "rsized": 1})
+    root.hset(q.spec.keys.results, "r0", f"{T0}|b" + "x" * 91)
+    root.zadd(q.spec.keys.result_expiry, {"r0": T0 + 1000})
+    root.hset(q.spec.keys.keyed, "rb:r0", 100)
+    calls["set_result_budget"] = ("set_result_budget", q.spec.keys, [200])
     # Indexes, and index entries for 'held' and 'corpse' as if they were sent while the
     # queue kept them: every send below with a task or a group is listed (HSET of `keyed`,
     # ZADD of `index`), and the scripts that end those two remove their members (HMGET

@@ -122,6 +122,14 @@ MALFORMED: list[tuple[str, list[Any]]] = [
     ("set_budget", ["512MiB"]),
     ("set_budget", [" 100"]),
     ("set_budget", [""]),
+    # Results budgets (lua/README.md section 2, results): max_bytes an integer 0..2^50.
+    ("set_result_budget", [-1]),
+    ("set_result_budget", [2**50 + 1]),
+    ("set_result_budget", ["1.5"]),
+    ("set_result_budget", ["1e3"]),
+    ("set_result_budget", ["64MiB"]),
+    ("set_result_budget", [" 100"]),
+    ("set_result_budget", [""]),
     # Indexes (lua/README.md section 2.8): a task name "task|<name>", 1..256 bytes without
     # control characters, on a line of its own, at most one; set_indexes' on 0 or 1;
     # search's filters; promote_now's ids.
@@ -555,6 +563,74 @@ def test_a_corrupt_job_size_is_reported_and_nothing_written(q: Queue, r: redis.R
 def test_a_bad_budget_is_rejected_in_python_before_anything_is_sent(q: Queue, r: redis.Redis, max_bytes: Any) -> None:
     with pytest.raises(InvalidArgument):
         q.set_budget(max_bytes)
+    assert r.keys("*") == []
+
+
+#: The results-budget calls on a queue with a results budget, a sized result kept and a
+#: job leased, and the keys each must prove before it writes: set_result_budget's
+#: `counters`; an ack_result's `keyed`, which it reads the sizes from (and writes them to).
+RESULT_BUDGET_WRONG_TYPE_CASES = [
+    (variant, role, planted)
+    for variant, role in (("set_result_budget", "counters"), ("ack_result_sized", "keyed"))
+    for planted in ("string", "list", "set", "zset", "stream")
+]
+
+
+def result_budget_queue(r: redis.Redis) -> tuple[Queue, Job]:
+    """Queue "q" with a results budget of 1000 bytes, the sized result of "k0" (expired
+    at T0 + 10) and "k1" leased."""
+    q = Queue("q", r)
+    q.set_result_budget(1000)
+    q.enqueue_many([NewJob(b"", job_id="k0"), NewJob(b"", job_id="k1")], now_ms=T0)
+    first, held = q.lease(count=2, now_ms=T0)
+    q.ack_result(first, b"abc", result_ttl_ms=10, now_ms=T0)
+    return q, held
+
+
+@pytest.mark.parametrize(("variant", "role", "planted"), RESULT_BUDGET_WRONG_TYPE_CASES)
+def test_a_results_budget_script_finds_a_key_of_the_wrong_type_and_writes_nothing(
+    r: redis.Redis, variant: str, role: str, planted: str
+) -> None:
+    q, held = result_budget_queue(r)
+    calls = {
+        "set_result_budget": ("set_result_budget", [500]),
+        "ack_result_sized": ("ack_result", [T0, 1000, 60_000, 100, held.receipt, b"bde"]),
+    }
+    script, args = calls[variant]
+    key = q.spec.keys.role(role)
+    r.delete(key)
+    PLANTERS[planted](r, key)
+    before = dump_all(r)
+    with pytest.raises(redis.ResponseError, match=r"WRONGTYPE") as info:
+        transport_of(q).run(script, q.spec.keys, args)
+    assert isinstance(map_redis_error(info.value), WrongTypeError)
+    assert dump_all(r) == before
+
+
+@pytest.mark.parametrize("corrupt", ["expired", "oldest", "sum"])
+def test_a_corrupt_result_size_is_reported_and_nothing_written(r: redis.Redis, corrupt: str) -> None:
+    """A size ack_result reads that does not parse: of a result it trims as expired, of
+    one it would trim to stay within the budget, or the counter `result_bytes`."""
+    q, held = result_budget_queue(r)
+    now = T0 + 1 if corrupt == "oldest" else T0 + 100  # "k0" expired, or not yet
+    if corrupt == "oldest":
+        q.set_result_budget(20)  # a new result of 18 bytes takes the sum past it
+    if corrupt == "sum":
+        r.hset(q.spec.keys.counters, "result_bytes", "many")
+    else:
+        r.hset(q.spec.keys.keyed, "rb:k0", "three")
+    before = dump_all(r)
+    with pytest.raises(redis.ResponseError, match=r"^PQ_CORRUPT unparsable result size in "):
+        transport_of(q).run("ack_result", q.spec.keys, [now, 1000, 60_000, 100, held.receipt, b"bde"])
+    assert dump_all(r) == before
+
+
+@pytest.mark.parametrize("max_bytes", [-1, 2**50 + 1, 1.5, "1MiB", True, math.nan], ids=repr)
+def test_a_bad_results_budget_is_rejected_in_python_before_anything_is_sent(
+    q: Queue, r: redis.Redis, max_bytes: Any
+) -> None:
+    with pytest.raises(InvalidArgument):
+        q.set_result_budget(max_bytes)
     assert r.keys("*") == []
 
 

@@ -194,6 +194,13 @@ def case_set_budget(w: World) -> Callable[[], None]:
     return call
 
 
+def case_set_result_budget(w: World) -> Callable[[], None]:
+    def call() -> None:
+        assert w.q.set_result_budget(1 << 20) is True
+
+    return call
+
+
 def case_set_indexes(w: World) -> Callable[[], None]:
     def call() -> None:
         assert w.q.set_indexes(True) is not None
@@ -687,6 +694,7 @@ CASES = [
     Case("set_group_limit", 0, "the default cap", case_set_group_limit),
     Case("set_rate_limit", 0, "set a key's limit", case_set_rate_limit),
     Case("set_budget", 0, "a queue's first budget", case_set_budget),
+    Case("set_result_budget", 0, "a queue's first results budget", case_set_result_budget),
     Case("set_indexes", 0, "turn a queue's indexes on", case_set_indexes),
     Case("search", 0, "state dead, one dead job", case_search),
     Case("promote_now", 0, "one scheduled job", case_promote_now),
@@ -889,3 +897,37 @@ def test_flow_control_costs_what_the_headers_state_and_nothing_on_a_queue_withou
     assert (indexed - plain, indexed_ack - plain_ack, unindexed_ack - plain_ack, ack_lease - plain_ack_lease,
             cancelled - stated_costs(header("cancel"))[0], purged - stated_costs(header("dead_purge"))[0]) == (
         4, 4, 1, 4, 4, 4)
+
+
+def test_results_budgets_cost_what_ack_results_header_states_and_nothing_without_one(
+    world: World, redis_server: RedisServer
+) -> None:
+    # lua/ack_result.lua: a queue without a results budget pays the plain figures (ack and
+    # ack_result); under one, ack_result pays +3 (+1 more in the call that first sizes a
+    # result, which sets `rsized`) and +5 more in a call that deletes the oldest result to
+    # stay within it; once the budget is lifted, +2 (it still takes trimmed results' sizes
+    # off). ack pays nothing for it.
+    plain_ack, plain_ack_result = stated_costs(header("ack"))[0], stated_costs(header("ack_result"))[0]
+    q = world.q
+    busy(q)
+    jobs = leased(q, NewJob(b"a"), NewJob(b"b"))
+    assert measured_commands(world, redis_server, "ack_result", lambda: q.ack_result(jobs[0], "x")) == plain_ack_result
+    assert measured_commands(world, redis_server, "ack", lambda: q.ack(jobs[1])) == plain_ack
+    stored = len(f"{int(time.time() * 1000)}|") + 2  # "<finished_ms>|" + "s" + "x"
+    rq = World(Queue("results", world.r), world.services, world.r)
+    busy(rq.q)
+    rq.q.set_result_budget(2 * stored)
+    jobs = leased(rq.q, *(NewJob(bytes([97 + i])) for i in range(4)))
+    first = measured_commands(rq, redis_server, "ack_result", lambda: rq.q.ack_result(jobs[0], "x"))
+    within = measured_commands(rq, redis_server, "ack_result", lambda: rq.q.ack_result(jobs[1], "x"))
+    trimming = measured_commands(rq, redis_server, "ack_result", lambda: rq.q.ack_result(jobs[2], "x"))
+    assert rq.q.result(jobs[0].id).state == "done" and rq.q.result(jobs[2].id).state == "ok"
+    assert measured_commands(rq, redis_server, "ack", lambda: rq.q.ack(jobs[3])) == plain_ack
+    rq.q.set_result_budget(None)
+    (last,) = leased(rq.q, NewJob(b"e"))
+    lifted = measured_commands(rq, redis_server, "ack_result", lambda: rq.q.ack_result(last, "x"))
+    assert (first - plain_ack_result, within - plain_ack_result, trimming - within, lifted - plain_ack_result) == (
+        4, 3, 5, 2)
+    figures = " ".join(cost_paragraph(header("ack_result")).group(0).split())  # type: ignore[union-attr]
+    assert "under a results budget +3 (+1 in the call that first sizes a result), +5 more" in figures
+    assert "once the budget is lifted +2" in figures

@@ -474,3 +474,63 @@ def test_indexes_a_member_exists_exactly_while_its_job_does_with_its_entry(q: Qu
         check_indexes(r, q)
     assert r.zcard(q.spec.keys.index) == 0 and not [f for f in r.hkeys(q.spec.keys.keyed) if f.startswith(b"x:")]
 
+
+
+# -- results budgets (lua/README.md section 2, results) -------------------------------------
+
+
+def check_result_sizes(r: redis.Redis, q: Queue) -> dict[str, int]:
+    """`result_bytes` is the sum of the sizes `rb:<id>` in `keyed`, and every `rb:<id>`
+    is the size of a result still kept: exactly the `HSTRLEN` of its field in `results`.
+    Answers the sizes."""
+    k = q.spec.keys
+    sizes = {f.decode()[3:]: int(v) for f, v in r.hgetall(k.keyed).items() if f.startswith(b"rb:")}
+    assert int(r.hget(k.counters, "result_bytes") or 0) == sum(sizes.values()), sizes
+    for job_id, size in sizes.items():
+        assert r.hstrlen(k.results, job_id) == size, f"{job_id}: size {size}, result {r.hget(k.results, job_id)!r}"
+    return sizes
+
+
+class ResultWalk(Walk):
+    """A walk of a queue whose results budget is set, lowered, raised and lifted, acking
+    with results of every size, some kept briefly, a few at most; its ids (a few, their
+    tombstones short) come back once done, so their results are replaced. Besides every
+    transition of :class:`Walk`."""
+
+    def step(self) -> None:
+        q, rng = self.q, self.rng
+        op = rng.choice(["walk", "send", "send", "take", "take", "ack_result", "ack_result", "ack_result_many",
+                         "budget", "tick"])
+        if op == "walk":
+            super().step()
+        elif op == "send":
+            batch = [NewJob(b"r", job_id=f"r{rng.randint(0, 7)}") for _ in range(rng.randint(1, 3))]
+            for e in q.enqueue_many(batch, now_ms=self.now):
+                if e.added:
+                    self.enqueued.add(e.job_id)
+        elif op == "take":
+            self.took(q.lease(lease_ms=10_000, count=rng.randint(1, 3), now_ms=self.now))
+        elif op == "budget":
+            q.set_result_budget(rng.choice([None, 0, 60, 200, 1000]))
+        elif op == "tick":
+            self.now += rng.choice([5, 30])
+        elif op.startswith("ack_result") and self.held:
+            n = 1 if op == "ack_result" else rng.randint(1, 3)
+            jobs = [self.held.pop(rng.randrange(len(self.held))) for _ in range(min(len(self.held), n))]
+            values = [b"v" * rng.choice([0, 5, 40, 150]) for _ in jobs]
+            outcomes = q.ack_result_many(jobs, values, result_ttl_ms=rng.choice([30, 500, 100_000]),
+                                         max_results=rng.choice([3, 8, 100]), now_ms=self.now)
+            for job, outcome in zip(jobs, outcomes):
+                self.answered(job, outcome)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_results_budget_the_sum_is_the_kept_results_sizes(q: Queue, r: redis.Redis, seed: int) -> None:
+    walk = ResultWalk(Queue(q.name, r, keep_done_ms=20), seed)  # ids come back soon: results are replaced
+    most = 0
+    for _ in range(300):
+        walk.step()
+        most = max(most, len(check_result_sizes(r, q)))
+        for job_id, states in job_states(r, q).items():
+            assert len(states) == 1, f"{job_id} is in {states}"
+    assert most >= 3, "the walk sized (almost) no result"

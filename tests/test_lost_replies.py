@@ -76,6 +76,7 @@ class World:
     rated: Job
     sized: Job
     indexed: Job
+    resulting: Job
 
 
 def build(r: redis.Redis) -> World:
@@ -90,7 +91,8 @@ def build(r: redis.Redis) -> World:
     (SCHEDULED for the key's next permit, T0 + 60 s); in queue 'budgets', a byte budget
     of 10 with 5 bytes in use: b0 (3 bytes) LEASED, b1 (2 bytes) READY; in queue
     'indexes', which keeps indexes (since T0), jobs of task 't' in group 'g': x0 LEASED,
-    x1 READY, x2 SCHEDULED (T0 + 60 s).
+    x1 READY, x2 SCHEDULED (T0 + 60 s); in queue 'results', a results budget of 20 bytes
+    with the sized result of k0 (12 bytes, an hour) kept and k1 LEASED.
     """
     q = Queue("q", r, owner="setup")
     q.set_events(1000)  # a re-sent call must not write its events twice either
@@ -126,11 +128,16 @@ def build(r: redis.Redis) -> World:
     indexes.enqueue_many([NewJob(bytes([48 + i]), job_id=f"x{i}", task="t", group="g", delay_ms=60_000 if i == 2 else 0)
                           for i in range(3)], now_ms=T0)
     (indexed,) = indexes.lease_call(call="s8", count=1, lease_ms=100_000, now_ms=T0).jobs
+    results = Queue("results", r, owner="setup")
+    results.set_result_budget(20)
+    results.enqueue_many([NewJob(b"", job_id="k0"), NewJob(b"", job_id="k1")], now_ms=T0)
+    k0, resulting = results.lease_call(call="s9", count=2, lease_ms=100_000, now_ms=T0).jobs
+    results.ack_result(k0, b"abc", result_ttl_ms=3_600_000, now_ms=T0)  # "<T0>|babc": 12 bytes
     services = Services(r, namespace="ns")
     service = services.register(["q"], host="h", pid=1, registration="live", now_ms=T0)
     dead = services.register(["q"], host="h", pid=2, expire_ms=1000, registration="dead", now_ms=T0 - 5000)
     r.delete(dead.keys.role("service"))  # expired (not left to the real clock: builds must be identical)
-    return World(held, retry, last, service, rated, sized, indexed)
+    return World(held, retry, last, service, rated, sized, indexed, resulting)
 
 
 Act = Callable[[Queue, Services, World], Any]
@@ -301,6 +308,16 @@ CASES: dict[str, Case] = {
     ),
     "ack_indexed": Case("ack", lambda q, s, w: sibling(q, "indexes").ack(w.indexed, now_ms=NOW),
                         replayed=lambda a: Outcome.GONE),
+    # Results budgets (lua/README.md section 2, results): a re-sent set_result_budget finds
+    # the same budget; a re-sent ack_result under a budget, whose result (12 bytes more)
+    # took the sum past it and so deleted k0's first, finds its receipt gone: k0's size
+    # is taken off once, and k1's kept once.
+    "set_result_budget": Case("set_result_budget", lambda q, s, w: sibling(q, "results").set_result_budget(1000),
+                              replayed=lambda a: False),
+    "ack_result_sized": Case(
+        "ack_result",
+        lambda q, s, w: sibling(q, "results").ack_result(w.resulting, b"def", result_ttl_ms=3_600_000, now_ms=NOW),
+        replayed=lambda a: Outcome.GONE),
 }
 
 

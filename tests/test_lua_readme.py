@@ -287,6 +287,8 @@ def calls(r: Any) -> list[Call]:
         Call("extend", k, [NOW, 1000, held[0].receipt, stale], 2),
         Call("set_budget", k, [1_000_000]),  # the sends below are sized (section 2.7)
         Call("set_budget", k, [1_000_000]),  # unchanged
+        Call("set_result_budget", k, [1_000_000]),  # the ack_result below sizes its result (section 2)
+        Call("set_result_budget", k, [1_000_000]),  # unchanged
         Call("enqueue", k, [NOW, 2, "n1", b"x", 0, 3, "", "", "", "", "n2", b"y", 0, 3, "", "", "", ""], 2),
         Call("lease", k, [NOW, "w", "c1", 2, 30_000, 100, 300_000, held[1].receipt, stale], 2),
         Call("ack", k, [NOW, 300_000, held[2].receipt, stale], 2),
@@ -302,6 +304,7 @@ def calls(r: Any) -> list[Call]:
         Call("cancel", k, [NOW, "r1", 300_000]),
         Call("cancel", k, [NOW, "nothing", 300_000]),
         Call("set_budget", k, [0]),  # lifted
+        Call("set_result_budget", k, [0]),  # lifted
         # Indexes (section 2.8): on, a job listed by its task name and group, found by
         # each; a search by state; the scheduled 'later' made due now (then nothing more).
         Call("set_indexes", k, [NOW, 1]),
@@ -465,6 +468,18 @@ def budget_full(r: Any, queue: str, budget: int, used: int, adds: int) -> str:
         "enqueue", QueueKeys("pq", queue), ["", 1, "b-2", b"x" * adds, 0, 3, "", "", "", ""]))
 
 
+def corrupt_result_bytes(r: Any) -> str:
+    """The error of an ack_result under a results budget whose `result_bytes` does not
+    parse (section 2, results)."""
+    q = Queue("emails", r)
+    q.set_result_budget(1000)
+    q.enqueue_many([NewJob(b"", job_id="k0"), NewJob(b"", job_id="k1")])
+    first, held = q.lease(count=2)
+    q.ack_result(first, b"abc")
+    r.hset(EMAILS.counters, "result_bytes", "many")
+    return error_of(lambda: transport_of(q).run("ack_result", EMAILS, ["", 1000, 60_000, 100, held.receipt, b"x"]))
+
+
 def corrupt_dead(r: Any) -> str:
     r.hset(EMAILS.jobs, "job-9", "garbage")
     r.zadd(EMAILS.dead, {"job-9": 1})
@@ -518,6 +533,9 @@ SCRIPT_ERRORS: dict[str, tuple[str, str | None, Callable[[Any], list[str]]]] = {
         lambda r: [budget_full(r, "emails", 100, 60, 50), budget_full(r, "other", 1, 0, 2)]),
     "PQ_FULL the queue is at its byte budget: 8 of 10 bytes in use, this call adds 3 (pq:{digests}:counters)": (
         "§8, byte budgets", None, lambda r: [budget_full(r, "digests", 10, 8, 3)]),
+    "PQ_CORRUPT unparsable result size in <keyed key> or <counters key>": (
+        "§2, results", None,
+        lambda r: [corrupt_result_bytes(r)]),
     "NOSCRIPT No matching script. Please use EVAL.": (
         "§1.1 and §8", None, lambda r: [error_of(lambda: r.evalsha("0" * 40, 0))]),
 }

@@ -7,9 +7,11 @@ The model test (``tests/model.py``, on redis-server; fakeredis without one) runs
 check, narrows a strategy) so that a planted bug goes unnoticed, the mutant's test fails
 and so does CI. The unmutated copy must pass, so a mutant fails because of its mutation.
 A bug of flow control is found by a machine of tests/test_flow_control_machine.py
-instead (``Mutant.machine``), and a bug of rate keys or byte budgets by the plain tests
-of tests/test_rate_limits.py or tests/test_budgets.py run against the copy
-(``Mutant.module``, :func:`run_module`).
+instead (``Mutant.machine``), and a bug of rate keys, byte budgets, indexes or results
+budgets by the plain tests of tests/test_rate_limits.py, tests/test_budgets.py,
+tests/test_search_contract.py, tests/test_result_budget.py or
+tests/test_result_budget_contract.py run against the copy (``Mutant.module``,
+:func:`run_module`).
 
 The search is derandomized (the same examples every run) and does not shrink: a mutant
 is caught at the first failing example. A mutant whose bug needs no job-control rule
@@ -346,7 +348,7 @@ MUTANTS = [
     Mutant(
         "cancel_leaves_no_tombstone",
         "cancel",
-        "bury(done_key, { id }, expired, now_ms, keep_done_ms)",
+        "bury(done_key, { id }, expired, now_ms, keep_done_ms, tonumber(settings[8] or ''))",
         "",
         job_control=True,
     ),
@@ -360,8 +362,8 @@ MUTANTS = [
     Mutant(
         "ack_result_keeps_more_than_max_results",
         "ack_result",
-        "if over > 0 then",
-        "if false then",
+        "if over > 0 then\n  -- The oldest-expiring after the expired ones",
+        "if false then\n  -- The oldest-expiring after the expired ones",
         job_control=True,
         # Caught after 200 to 300 examples on redis-server (stop 29), at 384 here (stop 41);
         # under xdist the draws depend on what else the worker loaded, and one CI run saw
@@ -853,6 +855,50 @@ MUTANTS += [
         "redis.call('HSET', counters_key, 'indexes', now_ms)",
         "redis.call('HSET', counters_key, 'Indexes', now_ms)",
         module="test_search_contract",
+    ),
+]
+
+#: Results budgets' bugs (lua/README.md section 2, results), found by
+#: tests/test_result_budget.py, and by tests/test_result_budget_contract.py where a bug
+#: needs a result stored again under its id.
+MUTANTS += [
+    Mutant(
+        # The sizes of the results trimmed for their time (or for max_results) stay counted.
+        "ack_result_does_not_take_trimmed_results_sizes_off",
+        "ack_result",
+        "      R.used, R.gone[#R.gone + 1] = R.used - size, field\n",
+        "      R.gone[#R.gone + 1] = field\n",
+        module="test_result_budget",
+    ),
+    Mutant(
+        "ack_result_does_not_trim_past_the_budget",
+        "ack_result",
+        "    if R.used > R.budget then",
+        "    if false then",
+        module="test_result_budget",
+    ),
+    Mutant(
+        # A result stored again under its id: the old result's size is not taken off.
+        "ack_result_counts_a_replaced_results_old_size_too",
+        "ack_result",
+        "    if size and (k <= #trim or not trimmed[string.sub(field, 4)]) then",
+        "    if size and k <= #trim then",
+        module="test_result_budget_contract",
+    ),
+    Mutant(
+        # Once the budget is lifted, the sizes of trimmed results stay counted (and kept).
+        "ack_result_forgets_the_sizes_once_the_budget_is_lifted",
+        "ack_result",
+        "if settings[8] or settings[10] then",
+        "if settings[8] then",
+        module="test_result_budget",
+    ),
+    Mutant(
+        "set_result_budget_writes_a_field_ack_result_does_not_read",
+        "set_result_budget",
+        "redis.call('HSET', counters_key, 'result_budget', new)",
+        "redis.call('HSET', counters_key, 'Result_budget', new)",
+        module="test_result_budget",
     ),
 ]
 

@@ -835,6 +835,39 @@ def test_node_sets_a_byte_budget_and_is_refused_past_it_and_python_counts_the_sa
     assert q.stats().bytes == 4
 
 
+def test_node_sets_a_results_budget_its_acks_trim_the_oldest_result_and_python_counts_the_same(
+    server: RedisServer, client: redis.Redis
+) -> None:
+    # Each result as ack_result stores it: "<finished_ms>|" + "b" + 20 bytes (the server
+    # clock's ms have 13 digits), so a budget of two results' worth.
+    value = "x" * 20
+    size = len(f"{int(client.time()[0]) * 1000}|") + 1 + len(value)
+    ids = ["r1", "r2", "r3"]
+    node = run_node("result-budget", server,
+                    {"queue": "from-node-results", "budget": 2 * size, "ids": ids, "value": value})
+    assert node["set"] == [{"changed": True, "bytes": 0}, {"changed": False, "bytes": 0}]
+    assert node["sent"] == {"added": 3, "duplicates": 0, "flags": [1, 1, 1]}
+    assert node["acks"] == ["ok", "ok", "ok"]
+    # The third call would have taken the sum past the budget: the oldest-expiring result
+    # (r1) was deleted first; the sizes kept are the stored fields' lengths, their sum the
+    # counter (README section 2, results).
+    assert node["states"] == {"r1": "done", "r2": "ok", "r3": "ok"}
+    assert node["sizes"] == {"r2": size, "r3": size} and node["stored"] == node["sizes"]
+    assert (node["budget"], node["bytes"], node["rsized"]) == (2 * size, 2 * size, "1")
+    # Python reads Node's results, and its own ack_result meets the same budget: r2 goes.
+    q = Queue("from-node-results", client)
+    assert q.result("r3").value == value.encode()
+    assert q.set_result_budget(2 * size) is False
+    q.enqueue(b"", job_id="p1")
+    (job,) = q.lease()
+    assert q.ack_result(job, value.encode(), result_ttl_ms=3_600_000) is Outcome.OK
+    assert [q.result(i).state for i in (*ids, "p1")] == ["done", "done", "ok", "ok"]
+    keyed = client.hgetall("pq:{from-node-results}:keyed")
+    sizes = {k[3:].decode(): int(v) for k, v in keyed.items() if k.startswith(b"rb:")}
+    assert sizes == {"r3": size, "p1": size}
+    assert int(client.hget("pq:{from-node-results}:counters", "result_bytes")) == sum(sizes.values())
+
+
 def test_node_reads_the_contract_version_and_calls_of_the_earlier_contract_get_pq_contract(
     server: RedisServer, client: redis.Redis, tmp_path: Path
 ) -> None:

@@ -640,6 +640,32 @@ async function budget(q) {
   return { set, sent, refused, bytes: stats.bytes, budgetBytes: stats.budget_bytes };
 }
 
+// Results budgets across languages (README §2, results): Node caps the bytes of results
+// the queue keeps at two results' worth, acks three jobs with results (one call each),
+// and the third call deletes the oldest-expiring result first; Python then reads the
+// same sizes and sum, and its own results meet the same cap.
+async function resultBudget(q, opts, redis) {
+  const set = [await q.setResultBudget(opts.budget), await q.setResultBudget(opts.budget)];
+  const sent = await q.enqueue(opts.ids.map((id) => ({ id, payload: '' })));
+  const acks = [];
+  for (const id of opts.ids) {
+    const { jobs } = await q.lease({ count: 1 });
+    if (jobs.length !== 1 || str(jobs[0].id) !== id) throw new Error(`expected to lease ${id}`);
+    acks.push(...await q.ackResult([[jobs[0].receipt, `b${opts.value}`]]));
+  }
+  const states = {};
+  for (const id of opts.ids) states[id] = (await q.result(id)).state;
+  const [budgetField, bytes, rsized] = await redis.hmget(q.key('counters'), 'result_budget', 'result_bytes', 'rsized');
+  const sizes = {};
+  const keyed = await redis.hgetall(q.key('keyed'));
+  for (const [field, value] of Object.entries(keyed)) {
+    if (field.startsWith('rb:')) sizes[field.slice(3)] = Number(value);
+  }
+  const stored = {};
+  for (const id of Object.keys(sizes)) stored[id] = await redis.hstrlen(q.key('results'), id);
+  return { set, sent, acks, states, budget: Number(budgetField), bytes: Number(bytes), rsized, sizes, stored };
+}
+
 // Indexes across languages (README §2.8): Node turns a queue's indexes on, sends jobs
 // with a task name and a group, finds them by task, by group and by state, acks one (its
 // members leave `index`) and makes a delayed one due now; Python then finds the same.
@@ -696,7 +722,7 @@ async function main() {
     const q = new Queue(redis, opts.queue);
     const scenarios = {
       produce, consume, share, service, control, contract, fair, events, signal, keyed, rates, budget, indexes,
-      'task-produce': taskProduce, 'task-work': taskWork, 'task-decode': taskDecode,
+      'result-budget': resultBudget, 'task-produce': taskProduce, 'task-work': taskWork, 'task-decode': taskDecode,
     };
     if (!scenarios[scenario]) throw new Error(`unknown scenario ${scenario}`);
     const result = await scenarios[scenario](q, opts, redis, input);

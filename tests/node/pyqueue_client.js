@@ -36,6 +36,7 @@ const SCRIPT_KEYS = {
   set_rate_limit: ['keyed'],
   defer_key: ['leased', 'keyed', 'windows'],
   set_budget: ['counters'],
+  set_result_budget: ['counters'],
   set_indexes: ['counters'],
   search: ['jobs', 'ready', 'scheduled', 'leased', 'dead', 'errors', 'counters', 'index', 'keyed', 'waiting', 'gready'],
   promote_now: ['jobs', 'scheduled', 'waiting', 'wake'],
@@ -333,6 +334,16 @@ class Queue {
   // queue's sized jobs hold now.
   async setBudget(maxBytes = null) {
     const [changed, bytes] = await this.run('set_budget', [int(maxBytes ?? 0, 'max_bytes', 0, 2 ** 50)]);
+    return { changed: changed === 1, bytes };
+  }
+
+  // Cap the bytes of results the queue keeps (README §2, results): under the cap
+  // ack_result keeps each result's size and deletes the oldest-expiring results before
+  // their sum would pass it. null (or 0) lifts the cap. Results stored without a budget
+  // are not counted. {changed, bytes}: whether the cap changed, and the bytes of the
+  // queue's sized results now.
+  async setResultBudget(maxBytes = null) {
+    const [changed, bytes] = await this.run('set_result_budget', [int(maxBytes ?? 0, 'max_bytes', 0, 2 ** 50)]);
     return { changed: changed === 1, bytes };
   }
 
