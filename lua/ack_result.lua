@@ -57,7 +57,8 @@ Cost     plain case (one current receipt, no expired result): 16 commands; in a 
          key on, +1 when an acked job has a rate entry, a size or an index entry, +1 more
          for a size, +2 more for an index entry; under a results budget +3 (+1 in the call
          that first sizes a result), +5 more when it deletes results to stay within it;
-         once the budget is lifted +2
+         once the budget is lifted +2; with a tombstone limit (set_tombstone_limit.lua)
+         +1, +1 more when past it
 Errors   PQ_BADARG, PQ_CORRUPT (a job's `meta` or sequence entry, or a result's size or
          `result_bytes`, does not parse), WRONGTYPE (nothing written).
 Replay   a re-sent call finds its receipts gone and writes nothing more: one effect.

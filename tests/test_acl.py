@@ -93,6 +93,8 @@ ROLE_SCRIPTS: dict[str, tuple[str, ...]] = {
               "set_budget",
               # set_result_budget: a queue's results budget (pyqueue budget QUEUE SIZE --results).
               "set_result_budget",
+              # set_tombstone_limit: a queue's tombstone limit (pyqueue tombstones QUEUE N|off).
+              "set_tombstone_limit",
               # set_indexes, search, promote_now: finding jobs by task, group, state or
               # error (Queue.search, pyqueue.ops.find) and running scheduled ones now; the
               # only scripts of the role that call HSCAN, ZRANK and ZMSCORE (search).
@@ -392,6 +394,31 @@ def test_under_a_results_budget_a_worker_sizes_and_trims_results_and_a_producer_
     assert root.hget(QUEUE_KEYS.keyed, "rb:k0") is None and int(root.hget(QUEUE_KEYS.keyed, "rb:k2")) == size
     assert int(root.hget(QUEUE_KEYS.counters, "result_bytes")) == 2 * size
     assert admin.set_result_budget(None) is True
+    assert denied_commands(root) <= {"config|get"}
+
+
+def test_under_a_tombstone_limit_a_worker_and_an_admin_trim_tombstones_and_a_producer_sends_again(
+    root: redis.Redis, login: Callable[[str], redis.Redis]
+) -> None:
+    admin = Queue(QUEUE, login("admin"))
+    producer = Queue(QUEUE, login("producer"))
+    worker = Queue(QUEUE, login("worker"))
+    assert admin.set_tombstone_limit(2) is True
+    producer.enqueue_many([NewJob(b"", job_id=f"t{i}") for i in range(4)])
+    # Under a limit every writer of tombstones counts `done` after its ZADD (ZCARD) and,
+    # past the limit, deletes the earliest-expiring (ZREMRANGEBYRANK): the worker's ack,
+    # ack_result and ack-and-lease, and the admin's cancel.
+    t0, t1, t2 = worker.lease(count=3)
+    assert worker.ack(t0) is Outcome.OK
+    assert worker.ack_result(t1, b"r") is Outcome.OK
+    outcome, _ = worker.ack_and_lease(t2, count=0)
+    assert outcome is Outcome.OK
+    assert admin.cancel("t3").state == "ready"
+    assert root.zrange(QUEUE_KEYS.done, 0, -1) == [b"t2", b"t3"]
+    # t0's tombstone went for room: its re-send is added again; t3's is kept.
+    assert producer.enqueue(b"", job_id="t0").added is True
+    assert producer.enqueue(b"", job_id="t3").added is False
+    assert admin.set_tombstone_limit(None) is True
     assert denied_commands(root) <= {"config|get"}
 
 
@@ -701,6 +728,15 @@ def script_calls(root: redis.Redis) -> dict[str, tuple[str, Any, list[Any]]]:
     root.zadd(q.spec.keys.result_expiry, {"r0": T0 + 1000})
     root.hset(q.spec.keys.keyed, "rb:r0", 100)
     calls["set_result_budget"] = ("set_result_budget", q.spec.keys, [200])
+    # A tombstone limit of 2 with two tombstones in force (busy_queue's ten expired ones
+    # go first, by the trim of expired ones): every call here that writes a tombstone (the
+    # acks, ack_result and ack-and-lease, and a cancel that keeps one) takes `done` past
+    # the limit, so it counts it (ZCARD) and deletes the earliest-expiring, kept0
+    # (ZREMRANGEBYRANK).
+    root.hset(q.spec.keys.counters, "done_max", 2)
+    root.zadd(q.spec.keys.done, {"kept0": now + 1, "kept1": now + 2})  # in force, expiring first
+    calls["set_tombstone_limit"] = ("set_tombstone_limit", q.spec.keys, [5])
+    calls["cancel_tombstoned"] = ("cancel", q.spec.keys, [now, "held", 300_000])
     # Indexes, and index entries for 'held' and 'corpse' as if they were sent while the
     # queue kept them: every send below with a task or a group is listed (HSET of `keyed`,
     # ZADD of `index`), and the scripts that end those two remove their members (HMGET

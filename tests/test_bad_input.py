@@ -130,6 +130,14 @@ MALFORMED: list[tuple[str, list[Any]]] = [
     ("set_result_budget", ["64MiB"]),
     ("set_result_budget", [" 100"]),
     ("set_result_budget", [""]),
+    # Tombstone limits (lua/README.md section 2, tombstones): max_count an integer 0..2^40.
+    ("set_tombstone_limit", [-1]),
+    ("set_tombstone_limit", [2**40 + 1]),
+    ("set_tombstone_limit", ["1.5"]),
+    ("set_tombstone_limit", ["1e3"]),
+    ("set_tombstone_limit", ["10k"]),
+    ("set_tombstone_limit", [" 100"]),
+    ("set_tombstone_limit", [""]),
     # Indexes (lua/README.md section 2.8): a task name "task|<name>", 1..256 bytes without
     # control characters, on a line of its own, at most one; set_indexes' on 0 or 1;
     # search's filters; promote_now's ids.
@@ -631,6 +639,71 @@ def test_a_bad_results_budget_is_rejected_in_python_before_anything_is_sent(
 ) -> None:
     with pytest.raises(InvalidArgument):
         q.set_result_budget(max_bytes)
+    assert r.keys("*") == []
+
+
+#: The tombstone-limit calls on a queue with a limit of 1 and a tombstone kept (so each
+#: call below takes `done` past it and trims the kept one, which expires first), and the keys each must prove before it
+#: writes: set_tombstone_limit's `counters`; `done`, which every writer of tombstones
+#: counts (ZCARD) and trims (ZREMRANGEBYRANK) under a limit.
+TOMBSTONE_LIMIT_CALLS: dict[str, Any] = {
+    "set_tombstone_limit": ("set_tombstone_limit", lambda h: [5]),
+    "ack_limited": ("ack", lambda h: [T0, 600_000, h[0].receipt]),
+    "ack_result_limited": ("ack_result", lambda h: [T0, 600_000, 60_000, 100, h[1].receipt, b"bde"]),
+    "ack_and_lease_limited": ("lease", lambda h: [T0, "w", "c9", 1, 1000, 100, 600_000, h[2].receipt]),
+    "cancel_limited": ("cancel", lambda h: [T0, "t4", 600_000]),
+}
+TOMBSTONE_LIMIT_WRONG_TYPE_CASES = [
+    (variant, "counters" if variant == "set_tombstone_limit" else "done", planted)
+    for variant in TOMBSTONE_LIMIT_CALLS
+    for planted in ("string", "list", "hash", "set", "zset", "stream")
+    if planted != ("hash" if variant == "set_tombstone_limit" else "zset")
+]
+
+
+def tombstone_limit_queue(r: redis.Redis) -> tuple[Queue, list[Job]]:
+    """Queue "q" with a tombstone limit of 1, the tombstone of "t0" kept, "t1", "t2" and
+    "t3" leased (in that order) and "t4" ready."""
+    q = Queue("q", r)
+    q.set_tombstone_limit(1)
+    q.enqueue_many([NewJob(b"", job_id=f"t{i}") for i in range(5)], now_ms=T0)
+    first, *held = q.lease(count=4, now_ms=T0)
+    q.ack(first, now_ms=T0)
+    return q, held
+
+
+@pytest.mark.parametrize("variant", list(TOMBSTONE_LIMIT_CALLS))
+def test_each_tombstone_limit_call_succeeds_and_keeps_the_limit(r: redis.Redis, variant: str) -> None:
+    # Guards the table below: each call is valid, and past the limit it trims `done`.
+    q, held = tombstone_limit_queue(r)
+    script, args = TOMBSTONE_LIMIT_CALLS[variant]
+    transport_of(q).run(script, q.spec.keys, args(held))
+    if variant != "set_tombstone_limit":
+        assert r.zcard(q.spec.keys.done) == 1 and r.zscore(q.spec.keys.done, "t0") is None
+
+
+@pytest.mark.parametrize(("variant", "role", "planted"), TOMBSTONE_LIMIT_WRONG_TYPE_CASES)
+def test_a_tombstone_limit_script_finds_a_key_of_the_wrong_type_and_writes_nothing(
+    r: redis.Redis, variant: str, role: str, planted: str
+) -> None:
+    q, held = tombstone_limit_queue(r)
+    script, args = TOMBSTONE_LIMIT_CALLS[variant]
+    key = q.spec.keys.role(role)
+    r.delete(key)
+    PLANTERS[planted](r, key)
+    before = dump_all(r)
+    with pytest.raises(redis.ResponseError, match=r"WRONGTYPE") as info:
+        transport_of(q).run(script, q.spec.keys, args(held))
+    assert isinstance(map_redis_error(info.value), WrongTypeError)
+    assert dump_all(r) == before
+
+
+@pytest.mark.parametrize("max_count", [-1, 2**40 + 1, 1.5, "10", True, math.nan], ids=repr)
+def test_a_bad_tombstone_limit_is_rejected_in_python_before_anything_is_sent(
+    q: Queue, r: redis.Redis, max_count: Any
+) -> None:
+    with pytest.raises(InvalidArgument):
+        q.set_tombstone_limit(max_count)
     assert r.keys("*") == []
 
 

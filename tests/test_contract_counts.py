@@ -42,6 +42,7 @@ def test_the_header_rules_read_as_expected() -> None:
     assert argv_rule("defer_key") == ArgvRule(3, 3)
     assert argv_rule("set_budget") == ArgvRule(1, 1) and SCRIPT_KEYS["set_budget"] == ("counters",)
     assert argv_rule("set_result_budget") == ArgvRule(1, 1) and SCRIPT_KEYS["set_result_budget"] == ("counters",)
+    assert argv_rule("set_tombstone_limit") == ArgvRule(1, 1) and SCRIPT_KEYS["set_tombstone_limit"] == ("counters",)
     assert argv_rule("dead_purge") == ArgvRule(1, 1000)
     assert argv_rule("set_indexes") == ArgvRule(2, 2) and SCRIPT_KEYS["set_indexes"] == ("counters",)
     assert argv_rule("search") == ArgvRule(9, 9) and len(SCRIPT_KEYS["search"]) == 11
@@ -94,6 +95,7 @@ def world(r: redis.Redis) -> World:
         "defer_key": (q.spec.keys, [NOW, handles["held"].receipt, 5000]),
         "set_budget": (q.spec.keys, [1_000_000]),
         "set_result_budget": (q.spec.keys, [1_000_000]),
+        "set_tombstone_limit": (q.spec.keys, [1000]),
         "set_indexes": (q.spec.keys, [NOW, 1]),
         "search": (q.spec.keys, [NOW, "", "", "", "", "", "", "", 10]),
         "promote_now": (q.spec.keys, [T0, "due"]),  # at T0 it is due later (T0 + 10): it would write

@@ -201,6 +201,13 @@ def case_set_result_budget(w: World) -> Callable[[], None]:
     return call
 
 
+def case_set_tombstone_limit(w: World) -> Callable[[], None]:
+    def call() -> None:
+        assert w.q.set_tombstone_limit(10_000) is True
+
+    return call
+
+
 def case_set_indexes(w: World) -> Callable[[], None]:
     def call() -> None:
         assert w.q.set_indexes(True) is not None
@@ -695,6 +702,7 @@ CASES = [
     Case("set_rate_limit", 0, "set a key's limit", case_set_rate_limit),
     Case("set_budget", 0, "a queue's first budget", case_set_budget),
     Case("set_result_budget", 0, "a queue's first results budget", case_set_result_budget),
+    Case("set_tombstone_limit", 0, "a queue's first tombstone limit", case_set_tombstone_limit),
     Case("set_indexes", 0, "turn a queue's indexes on", case_set_indexes),
     Case("search", 0, "state dead, one dead job", case_search),
     Case("promote_now", 0, "one scheduled job", case_promote_now),
@@ -931,3 +939,63 @@ def test_results_budgets_cost_what_ack_results_header_states_and_nothing_without
     figures = " ".join(cost_paragraph(header("ack_result")).group(0).split())  # type: ignore[union-attr]
     assert "under a results budget +3 (+1 in the call that first sizes a result), +5 more" in figures
     assert "once the budget is lifted +2" in figures
+
+
+def test_tombstone_limits_cost_what_the_headers_state_and_nothing_without_one(
+    world: World, redis_server: RedisServer
+) -> None:
+    # lua/ack.lua, ack_result.lua, lease.lua (its acks and expiries) and cancel.lua: with a
+    # tombstone limit (set_tombstone_limit.lua) a call that writes tombstones pays +1 (the
+    # ZCARD of `done` after its ZADD) and +1 more when `done` is past the limit (the
+    # ZREMRANGEBYRANK of the earliest-expiring); a queue without one pays the plain figures
+    # (it reads `done_max` in the HMGET of `counters` it makes anyway).
+    plain = {name: stated_costs(header(name))[0] for name in ("ack", "ack_result", "lease", "cancel")}
+
+    def calls(w: World) -> dict[str, int]:
+        """Each writer of tombstones once, in its plain case, on ``w``'s busy queue."""
+        q = w.q
+        jobs = leased(q, NewJob(b"a"), NewJob(b"b"), NewJob(b"c"))
+        q.enqueue(b"next")
+        (waiting,) = q.enqueue_many([NewJob(b"waiting")])
+        maintenance_not_due(w)
+
+        def cancel() -> None:
+            assert q.cancel(waiting.job_id).state == "ready"
+
+        return {
+            "ack": measured_commands(w, redis_server, "ack", lambda: q.ack(jobs[0])),
+            "ack_result": measured_commands(w, redis_server, "ack_result", lambda: q.ack_result(jobs[1], "x")),
+            "lease": measured_commands(w, redis_server, "lease", lambda: q.ack_and_lease(jobs[2])),
+            "cancel": measured_commands(w, redis_server, "cancel", cancel),
+        }
+
+    busy(world.q)
+    assert calls(world) == plain
+    tq = World(Queue("tombstones", world.r), world.services, world.r)
+    busy(tq.q)
+    assert tq.q.set_tombstone_limit(1000) is True
+    below = calls(tq)
+    assert tq.r.zcard(tq.q.spec.keys.done) < 1000
+    assert tq.q.set_tombstone_limit(2) is True
+    past = calls(tq)
+    assert tq.r.zcard(tq.q.spec.keys.done) == 2
+    assert tq.q.set_tombstone_limit(None) is True
+    lifted = calls(tq)
+    assert ({k: v - plain[k] for k, v in below.items()}, {k: v - plain[k] for k, v in past.items()}, lifted) == (
+        dict.fromkeys(plain, 1), dict.fromkeys(plain, 2), plain)
+    # lease's expiries: a job that expired unrun, leased with and without a limit past it.
+    expired = {}
+    for name, limit in (("no limit", None), ("past", 1)):
+        w = World(Queue(f"x-{name.replace(' ', '-')}", world.r), world.services, world.r)
+        busy(w.q)
+        w.q.set_tombstone_limit(limit)
+        w.q.enqueue(b"marker", expires_ms=60_000)  # the queue has had an expiry: counters `expiry`
+        w.q.ack(w.q.lease()[0])
+        w.q.enqueue(b"x", expires_ms=1)
+        maintenance_not_due(w)
+        time.sleep(0.01)
+        expired[name] = measured_commands(w, redis_server, "lease", lambda w=w: w.q.lease())
+    assert expired["past"] - expired["no limit"] == 2
+    for name in ("ack", "ack_result", "lease", "cancel"):
+        figures = " ".join(cost_paragraph(header(name)).group(0).split())  # type: ignore[union-attr]
+        assert "with a tombstone limit" in figures and "+1, +1 more when past it" in figures, name

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import redis
 import lua_build
-from helpers import T0, busy_queue, calls_touching_every_key, contents, dump_all, job_states, restore_all
+from helpers import T0, busy_queue, calls_touching_every_key, contents, dump_all, job_states, restore_all, sibling
 from redis.cluster import key_slot
 
 from pyqueue import Job, NewJob, Outcome, Queue
@@ -534,3 +534,82 @@ def test_results_budget_the_sum_is_the_kept_results_sizes(q: Queue, r: redis.Red
         for job_id, states in job_states(r, q).items():
             assert len(states) == 1, f"{job_id} is in {states}"
     assert most >= 3, "the walk sized (almost) no result"
+
+
+# -- tombstone limits (lua/README.md section 2, tombstones) ---------------------------------
+
+
+class TombstoneWalk(Walk):
+    """A walk of a queue whose tombstone limit is set, lowered, raised and lifted, while
+    jobs end every way that leaves a tombstone: acks (some by an acker whose tombstones
+    expire within 50 ms, so they are trimmed as expired or are the earliest-expiring),
+    ack-and-lease, ack_result, cancels and expiries. Its ids come back, and are added
+    again once their tombstones went. Besides every transition of :class:`Walk`.
+    ``ended`` counts the tombstones the last step's acks and cancels wrote."""
+
+    def __init__(self, q: Queue, seed: int) -> None:
+        super().__init__(q, seed)
+        self.brief = sibling(q, q.name, keep_done_ms=50)
+        self.limit: int | None = None
+        self.ended = 0
+
+    def answered(self, job: Job, outcome: Outcome) -> None:
+        super().answered(job, outcome)
+        self.ended += bool(outcome)
+
+    def step(self) -> None:
+        q, rng = self.q, self.rng
+        self.ended = 0
+        op = rng.choice(["walk", "walk", "send", "send", "take", "ack", "ack", "ack_result", "cancel", "limit",
+                         "tick"])
+        if op == "walk":
+            super().step()
+        elif op == "send":
+            batch = [NewJob(b"t", job_id=f"t{rng.randint(0, 30)}", expires_ms=rng.choice([None, None, 20]))
+                     for _ in range(rng.randint(1, 4))]
+            for e in q.enqueue_many(batch, now_ms=self.now):
+                if e.added:
+                    self.enqueued.add(e.job_id)
+        elif op == "take":
+            self.took(q.lease(lease_ms=10_000, count=rng.randint(1, 4), now_ms=self.now))
+        elif op in ("ack", "ack_result") and self.held:
+            jobs = [self.held.pop(rng.randrange(len(self.held))) for _ in range(min(len(self.held), rng.randint(1, 3)))]
+            acker = rng.choice([q, self.brief])
+            if op == "ack":
+                outcomes = acker.ack_many(jobs, now_ms=self.now)
+            else:
+                outcomes = acker.ack_result_many(jobs, [b"r"] * len(jobs), now_ms=self.now)
+            for job, outcome in zip(jobs, outcomes):
+                self.answered(job, outcome)
+        elif op == "cancel":
+            state = q.cancel(f"t{rng.randint(0, 30)}", now_ms=self.now).state
+            self.ended += state not in ("done", "unknown")
+        elif op == "limit":
+            self.limit = rng.choice([None, 1, 3, 8, 20])
+            q.set_tombstone_limit(self.limit)
+        elif op == "tick":
+            self.now += rng.choice([5, 30, 100])
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_tombstone_limit_done_never_grows_past_it_and_shrinks_towards_a_lowered_one(
+    q: Queue, r: redis.Redis, seed: int
+) -> None:
+    walk = TombstoneWalk(q, seed)
+    full = 0
+    for _ in range(300):
+        before = r.zcard(q.spec.keys.done)
+        walk.step()
+        after, limit = r.zcard(q.spec.keys.done), walk.limit
+        if limit is None:
+            continue
+        # Within the limit it stays within; past it (just lowered) it never grows.
+        assert after <= max(limit, before), (before, after, limit)
+        # A call that ends n jobs past the limit deletes up to n + 10: `done` comes down
+        # by 10 a call, or to the limit.
+        if walk.ended and before > limit:
+            assert after <= max(limit, before - 10), (before, after, limit, walk.ended)
+        full += after == limit
+        for job_id, states in job_states(r, q).items():
+            assert len(states) == 1, f"{job_id} is in {states}"
+    assert full >= 10, "the walk (almost) never filled its tombstone limit"

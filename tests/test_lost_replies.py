@@ -77,6 +77,7 @@ class World:
     sized: Job
     indexed: Job
     resulting: Job
+    limited: Job
 
 
 def build(r: redis.Redis) -> World:
@@ -92,7 +93,9 @@ def build(r: redis.Redis) -> World:
     of 10 with 5 bytes in use: b0 (3 bytes) LEASED, b1 (2 bytes) READY; in queue
     'indexes', which keeps indexes (since T0), jobs of task 't' in group 'g': x0 LEASED,
     x1 READY, x2 SCHEDULED (T0 + 60 s); in queue 'results', a results budget of 20 bytes
-    with the sized result of k0 (12 bytes, an hour) kept and k1 LEASED.
+    with the sized result of k0 (12 bytes, an hour) kept and k1 LEASED; in queue
+    'tombstones', a tombstone limit of 2 with the tombstones of d0 and d1 kept (acked at
+    T0), d2 LEASED and d3 READY.
     """
     q = Queue("q", r, owner="setup")
     q.set_events(1000)  # a re-sent call must not write its events twice either
@@ -133,11 +136,16 @@ def build(r: redis.Redis) -> World:
     results.enqueue_many([NewJob(b"", job_id="k0"), NewJob(b"", job_id="k1")], now_ms=T0)
     k0, resulting = results.lease_call(call="s9", count=2, lease_ms=100_000, now_ms=T0).jobs
     results.ack_result(k0, b"abc", result_ttl_ms=3_600_000, now_ms=T0)  # "<T0>|babc": 12 bytes
+    tombstones = Queue("tombstones", r, owner="setup")
+    tombstones.set_tombstone_limit(2)
+    tombstones.enqueue_many([NewJob(b"", job_id=f"d{i}") for i in range(4)], now_ms=T0)
+    d0, d1, limited = tombstones.lease_call(call="s10", count=3, lease_ms=100_000, now_ms=T0).jobs
+    tombstones.ack_many([d0, d1], now_ms=T0)
     services = Services(r, namespace="ns")
     service = services.register(["q"], host="h", pid=1, registration="live", now_ms=T0)
     dead = services.register(["q"], host="h", pid=2, expire_ms=1000, registration="dead", now_ms=T0 - 5000)
     r.delete(dead.keys.role("service"))  # expired (not left to the real clock: builds must be identical)
-    return World(held, retry, last, service, rated, sized, indexed, resulting)
+    return World(held, retry, last, service, rated, sized, indexed, resulting, limited)
 
 
 Act = Callable[[Queue, Services, World], Any]
@@ -318,6 +326,18 @@ CASES: dict[str, Case] = {
         "ack_result",
         lambda q, s, w: sibling(q, "results").ack_result(w.resulting, b"def", result_ttl_ms=3_600_000, now_ms=NOW),
         replayed=lambda a: Outcome.GONE),
+    # Tombstone limits (lua/README.md section 2, tombstones): a re-sent
+    # set_tombstone_limit finds the same limit; a re-sent ack under a limit, whose
+    # tombstone took `done` past it and so deleted d0's, finds its receipt gone and
+    # deletes no more (d1 and d2 kept); a re-sent cancel likewise (d2 and d3 kept), and
+    # answers `done`: the cancelled job's tombstone, the latest, is kept.
+    "set_tombstone_limit": Case("set_tombstone_limit",
+                                lambda q, s, w: sibling(q, "tombstones").set_tombstone_limit(5),
+                                replayed=lambda a: False),
+    "ack_limited": Case("ack", lambda q, s, w: sibling(q, "tombstones").ack(w.limited, now_ms=NOW),
+                        replayed=lambda a: Outcome.GONE),
+    "cancel_limited": Case("cancel", lambda q, s, w: sibling(q, "tombstones").cancel("d3", now_ms=NOW),
+                           replayed=lambda a: dataclasses.replace(a, state="done")),
 }
 
 

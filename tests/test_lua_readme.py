@@ -289,6 +289,8 @@ def calls(r: Any) -> list[Call]:
         Call("set_budget", k, [1_000_000]),  # unchanged
         Call("set_result_budget", k, [1_000_000]),  # the ack_result below sizes its result (section 2)
         Call("set_result_budget", k, [1_000_000]),  # unchanged
+        Call("set_tombstone_limit", k, [2]),  # the acks and cancels below keep `done` at 2 (section 2)
+        Call("set_tombstone_limit", k, [2]),  # unchanged
         Call("enqueue", k, [NOW, 2, "n1", b"x", 0, 3, "", "", "", "", "n2", b"y", 0, 3, "", "", "", ""], 2),
         Call("lease", k, [NOW, "w", "c1", 2, 30_000, 100, 300_000, held[1].receipt, stale], 2),
         Call("ack", k, [NOW, 300_000, held[2].receipt, stale], 2),
@@ -305,6 +307,7 @@ def calls(r: Any) -> list[Call]:
         Call("cancel", k, [NOW, "nothing", 300_000]),
         Call("set_budget", k, [0]),  # lifted
         Call("set_result_budget", k, [0]),  # lifted
+        Call("set_tombstone_limit", k, [0]),  # lifted
         # Indexes (section 2.8): on, a job listed by its task name and group, found by
         # each; a search by state; the scheduled 'later' made due now (then nothing more).
         Call("set_indexes", k, [NOW, 1]),

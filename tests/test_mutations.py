@@ -7,11 +7,11 @@ The model test (``tests/model.py``, on redis-server; fakeredis without one) runs
 check, narrows a strategy) so that a planted bug goes unnoticed, the mutant's test fails
 and so does CI. The unmutated copy must pass, so a mutant fails because of its mutation.
 A bug of flow control is found by a machine of tests/test_flow_control_machine.py
-instead (``Mutant.machine``), and a bug of rate keys, byte budgets, indexes or results
-budgets by the plain tests of tests/test_rate_limits.py, tests/test_budgets.py,
-tests/test_search_contract.py, tests/test_result_budget.py or
-tests/test_result_budget_contract.py run against the copy (``Mutant.module``,
-:func:`run_module`).
+instead (``Mutant.machine``), and a bug of rate keys, byte budgets, indexes, results
+budgets or tombstone limits by the plain tests of tests/test_rate_limits.py,
+tests/test_budgets.py, tests/test_search_contract.py, tests/test_result_budget.py,
+tests/test_result_budget_contract.py or tests/test_tombstone_limit.py run against the
+copy (``Mutant.module``, :func:`run_module`).
 
 The search is derandomized (the same examples every run) and does not shrink: a mutant
 is caught at the first failing example. A mutant whose bug needs no job-control rule
@@ -899,6 +899,64 @@ MUTANTS += [
         "redis.call('HSET', counters_key, 'result_budget', new)",
         "redis.call('HSET', counters_key, 'Result_budget', new)",
         module="test_result_budget",
+    ),
+]
+
+#: Tombstone limits' bugs (lua/README.md section 2, tombstones), found by
+#: tests/test_tombstone_limit.py.
+MUTANTS += [
+    Mutant(
+        # bury (lua/include/tombstones.lua) as ack.lua has it: the limit read, never kept.
+        "ack_ignores_the_tombstone_limit",
+        "ack",
+        "  if most then\n    local over = redis.call('ZCARD', key) - most",
+        "  if false then\n    local over = redis.call('ZCARD', key) - most",
+        module="test_tombstone_limit",
+    ),
+    Mutant(
+        # Past a lowered limit, one call deletes every tombstone over it, not n + 10.
+        "ack_trims_past_the_limit_without_the_n_plus_10_bound",
+        "ack",
+        "redis.call('ZREMRANGEBYRANK', key, 0, math.min(over, #ids + TRIM_BATCH) - 1)",
+        "redis.call('ZREMRANGEBYRANK', key, 0, over - 1)",
+        module="test_tombstone_limit",
+    ),
+    Mutant(
+        "ack_result_does_not_pass_the_tombstone_limit",
+        "ack_result",
+        "K.done_most = tonumber(settings[11] or '')",
+        "K.done_most = nil",
+        module="test_tombstone_limit",
+    ),
+    Mutant(
+        # Neither lease's acks nor its expiries keep the limit.
+        "lease_does_not_pass_the_tombstone_limit",
+        "lease",
+        "K.done_most = tonumber(counters[14] or '')",
+        "K.done_most = nil",
+        module="test_tombstone_limit",
+    ),
+    Mutant(
+        # Only lease's expiries forget it (its acks keep it).
+        "lease_expiries_ignore_the_tombstone_limit",
+        "lease",
+        "bury(K.done, ids, 0, now_ms, keep_done_ms, K.done_most)",
+        "bury(K.done, ids, 0, now_ms, keep_done_ms)",
+        module="test_tombstone_limit",
+    ),
+    Mutant(
+        "cancel_does_not_pass_the_tombstone_limit",
+        "cancel",
+        "bury(done_key, { id }, expired, now_ms, keep_done_ms, tonumber(settings[8] or ''))",
+        "bury(done_key, { id }, expired, now_ms, keep_done_ms)",
+        module="test_tombstone_limit",
+    ),
+    Mutant(
+        "set_tombstone_limit_writes_a_field_the_writers_do_not_read",
+        "set_tombstone_limit",
+        "redis.call('HSET', counters_key, 'done_max', new)",
+        "redis.call('HSET', counters_key, 'Done_max', new)",
+        module="test_tombstone_limit",
     ),
 ]
 

@@ -868,6 +868,33 @@ def test_node_sets_a_results_budget_its_acks_trim_the_oldest_result_and_python_c
     assert int(client.hget("pq:{from-node-results}:counters", "result_bytes")) == sum(sizes.values())
 
 
+def test_node_sets_a_tombstone_limit_its_acks_keep_the_latest_and_python_keeps_the_same(
+    server: RedisServer, client: redis.Redis
+) -> None:
+    ids = ["t1", "t2", "t3"]
+    node = run_node("tombstone-limit", server, {"queue": "from-node-tombstones", "limit": 2, "ids": ids})
+    assert node["set"] == [True, False]
+    assert node["sent"] == {"added": 3, "duplicates": 0, "flags": [1, 1, 1]}
+    assert node["acks"] == ["ok", "ok", "ok"]
+    assert node["limit"] == 2
+    # The third ack took `done` past the limit: the earliest-expiring tombstone (t1) went
+    # (README section 2, tombstones). A re-sent enqueue of t1 is added again; t3's kept
+    # tombstone still makes its re-send a duplicate.
+    assert node["kept"] == [["t1"], ["t1", "t2"], ["t2", "t3"]]
+    assert node["resent"] == {"added": 1, "duplicates": 0, "flags": [1]}
+    assert node["duplicate"] == {"added": 0, "duplicates": 1, "flags": [0]}
+    # Python reads Node's limit, and its own ack meets it: t1 (sent again) is acked, and
+    # the earliest-expiring of Node's, t2, goes.
+    q = Queue("from-node-tombstones", client)
+    assert q.set_tombstone_limit(2) is False
+    (job,) = q.lease()
+    assert job.id == "t1" and job.payload == b"again"
+    assert q.ack(job) is Outcome.OK
+    assert client.zrange("pq:{from-node-tombstones}:done", 0, -1) == [b"t3", b"t1"]
+    assert q.enqueue(b"", job_id="t2").added is True
+    assert q.enqueue(b"", job_id="t3").added is False
+
+
 def test_node_reads_the_contract_version_and_calls_of_the_earlier_contract_get_pq_contract(
     server: RedisServer, client: redis.Redis, tmp_path: Path
 ) -> None:

@@ -666,6 +666,30 @@ async function resultBudget(q, opts, redis) {
   return { set, sent, acks, states, budget: Number(budgetField), bytes: Number(bytes), rsized, sizes, stored };
 }
 
+// Tombstone limits across languages (README §2, tombstones): Node caps the tombstones
+// the queue keeps at opts.limit, acks the jobs one call each (each later tombstone
+// expires later), and each ack past the cap deletes the earliest-expiring; a re-sent
+// enqueue of an id whose tombstone went is added again, one whose tombstone is kept is
+// still a duplicate. Python then reads the same `done` and its acks meet the same cap.
+async function tombstoneLimit(q, opts, redis) {
+  const set = [await q.setTombstoneLimit(opts.limit), await q.setTombstoneLimit(opts.limit)];
+  const sent = await q.enqueue(opts.ids.map((id) => ({ id, payload: '' })));
+  const acks = [];
+  const kept = [];
+  for (const id of opts.ids) {
+    const { jobs } = await q.lease({ count: 1 });
+    if (jobs.length !== 1 || str(jobs[0].id) !== id) throw new Error(`expected to lease ${id}`);
+    acks.push(...await q.ack([jobs[0].receipt]));
+    kept.push(await redis.zrange(q.key('done'), 0, -1));
+  }
+  const limit = await redis.hget(q.key('counters'), 'done_max');
+  const first = opts.ids[0];
+  const last = opts.ids[opts.ids.length - 1];
+  const resent = await q.enqueue([{ id: first, payload: 'again' }]);
+  const duplicate = await q.enqueue([{ id: last, payload: 'again' }]);
+  return { set, sent, acks, kept, limit: Number(limit), resent, duplicate };
+}
+
 // Indexes across languages (README §2.8): Node turns a queue's indexes on, sends jobs
 // with a task name and a group, finds them by task, by group and by state, acks one (its
 // members leave `index`) and makes a delayed one due now; Python then finds the same.
@@ -722,7 +746,7 @@ async function main() {
     const q = new Queue(redis, opts.queue);
     const scenarios = {
       produce, consume, share, service, control, contract, fair, events, signal, keyed, rates, budget, indexes,
-      'result-budget': resultBudget, 'task-produce': taskProduce, 'task-work': taskWork, 'task-decode': taskDecode,
+      'result-budget': resultBudget, 'tombstone-limit': tombstoneLimit, 'task-produce': taskProduce, 'task-work': taskWork, 'task-decode': taskDecode,
     };
     if (!scenarios[scenario]) throw new Error(`unknown scenario ${scenario}`);
     const result = await scenarios[scenario](q, opts, redis, input);

@@ -37,6 +37,7 @@ const SCRIPT_KEYS = {
   defer_key: ['leased', 'keyed', 'windows'],
   set_budget: ['counters'],
   set_result_budget: ['counters'],
+  set_tombstone_limit: ['counters'],
   set_indexes: ['counters'],
   search: ['jobs', 'ready', 'scheduled', 'leased', 'dead', 'errors', 'counters', 'index', 'keyed', 'waiting', 'gready'],
   promote_now: ['jobs', 'scheduled', 'waiting', 'wake'],
@@ -345,6 +346,15 @@ class Queue {
   async setResultBudget(maxBytes = null) {
     const [changed, bytes] = await this.run('set_result_budget', [int(maxBytes ?? 0, 'max_bytes', 0, 2 ** 50)]);
     return { changed: changed === 1, bytes };
+  }
+
+  // Cap how many tombstones the queue keeps (README §2, tombstones): past the cap the
+  // scripts that write them (ack, ack_result, lease, cancel) delete the earliest-expiring
+  // first, at most n + 10 a call; an id whose tombstone went is no longer a duplicate.
+  // null (or 0) lifts the cap. Whether this call changed it.
+  async setTombstoneLimit(maxCount = null) {
+    const [changed] = await this.run('set_tombstone_limit', [int(maxCount ?? 0, 'max_count', 0, 2 ** 40)]);
+    return changed === 1;
   }
 
   // Keep the indexes search reads by task and group (README §2.8), or stop: since when
