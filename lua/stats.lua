@@ -36,7 +36,9 @@ Returns  a flat list of name, integer pairs, in this order:
   and skipped (the `skipped` counter: dead heads sequence_skip.lua let go), and
   deferred (the `deferred` counter: leases lease.lua put off to a rate key's permit);
   and byte budgets (set_budget.lua): bytes (the sized jobs' payload bytes) and
-  budget_bytes (the cap; 0: none).
+  budget_bytes (the cap; 0: none); results budgets (set_result_budget.lua): result_bytes
+  (the sized results' bytes) and result_budget_bytes (the cap; 0: none); and
+  tombstone_limit (set_tombstone_limit.lua; 0: none).
   `ready` counts grouped and
   prioritized READY jobs too; lag_ms looks at the head of the `ready` list only.
   `acked` is derived:
@@ -129,7 +131,7 @@ local lag_ms = oldest_due_ms and math.max(0, now_ms - oldest_due_ms) or 0
 
 local names = { 'enqueued', 'duplicates', 'leased', 'nacked', 'promoted', 'reclaimed', 'scrubbed', 'released',
   'dead', 'replayed', 'purged', 'paused', 'cancelled', 'cancelled_leased', 'parked', 'expired', 'debounced', 'throttled',
-  'skipped', 'deferred', 'bytes', 'budget', 'rate_limit' }
+  'skipped', 'deferred', 'bytes', 'budget', 'result_bytes', 'result_budget', 'done_max', 'rate_limit' }
 local values = redis.call('HMGET', counters_key, unpack(names))
 local c = {}
 for i, name in ipairs(names) do c[name] = tonumber(values[i] or '0') or 0 end
@@ -145,4 +147,5 @@ return { 'now_ms', now_ms, 'ready', ready, 'scheduled', scheduled, 'due', due, '
   'rate_period_ms', tonumber(period_ms) or 0, 'rate_burst', tonumber(burst) or 0,
   'groups_waiting', groups_waiting, 'groups_at_cap', groups_at_cap, 'waiting', waiting, 'parked', c.parked,
   'expired_total', c.expired, 'debounced', c.debounced, 'throttled', c.throttled, 'sequenced', sequenced,
-  'skipped', c.skipped, 'deferred', c.deferred, 'bytes', c.bytes, 'budget_bytes', c.budget }
+  'skipped', c.skipped, 'deferred', c.deferred, 'bytes', c.bytes, 'budget_bytes', c.budget,
+  'result_bytes', c.result_bytes, 'result_budget_bytes', c.result_budget, 'tombstone_limit', c.done_max }

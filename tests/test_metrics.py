@@ -38,10 +38,11 @@ def scrape(collector: PyQueueCollector) -> dict[str, Any]:
 
 def busy(r: Any) -> tuple[Queue, Queue]:
     q = Queue("emails", r)
+    q.set_result_budget(10_000)
     q.enqueue_many([NewJob(b"", job_id=f"j{i}", max_attempts=1) for i in range(6)])
     q.enqueue(b"", job_id="later", delay_ms=60_000)
     a, b, c = q.lease(count=3)
-    q.ack(a)
+    q.ack_result(a, b"r" * 100)
     q.nack(b, "boom")
     p = Queue("orders", r, partitions=3)
     p.set_budget(30_000)  # each partition 10,000
@@ -67,6 +68,10 @@ def test_every_counter_and_state_matches_stats_with_prometheus_names_and_types(r
         assert families["pyqueue_partitions"][1][("pyqueue_partitions", labels)] == queue.spec.partitions
         assert families["pyqueue_payload_bytes"][1][("pyqueue_payload_bytes", labels)] == stats.bytes
         assert families["pyqueue_budget_bytes"][1][("pyqueue_budget_bytes", labels)] == stats.budget_bytes
+        assert families["pyqueue_result_bytes"][1][("pyqueue_result_bytes", labels)] == stats.result_bytes
+        assert (families["pyqueue_result_budget_bytes"][1][("pyqueue_result_budget_bytes", labels)]
+                == stats.result_budget_bytes)
+    assert (q.stats().result_bytes, q.stats().result_budget_bytes) == (len(f"{q.stats().now_ms}|") + 101, 10_000)
     # A partitioned queue once, as its sum: its partitions are not reported again.
     assert not any("orders#" in str(key) for _, samples in families.values() for key in samples)
     assert families["pyqueue_acked"][1][("pyqueue_acked_total", (("queue", "emails"),))] == 1

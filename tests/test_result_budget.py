@@ -50,6 +50,8 @@ def test_a_budget_keeps_the_newest_results_within_it(q: Queue, r: redis.Redis) -
     assert kept(q, ids) == ["j3", "j4", "j5"]
     assert int(counters(r, q)[b"result_bytes"]) == 3 * (STORED + 1000)
     assert sizes(r, q) == {i.encode(): STORED + 1000 for i in ("j3", "j4", "j5")}
+    st = q.stats()
+    assert (st.result_bytes, st.result_budget_bytes) == (3 * (STORED + 1000), 3 * (STORED + 1000))
 
 
 def test_expired_and_counted_trims_give_their_bytes_back(q: Queue, r: redis.Redis) -> None:

@@ -32,6 +32,7 @@ def ack_all(q: Queue, ids: list[str], at: int) -> None:
 def test_acks_keep_at_most_the_limit_and_the_earliest_expiring_go(q: Queue, r: redis.Redis) -> None:
     assert q.set_tombstone_limit(5) is True
     assert q.set_tombstone_limit(5) is False  # a re-sent call changes nothing
+    assert q.stats().tombstone_limit == 5
     for n in range(8):
         ack_all(q, [f"j{n}"], T0 + n)  # later acks expire later
     assert tombstones(r, q) == [f"j{n}".encode() for n in range(3, 8)]

@@ -23,7 +23,8 @@ the jobs in each state as a gauge (``pyqueue_jobs{state=ready|scheduled|leased|d
 done}``); due-but-unpromoted jobs and expired leases; the lag of the oldest due job in
 seconds; the partition count; whether it is paused; its rate limit in leases per second;
 its byte budget and the payload bytes it counts (``pyqueue_budget_bytes``,
-``pyqueue_payload_bytes``);
+``pyqueue_payload_bytes``); its results budget and the result bytes it counts
+(``pyqueue_result_budget_bytes``, ``pyqueue_result_bytes``);
 fair scheduling's groups with ready jobs (``pyqueue_groups{state=waiting|at_cap}``) and,
 for a queue that has any, the ready jobs of its largest groups
 (``pyqueue_group_ready_jobs{group}``: the TOP_GROUPS largest among the first 1000 groups
@@ -142,6 +143,10 @@ class PyQueueCollector(Collector):
                                     "(Queue.set_budget)", labels=["queue"])
         budget = GaugeMetricFamily("pyqueue_budget_bytes", "the queue's byte budget (0: none): an enqueue past it "
                                    "is refused", labels=["queue"])
+        results = GaugeMetricFamily("pyqueue_result_bytes", "bytes of the results its results budget counts "
+                                    "(Queue.set_result_budget)", labels=["queue"])
+        results_budget = GaugeMetricFamily("pyqueue_result_budget_bytes", "the queue's results budget (0: none): "
+                                           "past it the oldest-expiring results are deleted", labels=["queue"])
         queues = self._queues()
         for q, stats in zip(queues, stats_many(queues)):
             for name, (field, _) in COUNTERS.items():
@@ -156,6 +161,8 @@ class PyQueueCollector(Collector):
             rate.add_metric([q.name], stats.rate_limit * 1000 / stats.rate_period_ms if stats.rate_limit else 0)
             payload.add_metric([q.name], stats.bytes)
             budget.add_metric([q.name], stats.budget_bytes)
+            results.add_metric([q.name], stats.result_bytes)
+            results_budget.add_metric([q.name], stats.result_budget_bytes)
             groups.add_metric([q.name, "waiting"], stats.groups_waiting)
             groups.add_metric([q.name, "at_cap"], stats.groups_at_cap)
             if stats.groups_waiting + stats.groups_at_cap:
@@ -163,7 +170,8 @@ class PyQueueCollector(Collector):
                 for group in sorted(page.groups, key=lambda g: (-g.ready, g.name))[:TOP_GROUPS]:
                     largest.add_metric([q.name, group.name], group.ready)
         yield from counters.values()
-        yield from (jobs, due, expired, lag, partitions, paused, rate, payload, budget, groups, largest)
+        yield from (jobs, due, expired, lag, partitions, paused, rate, payload, budget, results, results_budget, groups,
+                    largest)
 
         workers = GaugeMetricFamily("pyqueue_workers", "registered workers by state (alive, stopping)",
                                     labels=["namespace", "state"])

@@ -334,6 +334,12 @@ class Stats:
     #: queue had a budget and not yet ended (dead ones included), and the budget (0: none).
     bytes: int = 0
     budget_bytes: int = 0
+    #: Results budgets (``Queue.set_result_budget``): the bytes of the results sized since
+    #: the queue had one, and the budget (0: none). The tombstone limit
+    #: (``Queue.set_tombstone_limit``; 0: none).
+    result_bytes: int = 0
+    result_budget_bytes: int = 0
+    tombstone_limit: int = 0
 
     @property
     def paused(self) -> bool:
