@@ -102,6 +102,11 @@ def serve_until_signalled(
                              show_payloads=show_payloads, every_s=every_s, history_s=history_s,
                              label=public_label(url), worker_metrics=check_urls(worker_metrics),
                              read_only=read_only)
+    # The handlers first: a supervisor may send SIGTERM as soon as it reads the line
+    # below, and that must stop the server cleanly (exit 0), not kill the process.
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
     running = RunningDashboard(config, host, port)
     notes = []
     if token:
@@ -110,9 +115,6 @@ def serve_until_signalled(
     if read_only:
         notes.append("read-only: no action")
     print(f"serving the pyqueue dashboard on {running.url} ({'; '.join(notes)})", flush=True)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     while not stop.wait(0.5):
         if not running.thread.is_alive():
             log.error("the dashboard server stopped by itself")
