@@ -554,10 +554,7 @@ def cancel_many(layout: Partitions, /, job_ids: Sequence[str], *, now_ms: int | 
     """As :func:`pyqueue.protocol.verbs.control.cancel_many`: each id in its partition;
     the answers in the order of ``job_ids``."""
     ids = check_ids(job_ids)
-    groups: dict[int, list[str]] = {}
-    for job_id in ids:
-        groups.setdefault(partition_of(job_id, layout.count), []).append(job_id)
-    answers = yield from plan_each(layout.parts[p].cancel_many(group, now_ms=now_ms) for p, group in sorted(groups.items()))
+    answers = yield from plan_each(part.cancel_many(group, now_ms=now_ms) for part, group in by_partition(layout, ids))
     by_id = {a.id: a for answer in answers for a in answer}
     return [by_id[job_id] for job_id in ids]
 
@@ -583,24 +580,21 @@ def set_budget(layout: Partitions, /, max_bytes: int | None) -> Plan[bool]:
     """As :func:`pyqueue.protocol.verbs.control.set_budget`, in every partition: each
     holds at most its share, ``max_bytes / partitions`` rounded up (an enqueue is refused
     when its own partition is full)."""
-    check_int(0 if max_bytes is None else max_bytes, "max_bytes", 0, 2**50)
-    share = -(-max_bytes // layout.count) if max_bytes else None
+    share = share_of(layout, max_bytes, "max_bytes", 2**50)
     return any((yield from plan_each(part.set_budget(share) for part in layout.parts)))
 
 
 def set_result_budget(layout: Partitions, /, max_bytes: int | None) -> Plan[bool]:
     """As :func:`pyqueue.protocol.verbs.control.set_result_budget`, in every partition:
     each keeps at most its share, ``max_bytes / partitions`` rounded up."""
-    check_int(0 if max_bytes is None else max_bytes, "max_bytes", 0, 2**50)
-    share = -(-max_bytes // layout.count) if max_bytes else None
+    share = share_of(layout, max_bytes, "max_bytes", 2**50)
     return any((yield from plan_each(part.set_result_budget(share) for part in layout.parts)))
 
 
 def set_tombstone_limit(layout: Partitions, /, max_count: int | None) -> Plan[bool]:
     """As :func:`pyqueue.protocol.verbs.control.set_tombstone_limit`, in every
     partition: each keeps at most its share, ``max_count / partitions`` rounded up."""
-    check_int(0 if max_count is None else max_count, "max_count", 0, 2**40)
-    share = -(-max_count // layout.count) if max_count else None
+    share = share_of(layout, max_count, "max_count", 2**40)
     return any((yield from plan_each(part.set_tombstone_limit(share) for part in layout.parts)))
 
 
@@ -640,10 +634,8 @@ def search(layout: Partitions, /, *, cursor: str = "", count: int = 100, scan_mo
 
 def promote_now(layout: Partitions, /, ids: Sequence[str], *, now_ms: int | None = None) -> Plan[list[str]]:
     """As :func:`pyqueue.protocol.verbs.search.promote_now`: each id in its partition."""
-    groups: dict[int, list[str]] = {}
-    for job_id in check_ids(ids):
-        groups.setdefault(partition_of(job_id, layout.count), []).append(job_id)
-    answers = yield from plan_each(layout.parts[p].promote_now(group, now_ms=now_ms) for p, group in sorted(groups.items()))
+    answers = yield from plan_each(part.promote_now(group, now_ms=now_ms)
+                                   for part, group in by_partition(layout, check_ids(ids)))
     return [job_id for answer in answers for job_id in answer]
 
 
@@ -750,10 +742,22 @@ def dead_purge(layout: Partitions, /, ids: Sequence[str] | None = None, *, limit
 def _dead_groups(layout: Partitions, /, ids: Sequence[str] | None, limit: int) -> Plan[list[tuple[SingleQueue, list[str]]]]:
     """``ids`` checked (or the ``limit`` oldest dead jobs of the queue), by partition."""
     chosen = check_ids(ids) if ids is not None else [job.id for job in (yield from dead_list(layout, 0, limit)).jobs]
+    return by_partition(layout, chosen)
+
+
+def by_partition(layout: Partitions, ids: Sequence[str]) -> list[tuple[SingleQueue, list[str]]]:
+    """``ids`` grouped by the partition each lives in (its id's), in partition order."""
     groups: dict[int, list[str]] = {}
-    for job_id in chosen:
+    for job_id in ids:
         groups.setdefault(partition_of(job_id, layout.count), []).append(job_id)
     return [(layout.parts[p], group) for p, group in sorted(groups.items())]
+
+
+def share_of(layout: Partitions, total: int | None, name: str, most: int) -> int | None:
+    """A queue-wide cap ``total`` (None or 0: none; InvalidArgument outside 0..``most``)
+    as each partition's share, rounded up."""
+    check_int(0 if total is None else total, name, 0, most)
+    return -(-total // layout.count) if total else None
 
 
 def check_partitions(layout: Partitions, /, *, record: bool = True) -> Plan[None]:
