@@ -684,7 +684,7 @@ def script_calls(root: redis.Redis) -> dict[str, tuple[str, Any, list[Any]]]:
     calls["pause"] = ("pause", q.spec.keys, [now])
     calls["resume"] = ("resume", q.spec.keys, [now])  # after pause: it finds the queue paused
     q.flow_wait(NewJob(b"", job_id="w0"), [(QUEUE, "r0"), (QUEUE, "r1")], now_ms=T0)
-    calls["flow_wait"] = ("flow_wait", q.spec.keys, [now, "w1", b"", 3, "", "", 1000, f"{QUEUE}\tr0"])
+    calls["flow_wait"] = ("flow_wait", q.spec.keys, [now, "w1", b"", 3, "", "", 1000, "", f"{QUEUE}\tr0"])
     calls["flow_done"] = ("flow_done", q.spec.keys, [now, "w0", "fail", 1000, f"{QUEUE}\tr0", "ok"])  # still waits
     calls["flow_done_release"] = ("flow_done", q.spec.keys, [now, "w0", "continue", 1000, f"{QUEUE}\tr0", "ok", f"{QUEUE}\tr1", "ok"])
     q.flow_record("f0", b"{}", 1000, now_ms=T0)  # expired at now: the next record trims it

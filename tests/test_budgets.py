@@ -78,6 +78,36 @@ def test_a_debounce_merge_counts_the_last_sends_size(q: Queue) -> None:
     assert q.stats(now_ms=T0 + 1002).bytes == 0
 
 
+def test_a_job_that_waits_for_others_is_sized_and_refused_past_the_budget(q: Queue, r: redis.Redis) -> None:
+    """flow_wait.lua (a flow's continuation) sizes its job as enqueue does: a flow cannot
+    take a queue past its budget by its waiting steps."""
+    q.set_budget(100)
+    q.enqueue(b"x" * 60, job_id="first", now_ms=T0)
+    assert q.flow_wait(NewJob(b"x" * 30, job_id="then"), [(q.name, "first")], now_ms=T0) == "ok"
+    assert q.stats(now_ms=T0).bytes == 90
+    before = dump_all(r)
+    with pytest.raises(QueueFull, match="90 of 100 bytes in use, this call adds 20"):
+        q.flow_wait(NewJob(b"x" * 20, job_id="later"), [(q.name, "first")], now_ms=T0)
+    assert dump_all(r) == before
+    # A re-sent arm finds it armed: no byte added, never refused for it.
+    assert q.flow_wait(NewJob(b"x" * 30, job_id="then"), [(q.name, "first")], now_ms=T0) == "armed"
+    (first,) = q.lease(count=1, lease_ms=LEASE, now_ms=T0)
+    q.ack(first, now_ms=T0)
+    assert q.flow_done("then", [(q.name, "first", "ok")], now_ms=T0).state == "released"
+    assert q.stats(now_ms=T0).bytes == 30  # released, not yet ended: still held
+    (then,) = q.lease(count=1, lease_ms=LEASE, now_ms=T0)
+    assert then.id == "then"
+    q.ack(then, now_ms=T0)
+    assert q.stats(now_ms=T0).bytes == 0
+
+
+def test_a_waiting_job_cancelled_takes_its_size_off(q: Queue) -> None:
+    q.set_budget(100)
+    q.flow_wait(NewJob(b"x" * 30, job_id="then"), [(q.name, "never")], now_ms=T0)
+    assert q.cancel("then", now_ms=T0).state == "scheduled"
+    assert q.stats(now_ms=T0).bytes == 0
+
+
 def test_jobs_sent_without_a_budget_are_not_counted_and_lifting_it_stops_the_sizing(q: Queue, r: redis.Redis) -> None:
     q.enqueue(b"x" * 500, job_id="before", now_ms=T0)
     assert not r.exists(q.spec.keys.keyed)  # a queue without a budget keeps no sizes
@@ -103,6 +133,34 @@ def test_a_bad_budget_is_refused_before_anything_is_sent(q: Queue, r: redis.Redi
     assert dump_all(r) == before
 
 
+def test_a_flow_refused_by_the_budget_leaves_no_step_behind(r: redis.Redis) -> None:
+    """A flow's steps are sent by several calls; the one a budget refuses raises
+    QueueFull, and the steps the earlier calls added are cancelled: no part of the flow
+    runs, and the budget's bytes are back where they were."""
+    from pyqueue.tasks import Tasks
+
+    q = Queue("flows", r)
+    q.set_budget(1000)
+    tasks = Tasks(client=r, default_queue="flows")
+
+    @tasks.task(name="fetch")
+    def fetch(blob: str) -> str: ...
+
+    @tasks.task(name="store")
+    def store(blob: str, note: str) -> None: ...
+
+    with pytest.raises(QueueFull):  # the waiting step is armed, then the first refused
+        (fetch.s("x" * 1000) | store.s("small")).send()
+    st_ = q.stats()
+    assert (st_.bytes, st_.ready, st_.scheduled) == (0, 0, 0)
+    assert q.lease(count=10) == []
+    with pytest.raises(QueueFull):  # the waiting step itself is refused
+        (fetch.s("small") | store.s("x" * 1000)).send()
+    assert (q.stats().bytes, q.stats().ready, q.stats().scheduled) == (0, 0, 0)
+    handle = (fetch.s("small") | store.s("small")).send()  # within the budget: sent whole
+    assert q.stats().ready == 1 and q.stats().scheduled == 1 and handle.id
+
+
 def test_on_a_partitioned_queue_each_partition_holds_its_share(r: redis.Redis) -> None:
     from pyqueue.protocol.core import partition_of
 
@@ -121,7 +179,7 @@ def test_on_a_partitioned_queue_each_partition_holds_its_share(r: redis.Redis) -
 
 
 class BudgetMachine(RuleBasedStateMachine):
-    """Random sends (some merged by debounce), acks, retries, dead letters, replays,
+    """Random sends (some merged by debounce, some waiting for other jobs), acks, retries, dead letters, replays,
     purges, cancels and budget changes: `bytes` is always the sum of the sizes of the
     jobs sent under a budget that have not ended, and a refused send changed nothing."""
 
@@ -136,6 +194,7 @@ class BudgetMachine(RuleBasedStateMachine):
         self.now = T0
         self.sized: dict[str, int] = {}  # job id -> its size, for jobs sent under a budget
         self.leased: dict[str, Any] = {}
+        self.waiting: set[str] = set()
         self.n = 0
 
     def teardown(self) -> None:
@@ -154,6 +213,33 @@ class BudgetMachine(RuleBasedStateMachine):
         # merge leaves the job's size as it was.
         if self.budget is not None:
             self.sized[sent.job_id] = size
+
+    @rule(size=st.sampled_from([0, 1, 100, 700]))
+    def wait(self, size: int) -> None:
+        """A flow's continuation (flow_wait.lua), waiting for a job never sent: it ends
+        by a release (release_waiting) or a cancel."""
+        self.n += 1
+        try:
+            assert self.q.flow_wait(NewJob(b"x" * size, job_id=f"w{self.n}", max_attempts=2),
+                                    [("budget", "never")], now_ms=self.now) == "ok"
+        except QueueFull:
+            assert self.budget is not None
+            return
+        self.waiting.add(f"w{self.n}")
+        if self.budget is not None:
+            self.sized[f"w{self.n}"] = size
+
+    @rule(data=st.data(), cancel=st.booleans())
+    def release_waiting(self, data: st.DataObject, cancel: bool) -> None:
+        if not self.waiting:
+            return
+        job_id = data.draw(st.sampled_from(sorted(self.waiting)))
+        self.waiting.discard(job_id)
+        if cancel:
+            assert self.q.cancel(job_id, now_ms=self.now).state == "scheduled"
+            self.sized.pop(job_id, None)
+        else:  # due now: leased, run and ended as any job
+            assert self.q.flow_done(job_id, [("budget", "never", "ok")], now_ms=self.now).state == "released"
 
     @rule(count=st.sampled_from([1, 3]))
     def lease(self, count: int) -> None:

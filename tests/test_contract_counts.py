@@ -78,7 +78,7 @@ def world(r: redis.Redis) -> World:
         "resume": (q.spec.keys, [NOW]),
         "peek": (q.spec.keys, [NOW]),
         "scrub": (q.spec.keys, [NOW, svc.owner, 100]),
-        "flow_wait": (q.spec.keys, [NOW, "w1", b"p", 3, "", "", 1000, "q\tr0"]),
+        "flow_wait": (q.spec.keys, [NOW, "w1", b"p", 3, "", "", 1000, "", "q\tr0"]),
         "flow_done": (q.spec.keys, [NOW, "w1", "fail", 1000, "q\tr0", "ok"]),
         "flow_record": (q.spec.keys, [NOW, "f1", b"{}", 1000]),
         "flow_show": (q.spec.keys, [NOW, "f1"]),

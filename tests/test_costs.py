@@ -875,7 +875,10 @@ def test_flow_control_costs_what_the_headers_state_and_nothing_on_a_queue_withou
     sized = measured_commands(bq, redis_server, "enqueue", lambda: bq.q.enqueue(b"x"))
     jobs = bq.q.lease(count=3)
     sized_ack = measured_commands(bq, redis_server, "ack", lambda: bq.q.ack(jobs[-1]))
-    assert (sized - plain, sized_ack - plain_ack) == (3, 3)
+    sized_wait = measured_commands(bq, redis_server, "flow_wait",
+                                   lambda: bq.q.flow_wait(NewJob(b"w", job_id="w1"), [("budget", "a")]))
+    plain_wait = stated_costs(header("flow_wait"))[0]
+    assert (sized - plain, sized_ack - plain_ack, sized_wait - plain_wait) == (3, 3, 3)
     # Indexes (section 2.8): enqueue of a job with a task and a group in a queue that
     # keeps indexes (the first also sets the `indexed` flag: measured after it), and, in
     # such a queue, the ack of an indexed job and of one sent without task or group; the
@@ -902,9 +905,11 @@ def test_flow_control_costs_what_the_headers_state_and_nothing_on_a_queue_withou
     (dying,) = iq.q.lease()
     iq.q.nack(dying, "boom")
     purged = measured_commands(iq, redis_server, "dead_purge", lambda: iq.q.dead_purge(["to-purge"]))
+    listed_wait = measured_commands(iq, redis_server, "flow_wait",
+                                    lambda: iq.q.flow_wait(NewJob(b"w", job_id="w1", task="t"), [("indexed", "a")]))
     assert (indexed - plain, indexed_ack - plain_ack, unindexed_ack - plain_ack, ack_lease - plain_ack_lease,
-            cancelled - stated_costs(header("cancel"))[0], purged - stated_costs(header("dead_purge"))[0]) == (
-        4, 4, 1, 4, 4, 4)
+            cancelled - stated_costs(header("cancel"))[0], purged - stated_costs(header("dead_purge"))[0],
+            listed_wait - plain_wait) == (4, 4, 1, 4, 4, 4, 4)
 
 
 def test_results_budgets_cost_what_ack_results_header_states_and_nothing_without_one(

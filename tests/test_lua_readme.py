@@ -327,7 +327,7 @@ def calls(r: Any) -> list[Call]:
         Call("resume", k, [NOW]),
         Call("dead_replay", k, [NOW, "corpse"], 1),
         Call("dead_purge", k, ["l4"], 1),
-        Call("flow_wait", k, [NOW, "w1", b"p", 3, "", "", 1000, "q\tr2"], 1),
+        Call("flow_wait", k, [NOW, "w1", b"p", 3, "", "", 1000, "", "q\tr2"], 1),
         Call("flow_done", k, [NOW, "w1", "fail", 1000, "q\tr2", "ok"], 1),
         Call("flow_record", k, [NOW, "f1", b"{}", 10**6]),
         Call("flow_show", k, [NOW, "f1"]),

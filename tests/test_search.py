@@ -172,6 +172,43 @@ def test_a_debounce_merge_lists_the_job_under_its_last_send(q: Queue, r: redis.R
     assert len(index_of(r, q)) == 2
 
 
+def test_a_job_that_waits_for_others_is_listed_and_each_ending_unlists_it(q: Queue, r: redis.Redis) -> None:
+    """flow_wait.lua lists a flow's continuation as enqueue lists a job."""
+    q.set_indexes(True, now_ms=T0)
+    for name in ("then", "cancelled"):
+        assert q.flow_wait(NewJob(b"", job_id=name, task="report", group="acme"), [(q.name, "first")],
+                           now_ms=T0) == "ok"
+    assert q.flow_wait(NewJob(b"", job_id="plain"), [(q.name, "first")], now_ms=T0) == "ok"
+    assert found(q, task="report") == ["cancelled", "then"] and found(q, group="acme") == ["cancelled", "then"]
+    assert {j.id: j.task for j in q.search(task="report").jobs} == {"then": "report", "cancelled": "report"}
+    assert len(index_of(r, q)) == 4 and x_fields(r, q) == [b"x:cancelled", b"x:then"]
+    assert q.cancel("cancelled", now_ms=T0).state == "scheduled"
+    assert found(q, task="report") == ["then"]
+    assert q.flow_done("then", [(q.name, "first", "ok")], now_ms=T0).state == "released"
+    assert found(q, task="report", state="scheduled") == ["then"]
+    (job,) = [j for j in q.lease(count=2, now_ms=T0) if j.id == "then"]
+    q.ack(job, now_ms=T0)
+    assert index_of(r, q) == [] and x_fields(r, q) == []
+
+
+def test_a_flows_steps_are_listed_under_their_tasks(r: redis.Redis) -> None:
+    from pyqueue.tasks import Tasks
+
+    q = Queue("jobs", r)
+    q.set_indexes(True)
+    tasks = Tasks(client=r, default_queue="jobs")
+
+    @tasks.task(name="fetch")
+    def fetch(n: int) -> int: ...
+
+    @tasks.task(name="render")
+    def render(n: int) -> None: ...
+
+    (fetch.s(1) | render.s()).send()
+    assert [j.task for j in q.search(task="render").jobs] == ["render"]
+    assert [j.task for j in q.search(task="fetch").jobs] == ["fetch"]
+
+
 def test_jobs_sent_before_indexes_are_not_listed(q: Queue) -> None:
     q.enqueue_many([NewJob(b"", job_id="old", task="t")], now_ms=T0)
     q.set_indexes(True, now_ms=T0 + 1)

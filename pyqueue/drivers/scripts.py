@@ -113,7 +113,7 @@ SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "sequence_skip": ("dead", "counters", "events", "scheduled", "wake", "keyed", "sequenced"),
     "scrub": ("jobs", "ready", "leased", "owners", "dead", "errors", "counters", "wake", "meta", "gready", "ring", "groups",
               "events", "scheduled", "keyed", "sequenced"),
-    "flow_wait": ("jobs", "scheduled", "counters", "done", "meta", "fwait", "fpending", "events"),
+    "flow_wait": ("jobs", "scheduled", "counters", "done", "meta", "fwait", "fpending", "events", "keyed", "index"),
     "flow_done": ("jobs", "scheduled", "wake", "fwait", "fpending"),
     "flow_record": ("flows", "flow_expiry"),
     "flow_show": ("flows", "flow_expiry"),

@@ -857,15 +857,16 @@ def flow_wait_call(
     """lua/flow_wait.lua. ``job``: a :data:`JobTuple` (its delay is not sent: a waiting
     job is due when its wait is over); ``waits_for``: (queue, job id) pairs."""
     job_id, payload, _delay, max_attempts, priority, group, expires_ms, key = job
-    # A task name lists a job in the indexes; a waiting step is not listed (flow_wait.lua
-    # takes no task name, as it sizes no payload): its job is found by state alone.
-    key = "\n".join(part for part in key.split("\n") if part and not part.startswith("task|"))
-    if expires_ms != "" or key:
+    # The task name (its "task|" line) lists the job in the indexes, as enqueue's does.
+    lines = [part for part in key.split("\n") if part]
+    task = "\n".join(part for part in lines if part.startswith("task|"))
+    if expires_ms != "" or len(lines) > (1 if task else 0):
         # flow_wait.lua takes neither: refused rather than dropped without a word.
         raise InvalidArgument(f"job {job_id!r} waits for other jobs: it cannot have an expiry, a debounce or a "
                               "throttle (give them to the first step of a flow)")
     refs = [f"{queue}\t{ref}" for queue, ref in waits_for]
-    return ScriptCall("flow_wait", keys, [now_arg(now_ms), job_id, payload, max_attempts, priority, group, check_ms, *refs])
+    return ScriptCall("flow_wait", keys,
+                      [now_arg(now_ms), job_id, payload, max_attempts, priority, group, check_ms, task, *refs])
 
 
 def flow_done_call(

@@ -57,7 +57,7 @@ from typing import Any, Protocol, Union
 
 from pyqueue.drivers.clients import Client
 from pyqueue.protocol.core import new_id
-from pyqueue.protocol.errors import InvalidArgument
+from pyqueue.protocol.errors import InvalidArgument, QueueFull
 from pyqueue.protocol.models import Job, NewJob
 from pyqueue.drivers.facade import client_of
 from pyqueue.drivers.queue import Queue, partition_name, partition_of, physical_queue
@@ -517,7 +517,13 @@ def _send_steps(
     app: Sender, flow: Flow, compiler: _Compiler, output: Spec, metas: list[dict[str, Any]] | None
 ) -> FlowHandle:
     """Keep the flow's record, arm its waiting steps, then enqueue its first steps;
-    ``metas``: what send middleware added to each step's meta."""
+    ``metas``: what send middleware added to each step's meta.
+
+    Raises:
+        QueueFull: a step's queue is at its byte budget. The steps this call had
+            added are cancelled before it is raised (one a worker leased meanwhile
+            may have started).
+    """
     flow_id = compiler.flow_id
     for step in compiler.steps:
         o = step.sig.options
@@ -537,18 +543,31 @@ def _send_steps(
     # (a retried run's children) finds its record kept: 'duplicate', nothing written.
     first = compiler.steps[0].queue
     app.queue(first).flow_record(flow_id, record_of(flow, compiler, output, now_ms), FLOW_RECORD_S * 1000)
-    # Every waiting step is armed before any first step is enqueued: a report of a
-    # first step's end always finds what waits for it.
-    for step in compiler.steps:
-        if step.input is not None:
-            refs = [split(ref) for ref in flatten(step.input)]
-            app.queue(step.queue).flow_wait(step.new_job(flow_id, now_ms), refs, check_ms=FLOW_CHECK_MS)
-    by_queue: dict[str, list[NewJob]] = {}
-    for step in compiler.steps:
-        if step.input is None:
-            by_queue.setdefault(step.queue, []).append(step.new_job(flow_id, now_ms))
-    for queue, jobs in by_queue.items():
-        app.queue(queue).enqueue_many(jobs)
+    # What this call added, by queue (not what an earlier send of this flow id did).
+    added: dict[str, list[str]] = {}
+    try:
+        # Every waiting step is armed before any first step is enqueued: a report of a
+        # first step's end always finds what waits for it.
+        for step in compiler.steps:
+            if step.input is not None:
+                refs = [split(ref) for ref in flatten(step.input)]
+                if app.queue(step.queue).flow_wait(step.new_job(flow_id, now_ms), refs, check_ms=FLOW_CHECK_MS) == "ok":
+                    added.setdefault(step.queue, []).append(step.id)
+        by_queue: dict[str, list[NewJob]] = {}
+        for step in compiler.steps:
+            if step.input is None:
+                by_queue.setdefault(step.queue, []).append(step.new_job(flow_id, now_ms))
+        for queue, jobs in by_queue.items():
+            for sent in app.queue(queue).enqueue_many(jobs):
+                if sent.added:
+                    added.setdefault(queue, []).append(sent.job_id)
+    except QueueFull:
+        # A byte budget refused a step, writing nothing of it: withdraw the steps this
+        # call added, so no part of a refused flow runs (its waiting steps would
+        # otherwise be released by the checks, as if what they wait for had failed).
+        for queue, ids in added.items():
+            app.queue(queue).cancel_many(ids)
+        raise
     return FlowHandle(flow_id, output, [(s.physical, s.id) for s in compiler.steps], app, first)
 
 

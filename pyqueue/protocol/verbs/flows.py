@@ -97,8 +97,15 @@ def flow_wait(
     is due ``check_ms`` from now. ``job.delay_ms`` must be 0: it is due when its
     wait is over (lua/flow_wait.lua).
 
+    As :meth:`enqueue`, the job is sized under a byte budget and listed under its
+    ``task`` and group in a queue that keeps indexes.
+
     Returns 'ok' (added and armed), 'armed' (it waits already: a re-sent call) or
     'duplicate' (a job of that id exists or was acked recently; nothing written).
+
+    Raises:
+        QueueFull: the queue has a byte budget and the job's payload would take it past
+            (nothing written: a definite answer, not an unknown outcome).
     """
     if job.job_id is None:
         raise InvalidArgument("a waiting job needs its id (a flow's ids are deterministic)")
