@@ -26,7 +26,7 @@ import redis
 
 from pyqueue.protocol.core import parse_duration_ms, parse_rate as core_parse_rate
 from pyqueue.protocol.errors import InvalidArgument, PyQueueError, map_redis_error
-from pyqueue.protocol.models import Job, JobInfo, RateLimit
+from pyqueue.protocol.models import Job, JobEntry, JobInfo, RateLimit
 from pyqueue.protocol.verbs.events import Event, Since
 from pyqueue.drivers.clients import Client, embedded_redis
 from pyqueue.drivers.clients import connect as _connect
@@ -455,6 +455,10 @@ def cmd_indexes(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Jobs a call of ``pyqueue search --all`` asks of each search page.
+SEARCH_PAGE = 500
+
+
 def cmd_search(args: argparse.Namespace) -> int:
     """``pyqueue search QUEUE --state --task --group --error --since --until [--replay|--purge|--cancel|--promote]``."""
     from pyqueue.ops.find import BULK_ACTIONS, JobFilter, act_matching, parse_when
@@ -472,7 +476,10 @@ def cmd_search(args: argparse.Namespace) -> int:
     if actions:
         result = act_matching(q, actions[0], where, dry_run=args.dry_run)
         verb = BULK_ACTIONS[actions[0]][1]
-        if args.dry_run:
+        if args.json:
+            print(json.dumps({"action": actions[0], "dry_run": args.dry_run, "found": result.found,
+                              "done": result.done, "sample": list(result.sample)}))
+        elif args.dry_run:
             print(f"would have {verb} {result.found} (a dry run: nothing changed); first: "
                   f"{', '.join(result.sample) or '-'}")
         else:
@@ -480,14 +487,33 @@ def cmd_search(args: argparse.Namespace) -> int:
             print(f"{verb} {result.done} of {result.found} found"
                   + (f" ({others} moved meanwhile by others)" if others else ""))
         return 0
-    page = q.search(count=args.limit, cursor=args.cursor, **where.search_args())
-    rows = [[j.id, j.state, j.task or "-", j.group or "-", _utc(j.enqueued_ms) if j.enqueued_ms >= 0 else "-",
-             f"{j.attempts}/{j.max_attempts}", (j.error or j.owner)[:50]] for j in page.jobs]
-    print(table(rows, ["id", "state", "task", "group", "sent (UTC)", "attempts", "error / owner"]) if rows
-          else "no jobs found")
-    print(f"{len(page.jobs)} shown, {page.examined} read" + (f"; more: --cursor '{page.cursor}'" if page.cursor else ""))
+    if args.all and args.cursor:
+        raise PyQueueError("--all reads from the first page: it takes no --cursor")
+    jobs: list[JobEntry] = []
+    cursor, examined, shown = args.cursor, 0, 0
+    while True:
+        page = q.search(count=SEARCH_PAGE if args.all else args.limit, cursor=cursor, **where.search_args())
+        examined, shown = examined + page.examined, shown + len(page.jobs)
+        if args.json:  # each page as it comes: lines a program reads on stdout
+            for j in page.jobs:
+                print(json.dumps(dataclasses.asdict(j)))
+        else:
+            jobs.extend(page.jobs)
+        cursor = page.cursor
+        if not (args.all and cursor):
+            break
+    if not args.json:
+        rows = [[j.id, j.state, j.task or "-", j.group or "-", _utc(j.enqueued_ms) if j.enqueued_ms >= 0 else "-",
+                 f"{j.attempts}/{j.max_attempts}", (j.error or j.owner)[:50]] for j in jobs]
+        print(table(rows, ["id", "state", "task", "group", "sent (UTC)", "attempts", "error / owner"]) if rows
+              else "no jobs found")
+    # What a person reads: on stderr under --json.
+    out = sys.stderr if args.json else sys.stdout
+    print(f"{shown} shown, {examined} read"
+          + (f"; more: --cursor '{cursor}'" if cursor else ""), file=out)
     if page.indexed_since_ms is not None and (args.task or args.group):
-        print(f"(indexes since {_utc(page.indexed_since_ms)} UTC: jobs sent before are not found by task or group)")
+        print(f"(indexes since {_utc(page.indexed_since_ms)} UTC: jobs sent before are not found by task or group)",
+              file=out)
     return 0
 
 
@@ -1280,6 +1306,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--" + action, action="store_true", help=text + " (each job's state is checked again as it is "
                                                                       "acted on)")
     p.add_argument("--dry-run", action="store_true", help="with an action: say how many it would act on, change nothing")
+    p.add_argument("--all", action="store_true", help="every job found, page after page, in place of --limit (each "
+                                                      "page is one atomic read: a job that moves meanwhile may be "
+                                                      "seen twice or missed)")
+    p.add_argument("--json", action="store_true", help="one JSON object per job found (an action: one for its "
+                                                       "counts); the summary and the next cursor go to stderr")
     p.set_defaults(func=cmd_search)
 
     p = sub.add_parser("memory", help="what each queue holds in Redis: jobs, results, tombstones, events, indexes")

@@ -14,7 +14,7 @@ import time
 import pytest
 from conftest import RedisClusterProcesses, RedisServer
 
-from pyqueue import Queue, connect
+from pyqueue import NewJob, Queue, connect
 from pyqueue.cli import main, table
 from pyqueue.ops.service import Services
 
@@ -482,3 +482,33 @@ def test_search_finds_by_task_and_state_and_acts_on_what_it_finds(url: str, caps
     assert main([*base, "indexes", "shop", "off"]) == 0
     assert main([*base, "search", "shop", "--task", "resize"]) == 2
     assert "no indexes" in capsys.readouterr().err
+
+
+def test_search_as_json_lines_every_page_with_all(url: str, capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import pyqueue.cli as cli
+
+    base = ["--url", url]
+    q = Queue.from_url(url, "shop")
+    q.set_indexes(True)
+    q.enqueue_many([NewJob(b"x" * n, job_id=f"j{n}", task="resize", group="acme") for n in range(5)])
+    q.enqueue_many([NewJob(b"", job_id="other", task="send_invoice")])
+    capsys.readouterr()
+    assert main([*base, "search", "shop", "--task", "resize", "--limit", "2", "--json"]) == 0
+    captured = capsys.readouterr()
+    first = [json.loads(line) for line in captured.out.splitlines()]
+    assert len(first) == 2 and captured.err.startswith("2 shown, 2 read; more: --cursor '")
+    assert {(j["task"], j["group"], j["state"]) for j in first} == {("resize", "acme", "ready")}
+    monkeypatch.setattr(cli, "SEARCH_PAGE", 2)  # --all follows three pages' cursors
+    assert main([*base, "search", "shop", "--task", "resize", "--all", "--json"]) == 0
+    captured = capsys.readouterr()
+    every = [json.loads(line) for line in captured.out.splitlines()]
+    assert sorted(j["id"] for j in every) == [f"j{n}" for n in range(5)]
+    assert sorted(j["payload_bytes"] for j in every) == [0, 1, 2, 3, 4]
+    assert captured.err.startswith("5 shown, 5 read\n")
+    assert main([*base, "search", "shop", "--task", "resize", "--all"]) == 0
+    assert capsys.readouterr().out.count(" resize ") == 5
+    assert main([*base, "search", "shop", "--task", "resize", "--cancel", "--dry-run", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"action": "cancel", "dry_run": True, "found": 5, "done": 0,
+                                                   "sample": ["j0", "j1", "j2", "j3", "j4"]}
+    assert main([*base, "search", "shop", "--all", "--cursor", "x"]) == 2  # refused loudly
