@@ -277,6 +277,12 @@ local function keys_arg(value)
   end
   return got.key, got.rate, got.task
 end
+local function budget_refusal(counters_key, budget, used, delta)
+  if delta > 0 and used + delta > budget then
+    return string.format('PQ_FULL the queue is at its byte budget: %d of %d bytes in use, this call adds %d (%s)',
+      used, budget, delta, counters_key)
+  end
+end
 local function index_entry(enqueued_ms, group, task)
   if (task or '') == '' and (group or '') == '' then return nil end
   return string.format('%d', enqueued_ms) .. '\n' .. (group or '') .. '\n' .. (task or '')
@@ -687,11 +693,8 @@ if budget then
       delta = delta + size - (tonumber(olds[k] or '0') or 0)
     end
   end
-  local used = tonumber(flags[4] or '0') or 0
-  if delta > 0 and used + delta > budget then
-    return redis.error_reply(string.format('PQ_FULL the queue is at its byte budget: %d of %d bytes in use, this '
-      .. 'call adds %d (%s)', used, budget, delta, counters_key))
-  end
+  err = budget_refusal(counters_key, budget, tonumber(flags[4] or '0') or 0, delta)
+  if err then return redis.error_reply(err) end
   -- (`keyed` is written below: a probe unless a read above proved it.)
   if not any_keyed and not any_rated then err = expect_type(keyed_key, 'hash') end
   if err then return redis.error_reply(err) end

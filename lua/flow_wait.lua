@@ -146,6 +146,12 @@ local function task_arg(value)
   end
   return name
 end
+local function budget_refusal(counters_key, budget, used, delta)
+  if delta > 0 and used + delta > budget then
+    return string.format('PQ_FULL the queue is at its byte budget: %d of %d bytes in use, this call adds %d (%s)',
+      used, budget, delta, counters_key)
+  end
+end
 local function index_entry(enqueued_ms, group, task)
   if (task or '') == '' and (group or '') == '' then return nil end
   return string.format('%d', enqueued_ms) .. '\n' .. (group or '') .. '\n' .. (task or '')
@@ -232,13 +238,8 @@ if not err then
 end
 if err then return redis.error_reply(err) end
 local budget, size = tonumber(flags[2] or ''), #ARGV[3]
-if budget then
-  local used = tonumber(flags[3] or '0') or 0
-  if size > 0 and used + size > budget then
-    return redis.error_reply(string.format('PQ_FULL the queue is at its byte budget: %d of %d bytes in use, this '
-      .. 'call adds %d (%s)', used, budget, size, counters_key))
-  end
-end
+err = budget and budget_refusal(counters_key, budget, tonumber(flags[3] or '0') or 0, size)
+if err then return redis.error_reply(err) end
 local entry = flags[5] and index_entry(now_ms, group, task)
 if budget or entry then
   err = expect_type(keyed_key, 'hash') or entry and expect_type(index_key, 'zset') or nil

@@ -161,6 +161,16 @@ local function keys_arg(value)
   return got.key, got.rate, got.task
 end
 
+-- A byte budget (set_budget.lua, section 2.7): the PQ_FULL text when adding `delta`
+-- payload bytes to the `used` ones would take the queue past `budget`, else nil.
+-- enqueue.lua and flow_wait.lua check it before any write.
+local function budget_refusal(counters_key, budget, used, delta)
+  if delta > 0 and used + delta > budget then
+    return string.format('PQ_FULL the queue is at its byte budget: %d of %d bytes in use, this call adds %d (%s)',
+      used, budget, delta, counters_key)
+  end
+end
+
 -- Indexes (set_indexes.lua, lua/README.md section 2.8): in a queue whose `counters` has
 -- `indexes`, each job sent with a task name or a group is listed in `index`, a
 -- lexicographic zset (all scores 0) of members "<kind>\n<value>\n<enqueued_ms, 15
