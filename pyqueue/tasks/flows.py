@@ -33,7 +33,9 @@ A flow's send is several calls (its record, a waiting step per queue call, then 
 first steps together), in an order that never lets a step run before what waits for it
 is armed. Sending the same flow object twice sends two flows. Send middleware sees each
 step as a send of its own, all entered before anything is written (a refusal of any
-step sends nothing of the flow); run middleware runs around each step.
+step sends nothing of the flow); run middleware runs around each step. A step whose
+queue is at its byte budget raises :class:`~pyqueue.QueueFull`, and the steps that
+send had added are cancelled first, so no part of a refused flow runs.
 
 Its record (``Queue.flow_record``, in the queue of its first step, kept
 :data:`FLOW_RECORD_S`) names every step, its task and how the steps nest, so that
@@ -329,7 +331,12 @@ class Flow:
     on_failure: str
 
     def send(self) -> FlowHandle:
-        """Send every step of the flow; returns its handle. See the module docstring."""
+        """Send every step of the flow; returns its handle. See the module docstring.
+
+        Raises:
+            QueueFull: a step's queue is at its byte budget (the steps already sent
+                are cancelled: nothing of the flow runs).
+        """
         return _send(self)
 
     def __or__(self, other: Flow | Signature) -> Chain:
