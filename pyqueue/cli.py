@@ -1514,6 +1514,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             exc = map_redis_error(exc)
         print(f"pyqueue: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader of stdout went away (`pyqueue search ... --json | head`): stop
+        # quietly, as a Unix tool does, not with a traceback. stdout points at devnull so
+        # that the interpreter's last flush fails no more.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool killed by it
     finally:
         close_opened()
 

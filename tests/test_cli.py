@@ -512,3 +512,19 @@ def test_search_as_json_lines_every_page_with_all(url: str, capsys: pytest.Captu
     assert json.loads(capsys.readouterr().out) == {"action": "cancel", "dry_run": True, "found": 5, "done": 0,
                                                    "sample": ["j0", "j1", "j2", "j3", "j4"]}
     assert main([*base, "search", "shop", "--all", "--cursor", "x"]) == 2  # refused loudly
+
+
+def test_a_reader_that_goes_away_stops_the_output_quietly(url: str) -> None:
+    """`pyqueue search ... --json | head -1`: no traceback when head closes the pipe."""
+    q = Queue.from_url(url, "shop")
+    q.set_indexes(True)
+    q.enqueue_many([NewJob(b"", task="resize") for _ in range(1000)])
+    q.enqueue_many([NewJob(b"", task="resize") for _ in range(1000)])
+    with subprocess.Popen([sys.executable, "-m", "pyqueue", "--url", url, "search", "shop", "--task", "resize", "--all",
+                           "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE) as reader:
+        assert reader.stdout is not None and reader.stderr is not None
+        assert json.loads(reader.stdout.readline())["task"] == "resize"
+        reader.stdout.close()  # 2000 lines of some 400 bytes: far more than a pipe holds
+        err = reader.stderr.read().decode()
+        assert reader.wait(timeout=60) == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
