@@ -22,6 +22,10 @@ Three parts, each in one run on one server:
    contract's keys) under the scripts of this checkout against those of
    ``--baseline-lua`` (an older ``lua/``, contract v2), interleaved in blocks, from
    ``INFO commandstats``. Skipped without ``--baseline-lua``.
+4. **The pick's cost by ring size.** A busy worker's call (ack one job and lease the
+   next, one job in flight) in a queue whose jobs are spread over G groups (1, 8, 100,
+   1000), against the same call in a queue without groups: server µs per call from
+   ``INFO commandstats``, median of ``--repetitions`` rounds of ``--pick-calls`` calls.
 
 Run::
 
@@ -226,6 +230,49 @@ def plain_cost(url: str, baseline: Path, jobs: int, rounds: int) -> dict[str, An
     }
 
 
+# -- 4. the pick's cost by ring size --------------------------------------------------
+
+
+PICK_GROUPS = (0, 1, 8, 100, 1000)  # 0: no groups
+
+
+def pick_usec(client: redis.Redis, groups: int, calls: int, tag: str) -> float:
+    """Server µs per ack+lease call, one job in flight, in a fresh queue of ``groups``
+    groups (0: none) holding enough jobs for every call."""
+    q = Queue(f"bench-pick-{groups}-{tag}", client)
+    total = calls + 200 + max(groups, 1)
+    names = [f"g{i % groups}" if groups else None for i in range(total)]
+    for start in range(0, total, 1000):
+        q.enqueue_many([NewJob(b"x" * 32, group=name) for name in names[start:start + 1000]])
+    (job,) = q.lease(count=1)
+    for _ in range(200):  # every group in the ring once, its turn taken
+        _, (job,) = q.ack_and_lease(job)
+    before = client.info("commandstats").get("cmdstat_evalsha", {})
+    for _ in range(calls):
+        _, (job,) = q.ack_and_lease(job)
+    after = client.info("commandstats")["cmdstat_evalsha"]
+    usec = (after["usec"] - before.get("usec", 0)) / (after["calls"] - before.get("calls", 0))
+    client.delete(*client.keys(f"pq:{{{q.name}}}:*"))
+    return usec
+
+
+def pick_cost(client: redis.Redis, calls: int, repetitions: int, tag: str) -> dict[str, Any]:
+    runs: dict[int, list[float]] = {g: [] for g in PICK_GROUPS}
+    for rep in range(repetitions):
+        order = list(PICK_GROUPS)
+        random.shuffle(order)
+        for groups in order:
+            runs[groups].append(pick_usec(client, groups, calls, f"{tag}-{rep}"))
+    plain = statistics.median(runs[0])
+    return {
+        ("no groups" if g == 0 else f"{g} groups"): {
+            "server_usec_per_call": round(statistics.median(runs[g]), 1),
+            "vs_no_groups": round(statistics.median(runs[g]) / plain, 2),
+        }
+        for g in PICK_GROUPS
+    } | {"calls_per_round": calls, "rounds": repetitions}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     _server.add_server_arguments(parser)
@@ -238,7 +285,8 @@ def main() -> None:
     parser.add_argument("--baseline-lua", type=Path, default=None, help="an older lua/ (contract v2) for part 3")
     parser.add_argument("--plain-jobs", type=int, default=2000)
     parser.add_argument("--plain-rounds", type=int, default=10)
-    parser.add_argument("--only", nargs="+", choices=["timeline", "cap", "plain"], default=None,
+    parser.add_argument("--pick-calls", type=int, default=3000, help="ack+lease calls per round of the pick part")
+    parser.add_argument("--only", nargs="+", choices=["timeline", "cap", "plain", "pick"], default=None,
                         help="the parts to run (default: all, plain only with --baseline-lua)")
     parser.add_argument("--json-out", default=None)
     args = parser.parse_args()
@@ -248,7 +296,9 @@ def main() -> None:
                      "--cap-work-ms in (0, 100]")
     if args.only is not None and "plain" in args.only and args.baseline_lua is None:
         parser.error("--only plain compares with older scripts: give them with --baseline-lua DIR")
-    parts = args.only or ["timeline", "cap", "plain"]
+    if not 100 <= args.pick_calls <= 100_000:
+        parser.error("--pick-calls in [100, 100000]")
+    parts = args.only or ["timeline", "cap", "plain", "pick"]
     server: _server.LoopbackRedis | None = None
     if args.redis_url is None:
         server = _server.LoopbackRedis(args.redis_server).start()
@@ -267,6 +317,8 @@ def main() -> None:
                                                                 args.cap_work_ms)
         if "plain" in parts and args.baseline_lua is not None:
             report["plain_queue_cost"] = plain_cost(args.redis_url, args.baseline_lua, args.plain_jobs, args.plain_rounds)
+        if "pick" in parts:
+            report["pick_cost"] = pick_cost(client, args.pick_calls, args.repetitions, tag)
     finally:
         if server is not None:
             server.stop()

@@ -605,29 +605,41 @@ local function fair_finish(F, ids, metas, wake_key)
 end
 local STALE_BUDGET = 100
 local PICK_CHUNK = 8
-local function pick_read(F, ready_key, want)
-  local fields = redis.call('HMGET', F.groups, 'turn', 'uturn', 'cap')
-  local P = { want = want, budget = want + STALE_BUDGET, entries = {}, state = {}, picks = {} }
-  P.turn, P.uturn = tonumber(fields[1] or '0') or 0, tonumber(fields[2] or '0') or 0
-  local default_cap = tonumber(fields[3] or '0') or 0
-  P.front = redis.call('ZRANGEBYSCORE', F.ring, '(0', '+inf', 'WITHSCORES', 'LIMIT', 0, P.budget)
-  P.plain = redis.call('LRANGE', ready_key, 0, want - 1)
-  P.lane = redis.call('ZRANGEBYLEX', F.gready, '[|', '(}', 'LIMIT', 0, want)
-  -- Ring entries in turn order: those read, then groups served again (their new turns
-  -- are above every turn in the ring, so the list stays in turn order).
-  local names = {}
-  for i = 1, #P.front, 2 do
-    P.entries[#P.entries + 1] = { g = P.front[i], turn = tonumber(P.front[i + 1]) }
-    names[#names + 1] = 'r:' .. P.front[i]
-    names[#names + 1] = 'c:' .. P.front[i]
+local function pick_ring(F, P, n)
+  n = math.min(n, P.budget - P.read)
+  local rows = redis.call('ZRANGEBYSCORE', F.ring, '(0', '+inf', 'WITHSCORES', 'LIMIT', P.read, n + 1)
+  local first, names = #P.entries, {}
+  for i = 1, math.min(#rows, 2 * n), 2 do
+    P.entries[#P.entries + 1] = { g = rows[i], turn = tonumber(rows[i + 1]) }
+    names[#names + 1] = 'r:' .. rows[i]
+    names[#names + 1] = 'c:' .. rows[i]
   end
   local slots = hmget(F.groups, names)
-  for k, e in ipairs(P.entries) do
-    local cap = tonumber(slots[2 * k] or '') or default_cap
-    P.state[e.g] = { running = tonumber(slots[2 * k - 1] or '0') or 0, cap = cap, taken = 0 }
+  for k = 1, #names / 2 do
+    local cap = tonumber(slots[2 * k] or '') or P.default_cap
+    P.state[P.entries[first + k].g] = { running = tonumber(slots[2 * k - 1] or '0') or 0, cap = cap, taken = 0 }
   end
-  P.qi, P.pi, P.li, P.steps = 1, 1, 1, 0
+  P.read = P.read + #names / 2
+  P.more = #rows > 2 * n or P.read == P.budget and #rows == 2 * n
+end
+local function pick_read(F, ready_key, want)
+  local fields = redis.call('HMGET', F.groups, 'turn', 'uturn', 'cap')
+  -- entries: the ring's entries read, in turn order; again: the groups served again in
+  -- this pick, in turn order (their new turns are above every turn in the ring, so
+  -- they come after all of it).
+  local P = { want = want, budget = want + STALE_BUDGET, entries = {}, again = {}, state = {}, picks = {}, read = 0 }
+  P.turn, P.uturn = tonumber(fields[1] or '0') or 0, tonumber(fields[2] or '0') or 0
+  P.default_cap = tonumber(fields[3] or '0') or 0
+  pick_ring(F, P, want + PICK_CHUNK)
+  P.plain = redis.call('LRANGE', ready_key, 0, want - 1)
+  P.lane = redis.call('ZRANGEBYLEX', F.gready, '[|', '(}', 'LIMIT', 0, want)
+  P.qi, P.ai, P.pi, P.li, P.steps = 1, 1, 1, 1, 0
   return P
+end
+local function pick_next(F, P)
+  if P.qi > #P.entries and P.more and P.read < P.budget then pick_ring(F, P, PICK_CHUNK) end
+  if P.qi <= #P.entries then return P.entries[P.qi] end
+  return P.again[P.ai]
 end
 local function pick_from_group(F, P, e)
   local st = P.state[e.g]
@@ -655,13 +667,13 @@ local function pick_from_group(F, P, e)
   else
     st.fate = 'turn'
     st.turn = P.turn
-    P.entries[#P.entries + 1] = { g = e.g, turn = P.turn }
+    P.again[#P.again + 1] = { g = e.g, turn = P.turn }
   end
 end
 local function pick_choose(F, P)
   while #P.picks < P.want and P.steps < P.budget do
     P.steps = P.steps + 1
-    local e = P.entries[P.qi]
+    local e = pick_next(F, P)
     local ungrouped = P.pi <= #P.plain or P.li <= #P.lane
     if not e and not ungrouped then break end
     if ungrouped and (not e or P.uturn < e.turn) then
@@ -678,7 +690,7 @@ local function pick_choose(F, P)
       P.turn = P.turn + 1
       P.uturn = P.turn
     else
-      P.qi = P.qi + 1
+      if P.qi <= #P.entries then P.qi = P.qi + 1 else P.ai = P.ai + 1 end
       pick_from_group(F, P, e)
     end
   end
@@ -741,8 +753,8 @@ local function fair_pick(F, ready_key, jobs_key, want)
   local kept, err = pick_records(jobs_key, P)
   if err then return nil, nil, nil, err end
   pick_write(F, ready_key, P)
-  local left = P.qi <= #P.entries or P.pi <= #P.plain or P.li <= #P.lane or #P.plain == want
-    or #P.front == 2 * P.budget
+  local left = P.qi <= #P.entries or P.ai <= #P.again or P.more or P.pi <= #P.plain or P.li <= #P.lane
+    or #P.plain == want
   return kept, left, P.steps >= P.budget and #P.picks < want
 end
 -- lua/include/acks.lua (each helper's note is there)

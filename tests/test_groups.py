@@ -74,6 +74,73 @@ def test_a_group_at_its_cap_is_skipped_without_blocking_others_or_using_attempts
     assert running(q, r, "A") == 2 and running(q, r, "B") == 2
 
 
+@pytest.mark.parametrize("stale", [30, 150])
+def test_a_pick_parks_many_groups_at_their_cap_and_serves_the_first_with_a_free_slot(
+    q: Queue, r: Any, stale: int
+) -> None:
+    """A ring of many groups each at its cap (set after they came due): a lease of one
+    job parks them, read from the ring a chunk at a time, within its budget of 100
+    steps beyond its count, and serves the first group with a free slot; a pick cut
+    short by that budget is taken up by the next lease."""
+    q.enqueue_many([NewJob(b"", job_id=f"g{i}-{k}", group=f"g{i}") for i in range(stale) for k in range(2)],
+                   now_ms=T0)
+    assert sorted(ids(q.lease(count=stale, now_ms=T0))) == sorted(f"g{i}-0" for i in range(stale))
+    q.set_group_limit(1)  # each group is at its cap now, its ring entry still due
+    q.enqueue(b"", job_id="free-0", group="free", now_ms=T0)
+    calls = [ids(q.lease(count=1, now_ms=T0))]
+    while not calls[-1] and len(calls) < 3:
+        calls.append(ids(q.lease(count=1, now_ms=T0)))
+    assert calls == ([["free-0"]] if stale <= 100 else [[], ["free-0"]])
+    assert r.zcount(q.spec.keys.ring, "-inf", "(0") == stale  # every group at its cap parked
+    assert q.stats(now_ms=T0).groups_at_cap == stale
+
+
+def test_a_ring_of_many_groups_is_served_as_the_model_serves_it(r: Any) -> None:
+    """The model machine's examples hold a few groups, so every pick reads the ring in
+    one chunk; here 40 groups, caps that change under them, acks and leases of several
+    jobs make the pick read it a chunk at a time. Every lease answers what the model
+    (tests/model.py) answers: the same jobs in the same order, and the same next_due_ms."""
+    import random
+
+    from model import QueueModel
+
+    q, model = Queue("many", r, owner="w", keep_done_ms=1000), QueueModel("many")
+    rng, now, held, n, acked, most = random.Random(20261129), T0, [], 0, 0, 0
+    names = [f"g{i:02d}" for i in range(40)]
+    assert q.set_group_limit(1) is True
+    model.set_group_limit("", 1)
+    for step in range(400):
+        op = rng.random()
+        if op < 0.35:
+            batch = []
+            for _ in range(rng.randint(1, 6)):
+                n += 1
+                batch.append((f"j{n}", b"", 0, 3, rng.choice([0, 0, 1, -1]), rng.choice([None, *names])))
+            got = q.enqueue_many([NewJob(p, job_id=i, delay_ms=d, max_attempts=m, priority=pr, group=g)
+                                  for i, p, d, m, pr, g in batch], now_ms=now)
+            assert [e.added for e in got] == model.enqueue(batch, now)
+        elif op < 0.45:
+            # Lifting the default cap lets groups run several jobs; setting it again
+            # leaves them in the ring at their cap, to be parked by the next picks.
+            group, cap = rng.choice(["", "", "", "", *names[:3]]), rng.choice([None, None, 1, 2])
+            q.set_group_limit(cap, group=group or None)
+            model.set_group_limit(group, ("" if group else 0) if cap is None else cap)
+        elif op < 0.75:
+            count, call = rng.choice([1, 1, 2, 4]), f"k{step}"
+            leased = q.lease_call(count=count, lease_ms=60_000, call=call, now_ms=now)
+            expected = model.lease("w", call, count, 60_000, 100, [], now)
+            assert leased.jobs == expected.jobs, (step, [j.id for j in leased.jobs], [j.id for j in expected.jobs])
+            assert leased.next_due_ms == expected.next_due_ms, step
+            held.extend(leased.jobs)
+        elif held:
+            job = held.pop(rng.randrange(len(held)))
+            assert q.ack(job, now_ms=now).value == model.ack([job.receipt], now, 1000)[0]
+            acked += 1
+        now += rng.choice([0, 1, 7])
+        most = max(most, sum(turn > 0 for turn in model.ring.values()))
+    assert acked > 20 and most > 20, f"the walk did not fill the ring: {acked} acks, at most {most} groups due"
+
+
 def test_a_group_cap_overrides_the_default_and_raising_a_cap_wakes_the_parked_group(q: Queue, r: Any) -> None:
     q.set_group_limit(1)
     q.set_group_limit(3, group="big")
