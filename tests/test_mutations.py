@@ -530,8 +530,11 @@ MUTANTS += [
         "      failed = failed or seen[reported[j]] == 'failed'",
         "      failed = true",
         flows=True,
-        # Caught after about 250 examples on redis-server (stop 29): a margin for moved examples.
-        examples=1000,
+        # Caught after about 250 examples on redis-server (stop 29); one CI run (stop 47)
+        # saw it survive 1000, when edits elsewhere in the tests moved the draws (Hypothesis
+        # draws from the constants of the loaded test modules). Since the machine's
+        # flow_done_of_one rule, caught at 94 here: a wide margin all the same.
+        examples=2500,
     ),
     Mutant(
         "flow_record_keeps_the_records_expiring_now",
