@@ -531,8 +531,9 @@ MUTANTS += [
         "      failed = true",
         flows=True,
         # Caught after about 250 examples on redis-server (stop 29); one CI run (stop 47)
-        # saw it survive 1000, when edits elsewhere in the tests moved the draws (Hypothesis
-        # draws from the constants of the loaded test modules). Since the machine's
+        # saw it survive 1000 after edits elsewhere in the tests moved the draws (likely:
+        # Hypothesis also draws constants it finds in the loaded modules' source, see
+        # tests/.hypothesis/constants). Since the machine's
         # flow_done_of_one rule, caught at 94 here: a wide margin all the same.
         examples=2500,
     ),
