@@ -134,6 +134,9 @@ MUTANTS = [
         "lease",
         "'ZRANGEBYSCORE', K.leased, '-inf', C.now_ms, 'LIMIT', 0, C.limit + #C.to_ack)",
         "'ZRANGEBYSCORE', K.leased, '-inf', '(' .. C.now_ms, 'LIMIT', 0, C.limit + #C.to_ack)",
+        # Caught at example 152 of 500 on redis-server (stop 47); the draws move when
+        # the tests change: a margin (it costs time only if the mutant survives).
+        examples=2500,
     ),
     Mutant(
         "ack_trims_one_tombstone_still_in_force",
@@ -319,6 +322,9 @@ MUTANTS = [
         "service_deregister",
         "    or entry and string.match(entry, '^(%w*) ') ~= registration then",
         "    or false then",
+        # Caught at example 138 of 500 on redis-server (stop 47); the draws move when
+        # the tests change: a margin (it costs time only if the mutant survives).
+        examples=2500,
     ),
     Mutant(
         "service_renew_hides_a_remote_stop",
@@ -376,6 +382,9 @@ MUTANTS = [
         "  redis.call('XADD', finished_key, 'MAXLEN', STREAM_LENGTH, '*', 'id', pair[1])\n",
         "\n",
         job_control=True,
+        # Caught at example 107 of 500 on redis-server (stop 47); the draws move when
+        # the tests change: a margin (it costs time only if the mutant survives).
+        examples=2500,
     ),
     Mutant(
         "nack_to_dead_adds_no_stream_entry",
@@ -390,6 +399,9 @@ MUTANTS = [
         "if expires_ms and expires_ms > now_ms then",
         "if expires_ms then",
         job_control=True,
+        # Caught at example 107 of 500 on redis-server (stop 47); the draws move when
+        # the tests change: a margin (it costs time only if the mutant survives).
+        examples=2500,
     ),
     Mutant(
         "lease_ignores_the_rate_limit",
@@ -612,6 +624,9 @@ MUTANTS += [
         "redis.call('ZCOUNT', done_key, '-inf', now_ms)",
         "redis.call('ZCOUNT', done_key, '-inf', '(' .. now_ms)",
         browse=True,
+        # Caught at example 210 of 500 on redis-server (stop 47); the draws move when
+        # the tests change: a margin (it costs time only if the mutant survives).
+        examples=2500,
     ),
     Mutant(
         "step_does_not_extend_the_lease",
@@ -640,6 +655,9 @@ MUTANTS += [
         "reply[2 * i], reply[2 * i + 1] = entry, values[i]",
         "reply[2 * i], reply[2 * i + 1] = entry, entry",
         steps=True,
+        # Caught at example 157 of 500 on redis-server (stop 47); the draws move when
+        # the tests change: a margin (it costs time only if the mutant survives).
+        examples=2500,
     ),
 ]
 
